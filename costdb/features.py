@@ -1,0 +1,138 @@
+"""What a cost model knows of a node: FLOPs, elements moved, GEMM dims, Tensor Core alignment.
+
+Computed from shapes alone (pinned at load), so the same features serve the analytic model, the
+regression database and the measurement harness that builds it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+Shape = tuple[int | None, ...] | None
+
+TENSOR_CORE_MULTIPLE = 8
+_GEMM_OPS = frozenset({"MatMul", "FusedMatMul", "Gemm"})
+_CONV_OPS = frozenset({"Conv", "FusedConv", "ConvTranspose"})
+
+
+@dataclass(frozen=True)
+class OpFeatures:
+    """Size features of one node.
+
+    ``gemm`` is the (batch, M, K, N) of the matrix product the op performs (Conv as implicit
+    GEMM: M = output pixels, K = input channels per group x kernel, N = output channels per
+    group); ``None`` for ops that are not products.
+    """
+
+    op_type: str
+    known: bool
+    flops: float = 0.0
+    elements: int = 0  # float elements read and written
+    elements_out: int = 0
+    gemm: tuple[int, int, int, int] | None = None
+    kernel: int = 1  # Conv: kernel elements folded into K (K = channels per group x kernel)
+
+    @property
+    def is_gemm(self) -> bool:
+        return self.gemm is not None
+
+    @property
+    def tensor_core_aligned(self) -> bool:
+        """fp16 Tensor Cores need the leading dims K and N in multiples of 8 (M does not matter:
+        it is no row stride), and for Conv the channels per group."""
+        if self.gemm is None:
+            return False
+        _, m, k, n = self.gemm
+        if self.op_type in _CONV_OPS:  # channels, not the kernel-folded K, must be aligned
+            return (k // self.kernel) % TENSOR_CORE_MULTIPLE == 0 and n % TENSOR_CORE_MULTIPLE == 0
+        return k % TENSOR_CORE_MULTIPLE == 0 and n % TENSOR_CORE_MULTIPLE == 0
+
+    def with_gemm(self, m: int, k: int, n: int) -> "OpFeatures":
+        """The same op with other GEMM dims (what padding would produce)."""
+        if self.gemm is None:
+            raise ValueError(f"{self.op_type} is not a matrix product")
+        batch, m0, k0, n0 = self.gemm
+        scale_in = (m * k + k * n) / max(m0 * k0 + k0 * n0, 1)
+        scale_out = (m * n) / max(m0 * n0, 1)
+        elements_in = self.elements - self.elements_out
+        return OpFeatures(
+            op_type=self.op_type,
+            known=self.known,
+            flops=2.0 * batch * m * k * n,
+            elements=int(elements_in * scale_in + self.elements_out * scale_out),
+            elements_out=int(self.elements_out * scale_out),
+            gemm=(batch, m, k, n),
+            kernel=self.kernel,
+        )
+
+
+def _numel(shape: Shape) -> int | None:
+    if shape is None or any(d is None for d in shape):
+        return None
+    return math.prod(shape)
+
+
+def op_features(
+    op_type: str,
+    input_shapes: Sequence[Shape],
+    output_shapes: Sequence[Shape],
+    attrs: Mapping[str, object] | None = None,
+    *,
+    float_inputs: Sequence[bool] | None = None,
+    float_outputs: Sequence[bool] | None = None,
+) -> OpFeatures:
+    """Features from the shapes of a node's float inputs and outputs (others are ignored)."""
+    attrs = attrs or {}
+    float_inputs = float_inputs if float_inputs is not None else [True] * len(input_shapes)
+    float_outputs = float_outputs if float_outputs is not None else [True] * len(output_shapes)
+    ins = [s for s, f in zip(input_shapes, float_inputs) if f]
+    outs = [s for s, f in zip(output_shapes, float_outputs) if f]
+    counts_in = [_numel(s) for s in ins]
+    counts_out = [_numel(s) for s in outs]
+    if any(c is None for c in (*counts_in, *counts_out)) or not outs:
+        return OpFeatures(op_type=op_type, known=False)
+    elements_out = sum(counts_out)
+    elements = sum(counts_in) + elements_out
+    gemm, kernel = _gemm_dims(op_type, input_shapes, output_shapes, attrs)
+    if gemm is not None:
+        batch, m, k, n = gemm
+        flops = 2.0 * batch * m * k * n
+    else:
+        flops = float(elements_out)
+    return OpFeatures(op_type, True, flops, elements, elements_out, gemm, kernel)
+
+
+def _gemm_dims(op_type, input_shapes, output_shapes, attrs) -> tuple[tuple[int, int, int, int] | None, int]:
+    try:
+        if op_type in _GEMM_OPS:
+            a, b = input_shapes[0], input_shapes[1]
+            if a is None or b is None or len(a) < 1 or len(b) < 1:
+                return None, 1
+            trans_a = int(attrs.get("transA", 0))
+            trans_b = int(attrs.get("transB", 0))
+            a2 = (1, a[0]) if len(a) == 1 else (a[-1], a[-2]) if trans_a else (a[-2], a[-1])
+            b2 = (b[0], 1) if len(b) == 1 else (b[-1], b[-2]) if trans_b else (b[-2], b[-1])
+            m, k = a2
+            n = b2[1]
+            out = output_shapes[0]
+            batch = math.prod(out[:-2]) if out is not None and len(out) > 2 else 1
+            return (int(batch), int(m), int(k), int(n)), 1
+        if op_type in _CONV_OPS:
+            x, w, y = input_shapes[0], input_shapes[1], output_shapes[0]
+            if x is None or w is None or y is None or len(w) < 3:
+                return None, 1
+            group = int(attrs.get("group", 1))
+            kernel = math.prod(w[2:])
+            if op_type == "ConvTranspose":
+                # Its backward-data GEMM: M = input pixels, K = in channels/group, N = out x kernel.
+                c_in, c_out_g = w[0], w[1]
+                pixels = math.prod(x[2:]) * x[0]
+                return (group, int(pixels), int(c_in // group), int(c_out_g * kernel)), 1
+            c_out, c_in_g = w[0], w[1]
+            pixels = math.prod(y[2:]) * y[0]
+            return (group, int(pixels), int(c_in_g * kernel), int(c_out // group)), int(kernel)
+    except (TypeError, IndexError, ValueError):
+        return None, 1
+    return None, 1

@@ -1,0 +1,37 @@
+"""The interface every cost model offers to the passes (tests pass fakes of it)."""
+
+from __future__ import annotations
+
+import abc
+
+from onnxcampo.costdb.features import OpFeatures
+
+
+class CostModel(abc.ABC):
+    """Predicted times in microseconds on one GPU.
+
+    ``fp16_time`` takes the node's fp32 time because Campo's regression predicts fp16 time *from*
+    the fp32 time (``sum_i w_i * f_i + sigma * t_fp32``): when fp32 times are measured by
+    profiling, fp16 predictions improve with them.
+    """
+
+    name: str = "cost model"
+
+    @abc.abstractmethod
+    def fp32_time(self, features: OpFeatures) -> float:
+        """fp32 time of the op (TF32 Tensor Cores for products, as ORT's CUDA EP does)."""
+
+    @abc.abstractmethod
+    def fp16_time(self, features: OpFeatures, fp32_time: float) -> float:
+        """fp16 time given the fp32 time; Tensor Cores when ``features.tensor_core_aligned``."""
+
+    @abc.abstractmethod
+    def cast_time(self, elements: int) -> float:
+        """One Cast kernel fp32<->fp16 over ``elements`` elements: ``C_I + r * elements``."""
+
+    @abc.abstractmethod
+    def pad_time(self, elements: int) -> float:
+        """One Pad or Slice of an fp16 tensor of ``elements`` elements (output size)."""
+
+    def describe(self) -> dict:
+        return {"name": self.name}

@@ -1,0 +1,129 @@
+"""A cost database fitted on one GPU (Campo's per-op linear models), behind :class:`CostModel`.
+
+Schema (``schema_version`` 1)::
+
+    {"schema_version": 1,
+     "device": {"name", "compute_capability", "ort_version", "cuda_version", "date"},
+     "cast": {"C_I": us, "r": us per element},
+     "pad": {"C_I": us, "r": us per element},                  # optional
+     "ops": {"MatMul": {"fp32": MODEL, "fp16": MODEL, "fp16_tc": MODEL,   # fp16_tc optional
+                        "samples": n, "holdout_mape": x}, ...},
+     "summary": {"holdout_mape", "wrong_decision_rate", "samples"}}
+
+    MODEL = {"features": [names], "coef": [w_i], "intercept": b, "sigma": s}   # sigma: fp16 only
+
+A prediction is ``b + sum_i w_i * f_i (+ sigma * t_fp32)`` with features from
+:func:`feature_vector`. Op types the database lacks fall back to the analytic model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from onnxcampo.costdb.analytic import AnalyticCostModel
+from onnxcampo.costdb.features import OpFeatures
+from onnxcampo.costdb.model import CostModel
+from onnxcampo.errors import CostModelError
+
+SCHEMA_VERSION = 1
+FEATURES = ("flops", "elements", "elements_out", "intensity", "aligned", "log_flops", "log_elements")
+
+
+def feature_vector(features: OpFeatures) -> dict[str, float]:
+    flops, elements = features.flops, max(features.elements, 1)
+    return {
+        "flops": flops,
+        "elements": float(features.elements),
+        "elements_out": float(features.elements_out),
+        "intensity": flops / elements,
+        "aligned": 1.0 if features.tensor_core_aligned else 0.0,
+        "log_flops": math.log1p(flops),
+        "log_elements": math.log1p(elements),
+    }
+
+
+def _linear(model: dict, values: dict[str, float], fp32_time: float | None = None) -> float:
+    total = float(model.get("intercept", 0.0))
+    for name, weight in zip(model["features"], model["coef"]):
+        total += weight * values[name]
+    if fp32_time is not None:
+        total += float(model.get("sigma", 0.0)) * fp32_time
+    return max(total, 0.0)
+
+
+class RegressionCostModel(CostModel):
+    def __init__(self, database: dict, *, source: str = "database") -> None:
+        validate_database(database, source)
+        self.database = database
+        self.name = f"{database['device']['name']} (regression, {source})"
+        self.fallback = AnalyticCostModel()
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RegressionCostModel":
+        path = Path(path)
+        if not path.is_file():
+            raise CostModelError(f"{path}: cost database not found")
+        try:
+            database = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CostModelError(f"{path}: not a cost database (invalid JSON: {exc})") from None
+        return cls(database, source=str(path))
+
+    def fp32_time(self, features: OpFeatures) -> float:
+        entry = self.database["ops"].get(features.op_type)
+        if entry is None or not features.known:
+            return self.fallback.fp32_time(features)
+        return _linear(entry["fp32"], feature_vector(features))
+
+    def fp16_time(self, features: OpFeatures, fp32_time: float) -> float:
+        entry = self.database["ops"].get(features.op_type)
+        if entry is None or not features.known:
+            return self.fallback.fp16_time(features, fp32_time)
+        model = entry.get("fp16_tc") if features.tensor_core_aligned and "fp16_tc" in entry else entry["fp16"]
+        return _linear(model, feature_vector(features), fp32_time)
+
+    def cast_time(self, elements: int) -> float:
+        cast = self.database["cast"]
+        return float(cast["C_I"]) + float(cast["r"]) * elements
+
+    def pad_time(self, elements: int) -> float:
+        pad = self.database.get("pad")
+        if pad is None:
+            return self.fallback.pad_time(elements)
+        return float(pad["C_I"]) + float(pad["r"]) * elements
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": "regression", "device": self.database["device"],
+                "summary": self.database.get("summary", {})}
+
+
+def validate_database(database: object, source: str = "database") -> None:
+    """Raise :class:`CostModelError` naming the first problem of a database."""
+    if not isinstance(database, dict):
+        raise CostModelError(f"{source}: not a cost database (top level is not an object)")
+    version = database.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise CostModelError(
+            f"{source}: cost database schema version {version!r}; this onnxcampo reads version {SCHEMA_VERSION}"
+        )
+    for key in ("device", "cast", "ops"):
+        if key not in database:
+            raise CostModelError(f"{source}: cost database lacks {key!r}")
+    cast = database["cast"]
+    if not isinstance(cast, dict) or not all(isinstance(cast.get(k), (int, float)) for k in ("C_I", "r")):
+        raise CostModelError(f"{source}: 'cast' needs numbers 'C_I' and 'r'")
+    if not isinstance(database["device"], dict) or "name" not in database["device"]:
+        raise CostModelError(f"{source}: 'device' needs a 'name'")
+    for op, entry in database["ops"].items():
+        for kind in ("fp32", "fp16", "fp16_tc"):
+            model = entry.get(kind) if isinstance(entry, dict) else None
+            if model is None and kind == "fp16_tc":
+                continue
+            if not isinstance(model, dict) or not isinstance(model.get("features"), list) \
+                    or not isinstance(model.get("coef"), list) or len(model["features"]) != len(model["coef"]):
+                raise CostModelError(f"{source}: op {op!r} has no valid {kind!r} model")
+            unknown = set(model["features"]) - set(FEATURES)
+            if unknown:
+                raise CostModelError(f"{source}: op {op!r} uses unknown features {sorted(unknown)}")

@@ -1,0 +1,194 @@
+"""``optimize()``: load -> plan (analysis passes) -> apply (mutating passes) -> export."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from onnxcampo import __version__
+from onnxcampo import estimate
+from onnxcampo import graph as graph_io
+from onnxcampo.config import OptimizeConfig
+from onnxcampo.context import GraphContext
+from onnxcampo.costdb.select import load_cost_model
+from onnxcampo.passes.allow_by_cost import AllowByCost
+from onnxcampo.passes.classify import Classify
+from onnxcampo.passes.clear_by_cost import ClearByCost
+from onnxcampo.passes.deny_propagation import DenyPropagation
+from onnxcampo.passes.fill_infer_clear import FillInferClear
+from onnxcampo.passes.insert_casts import InsertCasts
+from onnxcampo.passes.manager import PassManager, PassResult
+from onnxcampo.passes.pad_tensor_cores import PadTensorCores
+from onnxcampo.passes.uniform_precision import UniformPrecision
+from onnxcampo.plan import Precision, PrecisionPlan, Reason
+
+log = logging.getLogger(__name__)
+
+METADATA_KEY = "onnxcampo.policy"
+_DEFAULT = UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32)
+
+# The pipelines are data: analysis passes per policy, then the mutating ones.
+ANALYSIS = {
+    "campo": (Classify(), AllowByCost(), DenyPropagation(), FillInferClear(), ClearByCost(), _DEFAULT),
+    "amp": (Classify(), AllowByCost(greedy=True), DenyPropagation(), FillInferClear(), ClearByCost(greedy=True), _DEFAULT),
+    "fp16": (Classify(), UniformPrecision(Precision.FP16, Reason.POLICY_FP16)),
+    "fp32": (Classify(), UniformPrecision(Precision.FP32, Reason.POLICY_FP32)),
+}
+COMPARED = ("fp32", "amp")  # plans campo must never be predicted slower than
+
+
+@dataclass
+class OptimizeResult:
+    model: onnx.ModelProto
+    plan: PrecisionPlan
+    report: dict
+    changed: bool = True
+    passes: list[PassResult] = field(default_factory=list)
+
+    def save(self, path: str | os.PathLike) -> None:
+        graph_io.save_model(self.model, Path(path))
+
+
+def optimize(
+    model: str | os.PathLike | onnx.ModelProto,
+    *,
+    config: OptimizeConfig | None = None,
+    **options,
+) -> OptimizeResult:
+    """Turn an fp32 model into a mixed fp16/fp32 one; the input model is never modified.
+
+    ``options`` are :class:`OptimizeConfig` fields and override those of ``config``.
+    """
+    config = (config or OptimizeConfig()).replace(**options) if options else (config or OptimizeConfig())
+    original, source = graph_io.read_model(model)
+    graph_io.check_model(original, source)
+    working = copy.deepcopy(original)
+    graph_io.name_nodes(working)
+
+    reason = _nothing_to_do(working)
+    if reason:
+        log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
+        return OptimizeResult(original, PrecisionPlan(), _unchanged_report(config, source, reason), changed=False)
+
+    needs_sizes = config.policy == "campo" or config.profile != "predict"
+    info, unresolved = graph_io.infer_tensor_info(
+        working, input_shapes=config.input_shapes, dim_values=config.dim_values, require_static=needs_sizes
+    )
+    cost = load_cost_model(config.device_db)
+    ctx = GraphContext.build(working, source, config, cost, info, unresolved)
+    if config.profile != "predict":
+        _measure_fp32_times(ctx)
+
+    plans, times = {}, {}
+    for name in ANALYSIS:
+        # Only campo pads for Tensor Cores; the other plans are costed as they would run.
+        ctx.padding_enabled = name == "campo" and config.pad_tensor_cores
+        plans[name] = _analyse(ctx, name)
+        times[name] = estimate.plan_time(ctx, plans[name])
+    ctx.padding_enabled = False
+    chosen = config.policy
+    notes = []
+    if config.policy == "campo" and config.compare_plans:
+        best = min(COMPARED, key=lambda name: times[name].total_us)
+        if times[best].total_us < times["campo"].total_us:
+            notes.append(
+                f"the {best} plan is predicted faster ({times[best].total_us:.1f} us) than campo's "
+                f"({times['campo'].total_us:.1f} us): keeping it"
+            )
+            plans["campo"] = plans["campo"].copy()
+            for node, decision in plans[best].items():
+                plans["campo"].override(node, decision.precision, Reason.BEST_PLAN)
+            times["campo"] = times[best]
+            chosen = best
+    ctx.plan = plans[config.policy]
+
+    mutating = [InsertCasts()]
+    if config.policy == "campo" and config.pad_tensor_cores:
+        mutating.append(PadTensorCores())
+    results = PassManager(mutating, check_invariants=config.check_invariants).run(ctx)
+
+    metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
+    out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata)
+    report = _report(ctx, config, source, plans, times, chosen, notes, results)
+    return OptimizeResult(out, ctx.plan, report, passes=results)
+
+
+def _analyse(ctx: GraphContext, policy: str) -> PrecisionPlan:
+    ctx.plan = PrecisionPlan()
+    PassManager(ANALYSIS[policy], check_invariants=ctx.config.check_invariants).run(ctx)
+    return ctx.plan
+
+
+def _nothing_to_do(model: onnx.ModelProto) -> str | None:
+    graph = model.graph
+    if not graph.node:
+        return "the graph has no nodes"
+    if any(p.key == METADATA_KEY for p in model.metadata_props):
+        return "it was already optimized by onnxcampo"
+    float32 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    float32 |= {v.name for v in (*graph.input, *graph.value_info, *graph.output)
+                if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    has_constant_float = any(
+        n.op_type == "Constant" and any(a.t.data_type == onnx.TensorProto.FLOAT for a in n.attribute) for n in graph.node
+    )
+    if not float32 and not has_constant_float:
+        info, _ = graph_io.infer_tensor_info(model)
+        if not any(entry.dtype == onnx.TensorProto.FLOAT for entry in info.values()):
+            return "it has no float32 tensors"
+    return None
+
+
+def _measure_fp32_times(ctx: GraphContext) -> None:
+    from onnxcampo.profile import measure_node_times
+    from onnxcampo.runtime import random_inputs
+
+    feeds = random_inputs(ctx.model, input_shapes=ctx.config.input_shapes, dim_values=ctx.config.dim_values)
+    measured = measure_node_times(ctx.model, provider=ctx.config.profile, feeds=feeds)
+    used = 0
+    for name, micros in measured.node_us.items():
+        if name in ctx.fp32_us and micros > 0:
+            ctx.fp32_us[name] = micros
+            used += 1
+    ctx.stats["profiled_nodes"] = used
+    log.info("profiled %d nodes on %s: a run takes %.1f us", used, ctx.config.profile, measured.run_us)
+
+
+def _report(ctx, config, source, plans, times, chosen, notes, results) -> dict:
+    plan = ctx.plan
+    counts = plan.counts()
+    return {
+        "onnxcampo_version": __version__,
+        "input": str(source) if source else None,
+        "policy": config.policy,
+        "chosen_plan": chosen,
+        "cost_model": ctx.cost.describe(),
+        "profile": config.profile,
+        "nodes": len(ctx.model.graph.node),
+        "nodes_fp16": counts.get("fp16", 0),
+        "nodes_fp32": counts.get("fp32", 0),
+        "reasons": plan.reasons(),
+        "casts_inserted": ctx.stats["casts_inserted"],
+        "pads_inserted": ctx.stats["pads_inserted"],
+        "initializers_converted": ctx.stats["initializers_converted"],
+        "initializer_values_clamped": ctx.stats["initializer_values_clamped"],
+        "predicted_us": {name: t.to_json() for name, t in times.items()},
+        "plans": {name: {"nodes_fp16": p.counts().get("fp16", 0), "casts": times[name].casts} for name, p in plans.items()},
+        "unresolved_dims": ctx.unresolved_dims,
+        "notes": notes,
+        "passes": [{"name": r.name, "counts": r.counts, "seconds": round(r.seconds, 4)} for r in results],
+        "plan": plan.to_json(),
+    }
+
+
+def _unchanged_report(config: OptimizeConfig, source, reason: str) -> dict:
+    return {
+        "onnxcampo_version": __version__, "input": str(source) if source else None, "policy": config.policy,
+        "chosen_plan": None, "nodes_fp16": 0, "nodes_fp32": 0, "casts_inserted": 0, "pads_inserted": 0,
+        "initializers_converted": 0, "initializer_values_clamped": 0, "notes": [f"nothing to optimize: {reason}"],
+        "plan": {},
+    }

@@ -1,0 +1,184 @@
+"""Command line: ``onnxcampo optimize | inspect``.
+
+User errors print one line on stderr and exit 2 (validation failures exit 1); no traceback
+unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from onnxcampo import __version__
+from onnxcampo.config import POLICIES, PROFILE_MODES, OptimizeConfig, parse_dim_value, parse_input_shape
+from onnxcampo.errors import CampoError, ValidationError
+
+log = logging.getLogger("onnxcampo")
+
+
+def _add_plan_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", choices=POLICIES, default="campo",
+                        help="campo: cost-aware four passes (default); amp: greedy TF-AMP painting; "
+                             "fp16: every op that may be fp16; fp32: nothing converted")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
+                        help="pin a dynamic input's shape for cost estimation (repeatable)")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                        help="pin a named dynamic dim (e.g. batch=8) wherever it occurs (repeatable)")
+    parser.add_argument("--exclude-op", action="append", default=[], metavar="OP", help="op type kept fp32 (repeatable)")
+    parser.add_argument("--include-op", action="append", default=[], metavar="OP", help="op type forced fp16 (repeatable)")
+    parser.add_argument("--exclude-node", action="append", default=[], metavar="REGEX", help="node names kept fp32 (repeatable)")
+    parser.add_argument("--include-node", action="append", default=[], metavar="REGEX", help="node names forced fp16 (repeatable)")
+    parser.add_argument("--device-db", type=Path, help="cost database JSON (default: the analytic H200 model)")
+    parser.add_argument("--profile", choices=PROFILE_MODES, default="predict",
+                        help="fp32 node times: predicted by the cost model (default) or measured on ORT cpu/cuda")
+    parser.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
+    parser.add_argument("--no-keep-io-types", action="store_true", help="let graph inputs/outputs become fp16")
+    parser.add_argument("--no-compare-plans", action="store_true",
+                        help="keep campo's plan even if the fp32 or amp plan is predicted faster")
+
+
+def _config(args: argparse.Namespace) -> OptimizeConfig:
+    shapes = dict(parse_input_shape(text) for text in args.input_shape)
+    dims = dict(parse_dim_value(text) for text in args.dim)
+    return OptimizeConfig(
+        policy=args.policy,
+        keep_io_types=not args.no_keep_io_types,
+        input_shapes=shapes,
+        dim_values=dims,
+        exclude_ops=frozenset(args.exclude_op),
+        include_ops=frozenset(args.include_op),
+        exclude_nodes=tuple(args.exclude_node),
+        include_nodes=tuple(args.include_node),
+        device_db=args.device_db,
+        profile=args.profile,
+        pad_tensor_cores=not args.no_pad,
+        compare_plans=not args.no_compare_plans,
+        check_invariants=args.debug,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="onnxcampo", description="Cost-aware mixed-precision optimizer for ONNX graphs")
+    parser.add_argument("--version", action="version", version=f"onnxcampo {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    opt = sub.add_parser("optimize", help="write a mixed fp16/fp32 model")
+    opt.add_argument("input", type=Path, help="fp32 ONNX model")
+    opt.add_argument("output", type=Path, help="where to write the optimized model (written atomically)")
+    _add_plan_options(opt)
+    opt.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report (per-node plan) as JSON")
+    opt.add_argument("--validate", action="store_true", help="run both models on ORT and compare outputs")
+    opt.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="provider for --validate")
+    opt.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs for --validate (default: random)")
+    opt.add_argument("--rtol", type=float, default=0.02, help="relative tolerance for --validate (default 0.02)")
+    opt.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance for --validate (default 1e-3)")
+
+    ins = sub.add_parser("inspect", help="print the precision plan without writing a model")
+    ins.add_argument("input", type=Path, help="fp32 ONNX model")
+    _add_plan_options(ins)
+    ins.add_argument("--nodes", action="store_true", help="print one line per node")
+
+    for p in (opt, ins):
+        p.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per pass; -vv: debug")
+        p.add_argument("--debug", action="store_true", help="check graph invariants after every pass; tracebacks")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
+    try:
+        if args.command == "optimize":
+            return _optimize(args)
+        return _inspect(args)
+    except CampoError as exc:
+        print(f"onnxcampo: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - a bug: one line unless --debug
+        if args.debug:
+            raise
+        print(f"onnxcampo: internal error: {exc.__class__.__name__}: {exc} (rerun with --debug for details)", file=sys.stderr)
+        return 3
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from onnxcampo import graph as graph_io
+    from onnxcampo.api import optimize
+
+    config = _config(args)
+    input_path = args.input if args.input.exists() else None
+    output = graph_io.check_output_path(args.output, input_path)
+    result = optimize(args.input, config=config)
+    report = result.report
+    if args.validate:
+        report["validation"] = _validate(args, result)
+    failed = [d["name"] for d in report.get("validation", []) if not d["ok"]]
+    if failed:
+        raise ValidationError(
+            f"outputs {', '.join(failed)} differ beyond rtol={args.rtol}, atol={args.atol}; "
+            f"nothing written (loosen the tolerance or --exclude-op the culprits)"
+        )
+    result.save(output)
+    if args.report:
+        args.report.write_text(json.dumps(report, indent=1))
+    print(summary(report, output), file=sys.stderr)
+    return 0
+
+
+def _validate(args: argparse.Namespace, result) -> list[dict]:
+    import onnx
+
+    from onnxcampo.runtime import load_inputs_npz, validate
+
+    original = onnx.load(str(args.input))
+    feeds = load_inputs_npz(args.inputs, original) if args.inputs else None
+    config = _config(args)
+    diffs = validate(original, result.model, feeds=feeds, provider=args.provider, rtol=args.rtol, atol=args.atol,
+                     input_shapes=config.input_shapes, dim_values=config.dim_values)
+    rows = []
+    for diff in diffs:
+        rows.append({"name": diff.name, "max_abs_err": float(diff.max_abs_err), "max_rel_err": float(diff.max_rel_err), "ok": bool(diff.ok)})
+        print(f"  validate {diff.name}: max abs {diff.max_abs_err:.3g}, max rel {diff.max_rel_err:.3g} "
+              f"{'ok' if diff.ok else 'FAIL'}", file=sys.stderr)
+    return rows
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from onnxcampo.api import optimize
+
+    result = optimize(args.input, config=_config(args))
+    print(summary(result.report, None))
+    if args.nodes:
+        for name, entry in result.report["plan"].items():
+            numbers = " ".join(f"{k}={v:.2f}" for k, v in entry.get("numbers", {}).items())
+            print(f"{entry['precision']}  {name}  {entry['reason']}  {numbers}".rstrip())
+    return 0
+
+
+def summary(report: dict, output: Path | None) -> str:
+    """The human summary: counts by reason, Casts and Pads, predicted times per plan."""
+    lines = []
+    if output is not None:
+        lines.append(f"onnxcampo: wrote {output}")
+    lines.append(f"policy {report['policy']}: {report['nodes_fp16']} nodes fp16, {report['nodes_fp32']} fp32; "
+                 f"{report['casts_inserted']} Casts, {report['pads_inserted']} Pad/Slice inserted; "
+                 f"{report['initializers_converted']} constants converted "
+                 f"({report['initializer_values_clamped']} values clamped to the fp16 range)")
+    for reason, count in sorted(report.get("reasons", {}).items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {count:6d}  {reason}")
+    predicted = report.get("predicted_us")
+    if predicted:
+        parts = ", ".join(f"{name} {t['total_us']:.1f} us ({t['casts']} casts)" for name, t in predicted.items())
+        lines.append(f"predicted time ({report['cost_model']['name']}): {parts}")
+    for note in report.get("notes", []):
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

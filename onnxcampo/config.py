@@ -1,0 +1,108 @@
+"""The one frozen configuration shared by the Python API and the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onnxcampo.errors import ConfigError
+
+POLICIES = ("campo", "amp", "fp16", "fp32")
+PROFILE_MODES = ("predict", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    """Options of :func:`onnxcampo.optimize`; every field has a command-line flag of the same name.
+
+    Attributes:
+        policy: ``campo`` (cost-aware four passes, the default), ``amp`` (greedy TensorFlow-AMP
+            painting, a Cast at every boundary: the paper's baseline), ``fp16`` (every op that may
+            run in fp16) or ``fp32`` (nothing converted).
+        keep_io_types: graph inputs and outputs keep their dtypes (Casts are added inside).
+        input_shapes: ``{input name: dims}`` pinning dynamic input dims for cost estimation and
+            profiling. The written model keeps its original (dynamic) input shapes.
+        dim_values: ``{symbolic dim name: value}`` pinning a named dynamic dim wherever it occurs.
+        exclude_ops / include_ops: op types forced to fp32 / allowed in fp16 whatever the lists say
+            (an included op still needs an fp16 schema).
+        exclude_nodes / include_nodes: regular expressions on node names, same meaning.
+        device_db: a cost database JSON; ``None`` uses the one shipped for the running GPU, if
+            any, else the analytic H200 model.
+        profile: ``predict`` takes fp32 node times from the cost model; ``cpu`` / ``cuda`` measure
+            them with one ONNX Runtime profiling run on that provider.
+        pad_tensor_cores: zero-pad MatMul/Gemm/Conv dims to multiples of 8 where it pays.
+        compare_plans: also cost the ``fp32`` and ``amp`` plans and keep the cheapest (campo only).
+        check_invariants: check graph invariants after every pass (tests and ``--debug``).
+    """
+
+    policy: str = "campo"
+    keep_io_types: bool = True
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dim_values: dict[str, int] = field(default_factory=dict)
+    exclude_ops: frozenset[str] = frozenset()
+    include_ops: frozenset[str] = frozenset()
+    exclude_nodes: tuple[str, ...] = ()
+    include_nodes: tuple[str, ...] = ()
+    device_db: Path | None = None
+    profile: str = "predict"
+    pad_tensor_cores: bool = True
+    compare_plans: bool = True
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.profile not in PROFILE_MODES:
+            raise ConfigError(
+                f"unknown profile mode {self.profile!r}; choose one of {', '.join(PROFILE_MODES)}"
+            )
+        for name, dims in self.input_shapes.items():
+            if not all(isinstance(d, int) and d > 0 for d in dims):
+                raise ConfigError(f"input shape for {name!r} must be positive integers, got {dims}")
+        for name, value in self.dim_values.items():
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"dim {name!r} must be a positive integer, got {value!r}")
+        for pattern in (*self.exclude_nodes, *self.include_nodes):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"bad node regular expression {pattern!r}: {exc}") from None
+        object.__setattr__(self, "exclude_ops", frozenset(self.exclude_ops))
+        object.__setattr__(self, "include_ops", frozenset(self.include_ops))
+        object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+        object.__setattr__(self, "include_nodes", tuple(self.include_nodes))
+        if self.device_db is not None:
+            object.__setattr__(self, "device_db", Path(self.device_db))
+
+    def replace(self, **changes) -> "OptimizeConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``NAME:D0,D1,...`` (the ``--input-shape`` syntax). The name may contain ``:``."""
+    name, sep, dims_text = text.rpartition(":")
+    if not sep or not name:
+        raise ConfigError(f"--input-shape {text!r}: expected NAME:D0,D1,... (e.g. input:1,3,224,224)")
+    try:
+        dims = tuple(int(d) for d in dims_text.split(",")) if dims_text.strip() else ()
+    except ValueError:
+        raise ConfigError(f"--input-shape {text!r}: dims must be integers separated by commas") from None
+    if any(d <= 0 for d in dims):
+        raise ConfigError(f"--input-shape {text!r}: dims must be positive")
+    return name, dims
+
+
+def parse_dim_value(text: str) -> tuple[str, int]:
+    """Parse ``NAME=VALUE`` (the ``--dim`` syntax)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise ConfigError(f"--dim {text!r}: expected NAME=VALUE (e.g. batch=8)")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"--dim {text!r}: VALUE must be an integer") from None
+    if number <= 0:
+        raise ConfigError(f"--dim {text!r}: VALUE must be positive")
+    return name, number

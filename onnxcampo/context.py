@@ -1,0 +1,208 @@
+"""What every pass reads: the graph, its tensor table, node signatures, list membership, costs.
+
+Built once after loading. Analysis passes read it and write only ``plan``; mutating passes change
+``graph`` and keep ``dtypes`` (the current elem type of every tensor) in step.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import TensorProto
+
+from onnxcampo import graph as graph_io
+from onnxcampo import oplists
+from onnxcampo.config import OptimizeConfig
+from onnxcampo.costdb.features import OpFeatures, op_features
+from onnxcampo.costdb.model import CostModel
+from onnxcampo.graph import TensorInfo
+from onnxcampo.oplists import Category
+from onnxcampo.plan import PrecisionPlan
+from onnxcampo.signature import Signature, Slot, signature
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Use:
+    """One consumer slot of a tensor."""
+
+    node: gs.Node
+    index: int
+    slot: Slot
+
+
+@dataclass
+class GraphContext:
+    model: onnx.ModelProto  # the input model (never modified)
+    source: Path | None
+    config: OptimizeConfig
+    cost: CostModel
+    graph: gs.Graph
+    info: dict[str, TensorInfo]
+    opset: int
+    nodes: list[gs.Node] = field(default_factory=list)
+    signatures: dict[str, Signature] = field(default_factory=dict)
+    categories: dict[str, Category] = field(default_factory=dict)
+    dtypes: dict[str, int] = field(default_factory=dict)
+    features: dict[str, OpFeatures] = field(default_factory=dict)
+    fp32_us: dict[str, float] = field(default_factory=dict)
+    implicit_inputs: dict[str, set[str]] = field(default_factory=dict)
+    subgraph_nodes: dict[str, list[str]] = field(default_factory=dict)
+    graph_inputs: set[str] = field(default_factory=set)
+    graph_outputs: set[str] = field(default_factory=set)
+    implicit_names: set[str] = field(default_factory=set)
+    original_inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    plan: PrecisionPlan = field(default_factory=PrecisionPlan)
+    stats: Counter = field(default_factory=Counter)
+    unresolved_dims: list[str] = field(default_factory=list)
+    padding_enabled: bool = False  # cost estimates count Tensor Core padding (campo plans)
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        model: onnx.ModelProto,
+        source: Path | None,
+        config: OptimizeConfig,
+        cost: CostModel,
+        info: dict[str, TensorInfo],
+        unresolved_dims: list[str],
+    ) -> "GraphContext":
+        graph = graph_io.to_graphsurgeon(model)
+        ctx = cls(model, source, config, cost, graph, info, graph_io.default_opset(model))
+        ctx.unresolved_dims = unresolved_dims
+        ctx.dtypes = {name: entry.dtype for name, entry in info.items()}
+        ctx.graph_inputs = {t.name for t in graph.inputs}
+        ctx.graph_outputs = {t.name for t in graph.outputs}
+        by_name = {n.name: n for n in model.graph.node}
+        ctx.nodes = list(graph.nodes)
+        for node in ctx.nodes:
+            sig = signature(node.op, node.domain or "", ctx.opset, len(node.inputs), len(node.outputs))
+            ctx.signatures[node.name] = sig
+            ctx.categories[node.name] = ctx._category(node)
+            ctx.original_inputs[node.name] = tuple(t.name for t in node.inputs)
+            proto = by_name.get(node.name)
+            if proto is not None and graph_io.has_subgraph(proto):
+                ctx.implicit_inputs[node.name] = graph_io.outer_scope_names(proto)
+                ctx.subgraph_nodes[node.name] = graph_io.subgraph_node_names(proto)
+        ctx.implicit_names = set().union(*ctx.implicit_inputs.values()) if ctx.implicit_inputs else set()
+        ctx._compute_features()
+        return ctx
+
+    def _category(self, node: gs.Node) -> Category:
+        category = oplists.category_of(node.op, node.domain or "")
+        if node.op == "Cast" and int(node.attrs.get("to", 0)) in graph_io.FLOAT_TYPES:
+            return Category.CLEAR  # its `to` can follow the plan like any data movement
+        return category
+
+    def _compute_features(self) -> None:
+        for node in self.nodes:
+            ins = [self.info.get(t.name) for t in node.inputs]
+            outs = [self.info.get(t.name) for t in node.outputs]
+            self.features[node.name] = op_features(
+                node.op,
+                [i.shape if i else None for i in ins],
+                [o.shape if o else None for o in outs],
+                node.attrs,
+                float_inputs=[bool(i and i.is_float) for i in ins],
+                float_outputs=[bool(o and o.is_float) for o in outs],
+            )
+            self.fp32_us[node.name] = self.cost.fp32_time(self.features[node.name])
+
+    # --- tensors ------------------------------------------------------------------------
+    def dtype(self, tensor: gs.Tensor) -> int:
+        return self.dtypes.get(tensor.name, 0)
+
+    def original_dtype(self, tensor: gs.Tensor) -> int:
+        entry = self.info.get(tensor.name)
+        return entry.dtype if entry else self.dtypes.get(tensor.name, 0)
+
+    def is_float32(self, tensor: gs.Tensor) -> bool:
+        return self.dtype(tensor) == TensorProto.FLOAT
+
+    def is_float(self, tensor: gs.Tensor) -> bool:
+        return self.dtype(tensor) in graph_io.FLOAT_TYPES
+
+    def is_constant(self, tensor: gs.Tensor) -> bool:
+        """Initializers and Constant-node outputs: converted offline, never cast at run time."""
+        if isinstance(tensor, gs.Constant):
+            return True
+        return len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant"
+
+    def numel(self, tensor: gs.Tensor) -> int:
+        entry = self.info.get(tensor.name)
+        return entry.numel or 0 if entry else 0
+
+    def producer(self, tensor: gs.Tensor) -> gs.Node | None:
+        return tensor.inputs[0] if tensor.inputs else None
+
+    def uses(self, tensor: gs.Tensor) -> list[Use]:
+        found = []
+        for consumer in tensor.outputs:
+            sig = self.signatures.get(consumer.name)
+            for index, inp in enumerate(consumer.inputs):
+                if inp is tensor:
+                    slot = sig.inputs[index] if sig and index < len(sig.inputs) else Slot.FIXED
+                    found.append(Use(consumer, index, slot))
+        return _unique_uses(found)
+
+    # --- nodes --------------------------------------------------------------------------
+    def follow_inputs(self, node: gs.Node) -> list[gs.Tensor]:
+        sig = self.signatures[node.name]
+        return [t for t, s in zip(node.inputs, sig.inputs) if s is Slot.FOLLOW and self.is_float(t)]
+
+    def follow_outputs(self, node: gs.Node) -> list[gs.Tensor]:
+        sig = self.signatures[node.name]
+        return [t for t, s in zip(node.outputs, sig.outputs) if s is Slot.FOLLOW and self.is_float(t)]
+
+    def float_tensors(self, node: gs.Node) -> list[gs.Tensor]:
+        return [t for t in (*node.inputs, *node.outputs) if self.is_float(t)]
+
+    def upstream(self, node: gs.Node) -> list[gs.Node]:
+        """Producers of the node's precision-following float inputs."""
+        found = []
+        for tensor in self.follow_inputs(node):
+            producer = self.producer(tensor)
+            if producer is not None and producer.op != "Constant":
+                found.append(producer)
+        return found
+
+    def downstream(self, node: gs.Node) -> list[gs.Node]:
+        """Consumers that read the node's following outputs through following slots."""
+        found = []
+        for tensor in self.follow_outputs(node):
+            found.extend(use.node for use in self.uses(tensor) if use.slot is Slot.FOLLOW)
+        return found
+
+    def excluded_by_user(self, node: gs.Node) -> bool:
+        return node.op in self.config.exclude_ops or any(
+            re.search(p, node.name) for p in self.config.exclude_nodes
+        )
+
+    def included_by_user(self, node: gs.Node) -> bool:
+        return node.op in self.config.include_ops or any(
+            re.search(p, node.name) for p in self.config.include_nodes
+        )
+
+
+def _unique_uses(uses: list[Use]) -> list[Use]:
+    seen = set()
+    result = []
+    for use in uses:
+        key = (id(use.node), use.index)
+        if key not in seen:
+            seen.add(key)
+            result.append(use)
+    return result
+
+
+def np_dtype(onnx_type: int) -> np.dtype:
+    return onnx.helper.tensor_dtype_to_np_dtype(onnx_type)

@@ -1,0 +1,43 @@
+"""One exception family for everything a user can get wrong.
+
+Every message is meant to be printed as one line on stderr by the CLI, so it names the thing
+at fault (file, input, node, option) and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+
+class CampoError(Exception):
+    """Base class: a problem the user can act on (bad file, bad option, unsupported model)."""
+
+    exit_code = 2
+
+
+class ModelLoadError(CampoError):
+    """The input file is missing, unreadable, not ONNX, truncated or fails the ONNX checker."""
+
+
+class UnsupportedModelError(CampoError):
+    """The model is valid ONNX but uses something onnxcampo cannot handle (old opset, ...)."""
+
+
+class ShapeError(CampoError):
+    """A dynamic dimension cannot be resolved; the message says how to pin it."""
+
+
+class ConfigError(CampoError):
+    """An option has a bad value (unknown policy, malformed --input-shape, bad regex, ...)."""
+
+
+class OutputPathError(CampoError):
+    """The output path is unusable (same as the input, in a missing folder, ...)."""
+
+
+class CostModelError(CampoError):
+    """A cost database is missing, corrupt or of an unsupported schema version."""
+
+
+class ValidationError(CampoError):
+    """The optimized model's outputs differ from the original's by more than the tolerance."""
+
+    exit_code = 1

@@ -1,0 +1,138 @@
+"""Predicted time of a plan: node times plus the Casts its precision boundaries need.
+
+Casts are counted the way Cast insertion makes them: one per (tensor, dtype) whatever the number
+of consumers; constants are converted offline (free); graph inputs and outputs keep their dtype
+when ``keep_io_types``. Passes use :func:`delta` for local decisions; the pipeline uses
+:func:`plan_time` to compare whole plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+from onnx import TensorProto
+
+from onnxcampo.context import GraphContext, Use
+from onnxcampo.padding import pad_plan
+from onnxcampo.plan import Precision, PrecisionPlan
+from onnxcampo.signature import Slot
+
+PrecisionOf = Callable[[str], Precision]
+
+
+@dataclass(frozen=True)
+class PlanTime:
+    total_us: float
+    nodes_us: float
+    casts_us: float
+    casts: int
+
+    def to_json(self) -> dict:
+        return {"total_us": round(self.total_us, 3), "nodes_us": round(self.nodes_us, 3),
+                "casts_us": round(self.casts_us, 3), "casts": self.casts}
+
+
+def node_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float:
+    """fp16 time is the padded one where padding pays and is enabled (campo only)."""
+    fp32 = ctx.fp32_us[node.name]
+    if precision is Precision.FP32:
+        return fp32
+    if ctx.padding_enabled:
+        plan = pad_plan(ctx, node)
+        if plan is not None:
+            return plan.padded_us
+    return ctx.cost.fp16_time(ctx.features[node.name], fp32)
+
+
+def produced_dtype(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> int | None:
+    """dtype the tensor has under the plan; None when it may take any (constants, and graph
+    inputs when I/O types may change)."""
+    original = ctx.original_dtype(tensor)
+    if ctx.is_constant(tensor):
+        return None
+    producer = ctx.producer(tensor)
+    if producer is None:
+        return original if ctx.config.keep_io_types else None
+    sig = ctx.signatures.get(producer.name)
+    index = next(i for i, out in enumerate(producer.outputs) if out is tensor)
+    if sig is not None and sig.outputs[index] is Slot.FOLLOW and precision_of(producer.name) is Precision.FP16:
+        return TensorProto.FLOAT16
+    return original
+
+
+def use_dtype(ctx: GraphContext, tensor: gs.Tensor, use: Use, precision_of: PrecisionOf) -> int | None:
+    """dtype one consumer slot needs under the plan; None when it takes any float."""
+    if use.slot is Slot.ANY:
+        return None
+    if use.slot is Slot.FOLLOW and precision_of(use.node.name) is Precision.FP16:
+        return TensorProto.FLOAT16
+    return ctx.original_dtype(tensor)
+
+
+def pinned_dtype(ctx: GraphContext, tensor: gs.Tensor) -> int | None:
+    """The dtype a tensor's *name* must keep: graph outputs (with ``keep_io_types``) and names
+    read implicitly by If/Loop/Scan bodies."""
+    if (tensor.name in ctx.graph_outputs and ctx.config.keep_io_types) or tensor.name in ctx.implicit_names:
+        return ctx.original_dtype(tensor)
+    return None
+
+
+def _required_dtypes(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> set[int]:
+    needed = {use_dtype(ctx, tensor, use, precision_of) for use in ctx.uses(tensor)}
+    needed.add(pinned_dtype(ctx, tensor))
+    needed.discard(None)
+    return needed
+
+
+def tensor_casts(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> int:
+    if not ctx.is_float(tensor):
+        return 0
+    produced = produced_dtype(ctx, tensor, precision_of)
+    needed = _required_dtypes(ctx, tensor, precision_of)
+    if produced is None:
+        return 0
+    return len(needed - {produced})
+
+
+def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: PrecisionOf) -> tuple[float, int]:
+    total, count = 0.0, 0
+    for tensor in tensors:
+        casts = tensor_casts(ctx, tensor, precision_of)
+        if casts:
+            count += casts
+            total += casts * ctx.cost.cast_time(ctx.numel(tensor))
+    return total, count
+
+
+def precision_function(plan: PrecisionPlan, overrides: dict[str, Precision] | None = None) -> PrecisionOf:
+    if not overrides:
+        return plan.precision
+    return lambda name: overrides.get(name) or plan.precision(name)
+
+
+def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
+    precision_of = plan.precision
+    nodes_us = sum(node_time(ctx, n, precision_of(n.name)) for n in ctx.nodes)
+    tensors = {id(t): t for n in ctx.nodes for t in (*n.inputs, *n.outputs)}
+    cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
+    return PlanTime(nodes_us + cast_us, nodes_us, cast_us, casts)
+
+
+def delta(ctx: GraphContext, plan: PrecisionPlan, nodes: list[gs.Node]) -> dict[str, float]:
+    """Change of predicted time if ``nodes`` ran fp16 instead of their current precision.
+
+    Returns the numbers a decision records: ``fp32_us``, ``fp16_us`` (node times), ``cast_us``
+    (Cast time after minus before) and ``gain_us`` (positive: fp16 is faster).
+    """
+    overrides = {n.name: Precision.FP16 for n in nodes}
+    after = precision_function(plan, overrides)
+    before = precision_function(plan, {n.name: Precision.FP32 for n in nodes})
+    touched = {id(t): t for n in nodes for t in (*n.inputs, *n.outputs)}
+    cast_after, _ = casts_time(ctx, touched.values(), after)
+    cast_before, _ = casts_time(ctx, touched.values(), before)
+    fp32 = sum(node_time(ctx, n, Precision.FP32) for n in nodes)
+    fp16 = sum(node_time(ctx, n, Precision.FP16) for n in nodes)
+    cast = cast_after - cast_before
+    return {"fp32_us": fp32, "fp16_us": fp16, "cast_us": cast, "gain_us": fp32 - fp16 - cast}

@@ -1,0 +1,449 @@
+"""Loading, shape/type inference, export and atomic saving of models.
+
+Inference runs once, at load, on a copy whose dynamic input dims are pinned (the written model
+keeps its original dynamic shapes). Its results live in a plain table (:class:`TensorInfo` per
+tensor name) that the passes read; the graph the passes change is an onnx-graphsurgeon graph.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.defs
+import onnx_graphsurgeon as gs
+from google.protobuf.message import DecodeError
+from onnx import TensorProto
+
+from onnxcampo.errors import ConfigError, ModelLoadError, OutputPathError, ShapeError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+MIN_OPSET = 11
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
+# Initializers bigger than this are left out of the copy that shape inference sees: inference
+# needs their type and dims only, and the model may be larger than protobuf's 2 GB limit.
+_SKELETON_BYTES = 1 << 16
+_PROTOBUF_LIMIT = (1 << 31) - (1 << 20)
+CONTROL_FLOW_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Type and (pinned) shape of one tensor; ``shape`` entries are None where unknown."""
+
+    dtype: int
+    shape: tuple[int | None, ...] | None
+
+    @property
+    def numel(self) -> int | None:
+        if self.shape is None or any(d is None for d in self.shape):
+            return None
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_TYPES
+
+
+def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """The model and the file it came from; every failure is a :class:`ModelLoadError`."""
+    if isinstance(source, onnx.ModelProto):
+        return copy.deepcopy(source), None
+    path = Path(source)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file")
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: not a file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+        raise ModelLoadError(f"{path}: not an ONNX model, or the file is truncated ({exc.__class__.__name__})") from None
+    if model.ir_version == 0 or not model.HasField("graph"):
+        raise ModelLoadError(f"{path}: not an ONNX model (no IR version or graph)")
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot read its external data: {exc}") from None
+    return model, path
+
+
+def check_model(model: onnx.ModelProto, path: Path | None) -> None:
+    where = str(path) if path else "model"
+    try:
+        if model.ByteSize() < _PROTOBUF_LIMIT:
+            onnx.checker.check_model(model)
+        elif path is not None:
+            onnx.checker.check_model(str(path))
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise ModelLoadError(f"{where}: invalid ONNX model: {first}") from None
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        raise UnsupportedModelError(
+            f"{where}: opset {opset} is older than {MIN_OPSET}; convert it first "
+            f"(onnx.version_converter.convert_version(model, 17))"
+        )
+    if opset > onnx.defs.onnx_opset_version():
+        raise UnsupportedModelError(
+            f"{where}: opset {opset} is newer than this onnx ({onnx.__version__}) knows "
+            f"({onnx.defs.onnx_opset_version()}); upgrade onnx"
+        )
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return 0
+
+
+def name_nodes(model: onnx.ModelProto) -> int:
+    """Give every top-level node a unique name (ORT's profiler and the plan key on names)."""
+    seen: set[str] = set()
+    renamed = 0
+    for index, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            base = f"{node.op_type}_{index}"
+            name = base
+            while name in seen:
+                name += "_"
+            node.name = name
+            renamed += 1
+        seen.add(node.name)
+    return renamed
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Real inputs (an input that is also an initializer is a constant with a default)."""
+    initializers = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in initializers]
+
+
+def pin_input_shapes(
+    model: onnx.ModelProto,
+    input_shapes: dict[str, tuple[int, ...]],
+    dim_values: dict[str, int],
+    *,
+    require_static: bool,
+) -> list[str]:
+    """Fix dynamic input dims in place; returns descriptions of dims left dynamic.
+
+    Raises :class:`ShapeError` for a pin of the wrong rank or a dim that cannot be resolved
+    when ``require_static``.
+    """
+    inputs = {i.name: i for i in graph_inputs(model)}
+    unknown = sorted(set(input_shapes) - set(inputs))
+    if unknown:
+        raise ConfigError(
+            f"--input-shape names {', '.join(map(repr, unknown))}, but the model's inputs are "
+            f"{', '.join(map(repr, inputs)) or 'none'}"
+        )
+    left = []
+    for name, value_info in inputs.items():
+        if not value_info.type.HasField("tensor_type"):
+            continue
+        tensor_type = value_info.type.tensor_type
+        if not tensor_type.HasField("shape"):
+            if name in input_shapes:
+                for d in input_shapes[name]:
+                    tensor_type.shape.dim.add().dim_value = d
+            elif require_static:
+                raise ShapeError(
+                    f"input {name!r} has no shape; give it with --input-shape {name}:D0,D1,..."
+                )
+            continue
+        dims = tensor_type.shape.dim
+        if name in input_shapes:
+            pinned = input_shapes[name]
+            if len(pinned) != len(dims):
+                raise ShapeError(
+                    f"--input-shape {name}: {len(pinned)} dims given, the input has rank {len(dims)}"
+                )
+            for dim, value in zip(dims, pinned):
+                if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != value:
+                    raise ShapeError(
+                        f"--input-shape {name}: dim {value} conflicts with the model's fixed {dim.dim_value}"
+                    )
+                dim.dim_value = value
+            continue
+        for axis, dim in enumerate(dims):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            if dim.HasField("dim_param") and dim.dim_param in dim_values:
+                dim.dim_value = dim_values[dim.dim_param]
+                continue
+            label = dim.dim_param or "?"
+            example = ",".join(
+                str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else "N" for d in dims
+            )
+            hint = f"pin it with --input-shape {name}:{example}"
+            if dim.dim_param:
+                hint += f" or --dim {dim.dim_param}=N"
+            if require_static:
+                raise ShapeError(f"input {name!r} has dynamic dim {label!r} (axis {axis}); {hint}")
+            left.append(f"{name}[{axis}]={label}")
+    return left
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for inference: large initializers keep type and dims but lose their data."""
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model) if model.ByteSize() < _PROTOBUF_LIMIT else _copy_without_data(model, skeleton)
+    for tensor in skeleton.graph.initializer:
+        if tensor.data_type not in (TensorProto.INT64, TensorProto.INT32) and _tensor_bytes(tensor) > _SKELETON_BYTES:
+            tensor.ClearField("raw_data")
+            tensor.ClearField("float_data")
+            tensor.ClearField("external_data")
+            tensor.data_location = TensorProto.DEFAULT
+    return skeleton
+
+
+def _copy_without_data(model: onnx.ModelProto, target: onnx.ModelProto) -> None:
+    graph = model.graph
+    saved = list(graph.initializer)
+    del graph.initializer[:]
+    try:
+        target.CopyFrom(model)
+    finally:
+        graph.initializer.extend(saved)
+    for tensor in saved:
+        slim = target.graph.initializer.add()
+        slim.name, slim.data_type = tensor.name, tensor.data_type
+        slim.dims.extend(tensor.dims)
+        if _tensor_bytes(tensor) <= _SKELETON_BYTES:
+            slim.CopyFrom(tensor)
+
+
+def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    return count * 4
+
+
+def _value_info_to_info(value_info: onnx.ValueInfoProto) -> TensorInfo | None:
+    if not value_info.type.HasField("tensor_type"):
+        return None
+    tensor_type = value_info.type.tensor_type
+    shape = None
+    if tensor_type.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor_type.shape.dim)
+    return TensorInfo(tensor_type.elem_type, shape)
+
+
+def infer_tensor_info(
+    model: onnx.ModelProto,
+    *,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    dim_values: dict[str, int] | None = None,
+    require_static: bool = False,
+) -> tuple[dict[str, TensorInfo], list[str]]:
+    """Types and shapes of every top-level tensor, from one run of ONNX shape inference on a
+    copy whose dynamic input dims are pinned. Also returns the input dims left dynamic."""
+    skeleton = _skeleton(model)
+    unresolved = pin_input_shapes(skeleton, input_shapes or {}, dim_values or {}, require_static=require_static)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
+        log.warning("shape inference failed (%s); continuing with declared types only", str(exc).splitlines()[0])
+        inferred = skeleton
+    graph = inferred.graph
+    info: dict[str, TensorInfo] = {}
+    for tensor in graph.initializer:
+        info[tensor.name] = TensorInfo(tensor.data_type, tuple(int(d) for d in tensor.dims))
+    for value_info in (*graph.input, *graph.value_info, *graph.output):
+        entry = _value_info_to_info(value_info)
+        if entry is not None and entry.dtype:
+            info.setdefault(value_info.name, entry)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    info[node.output[0]] = TensorInfo(attr.t.data_type, tuple(int(d) for d in attr.t.dims))
+    _propagate_dtypes(graph, info, default_opset(model))
+    return info, unresolved
+
+
+def _propagate_dtypes(graph: onnx.GraphProto, info: dict[str, TensorInfo], opset: int) -> None:
+    """Fill output dtypes ONNX inference left unknown (ORT contrib and training ops) by binding
+    the node's type parameters to its input dtypes."""
+    from onnxcampo.signature import Slot, signature
+
+    for node in graph.node:
+        missing = [o for o in node.output if o and (o not in info or not info[o].dtype)]
+        if not missing:
+            continue
+        sig = signature(node.op_type, node.domain, opset, len(node.input), len(node.output))
+        following = {info[i].dtype for i, s in zip(node.input, sig.inputs) if i and s is Slot.FOLLOW and i in info and info[i].dtype}
+        if len(following) != 1:
+            continue
+        dtype = following.pop()
+        for name, slot in zip(node.output, sig.outputs):
+            if name in missing and slot is Slot.FOLLOW:
+                previous = info.get(name)
+                info[name] = TensorInfo(dtype, previous.shape if previous else None)
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(attr.type in CONTROL_FLOW_ATTRS for attr in node.attribute)
+
+
+def outer_scope_names(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs read from the enclosing scope (implicit inputs)."""
+    names: set[str] = set()
+
+    def visit(graph: onnx.GraphProto, bound: set[str]) -> None:
+        local = set(bound)
+        local.update(i.name for i in graph.input)
+        local.update(t.name for t in graph.initializer)
+        for inner in graph.node:
+            for name in inner.input:
+                if name and name not in local:
+                    names.add(name)
+            for attr in inner.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g, local)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        visit(sub, local)
+            local.update(inner.output)
+
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            visit(attr.g, set())
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for sub in attr.graphs:
+                visit(sub, set())
+    return names
+
+
+def subgraph_node_names(node: onnx.NodeProto) -> list[str]:
+    """``parent/child`` names of every node inside a node's subgraphs (for the plan)."""
+    found = []
+
+    def visit(graph: onnx.GraphProto, prefix: str) -> None:
+        for index, inner in enumerate(graph.node):
+            name = f"{prefix}/{inner.name or inner.op_type + '_' + str(index)}"
+            found.append(name)
+            for attr in inner.attribute:
+                subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+                for sub in subs:
+                    visit(sub, name)
+
+    for attr in node.attribute:
+        subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in subs:
+            visit(sub, f"{node.name}:{attr.name}")
+    return found
+
+
+def to_graphsurgeon(model: onnx.ModelProto) -> gs.Graph:
+    return gs.import_onnx(model)
+
+
+def export_model(
+    graph: gs.Graph, original: onnx.ModelProto, dtypes: dict[str, int], metadata: dict[str, str]
+) -> onnx.ModelProto:
+    """The graph as a model with the original's IR version, opsets and metadata.
+
+    Value infos are the original ones, retyped where a tensor changed precision; no new shape
+    information is invented (invented dim names once made ORT reuse a buffer of the wrong size).
+    """
+    exported = gs.export_onnx(graph, do_type_check=False)
+    model = onnx.ModelProto()
+    graph_proto = model.graph
+    graph_proto.CopyFrom(exported.graph)
+    model.ir_version = original.ir_version
+    model.opset_import.extend(original.opset_import)
+    known_domains = {o.domain for o in original.opset_import}
+    for entry in exported.opset_import:
+        if entry.domain not in known_domains:
+            model.opset_import.append(entry)
+    for field_name in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(model, field_name, getattr(original, field_name))
+    model.functions.extend(original.functions)
+    for prop in original.metadata_props:
+        if prop.key not in metadata:
+            model.metadata_props.add(key=prop.key, value=prop.value)
+    for key, value in metadata.items():
+        model.metadata_props.add(key=key, value=value)
+
+    original_vi = {vi.name: vi for vi in original.graph.value_info}
+    produced = {o for n in graph_proto.node for o in n.output}
+    del graph_proto.value_info[:]
+    for name, value_info in original_vi.items():
+        if name in produced:
+            entry = graph_proto.value_info.add()
+            entry.CopyFrom(value_info)
+            _retype(entry, dtypes.get(name))
+    for value_info in (*graph_proto.input, *graph_proto.output):
+        _retype(value_info, dtypes.get(value_info.name))
+    return model
+
+
+def _retype(value_info: onnx.ValueInfoProto, dtype: int | None) -> None:
+    if dtype and value_info.type.HasField("tensor_type"):
+        value_info.type.tensor_type.elem_type = dtype
+
+
+def check_output_path(output: str | os.PathLike, input_path: Path | None) -> Path:
+    out = Path(output)
+    if input_path is not None and out.exists() and out.resolve() == input_path.resolve():
+        raise OutputPathError(f"{out}: the output path is the input model; choose another path")
+    if input_path is not None and out.resolve() == input_path.resolve():
+        raise OutputPathError(f"{out}: the output path is the input model; choose another path")
+    if out.is_dir():
+        raise OutputPathError(f"{out}: is a folder; give a file name for the output model")
+    if not out.parent.exists():
+        raise OutputPathError(f"{out}: folder {out.parent} does not exist")
+    return out
+
+
+def save_model(model: onnx.ModelProto, output: Path) -> None:
+    """Write atomically: a temporary file in the same folder, then a rename.
+
+    Models over protobuf's 2 GB limit get their tensors in ``<output>.data`` next to them.
+    """
+    output = Path(output)
+    directory = output.parent
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        if model.ByteSize() < _PROTOBUF_LIMIT:
+            tmp.write_bytes(model.SerializeToString())
+        else:
+            data_name = f"{output.name}.data"
+            tmp_data = directory / f".{data_name}.tmp"
+            if tmp_data.exists():
+                tmp_data.unlink()
+            to_save = copy.copy(model)
+            onnx.save_model(
+                to_save, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                location=tmp_data.name, size_threshold=1024,
+            )
+            # The model names its data file: rewrite the location to the final name.
+            saved = onnx.load(str(tmp), load_external_data=False)
+            for tensor in _all_tensors(saved):
+                for entry in tensor.external_data:
+                    if entry.key == "location":
+                        entry.value = data_name
+            tmp.write_bytes(saved.SerializeToString())
+            os.replace(tmp_data, directory / data_name)
+        os.replace(tmp, output)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _all_tensors(model: onnx.ModelProto):
+    yield from model.graph.initializer
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t

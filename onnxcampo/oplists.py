@@ -1,0 +1,190 @@
+"""Op policy as data: which ops may run in fp16, and why.
+
+The four lists follow TensorFlow's auto-mixed-precision (the colour sets Campo extends), mapped
+to ONNX and to the com.microsoft ops ONNX Runtime emits:
+
+* ``ALLOW``  - numerically safe in fp16 and worth converting: Tensor Core math with fp32
+  accumulation. Campo's pass 1 converts them only when the cost model says it pays.
+* ``DENY``   - |f(x)| can be much larger than |x|, or the op sums many terms without an fp32
+  accumulator: these stay fp32, and so does what is downstream of them through INFER/CLEAR ops.
+* ``INFER``  - safe in fp16 unless fed by a DENY op (element-wise arithmetic, activations,
+  normalizations whose ONNX Runtime kernels keep mean/variance in fp32).
+* ``CLEAR``  - no numerical effect (data movement, max/min): run in whatever precision saves casts.
+
+``NEUTRAL`` ops read a float tensor of either precision without caring (``Shape``); they never
+need a Cast. Quantization ops and ops between DequantizeLinear and QuantizeLinear are left alone so
+that ONNX Runtime's QDQ fusions still match.
+
+A test checks that the lists do not overlap. Passes never name op types; they ask
+:func:`category_of`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+MS_DOMAIN = "com.microsoft"
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+class Category(enum.Enum):
+    ALLOW = "allow"
+    DENY = "deny"
+    INFER = "infer"
+    CLEAR = "clear"
+    NEUTRAL = "neutral"
+    QUANTIZED = "quantized"
+    UNKNOWN = "unknown"
+
+
+def _ops(*groups: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(op for group in groups for op in group)
+
+
+# --- ALLOW: Tensor Core math, fp32 accumulation in cuBLAS/cuDNN -------------------------------
+_TENSOR_CORE = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum")
+_TENSOR_CORE_MS = ("FusedMatMul", "FusedConv", "Attention", "MultiHeadAttention", "FusedGemm")
+# Backward ops of the above in ORT training graphs: same kernels, same safety.
+_TENSOR_CORE_GRAD_MS = ("ConvGrad", "ConvTransposeGrad", "FusedMatMulGrad", "GemmGrad")
+
+ALLOW = _ops(_TENSOR_CORE, _TENSOR_CORE_MS, _TENSOR_CORE_GRAD_MS)
+
+# --- DENY ---------------------------------------------------------------------------------
+# |f(x)| >> |x|: overflow in fp16 (max 65504) for moderate inputs.
+_EXPONENTIAL = ("Exp", "Pow", "Softplus", "LogSoftmax", "Softmax")
+# Log of small values and reciprocal-like ops lose all precision near fp16's tiny range.
+_LOGARITHMIC = ("Log",)
+# Sums over many terms: fp16 accumulation overflows or stalls (x + small == x).
+_SUM_REDUCTIONS = (
+    "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+    "ReduceLogSumExp", "ReduceSumSquare", "CumSum",
+)
+# Losses and their gradients: the quantity being minimised must keep full precision.
+_LOSSES = (
+    "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss",
+)
+_LOSSES_MS = (
+    "SoftmaxCrossEntropyLossGrad", "SoftmaxCrossEntropyLossInternal",
+    "SoftmaxCrossEntropyLossInternalGrad", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad",
+    "LogSoftmaxGrad_13", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad",
+    "SparseSoftmaxCrossEntropy", "SparseSoftmaxCrossEntropyGrad",
+)
+# Training-graph state: gradient accumulators and optimizer math hold fp32 master values.
+_OPTIMIZER_STATE_MS = (
+    "InPlaceAccumulator", "InPlaceAccumulatorV2", "ZeroGradient", "SGDOptimizer",
+    "SGDOptimizerV2", "AdamOptimizer", "AdamWOptimizer", "LambOptimizer", "ReduceAllL2",
+)
+
+DENY = _ops(_EXPONENTIAL, _LOGARITHMIC, _SUM_REDUCTIONS, _LOSSES, _LOSSES_MS, _OPTIMIZER_STATE_MS)
+
+# --- INFER --------------------------------------------------------------------------------
+_ARITHMETIC = ("Add", "Sub", "Mul", "Div", "Sum", "Mean", "Neg", "Reciprocal", "Sqrt", "Erf")
+_ACTIVATIONS = (
+    "Sigmoid", "HardSigmoid", "Tanh", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Gelu",
+    "HardSwish", "Softsign", "Mish", "ThresholdedRelu", "Sin", "Cos",
+)
+_ACTIVATIONS_MS = ("FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "BiasSoftmax")
+# ORT's fp16 kernels for these keep mean and variance in fp32 (cuDNN for BatchNormalization).
+_NORMALIZATIONS = (
+    "BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization",
+    "RMSNormalization", "LpNormalization", "AveragePool", "GlobalAveragePool",
+)
+_NORMALIZATIONS_MS = (
+    "SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+    "EmbedLayerNormalization",
+)
+# Backward ops of the element-wise ops above.
+_ELEMENTWISE_GRAD_MS = (
+    "ReluGrad", "GeluGrad", "FastGeluGrad", "BiasGeluGrad_dX", "BiasFastGeluGrad_dX",
+    "SigmoidGrad", "TanhGrad", "LayerNormalizationGrad", "SimplifiedLayerNormalizationGrad",
+    "BatchNormalizationGrad", "DropoutGrad", "BitmaskDropoutGrad", "AveragePoolGrad",
+    "GlobalAveragePoolGrad", "DivGrad", "MulGrad",
+)
+_ELEMENTWISE_GRAD = ("MaxPoolGrad",)  # lives in the default domain in ORT training graphs
+
+INFER = _ops(
+    _ARITHMETIC, _ACTIVATIONS, _ACTIVATIONS_MS, _NORMALIZATIONS, _NORMALIZATIONS_MS,
+    _ELEMENTWISE_GRAD_MS, _ELEMENTWISE_GRAD,
+)
+
+# --- CLEAR --------------------------------------------------------------------------------
+_DATA_MOVEMENT = (
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice",
+    "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Pad", "Identity",
+    "DepthToSpace", "SpaceToDepth", "Resize", "Upsample", "Where", "ScatterND",
+    "ScatterElements", "ReverseSequence", "Trilu", "Compress",
+)
+# Selection does not change magnitudes.
+_SELECTION = (
+    "Relu", "Max", "Min", "Abs", "Clip", "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin",
+    "Dropout", "Sign", "Floor", "Ceil", "Round",
+)
+_DATA_MOVEMENT_MS = ("BitmaskDropout", "GatherGrad", "GatherElementsGrad", "GatherNDGrad")
+
+CLEAR = _ops(_DATA_MOVEMENT, _SELECTION, _DATA_MOVEMENT_MS)
+
+# --- NEUTRAL: read any float precision, produce no float -----------------------------------
+# Cast is neutral on its input side only; its float output follows the plan (its `to` changes).
+NEUTRAL = frozenset({
+    "Shape", "Size", "Cast", "CastLike", "IsNaN", "IsInf", "ArgMax", "ArgMin", "NonZero",
+    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "EyeLike",
+})
+
+# --- QUANTIZED: left intact together with the float ops they wrap -------------------------
+QUANTIZE_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+    "ConvInteger", "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul",
+    "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QGemm",
+    "MatMulNBits", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool",
+    "QLinearConcat", "QLinearAveragePool", "DynamicQuantizeLSTM",
+})
+# ``QuantizeLinear`` takes float in and ``DequantizeLinear`` gives float out: ops next to them in a
+# QDQ pattern are fused by ONNX Runtime only when those tensors stay fp32.
+QDQ_INPUT_OPS = frozenset({"QuantizeLinear"})
+QDQ_OUTPUT_OPS = frozenset({"DequantizeLinear"})
+
+# --- Type parameters that never follow the node's precision -------------------------------
+# ``U`` of the normalizations is the statistics ("stash") type, fp32 by attribute.
+FIXED_TYPE_PARAMS: dict[str, frozenset[str]] = {
+    "LayerNormalization": frozenset({"U"}),
+    "SkipLayerNormalization": frozenset({"U"}),
+    "SimplifiedLayerNormalization": frozenset({"U"}),
+    "SkipSimplifiedLayerNormalization": frozenset({"U"}),
+    "LayerNormalizationGrad": frozenset({"U"}),
+    "SimplifiedLayerNormalizationGrad": frozenset({"U"}),
+    # Resize/Upsample: only the image follows; roi, scales and sizes are coordinates.
+    "Resize": frozenset({"T2"}),
+    # BatchNormalization-15 allows T1/T2 (scale, stats) to differ from T; ORT's CUDA fp16 kernel
+    # wants all of them in T, so they follow and are not listed here.
+}
+
+_LISTS = {
+    Category.ALLOW: ALLOW,
+    Category.DENY: DENY,
+    Category.INFER: INFER,
+    Category.CLEAR: CLEAR,
+    Category.NEUTRAL: NEUTRAL,
+    Category.QUANTIZED: QUANTIZE_OPS,
+}
+
+
+def category_of(op_type: str, domain: str = "") -> Category:
+    """The list an op belongs to; ``UNKNOWN`` for ops in no list or in a custom domain."""
+    if domain not in DEFAULT_DOMAINS and domain != MS_DOMAIN:
+        return Category.UNKNOWN
+    for category, ops in _LISTS.items():
+        if op_type in ops:
+            return category
+    return Category.UNKNOWN
+
+
+def overlaps() -> dict[tuple[str, str], frozenset[str]]:
+    """Pairs of lists sharing an op (must be empty; checked by a test)."""
+    items = list(_LISTS.items())
+    found = {}
+    for i, (cat_a, ops_a) in enumerate(items):
+        for cat_b, ops_b in items[i + 1:]:
+            common = ops_a & ops_b
+            if common:
+                found[(cat_a.value, cat_b.value)] = common
+    return found

@@ -1,0 +1,91 @@
+"""Whether zero-padding a node's GEMM dims to multiples of 8 pays (analysis only).
+
+Shared by the cost estimate (an fp16 node's time is the better of padded and unpadded, as
+Campo's pass 1 weighs "fp16 on CUDA cores or on Tensor Cores") and by the padding pass that
+applies it. See ``passes/pad_tensor_cores.py`` for the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+
+from onnxcampo.costdb.features import TENSOR_CORE_MULTIPLE
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class PadPlan:
+    rank: int  # rank of the activation input
+    input_axis: int  # axis of the activation that holds K
+    output_axis: int  # axis of the result that holds N
+    weight_axes: tuple[int, int]  # (K axis, N axis) of the weight
+    k: int
+    k_padded: int
+    n: int
+    n_padded: int
+    fp16_us: float  # unpadded fp16 time
+    padded_us: float  # padded fp16 time plus the Pad/Slice time
+
+    @property
+    def gain_us(self) -> float:
+        return self.fp16_us - self.padded_us
+
+
+def round_up(value: int) -> int:
+    return -(-value // TENSOR_CORE_MULTIPLE) * TENSOR_CORE_MULTIPLE
+
+
+def pad_plan(ctx, node: gs.Node) -> PadPlan | None:
+    """The padding that makes ``node`` faster in fp16, or None (cached per node)."""
+    cache = ctx.__dict__.setdefault("_pad_plans", {})
+    found = cache.get(node.name, _UNSET)
+    if found is _UNSET:
+        found = cache[node.name] = _compute(ctx, node)
+    return found
+
+
+def _layout(node: gs.Node):
+    weight = node.inputs[1]
+    shape = tuple(weight.shape)
+    if node.op == "MatMul" and len(shape) == 2:
+        return shape[0], shape[1], (-1, -1, (0, 1))
+    if node.op == "Gemm" and len(shape) == 2 and int(node.attrs.get("transA", 0)) == 0:
+        if len(node.inputs) > 2 and not (isinstance(node.inputs[2], gs.Constant) and len(node.inputs[2].shape) == 1):
+            return None
+        if int(node.attrs.get("transB", 0)):
+            return shape[1], shape[0], (-1, -1, (1, 0))
+        return shape[0], shape[1], (-1, -1, (0, 1))
+    if node.op == "Conv" and len(shape) >= 3 and int(node.attrs.get("group", 1)) == 1:
+        return shape[1], shape[0], (1, 1, (1, 0))
+    return None
+
+
+def _compute(ctx, node: gs.Node) -> PadPlan | None:
+    features = ctx.features.get(node.name)
+    if features is None or not features.known or features.gemm is None or features.tensor_core_aligned:
+        return None
+    if len(node.inputs) < 2 or not isinstance(node.inputs[1], gs.Constant):
+        return None
+    layout = _layout(node)
+    if layout is None:
+        return None
+    k, n, (input_axis, output_axis, weight_axes) = layout
+    source = ctx.info.get(ctx.original_inputs[node.name][0])
+    if source is None or source.numel is None or source.shape is None:
+        return None
+    k2, n2 = round_up(k), round_up(n)
+    _, m, gemm_k, _ = features.gemm
+    padded = features.with_gemm(m, gemm_k // k * k2, n2)
+    fp32 = ctx.fp32_us[node.name]
+    before = ctx.cost.fp16_time(features, fp32)
+    after = ctx.cost.fp16_time(padded, fp32)
+    if k2 != k:
+        after += ctx.cost.pad_time(source.numel * k2 // max(k, 1))
+    if n2 != n:
+        after += ctx.cost.pad_time(features.elements_out)
+    if after >= before:
+        return None
+    return PadPlan(len(source.shape), input_axis, output_axis, weight_axes, k, k2, n, n2, before, after)

@@ -1,0 +1,104 @@
+"""The precision plan: what the analysis passes decide, and why.
+
+Analysis passes only write here; the mutating passes (Cast insertion, Tensor Core padding) read
+it. Every decision keeps its reason and, for cost decisions, the numbers behind it, so the report
+can say why a node stayed fp32.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class Precision(enum.Enum):
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class Reason(enum.Enum):
+    # Fixed before the four passes (pass 0, "classify").
+    NO_FLOAT = "no float32 tensors"
+    ALREADY_FP16 = "already runs in fp16"
+    UNKNOWN_OP = "op in no list (no known fp16 behaviour)"
+    CUSTOM_DOMAIN = "op of a custom domain"
+    NO_FP16_SCHEMA = "no fp16 type in the op's schema at this opset"
+    QUANTIZED = "part of a quantized (QDQ / integer) pattern"
+    CONTROL_FLOW = "control-flow op (If/Loop/Scan): body kept fp32"
+    IN_SUBGRAPH = "inside an If/Loop/Scan body"
+    USER_EXCLUDED = "excluded by the user"
+    UNKNOWN_SHAPE = "shapes unknown: cost cannot be predicted"
+    POLICY_FP32 = "policy fp32"
+    # The four passes.
+    ALLOW_PAYS = "pass 1: fp16 time + casts < fp32 time"
+    ALLOW_DOES_NOT_PAY = "pass 1: fp16 time + casts >= fp32 time"
+    ALLOW_GREEDY = "allow list (greedy)"
+    USER_INCLUDED = "included by the user"
+    DENY_LIST = "pass 2: deny list"
+    DENY_DOWNSTREAM = "pass 2: downstream of a deny-list op"
+    BETWEEN_FP16 = "pass 3: infer/clear op between fp16 ops"
+    CLEAR_PAYS = "pass 4: clear op whose casts saved outweigh its cost"
+    CLEAR_DOES_NOT_PAY = "pass 4: clear op, fp16 does not pay"
+    POLICY_FP16 = "policy fp16"
+    DEFAULT_FP32 = "left fp32 after the four passes"
+    BEST_PLAN = "kept from a cheaper plan"
+
+
+@dataclass(frozen=True)
+class Decision:
+    precision: Precision
+    reason: Reason
+    numbers: dict[str, float] = field(default_factory=dict)
+
+
+class PrecisionPlan:
+    """Node name -> :class:`Decision`. A node is decided at most once; later passes skip it."""
+
+    def __init__(self) -> None:
+        self._decisions: dict[str, Decision] = {}
+
+    def decide(self, node: str, precision: Precision, reason: Reason, **numbers: float) -> None:
+        if node in self._decisions:
+            raise KeyError(f"node {node!r} already decided ({self._decisions[node].reason.name})")
+        self._decisions[node] = Decision(precision, reason, {k: float(v) for k, v in numbers.items()})
+
+    def override(self, node: str, precision: Precision, reason: Reason, **numbers: float) -> None:
+        self._decisions[node] = Decision(precision, reason, {k: float(v) for k, v in numbers.items()})
+
+    def is_decided(self, node: str) -> bool:
+        return node in self._decisions
+
+    def get(self, node: str) -> Decision | None:
+        return self._decisions.get(node)
+
+    def precision(self, node: str) -> Precision:
+        """Undecided nodes run fp32."""
+        decision = self._decisions.get(node)
+        return decision.precision if decision else Precision.FP32
+
+    def is_fp16(self, node: str) -> bool:
+        return self.precision(node) is Precision.FP16
+
+    def items(self):
+        return self._decisions.items()
+
+    def __len__(self) -> int:
+        return len(self._decisions)
+
+    def copy(self) -> "PrecisionPlan":
+        other = PrecisionPlan()
+        other._decisions = dict(self._decisions)
+        return other
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(d.precision.value for d in self._decisions.values()))
+
+    def reasons(self) -> dict[str, int]:
+        return dict(Counter(f"{d.precision.value}: {d.reason.value}" for d in self._decisions.values()))
+
+    def to_json(self) -> dict[str, dict]:
+        return {
+            name: {"precision": d.precision.value, "reason": d.reason.name.lower(), **({"numbers": d.numbers} if d.numbers else {})}
+            for name, d in self._decisions.items()
+        }

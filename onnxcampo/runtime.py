@@ -1,0 +1,605 @@
+"""ONNX Runtime glue: make inputs, build sessions, run them and compare outputs.
+
+Everything that touches ``onnxruntime`` goes through here so that the rest of onnxcampo sees
+one error family (:mod:`onnxcampo.errors`) instead of ORT's pybind exceptions, and so that the
+quirks of ORT (silent CUDA fallback to CPU, the 2 GB protobuf limit, exceptions that do not
+derive from ``RuntimeError``) are handled once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
+
+from onnxcampo.errors import (
+    CampoError,
+    ConfigError,
+    ModelLoadError,
+    ShapeError,
+    UnsupportedModelError,
+    ValidationError,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "OutputDiff",
+    "compare_outputs",
+    "graph_inputs",
+    "load_inputs_npz",
+    "make_session",
+    "random_inputs",
+    "run",
+    "validate",
+]
+
+# Protobuf refuses to serialize messages of 2 GiB or more; bigger models must go through a file
+# with external data. Module-level so tests can lower it.
+_PROTOBUF_LIMIT = 2**31 - 1
+
+# ORT's pybind exceptions derive straight from Exception (not RuntimeError), so collect them.
+_ORT_ERRORS: tuple[type[BaseException], ...] = tuple(
+    v for v in vars(_ort_state).values() if isinstance(v, type) and issubclass(v, Exception)
+) + (RuntimeError, ValueError)
+
+_FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.FLOAT: np.float32,
+    onnx.TensorProto.DOUBLE: np.float64,
+}
+_INT_TYPES = {
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.INT32: np.int32,
+    onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.UINT16: np.uint16,
+    onnx.TensorProto.UINT32: np.uint32,
+    onnx.TensorProto.UINT64: np.uint64,
+}
+_NP_TYPES = {**_FLOAT_TYPES, **_INT_TYPES, onnx.TensorProto.BOOL: np.bool_}
+
+# Random integer inputs are drawn from [0, _INT_HIGH): small and non-negative, so they are safe
+# as Gather indices, token ids or one-hot positions in almost any model.
+_INT_HIGH = 8
+
+_OPT_LEVELS = {
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+}
+_PROVIDERS = ("cpu", "cuda")
+_dlls_preloaded = False
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The inputs a caller must feed: graph inputs that are not also initializers.
+
+    Old exporters list every weight as a graph input too; those have defaults and are skipped.
+    """
+    initializers = {t.name for t in model.graph.initializer}
+    initializers.update(t.name for t in model.graph.sparse_initializer)
+    return [vi for vi in model.graph.input if vi.name not in initializers]
+
+
+def _elem_type(vi: onnx.ValueInfoProto) -> int:
+    """The tensor element type of an input; non-tensor inputs cannot be made up."""
+    if vi.type.WhichOneof("value") != "tensor_type":
+        raise UnsupportedModelError(
+            f"input '{vi.name}' is not a tensor ({vi.type.WhichOneof('value')}); "
+            "onnxcampo only feeds tensor inputs"
+        )
+    return vi.type.tensor_type.elem_type
+
+
+def _np_dtype(vi: onnx.ValueInfoProto) -> type[np.generic]:
+    """The numpy dtype for an input, or UnsupportedModelError for types we cannot generate."""
+    elem = _elem_type(vi)
+    if elem not in _NP_TYPES:
+        name = onnx.TensorProto.DataType.Name(elem) if elem else "UNDEFINED"
+        raise UnsupportedModelError(
+            f"input '{vi.name}' has element type {name}; onnxcampo can make or check inputs "
+            "of float16/float32/float64, integer and bool types only"
+        )
+    return _NP_TYPES[elem]
+
+
+def _model_dims(vi: onnx.ValueInfoProto) -> list[onnx.TensorShapeProto.Dimension] | None:
+    """The declared dims of an input, or None when the model gives no shape at all."""
+    tensor_type = vi.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    return list(tensor_type.shape.dim)
+
+
+def _static_value(dim: onnx.TensorShapeProto.Dimension) -> int | None:
+    """A dim's fixed size; dim_value 0 without a dim_param is how exporters say 'unknown'."""
+    if dim.HasField("dim_value") and dim.dim_value > 0:
+        return dim.dim_value
+    return None
+
+
+def _pin_hint(name: str, dims: list[onnx.TensorShapeProto.Dimension],
+              dim_values: Mapping[str, int]) -> str:
+    """An example --input-shape for this input: known sizes kept, unknown ones shown as 1."""
+    sizes = []
+    for dim in dims:
+        static = _static_value(dim)
+        if static is None and dim.dim_param in dim_values:
+            static = dim_values[dim.dim_param]
+        sizes.append(str(static if static is not None else 1))
+    return f"--input-shape {name}:{','.join(sizes)}"
+
+
+def _check_pinned(name: str, pinned: tuple[int, ...],
+                  dims: list[onnx.TensorShapeProto.Dimension] | None) -> tuple[int, ...]:
+    """Validate a user pin against the declared rank and fixed sizes of the input."""
+    pinned = tuple(int(d) for d in pinned)
+    if any(d < 0 for d in pinned):
+        raise ShapeError(f"input '{name}': --input-shape {pinned} has a negative size")
+    if dims is None:
+        return pinned
+    if len(pinned) != len(dims):
+        raise ShapeError(
+            f"input '{name}' has rank {len(dims)} but --input-shape gives {len(pinned)} dims "
+            f"{pinned}"
+        )
+    for axis, (size, dim) in enumerate(zip(pinned, dims)):
+        static = _static_value(dim)
+        if static is not None and static != size:
+            raise ShapeError(
+                f"input '{name}' axis {axis} is fixed at {static} in the model but "
+                f"--input-shape gives {size}"
+            )
+    return pinned
+
+
+def _resolve_shape(vi: onnx.ValueInfoProto, input_shapes: Mapping[str, tuple[int, ...]],
+                   dim_values: Mapping[str, int]) -> tuple[int, ...]:
+    """Concrete shape of one input: pin, else static size, else named dim value, else error."""
+    dims = _model_dims(vi)
+    if vi.name in input_shapes:
+        return _check_pinned(vi.name, input_shapes[vi.name], dims)
+    if dims is None:
+        raise ShapeError(
+            f"input '{vi.name}' has no shape in the model; pin it with "
+            f"--input-shape {vi.name}:D0,D1,..."
+        )
+    shape = []
+    for axis, dim in enumerate(dims):
+        static = _static_value(dim)
+        if static is None and dim.dim_param and dim.dim_param in dim_values:
+            static = int(dim_values[dim.dim_param])
+            if static < 0:
+                raise ShapeError(f"--dim {dim.dim_param}={static} is negative")
+        if static is None:
+            hint = _pin_hint(vi.name, dims, dim_values)
+            if dim.dim_param:
+                raise ShapeError(
+                    f"input '{vi.name}' has dynamic dim '{dim.dim_param}' (axis {axis}); "
+                    f"pin it with {hint} or --dim {dim.dim_param}=N"
+                )
+            raise ShapeError(
+                f"input '{vi.name}' has an unnamed dynamic dim (axis {axis}); pin it with {hint}"
+            )
+        shape.append(static)
+    return tuple(shape)
+
+
+def _random_array(rng: np.random.Generator, dtype: type[np.generic],
+                  shape: tuple[int, ...]) -> np.ndarray:
+    """Floats: standard normal; ints: [0, 8) so they are valid indices; bool: fair coin."""
+    if dtype is np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, _INT_HIGH, size=shape, dtype=dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def random_inputs(
+    model: onnx.ModelProto,
+    *,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    dim_values: Mapping[str, int] | None = None,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """One random array per real graph input (initializer-backed inputs are skipped).
+
+    Shapes come from ``input_shapes[name]`` (checked against rank and fixed sizes), else the
+    static dim, else ``dim_values[dim_param]``; anything still dynamic raises ShapeError with
+    the flags that fix it. Values are reproducible for a given ``seed`` and input order.
+    """
+    input_shapes = dict(input_shapes or {})
+    dim_values = dict(dim_values or {})
+    inputs = graph_inputs(model)
+    unknown = sorted(set(input_shapes) - {vi.name for vi in inputs})
+    if unknown:
+        raise ConfigError(
+            f"--input-shape names unknown input(s) {unknown}; model inputs are "
+            f"{[vi.name for vi in inputs]}"
+        )
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in inputs:
+        dtype = _np_dtype(vi)
+        shape = _resolve_shape(vi, input_shapes, dim_values)
+        feeds[vi.name] = _random_array(rng, dtype, shape)
+    return feeds
+
+
+def _check_loaded(vi: onnx.ValueInfoProto, array: np.ndarray, path: Path) -> None:
+    """A feed from a file must have the model's dtype, rank and fixed sizes."""
+    want = np.dtype(_np_dtype(vi))
+    if array.dtype != want:
+        raise ConfigError(
+            f"{path}: input '{vi.name}' has dtype {array.dtype} but the model expects {want}"
+        )
+    dims = _model_dims(vi)
+    if dims is None:
+        return
+    if array.ndim != len(dims):
+        raise ConfigError(
+            f"{path}: input '{vi.name}' has rank {array.ndim} {array.shape} but the model "
+            f"expects rank {len(dims)}"
+        )
+    for axis, (size, dim) in enumerate(zip(array.shape, dims)):
+        static = _static_value(dim)
+        if static is not None and static != size:
+            raise ConfigError(
+                f"{path}: input '{vi.name}' axis {axis} is {size} but the model fixes it at "
+                f"{static}"
+            )
+
+
+def load_inputs_npz(path: str | os.PathLike[str], model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Read user-supplied feeds from an ``.npz`` and check them against the model's inputs.
+
+    Every real input must be present with the model's dtype; inputs backed by an initializer
+    may be overridden; any other key is an error (most likely a typo or the wrong file).
+    """
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"inputs file {path} does not exist") from exc
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"inputs file {path} is not a readable .npz: {exc}") from exc
+
+    all_inputs = {vi.name: vi for vi in model.graph.input}
+    unknown = sorted(set(arrays) - set(all_inputs))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown input name(s) {unknown}; model inputs are {sorted(all_inputs)}"
+        )
+    required = graph_inputs(model)
+    missing = [vi.name for vi in required if vi.name not in arrays]
+    if missing:
+        raise ConfigError(f"{path}: missing input(s) {missing}")
+    for name, array in arrays.items():
+        _check_loaded(all_inputs[name], array, path)
+    return arrays
+
+
+# --------------------------------------------------------------------------------------------
+# Sessions
+# --------------------------------------------------------------------------------------------
+
+
+def _preload_cuda_dlls() -> None:
+    """Let onnxruntime-gpu find pip-installed CUDA/cuDNN libraries (ORT >= 1.21), once."""
+    global _dlls_preloaded
+    if _dlls_preloaded or not hasattr(ort, "preload_dlls"):
+        return
+    try:
+        ort.preload_dlls()
+    except Exception as exc:  # best effort: the libraries may be on the system path anyway
+        logger.warning("onnxruntime.preload_dlls() failed: %s", exc)
+    _dlls_preloaded = True
+
+
+def _providers(provider: str) -> list[str | tuple[str, dict[str, str]]]:
+    """Execution providers for a provider key; CUDA keeps TF32 on, as users get by default."""
+    if provider not in _PROVIDERS:
+        raise ConfigError(f"unknown provider '{provider}'; choose one of {list(_PROVIDERS)}")
+    if provider == "cpu":
+        return ["CPUExecutionProvider"]
+    _preload_cuda_dlls()
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise CampoError(
+            "provider 'cuda' needs onnxruntime-gpu with CUDAExecutionProvider, but this "
+            f"onnxruntime {ort.__version__} offers only {available}; install onnxruntime-gpu "
+            "(and uninstall onnxruntime) or use --provider cpu"
+        )
+    return [("CUDAExecutionProvider", {"use_tf32": "1"}), "CPUExecutionProvider"]
+
+
+def _session_options(*, profiling: bool, optimization_level: str,
+                     custom_ops_library: str | None, intra_op_threads: int | None,
+                     profile_file_prefix: str | None) -> ort.SessionOptions:
+    """Translate onnxcampo's options into ORT SessionOptions, rejecting bad values early."""
+    if optimization_level not in _OPT_LEVELS:
+        raise ConfigError(
+            f"unknown optimization level '{optimization_level}'; choose one of "
+            f"{list(_OPT_LEVELS)}"
+        )
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _OPT_LEVELS[optimization_level]
+    options.enable_profiling = profiling
+    if profile_file_prefix is not None:
+        options.profile_file_prefix = profile_file_prefix
+    if intra_op_threads is not None:
+        if intra_op_threads < 0:
+            raise ConfigError(
+                f"intra-op threads must be >= 0 (0 = ORT default), got {intra_op_threads}"
+            )
+        options.intra_op_num_threads = intra_op_threads
+    if custom_ops_library is not None:
+        if not Path(custom_ops_library).is_file():
+            raise ConfigError(f"custom-op library {custom_ops_library} does not exist")
+        try:
+            options.register_custom_ops_library(str(custom_ops_library))
+        except _ORT_ERRORS as exc:
+            raise ConfigError(
+                f"could not load custom-op library {custom_ops_library}: {exc}"
+            ) from exc
+    return options
+
+
+def _too_big_for_protobuf(model: onnx.ModelProto) -> bool:
+    """Whether serializing the model in one message would hit protobuf's 2 GiB limit."""
+    return model.ByteSize() >= _PROTOBUF_LIMIT
+
+
+def _create(source: str | bytes, options: ort.SessionOptions,
+            providers: list[str | tuple[str, dict[str, str]]]) -> ort.InferenceSession:
+    """Create the session, turning ORT's exceptions into ModelLoadError."""
+    try:
+        return ort.InferenceSession(source, sess_options=options, providers=providers)
+    except _ORT_ERRORS as exc:
+        raise ModelLoadError(f"ONNX Runtime could not load the model: {exc}") from exc
+
+
+def _create_from_proto(model: onnx.ModelProto, options: ort.SessionOptions,
+                       providers: list[str | tuple[str, dict[str, str]]]) -> ort.InferenceSession:
+    """Load a ModelProto; over 2 GiB go through a temp file with external data.
+
+    The proto is copied first because ``onnx.save_model(save_as_external_data=True)`` strips
+    the tensors of the proto it is given. The temp dir may go once the session exists: ORT has
+    read (or, on Linux, mapped) the data by then, and an unlinked mapped file stays valid.
+    """
+    if not _too_big_for_protobuf(model):
+        return _create(model.SerializeToString(), options, providers)
+    logger.info("model is %.2f GB, over protobuf's limit: loading it through external data",
+                model.ByteSize() / 1e9)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    with tempfile.TemporaryDirectory(prefix="onnxcampo-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="model.onnx.data")
+        del copy
+        return _create(path, options, providers)
+
+
+def make_session(
+    model: onnx.ModelProto | bytes | str | os.PathLike[str],
+    *,
+    provider: str = "cpu",
+    profiling: bool = False,
+    optimization_level: str = "all",
+    custom_ops_library: str | None = None,
+    intra_op_threads: int | None = None,
+    profile_file_prefix: str | None = None,
+) -> ort.InferenceSession:
+    """An InferenceSession on ``provider`` ("cpu" or "cuda").
+
+    ``model`` may be a ModelProto, serialized bytes or a path (paths keep external data
+    working). ``optimization_level`` is "all", "basic" or "disable"; profiling needs
+    "disable" if profiler node names must match the model's nodes. ORT silently falls back to
+    CPU when the CUDA EP fails to initialise, so for "cuda" the session's providers are
+    checked and a CampoError is raised instead of measuring the wrong device.
+    """
+    providers = _providers(provider)
+    options = _session_options(
+        profiling=profiling, optimization_level=optimization_level,
+        custom_ops_library=custom_ops_library, intra_op_threads=intra_op_threads,
+        profile_file_prefix=profile_file_prefix,
+    )
+    if isinstance(model, onnx.ModelProto):
+        session = _create_from_proto(model, options, providers)
+    elif isinstance(model, bytes):
+        session = _create(model, options, providers)
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelLoadError(f"model file {path} does not exist")
+        session = _create(str(path), options, providers)
+    if provider == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        raise CampoError(
+            "ONNX Runtime fell back to CPU: CUDAExecutionProvider failed to initialise "
+            "(check the CUDA/cuDNN libraries; see ORT's warnings above)"
+        )
+    return session
+
+
+def run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run once; output name -> array. Feed-name mistakes and ORT failures become CampoErrors."""
+    expected = {i.name for i in session.get_inputs()}
+    unknown = sorted(set(feeds) - expected - _overridable(session))
+    missing = sorted(expected - set(feeds))
+    if unknown or missing:
+        raise ConfigError(
+            f"feeds do not match the model inputs: missing {missing}, unknown {unknown}"
+        )
+    names = [o.name for o in session.get_outputs()]
+    try:
+        outputs = session.run(names, dict(feeds))
+    except _ORT_ERRORS as exc:
+        raise CampoError(f"ONNX Runtime failed to run the model: {exc}") from exc
+    return dict(zip(names, outputs))
+
+
+def _overridable(session: ort.InferenceSession) -> set[str]:
+    """Initializers that are also graph inputs may be fed; ORT lists them as overridable."""
+    try:
+        return {i.name for i in session.get_overridable_initializers()}
+    except AttributeError:  # very old ORT
+        return set()
+
+
+# --------------------------------------------------------------------------------------------
+# Comparing outputs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutputDiff:
+    """How far one candidate output is from the reference.
+
+    ``max_abs_err`` is max |c - r|. ``max_rel_err`` is max |c - r| / max(|r|, tiny) taken only
+    over elements with |r| > atol, so that near-zero references (where atol governs) do not
+    blow it up; it is 0.0 when no element qualifies. Both are inf when shapes differ, the
+    output is missing, or a non-finite value is not matched by the same value. ``ok`` means
+    every element satisfies |c - r| <= atol + rtol * |r| (computed in float64), with identical
+    non-finite values (NaN vs NaN, inf vs inf) accepted. ``shape`` and ``dtype`` are the
+    reference's; ``note`` says what else went wrong (shape or dtype change, missing output).
+    """
+
+    name: str
+    max_abs_err: float
+    max_rel_err: float
+    ok: bool
+    shape: tuple[int, ...]
+    dtype: str
+    note: str = ""
+
+
+def _errors(ref: np.ndarray, cand: np.ndarray, rtol: float,
+            atol: float) -> tuple[float, float, bool]:
+    """(max abs error, max relative error, ok) of two same-shaped arrays, in float64."""
+    r = ref.astype(np.float64)
+    c = cand.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        same = (c == r) | (np.isnan(c) & np.isnan(r))
+        abs_err = np.where(same, 0.0, np.abs(c - r))
+        abs_err = np.where(np.isnan(abs_err), np.inf, abs_err)
+        finite = np.isfinite(c) & np.isfinite(r)
+        ok = bool(np.all(same | (finite & (abs_err <= atol + rtol * np.abs(r)))))
+        tiny = np.finfo(np.float64).tiny
+        rel = abs_err / np.maximum(np.abs(r), tiny)
+        rel = np.where(same, 0.0, np.where(np.isnan(rel), np.inf, rel))
+        rel_mask = ~(np.abs(r) <= atol)  # NaN references count: they cannot be "small"
+    max_abs = float(abs_err.max()) if abs_err.size else 0.0
+    max_rel = float(rel[rel_mask].max()) if rel_mask.any() else 0.0
+    return max_abs, max_rel, ok
+
+
+def _compare_one(name: str, ref: np.ndarray, cand: np.ndarray | None,
+                 rtol: float, atol: float) -> OutputDiff:
+    """OutputDiff for one output name."""
+    ref = np.asarray(ref)
+    shape, dtype = tuple(ref.shape), str(ref.dtype)
+    if cand is None:
+        return OutputDiff(name, math.inf, math.inf, False, shape, dtype, "missing from candidate")
+    cand = np.asarray(cand)
+    if cand.shape != ref.shape:
+        return OutputDiff(name, math.inf, math.inf, False, shape, dtype,
+                          f"shape {tuple(cand.shape)} instead of {shape}")
+    if ref.dtype.kind not in "biuf" or cand.dtype.kind not in "biuf":
+        equal = bool(np.array_equal(ref, cand))
+        err = 0.0 if equal else math.inf
+        return OutputDiff(name, err, err, equal, shape, dtype, "" if equal else "values differ")
+    max_abs, max_rel, ok = _errors(ref, cand, rtol, atol)
+    note = "" if cand.dtype == ref.dtype else f"dtype {cand.dtype} instead of {ref.dtype}"
+    return OutputDiff(name, max_abs, max_rel, ok, shape, dtype, note)
+
+
+def compare_outputs(
+    reference: Mapping[str, np.ndarray],
+    candidate: Mapping[str, np.ndarray],
+    *,
+    rtol: float,
+    atol: float,
+) -> list[OutputDiff]:
+    """One OutputDiff per reference output, in the reference's order (see OutputDiff).
+
+    Candidate outputs the reference lacks are ignored with a warning: an optimizer may expose
+    extra values, but it must not lose or change the original ones.
+    """
+    extra = sorted(set(candidate) - set(reference))
+    if extra:
+        logger.warning("candidate has outputs the reference lacks, ignored: %s", extra)
+    return [_compare_one(name, ref, candidate.get(name), rtol, atol)
+            for name, ref in reference.items()]
+
+
+def _feeds_for(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Feeds for the optimized model: same names, cast where it changed a float input type.
+
+    An optimizer that does not keep I/O types may turn an fp32 input into fp16; the test
+    values are the same numbers, so they are cast rather than rejected.
+    """
+    adapted = {}
+    for vi in graph_inputs(model):
+        if vi.name not in feeds:
+            raise ValidationError(
+                f"the optimized model has input '{vi.name}' that the original does not feed"
+            )
+        array = np.asarray(feeds[vi.name])
+        want = np.dtype(_np_dtype(vi))
+        if array.dtype != want:
+            if array.dtype.kind != "f" or want.kind != "f":
+                raise ValidationError(
+                    f"input '{vi.name}' changed type from {array.dtype} to {want}"
+                )
+            logger.info("casting input '%s' from %s to %s for the optimized model",
+                        vi.name, array.dtype, want)
+            array = array.astype(want)
+        adapted[vi.name] = array
+    return adapted
+
+
+def validate(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    *,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    provider: str = "cpu",
+    rtol: float = 0.02,
+    atol: float = 1e-3,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    dim_values: Mapping[str, int] | None = None,
+    seed: int = 0,
+) -> list[OutputDiff]:
+    """Run both models on the same feeds and compare the optimized outputs to the original's.
+
+    Feeds default to :func:`random_inputs` of the original. Returns the diffs; the caller
+    decides whether a failure raises ValidationError (it knows the user's tolerance intent).
+    """
+    if feeds is None:
+        feeds = random_inputs(original, input_shapes=input_shapes, dim_values=dim_values,
+                              seed=seed)
+    reference = run(make_session(original, provider=provider), feeds)
+    candidate = run(make_session(optimized, provider=provider), _feeds_for(optimized, feeds))
+    diffs = compare_outputs(reference, candidate, rtol=rtol, atol=atol)
+    for diff in diffs:
+        logger.debug("validate %s", diff)
+    return diffs

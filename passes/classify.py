@@ -1,0 +1,83 @@
+"""Pass 0: fix the nodes the four passes must not touch, and why.
+
+Rules, in order (the first that matches decides):
+1. control-flow nodes (If/Loop/Scan) run fp32, and so does every node of their bodies;
+2. nodes with no float tensor, or only precision-neutral ones (Shape), are not converted;
+3. nodes whose float tensors are already fp16 stay fp16;
+4. quantization ops, and float ops reading a DequantizeLinear or feeding a QuantizeLinear
+   (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
+5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32;
+6. ops of custom domains, ops in no list, and ops without an fp16 type at the model's opset stay
+   fp32;
+7. user inclusions (``--include-op``, ``--include-node``) go fp16.
+Everything else is left to the four passes.
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from onnxcampo import oplists
+from onnxcampo.context import GraphContext
+from onnxcampo.oplists import Category
+from onnxcampo.plan import Precision, Reason
+from onnxcampo.signature import Slot
+
+from onnxcampo.passes.manager import PassBase, PassResult
+
+
+class Classify(PassBase):
+    name = "classify"
+
+    def run(self, ctx: GraphContext) -> PassResult:
+        counts: dict[str, int] = {}
+        for node in ctx.nodes:
+            decision = self._fixed(ctx, node)
+            if decision is None:
+                continue
+            precision, reason = decision
+            ctx.plan.decide(node.name, precision, reason)
+            counts[reason.name.lower()] = counts.get(reason.name.lower(), 0) + 1
+            if reason is Reason.CONTROL_FLOW:
+                for inner in ctx.subgraph_nodes.get(node.name, ()):
+                    ctx.plan.decide(inner, Precision.FP32, Reason.IN_SUBGRAPH)
+                    counts["in_subgraph"] = counts.get("in_subgraph", 0) + 1
+        return PassResult(self.name, False, counts)
+
+    def _fixed(self, ctx: GraphContext, node):
+        if node.name in ctx.subgraph_nodes:
+            return Precision.FP32, Reason.CONTROL_FLOW
+        sig = ctx.signatures[node.name]
+        following = [t for t in (*ctx.follow_inputs(node), *ctx.follow_outputs(node))]
+        category = ctx.categories[node.name]
+        if not ctx.float_tensors(node):
+            return Precision.FP32, Reason.NO_FLOAT
+        if category is Category.NEUTRAL and not ctx.follow_outputs(node):
+            return Precision.FP32, Reason.NO_FLOAT
+        if following and all(ctx.dtype(t) == TensorProto.FLOAT16 for t in following):
+            return Precision.FP16, Reason.ALREADY_FP16
+        if category is Category.QUANTIZED or self._in_qdq(ctx, node):
+            return Precision.FP32, Reason.QUANTIZED
+        if ctx.excluded_by_user(node):
+            return Precision.FP32, Reason.USER_EXCLUDED
+        domain = node.domain or ""
+        if domain not in oplists.DEFAULT_DOMAINS and domain != oplists.MS_DOMAIN:
+            return Precision.FP32, Reason.CUSTOM_DOMAIN
+        if not sig.has_fp16 or not any(ctx.is_float32(t) for t in following):
+            return Precision.FP32, (Reason.NO_FP16_SCHEMA if sig.schema_found else Reason.NO_FLOAT)
+        if ctx.included_by_user(node):
+            return Precision.FP16, Reason.USER_INCLUDED
+        if category is Category.UNKNOWN:
+            return Precision.FP32, Reason.UNKNOWN_OP
+        return None
+
+    @staticmethod
+    def _in_qdq(ctx: GraphContext, node) -> bool:
+        for tensor in ctx.follow_inputs(node):
+            producer = ctx.producer(tensor)
+            if producer is not None and producer.op in oplists.QDQ_OUTPUT_OPS:
+                return True
+        for tensor in ctx.follow_outputs(node):
+            if any(use.node.op in oplists.QDQ_INPUT_OPS for use in ctx.uses(tensor)):
+                return True
+        return False

@@ -1,0 +1,206 @@
+"""Mutating pass: apply the precision plan, with one Cast per (tensor, dtype).
+
+Rules:
+1. every precision-following float32 output of an fp16 node becomes float16; a Cast node planned
+   fp16 gets ``to = FLOAT16``;
+2. a tensor whose name must keep its dtype (graph output with ``keep_io_types``, or read by an
+   If/Loop/Scan body) but is now produced in fp16 is renamed ``<name>/fp16`` and a Cast gives
+   back the original name in fp32;
+3. every consumer slot that needs another dtype than the tensor has gets the tensor's version in
+   that dtype, made once and shared: the source of a Cast when that source already has the
+   dtype (the reverse cast returns the original tensor, never a round trip), else a constant
+   converted offline (values clamped to the fp16 range, counted), else a new Cast;
+4. a constant all of whose uses want fp16 is converted in place; one with fp32 uses too is
+   duplicated;
+5. with ``keep_io_types`` off, a graph input read only in fp16 becomes an fp16 input, and graph
+   outputs take the dtype their producer gives them.
+The graph is topologically sorted at the end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import TensorProto
+
+from onnxcampo import estimate
+from onnxcampo.context import GraphContext
+from onnxcampo.plan import Precision
+from onnxcampo.signature import Slot
+
+from onnxcampo.passes.manager import PassBase, PassResult
+
+FP16_MAX = float(np.finfo(np.float16).max)
+_NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+_SUFFIX = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16"}
+
+
+class InsertCasts(PassBase):
+    name = "insert_casts"
+    mutates = True
+
+    def requires(self, ctx: GraphContext) -> str | None:
+        missing = [n.name for n in ctx.nodes if not ctx.plan.is_decided(n.name)]
+        return f"{len(missing)} nodes have no precision (first: {missing[0]})" if missing else None
+
+    def run(self, ctx: GraphContext) -> PassResult:
+        self.ctx = ctx
+        self.cache: dict[tuple[str, int], gs.Tensor] = {}
+        self.names = set(ctx.graph.tensors()) | {n.name for n in ctx.graph.nodes}
+        self.casts = self.retyped = self.converted = self.clamped = 0
+        precision_of = ctx.plan.precision
+        tensors = self._float_tensors()
+        for node in list(ctx.nodes):
+            if precision_of(node.name) is Precision.FP16:
+                self._retype_outputs(node)
+        for tensor in tensors:
+            self._feed_consumers(tensor, precision_of)
+        if not ctx.config.keep_io_types:
+            self._retype_graph_inputs()
+        ctx.graph.toposort()
+        ctx.nodes = list(ctx.graph.nodes)
+        ctx.stats["casts_inserted"] += self.casts
+        ctx.stats["initializers_converted"] += self.converted
+        ctx.stats["initializer_values_clamped"] += self.clamped
+        counts = {"casts": self.casts, "retyped": self.retyped, "constants": self.converted, "clamped": self.clamped}
+        return PassResult(self.name, bool(self.casts or self.retyped or self.converted), counts)
+
+    # --- rule 1 and 2 -------------------------------------------------------------------
+    def _retype_outputs(self, node: gs.Node) -> None:
+        ctx = self.ctx
+        if node.op == "Cast" and int(node.attrs.get("to", 0)) == TensorProto.FLOAT:
+            node.attrs["to"] = TensorProto.FLOAT16
+        sig = ctx.signatures[node.name]
+        for index, (tensor, slot) in enumerate(zip(list(node.outputs), sig.outputs)):
+            if slot is not Slot.FOLLOW or ctx.dtype(tensor) != TensorProto.FLOAT:
+                continue
+            if estimate.pinned_dtype(ctx, tensor) == TensorProto.FLOAT:
+                half = self._variable(f"{tensor.name}/fp16", TensorProto.FLOAT16)
+                node.outputs[index] = half
+                self._cast(half, TensorProto.FLOAT, output=tensor)
+                self.cache[(tensor.name, TensorProto.FLOAT16)] = half
+            else:
+                self._set_dtype(tensor, TensorProto.FLOAT16)
+            self.retyped += 1
+
+    # --- rule 3 and 4 -------------------------------------------------------------------
+    def _float_tensors(self) -> list[gs.Tensor]:
+        ctx = self.ctx
+        found = {}
+        for node in ctx.nodes:
+            for tensor in node.inputs:
+                if tensor.name and ctx.is_float(tensor):
+                    found.setdefault(tensor.name, tensor)
+        return list(found.values())
+
+    def _feed_consumers(self, tensor: gs.Tensor, precision_of) -> None:
+        ctx = self.ctx
+        uses = [u for u in ctx.uses(tensor) if u.node.name in ctx.signatures]
+        wanted = {id(u): estimate.use_dtype(ctx, tensor, u, precision_of) for u in uses}
+        needed = {d for d in wanted.values() if d is not None}
+        if ctx.is_constant(tensor) and needed == {TensorProto.FLOAT16} and ctx.dtype(tensor) == TensorProto.FLOAT \
+                and estimate.pinned_dtype(ctx, tensor) is None and tensor.name not in ctx.graph_inputs:
+            self._convert_in_place(tensor)
+            return
+        for use in uses:
+            dtype = wanted[id(use)]
+            if dtype is None or dtype == ctx.dtype(tensor):
+                continue
+            use.node.inputs[use.index] = self._version(tensor, dtype)
+
+    def _version(self, tensor: gs.Tensor, dtype: int) -> gs.Tensor:
+        ctx = self.ctx
+        key = (tensor.name, dtype)
+        if key in self.cache:
+            return self.cache[key]
+        producer = ctx.producer(tensor)
+        if producer is not None and producer.op == "Cast" and producer.inputs and ctx.dtype(producer.inputs[0]) == dtype:
+            version = producer.inputs[0]
+        elif isinstance(tensor, gs.Constant):
+            version = gs.Constant(self._unique(f"{tensor.name}/{_SUFFIX[dtype]}"), self._converted(tensor.values, dtype))
+            self._set_dtype(version, dtype)
+        elif producer is not None and producer.op == "Constant":
+            values = self._converted(producer.attrs["value"].values, dtype)
+            version = self._variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
+            constant = gs.Constant(self._unique(f"{version.name}/value"), values)
+            self.ctx.graph.nodes.append(
+                gs.Node("Constant", self._unique(f"{producer.name}/{_SUFFIX[dtype]}"), attrs={"value": constant}, outputs=[version])
+            )
+        else:
+            version = self._variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
+            self._cast(tensor, dtype, output=version)
+        self.cache[key] = version
+        return version
+
+    def _convert_in_place(self, tensor: gs.Tensor) -> None:
+        if isinstance(tensor, gs.Constant):
+            tensor.values = self._converted(tensor.values, TensorProto.FLOAT16)
+        else:
+            producer = tensor.inputs[0]
+            value = producer.attrs["value"]
+            value.values = self._converted(value.values, TensorProto.FLOAT16)
+        self._set_dtype(tensor, TensorProto.FLOAT16)
+
+    def _converted(self, values: np.ndarray, dtype: int) -> np.ndarray:
+        values = np.asarray(values)
+        if dtype == TensorProto.FLOAT16:
+            finite = np.isfinite(values)
+            outside = finite & (np.abs(values) > FP16_MAX)
+            self.clamped += int(np.count_nonzero(outside))
+            values = np.where(outside, np.clip(values, -FP16_MAX, FP16_MAX), values)
+        self.converted += 1
+        return values.astype(_NP[dtype])
+
+    # --- rule 5 -------------------------------------------------------------------------
+    def _retype_graph_inputs(self) -> None:
+        ctx = self.ctx
+        for tensor in ctx.graph.inputs:
+            if ctx.dtype(tensor) != TensorProto.FLOAT:
+                continue
+            half = self.cache.get((tensor.name, TensorProto.FLOAT16))
+            if half is None or any(c for c in tensor.outputs if not (c.op == "Cast" and c.outputs[0] is half)):
+                continue
+            cast = half.inputs[0]
+            for consumer in list(half.outputs):
+                for index, inp in enumerate(consumer.inputs):
+                    if inp is half:
+                        consumer.inputs[index] = tensor
+            cast.inputs.clear()
+            cast.outputs.clear()
+            ctx.graph.nodes.remove(cast)
+            self.casts -= 1
+            self._set_dtype(tensor, TensorProto.FLOAT16)
+
+    # --- helpers ------------------------------------------------------------------------
+    def _cast(self, source: gs.Tensor, dtype: int, *, output: gs.Tensor) -> None:
+        name = self._unique(f"{source.name}/cast_{_SUFFIX[dtype]}")
+        self.ctx.graph.nodes.append(gs.Node("Cast", name, attrs={"to": dtype}, inputs=[source], outputs=[output]))
+        self.ctx.signatures[name] = self.ctx.signatures.get(name) or _CAST_SIGNATURE
+        self.casts += 1
+
+    def _variable(self, name: str, dtype: int) -> gs.Variable:
+        variable = gs.Variable(self._unique(name), dtype=_NP[dtype])
+        self.ctx.dtypes[variable.name] = dtype
+        return variable
+
+    def _set_dtype(self, tensor: gs.Tensor, dtype: int) -> None:
+        if isinstance(tensor, gs.Variable):
+            tensor.dtype = _NP[dtype]
+        self.ctx.dtypes[tensor.name] = dtype
+
+    def _unique(self, name: str) -> str:
+        candidate, index = name, 1
+        while candidate in self.names:
+            candidate = f"{name}_{index}"
+            index += 1
+        self.names.add(candidate)
+        return candidate
+
+
+def _cast_signature():
+    from onnxcampo.signature import signature
+
+    return signature("Cast", "", 13, 1, 1)
+
+
+_CAST_SIGNATURE = _cast_signature()

@@ -1,0 +1,106 @@
+"""Mutating pass: zero-pad fp16 MatMul/Gemm/Conv dims to multiples of 8 where it pays.
+
+Rules, per fp16 node whose weight is a constant:
+1. MatMul ``A[..., M, K] x W[K, N]`` and Gemm (``transA = 0``, bias absent or 1-D): K and N are
+   padded up to multiples of 8: the weight offline with zeros, A with a Pad on its last axis
+   (when K grows), the result with a Slice back to N (when N grows); a 1-D Gemm bias gets zeros.
+   M is never padded: it is no leading dimension, so it does not decide Tensor Core use.
+2. Conv with ``group = 1`` and weight ``[C_out, C_in, k...]``: the channels are padded the same
+   way (Pad on axis 1 of X, zero weight rows/columns, zero bias, Slice on axis 1 of Y).
+3. A node is padded only when ``fp16_time(padded) + pad/slice time < fp16_time(unpadded)``;
+   aligned nodes are never touched. Zero padding adds exact zeros to every dot product, so the
+   result equals the unpadded op's.
+ConvTranspose and grouped Conv are left unpadded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import TensorProto
+
+from onnxcampo.context import GraphContext
+from onnxcampo.padding import PadPlan, pad_plan
+from onnxcampo.plan import Precision
+
+from onnxcampo.passes.manager import PassBase, PassResult
+
+
+class PadTensorCores(PassBase):
+    name = "pad_tensor_cores"
+    mutates = True
+
+    def run(self, ctx: GraphContext) -> PassResult:
+        self.ctx = ctx
+        self.names = set(ctx.graph.tensors()) | {n.name for n in ctx.graph.nodes}
+        padded = inserted = 0
+        for node in list(ctx.graph.nodes):
+            if ctx.plan.get(node.name) is None or ctx.plan.precision(node.name) is not Precision.FP16:
+                continue
+            plan = pad_plan(ctx, node)
+            if plan is None or not isinstance(node.inputs[1], gs.Constant):
+                continue
+            inserted += self._apply(node, plan)
+            padded += 1
+        if padded:
+            ctx.graph.toposort()
+            ctx.nodes = list(ctx.graph.nodes)
+        ctx.stats["pads_inserted"] += inserted
+        ctx.stats["nodes_padded"] += padded
+        return PassResult(self.name, bool(padded), {"nodes": padded, "pad_slice_nodes": inserted})
+
+    # --- applying -----------------------------------------------------------------------
+    def _apply(self, node: gs.Node, plan: PadPlan) -> int:
+        rank, k, k2, n, n2 = plan.rank, plan.k, plan.k_padded, plan.n, plan.n_padded
+        axis_in, axis_out = plan.input_axis, plan.output_axis
+        weight_k_axis, weight_n_axis = plan.weight_axes
+        inserted = 0
+        weight = node.inputs[1]
+        values = np.asarray(weight.values)
+        widths = [(0, 0)] * values.ndim
+        widths[weight_k_axis] = (0, k2 - k)
+        widths[weight_n_axis] = (0, n2 - n)
+        node.inputs[1] = gs.Constant(self._unique(f"{weight.name}/padded"), np.pad(values, widths))
+        self.ctx.dtypes[node.inputs[1].name] = self.ctx.dtypes.get(weight.name, TensorProto.FLOAT16)
+        if len(node.inputs) > 2 and isinstance(node.inputs[2], gs.Constant) and n2 != n:
+            bias = node.inputs[2]
+            node.inputs[2] = gs.Constant(self._unique(f"{bias.name}/padded"), np.pad(np.asarray(bias.values), (0, n2 - n)))
+            self.ctx.dtypes[node.inputs[2].name] = self.ctx.dtypes.get(bias.name, TensorProto.FLOAT16)
+        if k2 != k:
+            source = node.inputs[0]
+            axis = axis_in % rank
+            pads = np.zeros(2 * rank, dtype=np.int64)
+            pads[rank + axis] = k2 - k
+            padded = self._variable(f"{source.name}/padded", self.ctx.dtypes[source.name])
+            pads_const = gs.Constant(self._unique(f"{node.name}/pads"), pads)
+            self.ctx.dtypes[pads_const.name] = TensorProto.INT64
+            self._node("Pad", f"{node.name}/pad_k", [source, pads_const], [padded], {"mode": "constant"})
+            node.inputs[0] = padded
+            inserted += 1
+        if n2 != n:
+            result = node.outputs[0]
+            wide = self._variable(f"{result.name}/padded", self.ctx.dtypes[result.name])
+            node.outputs[0] = wide
+            starts, ends, axes = (gs.Constant(self._unique(f"{node.name}/slice_{label}"), np.array([v], dtype=np.int64))
+                                  for label, v in (("starts", 0), ("ends", n), ("axes", axis_out)))
+            for constant in (starts, ends, axes):
+                self.ctx.dtypes[constant.name] = TensorProto.INT64
+            self._node("Slice", f"{node.name}/slice_n", [wide, starts, ends, axes], [result], {})
+            inserted += 1
+        return inserted
+
+    def _node(self, op: str, name: str, inputs, outputs, attrs) -> None:
+        self.ctx.graph.nodes.append(gs.Node(op, self._unique(name), attrs=attrs, inputs=inputs, outputs=outputs))
+
+    def _variable(self, name: str, dtype: int) -> gs.Variable:
+        variable = gs.Variable(self._unique(name), dtype=np.float16 if dtype == TensorProto.FLOAT16 else np.float32)
+        self.ctx.dtypes[variable.name] = dtype
+        return variable
+
+    def _unique(self, name: str) -> str:
+        candidate, index = name, 1
+        while candidate in self.names:
+            candidate = f"{name}_{index}"
+            index += 1
+        self.names.add(candidate)
+        return candidate

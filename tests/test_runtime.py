@@ -1,0 +1,296 @@
+"""Tests for onnxcampo.runtime: inputs, sessions, output comparison and validation."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo import runtime
+from onnxcampo.errors import CampoError, ConfigError, ModelLoadError, ShapeError
+from onnxcampo.runtime import (
+    OutputDiff,
+    compare_outputs,
+    load_inputs_npz,
+    make_session,
+    random_inputs,
+    run,
+    validate,
+)
+
+
+def mlp(*, batch: str | int = "batch", shift: float | None = None) -> onnx.ModelProto:
+    """MatMul + Add + Relu with a dynamic batch; ``shift`` adds a constant to the output."""
+    rng = np.random.default_rng(1)
+    w = helper.make_tensor("W", TensorProto.FLOAT, [4, 3],
+                           rng.standard_normal(12).astype(np.float32))
+    b = helper.make_tensor("B", TensorProto.FLOAT, [3], rng.standard_normal(3).astype(np.float32))
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node("Add", ["m", "B"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["r" if shift is not None else "y"], name="relu"),
+    ]
+    inits = [w, b]
+    if shift is not None:
+        inits.append(helper.make_tensor("S", TensorProto.FLOAT, [], [shift]))
+        nodes.append(helper.make_node("Add", ["r", "S"], ["y"], name="shift"))
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def embed() -> onnx.ModelProto:
+    """Gather from an 8-row table by int64 ids, a bool mask, and a weight also listed as input."""
+    table = helper.make_tensor("T", TensorProto.FLOAT, [8, 2], np.arange(16, dtype=np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["T", "ids"], ["g"], name="gather"),
+         helper.make_node("Cast", ["mask"], ["mf"], name="cast", to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["g", "mf"], ["y"], name="mul")],
+        "embed",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", 5]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, ["n", 5, 1]),
+         helper.make_tensor_value_info("T", TensorProto.FLOAT, [8, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5, 2])],
+        [table],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+# ---- random_inputs ------------------------------------------------------------------------
+
+
+def test_random_inputs_dim_values_and_pins():
+    feeds = random_inputs(mlp(), dim_values={"batch": 5})
+    assert list(feeds) == ["x"]
+    assert feeds["x"].shape == (5, 4) and feeds["x"].dtype == np.float32
+    pinned = random_inputs(mlp(), input_shapes={"x": (2, 4)}, dim_values={"batch": 5})
+    assert pinned["x"].shape == (2, 4)
+
+
+def test_random_inputs_is_seeded():
+    a = random_inputs(mlp(), dim_values={"batch": 3}, seed=7)["x"]
+    b = random_inputs(mlp(), dim_values={"batch": 3}, seed=7)["x"]
+    c = random_inputs(mlp(), dim_values={"batch": 3}, seed=8)["x"]
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_random_inputs_dynamic_dim_error_has_pin_hint():
+    with pytest.raises(ShapeError) as info:
+        random_inputs(mlp())
+    msg = str(info.value)
+    assert "input 'x' has dynamic dim 'batch' (axis 0)" in msg
+    assert "--input-shape x:1,4" in msg and "--dim batch=N" in msg
+
+
+def test_random_inputs_unnamed_dynamic_dim():
+    with pytest.raises(ShapeError, match=r"unnamed dynamic dim \(axis 0\).*--input-shape x:1,4"):
+        random_inputs(mlp(batch=0))  # dim_value 0, no dim_param: dynamic
+
+
+def test_random_inputs_pin_rank_mismatch():
+    with pytest.raises(ShapeError, match="rank 2 but --input-shape gives 3"):
+        random_inputs(mlp(), input_shapes={"x": (1, 4, 1)})
+
+
+def test_random_inputs_pin_conflicts_with_static_dim():
+    with pytest.raises(ShapeError, match="axis 1 is fixed at 4"):
+        random_inputs(mlp(), input_shapes={"x": (1, 5)})
+
+
+def test_random_inputs_unknown_pin_name():
+    with pytest.raises(ConfigError, match="unknown input"):
+        random_inputs(mlp(), input_shapes={"nope": (1,)}, dim_values={"batch": 1})
+
+
+def test_random_inputs_int_bool_and_initializer_inputs():
+    feeds = random_inputs(embed(), dim_values={"n": 64})
+    assert set(feeds) == {"ids", "mask"}  # T is an initializer too: not a real input
+    ids = feeds["ids"]
+    assert ids.dtype == np.int64 and ids.shape == (64, 5)
+    assert ids.min() >= 0 and ids.max() < 8
+    assert len(np.unique(ids)) > 1
+    assert feeds["mask"].dtype == np.bool_ and feeds["mask"].any() and not feeds["mask"].all()
+    run(make_session(embed()), feeds)  # ids are valid indices into the 8-row table
+
+
+# ---- load_inputs_npz ------------------------------------------------------------------------
+
+
+def test_load_inputs_npz_ok(tmp_path):
+    path = tmp_path / "in.npz"
+    np.savez(path, x=np.ones((2, 4), np.float32))
+    feeds = load_inputs_npz(path, mlp())
+    assert feeds["x"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("arrays, pattern", [
+    ({}, r"missing input\(s\) \['x'\]"),
+    ({"x": np.ones((2, 4), np.float64)},
+     "input 'x' has dtype float64 but the model expects float32"),
+    ({"x": np.ones((2, 4), np.float32), "z": np.ones(1)}, r"unknown input name\(s\) \['z'\]"),
+    ({"x": np.ones((2, 5), np.float32)}, "axis 1 is 5"),
+])
+def test_load_inputs_npz_errors(tmp_path, arrays, pattern):
+    path = tmp_path / "in.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ConfigError, match=pattern):
+        load_inputs_npz(path, mlp())
+
+
+def test_load_inputs_npz_missing_and_garbage_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_inputs_npz(tmp_path / "none.npz", mlp())
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match="not a readable"):
+        load_inputs_npz(bad, mlp())
+
+
+# ---- sessions -------------------------------------------------------------------------------
+
+
+def test_make_session_from_proto_bytes_and_path(tmp_path):
+    model = mlp()
+    path = tmp_path / "m.onnx"
+    onnx.save_model(model, path)
+    feeds = {"x": np.ones((2, 4), np.float32)}
+    results = [run(make_session(src, optimization_level=level), feeds)["y"]
+               for src, level in [(model, "all"), (model.SerializeToString(), "basic"),
+                                  (str(path), "disable"), (path, "all")]]
+    for r in results[1:]:
+        np.testing.assert_allclose(r, results[0], rtol=1e-6)
+
+
+def test_make_session_large_model_goes_through_external_data(monkeypatch, caplog):
+    model = mlp()
+    # a raw_data weight above onnx's 1 KiB threshold really goes to the external file
+    model.graph.initializer.append(
+        numpy_helper.from_array(np.full((32, 32), 0.5, np.float32), "big"))
+    model.graph.node.append(helper.make_node("ReduceSum", ["big"], ["big_sum"], name="rs"))
+    model.graph.output.append(helper.make_tensor_value_info("big_sum", TensorProto.FLOAT, [1, 1]))
+    before = model.SerializeToString()
+    monkeypatch.setattr(runtime, "_PROTOBUF_LIMIT", 10)
+    with caplog.at_level(logging.INFO, logger="onnxcampo.runtime"):
+        session = make_session(model)
+    assert "external data" in caplog.text
+    assert model.SerializeToString() == before  # caller's proto left intact
+    out = run(session, {"x": np.ones((1, 4), np.float32)})
+    assert out["big_sum"].item() == 512.0
+    monkeypatch.setattr(runtime, "_PROTOBUF_LIMIT", 2**31 - 1)
+    ref = run(make_session(model), {"x": np.ones((1, 4), np.float32)})
+    np.testing.assert_array_equal(out["y"], ref["y"])
+
+
+def test_make_session_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown provider"):
+        make_session(mlp(), provider="tpu")
+    with pytest.raises(ConfigError, match="optimization level"):
+        make_session(mlp(), optimization_level="max")
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        make_session(tmp_path / "missing.onnx")
+    with pytest.raises(ModelLoadError, match="could not load"):
+        make_session(b"garbage")
+    with pytest.raises(ConfigError, match="custom-op library"):
+        make_session(mlp(), custom_ops_library=str(tmp_path / "nope.so"))
+
+
+def test_make_session_cuda_unavailable_is_clear(monkeypatch):
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(CampoError, match="CUDAExecutionProvider"):
+        make_session(mlp(), provider="cuda")
+
+
+def test_run_bad_feeds():
+    session = make_session(mlp())
+    with pytest.raises(ConfigError, match=r"missing \['x'\]"):
+        run(session, {"z": np.ones((1, 4), np.float32)})
+    with pytest.raises(CampoError, match="failed to run"):
+        run(session, {"x": np.ones((1, 5), np.float32)})
+
+
+# ---- compare_outputs ------------------------------------------------------------------------
+
+
+def one(ref, cand, rtol=0.01, atol=1e-3) -> OutputDiff:
+    [diff] = compare_outputs({"y": np.asarray(ref)}, {"y": np.asarray(cand)}, rtol=rtol, atol=atol)
+    return diff
+
+
+def test_compare_within_tolerance():
+    diff = one(np.array([1.0, 100.0, 0.0], np.float32),
+               np.array([1.005, 100.9, 0.0005], np.float32))
+    assert diff.ok and diff.name == "y" and diff.shape == (3,) and diff.dtype == "float32"
+    assert diff.max_abs_err == pytest.approx(0.9, rel=1e-4)
+    # relative error skips the zero reference (|r| <= atol): 0.005/1 beats 0.9/100
+    assert diff.max_rel_err == pytest.approx(0.009, rel=1e-3)
+
+
+def test_compare_exceeding_tolerance():
+    diff = one([1.0, 2.0], [1.0, 2.1])
+    assert not diff.ok
+    assert diff.max_abs_err == pytest.approx(0.1)
+    assert diff.max_rel_err == pytest.approx(0.05)
+
+
+def test_compare_atol_governs_near_zero():
+    assert one([0.0], [0.0009]).ok
+    assert not one([0.0], [0.002]).ok
+
+
+def test_compare_nan_and_inf():
+    diff = one([1.0, 2.0], [np.nan, 2.0])
+    assert not diff.ok and diff.max_abs_err == np.inf
+    same = one([np.nan, np.inf, -np.inf, 1.0], [np.nan, np.inf, -np.inf, 1.0])
+    assert same.ok and same.max_abs_err == 0.0 and same.max_rel_err == 0.0
+    assert not one([np.inf], [1e30]).ok  # inf vs finite must not pass through inf tolerance
+    assert not one([1.0], [np.inf]).ok
+    assert not one([np.nan], [1.0]).ok
+
+
+def test_compare_shape_mismatch_and_missing():
+    diff = one(np.zeros((2, 3)), np.zeros((3, 2)))
+    assert not diff.ok and diff.max_abs_err == np.inf and diff.max_rel_err == np.inf
+    assert "shape" in diff.note
+    [missing] = compare_outputs({"y": np.zeros(2)}, {}, rtol=0.1, atol=0.1)
+    assert not missing.ok and missing.max_abs_err == np.inf
+
+
+def test_compare_ints_bools_and_dtype_change():
+    assert one(np.array([1, 2], np.int64), np.array([1, 2], np.int64)).ok
+    assert not one(np.array([True, False]), np.array([True, True])).ok
+    diff = one(np.array([1.0], np.float32), np.array([1.0], np.float16))
+    assert diff.ok and "float16" in diff.note
+
+
+def test_output_diff_is_frozen():
+    diff = one([1.0], [1.0])
+    with pytest.raises(AttributeError):
+        diff.ok = False  # type: ignore[misc]
+
+
+# ---- validate -------------------------------------------------------------------------------
+
+
+def test_validate_self_is_ok():
+    diffs = validate(mlp(), mlp(), dim_values={"batch": 4})
+    assert [d.name for d in diffs] == ["y"]
+    assert all(d.ok for d in diffs) and diffs[0].max_abs_err == 0.0
+
+
+def test_validate_detects_perturbed_output():
+    diffs = validate(mlp(), mlp(shift=1.0), input_shapes={"x": (4, 4)})
+    assert not diffs[0].ok
+    assert diffs[0].max_abs_err == pytest.approx(1.0)
+
+
+def test_validate_with_given_feeds_and_small_shift():
+    feeds = {"x": np.ones((2, 4), np.float32)}
+    assert validate(mlp(), mlp(shift=1e-4), feeds=feeds)[0].ok
