@@ -100,9 +100,7 @@ def optimize(
                 f"the {best} plan is predicted faster ({times[best].total_us:.1f} us) than campo's "
                 f"({times['campo'].total_us:.1f} us): keeping it"
             )
-            plans["campo"] = plans["campo"].copy()
-            for node, decision in plans[best].items():
-                plans["campo"].override(node, decision.precision, Reason.BEST_PLAN)
+            plans["campo"] = plans[best].copy()  # its decisions keep their own reasons
             times["campo"] = times[best]
             chosen = best
     ctx.plan = plans[config.policy]

@@ -42,7 +42,6 @@ class Reason(enum.Enum):
     CLEAR_DOES_NOT_PAY = "pass 4: clear op, fp16 does not pay"
     POLICY_FP16 = "policy fp16"
     DEFAULT_FP32 = "left fp32 after the four passes"
-    BEST_PLAN = "kept from a cheaper plan"
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
     python scripts/fetch_corpus.py            # fetch all, print path, size, opset, nodes, ops
     python scripts/fetch_corpus.py --list     # list the entries, no network
+    python scripts/fetch_corpus.py --quiet    # fetch all, print only failures and a summary
     python scripts/fetch_corpus.py ppocr_det magika
 
 Exit status 1 if any model could not be fetched (the others are still fetched).
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("keys", nargs="*", help="corpus keys (default: all)")
     ap.add_argument("--list", action="store_true", help="list the corpus entries and exit")
+    ap.add_argument(
+        "-q", "--quiet", action="store_true", help="print only failures and the summary line"
+    )
     args = ap.parse_args(argv)
     try:
         models = [corpus.get(k) for k in args.keys] if args.keys else list(corpus.CORPUS)
@@ -56,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         _list(models)
         return 0
-    print(f"cache: {corpus.cache_root()}")
+    if not args.quiet:
+        print(f"cache: {corpus.cache_root()}")
     failed = 0
     t0 = time.perf_counter()
     for m in models:
@@ -66,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.key}: UNAVAILABLE: {e}", file=sys.stderr)
             failed += 1
             continue
-        print(_describe(m, path))
-    print(f"{len(models) - failed}/{len(models)} models ready in {time.perf_counter() - t0:.1f} s")
+        if not args.quiet:
+            print(_describe(m, path))
+    print(
+        f"corpus: {len(models) - failed}/{len(models)} models ready in "
+        f"{time.perf_counter() - t0:.1f} s ({corpus.cache_root()})"
+    )
     return 1 if failed else 0
 
 

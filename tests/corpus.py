@@ -514,7 +514,7 @@ def model_files(path: Path, proto=None) -> list[Path]:
 
 
 def op_counts(proto) -> Counter:
-    """``Counter`` of ``domain::op_type`` (bare ``op_type`` in the default domain), subgraphs included."""
+    """``Counter`` of ``domain::op_type`` (bare ``op_type`` if default domain), subgraphs too."""
     c: Counter = Counter()
     for g in iter_graphs(proto.graph):
         for n in g.node:

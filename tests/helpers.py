@@ -1,0 +1,234 @@
+"""Shared graph builders, a fake cost model and context helpers for the pass tests.
+
+Every graph is ONNX IR 10, opset 17. Pass tests build a :class:`GraphContext` exactly as
+``onnxcampo.api.optimize`` does (read_model -> name_nodes -> infer_tensor_info ->
+GraphContext.build) and run passes with a fresh :class:`PrecisionPlan`, so each test states the
+cost policy it relies on through :class:`FakeCost`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnx.parser
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo import graph as graph_io
+from onnxcampo.config import OptimizeConfig
+from onnxcampo.context import GraphContext
+from onnxcampo.costdb.features import OpFeatures
+from onnxcampo.costdb.model import CostModel
+from onnxcampo.passes.manager import PassManager
+from onnxcampo.plan import Precision, PrecisionPlan
+
+FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
+HEADER = '<ir_version: 10, opset_import: ["" : 17]>'
+
+
+# --- models -------------------------------------------------------------------------------
+def parse(text: str, *, header: str = HEADER) -> onnx.ModelProto:
+    """An ONNX-text graph (``name (inputs) => (outputs) <initializers> { ... }``) as a model."""
+    model = onnx.parser.parse_model(f"{header}\n{text}")
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def make_model(nodes, inputs, outputs, initializers=(), *, value_info=(), opsets=None) -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), "g", list(inputs), list(outputs), list(initializers),
+                              value_info=list(value_info))
+    opsets = opsets or [helper.make_opsetid("", 17)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    return model
+
+
+def tensor_vi(name: str, shape, dtype: int = FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def init(name: str, array) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def weight(name: str, shape, *, seed: int = 0, scale: float = 0.1) -> onnx.TensorProto:
+    rng = np.random.default_rng(seed)
+    return init(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+# --- a fake cost model ----------------------------------------------------------------------
+class FakeCost(CostModel):
+    """Fixed times that make each test's policy explicit.
+
+    * fp32 time of a node: ``op_us[op_type]`` if given, else ``default_us``;
+    * fp16 time: fp32 / ``speedup`` when the op is no GEMM or its dims are Tensor Core aligned,
+      fp32 / ``unaligned_speedup`` for an unaligned GEMM (default: the same as ``speedup``);
+    * one Cast: ``cast_us`` whatever its size; one Pad or Slice: ``pad_us``.
+    """
+
+    name = "fake"
+
+    def __init__(self, *, speedup: float = 2.0, cast_us: float = 1.0, pad_us: float = 1.0,
+                 default_us: float = 10.0, op_us: dict[str, float] | None = None,
+                 unaligned_speedup: float | None = None) -> None:
+        self.speedup = speedup
+        self.unaligned_speedup = speedup if unaligned_speedup is None else unaligned_speedup
+        self.cast_us = cast_us
+        self.pad_us = pad_us
+        self.default_us = default_us
+        self.op_us = dict(op_us or {})
+
+    def fp32_time(self, features: OpFeatures) -> float:
+        return self.op_us.get(features.op_type, self.default_us)
+
+    def fp16_time(self, features: OpFeatures, fp32_time: float) -> float:
+        if features.is_gemm and not features.tensor_core_aligned:
+            return fp32_time / self.unaligned_speedup
+        return fp32_time / self.speedup
+
+    def cast_time(self, elements: int) -> float:
+        return self.cast_us
+
+    def pad_time(self, elements: int) -> float:
+        return self.pad_us
+
+
+# --- contexts -------------------------------------------------------------------------------
+def build_context(model: onnx.ModelProto, *, cost: CostModel | None = None,
+                  config: OptimizeConfig | None = None, **options) -> GraphContext:
+    """The context ``optimize`` builds, with a fresh plan (the input model is not modified)."""
+    config = (config or OptimizeConfig()).replace(**options) if options else (config or OptimizeConfig())
+    working, source = graph_io.read_model(model)
+    graph_io.name_nodes(working)
+    info, unresolved = graph_io.infer_tensor_info(
+        working, input_shapes=config.input_shapes, dim_values=config.dim_values, require_static=False
+    )
+    ctx = GraphContext.build(working, source, config, cost or FakeCost(), info, unresolved)
+    ctx.plan = PrecisionPlan()
+    return ctx
+
+
+def run_passes(ctx: GraphContext, *passes, check_invariants: bool = True):
+    return PassManager(passes, check_invariants=check_invariants).run(ctx)
+
+
+def precisions(ctx: GraphContext) -> dict[str, str]:
+    """Node name -> "fp16" / "fp32" for every decided node."""
+    return {name: d.precision.value for name, d in ctx.plan.items()}
+
+
+def reasons(ctx: GraphContext) -> dict[str, str]:
+    """Node name -> Reason name for every decided node."""
+    return {name: d.reason.name for name, d in ctx.plan.items()}
+
+
+def decide(ctx: GraphContext, **precisions_by_node: str) -> None:
+    """Pre-decide nodes as a previous pass would (``decide(ctx, mm="fp16")``)."""
+    from onnxcampo.plan import Reason
+
+    for node, value in precisions_by_node.items():
+        precision = Precision(value)
+        reason = Reason.POLICY_FP16 if precision is Precision.FP16 else Reason.POLICY_FP32
+        ctx.plan.decide(node, precision, reason)
+
+
+def export(ctx: GraphContext) -> onnx.ModelProto:
+    """The context's current graph as a model (as ``optimize`` exports it)."""
+    return graph_io.export_model(ctx.graph.copy(), ctx.model, ctx.dtypes, {})
+
+
+# --- inspecting results ---------------------------------------------------------------------
+def ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def op_counts(model: onnx.ModelProto) -> Counter:
+    return Counter(ops(model))
+
+
+def node(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
+    found = [n for n in model.graph.node if n.name == name]
+    assert len(found) == 1, f"no single node {name!r} in {[n.name for n in model.graph.node]}"
+    return found[0]
+
+
+def producer(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto | None:
+    for n in model.graph.node:
+        if tensor in n.output:
+            return n
+    return None
+
+
+def consumers(model: onnx.ModelProto, tensor: str) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if tensor in n.input]
+
+
+def casts(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == "Cast"]
+
+
+def cast_to(node_proto: onnx.NodeProto) -> int:
+    return next(a.i for a in node_proto.attribute if a.name == "to")
+
+
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor after ONNX shape inference (initializers included)."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    g = inferred.graph
+    types = {t.name: t.data_type for t in g.initializer}
+    for vi in (*g.input, *g.value_info, *g.output):
+        types[vi.name] = vi.type.tensor_type.elem_type
+    for n in g.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    types[n.output[0]] = a.t.data_type
+    return types
+
+
+def io_types(model: onnx.ModelProto) -> dict[str, int]:
+    inits = {t.name for t in model.graph.initializer}
+    return {vi.name: vi.type.tensor_type.elem_type
+            for vi in (*model.graph.input, *model.graph.output) if vi.name not in inits}
+
+
+def initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
+    for t in model.graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    raise KeyError(name)
+
+
+def cast_round_trips(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(first, second) Cast pairs where the second casts back to the first's source dtype."""
+    types = elem_types(model)
+    found = []
+    for n in model.graph.node:
+        if n.op_type != "Cast":
+            continue
+        up = producer(model, n.input[0])
+        if up is not None and up.op_type == "Cast" and types.get(up.input[0]) == cast_to(n):
+            found.append((up.name, n.name))
+    return found
+
+
+def reference_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs from ONNX's reference evaluator: it computes fp16 ops in fp16 (unlike ORT CPU)."""
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    return copy.deepcopy(model)

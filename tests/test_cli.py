@@ -1,0 +1,225 @@
+"""The command line: the main job, the report, and every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo.cli import main
+
+EXAMPLE = Path(str(resources.files("onnxcampo.examples") / "mlp_block.onnx"))
+PIN = ["--input-shape", "x:4096,256"]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(err: str, *fragments: str) -> None:
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("onnxcampo: error:"), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def tiny_model(opset: int = 17, dtype: int = TensorProto.FLOAT, dims=("batch", 16)) -> onnx.ModelProto:
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    weight = numpy_helper.from_array(np.ones((16, 16), dtype=np_dtype), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", dtype, list(dims))],
+        [helper.make_tensor_value_info("y", dtype, list(dims))], [weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8 if opset < 11 else 10)
+
+
+def test_optimize_example_writes_model_and_report(tmp_path, capsys):
+    out, report_path = tmp_path / "out.onnx", tmp_path / "report.json"
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN, "--report", report_path, "--validate")
+    assert code == 0, err
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    assert model.ir_version == onnx.load(str(EXAMPLE)).ir_version
+    report = json.loads(report_path.read_text())
+    for key in ("casts_inserted", "pads_inserted", "nodes_fp16", "nodes_fp32", "predicted_us", "plan", "validation"):
+        assert key in report
+    assert report["nodes_fp16"] > 0
+    assert report["predicted_us"]["campo"]["total_us"] <= report["predicted_us"]["fp32"]["total_us"]
+    assert all(row["ok"] for row in report["validation"])
+    assert "policy campo" in err and "predicted time" in err
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    assert len(casts) == report["casts_inserted"]
+
+
+def test_optimizing_twice_changes_nothing(tmp_path, capsys):
+    first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    assert run_cli(capsys, "optimize", EXAMPLE, first, *PIN)[0] == 0
+    report = tmp_path / "r.json"
+    code, _, err = run_cli(capsys, "optimize", first, second, *PIN, "--report", report)
+    assert code == 0, err
+    assert json.loads(report.read_text())["casts_inserted"] == 0
+    assert [n.op_type for n in onnx.load(str(second)).graph.node] == [n.op_type for n in onnx.load(str(first)).graph.node]
+
+
+@pytest.mark.parametrize("policy", ["campo", "amp", "fp16", "fp32"])
+def test_every_policy_gives_a_valid_model(tmp_path, capsys, policy):
+    out = tmp_path / f"{policy}.onnx"
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN, "--policy", policy, "--validate")
+    assert code == 0, err
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+
+
+def test_inspect_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    before = set(tmp_path.iterdir())
+    code, out, _ = run_cli(capsys, "inspect", EXAMPLE, *PIN, "--nodes")
+    assert code == 0
+    assert "up_proj" in out and "softmax" in out and "deny_list" in out
+    assert set(tmp_path.iterdir()) == before
+
+
+def test_validation_failure_exits_1_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out.onnx"
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN, "--validate", "--rtol", "0", "--atol", "0")
+    assert code == 1
+    assert "differ beyond" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+# --- bad input: one line, exit 2, nothing written -------------------------------------------
+
+def test_missing_file(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "optimize", tmp_path / "nope.onnx", tmp_path / "out.onnx")
+    assert code == 2
+    assert_one_line_error(err, "no such file")
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_not_onnx(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("this is not a model\n" * 10)
+    code, _, err = run_cli(capsys, "optimize", bad, tmp_path / "out.onnx")
+    assert code == 2
+    assert_one_line_error(err, "not an ONNX model")
+
+
+def test_truncated_model(tmp_path, capsys):
+    data = EXAMPLE.read_bytes()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    code, _, err = run_cli(capsys, "optimize", cut, tmp_path / "out.onnx", *PIN)
+    assert code == 2
+    assert_one_line_error(err)
+
+
+def test_old_opset(tmp_path, capsys):
+    old = tmp_path / "old.onnx"
+    onnx.save(tiny_model(opset=9, dims=(4, 16)), str(old))
+    code, _, err = run_cli(capsys, "optimize", old, tmp_path / "out.onnx")
+    assert code == 2
+    assert_one_line_error(err, "opset 9")
+
+
+def test_unresolved_dynamic_dims(tmp_path, capsys):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(tiny_model(), str(path))
+    code, _, err = run_cli(capsys, "optimize", path, tmp_path / "out.onnx")
+    assert code == 2
+    assert_one_line_error(err, "dynamic dim 'batch'", "--input-shape x:N,16", "--dim batch=N")
+    assert not (tmp_path / "out.onnx").exists()
+    assert run_cli(capsys, "optimize", path, tmp_path / "out.onnx", "--dim", "batch=8")[0] == 0
+
+
+def test_output_equal_to_input_is_refused_and_input_untouched(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    shutil.copy(EXAMPLE, path)
+    before = path.read_bytes()
+    code, _, err = run_cli(capsys, "optimize", path, path, *PIN)
+    assert code == 2
+    assert_one_line_error(err, "output path is the input")
+    assert path.read_bytes() == before
+
+
+def test_output_folder_missing(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, tmp_path / "no" / "out.onnx", *PIN)
+    assert code == 2
+    assert_one_line_error(err, "does not exist")
+
+
+def test_failed_run_keeps_existing_output(tmp_path, capsys):
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"previous")
+    code, _, _ = run_cli(capsys, "optimize", tmp_path / "missing.onnx", out)
+    assert code == 2
+    assert out.read_bytes() == b"previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.onnx"]
+
+
+def test_bad_option_values(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, tmp_path / "o.onnx", "--input-shape", "x:4,a")
+    assert code == 2
+    assert_one_line_error(err, "--input-shape")
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, tmp_path / "o.onnx", *PIN, "--exclude-node", "([")
+    assert code == 2
+    assert_one_line_error(err, "regular expression")
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, tmp_path / "o.onnx", "--input-shape", "nosuch:1,2")
+    assert code == 2
+    assert_one_line_error(err, "nosuch")
+
+
+def test_corrupt_device_db(tmp_path, capsys):
+    db = tmp_path / "db.json"
+    db.write_text("{ not json")
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, tmp_path / "o.onnx", *PIN, "--device-db", db)
+    assert code == 2
+    assert_one_line_error(err, "not a cost database")
+
+
+# --- models with nothing to do: a valid result and a clear message ---------------------------
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (tiny_model(dtype=TensorProto.FLOAT16, dims=(4, 16)), "no float32 tensors"),
+        (tiny_model(dtype=TensorProto.INT32, dims=(4, 16)), "no float32 tensors"),
+        (helper.make_model(helper.make_graph([], "empty", [], []), opset_imports=[helper.make_opsetid("", 17)], ir_version=10),
+         "no nodes"),
+    ],
+    ids=["already-fp16", "no-float-ops", "empty-graph"],
+)
+def test_nothing_to_do_writes_model_unchanged(tmp_path, capsys, model, message):
+    path, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, str(path))
+    code, _, err = run_cli(capsys, "optimize", path, out)
+    assert code == 0, err
+    assert message in err
+    written = onnx.load(str(out))
+    assert written.graph == model.graph
+    onnx.checker.check_model(written, full_check=True)
+
+
+def test_console_script_and_module(tmp_path):
+    script = Path(sys.executable).with_name("onnxcampo")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "onnxcampo"]
+    out = tmp_path / "out.onnx"
+    done = subprocess.run([*command, "optimize", str(EXAMPLE), str(out), *PIN], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    assert out.exists()
+    done = subprocess.run([sys.executable, "-m", "onnxcampo", "optimize", str(tmp_path / "missing.onnx"), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
