@@ -381,7 +381,10 @@ def export_model(
             entry = graph_proto.value_info.add()
             entry.CopyFrom(value_info)
             _retype(entry, dtypes.get(name))
+    declared = {vi.name: vi for vi in (*original.graph.input, *original.graph.output)}
     for value_info in (*graph_proto.input, *graph_proto.output):
+        if value_info.name in declared:  # exactly as declared (an importer may have lost the shape)
+            value_info.CopyFrom(declared[value_info.name])
         _retype(value_info, dtypes.get(value_info.name))
     return model
 

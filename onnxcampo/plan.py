@@ -20,6 +20,7 @@ class Precision(enum.Enum):
 class Reason(enum.Enum):
     # Fixed before the four passes (pass 0, "classify").
     NO_FLOAT = "no float32 tensors"
+    CONSTANT = "constant (converted offline for fp16 consumers)"
     ALREADY_FP16 = "already runs in fp16"
     UNKNOWN_OP = "op in no list (no known fp16 behaviour)"
     CUSTOM_DOMAIN = "op of a custom domain"
@@ -28,6 +29,7 @@ class Reason(enum.Enum):
     CONTROL_FLOW = "control-flow op (If/Loop/Scan): body kept fp32"
     IN_SUBGRAPH = "inside an If/Loop/Scan body"
     USER_EXCLUDED = "excluded by the user"
+    CONSTANT_OUT_OF_RANGE = "reads a constant beyond the fp16 range"
     UNKNOWN_SHAPE = "shapes unknown: cost cannot be predicted"
     POLICY_FP32 = "policy fp32"
     # The four passes.

@@ -2,28 +2,36 @@
 
 Rules, in order (the first that matches decides):
 1. control-flow nodes (If/Loop/Scan) run fp32, and so does every node of their bodies;
-2. nodes with no float tensor, or only precision-neutral ones (Shape), are not converted;
+2. constant sources (converted offline where fp16 consumers need them), nodes with no float tensor, or only precision-neutral ones (Shape), are not converted;
 3. nodes whose float tensors are already fp16 stay fp16;
 4. quantization ops, and float ops reading a DequantizeLinear or feeding a QuantizeLinear
    (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
 5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32;
 6. ops of custom domains, ops in no list, and ops without an fp16 type at the model's opset stay
    fp32;
-7. user inclusions (``--include-op``, ``--include-node``) go fp16.
+7. nodes reading a float constant with finite values beyond the fp16 range (|x| > 65504) stay
+   fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
+   those values are "infinity" sentinels (|x| >= 1e30, e.g. a -3.4e38 attention mask), which
+   Cast insertion clamps to -65504/65504 where -inf would give 0 * -inf = NaN;
+8. user inclusions (``--include-op``, ``--include-node``) go fp16.
 Everything else is left to the four passes.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from onnxcampo import oplists
 from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
-from onnxcampo.signature import Slot
 
 from onnxcampo.passes.manager import PassBase, PassResult
+
+FP16_MAX = float(np.finfo(np.float16).max)
+INFINITY_SENTINEL = 1e30
 
 
 class Classify(PassBase):
@@ -52,6 +60,8 @@ class Classify(PassBase):
         category = ctx.categories[node.name]
         if not ctx.float_tensors(node):
             return Precision.FP32, Reason.NO_FLOAT
+        if not node.inputs and all(ctx.is_constant(t) for t in node.outputs):
+            return Precision.FP32, Reason.CONSTANT
         if category is Category.NEUTRAL and not ctx.follow_outputs(node):
             return Precision.FP32, Reason.NO_FLOAT
         if following and all(ctx.dtype(t) == TensorProto.FLOAT16 for t in following):
@@ -65,11 +75,24 @@ class Classify(PassBase):
             return Precision.FP32, Reason.CUSTOM_DOMAIN
         if not sig.has_fp16 or not any(ctx.is_float32(t) for t in following):
             return Precision.FP32, (Reason.NO_FP16_SCHEMA if sig.schema_found else Reason.NO_FLOAT)
+        if self._constant_out_of_range(ctx, node):
+            return Precision.FP32, Reason.CONSTANT_OUT_OF_RANGE
         if ctx.included_by_user(node):
             return Precision.FP16, Reason.USER_INCLUDED
         if category is Category.UNKNOWN:
             return Precision.FP32, Reason.UNKNOWN_OP
         return None
+
+    @staticmethod
+    def _constant_out_of_range(ctx: GraphContext, node) -> bool:
+        for tensor in ctx.follow_inputs(node):
+            if not ctx.is_constant(tensor) or not ctx.is_float32(tensor):
+                continue
+            values = np.asarray(tensor.values if isinstance(tensor, gs.Constant) else tensor.inputs[0].attrs["value"].values)
+            magnitude = np.abs(values[np.isfinite(values)])
+            if np.any((magnitude > FP16_MAX) & (magnitude < INFINITY_SENTINEL)):
+                return True
+        return False
 
     @staticmethod
     def _in_qdq(ctx: GraphContext, node) -> bool:

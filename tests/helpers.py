@@ -62,8 +62,9 @@ class FakeCost(CostModel):
     """Fixed times that make each test's policy explicit.
 
     * fp32 time of a node: ``op_us[op_type]`` if given, else ``default_us``;
-    * fp16 time: fp32 / ``speedup`` when the op is no GEMM or its dims are Tensor Core aligned,
-      fp32 / ``unaligned_speedup`` for an unaligned GEMM (default: the same as ``speedup``);
+    * fp16 time: fp32 / ``op_speedup[op_type]`` if given, else fp32 / ``speedup`` when the op
+      is no GEMM or its dims are Tensor Core aligned, fp32 / ``unaligned_speedup`` for an
+      unaligned GEMM (default: the same as ``speedup``);
     * one Cast: ``cast_us`` whatever its size; one Pad or Slice: ``pad_us``.
     """
 
@@ -71,18 +72,21 @@ class FakeCost(CostModel):
 
     def __init__(self, *, speedup: float = 2.0, cast_us: float = 1.0, pad_us: float = 1.0,
                  default_us: float = 10.0, op_us: dict[str, float] | None = None,
-                 unaligned_speedup: float | None = None) -> None:
+                 unaligned_speedup: float | None = None, op_speedup: dict[str, float] | None = None) -> None:
         self.speedup = speedup
         self.unaligned_speedup = speedup if unaligned_speedup is None else unaligned_speedup
         self.cast_us = cast_us
         self.pad_us = pad_us
         self.default_us = default_us
         self.op_us = dict(op_us or {})
+        self.op_speedup = dict(op_speedup or {})
 
     def fp32_time(self, features: OpFeatures) -> float:
         return self.op_us.get(features.op_type, self.default_us)
 
     def fp16_time(self, features: OpFeatures, fp32_time: float) -> float:
+        if features.op_type in self.op_speedup:
+            return fp32_time / self.op_speedup[features.op_type]
         if features.is_gemm and not features.tensor_core_aligned:
             return fp32_time / self.unaligned_speedup
         return fp32_time / self.speedup

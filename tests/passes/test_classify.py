@@ -1,0 +1,329 @@
+"""Pass 0 (``classify``): the nodes the four passes must not touch, each with its reason.
+
+Every test runs Classify alone on a fresh plan and states which nodes it decides (and how) and
+which it leaves open for the four passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from helpers import (
+    FLOAT,
+    FLOAT16,
+    FakeCost,
+    build_context,
+    cast_to,
+    consumers,
+    elem_types,
+    export,
+    node,
+    ops,
+    parse,
+    precisions,
+    producer,
+    reasons,
+    reference_run,
+    run_passes,
+)
+
+from onnxcampo import OptimizeConfig, optimize
+from onnxcampo.passes.classify import Classify
+from onnxcampo.passes.insert_casts import InsertCasts
+from onnxcampo.passes.uniform_precision import UniformPrecision
+from onnxcampo.plan import Precision, Reason
+
+W8_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
+W8 = f"<{W8_INIT}>"
+
+
+def classify(model, **options):
+    ctx = build_context(model, **options)
+    run_passes(ctx, Classify())
+    return ctx
+
+
+# --- rule 1: control flow -----------------------------------------------------------------
+IF_MODEL = f"""
+g (float[4,8] x, bool c) => (float[4,8] y) {W8} {{
+  [mm] mm = MatMul(x, w)
+  [branch] y = If(c) <
+    then_branch = t () => (float[4,8] o) {{ [inner_relu] o = Relu(mm) }},
+    else_branch = e () => (float[4,8] o2) {{ [inner_sigmoid] o2 = Sigmoid(mm) }}
+  >
+}}
+"""
+
+
+def test_if_node_and_its_body_nodes_are_fp32_with_reasons():
+    """Rule 1: an If node runs fp32 (CONTROL_FLOW) and so does every node of both bodies
+    (IN_SUBGRAPH, keyed ``parent:attr/child``); the MatMul outside is left to the passes."""
+    ctx = classify(parse(IF_MODEL))
+    assert reasons(ctx) == {
+        "branch": "CONTROL_FLOW",
+        "branch:then_branch/inner_relu": "IN_SUBGRAPH",
+        "branch:else_branch/inner_sigmoid": "IN_SUBGRAPH",
+    }
+    assert set(precisions(ctx).values()) == {"fp32"}
+    assert not ctx.plan.is_decided("mm")
+
+
+def test_tensor_read_implicitly_by_if_body_keeps_fp32_when_producer_goes_fp16():
+    """Rule 1 with insert_casts rule 2: ``mm`` is read by the If bodies from the outer scope.
+    When its producer runs fp16 the producer writes ``mm/fp16`` and a Cast gives back ``mm``
+    in fp32, so the bodies (fp32) read what they read before."""
+    ctx = classify(parse(IF_MODEL))
+    run_passes(ctx, UniformPrecision(Precision.FP16, Reason.POLICY_FP16), InsertCasts())
+    model = export(ctx)
+    assert ops(model) == ["Cast", "MatMul", "Cast", "If"]
+    matmul, back = node(model, "mm"), model.graph.node[2]
+    assert matmul.output[0] == "mm/fp16"
+    assert list(back.input) == ["mm/fp16"] and list(back.output) == ["mm"] and cast_to(back) == FLOAT
+    types = elem_types(model)
+    assert types["mm/fp16"] == FLOAT16 and types["mm"] == FLOAT and types["w"] == FLOAT16
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    (relu,) = reference_run(model, {"x": x, "c": np.array(True)})
+    np.testing.assert_allclose(relu, np.maximum(x @ np.full((8, 8), 0.125, np.float32), 0), rtol=1e-3, atol=1e-3)
+
+
+def test_loop_body_nodes_fp32():
+    """Rule 1 for Loop: the Loop and its body's Add are fp32."""
+    model = parse("""
+    g (float[4] x) => (float[4] y) <int64 n = {3}> {
+      [loop] y = Loop(n, , x) <
+        body = b (int64 i, bool cond, float[4] acc) => (bool cond_out, float[4] acc_out) {
+          [inc] acc_out = Add(acc, acc)
+          [keep] cond_out = Identity(cond)
+        }
+      >
+    }
+    """)
+    ctx = classify(model)
+    assert reasons(ctx) == {"loop": "CONTROL_FLOW", "loop:body/inc": "IN_SUBGRAPH", "loop:body/keep": "IN_SUBGRAPH"}
+
+
+# --- rule 2: no float -----------------------------------------------------------------------
+def test_nodes_without_float_or_only_neutral_float_are_fp32_no_float():
+    """Rule 2: an int64 Add has no float tensor; Shape reads a float tensor but only through a
+    precision-neutral slot. Both are fp32 with NO_FLOAT; the Relu is left open."""
+    model = parse("""
+    g (float[4,8] x, int64[2] i) => (int64[2] s2, float[4,8] y) {
+      [shape] s = Shape(x)
+      [iadd] s2 = Add(s, i)
+      [relu] y = Relu(x)
+    }
+    """)
+    ctx = classify(model)
+    assert reasons(ctx) == {"shape": "NO_FLOAT", "iadd": "NO_FLOAT"}
+    assert precisions(ctx) == {"shape": "fp32", "iadd": "fp32"}
+
+
+def test_cast_to_float_is_left_to_the_passes():
+    """Rule 2 does not apply to ``Cast(to=FLOAT)``: its float output follows the plan (its
+    ``to`` can change), so Classify leaves it open."""
+    model = parse("""
+    g (int64[4] i) => (float[4] y) {
+      [cast] f = Cast<to=1>(i)
+      [relu] y = Relu(f)
+    }
+    """)
+    ctx = classify(model)
+    assert not ctx.plan.is_decided("cast") and not ctx.plan.is_decided("relu")
+
+
+# --- rule 3: already fp16 -------------------------------------------------------------------
+def test_already_fp16_nodes_stay_fp16():
+    """Rule 3: a Relu and a MatMul whose float tensors are all fp16 stay fp16 (ALREADY_FP16),
+    even when excluded by the user (rule 3 comes before rule 5). A Cast(to=FLOAT) of an fp16
+    tensor has an fp32 output: it is left open."""
+    model = parse("""
+    g (float16[4,8] x, float16[8,8] w) => (float16[4,8] y, float[4,8] z) {
+      [relu] r = Relu(x)
+      [mm] y = MatMul(r, w)
+      [up] z = Cast<to=1>(y)
+    }
+    """)
+    ctx = classify(model, exclude_ops=frozenset({"Relu"}))
+    assert reasons(ctx) == {"relu": "ALREADY_FP16", "mm": "ALREADY_FP16"}
+    assert precisions(ctx) == {"relu": "fp16", "mm": "fp16"}
+
+
+# --- rule 4: quantization ------------------------------------------------------------------
+QDQ_MODEL = """
+g (float[1,4,4,4] x) => (float[1,4,4,4] y)
+  <float s = {0.1}, uint8 zp = {128}, int8[4,4,1,1] wq = {1,0,0,0, 0,1,0,0, 0,0,1,0, 0,0,0,1},
+   float ws = {0.5}, int8 wzp = {0}> {
+  [q_in] q = QuantizeLinear(x, s, zp)
+  [dq_in] dq = DequantizeLinear(q, s, zp)
+  [dq_w] w = DequantizeLinear(wq, ws, wzp)
+  [conv] c = Conv(dq, w)
+  [q_out] q2 = QuantizeLinear(c, s, zp)
+  [dq_out] y = DequantizeLinear(q2, s, zp)
+}
+"""
+
+
+def test_qdq_pattern_stays_fp32():
+    """Rule 4: Q/DQ ops, and the Conv reading a DequantizeLinear and feeding a QuantizeLinear,
+    are fp32 with QUANTIZED."""
+    ctx = classify(parse(QDQ_MODEL))
+    assert reasons(ctx) == {name: "QUANTIZED" for name in ("q_in", "dq_in", "dq_w", "conv", "q_out", "dq_out")}
+    assert set(precisions(ctx).values()) == {"fp32"}
+
+
+@pytest.mark.parametrize("policy", ["campo", "amp", "fp16"])
+def test_qdq_pattern_left_intact_no_cast(policy):
+    """Rule 4 end to end: DequantizeLinear -> Conv -> QuantizeLinear is written unchanged, no
+    Cast inserted, whatever the policy (ORT only fuses the pattern in fp32)."""
+    model = parse(QDQ_MODEL)
+    result = optimize(model, config=OptimizeConfig(policy=policy), check_invariants=True)
+    assert ops(result.model) == ["QuantizeLinear", "DequantizeLinear", "DequantizeLinear", "Conv",
+                                 "QuantizeLinear", "DequantizeLinear"]
+    assert result.report["casts_inserted"] == 0
+    assert all(t.data_type != FLOAT16 for t in result.model.graph.initializer)
+
+
+def test_float_op_feeding_quantize_is_quantized_but_unrelated_op_is_not():
+    """Rule 4: an Add whose output feeds a QuantizeLinear is QUANTIZED; a Relu beside it,
+    reading the same graph input but not in the pattern, is left open."""
+    model = parse("""
+    g (float[4] x) => (uint8[4] q, float[4] y) <float s = {0.1}, uint8 zp = {128}> {
+      [add] a = Add(x, x)
+      [quant] q = QuantizeLinear(a, s, zp)
+      [relu] y = Relu(x)
+    }
+    """)
+    ctx = classify(model)
+    assert reasons(ctx) == {"add": "QUANTIZED", "quant": "QUANTIZED"}
+
+
+# --- rule 5: user exclusions ----------------------------------------------------------------
+MLP = f"""
+g (float[4,8] x) => (float[4,8] y) {W8} {{
+  [up_proj] a = MatMul(x, w)
+  [act] b = Relu(a)
+  [down_proj] y = MatMul(b, w)
+}}
+"""
+
+
+def test_exclude_op():
+    """Rule 5: ``exclude_ops={"MatMul"}`` makes both MatMuls fp32 (USER_EXCLUDED)."""
+    ctx = classify(parse(MLP), exclude_ops=frozenset({"MatMul"}))
+    assert reasons(ctx) == {"up_proj": "USER_EXCLUDED", "down_proj": "USER_EXCLUDED"}
+    assert set(precisions(ctx).values()) == {"fp32"}
+
+
+def test_exclude_node_regex():
+    """Rule 5: ``exclude_nodes=("^down",)`` is a regular expression searched in node names:
+    only ``down_proj`` is excluded."""
+    ctx = classify(parse(MLP), exclude_nodes=("^down",))
+    assert reasons(ctx) == {"down_proj": "USER_EXCLUDED"}
+
+
+def test_exclude_wins_over_include():
+    """Rule 5 comes before rule 7: a node both excluded and included is fp32."""
+    ctx = classify(parse(MLP), exclude_nodes=("proj$",), include_ops=frozenset({"MatMul", "Relu"}))
+    assert reasons(ctx) == {"up_proj": "USER_EXCLUDED", "down_proj": "USER_EXCLUDED", "act": "USER_INCLUDED"}
+    assert precisions(ctx)["act"] == "fp16"
+
+
+# --- rule 6: custom domain, unknown op, no fp16 schema ---------------------------------------
+def test_custom_domain_op_is_fp32():
+    """Rule 6: an op of a custom domain is fp32 (CUSTOM_DOMAIN), even when included."""
+    model = parse("""
+    g (float[4,8] x) => (float[4,8] y) {
+      [custom] y = com.example.MyOp(x)
+    }
+    """, header='<ir_version: 10, opset_import: ["" : 17, "com.example": 1]>')
+    assert reasons(classify(model)) == {"custom": "CUSTOM_DOMAIN"}
+    assert reasons(classify(model, include_ops=frozenset({"MyOp"}))) == {"custom": "CUSTOM_DOMAIN"}
+
+
+def test_custom_domain_op_between_fp16_ops_gets_casts():
+    """Rule 6 end to end: with every open node fp16, the MatMuls around a custom op run fp16
+    and the custom op reads and writes fp32 through Casts."""
+    model = parse(f"""
+    g (float[4,8] x) => (float[4,8] y) {W8} {{
+      [mm1] a = MatMul(x, w)
+      [custom] b = com.example.MyOp(a)
+      [mm2] y = MatMul(b, w)
+    }}
+    """, header='<ir_version: 10, opset_import: ["" : 17, "com.example": 1]>')
+    model.graph.value_info.append(helper.make_tensor_value_info("b", FLOAT, [4, 8]))
+    ctx = classify(model)
+    assert reasons(ctx) == {"custom": "CUSTOM_DOMAIN"}
+    run_passes(ctx, UniformPrecision(Precision.FP16, Reason.POLICY_FP16), InsertCasts())
+    out = export(ctx)
+    assert ops(out) == ["Cast", "MatMul", "Cast", "MyOp", "Cast", "MatMul", "Cast"]
+    custom = node(out, "custom")
+    into, out_of = producer(out, custom.input[0]), consumers(out, custom.output[0])
+    assert into.op_type == "Cast" and cast_to(into) == FLOAT and list(into.input) == ["a"]
+    assert [(c.op_type, cast_to(c)) for c in out_of] == [("Cast", FLOAT16)]
+
+
+def test_unknown_op_is_fp32():
+    """Rule 6: Hardmax is in no list (no known fp16 behaviour): fp32, UNKNOWN_OP."""
+    model = parse("""
+    g (float[4,8] x) => (float[4,8] y) {
+      [hm] y = Hardmax(x)
+    }
+    """)
+    ctx = classify(model)
+    assert reasons(ctx) == {"hm": "UNKNOWN_OP"} and precisions(ctx) == {"hm": "fp32"}
+
+
+def test_op_without_fp16_schema_is_fp32_even_when_included():
+    """Rule 6: Celu-12 only types ``tensor(float)``: fp32 with NO_FP16_SCHEMA, and an
+    inclusion does not change that (an included op still needs an fp16 schema)."""
+    model = parse("""
+    g (float[4,8] x) => (float[4,8] y) {
+      [celu] y = Celu(x)
+    }
+    """)
+    assert reasons(classify(model)) == {"celu": "NO_FP16_SCHEMA"}
+    assert reasons(classify(model, include_ops=frozenset({"Celu"}))) == {"celu": "NO_FP16_SCHEMA"}
+
+
+# --- rule 7: user inclusions ----------------------------------------------------------------
+def test_include_op_and_node_regex_go_fp16():
+    """Rule 7: ``include_ops={"Softmax"}`` sends a deny-list Softmax to fp16 whatever the lists
+    say; ``include_nodes=("^act$",)`` does the same for the Relu named ``act``; the MatMuls
+    are left open."""
+    model = parse(f"""
+    g (float[4,8] x) => (float[4,8] y) {W8} {{
+      [up_proj] a = MatMul(x, w)
+      [act] b = Relu(a)
+      [sm] y = Softmax(b)
+    }}
+    """)
+    ctx = classify(model, include_ops=frozenset({"Softmax"}), include_nodes=("^act$",))
+    assert reasons(ctx) == {"act": "USER_INCLUDED", "sm": "USER_INCLUDED"}
+    assert precisions(ctx) == {"act": "fp16", "sm": "fp16"}
+
+
+def test_include_unknown_op_goes_fp16():
+    """Rule 7 (per OptimizeConfig: "allowed in fp16 whatever the lists say"): an included op in
+    no list that has an fp16 schema goes fp16."""
+    model = parse("""
+    g (float[4,8] x) => (float[4,8] y) {
+      [hm] y = Hardmax(x)
+    }
+    """)
+    ctx = classify(model, include_ops=frozenset({"Hardmax"}))
+    assert reasons(ctx) == {"hm": "USER_INCLUDED"} and precisions(ctx) == {"hm": "fp16"}
+
+
+def test_ordinary_list_ops_are_left_open():
+    """Everything else is left to the four passes: MatMul, Relu, Exp, Reshape are undecided."""
+    model = parse(f"""
+    g (float[4,8] x) => (float[32] y) <{W8_INIT}, int64[1] shp = {{32}}> {{
+      [mm] a = MatMul(x, w)
+      [relu] b = Relu(a)
+      [exp] c = Exp(b)
+      [reshape] y = Reshape(c, shp)
+    }}
+    """)
+    ctx = classify(model)
+    assert len(ctx.plan) == 0
