@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from dataclasses import dataclass, field
@@ -33,11 +32,12 @@ METADATA_KEY = "onnxcampo.policy"
 _DEFAULT = UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32)
 
 # The pipelines are data: analysis passes per policy, then the mutating ones.
+# Every plan starts from the decisions of pass 0 (``Classify``), made once.
 ANALYSIS = {
-    "campo": (Classify(), AllowByCost(), DenyPropagation(), FillInferClear(), ClearByCost(), _DEFAULT),
-    "amp": (Classify(), AllowByCost(greedy=True), DenyPropagation(), FillInferClear(), ClearByCost(greedy=True), _DEFAULT),
-    "fp16": (Classify(), UniformPrecision(Precision.FP16, Reason.POLICY_FP16)),
-    "fp32": (Classify(), UniformPrecision(Precision.FP32, Reason.POLICY_FP32)),
+    "campo": (AllowByCost(), DenyPropagation(), FillInferClear(), ClearByCost(), _DEFAULT),
+    "amp": (AllowByCost(greedy=True), DenyPropagation(), FillInferClear(), ClearByCost(greedy=True), _DEFAULT),
+    "fp16": (UniformPrecision(Precision.FP16, Reason.POLICY_FP16),),
+    "fp32": (UniformPrecision(Precision.FP32, Reason.POLICY_FP32),),
 }
 COMPARED = ("fp32", "amp")  # plans campo must never be predicted slower than
 
@@ -67,13 +67,13 @@ def optimize(
     config = (config or OptimizeConfig()).replace(**options) if options else (config or OptimizeConfig())
     original, source = graph_io.read_model(model)
     graph_io.check_model(original, source)
-    working = copy.deepcopy(original)
-    graph_io.name_nodes(working)
-
-    reason = _nothing_to_do(working)
+    reason = _nothing_to_do(original)
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
         return OptimizeResult(original, PrecisionPlan(), _unchanged_report(config, source, reason), changed=False)
+    # read_model gave us our own copy: naming its nodes is the only change made to it.
+    working = original
+    graph_io.name_nodes(working)
 
     needs_sizes = config.policy == "campo" or config.profile != "predict"
     info, unresolved = graph_io.infer_tensor_info(
@@ -84,13 +84,18 @@ def optimize(
     if config.profile != "predict":
         _measure_fp32_times(ctx)
 
+    ctx.freeze_topology(True)
+    fixed = _analyse(ctx, PrecisionPlan(), (Classify(),))
     plans, times = {}, {}
-    for name in ANALYSIS:
+    # The plans the report compares: the chosen policy's, plus fp32 and amp (what campo must beat).
+    wanted = dict.fromkeys((config.policy, "fp32", "amp"))
+    for name, passes in ((name, ANALYSIS[name]) for name in wanted):
         # Only campo pads for Tensor Cores; the other plans are costed as they would run.
         ctx.padding_enabled = name == "campo" and config.pad_tensor_cores
-        plans[name] = _analyse(ctx, name)
+        plans[name] = _analyse(ctx, fixed.copy(), passes)
         times[name] = estimate.plan_time(ctx, plans[name])
     ctx.padding_enabled = False
+    ctx.freeze_topology(False)
     chosen = config.policy
     notes = []
     if config.policy == "campo" and config.compare_plans:
@@ -116,9 +121,9 @@ def optimize(
     return OptimizeResult(out, ctx.plan, report, passes=results)
 
 
-def _analyse(ctx: GraphContext, policy: str) -> PrecisionPlan:
-    ctx.plan = PrecisionPlan()
-    PassManager(ANALYSIS[policy], check_invariants=ctx.config.check_invariants).run(ctx)
+def _analyse(ctx: GraphContext, plan: PrecisionPlan, passes) -> PrecisionPlan:
+    ctx.plan = plan
+    PassManager(passes, check_invariants=ctx.config.check_invariants).run(ctx)
     return ctx.plan
 
 

@@ -64,6 +64,9 @@ class GraphContext:
     stats: Counter = field(default_factory=Counter)
     unresolved_dims: list[str] = field(default_factory=list)
     padding_enabled: bool = False  # cost estimates count Tensor Core padding (campo plans)
+    # While only analysis runs the graph does not change: consumer lists are cached.
+    topology_frozen: bool = False
+    _uses_cache: dict[str, list[Use]] = field(default_factory=dict)
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -144,7 +147,27 @@ class GraphContext:
     def producer(self, tensor: gs.Tensor) -> gs.Node | None:
         return tensor.inputs[0] if tensor.inputs else None
 
+    def freeze_topology(self, frozen: bool) -> None:
+        self.topology_frozen = frozen
+        self._uses_cache.clear()
+
     def uses(self, tensor: gs.Tensor) -> list[Use]:
+        if self.topology_frozen:
+            cached = self._uses_cache.get(tensor.name)
+            if cached is None:
+                cached = self._uses_cache[tensor.name] = self._find_uses(tensor)
+            return cached
+        return self._find_uses(tensor)
+
+    def constant_array(self, tensor: gs.Tensor) -> np.ndarray:
+        """A constant's values without keeping a decoded copy in the graph (graphsurgeon caches
+        what ``.values`` decodes, which would double the memory of a large model)."""
+        if isinstance(tensor, gs.Constant):
+            raw = tensor._values
+            return raw.load() if isinstance(raw, gs.ir.tensor.LazyValues) else np.asarray(raw)
+        return np.asarray(tensor.inputs[0].attrs["value"].values)
+
+    def _find_uses(self, tensor: gs.Tensor) -> list[Use]:
         found = []
         for consumer in tensor.outputs:
             sig = self.signatures.get(consumer.name)

@@ -115,7 +115,8 @@ def precision_function(plan: PrecisionPlan, overrides: dict[str, Precision] | No
 def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     precision_of = plan.precision
     nodes_us = sum(node_time(ctx, n, precision_of(n.name)) for n in ctx.nodes)
-    tensors = {id(t): t for n in ctx.nodes for t in (*n.inputs, *n.outputs)}
+    # Only a tensor touching an fp16 node can need a Cast.
+    tensors = {id(t): t for n in ctx.nodes if precision_of(n.name) is Precision.FP16 for t in (*n.inputs, *n.outputs)}
     cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
     return PlanTime(nodes_us + cast_us, nodes_us, cast_us, casts)
 

@@ -8,6 +8,8 @@ tensor name) that the passes read; the graph the passes change is an onnx-graphs
 from __future__ import annotations
 
 import copy
+import functools
+import math
 import logging
 import os
 import tempfile
@@ -29,7 +31,7 @@ MIN_OPSET = 11
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
 # Initializers bigger than this are left out of the copy that shape inference sees: inference
 # needs their type and dims only, and the model may be larger than protobuf's 2 GB limit.
-_SKELETON_BYTES = 1 << 16
+_SKELETON_BYTES = 1024  # keeps Resize scales and the like, drops weights
 _PROTOBUF_LIMIT = (1 << 31) - (1 << 20)
 CONTROL_FLOW_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
@@ -41,11 +43,11 @@ class TensorInfo:
     dtype: int
     shape: tuple[int | None, ...] | None
 
-    @property
+    @functools.cached_property
     def numel(self) -> int | None:
         if self.shape is None or any(d is None for d in self.shape):
             return None
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def is_float(self) -> bool:
@@ -193,36 +195,31 @@ def pin_input_shapes(
 
 
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy for inference: large initializers keep type and dims but lose their data."""
+    """A copy for inference whose large float initializers keep type and dims but no data
+    (inference needs no weights; small and integer ones stay for data propagation)."""
     skeleton = onnx.ModelProto()
-    skeleton.CopyFrom(model) if model.ByteSize() < _PROTOBUF_LIMIT else _copy_without_data(model, skeleton)
-    for tensor in skeleton.graph.initializer:
-        if tensor.data_type not in (TensorProto.INT64, TensorProto.INT32) and _tensor_bytes(tensor) > _SKELETON_BYTES:
-            tensor.ClearField("raw_data")
-            tensor.ClearField("float_data")
-            tensor.ClearField("external_data")
-            tensor.data_location = TensorProto.DEFAULT
+    skeleton.ir_version = model.ir_version
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    source, graph = model.graph, skeleton.graph
+    graph.name = source.name
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    graph.sparse_initializer.extend(source.sparse_initializer)
+    for tensor in source.initializer:
+        if tensor.data_type in (TensorProto.INT64, TensorProto.INT32) or _tensor_bytes(tensor) <= _SKELETON_BYTES:
+            graph.initializer.append(tensor)
+            continue
+        slim = graph.initializer.add()
+        slim.name, slim.data_type = tensor.name, tensor.data_type
+        slim.dims.extend(tensor.dims)
     return skeleton
 
 
-def _copy_without_data(model: onnx.ModelProto, target: onnx.ModelProto) -> None:
-    graph = model.graph
-    saved = list(graph.initializer)
-    del graph.initializer[:]
-    try:
-        target.CopyFrom(model)
-    finally:
-        graph.initializer.extend(saved)
-    for tensor in saved:
-        slim = target.graph.initializer.add()
-        slim.name, slim.data_type = tensor.name, tensor.data_type
-        slim.dims.extend(tensor.dims)
-        if _tensor_bytes(tensor) <= _SKELETON_BYTES:
-            slim.CopyFrom(tensor)
-
-
 def _tensor_bytes(tensor: onnx.TensorProto) -> int:
-    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    count = math.prod(tensor.dims)
     return count * 4
 
 
@@ -342,6 +339,33 @@ def subgraph_node_names(node: onnx.NodeProto) -> list[str]:
     return found
 
 
+def toposort(graph: gs.Graph) -> None:
+    """Stable topological order: nodes keep their current order unless a producer comes later,
+    in which case it is moved up just in front of its first consumer. Linear time (graphsurgeon's
+    own sort recomputes hierarchy levels and takes seconds on 20k nodes)."""
+    producer = {id(t): n for n in graph.nodes for t in n.outputs}
+    placed: set[int] = set()
+    order: list[gs.Node] = []
+    for start in graph.nodes:
+        if id(start) in placed:
+            continue
+        stack = [(start, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in placed:
+                continue
+            if expanded:
+                placed.add(id(node))
+                order.append(node)
+                continue
+            stack.append((node, True))
+            for tensor in reversed(node.inputs):
+                source = producer.get(id(tensor))
+                if source is not None and id(source) not in placed:
+                    stack.append((source, False))
+    graph.nodes = order
+
+
 def to_graphsurgeon(model: onnx.ModelProto) -> gs.Graph:
     return gs.import_onnx(model)
 
@@ -354,19 +378,18 @@ def export_model(
     Value infos are the original ones, retyped where a tensor changed precision; no new shape
     information is invented (invented dim names once made ORT reuse a buffer of the wrong size).
     """
-    exported = gs.export_onnx(graph, do_type_check=False)
-    model = onnx.ModelProto()
+    model = gs.export_onnx(graph, do_type_check=False)  # edited in place: no copy of the weights
     graph_proto = model.graph
-    graph_proto.CopyFrom(exported.graph)
     model.ir_version = original.ir_version
+    added = [o for o in model.opset_import if o.domain not in {e.domain for e in original.opset_import}]
+    del model.opset_import[:]
     model.opset_import.extend(original.opset_import)
-    known_domains = {o.domain for o in original.opset_import}
-    for entry in exported.opset_import:
-        if entry.domain not in known_domains:
-            model.opset_import.append(entry)
+    model.opset_import.extend(added)
     for field_name in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
         setattr(model, field_name, getattr(original, field_name))
+    del model.functions[:]
     model.functions.extend(original.functions)
+    del model.metadata_props[:]
     for prop in original.metadata_props:
         if prop.key not in metadata:
             model.metadata_props.add(key=prop.key, value=prop.value)
@@ -425,9 +448,9 @@ def save_model(model: onnx.ModelProto, output: Path) -> None:
             tmp_data = directory / f".{data_name}.tmp"
             if tmp_data.exists():
                 tmp_data.unlink()
-            to_save = copy.copy(model)
+            # Converts ``model``'s tensors to external ones in place: it is our own output model.
             onnx.save_model(
-                to_save, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                 location=tmp_data.name, size_threshold=1024,
             )
             # The model names its data file: rewrite the location to the final name.

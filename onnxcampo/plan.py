@@ -53,6 +53,9 @@ class Decision:
     numbers: dict[str, float] = field(default_factory=dict)
 
 
+_NO_NUMBERS: dict[str, float] = {}
+
+
 class PrecisionPlan:
     """Node name -> :class:`Decision`. A node is decided at most once; later passes skip it."""
 
@@ -62,7 +65,7 @@ class PrecisionPlan:
     def decide(self, node: str, precision: Precision, reason: Reason, **numbers: float) -> None:
         if node in self._decisions:
             raise KeyError(f"node {node!r} already decided ({self._decisions[node].reason.name})")
-        self._decisions[node] = Decision(precision, reason, {k: float(v) for k, v in numbers.items()})
+        self._decisions[node] = Decision(precision, reason, {k: float(v) for k, v in numbers.items()} if numbers else _NO_NUMBERS)
 
     def override(self, node: str, precision: Precision, reason: Reason, **numbers: float) -> None:
         self._decisions[node] = Decision(precision, reason, {k: float(v) for k, v in numbers.items()})

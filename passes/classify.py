@@ -20,7 +20,6 @@ Everything else is left to the four passes.
 from __future__ import annotations
 
 import numpy as np
-import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from onnxcampo import oplists
@@ -88,7 +87,9 @@ class Classify(PassBase):
         for tensor in ctx.follow_inputs(node):
             if not ctx.is_constant(tensor) or not ctx.is_float32(tensor):
                 continue
-            values = np.asarray(tensor.values if isinstance(tensor, gs.Constant) else tensor.inputs[0].attrs["value"].values)
+            values = ctx.constant_array(tensor)
+            if values.size == 0 or (values.max() <= FP16_MAX and values.min() >= -FP16_MAX):
+                continue  # the common case, without temporaries
             magnitude = np.abs(values[np.isfinite(values)])
             if np.any((magnitude > FP16_MAX) & (magnitude < INFINITY_SENTINEL)):
                 return True

@@ -25,6 +25,7 @@ from onnx import TensorProto
 
 from onnxcampo import estimate
 from onnxcampo.context import GraphContext
+from onnxcampo.graph import toposort
 from onnxcampo.plan import Precision
 from onnxcampo.signature import Slot
 
@@ -57,7 +58,7 @@ class InsertCasts(PassBase):
             self._feed_consumers(tensor, precision_of)
         if not ctx.config.keep_io_types:
             self._retype_graph_inputs()
-        ctx.graph.toposort()
+        toposort(ctx.graph)
         ctx.nodes = list(ctx.graph.nodes)
         ctx.stats["casts_inserted"] += self.casts
         ctx.stats["initializers_converted"] += self.converted
@@ -85,10 +86,14 @@ class InsertCasts(PassBase):
 
     # --- rule 3 and 4 -------------------------------------------------------------------
     def _float_tensors(self) -> list[gs.Tensor]:
+        """Float tensors read by a node, where a node next to them runs fp16 (no other tensor
+        can need another dtype)."""
         ctx = self.ctx
         found = {}
         for node in ctx.nodes:
-            for tensor in node.inputs:
+            if not ctx.plan.is_fp16(node.name):
+                continue
+            for tensor in (*node.inputs, *node.outputs):
                 if tensor.name and ctx.is_float(tensor):
                     found.setdefault(tensor.name, tensor)
         return list(found.values())

@@ -20,6 +20,7 @@ import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from onnxcampo.context import GraphContext
+from onnxcampo.graph import toposort
 from onnxcampo.padding import PadPlan, pad_plan
 from onnxcampo.plan import Precision
 
@@ -43,7 +44,7 @@ class PadTensorCores(PassBase):
             inserted += self._apply(node, plan)
             padded += 1
         if padded:
-            ctx.graph.toposort()
+            toposort(ctx.graph)
             ctx.nodes = list(ctx.graph.nodes)
         ctx.stats["pads_inserted"] += inserted
         ctx.stats["nodes_padded"] += padded

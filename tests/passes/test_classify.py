@@ -327,3 +327,61 @@ def test_ordinary_list_ops_are_left_open():
     """)
     ctx = classify(model)
     assert len(ctx.plan) == 0
+
+
+# --- rule 2: constant sources ------------------------------------------------------------------
+def test_constant_node_is_a_constant_source():
+    """Rule 2: a Constant node producing a float tensor is not converted as a node (CONSTANT,
+    fp32): Cast insertion converts its value offline where fp16 consumers need it."""
+    model = parse("""
+    g (float[4,8] x) => (float[4,8] y) {
+      [k] k = Constant<value=float[8] {1,2,3,4,5,6,7,8}>()
+      [add] y = Add(x, k)
+    }
+    """)
+    ctx = classify(model)
+    assert reasons(ctx) == {"k": "CONSTANT"} and precisions(ctx) == {"k": "fp32"}
+
+
+# --- rule 7: constants beyond the fp16 range ------------------------------------------------------
+def test_node_reading_constant_beyond_fp16_range_stays_fp32():
+    """Rule 7: a BatchNormalization whose variance holds 1e8 (finite, > 65504) would compute a
+    different model in fp16: fp32 with CONSTANT_OUT_OF_RANGE, even when included (rule 7 comes
+    before rule 8). An Add reading 7e4 from a Constant node is fp32 too."""
+    model = parse("""
+    g (float[1,2,4,4] x) => (float[1,2,4,4] y, float[1,2,4,4] z)
+      <float[2] scale = {1, 1}, float[2] bias = {0, 0}, float[2] mean = {0, 0}, float[2] var = {1e8, 1}> {
+      [bn] y = BatchNormalization(x, scale, bias, mean, var)
+      [k] big = Constant<value=float[1] {70000}>()
+      [add] z = Add(x, big)
+    }
+    """)
+    assert reasons(classify(model))["bn"] == "CONSTANT_OUT_OF_RANGE"
+    assert reasons(classify(model))["add"] == "CONSTANT_OUT_OF_RANGE"
+    included = classify(model, include_ops=frozenset({"BatchNormalization"}))
+    assert reasons(included)["bn"] == "CONSTANT_OUT_OF_RANGE" and precisions(included)["bn"] == "fp32"
+
+
+def test_infinity_sentinels_and_infinities_do_not_keep_fp32():
+    """Rule 7 exceptions: a -3.4e38 attention mask (|x| >= 1e30, an "infinity" sentinel), a
+    real -inf, and 65504 itself leave the Add open (Cast insertion clamps sentinels)."""
+    model = parse("""
+    g (float[2,4] x) => (float[2,4] y, float[2,4] z, float[2,4] w)
+      <float[4] mask = {0, -3.4e38, 0, 0}, float[4] minf = {0, -inf, inf, 0}, float[4] top = {65504, -65504, 0, 0}> {
+      [add_mask] y = Add(x, mask)
+      [add_inf] z = Add(x, minf)
+      [add_top] w = Add(x, top)
+    }
+    """)
+    assert len(classify(model).plan) == 0
+
+
+def test_constant_beyond_range_read_through_fixed_slot_is_ignored():
+    """Rule 7 looks at precision-following inputs only: Resize ``scales`` of 1e5 never become
+    fp16, so they do not keep the Resize fp32."""
+    model = parse("""
+    g (float[1,1,1,1] x) => (float[1,1,1,100000] y) <float[4] sc = {1, 1, 1, 100000}> {
+      [rz] y = Resize(x, , sc)
+    }
+    """)
+    assert len(classify(model).plan) == 0
