@@ -66,7 +66,6 @@ def optimize(
     """
     config = (config or OptimizeConfig()).replace(**options) if options else (config or OptimizeConfig())
     original, source = graph_io.read_model(model)
-    graph_io.check_model(original, source)
     reason = _nothing_to_do(original)
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
@@ -115,9 +114,9 @@ def optimize(
         mutating.append(PadTensorCores())
     results = PassManager(mutating, check_invariants=config.check_invariants).run(ctx)
 
-    metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
-    out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata)
     report = _report(ctx, config, source, plans, times, chosen, notes, results)
+    metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
+    out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
     return OptimizeResult(out, ctx.plan, report, passes=results)
 
 

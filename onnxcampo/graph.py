@@ -55,37 +55,50 @@ class TensorInfo:
 
 
 def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
-    """The model and the file it came from; every failure is a :class:`ModelLoadError`."""
+    """The model and the file it came from, checked by ``onnx.checker``; every failure is a
+    :class:`ModelLoadError` or :class:`UnsupportedModelError` with a one-line message.
+
+    A file is checked by path *before* Python loads it, so the checker's copy of the model is
+    gone before ours exists (peak memory stays near twice the model size).
+    """
     if isinstance(source, onnx.ModelProto):
-        return copy.deepcopy(source), None
-    path = Path(source)
-    if not path.exists():
-        raise ModelLoadError(f"{path}: no such file")
-    if not path.is_file():
-        raise ModelLoadError(f"{path}: not a file")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
-        raise ModelLoadError(f"{path}: not an ONNX model, or the file is truncated ({exc.__class__.__name__})") from None
-    if model.ir_version == 0 or not model.HasField("graph"):
-        raise ModelLoadError(f"{path}: not an ONNX model (no IR version or graph)")
-    try:
-        onnx.load_external_data_for_model(model, str(path.parent))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: cannot read its external data: {exc}") from None
+        model, path = copy.deepcopy(source), None
+        invalid = _checker_error(model) if model.ByteSize() < _PROTOBUF_LIMIT else None
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise ModelLoadError(f"{path}: no such file")
+        if not path.is_file():
+            raise ModelLoadError(f"{path}: not a file")
+        invalid = _checker_error(str(path))
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+            raise ModelLoadError(f"{path}: not an ONNX model, or the file is truncated ({exc.__class__.__name__})") from None
+        if model.ir_version == 0 or not model.HasField("graph"):
+            raise ModelLoadError(f"{path}: not an ONNX model (no IR version or graph)")
+    where = str(path) if path else "model"
+    if invalid:
+        raise ModelLoadError(f"{where}: invalid ONNX model: {invalid}")
+    if path is not None:
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{path}: cannot read its external data: {exc}") from None
+    _check_opset(model, where)
     return model, path
 
 
-def check_model(model: onnx.ModelProto, path: Path | None) -> None:
-    where = str(path) if path else "model"
+def _checker_error(model: onnx.ModelProto | str) -> str | None:
     try:
-        if model.ByteSize() < _PROTOBUF_LIMIT:
-            onnx.checker.check_model(model)
-        elif path is not None:
-            onnx.checker.check_model(str(path))
-    except (onnx.checker.ValidationError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        raise ModelLoadError(f"{where}: invalid ONNX model: {first}") from None
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError, RuntimeError, OSError) as exc:
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else exc.__class__.__name__
+    return None
+
+
+def _check_opset(model: onnx.ModelProto, where: str) -> None:
     opset = default_opset(model)
     if opset < MIN_OPSET:
         raise UnsupportedModelError(
@@ -371,45 +384,90 @@ def to_graphsurgeon(model: onnx.ModelProto) -> gs.Graph:
 
 
 def export_model(
-    graph: gs.Graph, original: onnx.ModelProto, dtypes: dict[str, int], metadata: dict[str, str]
+    graph: gs.Graph,
+    original: onnx.ModelProto,
+    dtypes: dict[str, int],
+    metadata: dict[str, str],
+    *,
+    in_place: bool = False,
 ) -> onnx.ModelProto:
     """The graph as a model with the original's IR version, opsets and metadata.
 
-    Value infos are the original ones, retyped where a tensor changed precision; no new shape
-    information is invented (invented dim names once made ORT reuse a buffer of the wrong size).
+    With ``in_place`` the original model (our own copy) becomes the output: its unchanged
+    initializers stay where they are instead of being copied, which keeps peak memory near the
+    model's size. Value infos are the original ones, retyped where a tensor changed precision;
+    no new shape information is invented (invented dim names once made ORT reuse a buffer of
+    the wrong size). Graph inputs and outputs are exactly as declared, retyped if asked.
     """
-    model = gs.export_onnx(graph, do_type_check=False)  # edited in place: no copy of the weights
-    graph_proto = model.graph
-    model.ir_version = original.ir_version
-    added = [o for o in model.opset_import if o.domain not in {e.domain for e in original.opset_import}]
-    del model.opset_import[:]
-    model.opset_import.extend(original.opset_import)
-    model.opset_import.extend(added)
-    for field_name in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
-        setattr(model, field_name, getattr(original, field_name))
-    del model.functions[:]
-    model.functions.extend(original.functions)
-    del model.metadata_props[:]
-    for prop in original.metadata_props:
-        if prop.key not in metadata:
-            model.metadata_props.add(key=prop.key, value=prop.value)
-    for key, value in metadata.items():
-        model.metadata_props.add(key=key, value=value)
+    from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
+    from onnx_graphsurgeon.ir.tensor import LazyValues
 
-    original_vi = {vi.name: vi for vi in original.graph.value_info}
+    model = original if in_place else _copy_without_initializers(original)
+    graph_proto = model.graph
+    old_value_info = {vi.name: onnx.ValueInfoProto.FromString(vi.SerializeToString()) for vi in original.graph.value_info}
+    declared = {vi.name: onnx.ValueInfoProto.FromString(vi.SerializeToString())
+                for vi in (*original.graph.input, *original.graph.output)}
+
+    del graph_proto.node[:]
+    graph_proto.node.extend(OnnxExporter.export_node(node) for node in graph.nodes)
+    _export_initializers(graph, graph_proto, in_place, LazyValues, OnnxExporter)
+
     produced = {o for n in graph_proto.node for o in n.output}
     del graph_proto.value_info[:]
-    for name, value_info in original_vi.items():
+    for name, value_info in old_value_info.items():
         if name in produced:
-            entry = graph_proto.value_info.add()
-            entry.CopyFrom(value_info)
-            _retype(entry, dtypes.get(name))
-    declared = {vi.name: vi for vi in (*original.graph.input, *original.graph.output)}
-    for value_info in (*graph_proto.input, *graph_proto.output):
-        if value_info.name in declared:  # exactly as declared (an importer may have lost the shape)
-            value_info.CopyFrom(declared[value_info.name])
-        _retype(value_info, dtypes.get(value_info.name))
+            _retype(value_info, dtypes.get(name))
+            graph_proto.value_info.append(value_info)
+    for field_name, tensors in (("input", graph.inputs), ("output", graph.outputs)):
+        entries = []
+        for tensor in tensors:
+            entry = declared.get(tensor.name) or OnnxExporter.export_value_info_proto(tensor, False)
+            _retype(entry, dtypes.get(tensor.name))
+            entries.append(entry)
+        repeated = getattr(graph_proto, field_name)
+        del repeated[:]
+        repeated.extend(entries)
+
+    used_domains = {n.domain for n in graph_proto.node} - {e.domain for e in model.opset_import}
+    for domain in sorted(used_domains - {"", "ai.onnx"}):
+        model.opset_import.add(domain=domain, version=1)
+    for prop in list(model.metadata_props):
+        if prop.key in metadata:
+            model.metadata_props.remove(prop)
+    for key, value in metadata.items():
+        model.metadata_props.add(key=key, value=value)
     return model
+
+
+def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    initializers = list(model.graph.initializer)
+    del model.graph.initializer[:]
+    try:
+        copy_ = onnx.ModelProto()
+        copy_.CopyFrom(model)
+    finally:
+        model.graph.initializer.extend(initializers)
+    return copy_
+
+
+def _export_initializers(graph: gs.Graph, graph_proto: onnx.GraphProto, in_place: bool, lazy_type, exporter) -> None:
+    """Initializers of the exported graph: untouched ones are kept in place (in-place export),
+    unused ones dropped, new or rewritten ones exported."""
+    constants = {
+        name: tensor for name, tensor in graph.tensors().items() if isinstance(tensor, gs.Constant)
+    }
+    kept: set[str] = set()
+    if in_place:
+        for index in range(len(graph_proto.initializer) - 1, -1, -1):
+            name = graph_proto.initializer[index].name
+            tensor = constants.get(name)
+            if tensor is not None and isinstance(tensor._values, lazy_type):
+                kept.add(name)  # unchanged: the proto in place is the lazy value's source
+            else:
+                del graph_proto.initializer[index]
+    for name, tensor in constants.items():
+        if name not in kept:
+            graph_proto.initializer.append(exporter.export_tensor_proto(tensor))
 
 
 def _retype(value_info: onnx.ValueInfoProto, dtype: int | None) -> None:

