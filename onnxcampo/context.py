@@ -102,7 +102,7 @@ class GraphContext:
 
     def _category(self, node: gs.Node) -> Category:
         category = oplists.category_of(node.op, node.domain or "")
-        if node.op == "Cast" and int(node.attrs.get("to", 0)) in graph_io.FLOAT_TYPES:
+        if node.op == oplists.CAST and int(node.attrs.get("to", 0)) in graph_io.FLOAT_TYPES:
             return Category.CLEAR  # its `to` can follow the plan like any data movement
         return category
 
@@ -138,7 +138,9 @@ class GraphContext:
         """Initializers and Constant-node outputs: converted offline, never cast at run time."""
         if isinstance(tensor, gs.Constant):
             return True
-        return len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant"
+        # A Constant node given by value_float(s) has no tensor to convert: it is cast like any
+        # other producer's output.
+        return len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant" and "value" in tensor.inputs[0].attrs
 
     def numel(self, tensor: gs.Tensor) -> int:
         entry = self.info.get(tensor.name)

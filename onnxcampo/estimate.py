@@ -90,9 +90,15 @@ def tensor_casts(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf
     if not ctx.is_float(tensor):
         return 0
     produced = produced_dtype(ctx, tensor, precision_of)
+    if produced is None and ctx.is_constant(tensor):
+        return 0  # converted offline
     needed = _required_dtypes(ctx, tensor, precision_of)
     if produced is None:
-        return 0
+        # A graph input whose type may change: it becomes fp16 only if every reader wants fp16
+        # (Cast insertion rule 5); otherwise it stays as it is and fp16 readers get a Cast.
+        if needed == {TensorProto.FLOAT16}:
+            return 0
+        produced = ctx.original_dtype(tensor)
     return len(needed - {produced})
 
 

@@ -372,11 +372,24 @@ def toposort(graph: gs.Graph) -> None:
                 order.append(node)
                 continue
             stack.append((node, True))
-            for tensor in reversed(node.inputs):
+            for tensor in reversed([*node.inputs, *_implicit_inputs(node)]):
                 source = producer.get(id(tensor))
                 if source is not None and id(source) not in placed:
                     stack.append((source, False))
     graph.nodes = order
+
+
+def _implicit_inputs(node: gs.Node) -> list[gs.Tensor]:
+    """Tensors an If/Loop/Scan body reads from the enclosing graph (graphsurgeon shares the
+    tensor objects across scopes)."""
+    found: list[gs.Tensor] = []
+    for value in node.attrs.values():
+        for body in (value if isinstance(value, list) else [value]):
+            if isinstance(body, gs.Graph):
+                inner = {id(t) for n in body.nodes for t in n.outputs} | {id(t) for t in body.inputs}
+                for inner_node in body.nodes:
+                    found.extend(t for t in (*inner_node.inputs, *_implicit_inputs(inner_node)) if id(t) not in inner)
+    return found
 
 
 def to_graphsurgeon(model: onnx.ModelProto) -> gs.Graph:

@@ -130,6 +130,9 @@ NEUTRAL = frozenset({
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "EyeLike",
 })
 
+# The op whose ``to`` attribute Cast insertion rewrites (and never chains).
+CAST = "Cast"
+
 # --- QUANTIZED: left intact together with the float ops they wrap -------------------------
 QUANTIZE_OPS = frozenset({
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",

@@ -53,11 +53,12 @@ def _layout(node: gs.Node):
     if node.op == "MatMul" and len(shape) == 2:
         return shape[0], shape[1], (-1, -1, (0, 1))
     if node.op == "Gemm" and len(shape) == 2 and int(node.attrs.get("transA", 0)) == 0:
-        if len(node.inputs) > 2 and not (isinstance(node.inputs[2], gs.Constant) and len(node.inputs[2].shape) == 1):
+        k, n, axes = (shape[1], shape[0], (1, 0)) if int(node.attrs.get("transB", 0)) else (shape[0], shape[1], (0, 1))
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        # Only a bias of exactly [N] can be padded with N; a broadcast one ([1], [M, N]) cannot.
+        if bias is not None and not (isinstance(bias, gs.Constant) and tuple(bias.shape) == (n,)):
             return None
-        if int(node.attrs.get("transB", 0)):
-            return shape[1], shape[0], (-1, -1, (1, 0))
-        return shape[0], shape[1], (-1, -1, (0, 1))
+        return k, n, (-1, -1, axes)
     if node.op == "Conv" and len(shape) >= 3 and int(node.attrs.get("group", 1)) == 1:
         return shape[1], shape[0], (1, 1, (1, 0))
     return None

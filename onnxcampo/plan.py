@@ -22,6 +22,7 @@ class Reason(enum.Enum):
     NO_FLOAT = "no float32 tensors"
     CONSTANT = "constant (converted offline for fp16 consumers)"
     ALREADY_FP16 = "already runs in fp16"
+    PINNED_CAST = "Cast whose output keeps its dtype"
     UNKNOWN_OP = "op in no list (no known fp16 behaviour)"
     CUSTOM_DOMAIN = "op of a custom domain"
     NO_FP16_SCHEMA = "no fp16 type in the op's schema at this opset"

@@ -77,6 +77,16 @@ def _slots(formals, count: int, following: set[str], fixed: set[str]) -> tuple[S
     return tuple(slots)
 
 
+def _shares_type_param(formals, count: int, following: set[str]) -> bool:
+    params = []
+    for index in range(count):
+        formal = formals[min(index, len(formals) - 1)] if formals else None
+        type_str = getattr(formal, "type_str", None) or getattr(formal, "typeStr", None)
+        if type_str in following:
+            params.append(type_str)
+    return len(params) != len(set(params))
+
+
 @functools.lru_cache(maxsize=4096)
 def signature(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs: int) -> Signature:
     """The slots of one node. Ops without a schema (training ops missing from the installed
@@ -93,7 +103,10 @@ def signature(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs: i
     inputs = _slots(list(schema.inputs), n_inputs, following, fixed)
     outputs = _slots(list(schema.outputs), n_outputs, following, fixed)
     if oplists.category_of(op_type, domain) is oplists.Category.NEUTRAL:
-        inputs = tuple(Slot.ANY if s is Slot.FOLLOW else s for s in inputs)
+        shared = _shares_type_param(list(schema.inputs), n_inputs, following)
+        # One input of any precision (Shape, IsNaN, Cast) is free; inputs bound to one type
+        # (Less, Equal) must agree, so they keep their dtype.
+        inputs = tuple((Slot.FIXED if shared else Slot.ANY) if s is Slot.FOLLOW else s for s in inputs)
         if op_type == "CastLike":  # the output takes the target's type: keep the target as it is
             inputs = (Slot.ANY, *(Slot.FIXED for _ in inputs[1:]))
         if op_type != "Cast":  # Cast's output follows: its ``to`` is rewritten

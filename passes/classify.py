@@ -3,7 +3,9 @@
 Rules, in order (the first that matches decides):
 1. control-flow nodes (If/Loop/Scan) run fp32, and so does every node of their bodies;
 2. constant sources (converted offline where fp16 consumers need them), nodes with no float tensor, or only precision-neutral ones (Shape), are not converted;
-3. nodes whose float tensors are already fp16 stay fp16;
+3. nodes whose float tensors are already fp16 stay fp16; a Cast whose output must keep its dtype
+   (graph output, or read by an If/Loop/Scan body) stays as it is (retargeting it would need a
+   Cast back: a round trip);
 4. quantization ops, and float ops reading a DequantizeLinear or feeding a QuantizeLinear
    (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
 5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32;
@@ -22,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from onnxcampo import oplists
+from onnxcampo import estimate, oplists
 from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
@@ -65,6 +67,8 @@ class Classify(PassBase):
             return Precision.FP32, Reason.NO_FLOAT
         if following and all(ctx.dtype(t) == TensorProto.FLOAT16 for t in following):
             return Precision.FP16, Reason.ALREADY_FP16
+        if node.op == oplists.CAST and any(estimate.pinned_dtype(ctx, t) for t in node.outputs):
+            return Precision.FP32, Reason.PINNED_CAST
         if category is Category.QUANTIZED or self._in_qdq(ctx, node):
             return Precision.FP32, Reason.QUANTIZED
         if ctx.excluded_by_user(node):
