@@ -16,6 +16,7 @@ from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext
 from onnxcampo.costdb.select import load_cost_model
 from onnxcampo.passes.allow_by_cost import AllowByCost
+from onnxcampo.passes.allow_islands import AllowIslands
 from onnxcampo.passes.classify import Classify
 from onnxcampo.passes.clear_by_cost import ClearByCost
 from onnxcampo.passes.deny_propagation import DenyPropagation
@@ -34,7 +35,7 @@ _DEFAULT = UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32)
 # The pipelines are data: analysis passes per policy, then the mutating ones.
 # Every plan starts from the decisions of pass 0 (``Classify``), made once.
 ANALYSIS = {
-    "campo": (AllowByCost(), DenyPropagation(), FillInferClear(), ClearByCost(), _DEFAULT),
+    "campo": (AllowByCost(), DenyPropagation(), AllowIslands(), FillInferClear(), ClearByCost(), _DEFAULT),
     "amp": (AllowByCost(greedy=True), DenyPropagation(), FillInferClear(), ClearByCost(greedy=True), _DEFAULT),
     "fp16": (UniformPrecision(Precision.FP16, Reason.POLICY_FP16),),
     "fp32": (UniformPrecision(Precision.FP32, Reason.POLICY_FP32),),

@@ -38,6 +38,7 @@ class Reason(enum.Enum):
     ALLOW_DOES_NOT_PAY = "pass 1: fp16 time + casts >= fp32 time"
     ALLOW_GREEDY = "allow list (greedy)"
     USER_INCLUDED = "included by the user"
+    ALLOW_ISLAND_PAYS = "pass 2b: fp16 pays together with the allow-list ops it is chained to"
     DENY_LIST = "pass 2: deny list"
     DENY_DOWNSTREAM = "pass 2: downstream of a deny-list op"
     BETWEEN_FP16 = "pass 3: infer/clear op between fp16 ops"

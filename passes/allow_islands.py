@@ -1,0 +1,92 @@
+"""Pass 2b (our extension of Campo): allow-list ops that only pay together go fp16 together.
+
+Campo's pass 1 prices an allow-list op alone, with a Cast on every input and output. In a chain
+``MatMul -> Add -> Gelu -> MatMul`` each MatMul alone may lose to its Casts while the chain in
+fp16 needs Casts only at its two ends. This pass prices such chains as a whole.
+
+Rules, after pass 2 (so no deny-downstream op is ever reopened):
+1. an island is a set of allow-list nodes connected through undecided infer/clear nodes, with at
+   least one node pass 1 left fp32 because it did not pay alone;
+2. its *between* nodes are the undecided infer/clear nodes on paths from one of its allow nodes
+   to another (the ones pass 3 would fill);
+3. when the cost model predicts a gain for running the island's fp32 allow nodes and its between
+   nodes in fp16 (node times plus every Cast that appears or disappears), its fp32 allow nodes
+   are switched to fp16 (pass 3 then fills the between nodes); otherwise nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from onnxcampo import estimate
+from onnxcampo.context import GraphContext
+from onnxcampo.oplists import Category
+from onnxcampo.plan import Precision, Reason
+
+from onnxcampo.passes.manager import PassBase, PassResult
+
+_THROUGH = (Category.INFER, Category.CLEAR)
+
+
+class AllowIslands(PassBase):
+    name = "allow_islands"
+
+    def run(self, ctx: GraphContext) -> PassResult:
+        switched = islands = 0
+        seen: set[str] = set()
+        for node in ctx.nodes:
+            decision = ctx.plan.get(node.name)
+            if decision is None or decision.reason is not Reason.ALLOW_DOES_NOT_PAY or node.name in seen:
+                continue
+            allow, between = self._island(ctx, node)
+            seen.update(n.name for n in allow)
+            rejected = [n for n in allow if ctx.plan.get(n.name).reason is Reason.ALLOW_DOES_NOT_PAY]
+            if len(allow) < 2 or not rejected:
+                continue
+            islands += 1
+            numbers = estimate.delta(ctx, ctx.plan, rejected + between)
+            if numbers["gain_us"] <= 0:
+                continue
+            for member in rejected:
+                ctx.plan.override(member.name, Precision.FP16, Reason.ALLOW_ISLAND_PAYS, **numbers)
+            switched += len(rejected)
+        return PassResult(self.name, False, {"islands": islands, "fp16": switched})
+
+    @staticmethod
+    def _open(ctx: GraphContext, node) -> bool:
+        return not ctx.plan.is_decided(node.name) and ctx.categories[node.name] in _THROUGH
+
+    def _island(self, ctx: GraphContext, start):
+        """Allow nodes reachable from ``start`` through open infer/clear nodes, and the open
+        nodes lying between two of them."""
+        allow = {start.name: start}
+        passage: dict[str, object] = {}
+        queue = deque([start])
+        while queue:
+            node = queue.popleft()
+            for neighbour in (*ctx.upstream(node), *ctx.downstream(node)):
+                name = neighbour.name
+                if name in allow or name in passage:
+                    continue
+                if ctx.categories[name] is Category.ALLOW and ctx.plan.get(name) is not None \
+                        and ctx.plan.get(name).reason in (Reason.ALLOW_PAYS, Reason.ALLOW_DOES_NOT_PAY):
+                    allow[name] = neighbour
+                    queue.append(neighbour)
+                elif self._open(ctx, neighbour):
+                    passage[name] = neighbour
+                    queue.append(neighbour)
+        below = self._reach(ctx, allow.values(), ctx.downstream, passage)
+        above = self._reach(ctx, allow.values(), ctx.upstream, passage)
+        between = [passage[name] for name in passage if name in below and name in above]
+        return list(allow.values()), between
+
+    @staticmethod
+    def _reach(ctx: GraphContext, sources, step, passage) -> set[str]:
+        reached: set[str] = set()
+        queue = deque(sources)
+        while queue:
+            for neighbour in step(queue.popleft()):
+                if neighbour.name in passage and neighbour.name not in reached:
+                    reached.add(neighbour.name)
+                    queue.append(neighbour)
+        return reached
