@@ -43,6 +43,7 @@ class Reason(enum.Enum):
     DENY_DOWNSTREAM = "pass 2: downstream of a deny-list op"
     BETWEEN_FP16 = "pass 3: infer/clear op between fp16 ops"
     CLEAR_PAYS = "pass 4: clear op whose casts saved outweigh its cost"
+    CLEAR_GREEDY = "clear op next to fp16 ops (greedy)"
     CLEAR_DOES_NOT_PAY = "pass 4: clear op, fp16 does not pay"
     POLICY_FP16 = "policy fp16"
     DEFAULT_FP32 = "left fp32 after the four passes"

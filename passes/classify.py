@@ -9,13 +9,14 @@ Rules, in order (the first that matches decides):
 4. quantization ops, and float ops reading a DequantizeLinear or feeding a QuantizeLinear
    (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
 5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32;
-6. ops of custom domains, ops in no list, and ops without an fp16 type at the model's opset stay
-   fp32;
+6. ops of custom domains and ops without an fp16 type at the model's opset stay fp32;
 7. nodes reading a float constant with finite values beyond the fp16 range (|x| > 65504) stay
    fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
    those values are "infinity" sentinels (|x| >= 1e30, e.g. a -3.4e38 attention mask), which
    Cast insertion clamps to -65504/65504 where -inf would give 0 * -inf = NaN;
-8. user inclusions (``--include-op``, ``--include-node``) go fp16.
+8. user inclusions (``--include-op``, ``--include-node``) go fp16, whatever the lists and the
+   policy say;
+9. ops in no list stay fp32.
 Everything else is left to the four passes.
 """
 

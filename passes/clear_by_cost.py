@@ -45,7 +45,7 @@ class ClearByCost(PassBase):
                 continue
             if self.greedy:
                 for member in group:
-                    ctx.plan.decide(member.name, Precision.FP16, Reason.ALLOW_GREEDY)
+                    ctx.plan.decide(member.name, Precision.FP16, Reason.CLEAR_GREEDY)
                 fp16 += len(group)
                 continue
             numbers = estimate.delta(ctx, ctx.plan, group)

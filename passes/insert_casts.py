@@ -124,7 +124,7 @@ class InsertCasts(PassBase):
         elif isinstance(tensor, gs.Constant):
             version = gs.Constant(self._unique(f"{tensor.name}/{_SUFFIX[dtype]}"), self._converted(tensor.values, dtype))
             self._set_dtype(version, dtype)
-        elif producer is not None and producer.op == "Constant":
+        elif ctx.is_constant(tensor):  # a Constant node's tensor value, converted offline
             values = self._converted(producer.attrs["value"].values, dtype)
             version = self._variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
             constant = gs.Constant(self._unique(f"{version.name}/value"), values)

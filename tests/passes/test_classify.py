@@ -12,7 +12,6 @@ from onnx import helper
 from helpers import (
     FLOAT,
     FLOAT16,
-    FakeCost,
     build_context,
     cast_to,
     consumers,
@@ -69,12 +68,6 @@ def test_if_node_and_its_body_nodes_are_fp32_with_reasons():
     assert not ctx.plan.is_decided("mm")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (regression of 17f1249): onnxcampo/graph.py toposort() follows only node.inputs, not the "
-    "names If/Loop/Scan bodies read from the outer scope; InsertCasts appends the Cast that gives "
-    "back 'mm' in fp32 and toposort leaves the If before it: [Cast, MatMul, If, Cast], which "
-    "onnx.checker rejects ('Nodes in a graph must be topologically sorted') and the reference "
-    "evaluator cannot run"))
 def test_tensor_read_implicitly_by_if_body_keeps_fp32_when_producer_goes_fp16():
     """Rule 1 with insert_casts rule 2: ``mm`` is read by the If bodies from the outer scope.
     When its producer runs fp16 the producer writes ``mm/fp16`` and a Cast gives back ``mm``
@@ -141,8 +134,8 @@ def test_cast_to_float_is_left_to_the_passes():
 # --- rule 3: already fp16 -------------------------------------------------------------------
 def test_already_fp16_nodes_stay_fp16():
     """Rule 3: a Relu and a MatMul whose float tensors are all fp16 stay fp16 (ALREADY_FP16),
-    even when excluded by the user (rule 3 comes before rule 5). A Cast(to=FLOAT) of an fp16
-    tensor has an fp32 output: it is left open."""
+    even when excluded by the user (rule 3 comes before rule 5). The Cast(to=FLOAT) making the
+    fp32 graph output is not "already fp16": its output is fp32."""
     model = parse("""
     g (float16[4,8] x, float16[8,8] w) => (float16[4,8] y, float[4,8] z) {
       [relu] r = Relu(x)
@@ -151,8 +144,31 @@ def test_already_fp16_nodes_stay_fp16():
     }
     """)
     ctx = classify(model, exclude_ops=frozenset({"Relu"}))
-    assert reasons(ctx) == {"relu": "ALREADY_FP16", "mm": "ALREADY_FP16"}
-    assert precisions(ctx) == {"relu": "fp16", "mm": "fp16"}
+    assert {n: reasons(ctx)[n] for n in ("relu", "mm")} == {"relu": "ALREADY_FP16", "mm": "ALREADY_FP16"}
+    assert {n: precisions(ctx)[n] for n in ("relu", "mm")} == {"relu": "fp16", "mm": "fp16"}
+    assert precisions(ctx).get("up") != "fp16"
+
+
+def test_cast_with_pinned_output_stays_as_it_is():
+    """Rule 3, second part: a Cast(to=FLOAT) whose output is a graph output (``f``) or is read
+    by an If body (``g``) stays fp32 (PINNED_CAST): retargeting it to fp16 would need a Cast
+    back. A Cast whose output nothing pins (``h``) is left open."""
+    model = parse(f"""
+    g (float[4,8] x, bool c) => (float[4,8] f, float[4,8] y, float[4,8] z) {W8} {{
+      [to_f] f = Cast<to=1>(x)
+      [to_g] g = Cast<to=1>(x)
+      [to_h] h = Cast<to=1>(x)
+      [mm] z = MatMul(h, w)
+      [branch] y = If(c) <
+        then_branch = t () => (float[4,8] o) {{ [inner] o = Relu(g) }},
+        else_branch = e () => (float[4,8] o2) {{ [inner2] o2 = Neg(g) }}
+      >
+    }}
+    """)
+    ctx = classify(model)
+    assert {n: reasons(ctx).get(n) for n in ("to_f", "to_g", "to_h")} == {
+        "to_f": "PINNED_CAST", "to_g": "PINNED_CAST", "to_h": None}
+    assert precisions(ctx)["to_f"] == precisions(ctx)["to_g"] == "fp32"
 
 
 # --- rule 4: quantization ------------------------------------------------------------------

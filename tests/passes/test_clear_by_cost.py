@@ -100,7 +100,7 @@ def test_greedy_group_goes_fp16_without_asking():
     """Rule 2 with ``greedy`` (amp): a group touching an fp16 node goes fp16 even when the cost
     model says it loses (fp16 2x slower, Casts free)."""
     ctx = clear(MERGE, {"mm1": "fp16", "mm2": "fp32"}, greedy=True, cast_us=0.0, clear_speedup=0.5)
-    assert {reasons(ctx)[n] for n in ("rs", "tr", "cat")} == {"ALLOW_GREEDY"}
+    assert {reasons(ctx)[n] for n in ("rs", "tr", "cat")} == {"CLEAR_GREEDY"}
     assert {precisions(ctx)[n] for n in ("rs", "tr", "cat")} == {"fp16"}
 
 

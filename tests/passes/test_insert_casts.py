@@ -407,12 +407,7 @@ def test_mixed_graph_matches_numpy_fp16():
     np.testing.assert_allclose(y, np.exp(half.astype(np.float32)), rtol=1e-6)
 
 
-# --- bugs -------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: passes/insert_casts.py _retype_outputs: an identity Cast(to=FLOAT) of an fp32 tensor "
-    "whose output is a graph output, planned fp16, becomes Cast(to=FLOAT16) and its output is "
-    "renamed and cast back: x -> Cast(fp16) -> Cast(fp32) -> f, a round trip that rounds a graph "
-    "output through fp16 (InvariantError with check_invariants)"))
+# --- regressions (bugs these tests found; fixed in 0806cbd) -------------------------------------
 @pytest.mark.parametrize("policy", ["fp16", "amp"])
 def test_identity_cast_feeding_graph_output_makes_no_round_trip(policy):
     """Rules 1-3: ``f = Cast<to=FLOAT>(x)`` of an fp32 input is a graph output and feeds a
@@ -430,10 +425,6 @@ def test_identity_cast_feeding_graph_output_makes_no_round_trip(policy):
     np.testing.assert_array_equal(f, x)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: Constant nodes given by value_float / value_floats (no 'value' attribute) crash with "
-    "KeyError: 'value' in onnxcampo/context.py constant_array (classify rule 7) and in "
-    "passes/insert_casts.py _version / _convert_in_place (producer.attrs['value'])"))
 @pytest.mark.parametrize("attr", ["value_float=2.0", "value_floats=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]"])
 def test_constant_node_with_value_float_attribute(attr):
     """Rule 3-4 for Constant nodes written with ``value_float(s)``: the fp16 Add reads an fp16
@@ -452,11 +443,6 @@ def test_constant_node_with_value_float_attribute(attr):
     np.testing.assert_allclose(got, want, atol=1e-2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: onnxcampo/signature.py gives every input of a NEUTRAL op an independent Slot.ANY, so "
-    "InsertCasts never casts them; comparisons (Less/Greater/Equal/LessOrEqual/GreaterOrEqual) "
-    "bind both inputs to one type T: Less(fp16 tensor, fp32 graph input) is an invalid model "
-    "(onnx.checker: 'B has inconsistent type'; ORT: 'Type parameter (T) ... bound to different types')"))
 @pytest.mark.parametrize("policy", ["fp16", "amp"])
 def test_comparison_inputs_get_one_dtype(policy):
     """A comparison reading a tensor made in fp16 and an fp32 graph input must see both
@@ -475,11 +461,6 @@ def test_comparison_inputs_get_one_dtype(policy):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: passes/insert_casts.py _retype_outputs (same root as the identity-Cast round trip): a "
-    "model already in fp16 whose output is made by Cast(to=FLOAT) gets, under policy fp16, that "
-    "Cast retargeted to FLOAT16 and a new Cast back to FLOAT: "
-    "Cast(fp16->fp16) -> Cast(fp16->fp32), one useless Cast (report casts_inserted == 1)"))
 def test_fp16_model_with_fp32_output_cast_gets_no_extra_cast():
     """Rules 1-2: a Relu on an fp16 input whose result is cast to an fp32 graph output is
     already what policy fp16 wants: nothing is inserted."""
@@ -508,10 +489,6 @@ def test_predicted_casts_match_inserted_casts():
     assert result.report["predicted_us"]["fp16"]["casts"] == 3
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: onnxcampo/estimate.py produced_dtype returns None for a graph input when "
-    "keep_io_types is off, so tensor_casts counts 0 Casts for it; but an input read by fp16 and "
-    "fp32 consumers keeps fp32 and InsertCasts adds one Cast (rule 5): predicted 0, inserted 1"))
 def test_predicted_casts_match_inserted_casts_without_keep_io_types():
     """Rule 5 and the estimate: x is read by an fp16 Relu and an fp32 Exp, so it stays fp32
     and one Cast feeds the Relu; the estimate must count that Cast."""

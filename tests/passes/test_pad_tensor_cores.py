@@ -293,11 +293,6 @@ def test_optimize_campo_pads_and_reports():
     assert {o.name: o.type.tensor_type.elem_type for o in on.model.graph.output} == {"y": FLOAT}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: onnxcampo/padding.py _layout accepts any 1-D Gemm bias and passes/pad_tensor_cores.py "
-    "_apply pads it by (n_padded - n): a broadcast bias of shape [1] becomes shape [8], which does "
-    "not broadcast to [M, 1008]: the model fails at run time (ORT: 'Gemm: Invalid bias shape for "
-    "broadcast'); invariant checks do not catch it"))
 def test_gemm_with_broadcast_scalar_bias():
     """Rule 1: a Gemm with a 1-D bias of shape [1] (broadcast over N) is padded correctly (or
     left unpadded): its output equals the unpadded one."""
