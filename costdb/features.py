@@ -126,10 +126,11 @@ def _gemm_dims(op_type, input_shapes, output_shapes, attrs) -> tuple[tuple[int, 
             group = int(attrs.get("group", 1))
             kernel = math.prod(w[2:])
             if op_type == "ConvTranspose":
-                # Its backward-data GEMM: M = input pixels, K = in channels/group, N = out x kernel.
+                # A GEMM per kernel tap: M = input pixels x kernel, K = in channels / group,
+                # N = out channels / group; Tensor Cores want K and N aligned.
                 c_in, c_out_g = w[0], w[1]
                 pixels = math.prod(x[2:]) * x[0]
-                return (group, int(pixels), int(c_in // group), int(c_out_g * kernel)), 1
+                return (group, int(pixels * kernel), int(c_in // group), int(c_out_g)), 1
             c_out, c_in_g = w[0], w[1]
             pixels = math.prod(y[2:]) * y[0]
             return (group, int(pixels), int(c_in_g * kernel), int(c_out // group)), int(kernel)

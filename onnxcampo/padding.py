@@ -59,8 +59,15 @@ def _layout(node: gs.Node):
         if bias is not None and not (isinstance(bias, gs.Constant) and tuple(bias.shape) == (n,)):
             return None
         return k, n, (-1, -1, axes)
-    if node.op == "Conv" and len(shape) >= 3 and int(node.attrs.get("group", 1)) == 1:
-        return shape[1], shape[0], (1, 1, (1, 0))
+    if node.op in ("Conv", "ConvTranspose") and len(shape) >= 3 and int(node.attrs.get("group", 1)) == 1:
+        # Conv weight [C_out, C_in, k...]; ConvTranspose weight [C_in, C_out, k...].
+        k, n, axes = (shape[1], shape[0], (1, 0)) if node.op == "Conv" else (shape[0], shape[1], (0, 1))
+        if node.op == "ConvTranspose" and any(node.attrs.get(a) for a in ("output_shape",)):
+            return None  # an explicit output shape would have to be rewritten too
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        if bias is not None and not (isinstance(bias, gs.Constant) and tuple(bias.shape) == (n,)):
+            return None
+        return k, n, (1, 1, axes)
     return None
 
 

@@ -5,12 +5,14 @@ Rules, per fp16 node whose weight is a constant:
    padded up to multiples of 8: the weight offline with zeros, A with a Pad on its last axis
    (when K grows), the result with a Slice back to N (when N grows); a 1-D Gemm bias gets zeros.
    M is never padded: it is no leading dimension, so it does not decide Tensor Core use.
-2. Conv with ``group = 1`` and weight ``[C_out, C_in, k...]``: the channels are padded the same
-   way (Pad on axis 1 of X, zero weight rows/columns, zero bias, Slice on axis 1 of Y).
+2. Conv (weight ``[C_out, C_in, k...]``) and ConvTranspose (weight ``[C_in, C_out, k...]``, no
+   ``output_shape``) with ``group = 1`` and a constant bias of ``[C_out]`` or none: the channels
+   are padded the same way (Pad on axis 1 of X, zero weight slices, zero bias, Slice on axis 1
+   of Y).
 3. A node is padded only when ``fp16_time(padded) + pad/slice time < fp16_time(unpadded)``;
    aligned nodes are never touched. Zero padding adds exact zeros to every dot product, so the
    result equals the unpadded op's.
-ConvTranspose and grouped Conv are left unpadded.
+Grouped convolutions are left unpadded.
 """
 
 from __future__ import annotations

@@ -266,11 +266,28 @@ def test_conv_without_bias_padded():
     np.testing.assert_array_equal(reference_run(padded, {"x": x})[0], reference_run(unpadded, {"x": x})[0])
 
 
-def test_grouped_conv_and_conv_transpose_not_padded():
-    """Grouped Conv and ConvTranspose are left unpadded, even with free Pads."""
-    for model in (conv_model(6, 6, group=3), conv_model(5, 7, op="ConvTranspose")):
-        _, padded, result = run(model, pad_us=0.0)
-        assert result.counts["nodes"] == 0 and "Pad" not in ops(padded)
+def test_grouped_conv_not_padded():
+    """Grouped Conv is left unpadded, even with free Pads."""
+    _, padded, result = run(conv_model(6, 6, group=3), pad_us=0.0)
+    assert result.counts["nodes"] == 0 and "Pad" not in ops(padded)
+
+
+def test_conv_transpose_channels_padded_and_identical():
+    """Rule 2: ConvTranspose (group=1) with weight [5,7,3,3] (C_in=5, C_out=7): X padded to 8
+    channels, the weight to [8,8,3,3] with zero slices, the bias gets a zero, Y is sliced back
+    to 7 channels; identical output."""
+    model = conv_model(5, 7, op="ConvTranspose")
+    _, padded, result = run(model)
+    assert result.counts == {"nodes": 1, "pad_slice_nodes": 2}
+    assert ops(padded) == ["Cast", "Pad", "ConvTranspose", "Slice", "Cast"]
+    conv = node(padded, "mm")
+    weight = initializer(padded, conv.input[1])
+    assert weight.shape == (8, 8, 3, 3) and not weight[5:].any() and not weight[:, 7:].any()
+    _, unpadded, _ = run(model, pad=False)
+    x = rng_array((1, 5, 12, 12), 2, scale=1.0)
+    (got,), (want,) = reference_run(padded, {"x": x}), reference_run(unpadded, {"x": x})
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
 
 
 def test_optimize_campo_pads_and_reports():
