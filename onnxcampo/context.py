@@ -164,10 +164,9 @@ class GraphContext:
     def constant_array(self, tensor: gs.Tensor) -> np.ndarray:
         """A constant's values without keeping a decoded copy in the graph (graphsurgeon caches
         what ``.values`` decodes, which would double the memory of a large model)."""
-        if isinstance(tensor, gs.Constant):
-            raw = tensor._values
-            return raw.load() if isinstance(raw, gs.ir.tensor.LazyValues) else np.asarray(raw)
-        return np.asarray(tensor.inputs[0].attrs["value"].values)
+        source = tensor if isinstance(tensor, gs.Constant) else tensor.inputs[0].attrs["value"]
+        raw = source._values
+        return raw.load() if isinstance(raw, gs.ir.tensor.LazyValues) else np.asarray(raw)
 
     def _find_uses(self, tensor: gs.Tensor) -> list[Use]:
         found = []
