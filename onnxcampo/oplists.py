@@ -51,12 +51,12 @@ ALLOW = _ops(_TENSOR_CORE, _TENSOR_CORE_MS, _TENSOR_CORE_GRAD_MS)
 
 # --- DENY ---------------------------------------------------------------------------------
 # |f(x)| >> |x|: overflow in fp16 (max 65504) for moderate inputs.
-_EXPONENTIAL = ("Exp", "Pow", "Softplus", "LogSoftmax", "Softmax")
+_EXPONENTIAL = ("Exp", "Pow", "Softplus", "LogSoftmax")
 # Log of small values and reciprocal-like ops lose all precision near fp16's tiny range.
 _LOGARITHMIC = ("Log",)
 # Sums over many terms: fp16 accumulation overflows or stalls (x + small == x).
 _SUM_REDUCTIONS = (
-    "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+    "ReduceSum", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
     "ReduceLogSumExp", "ReduceSumSquare", "CumSum",
 )
 # Losses and their gradients: the quantity being minimised must keep full precision.
@@ -83,7 +83,7 @@ _ACTIVATIONS = (
     "Sigmoid", "HardSigmoid", "Tanh", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Gelu",
     "HardSwish", "Softsign", "Mish", "ThresholdedRelu", "Sin", "Cos",
 )
-_ACTIVATIONS_MS = ("FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "BiasSoftmax")
+_ACTIVATIONS_MS = ("FastGelu", "BiasGelu", "QuickGelu", "BiasAdd")
 # ORT's fp16 kernels for these keep mean and variance in fp32 (cuDNN for BatchNormalization).
 _NORMALIZATIONS = (
     "BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization",
@@ -102,7 +102,16 @@ _ELEMENTWISE_GRAD_MS = (
 )
 _ELEMENTWISE_GRAD = ("MaxPoolGrad",)  # lives in the default domain in ORT training graphs
 
+# Ops whose ONNX Runtime fp16 kernels accumulate in fp32 and whose result is bounded by their
+# input's range: Softmax (in [0, 1]; exp of x - max never overflows) and ReduceMean (a mean lies
+# between the input's extremes). The seeds' "reductions in fp32 math" holds inside the kernel;
+# TensorFlow AMP denied them because its kernels then did not. Sums and LogSoftmax (losses)
+# stay on the deny list.
+_FP32_ACCUMULATING = ("Softmax", "ReduceMean")
+_FP32_ACCUMULATING_MS = ("BiasSoftmax",)
+
 INFER = _ops(
+    _FP32_ACCUMULATING, _FP32_ACCUMULATING_MS,
     _ARITHMETIC, _ACTIVATIONS, _ACTIVATIONS_MS, _NORMALIZATIONS, _NORMALIZATIONS_MS,
     _ELEMENTWISE_GRAD_MS, _ELEMENTWISE_GRAD,
 )

@@ -1,6 +1,6 @@
 """Build the bundled example model ``onnxcampo/examples/mlp_block.onnx``.
 
-A transformer-style MLP block (LayerNorm -> MatMul -> Gelu -> MatMul -> residual Add -> Softmax
+A transformer-style MLP block (LayerNorm -> MatMul -> Gelu -> MatMul -> residual Add -> LogSoftmax
 head) whose dims are deliberately not all multiples of 8, so one run shows every decision:
 fp16 where it pays, fp32 where Casts would eat the gain, padding for Tensor Cores, deny-list
 ops kept fp32. Batch is dynamic; the README pins it with ``--input-shape``.
@@ -39,12 +39,12 @@ def build() -> onnx.ModelProto:
         helper.make_node("Add", ["down_b", "x"], ["res"], name="residual"),
         helper.make_node("MatMul", ["res", "w_head"], ["logits"], name="head"),
         helper.make_node("Add", ["logits", "b_head"], ["logits_b"], name="head_bias"),
-        helper.make_node("Softmax", ["logits_b"], ["probs"], name="softmax", axis=-1),
+        helper.make_node("LogSoftmax", ["logits_b"], ["log_probs"], name="log_softmax", axis=-1),
     ]
     graph = helper.make_graph(
         nodes, "mlp_block",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", HIDDEN])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", CLASSES])],
+        [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["batch", CLASSES])],
         initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10,

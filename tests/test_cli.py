@@ -87,7 +87,7 @@ def test_inspect_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     before = set(tmp_path.iterdir())
     code, out, _ = run_cli(capsys, "inspect", EXAMPLE, *PIN, "--nodes")
     assert code == 0
-    assert "up_proj" in out and "softmax" in out and "deny_list" in out
+    assert "up_proj" in out and "log_softmax" in out and "deny_list" in out
     assert set(tmp_path.iterdir()) == before
 
 
