@@ -76,6 +76,16 @@ def gpt2(tmp: Path):
     return "gpt2-small b8 s256", model, feeds, shapes
 
 
+def _fp32_op_types(model: onnx.ModelProto, plan: dict) -> dict[str, int]:
+    """Op types of float nodes the plan kept fp32, most frequent first (what costs Casts)."""
+    from collections import Counter
+
+    ops = {n.name: n.op_type for n in model.graph.node}
+    counts = Counter(ops.get(name, "?") for name, entry in plan.items()
+                     if entry["precision"] == "fp32" and entry["reason"] not in ("no_float", "constant", "neutral"))
+    return dict(counts.most_common(8))
+
+
 def check(name, model, feeds, shapes, rows, *, profile_cuda: bool) -> None:
     reference = run(make_session(model, provider="cuda"), feeds)
     variants = [(policy, {"policy": policy}) for policy in POLICIES]
@@ -96,7 +106,8 @@ def check(name, model, feeds, shapes, rows, *, profile_cuda: bool) -> None:
                        p90_ms=round(latency.p90_ms, 3), casts=result.report.get("casts_inserted"),
                        pads=result.report.get("pads_inserted"), nodes_fp16=result.report.get("nodes_fp16"),
                        predicted_us={k: v["total_us"] for k, v in result.report.get("predicted_us", {}).items()},
-                       chosen_plan=result.report.get("chosen_plan"))
+                       chosen_plan=result.report.get("chosen_plan"),
+                       fp32_ops=_fp32_op_types(model, result.report.get("plan", {})))
         except Exception as exc:  # noqa: BLE001 - record and go on to the next variant
             row["error"] = f"{exc.__class__.__name__}: {exc}"
             traceback.print_exc()
