@@ -18,7 +18,7 @@ import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from onnxcampo import graph as graph_io
-from onnxcampo import oplists
+from onnxcampo import oplists, patterns
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.costdb.features import OpFeatures, op_features
 from onnxcampo.costdb.model import CostModel
@@ -97,6 +97,8 @@ class GraphContext:
                 ctx.implicit_inputs[node.name] = graph_io.outer_scope_names(proto)
                 ctx.subgraph_nodes[node.name] = graph_io.subgraph_node_names(proto)
         ctx.implicit_names = set().union(*ctx.implicit_inputs.values()) if ctx.implicit_inputs else set()
+        for name in patterns.tanh_gelu_powers(ctx):
+            ctx.categories[name] = Category.INFER  # see patterns.py: saturates, overflow-safe
         ctx._compute_features()
         return ctx
 

@@ -1,0 +1,60 @@
+"""patterns.py: the tanh-GELU's Pow is not a deny-list op (it saturates), other Pows are."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+
+import onnxcampo
+from helpers import parse
+
+GELU = """
+g (float[4,8] a) => (float[4,8] y) <float three = {3.0}, float c1 = {0.044715}, float c2 = {0.7978845608},
+                                    float one = {1.0}, float half = {0.5},
+                                    float[8,8] w1 = {1,0,0,0,0,0,0,0, 0,1,0,0,0,0,0,0, 0,0,1,0,0,0,0,0, 0,0,0,1,0,0,0,0,
+                                                     0,0,0,0,1,0,0,0, 0,0,0,0,0,1,0,0, 0,0,0,0,0,0,1,0, 0,0,0,0,0,0,0,1}> {
+  [mm1] x = MatMul(a, w1)
+  [pow] cube = Pow(x, three)
+  [mul1] scaled = Mul(cube, c1)
+  [add] inner = Add(x, scaled)
+  [mul2] arg = Mul(inner, c2)
+  [tanh] t = Tanh(arg)
+  [add1] t1 = Add(t, one)
+  [mulx] xt = Mul(x, t1)
+  [mulh] g = Mul(xt, half)
+  [mm2] y = MatMul(g, w1)
+}
+"""
+
+
+def test_tanh_gelu_runs_fp16_and_saturates_correctly():
+    """Before: Pow would deny the whole GELU. After: every node fp16 under amp (no deny left),
+    and in fp16 the result for |x| = 100 (x^3 overflows) is still x or 0, as GELU gives."""
+    result = onnxcampo.optimize(parse(GELU), policy="amp")
+    plan = result.report["plan"]
+    assert plan["pow"]["precision"] == "fp16" and plan["tanh"]["precision"] == "fp16"
+    x = np.zeros((4, 8), np.float32)
+    x[0, :] = 100.0
+    x[1, :] = -100.0
+    x[2, :] = np.linspace(-3, 3, 8)
+    (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})  # w1 is the identity
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got[0], 100.0, rtol=1e-3)
+    np.testing.assert_allclose(got[1], 0.0, atol=1e-3)
+    exact = 0.5 * x[2] * (1 + np.tanh(0.7978845608 * (x[2] + 0.044715 * x[2] ** 3)))
+    np.testing.assert_allclose(got[2], exact, atol=5e-3)
+
+
+def test_pow_read_elsewhere_stays_denied():
+    """If x^3 is also read outside the pattern, its overflow could leak: Pow stays deny-list."""
+    text = GELU.replace("(float[4,8] y)", "(float[4,8] y, float[4,8] cube)")
+    plan = onnxcampo.optimize(parse(text), policy="amp").report["plan"]
+    assert plan["pow"] == {"precision": "fp32", "reason": "deny_list"}
+
+
+def test_square_is_not_the_pattern():
+    text = GELU.replace("three = {3.0}", "three = {2.0}")
+    plan = onnxcampo.optimize(parse(text), policy="amp").report["plan"]
+    assert plan["pow"]["reason"] == "deny_list"
+    assert plan["tanh"]["reason"] == "deny_downstream"
