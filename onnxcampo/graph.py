@@ -532,10 +532,17 @@ def save_model(model: onnx.ModelProto, output: Path) -> None:
                         entry.value = data_name
             tmp.write_bytes(saved.SerializeToString())
             os.replace(tmp_data, directory / data_name)
+        _apply_umask(tmp)  # mkstemp creates 0600; a saved model gets the usual permissions
         os.replace(tmp, output)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _apply_umask(path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def _all_tensors(model: onnx.ModelProto):

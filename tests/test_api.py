@@ -4,6 +4,7 @@ training-graph ops."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -171,3 +172,11 @@ def test_training_graph_ops_are_classified():
     acc = next(n for n in result.model.graph.node if n.name == "accumulate")
     producer = next(n for n in result.model.graph.node if acc.input[1] in n.output)
     assert producer.op_type == "Cast"
+
+
+def test_saved_model_has_the_usual_permissions(tmp_path):
+    out = tmp_path / "m.onnx"
+    onnxcampo.optimize(mlp(batch=64, hidden=64, ffn=64)).save(out)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
