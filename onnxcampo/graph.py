@@ -16,7 +16,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnx.defs
 import onnx_graphsurgeon as gs

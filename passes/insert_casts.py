@@ -25,6 +25,7 @@ from onnx import TensorProto
 
 from onnxcampo import estimate
 from onnxcampo.context import GraphContext
+from onnxcampo.editing import GraphEditor
 from onnxcampo.graph import toposort
 from onnxcampo.plan import Precision
 from onnxcampo.signature import Slot
@@ -47,7 +48,7 @@ class InsertCasts(PassBase):
     def run(self, ctx: GraphContext) -> PassResult:
         self.ctx = ctx
         self.cache: dict[tuple[str, int], gs.Tensor] = {}
-        self.names = set(ctx.graph.tensors()) | {n.name for n in ctx.graph.nodes}
+        self.edit = GraphEditor(ctx)
         self.casts = self.retyped = self.converted = self.clamped = 0
         precision_of = ctx.plan.precision
         tensors = self._float_tensors()
@@ -76,12 +77,12 @@ class InsertCasts(PassBase):
             if slot is not Slot.FOLLOW or ctx.dtype(tensor) != TensorProto.FLOAT:
                 continue
             if estimate.pinned_dtype(ctx, tensor) == TensorProto.FLOAT:
-                half = self._variable(f"{tensor.name}/fp16", TensorProto.FLOAT16)
+                half = self.edit.variable(f"{tensor.name}/fp16", TensorProto.FLOAT16)
                 node.outputs[index] = half
                 self._cast(half, TensorProto.FLOAT, output=tensor)
                 self.cache[(tensor.name, TensorProto.FLOAT16)] = half
             else:
-                self._set_dtype(tensor, TensorProto.FLOAT16)
+                self.edit.set_dtype(tensor, TensorProto.FLOAT16)
             self.retyped += 1
 
     # --- rule 3 and 4 -------------------------------------------------------------------
@@ -122,17 +123,14 @@ class InsertCasts(PassBase):
         if producer is not None and producer.op == "Cast" and producer.inputs and ctx.dtype(producer.inputs[0]) == dtype:
             version = producer.inputs[0]
         elif isinstance(tensor, gs.Constant):
-            version = gs.Constant(self._unique(f"{tensor.name}/{_SUFFIX[dtype]}"), self._converted(tensor.values, dtype))
-            self._set_dtype(version, dtype)
+            version = self.edit.constant(f"{tensor.name}/{_SUFFIX[dtype]}", self._converted(tensor.values, dtype))
         elif ctx.is_constant(tensor):  # a Constant node's tensor value, converted offline
             values = self._converted(producer.attrs["value"].values, dtype)
-            version = self._variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
-            constant = gs.Constant(self._unique(f"{version.name}/value"), values)
-            self.ctx.graph.nodes.append(
-                gs.Node("Constant", self._unique(f"{producer.name}/{_SUFFIX[dtype]}"), attrs={"value": constant}, outputs=[version])
-            )
+            version = self.edit.variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
+            constant = gs.Constant(self.edit.unique(f"{version.name}/value"), values)
+            self.edit.node("Constant", f"{producer.name}/{_SUFFIX[dtype]}", [], [version], {"value": constant})
         else:
-            version = self._variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
+            version = self.edit.variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
             self._cast(tensor, dtype, output=version)
         self.cache[key] = version
         return version
@@ -144,7 +142,7 @@ class InsertCasts(PassBase):
             producer = tensor.inputs[0]
             value = producer.attrs["value"]
             value.values = self._converted(value.values, TensorProto.FLOAT16)
-        self._set_dtype(tensor, TensorProto.FLOAT16)
+        self.edit.set_dtype(tensor, TensorProto.FLOAT16)
 
     def _converted(self, values: np.ndarray, dtype: int) -> np.ndarray:
         values = np.asarray(values)
@@ -174,38 +172,9 @@ class InsertCasts(PassBase):
             cast.outputs.clear()
             ctx.graph.nodes.remove(cast)
             self.casts -= 1
-            self._set_dtype(tensor, TensorProto.FLOAT16)
+            self.edit.set_dtype(tensor, TensorProto.FLOAT16)
 
     # --- helpers ------------------------------------------------------------------------
     def _cast(self, source: gs.Tensor, dtype: int, *, output: gs.Tensor) -> None:
-        name = self._unique(f"{source.name}/cast_{_SUFFIX[dtype]}")
-        self.ctx.graph.nodes.append(gs.Node("Cast", name, attrs={"to": dtype}, inputs=[source], outputs=[output]))
-        self.ctx.signatures[name] = self.ctx.signatures.get(name) or _CAST_SIGNATURE
+        self.edit.node("Cast", f"{source.name}/cast_{_SUFFIX[dtype]}", [source], [output], {"to": dtype})
         self.casts += 1
-
-    def _variable(self, name: str, dtype: int) -> gs.Variable:
-        variable = gs.Variable(self._unique(name), dtype=_NP[dtype])
-        self.ctx.dtypes[variable.name] = dtype
-        return variable
-
-    def _set_dtype(self, tensor: gs.Tensor, dtype: int) -> None:
-        if isinstance(tensor, gs.Variable):
-            tensor.dtype = _NP[dtype]
-        self.ctx.dtypes[tensor.name] = dtype
-
-    def _unique(self, name: str) -> str:
-        candidate, index = name, 1
-        while candidate in self.names:
-            candidate = f"{name}_{index}"
-            index += 1
-        self.names.add(candidate)
-        return candidate
-
-
-def _cast_signature():
-    from onnxcampo.signature import signature
-
-    return signature("Cast", "", 13, 1, 1)
-
-
-_CAST_SIGNATURE = _cast_signature()

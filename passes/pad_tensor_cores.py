@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
-from onnx import TensorProto
 
 from onnxcampo.context import GraphContext
+from onnxcampo.editing import GraphEditor
 from onnxcampo.graph import toposort
 from onnxcampo.padding import PadPlan, pad_plan
 from onnxcampo.plan import Precision
@@ -35,7 +35,7 @@ class PadTensorCores(PassBase):
 
     def run(self, ctx: GraphContext) -> PassResult:
         self.ctx = ctx
-        self.names = set(ctx.graph.tensors()) | {n.name for n in ctx.graph.nodes}
+        self.edit = GraphEditor(ctx)
         padded = inserted = 0
         for node in list(ctx.graph.nodes):
             if ctx.plan.get(node.name) is None or ctx.plan.precision(node.name) is not Precision.FP16:
@@ -63,47 +63,26 @@ class PadTensorCores(PassBase):
         widths = [(0, 0)] * values.ndim
         widths[weight_k_axis] = (0, k2 - k)
         widths[weight_n_axis] = (0, n2 - n)
-        node.inputs[1] = gs.Constant(self._unique(f"{weight.name}/padded"), np.pad(values, widths))
-        self.ctx.dtypes[node.inputs[1].name] = self.ctx.dtypes.get(weight.name, TensorProto.FLOAT16)
+        node.inputs[1] = self.edit.constant(f"{weight.name}/padded", np.pad(values, widths))
         if len(node.inputs) > 2 and isinstance(node.inputs[2], gs.Constant) and n2 != n:
             bias = node.inputs[2]
-            node.inputs[2] = gs.Constant(self._unique(f"{bias.name}/padded"), np.pad(np.asarray(bias.values), (0, n2 - n)))
-            self.ctx.dtypes[node.inputs[2].name] = self.ctx.dtypes.get(bias.name, TensorProto.FLOAT16)
+            node.inputs[2] = self.edit.constant(f"{bias.name}/padded", np.pad(np.asarray(bias.values), (0, n2 - n)))
         if k2 != k:
             source = node.inputs[0]
             axis = axis_in % rank
             pads = np.zeros(2 * rank, dtype=np.int64)
             pads[rank + axis] = k2 - k
-            padded = self._variable(f"{source.name}/padded", self.ctx.dtypes[source.name])
-            pads_const = gs.Constant(self._unique(f"{node.name}/pads"), pads)
-            self.ctx.dtypes[pads_const.name] = TensorProto.INT64
-            self._node("Pad", f"{node.name}/pad_k", [source, pads_const], [padded], {"mode": "constant"})
+            padded = self.edit.variable(f"{source.name}/padded", self.ctx.dtypes[source.name])
+            pads_const = self.edit.constant(f"{node.name}/pads", pads)
+            self.edit.node("Pad", f"{node.name}/pad_k", [source, pads_const], [padded], {"mode": "constant"})
             node.inputs[0] = padded
             inserted += 1
         if n2 != n:
             result = node.outputs[0]
-            wide = self._variable(f"{result.name}/padded", self.ctx.dtypes[result.name])
+            wide = self.edit.variable(f"{result.name}/padded", self.ctx.dtypes[result.name])
             node.outputs[0] = wide
-            starts, ends, axes = (gs.Constant(self._unique(f"{node.name}/slice_{label}"), np.array([v], dtype=np.int64))
+            starts, ends, axes = (self.edit.constant(f"{node.name}/slice_{label}", np.array([v], dtype=np.int64))
                                   for label, v in (("starts", 0), ("ends", n), ("axes", axis_out)))
-            for constant in (starts, ends, axes):
-                self.ctx.dtypes[constant.name] = TensorProto.INT64
-            self._node("Slice", f"{node.name}/slice_n", [wide, starts, ends, axes], [result], {})
+            self.edit.node("Slice", f"{node.name}/slice_n", [wide, starts, ends, axes], [result], {})
             inserted += 1
         return inserted
-
-    def _node(self, op: str, name: str, inputs, outputs, attrs) -> None:
-        self.ctx.graph.nodes.append(gs.Node(op, self._unique(name), attrs=attrs, inputs=inputs, outputs=outputs))
-
-    def _variable(self, name: str, dtype: int) -> gs.Variable:
-        variable = gs.Variable(self._unique(name), dtype=np.float16 if dtype == TensorProto.FLOAT16 else np.float32)
-        self.ctx.dtypes[variable.name] = dtype
-        return variable
-
-    def _unique(self, name: str) -> str:
-        candidate, index = name, 1
-        while candidate in self.names:
-            candidate = f"{name}_{index}"
-            index += 1
-        self.names.add(candidate)
-        return candidate

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx.reference import ReferenceEvaluator
 
 import onnxcampo
