@@ -1,7 +1,7 @@
 """End-to-end check on a GPU machine: every policy's model runs on the CUDA EP, matches fp32,
 and how fast it is; ``--profile cuda`` (measured fp32 node times) works.
 
-Models: the bundled MLP block (4096 rows), and BERT-base (b32 s128) and GPT-2 small (b8 s256)
+Models: the bundled MLP block (16384 rows), and BERT-base (b32 s128) and GPT-2 small (b8 s256)
 built from their configs with random weights and exported with torch on the GPU machine (no
 network needed). Latency: median over runs with IO binding, TF32 on (ORT's default).
 
@@ -31,8 +31,8 @@ POLICIES = ("fp32", "amp", "fp16", "campo")
 
 def example_model():
     model = onnx.load(str(ROOT / "onnxcampo" / "examples" / "mlp_block.onnx"))
-    x = np.random.default_rng(0).standard_normal((4096, 256)).astype(np.float32)
-    return "mlp_block b4096", model, {"x": x}, {"x": (4096, 256)}
+    x = np.random.default_rng(0).standard_normal((16384, 256)).astype(np.float32)
+    return "mlp_block b16384", model, {"x": x}, {"x": (16384, 256)}
 
 
 def _export_hf(name: str, build, batch: int, seq: int, vocab: int, tmp: Path):

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxcampo.cli import main
 
 EXAMPLE = Path(str(resources.files("onnxcampo.examples") / "mlp_block.onnx"))
-PIN = ["--input-shape", "x:4096,256"]
+PIN = ["--input-shape", "x:16384,256"]
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
