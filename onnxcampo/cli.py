@@ -81,7 +81,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_options(ins)
     ins.add_argument("--nodes", action="store_true", help="print one line per node")
 
-    for p in (opt, ins):
+    cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
+    cost_sub = cost.add_subparsers(dest="costdb_command", required=True)
+    measure = cost_sub.add_parser("measure", help="time single-op models on ONNX Runtime (appends, resumable)")
+    measure.add_argument("--out", type=Path, required=True, help="samples file (JSON lines); existing samples are kept")
+    measure.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
+    measure.add_argument("--budget-s", type=float, default=540.0, help="stop after this many seconds (default 540)")
+    measure.add_argument("--limit", type=int, help="measure at most this many samples")
+    measure.add_argument("--seed", type=int, default=0, help="seed of the random part of the shape grid")
+    fit = cost_sub.add_parser("fit", help="fit a database from samples")
+    fit.add_argument("samples", type=Path)
+    fit.add_argument("out", type=Path, help="database JSON to write (e.g. costdb/data/nvidia-h200.json)")
+    fit.add_argument("--holdout", type=float, default=0.2)
+    fit.add_argument("--min-samples", type=int, default=8)
+    evaluate = cost_sub.add_parser("eval", help="accuracy of a database on its held-out samples")
+    evaluate.add_argument("database", type=Path)
+    evaluate.add_argument("samples", type=Path)
+    evaluate.add_argument("--report", type=Path, help="markdown report to write")
+    evaluate.add_argument("--png", type=Path, help="predicted-vs-measured plot to write (needs matplotlib)")
+
+    for p in (opt, ins, measure, fit, evaluate):
         p.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per pass; -vv: debug")
         p.add_argument("--debug", action="store_true", help="check graph invariants after every pass; tracebacks")
     return parser
@@ -95,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "optimize":
             return _optimize(args)
+        if args.command == "costdb":
+            return _costdb(args)
         return _inspect(args)
     except CampoError as exc:
         print(f"onnxcampo: error: {exc}", file=sys.stderr)
@@ -157,6 +178,37 @@ def _inspect(args: argparse.Namespace) -> int:
         for name, entry in result.report["plan"].items():
             numbers = " ".join(f"{k}={v:.2f}" for k, v in entry.get("numbers", {}).items())
             print(f"{entry['precision']}  {name}  {entry['reason']}  {numbers}".rstrip())
+    return 0
+
+
+def _costdb(args: argparse.Namespace) -> int:
+    if args.costdb_command == "measure":
+        from onnxcampo.costdb.measure import measure
+
+        measure(args.out, provider=args.provider, budget_s=args.budget_s, seed=args.seed, limit=args.limit)
+        return 0
+    if args.costdb_command == "fit":
+        from onnxcampo.costdb.fit import fit_file
+
+        database = fit_file(args.samples, args.out, holdout=args.holdout, min_samples=args.min_samples)
+        summary_ = database["summary"]
+        print(f"onnxcampo: wrote {args.out}: {len(database['ops'])} op types fitted "
+              f"({', '.join(sorted(database['ops']))}), analytic fallback for "
+              f"{', '.join(database.get('fallback_ops', [])) or 'none'}; held-out MAPE "
+              f"{100 * (summary_.get('holdout_mape') or 0):.1f} %, wrong decisions "
+              f"{100 * (summary_.get('wrong_decision_rate') or 0):.2f} %", file=sys.stderr)
+        return 0
+    from onnxcampo.costdb.evaluate import evaluate, markdown, write_report
+    from onnxcampo.costdb.fit import load_samples
+    from onnxcampo.costdb.regression import RegressionCostModel
+
+    database = RegressionCostModel.load(args.database).database
+    result = evaluate(database, load_samples(args.samples))
+    if args.report:
+        written = write_report(result, args.report, args.png)
+        if written.get("png_skipped"):
+            print(f"onnxcampo: no plot: {written['png_skipped']}", file=sys.stderr)
+    print(markdown(result))
     return 0
 
 

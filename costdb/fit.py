@@ -1,0 +1,494 @@
+"""Fit a cost database (schema v1, :mod:`onnxcampo.costdb.regression`) from measured samples.
+
+Input: JSON lines written by the measurement harness, one measurement a line (op rows, Cast rows,
+Pad/Slice rows; see :func:`load_samples`). Output: a database :class:`RegressionCostModel`
+accepts. Rules:
+
+1. Every ``time_us`` is clamped to a floor of 0.5 us (tiny ops minus the empty-model baseline can
+   come out near zero or slightly negative). Rows without a finite ``time_us`` are skipped and
+   counted.
+2. Cast cost ``C_I + r * n``: one weighted least-squares fit over both directions pooled, plus one
+   per direction (``to_fp16`` / ``to_fp32``) for reference. Pad cost likewise from Pad and Slice
+   rows (``pad`` is omitted when there are none).
+3. Op rows are paired by ``case``: the fp32 side is a ``precision == "fp32"`` row with TF32 on
+   (``tf32`` missing counts as on, ORT's default), the fp16 side a ``precision == "fp16"`` row.
+   fp32 rows with ``tf32: false`` and rows with ``padded: true`` (a different kernel than the op
+   the shapes describe) are not used; repeated rows of one side are reduced to their median.
+4. Per op type with at least ``min_samples`` paired cases, a share ``holdout`` of the cases (by
+   case, stratified by Tensor Core alignment, deterministic from ``seed``) is held out; the models
+   are fitted on the rest and their errors measured on the held-out cases. The shipped models are
+   the ones fitted without the held-out cases, so ``holdout_cases`` stay honest for
+   :func:`onnxcampo.costdb.evaluate.evaluate`.
+5. Models, each fitted by least squares weighted by ``1 / t**2`` (the loss is relative error,
+   which is what MAPE measures); coefficients may take any sign (predictions are clamped at 0):
+
+   * ``fp32``: ``t32 ~ b + sum_i w_i f_i``;
+   * ``fp16``: ``t16 ~ b + sum_i w_i f_i + sigma * t32`` (Campo's form; ``t32`` is the measured
+     fp32 time of the same case), on the cases that are not Tensor Core aligned (all cases for
+     ops without a GEMM, or when fewer than ``min_samples`` unaligned cases exist);
+   * ``fp16_tc``: the same form on aligned cases, for GEMM ops with ``min_samples`` aligned cases.
+
+   Feature choice (Campo): candidates are the :data:`FEATURES` whose Spearman ``|rho|`` against
+   the target time (on the training cases) exceeds ``rho``; when none does, the single best one.
+   Many candidates rank alike (``flops`` and ``log_flops`` have identical ranks), so fitting them
+   all would give collinear, overfitted models; the candidates are therefore added one at a time
+   (forward selection), each only while it lowers the leave-one-out relative error by at least
+   5 %. ``fp32`` keeps at least one feature; ``fp16`` may keep none (``sigma * t32`` alone).
+6. Op types with fewer than ``min_samples`` paired cases are left out of ``ops`` and listed in
+   ``fallback_ops``: :class:`RegressionCostModel` predicts them with the analytic roofline model
+   (:class:`AnalyticCostModel`), as it does for any op type the database lacks.
+
+Additions to schema v1 (all optional for readers; ``validate_database`` ignores them)::
+
+    "cast": {..., "to_fp16": {"C_I", "r"}, "to_fp32": {"C_I", "r"}, "samples": rows}
+    "pad": {..., "samples": rows}
+    "ops": {OP: {..., "holdout": n held out, "holdout_mape_fp32": x,
+                 MODEL: {..., "samples": training cases, "fit_on": "all"|"unaligned"|"aligned",
+                         "loo_mape": leave-one-out error on the training cases,
+                         "rho": {feature: Spearman rho of each candidate}}}}
+    "fallback_ops": [op types predicted by the analytic model]
+    "holdout_cases": [case keys held out]
+    "summary": {"holdout_mape", "holdout_mape_fp32", "wrong_decision_rate", "samples", "cases",
+                "rows_skipped", "fit": {"holdout", "seed", "min_samples", "rho"}}
+
+Errors (``*_mape``, ``wrong_decision_rate``) are fractions: 0.06 is 6 %.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import warnings
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from onnxcampo.costdb.features import OpFeatures, op_features
+from onnxcampo.costdb.regression import FEATURES, SCHEMA_VERSION, feature_vector, validate_database
+from onnxcampo.errors import ConfigError, CostModelError
+
+log = logging.getLogger(__name__)
+
+TIME_FLOOR_US = 0.5
+MIN_GAIN = 0.05  # forward selection: a feature must cut the leave-one-out error by 5 %
+MIN_GAIN_ABS = 1e-4  # ... and by 0.01 points (exact fits must not grow features from rounding)
+CAST_OP = "Cast"
+PAD_OPS = frozenset({"Pad", "Slice"})
+# Input positions that hold constant weights (converted offline, never cast at run time) when a
+# row does not list them itself in "weights": the weight matrix of products, their bias, and the
+# scale and bias of normalizations.
+WEIGHT_INPUTS = {"MatMul": (1,), "FusedMatMul": (1,), "Gemm": (1, 2), "Conv": (1, 2), "FusedConv": (1, 2),
+                 "ConvTranspose": (1, 2), "LayerNormalization": (1, 2), "BatchNormalization": (1, 2, 3, 4)}
+
+
+# --------------------------------------------------------------------------------------------
+# Samples
+
+
+def load_samples(path: str | Path) -> list[dict]:
+    """Samples from a JSON-lines file; blank lines are skipped."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise CostModelError(f"{path}: samples file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CostModelError(f"{path}: cannot read samples ({exc})") from None
+    samples = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CostModelError(f"{path}:{number}: malformed sample line ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise CostModelError(f"{path}:{number}: malformed sample line (not a JSON object)")
+        samples.append(row)
+    return samples
+
+
+def sample_time(row: dict) -> float | None:
+    """``time_us`` clamped to the floor, or None when the row has no usable time."""
+    value = row.get("time_us")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return max(float(value), TIME_FLOOR_US)
+
+
+def _shapes(value) -> list[tuple | None]:
+    return [None if s is None else tuple(s) for s in (value or [])]
+
+
+def _elements(row: dict) -> int:
+    if isinstance(row.get("elements"), (int, float)):
+        return int(row["elements"])
+    shapes = row.get("output_shapes") if row.get("op_type") in PAD_OPS else row.get("input_shapes")
+    shapes = shapes or row.get("input_shapes") or [[0]]
+    return int(math.prod(shapes[0]))
+
+
+@dataclass
+class Case:
+    """One op measured in both precisions (``t32`` with TF32 on)."""
+
+    key: str
+    op_type: str
+    features: OpFeatures
+    t32: float
+    t16: float
+    cast_inputs: list[int] = field(default_factory=list)  # elements of each float activation input
+    # (inputs listed in the row's "weights", else WEIGHT_INPUTS, are constants: never cast)
+    cast_outputs: list[int] = field(default_factory=list)  # elements of each float output
+    rows: int = 2
+
+    @property
+    def values(self) -> dict[str, float]:
+        return feature_vector(self.features)
+
+    @property
+    def aligned(self) -> bool:
+        return self.features.tensor_core_aligned
+
+
+@dataclass
+class SampleSet:
+    cases: list[Case]
+    cast_rows: list[tuple[str, int, float]]  # (direction, elements, time)
+    pad_rows: list[tuple[str, int, float]]  # (op type, elements, time)
+    rows_used: int
+    rows_skipped: dict[str, int]
+
+
+def _cast_sizes(op_type: str, row: dict) -> tuple[list[int], list[int]]:
+    ins, outs = _shapes(row.get("input_shapes")), _shapes(row.get("output_shapes"))
+    float_in = row.get("float_inputs") or [True] * len(ins)
+    float_out = row.get("float_outputs") or [True] * len(outs)
+    weights = row.get("weights")
+    if not isinstance(weights, list):
+        weights = WEIGHT_INPUTS.get(op_type, ())
+    cast_in = [math.prod(s) for i, (s, f) in enumerate(zip(ins, float_in))
+               if f and i not in weights and s is not None and None not in s]
+    cast_out = [math.prod(s) for s, f in zip(outs, float_out) if f and s is not None and None not in s]
+    return cast_in, cast_out
+
+
+def collect(samples: Iterable[dict]) -> SampleSet:
+    """Sort rows into paired op cases, Cast rows and Pad/Slice rows."""
+    skipped: dict[str, int] = defaultdict(int)
+    cast_rows, pad_rows = [], []
+    sides: dict[str, dict[str, list]] = defaultdict(lambda: {"fp32": [], "fp16": []})
+    for index, row in enumerate(samples):
+        if not isinstance(row, dict) or not isinstance(row.get("op_type"), str):
+            raise CostModelError(f"sample #{index + 1}: not a measurement (no 'op_type')")
+        op_type, precision = row["op_type"], row.get("precision")
+        time = sample_time(row)
+        if time is None:
+            skipped["no time"] += 1
+            continue
+        if op_type == CAST_OP:
+            if precision not in ("to_fp16", "to_fp32"):
+                raise CostModelError(f"sample #{index + 1}: Cast precision {precision!r}, expected to_fp16 or to_fp32")
+            cast_rows.append((precision, _elements(row), time))
+            continue
+        if op_type in PAD_OPS:
+            pad_rows.append((op_type, _elements(row), time))
+            continue
+        if not isinstance(row.get("case"), str):
+            raise CostModelError(f"sample #{index + 1}: {op_type} row has no 'case' key")
+        if row.get("padded"):
+            skipped["padded"] += 1
+            continue
+        if precision == "fp32":
+            if row.get("tf32", True) is False:
+                skipped["fp32 without TF32"] += 1
+                continue
+        elif precision != "fp16":
+            raise CostModelError(f"sample #{index + 1}: precision {precision!r}, expected fp32 or fp16")
+        sides[row["case"]][precision].append((time, row))
+
+    cases = []
+    for key in sorted(sides):
+        fp32, fp16 = sides[key]["fp32"], sides[key]["fp16"]
+        if not fp32 or not fp16:
+            skipped["unpaired"] += len(fp32) + len(fp16)
+            continue
+        row = fp32[0][1]
+        op_type = row["op_type"]
+        features = op_features(op_type, _shapes(row.get("input_shapes")), _shapes(row.get("output_shapes")),
+                               row.get("attrs") or {}, float_inputs=row.get("float_inputs"),
+                               float_outputs=row.get("float_outputs"))
+        if not features.known:
+            skipped["unknown shapes"] += len(fp32) + len(fp16)
+            continue
+        cast_in, cast_out = _cast_sizes(op_type, row)
+        cases.append(Case(key, op_type, features, statistics.median(t for t, _ in fp32),
+                          statistics.median(t for t, _ in fp16), cast_in, cast_out, len(fp32) + len(fp16)))
+    rows_used = sum(c.rows for c in cases) + len(cast_rows) + len(pad_rows)
+    return SampleSet(cases, cast_rows, pad_rows, rows_used, dict(skipped))
+
+
+def device_info(samples: Sequence[dict]) -> dict:
+    """The device block: one GPU name across all samples; versions of the latest sample."""
+    names = sorted({row["device"] for row in samples if isinstance(row.get("device"), str)})
+    if len(names) > 1:
+        raise CostModelError(f"samples come from several devices ({', '.join(names)}); fit one database per GPU")
+    dated = [row for row in samples if isinstance(row.get("date"), str)]
+    latest = max(dated, key=lambda row: row["date"]) if dated else (samples[0] if samples else {})
+    info = {"name": names[0] if names else "unknown device"}
+    for key in ("compute_capability", "ort_version", "cuda_version", "date"):
+        info[key] = latest.get(key)
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# Weighted least squares with leave-one-out error
+
+
+@dataclass
+class LinearFit:
+    coef: np.ndarray  # one per design column (intercept first)
+    loo_mape: float  # leave-one-out mean relative error on the training rows
+
+
+def weighted_fit(design: np.ndarray, target: np.ndarray) -> LinearFit:
+    """Least squares of ``target`` on ``design`` weighted by ``1 / target**2``.
+
+    Weighted residuals are relative errors, so the leave-one-out error follows from the hat
+    matrix without refitting: ``e_i / (1 - h_ii)``.
+    """
+    weights = 1.0 / target
+    a = design * weights[:, None]
+    b = target * weights  # all ones
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    a_scaled = a / scale
+    u, s, vt = np.linalg.svd(a_scaled, full_matrices=False)
+    rank = int((s > s[0] * 1e-10).sum()) if s.size and s[0] > 0 else 0
+    u, s, vt = u[:, :rank], s[:rank], vt[:rank]
+    solution = vt.T @ ((u.T @ b) / s)
+    coef = solution / scale
+    residual = b - a_scaled @ solution
+    leverage = (u**2).sum(axis=1)
+    room = 1.0 - leverage
+    if np.any(room < 1e-8):
+        loo = math.inf
+    else:
+        loo = float(np.mean(np.abs(residual / room)))
+    return LinearFit(coef, loo)
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rho, 0 for a constant input."""
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return 0.0
+    from scipy.stats import spearmanr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value = float(spearmanr(x, y).statistic)
+    return 0.0 if math.isnan(value) else value
+
+
+def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "all") -> dict:
+    """One MODEL dict (``features``, ``coef``, ``intercept``, ``sigma`` for fp16) from cases."""
+    target = np.array([c.t16 if fp16 else c.t32 for c in cases])
+    columns = {name: np.array([c.values[name] for c in cases]) for name in FEATURES}
+    rhos = {name: spearman(col, target) for name, col in columns.items()}
+    candidates = [n for n in FEATURES if abs(rhos[n]) > rho]
+    if not candidates:
+        best = max(FEATURES, key=lambda n: abs(rhos[n]))
+        candidates = [best] if abs(rhos[best]) > 0 else []
+    t32 = np.array([c.t32 for c in cases])
+
+    def design(names: list[str]) -> np.ndarray:
+        cols = [np.ones(len(cases))] + [columns[n] for n in names]
+        if fp16:
+            cols.append(t32)
+        return np.column_stack(cols)
+
+    chosen: list[str] = []
+    current = weighted_fit(design(chosen), target)
+    max_params = max(len(cases) - 2, 1)
+    while True:
+        remaining = [n for n in candidates if n not in chosen]
+        if not remaining or len(chosen) + 1 + (2 if fp16 else 1) > max_params:
+            break
+        trials = {n: weighted_fit(design(chosen + [n]), target) for n in remaining}
+        name = min(remaining, key=lambda n: trials[n].loo_mape)
+        forced = not fp16 and not chosen  # fp32 keeps at least one feature
+        gain = current.loo_mape - trials[name].loo_mape
+        if not forced and not (gain > MIN_GAIN * current.loo_mape and gain > MIN_GAIN_ABS):
+            break
+        chosen.append(name)
+        current = trials[name]
+    coef = current.coef
+    model = {
+        "features": chosen,
+        "coef": [float(w) for w in coef[1:1 + len(chosen)]],
+        "intercept": float(coef[0]),
+    }
+    if fp16:
+        model["sigma"] = float(coef[-1])
+    model["samples"] = len(cases)
+    model["fit_on"] = fit_on
+    model["loo_mape"] = None if math.isinf(current.loo_mape) else round(current.loo_mape, 6)
+    model["rho"] = {n: round(rhos[n], 4) for n in candidates}
+    return model
+
+
+def fit_size_cost(rows: Sequence[tuple[int, float]]) -> dict:
+    """``C_I + r * n`` by least squares weighted by ``1 / t**2``."""
+    if not rows:
+        raise ValueError("no rows")
+    n = np.array([float(e) for e, _ in rows])
+    t = np.array([t for _, t in rows])
+    if np.ptp(n) == 0:  # one size only: all of it is the fixed cost
+        return {"C_I": float(np.median(t)), "r": 0.0}
+    fit = weighted_fit(np.column_stack([np.ones_like(n), n]), t)
+    return {"C_I": float(fit.coef[0]), "r": float(fit.coef[1])}
+
+
+# --------------------------------------------------------------------------------------------
+# The database
+
+
+def split_holdout(cases: Sequence[Case], share: float, seed: int) -> tuple[list[Case], list[Case]]:
+    """Held-out cases of one op type: by case, stratified by alignment, deterministic in seed."""
+    if share <= 0:
+        return list(cases), []
+    groups: dict[bool, list[Case]] = defaultdict(list)
+    for case in sorted(cases, key=lambda c: c.key):
+        groups[case.aligned].append(case)
+    rng = np.random.default_rng([seed, zlib.crc32(cases[0].op_type.encode())])
+    train, held = [], []
+    for aligned in (False, True):
+        group = groups.get(aligned, [])
+        order = rng.permutation(len(group))
+        count = int(round(share * len(group)))
+        if len(group) >= 2:
+            count = min(max(count, 1), len(group) - 1)
+        else:
+            count = 0
+        held += [group[i] for i in order[:count]]
+        train += [group[i] for i in order[count:]]
+    return train, held
+
+
+def _mape(pairs: Iterable[tuple[float, float]]) -> float | None:
+    errors = [abs(p - m) / m for p, m in pairs]
+    return float(np.mean(errors)) if errors else None
+
+
+def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, min_samples: int = 8,
+                 rho: float = 0.75) -> dict:
+    """A schema-v1 cost database from measured samples (see the module docstring)."""
+    if not 0 <= holdout < 1:
+        raise ConfigError(f"holdout must be in [0, 1), got {holdout}")
+    if min_samples < 3:
+        raise ConfigError(f"min_samples must be at least 3, got {min_samples}")
+    if not 0 <= rho < 1:
+        raise ConfigError(f"rho must be in [0, 1), got {rho}")
+    data = collect(samples)
+    if not data.cast_rows:
+        raise CostModelError("samples hold no Cast rows: the cast cost model cannot be fitted")
+
+    cast = fit_size_cost([(e, t) for _, e, t in data.cast_rows])
+    for direction in ("to_fp16", "to_fp32"):
+        rows = [(e, t) for d, e, t in data.cast_rows if d == direction]
+        if rows:
+            cast[direction] = fit_size_cost(rows)
+    cast["samples"] = len(data.cast_rows)
+    database: dict = {"schema_version": SCHEMA_VERSION, "device": device_info(samples), "cast": cast}
+    if data.pad_rows:
+        database["pad"] = {**fit_size_cost([(e, t) for _, e, t in data.pad_rows]), "samples": len(data.pad_rows)}
+
+    by_op: dict[str, list[Case]] = defaultdict(list)
+    for case in data.cases:
+        by_op[case.op_type].append(case)
+    ops, fallback, holdout_keys = {}, [], []
+    for op_type in sorted(by_op):
+        cases = by_op[op_type]
+        if len(cases) < min_samples:
+            fallback.append(op_type)
+            log.info("%s: %d paired cases (< %d): analytic fallback", op_type, len(cases), min_samples)
+            continue
+        train, held = split_holdout(cases, holdout, seed)
+        entry = {"fp32": fit_model(train, fp16=False, rho=rho)}
+        is_gemm = any(c.features.is_gemm for c in cases)
+        unaligned = [c for c in train if not c.aligned]
+        aligned = [c for c in train if c.aligned]
+        if is_gemm and sum(not c.aligned for c in cases) >= min_samples:
+            entry["fp16"] = fit_model(unaligned, fp16=True, rho=rho, fit_on="unaligned")
+        else:
+            entry["fp16"] = fit_model(train, fp16=True, rho=rho, fit_on="all")
+        if is_gemm and sum(c.aligned for c in cases) >= min_samples and len(aligned) >= 3:
+            entry["fp16_tc"] = fit_model(aligned, fp16=True, rho=rho, fit_on="aligned")
+        entry["samples"] = len(cases)
+        entry["holdout"] = len(held)
+        ops[op_type] = entry
+        holdout_keys += [c.key for c in held]
+
+    database["ops"] = ops
+    database["fallback_ops"] = fallback
+    database["holdout_cases"] = sorted(holdout_keys)
+    database["summary"] = {}
+    validate_database(database, "fitted database")
+
+    from onnxcampo.costdb.evaluate import evaluate_cases  # evaluate imports this module
+
+    result = evaluate_cases(database, data, holdout_only=True)
+    for op_type, entry in ops.items():
+        numbers = result["ops"].get(op_type, {})
+        entry["holdout_mape"] = numbers.get("mape_fp16")
+        entry["holdout_mape_fp32"] = numbers.get("mape_fp32")
+        log.info("%s: %d cases, fp32 %s, fp16 %s, held-out MAPE fp16 %s", op_type, entry["samples"],
+                 entry["fp32"]["features"], entry["fp16"]["features"], _percent(entry["holdout_mape"]))
+    overall = result["overall"]
+    database["summary"] = {
+        "holdout_mape": overall["mape_fp16"],
+        "holdout_mape_fp32": overall["mape_fp32"],
+        "wrong_decision_rate": overall["wrong_rate"],
+        "samples": data.rows_used,
+        "cases": len(data.cases),
+        "rows_skipped": data.rows_skipped,
+        "fit": {"holdout": holdout, "seed": seed, "min_samples": min_samples, "rho": rho},
+    }
+    return database
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f} %"
+
+
+def fit_file(samples_path: str | Path, out_path: str | Path, **kw) -> dict:
+    """Fit the samples of a JSON-lines file and write the database atomically (JSON, indent 1)."""
+    database = fit_database(load_samples(samples_path), **kw)
+    write_json(database, out_path)
+    return database
+
+
+def write_json(data: dict, out_path: str | Path) -> None:
+    out_path = Path(out_path)
+    if not out_path.parent.is_dir():
+        raise CostModelError(f"{out_path}: folder {out_path.parent} does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1)
+            handle.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp creates 0600
+        os.replace(tmp_name, out_path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,382 @@
+"""Measurement harness for the cost database: single-op models timed on ONNX Runtime.
+
+For every case of the grid (op type, shapes, attributes) a one-node model is built in fp32 and in
+fp16 and timed through IO binding with inputs and outputs on the device (outputs pre-allocated,
+so no host copies and no allocations are timed). ``time_us`` is the median wall time of a run
+minus the median wall time of an empty model (one tiny Identity) measured in the same process:
+the session's fixed per-run cost, which every node of a real graph shares. fp32 GEMMs and
+convolutions are measured with TF32 on (ORT's default, what the database is for) and off
+(recorded, not used by default). Casts are measured in both directions from 1e3 to 1e8
+elements, Pad and Slice (the padding pass's cost) over the same range.
+
+Samples are appended as JSON lines; a case already in the file is skipped, so a run that stops
+(``--budget-s``) resumes where it stopped. Each sample carries the device and versions.
+
+    python -m onnxcampo costdb measure --out costdb/data/raw/nvidia-h200.jsonl --budget-s 540
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+log = logging.getLogger(__name__)
+
+_OPSET = 17
+_IR = 8
+
+
+@dataclass(frozen=True)
+class Case:
+    """One op at one set of shapes; ``weights`` are input indices given as initializers."""
+
+    op_type: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    attrs: tuple[tuple[str, object], ...] = ()
+    weights: tuple[int, ...] = ()
+    int_inputs: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False, compare=False)
+    tag: str = ""
+
+    @property
+    def key(self) -> str:
+        shapes = ",".join("x".join(map(str, s)) for s in self.input_shapes)
+        attrs = ";".join(f"{k}={v}" for k, v in self.attrs)
+        return f"{self.op_type}|in={shapes}|attrs={attrs}{'|' + self.tag if self.tag else ''}"
+
+
+# --- the grid --------------------------------------------------------------------------------
+
+_GEMM_MNK = [
+    # BERT-base / GPT-2 projections and FFNs (rows = batch x sequence)
+    (4096, 768, 768), (4096, 768, 3072), (4096, 3072, 768), (2048, 768, 2304), (2048, 768, 50257),
+    (512, 768, 768), (512, 768, 3072), (128, 768, 768), (16384, 768, 768), (16384, 3072, 768),
+    # ResNet/classifier heads and small layers
+    (64, 2048, 1000), (64, 2048, 1001), (256, 2048, 1001), (1, 2048, 1000), (32, 512, 10),
+    # the DESIGN's measured points
+    (512, 768, 768), (64, 64, 64), (256, 2048, 1001), (4095, 1023, 1001), (4096, 1024, 1008),
+    (8192, 1024, 1024), (8192, 1023, 1023), (8192, 4096, 4096), (8192, 4095, 4095),
+]
+
+
+def _random_gemms(rng: np.random.Generator, count: int) -> list[tuple[int, int, int]]:
+    shapes = []
+    for _ in range(count):
+        m = int(2 ** rng.uniform(4, 14.5))
+        k = int(2 ** rng.uniform(5, 12.5))
+        n = int(2 ** rng.uniform(3, 12.5))
+        if rng.random() < 0.5:  # half of them aligned to 8
+            k, n = max(8, k // 8 * 8), max(8, n // 8 * 8)
+        shapes.append((m, k, n))
+    return shapes
+
+
+def _conv_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    resnet = [  # (batch, c_in, hw, c_out, k, stride)
+        (64, 3, 224, 64, 7, 2), (64, 64, 56, 64, 3, 1), (64, 64, 56, 256, 1, 1), (64, 256, 56, 64, 1, 1),
+        (64, 128, 28, 128, 3, 1), (64, 256, 14, 256, 3, 1), (64, 512, 7, 512, 3, 1), (64, 1024, 14, 256, 1, 1),
+        (1, 3, 224, 64, 7, 2), (1, 64, 56, 64, 3, 1), (8, 256, 14, 256, 3, 1), (16, 96, 32, 96, 3, 1),
+    ]
+    for _ in range(24):
+        c_in = int(rng.choice([3, 5, 16, 24, 32, 48, 63, 64, 96, 100, 128, 255, 256]))
+        c_out = int(rng.choice([8, 16, 30, 32, 64, 96, 127, 128, 256, 500, 512]))
+        resnet.append((int(rng.choice([1, 8, 32, 64])), c_in, int(rng.choice([7, 14, 28, 56])), c_out,
+                       int(rng.choice([1, 3])), 1))
+    for batch, c_in, hw, c_out, k, stride in resnet:
+        pad = k // 2
+        cases.append(Case("Conv", ((batch, c_in, hw, hw), (c_out, c_in, k, k)),
+                          (("pads", (pad,) * 4), ("strides", (stride, stride))), weights=(1,)))
+    return cases
+
+
+def _elementwise_sizes() -> list[int]:
+    return [int(10 ** e) for e in np.arange(3.0, 8.01, 0.5)]
+
+
+def _shape_of(elements: int, last: int = 768) -> tuple[int, int]:
+    rows = max(1, elements // last)
+    return (rows, last)
+
+
+def default_grid(seed: int = 0) -> list[Case]:
+    """Every case the database is fitted on (deterministic for a seed)."""
+    rng = np.random.default_rng(seed)
+    cases: list[Case] = []
+    for m, k, n in dict.fromkeys(_GEMM_MNK + _random_gemms(rng, 60)):
+        cases.append(Case("MatMul", ((m, k), (k, n)), weights=(1,)))
+    for m, k, n in _random_gemms(rng, 16) + [(4096, 768, 768), (64, 2048, 1001)]:
+        cases.append(Case("Gemm", ((m, k), (n, k), (n,)), (("transB", 1),), weights=(1, 2)))
+    for batch, heads, seq, dim in [(32, 12, 128, 64), (8, 12, 256, 64), (8, 12, 256, 256), (4, 16, 512, 64)]:
+        cases.append(Case("MatMul", ((batch, heads, seq, dim), (batch, heads, dim, seq)), tag="attention"))
+    cases += _conv_cases(rng)
+    for elements in _elementwise_sizes():
+        shape = _shape_of(elements)
+        for op in ("Add", "Mul", "Sub", "Div"):
+            cases.append(Case(op, (shape, shape)))
+        for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Sqrt"):
+            cases.append(Case(op, (shape,)))
+        cases.append(Case("Softmax", (shape,), (("axis", -1),)))
+        cases.append(Case("ReduceMean", (shape,), (("axes", (-1,)), ("keepdims", 1))))
+        cases.append(Case("LayerNormalization", (shape, (shape[-1],), (shape[-1],)), (("axis", -1),), weights=(1, 2)))
+        cases.append(Case("Transpose", ((shape[0], 12, 64),), (("perm", (1, 0, 2)),)))
+        cases.append(Case("Cast", ((elements,),), tag="to_fp16"))
+        cases.append(Case("Cast", ((elements,),), tag="to_fp32"))
+        cases.append(Case("Pad", ((max(1, elements // 1001), 1001),), tag="pad_to_1008"))
+        cases.append(Case("Slice", ((max(1, elements // 1008), 1008),), tag="slice_to_1001"))
+    return cases
+
+
+# --- building one-node models ------------------------------------------------------------------
+
+def _np_dtype(precision: str):
+    return np.float16 if precision == "fp16" else np.float32
+
+
+def _onnx_dtype(precision: str) -> int:
+    return TensorProto.FLOAT16 if precision == "fp16" else TensorProto.FLOAT
+
+
+_RANDOM = np.zeros(0, np.float32)
+
+
+def _values(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Positive values in [0.05, 0.15) (valid for Sqrt, no denormals), sliced from one random
+    buffer: drawing 1e8 fresh normals per model took most of a run's time."""
+    global _RANDOM
+    count = math.prod(shape)
+    if _RANDOM.size < count:
+        _RANDOM = (np.random.default_rng(0).random(max(count, 1 << 20), dtype=np.float32) * 0.1 + 0.05)
+    return _RANDOM[:count].astype(dtype).reshape(shape)
+
+
+def build_model(case: Case, precision: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The one-node model of ``case`` in ``precision`` and feeds for its graph inputs.
+
+    Cast cases: ``precision`` is the source type ("fp32" for to_fp16). Pad/Slice run in fp16
+    (the padding pass pads fp16 tensors).
+    """
+    elem = _onnx_dtype(precision)
+    np_dtype = _np_dtype(precision)
+    inputs, initializers, feeds, names = [], [], {}, []
+    for index, shape in enumerate(case.input_shapes):
+        name = f"in{index}"
+        names.append(name)
+        data = _values(shape, np_dtype)
+        if index in case.weights:
+            initializers.append(numpy_helper.from_array(data, name))
+        else:
+            inputs.append(helper.make_tensor_value_info(name, elem, list(shape)))
+            feeds[name] = data
+    attrs = dict(case.attrs)
+    out_elem = elem
+    if case.op_type == "Cast":
+        out_elem = TensorProto.FLOAT16 if case.tag == "to_fp16" else TensorProto.FLOAT
+        attrs["to"] = out_elem
+    if case.op_type == "Pad":
+        rows, cols = case.input_shapes[0]
+        pads = numpy_helper.from_array(np.array([0, 0, 0, 1008 - cols], np.int64), "pads")
+        initializers.append(pads)
+        names.append("pads")
+    if case.op_type == "Slice":
+        for name, value in (("starts", 0), ("ends", 1001), ("axes", 1)):
+            initializers.append(numpy_helper.from_array(np.array([value], np.int64), name))
+            names.append(name)
+    if case.op_type == "ReduceMean" and "axes" in attrs:  # opset 17: axes is an attribute
+        pass
+    node = helper.make_node(case.op_type, names, ["out"], name="op", **attrs)
+    graph = helper.make_graph([node], case.op_type, inputs,
+                              [helper.make_tensor_value_info("out", out_elem, None)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR)
+    # Output shape from inference on a copy whose weights are typed inputs (no data to serialize).
+    typing = helper.make_graph([node], case.op_type, [*inputs, *(
+        helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in initializers if t.dims or t.data_type != TensorProto.INT64
+    )], [helper.make_tensor_value_info("out", out_elem, None)],
+        [t for t in initializers if t.data_type == TensorProto.INT64])
+    inferred = onnx.shape_inference.infer_shapes(
+        helper.make_model(typing, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR),
+        strict_mode=True, data_prop=True)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model, feeds
+
+
+def output_shapes(model: onnx.ModelProto) -> list[list[int]]:
+    return [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output]
+
+
+def precisions_of(case: Case) -> list[tuple[str, bool]]:
+    """(precision, tf32) pairs to measure for a case."""
+    if case.op_type == "Cast":
+        return [("fp32" if case.tag == "to_fp16" else "fp16", True)]
+    if case.op_type in ("Pad", "Slice"):
+        return [("fp16", True)]
+    pairs = [("fp32", True), ("fp16", True)]
+    if case.op_type in ("MatMul", "Gemm", "Conv"):
+        pairs.append(("fp32", False))
+    return pairs
+
+
+def sample_key(case: Case, precision: str, tf32: bool) -> str:
+    return f"{case.key}|{precision}|tf32={int(tf32)}"
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+class Timer:
+    """Sessions on one provider; times a model's runs through IO binding."""
+
+    def __init__(self, provider: str, *, warmup: int = 5, runs: int = 30, min_seconds: float = 0.05) -> None:
+        import onnxruntime as ort
+
+        self.ort = ort
+        self.provider = provider
+        self.warmup, self.runs, self.min_seconds = warmup, runs, min_seconds
+        if provider == "cuda" and hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+        self.baseline_us = self._empty_model_us()
+
+    def _session(self, model: onnx.ModelProto, tf32: bool):
+        options = self.ort.SessionOptions()
+        options.log_severity_level = 3
+        if self.provider == "cuda":
+            providers = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"})]
+        else:
+            providers = ["CPUExecutionProvider"]
+        return self.ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+
+    def time_us(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, tf32: bool = True) -> dict[str, float]:
+        session = self._session(model, tf32)
+        device = "cuda" if self.provider == "cuda" else "cpu"
+        binding = session.io_binding()
+        values = {n: self.ort.OrtValue.ortvalue_from_numpy(a, device, 0) for n, a in feeds.items()}
+        for name, value in values.items():
+            binding.bind_ortvalue_input(name, value)
+        for out in session.get_outputs():
+            binding.bind_output(out.name, device)
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        outputs = binding.get_outputs()
+        for out, value in zip(session.get_outputs(), outputs):
+            binding.bind_ortvalue_output(out.name, value)
+        for _ in range(self.warmup):
+            session.run_with_iobinding(binding)
+            binding.synchronize_outputs()
+        times = []
+        start = time.perf_counter()
+        while len(times) < self.runs or (time.perf_counter() - start < self.min_seconds and len(times) < 20 * self.runs):
+            t0 = time.perf_counter()
+            session.run_with_iobinding(binding)
+            binding.synchronize_outputs()
+            times.append((time.perf_counter() - t0) * 1e6)
+        array = np.array(times)
+        return {"wall_us": float(np.median(array)), "p10_us": float(np.percentile(array, 10)),
+                "p90_us": float(np.percentile(array, 90)), "runs": len(times)}
+
+    def _empty_model_us(self) -> float:
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"], name="op")], "empty",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], ir_version=_IR)
+        return self.time_us(model, {"x": np.zeros(1, np.float32)})["wall_us"]
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+def _done_keys(path: Path) -> set[str]:
+    if not path.exists():
+        return set()
+    keys = set()
+    for line in path.read_text().splitlines():
+        if line.strip():
+            keys.add(json.loads(line)["key"])
+    return keys
+
+
+def _device_facts(provider: str) -> dict[str, str]:
+    import onnxruntime as ort
+
+    facts = {"device": "cpu", "compute_capability": "", "ort_version": ort.__version__, "cuda_version": "",
+             "date": dt.date.today().isoformat(), "provider": provider}
+    if provider == "cuda":
+        try:
+            import subprocess
+
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+            name, capability = (part.strip() for part in out.split(","))
+            facts.update(device=name, compute_capability=capability)
+        except Exception:  # noqa: BLE001 - facts are best effort
+            facts["device"] = "unknown GPU"
+        facts["cuda_version"] = os.environ.get("CUDA_VERSION", "")
+    return facts
+
+
+def iter_samples(cases: list[Case], timer: Timer, facts: dict, done: set[str]) -> Iterator[dict]:
+    for case in cases:
+        for precision, tf32 in precisions_of(case):
+            key = sample_key(case, precision, tf32)
+            if key in done:
+                continue
+            model, feeds = build_model(case, precision)
+            timing = timer.time_us(model, feeds, tf32=tf32)
+            elements = math.prod(case.input_shapes[0]) if case.op_type in ("Cast",) else None
+            sample = {
+                "key": key, "case": case.key, "op_type": case.op_type, "domain": "",
+                "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in case.attrs},
+                "input_shapes": [list(s) for s in case.input_shapes],
+                "output_shapes": output_shapes(model),
+                "float_inputs": [True] * len(case.input_shapes),
+                "weights": list(case.weights),
+                "precision": case.tag if case.op_type == "Cast" else precision, "tf32": tf32,
+                "padded": case.op_type in ("Pad", "Slice"),
+                "time_us": timing["wall_us"] - timer.baseline_us, "baseline_us": timer.baseline_us, **timing,
+                **facts,
+            }
+            if case.op_type in ("Cast", "Pad", "Slice"):
+                sample["elements"] = elements or math.prod(sample["output_shapes"][0])
+            yield sample
+
+
+def measure(out: Path, *, provider: str = "cuda", budget_s: float = 540.0, seed: int = 0,
+            limit: int | None = None, cases: list[Case] | None = None) -> int:
+    """Append samples to ``out`` until the grid is done or ``budget_s`` is spent; returns the
+    number of new samples. Progress goes to stderr."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cases = cases if cases is not None else default_grid(seed)
+    done = _done_keys(out)
+    todo = sum(1 for c in cases for p, t in precisions_of(c) if sample_key(c, p, t) not in done)
+    if limit is not None:
+        todo = min(todo, limit)
+    timer = Timer(provider)
+    facts = _device_facts(provider)
+    start = time.perf_counter()
+    count = 0
+    with out.open("a") as sink:
+        for sample in iter_samples(cases, timer, facts, done):
+            sink.write(json.dumps(sample) + "\n")
+            sink.flush()
+            count += 1
+            elapsed = time.perf_counter() - start
+            if count % 20 == 0 or count == todo:
+                eta = elapsed / count * (todo - count)
+                print(f"\rmeasured {count}/{todo} samples, {elapsed:.0f} s, about {eta:.0f} s left   ",
+                      end="", file=sys.stderr, flush=True)
+            if count >= todo or elapsed > budget_s:
+                break
+    print(file=sys.stderr)
+    left = todo - count
+    log.warning("measured %d samples on %s (%s); %d left in the grid%s", count, facts["device"], provider, left,
+                ": run again to resume" if left else "")
+    return count

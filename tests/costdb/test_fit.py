@@ -1,0 +1,229 @@
+"""fit_database: synthetic samples from known cost formulas -> the formulas come back.
+
+Policy under test (costdb/fit.py): Cast and Pad cost ``C_I + r * n``; per op type, fp32 and
+fp16 (Campo form, ``+ sigma * t32``) linear models on Spearman-chosen features, a Tensor Core
+model for aligned GEMMs; op types with too few cases fall back to the analytic model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+from synthetic_samples import cast_samples, elementwise_samples, matmul_samples, pad_samples, pair_rows
+
+from onnxcampo.costdb.analytic import AnalyticCostModel
+from onnxcampo.costdb.features import op_features
+from onnxcampo.costdb.fit import collect, fit_database, fit_file, fit_model, load_samples, sample_time
+from onnxcampo.costdb.regression import RegressionCostModel, validate_database
+from onnxcampo.errors import ConfigError, CostModelError
+
+
+def close(value, expected, rel):
+    return abs(value - expected) <= rel * abs(expected)
+
+
+@pytest.fixture(scope="module")
+def spread_db():
+    """fp32 times with a per-case factor the features cannot see (what makes sigma identifiable)."""
+    rows = matmul_samples(n_cases=160, spread=0.3) + cast_samples() + pad_samples()
+    return rows, fit_database(rows)
+
+
+def test_fp32_model_recovers_known_coefficients():
+    # t32 = 5 + 1e-8 * flops with 1 % noise
+    database = fit_database(matmul_samples(n_cases=120, spread=0.0) + cast_samples())
+    fp32 = database["ops"]["MatMul"]["fp32"]
+    assert fp32["features"] == ["flops"]
+    assert close(fp32["intercept"], 5.0, 0.03)
+    assert close(fp32["coef"][0], 1e-8, 0.02)
+    assert database["ops"]["MatMul"]["holdout_mape_fp32"] < 0.02
+    assert database["ops"]["MatMul"]["holdout_mape"] < 0.02
+
+
+def test_fp16_models_recover_campo_form(spread_db):
+    # unaligned t16 = 2 + 3e-9 * flops + 0.2 * t32; aligned t16 = 1 + 1e-9 * flops + 0.25 * t32
+    _, database = spread_db
+    entry = database["ops"]["MatMul"]
+    fp16, tc = entry["fp16"], entry["fp16_tc"]
+    assert (fp16["fit_on"], tc["fit_on"]) == ("unaligned", "aligned")
+    assert fp16["features"] == ["flops"] and tc["features"] == ["flops"]
+    assert close(fp16["intercept"], 2.0, 0.05) and close(fp16["coef"][0], 3e-9, 0.05)
+    assert close(fp16["sigma"], 0.2, 0.05)
+    assert close(tc["intercept"], 1.0, 0.05) and close(tc["coef"][0], 1e-9, 0.05)
+    assert close(tc["sigma"], 0.25, 0.05)
+    assert entry["holdout_mape"] < 0.02
+    assert database["summary"]["holdout_mape"] < 0.02
+    assert database["summary"]["wrong_decision_rate"] == 0.0
+
+
+def test_spearman_and_selection_pick_the_planted_feature():
+    # times depend on elements moved only (a memory-bound MatMul), not on FLOPs or alignment
+    rng = np.random.default_rng(5)
+    rows, seen = [], set()
+    dims = (64, 96, 128, 200, 333, 512, 1001, 1024, 2047, 4096)
+    while len(seen) < 80:
+        m, k, n = (int(rng.choice(dims)) for _ in range(3))
+        if (m, k, n) in seen:
+            continue
+        seen.add((m, k, n))
+        ins, outs = [[m, k], [k, n]], [[m, n]]
+        elements = op_features("MatMul", ins, outs).elements
+        t32 = (3 + 2e-6 * elements) * (1 + 0.01 * rng.standard_normal())
+        t16 = (1 + 1e-6 * elements) * (1 + 0.01 * rng.standard_normal())
+        rows += pair_rows("MatMul", ins, outs, t32, t16)
+    database = fit_database(rows + cast_samples())
+    for kind in ("fp32", "fp16", "fp16_tc"):
+        model = database["ops"]["MatMul"][kind]
+        assert "elements" in model["features"], kind
+        assert not {"flops", "aligned", "intensity"} & set(model["features"]), kind
+        assert "aligned" not in model["rho"]  # below the Spearman threshold: not even a candidate
+
+
+def test_no_feature_above_rho_takes_the_single_best():
+    cases = collect(elementwise_samples(n_cases=30)).cases
+    model = fit_model(cases, fp16=False, rho=0.999)
+    assert len(model["rho"]) == 1 and len(model["features"]) == 1
+
+
+def test_cast_and_pad_fits_recover_c_i_and_r(spread_db):
+    _, database = spread_db
+    cast = database["cast"]
+    assert close(cast["to_fp16"]["C_I"], 4.5, 0.03) and close(cast["to_fp16"]["r"], 2e-6, 0.03)
+    assert close(cast["to_fp32"]["C_I"], 4.5, 0.03) and close(cast["to_fp32"]["r"], 2.4e-6, 0.03)
+    assert close(cast["C_I"], 4.5, 0.03) and 2e-6 < cast["r"] < 2.4e-6  # pooled directions
+    assert cast["samples"] == 60
+    assert close(database["pad"]["C_I"], 10.0, 0.03) and close(database["pad"]["r"], 1.5e-6, 0.03)
+
+
+def test_pad_is_omitted_without_rows():
+    database = fit_database(matmul_samples(n_cases=20) + cast_samples())
+    assert "pad" not in database
+    assert RegressionCostModel(database).pad_time(1000) == AnalyticCostModel().pad_time(1000)
+
+
+def test_op_with_too_few_cases_falls_back_to_analytic(spread_db):
+    rows, _ = spread_db
+    database = fit_database(rows + elementwise_samples("Softmax", n_cases=5))
+    assert database["fallback_ops"] == ["Softmax"]
+    assert "Softmax" not in database["ops"]
+    features = op_features("Softmax", [(4096, 1000)], [(4096, 1000)])
+    model, analytic = RegressionCostModel(database), AnalyticCostModel()
+    assert model.fp32_time(features) == analytic.fp32_time(features)
+    assert model.fp16_time(features, 40.0) == analytic.fp16_time(features, 40.0)
+
+
+def test_elementwise_op_fits_one_model_without_tensor_core_variant():
+    database = fit_database(elementwise_samples("Add", n_cases=40) + cast_samples())
+    entry = database["ops"]["Add"]
+    assert "fp16_tc" not in entry and entry["fp16"]["fit_on"] == "all"
+    assert entry["holdout_mape"] < 0.03
+
+
+def test_database_validates_and_round_trips_through_json(spread_db, tmp_path):
+    rows, database = spread_db
+    validate_database(database)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    out = tmp_path / "db.json"
+    written = fit_file(samples, out)
+    assert written == json.loads(out.read_text()) == json.loads(json.dumps(database))
+    assert out.read_text().startswith('{\n "schema_version": 1')  # indent=1
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    assert stat.S_IMODE(os.stat(out).st_mode) != 0o600
+    loaded, direct = RegressionCostModel.load(out), RegressionCostModel(database)
+    for shape in ((512, 768, 768), (256, 2048, 1001), (4095, 1023, 1001)):
+        m, k, n = shape
+        features = op_features("MatMul", [(m, k), (k, n)], [(m, n)])
+        assert loaded.fp32_time(features) == direct.fp32_time(features)
+        assert loaded.fp16_time(features, 50.0) == direct.fp16_time(features, 50.0)
+    assert loaded.cast_time(10_000) == direct.cast_time(10_000)
+
+
+def test_device_block_and_summary(spread_db):
+    rows, database = spread_db
+    rows = [dict(r) for r in rows]
+    rows[3]["date"] = "2026-12-02"
+    database = fit_database(rows)
+    assert database["device"] == {"name": "Test GPU", "compute_capability": "9.0", "ort_version": "1.31.1",
+                                  "cuda_version": "13.0", "date": "2026-12-02"}
+    summary = database["summary"]
+    assert summary["samples"] == len(rows) and summary["cases"] == 160
+    assert set(summary) >= {"holdout_mape", "holdout_mape_fp32", "wrong_decision_rate", "samples", "cases"}
+
+
+def test_holdout_is_by_case_and_deterministic(spread_db):
+    rows, database = spread_db
+    held = database["holdout_cases"]
+    assert len(held) == len(set(held)) == database["ops"]["MatMul"]["holdout"] == 32
+    assert all(key.startswith("MatMul|") for key in held)
+    assert fit_database(rows, seed=0)["holdout_cases"] == held
+    assert fit_database(rows, seed=1)["holdout_cases"] != held
+    entry = database["ops"]["MatMul"]
+    assert entry["fp16"]["samples"] + entry["fp16_tc"]["samples"] + entry["holdout"] == entry["samples"]
+
+
+def test_no_holdout_fits_everything_and_measures_nothing():
+    database = fit_database(matmul_samples(n_cases=40) + cast_samples(), holdout=0)
+    assert database["holdout_cases"] == [] and database["ops"]["MatMul"]["holdout"] == 0
+    assert database["summary"]["holdout_mape"] is None and database["ops"]["MatMul"]["holdout_mape"] is None
+
+
+def test_fp32_without_tf32_and_padded_rows_are_not_used(spread_db):
+    rows, database = spread_db
+    extra = []
+    for row in rows[:20]:
+        if row["op_type"] == "MatMul":
+            extra.append({**row, "tf32": False, "time_us": row["time_us"] * 3} if row["precision"] == "fp32"
+                         else {**row, "padded": True, "time_us": row["time_us"] / 3})
+    again = fit_database(rows + extra)
+    assert again["ops"] == database["ops"]
+    assert again["summary"]["rows_skipped"] == {"fp32 without TF32": 10, "padded": 10}
+
+
+def test_repeated_rows_use_the_median():
+    rows = matmul_samples(n_cases=10) + cast_samples()
+    first = next(r for r in rows if r["precision"] == "fp32")
+    rows += [{**first, "time_us": first["time_us"] * 10}, {**first, "time_us": first["time_us"] * 1.01}]
+    case = next(c for c in collect(rows).cases if c.key == first["case"])
+    assert case.t32 == pytest.approx(first["time_us"] * 1.01)
+
+
+def test_time_floor():
+    assert sample_time({"time_us": -0.3}) == 0.5
+    assert sample_time({"time_us": 0.1}) == 0.5
+    assert sample_time({"time_us": 12.0}) == 12.0
+    assert sample_time({"time_us": None}) is None
+    assert sample_time({"time_us": float("nan")}) is None
+
+
+def test_corrupt_line_names_the_line(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    good = json.dumps(cast_samples(count=2)[0])
+    path.write_text(f"{good}\n\n{good}\n{{\"op_type\": \"Cast\", \n{good}\n")
+    with pytest.raises(CostModelError, match=r"samples\.jsonl:4: malformed"):
+        load_samples(path)
+    path.write_text(f"{good}\n\n{good}\n[1, 2]\n")
+    with pytest.raises(CostModelError, match=r":4: .*not a JSON object"):
+        load_samples(path)
+    path.write_text(f"{good}\n\n  \n{good}\n")
+    assert len(load_samples(path)) == 2
+    with pytest.raises(CostModelError, match="not found"):
+        load_samples(tmp_path / "missing.jsonl")
+
+
+def test_bad_inputs_raise_clear_errors(spread_db):
+    rows, _ = spread_db
+    with pytest.raises(CostModelError, match="no Cast rows"):
+        fit_database(matmul_samples(n_cases=10))
+    with pytest.raises(CostModelError, match="several devices"):
+        fit_database(rows + [{**rows[0], "device": "Other GPU"}])
+    with pytest.raises(ConfigError, match="holdout"):
+        fit_database(rows, holdout=1.0)
+    with pytest.raises(ConfigError, match="min_samples"):
+        fit_database(rows, min_samples=1)
+    with pytest.raises(CostModelError, match="precision 'bf16'"):
+        fit_database(rows + [{**rows[0], "precision": "bf16"}])

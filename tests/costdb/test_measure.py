@@ -1,0 +1,51 @@
+"""The measurement harness on ONNX Runtime CPU with a tiny grid: samples, resume, fit."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+
+from onnxcampo.costdb import measure
+from onnxcampo.costdb.fit import fit_database, load_samples
+from onnxcampo.costdb.regression import RegressionCostModel
+
+
+def tiny_grid():
+    cases = []
+    for n in (1000, 4000, 16000, 64000, 256000):
+        cases.append(measure.Case("Cast", ((n,),), tag="to_fp16"))
+        cases.append(measure.Case("Cast", ((n,),), tag="to_fp32"))
+        cases.append(measure.Case("Add", ((n // 100, 100), (n // 100, 100))))
+    for m, k, n in ((16, 16, 16), (32, 64, 24), (64, 63, 65)):
+        cases.append(measure.Case("MatMul", ((m, k), (k, n)), weights=(1,)))
+    return cases
+
+
+def test_every_grid_model_is_valid():
+    for case in measure.default_grid()[::7]:
+        for precision, _ in measure.precisions_of(case):
+            model, feeds = measure.build_model(case, precision)
+            onnx.checker.check_model(model)
+            assert all(d > 0 for d in measure.output_shapes(model)[0])
+            assert set(feeds) == {i.name for i in model.graph.input}
+
+
+def test_measure_appends_resumes_and_fits(tmp_path):
+    out = tmp_path / "samples.jsonl"
+    grid = tiny_grid()
+    first = measure.measure(out, provider="cpu", budget_s=120, cases=grid)
+    expected = sum(len(measure.precisions_of(c)) for c in grid)
+    assert first == expected
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len({r["key"] for r in rows}) == expected
+    cast = next(r for r in rows if r["op_type"] == "Cast")
+    assert cast["precision"] in ("to_fp16", "to_fp32") and cast["elements"] > 0
+    matmul = next(r for r in rows if r["op_type"] == "MatMul" and r["tf32"] is False)
+    assert matmul["weights"] == [1] and matmul["output_shapes"] == [[16, 16]]
+    assert all(r["wall_us"] > 0 and r["runs"] >= 30 for r in rows)
+    assert measure.measure(out, provider="cpu", budget_s=60, cases=grid) == 0  # resumes: nothing left
+    database = fit_database(load_samples(out), min_samples=4)
+    assert 0 < database["cast"]["r"] and database["cast"]["C_I"] > -1
+    model = RegressionCostModel(database)
+    assert model.cast_time(10**6) > model.cast_time(10**3)
