@@ -330,7 +330,13 @@ def iter_samples(cases: list[Case], timer: Timer, facts: dict, done: set[str]) -
             if key in done:
                 continue
             model, feeds = build_model(case, precision)
-            timing = timer.time_us(model, feeds, tf32=tf32)
+            try:
+                timing = timer.time_us(model, feeds, tf32=tf32)
+            except Exception as exc:  # noqa: BLE001 - an op ORT cannot run here: record, go on
+                log.warning("%s: %s", key, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                yield {"key": key, "case": case.key, "op_type": case.op_type, "precision": precision,
+                       "error": f"{type(exc).__name__}: {exc}"[:500], **facts}
+                continue
             elements = math.prod(case.input_shapes[0]) if case.op_type in ("Cast",) else None
             sample = {
                 "key": key, "case": case.key, "op_type": case.op_type, "domain": "",

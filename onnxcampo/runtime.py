@@ -22,6 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
+from onnxcampo.graph import exceeds_protobuf_limit
 from onnxcampo.errors import (
     CampoError,
     ConfigError,
@@ -46,7 +47,6 @@ __all__ = [
 
 # Protobuf refuses to serialize messages of 2 GiB or more; bigger models must go through a file
 # with external data. Module-level so tests can lower it.
-_PROTOBUF_LIMIT = 2**31 - 1
 
 # ORT's pybind exceptions derive straight from Exception (not RuntimeError), so collect them.
 _ORT_ERRORS: tuple[type[BaseException], ...] = tuple(
@@ -363,11 +363,6 @@ def _session_options(*, profiling: bool, optimization_level: str,
     return options
 
 
-def _too_big_for_protobuf(model: onnx.ModelProto) -> bool:
-    """Whether serializing the model in one message would hit protobuf's 2 GiB limit."""
-    return model.ByteSize() >= _PROTOBUF_LIMIT
-
-
 def _create(source: str | bytes, options: ort.SessionOptions,
             providers: list[str | tuple[str, dict[str, str]]]) -> ort.InferenceSession:
     """Create the session, turning ORT's exceptions into ModelLoadError."""
@@ -385,10 +380,9 @@ def _create_from_proto(model: onnx.ModelProto, options: ort.SessionOptions,
     the tensors of the proto it is given. The temp dir may go once the session exists: ORT has
     read (or, on Linux, mapped) the data by then, and an unlinked mapped file stays valid.
     """
-    if not _too_big_for_protobuf(model):
+    if not exceeds_protobuf_limit(model):
         return _create(model.SerializeToString(), options, providers)
-    logger.info("model is %.2f GB, over protobuf's limit: loading it through external data",
-                model.ByteSize() / 1e9)
+    logger.info("model is over protobuf's 2 GB limit: loading it through external data")
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     with tempfile.TemporaryDirectory(prefix="onnxcampo-") as tmp:
