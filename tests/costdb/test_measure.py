@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import onnx
 
@@ -23,7 +24,8 @@ def tiny_grid():
 
 
 def test_every_grid_model_is_valid():
-    for case in measure.default_grid()[::7]:
+    small = [c for c in measure.default_grid() if max(math.prod(s) for s in c.input_shapes) <= 1 << 20]
+    for case in small[::3]:
         for precision, _ in measure.precisions_of(case):
             model, feeds = measure.build_model(case, precision)
             onnx.checker.check_model(model)
