@@ -86,16 +86,38 @@ def _fp32_op_types(model: onnx.ModelProto, plan: dict) -> dict[str, int]:
     return dict(counts.most_common(8))
 
 
+def _optimize(model, shapes, options):
+    """optimize(); with ``analytic`` the shipped GPU database is switched off for the call."""
+    import os
+
+    from onnxcampo.costdb import select
+
+    analytic = options.pop("analytic", False)
+    saved = os.environ.get("ONNXCAMPO_DEVICE")
+    if analytic:
+        os.environ["ONNXCAMPO_DEVICE"] = "none"
+    select.detected_gpu.cache_clear()
+    try:
+        return onnxcampo.optimize(model, input_shapes=shapes, **options)
+    finally:
+        if saved is None:
+            os.environ.pop("ONNXCAMPO_DEVICE", None)
+        else:
+            os.environ["ONNXCAMPO_DEVICE"] = saved
+        select.detected_gpu.cache_clear()
+
+
 def check(name, model, feeds, shapes, rows, *, profile_cuda: bool) -> None:
     reference = run(make_session(model, provider="cuda"), feeds)
     variants = [(policy, {"policy": policy}) for policy in POLICIES]
+    variants.append(("campo (analytic model)", {"policy": "campo", "analytic": True}))
     if profile_cuda:
         variants.append(("campo --profile cuda", {"policy": "campo", "profile": "cuda"}))
     for label, options in variants:
         row = {"model": name, "variant": label}
         try:
             start = time.perf_counter()
-            result = onnxcampo.optimize(model, input_shapes=shapes, **options)
+            result = _optimize(model, shapes, dict(options))
             row["optimize_s"] = round(time.perf_counter() - start, 2)
             out = run(make_session(result.model, provider="cuda"), feeds)
             diffs = compare_outputs(reference, out, rtol=0.02, atol=1e-2)
@@ -107,7 +129,8 @@ def check(name, model, feeds, shapes, rows, *, profile_cuda: bool) -> None:
                        pads=result.report.get("pads_inserted"), nodes_fp16=result.report.get("nodes_fp16"),
                        predicted_us={k: v["total_us"] for k, v in result.report.get("predicted_us", {}).items()},
                        chosen_plan=result.report.get("chosen_plan"),
-                       fp32_ops=_fp32_op_types(model, result.report.get("plan", {})))
+                       fp32_ops=_fp32_op_types(model, result.report.get("plan", {})),
+                       cost_model=result.report.get("cost_model", {}).get("name"))
         except Exception as exc:  # noqa: BLE001 - record and go on to the next variant
             row["error"] = f"{exc.__class__.__name__}: {exc}"
             traceback.print_exc()
