@@ -236,3 +236,27 @@ def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy.deepcopy(model)
+
+
+# An 8x8 weight of 0.125s, and the chain most pass tests start from.
+W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
+
+# MatMul -> Add -> Relu -> MatMul: two allow-list ops joined by infer/clear ops.
+MM_ADD_RELU_MM = f"""
+g (float[4,8] x) => (float[4,8] y) <{W_INIT}, float[8] b = {{1,2,3,4,5,6,7,8}}> {{
+  [mm1] a = MatMul(x, w)
+  [add] s = Add(a, b)
+  [relu] r = Relu(s)
+  [mm2] y = MatMul(r, w)
+}}
+"""
+
+# An Exp (deny list) feeding the Add between two MatMuls.
+EXP_BETWEEN_MATMULS = f"""
+g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
+  [mm1] a = MatMul(x, w)
+  [exp] e = Exp(x)
+  [add] s = Add(a, e)
+  [mm2] y = MatMul(s, w)
+}}
+"""

@@ -7,12 +7,11 @@ The fake cost model: every node takes 10 us in fp32 and 5 us in fp16 (2x), every
 from __future__ import annotations
 
 import pytest
-from helpers import FakeCost, build_context, decide, parse, precisions, reasons, run_passes
+from helpers import FakeCost, W_INIT, build_context, decide, parse, precisions, reasons, run_passes
 
 from onnxcampo.passes.allow_by_cost import AllowByCost
 from onnxcampo.passes.classify import Classify
 
-W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
 
 # x (graph input) -> MatMul(w constant) -> y (graph output): fp16 needs a Cast of x to fp16 and
 # a Cast of y back to fp32 (I/O types are kept): 2 Casts.

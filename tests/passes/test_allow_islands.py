@@ -7,7 +7,7 @@ A lone MatMul between fp32 neighbours needs two Casts, so with 3 us Casts it doe
 
 from __future__ import annotations
 
-from helpers import FakeCost, build_context, parse, precisions, reasons, run_passes
+from helpers import EXP_BETWEEN_MATMULS, FakeCost, MM_ADD_RELU_MM, W_INIT, build_context, parse, precisions, reasons, run_passes
 
 from onnxcampo.passes.allow_by_cost import AllowByCost
 from onnxcampo.passes.allow_islands import AllowIslands
@@ -15,17 +15,7 @@ from onnxcampo.passes.classify import Classify
 from onnxcampo.passes.deny_propagation import DenyPropagation
 from onnxcampo.passes.fill_infer_clear import FillInferClear
 
-W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
 
-# MatMul -> Add -> Relu -> MatMul: each MatMul alone pays 5 us and costs two Casts.
-CHAIN = f"""
-g (float[4,8] x) => (float[4,8] y) <{W_INIT}, float[8] b = {{1,2,3,4,5,6,7,8}}> {{
-  [mm1] a = MatMul(x, w)
-  [add] s = Add(a, b)
-  [relu] r = Relu(s)
-  [mm2] y = MatMul(r, w)
-}}
-"""
 
 
 def islands(text, *, cast_us, fill=False, **options):
@@ -41,17 +31,17 @@ def test_chain_that_pays_only_as_a_whole_goes_fp16():
     """Rules 1-3: alone, each MatMul loses (5 + 2 x 3 > 10: ALLOW_DOES_NOT_PAY). Together with
     the Add and Relu between them, 4 nodes save 20 us and need 2 Casts (6 us): both MatMuls
     switch to fp16 (ALLOW_ISLAND_PAYS); the Add and Relu are left for pass 3, which fills them."""
-    ctx, results = islands(CHAIN, cast_us=3.0)
+    ctx, results = islands(MM_ADD_RELU_MM, cast_us=3.0)
     assert reasons(ctx) == {"mm1": "ALLOW_ISLAND_PAYS", "mm2": "ALLOW_ISLAND_PAYS"}
     assert ctx.plan.get("mm1").numbers == {"fp32_us": 40.0, "fp16_us": 20.0, "cast_us": 6.0, "gain_us": 14.0}
     assert results[-1].counts == {"islands": 1, "fp16": 2}
-    ctx, _ = islands(CHAIN, cast_us=3.0, fill=True)
+    ctx, _ = islands(MM_ADD_RELU_MM, cast_us=3.0, fill=True)
     assert precisions(ctx) == {"mm1": "fp16", "mm2": "fp16", "add": "fp16", "relu": "fp16"}
 
 
 def test_chain_that_does_not_pay_is_left_alone():
     """Rule 3: with 12 us Casts the island saves 20 us but costs 24: nothing changes."""
-    ctx, results = islands(CHAIN, cast_us=12.0)
+    ctx, results = islands(MM_ADD_RELU_MM, cast_us=12.0)
     assert reasons(ctx) == {"mm1": "ALLOW_DOES_NOT_PAY", "mm2": "ALLOW_DOES_NOT_PAY"}
     assert results[-1].counts == {"islands": 1, "fp16": 0}
 
@@ -86,14 +76,7 @@ def test_island_through_clear_ops():
 def test_deny_downstream_cuts_the_island():
     """Rules run after pass 2: an Add downstream of an Exp is fp32 (DENY_DOWNSTREAM) and is no
     passage, so the two MatMuls it connects form no island and stay fp32."""
-    text = f"""
-    g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
-      [mm1] a = MatMul(x, w)
-      [exp] e = Exp(x)
-      [add] s = Add(a, e)
-      [mm2] y = MatMul(s, w)
-    }}
-    """
+    text = EXP_BETWEEN_MATMULS
     ctx, _ = islands(text, cast_us=3.0)
     assert reasons(ctx)["add"] == "DENY_DOWNSTREAM"
     assert reasons(ctx)["mm1"] == reasons(ctx)["mm2"] == "ALLOW_DOES_NOT_PAY"
@@ -102,7 +85,7 @@ def test_deny_downstream_cuts_the_island():
 def test_only_pass_1_decisions_join_an_island():
     """Rule 1: an allow node fixed by pass 0 (user exclusion) is no member: the other MatMul,
     alone, stays fp32."""
-    ctx, _ = islands(CHAIN, cast_us=3.0, exclude_nodes=("^mm2$",))
+    ctx, _ = islands(MM_ADD_RELU_MM, cast_us=3.0, exclude_nodes=("^mm2$",))
     assert reasons(ctx) == {"mm2": "USER_EXCLUDED", "mm1": "ALLOW_DOES_NOT_PAY"}
 
 

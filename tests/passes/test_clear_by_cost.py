@@ -8,12 +8,11 @@ In the fake cost model of these tests the data-movement ops (Reshape, Transpose,
 from __future__ import annotations
 
 import pytest
-from helpers import FakeCost, build_context, decide, parse, precisions, reasons, run_passes
+from helpers import FakeCost, W_INIT, build_context, decide, parse, precisions, reasons, run_passes
 
 from onnxcampo.passes.classify import Classify
 from onnxcampo.passes.clear_by_cost import ClearByCost
 
-W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
 CLEAR_OPS = ("Reshape", "Transpose", "Concat")
 
 # Two fp16 MatMuls feed a Reshape -> Transpose -> Concat group whose result is a graph output.

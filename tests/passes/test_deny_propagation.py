@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from helpers import FakeCost, build_context, decide, parse, precisions, reasons, run_passes
+from helpers import EXP_BETWEEN_MATMULS, FakeCost, W_INIT, build_context, decide, parse, precisions, reasons, run_passes
 
 from onnxcampo.passes.allow_by_cost import AllowByCost
 from onnxcampo.passes.classify import Classify
 from onnxcampo.passes.deny_propagation import DenyPropagation
 from onnxcampo.passes.fill_infer_clear import FillInferClear
 
-W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
 
 EXP_CHAIN = f"""
 g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
@@ -127,13 +126,6 @@ def test_excluded_deny_node_still_propagates():
 def test_deny_downstream_is_not_reopened_between_fp16_ops():
     """Pass 2 runs before pass 3: an Add after an Exp and between two fp16 MatMuls stays fp32
     (an fp16 Add after an Exp would overflow just the same)."""
-    text = f"""
-    g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
-      [mm1] a = MatMul(x, w)
-      [exp] e = Exp(x)
-      [add] s = Add(a, e)
-      [mm2] y = MatMul(s, w)
-    }}
-    """
+    text = EXP_BETWEEN_MATMULS
     ctx = analyse(text, DenyPropagation(), FillInferClear(), pre={"mm1": "fp16", "mm2": "fp16"})
     assert reasons(ctx)["add"] == "DENY_DOWNSTREAM" and precisions(ctx)["add"] == "fp32"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from helpers import FakeCost, build_context, decide, parse, precisions, reasons, run_passes
+from helpers import FakeCost, MM_ADD_RELU_MM, W_INIT, build_context, decide, parse, precisions, reasons, run_passes
 
 from onnxcampo.passes.classify import Classify
 from onnxcampo.passes.fill_infer_clear import FillInferClear
 
-W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
 
 
 def fill(text, pre, **options):
@@ -18,14 +17,6 @@ def fill(text, pre, **options):
     return ctx
 
 
-MM_ADD_RELU_MM = f"""
-g (float[4,8] x) => (float[4,8] y) <{W_INIT}, float[8] b = {{1,2,3,4,5,6,7,8}}> {{
-  [mm1] a = MatMul(x, w)
-  [add] s = Add(a, b)
-  [relu] r = Relu(s)
-  [mm2] y = MatMul(r, w)
-}}
-"""
 
 
 def test_matmul_add_relu_matmul():
