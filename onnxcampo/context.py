@@ -229,6 +229,3 @@ def _unique_uses(uses: list[Use]) -> list[Use]:
             result.append(use)
     return result
 
-
-def np_dtype(onnx_type: int) -> np.dtype:
-    return onnx.helper.tensor_dtype_to_np_dtype(onnx_type)

@@ -135,9 +135,13 @@ def name_nodes(model: onnx.ModelProto) -> int:
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """Real inputs (an input that is also an initializer is a constant with a default)."""
+    """The inputs a caller must feed: graph inputs that are not also initializers.
+
+    Old exporters list every weight as a graph input too; those have defaults and are skipped.
+    """
     initializers = {t.name for t in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in initializers]
+    initializers.update(t.name for t in model.graph.sparse_initializer)
+    return [vi for vi in model.graph.input if vi.name not in initializers]
 
 
 def pin_input_shapes(

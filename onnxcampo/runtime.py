@@ -22,7 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
-from onnxcampo.graph import exceeds_protobuf_limit
+from onnxcampo.graph import exceeds_protobuf_limit, graph_inputs
 from onnxcampo.errors import (
     CampoError,
     ConfigError,
@@ -44,9 +44,6 @@ __all__ = [
     "run",
     "validate",
 ]
-
-# Protobuf refuses to serialize messages of 2 GiB or more; bigger models must go through a file
-# with external data. Module-level so tests can lower it.
 
 # ORT's pybind exceptions derive straight from Exception (not RuntimeError), so collect them.
 _ORT_ERRORS: tuple[type[BaseException], ...] = tuple(
@@ -86,16 +83,6 @@ _dlls_preloaded = False
 # --------------------------------------------------------------------------------------------
 # Inputs
 # --------------------------------------------------------------------------------------------
-
-
-def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """The inputs a caller must feed: graph inputs that are not also initializers.
-
-    Old exporters list every weight as a graph input too; those have defaults and are skipped.
-    """
-    initializers = {t.name for t in model.graph.initializer}
-    initializers.update(t.name for t in model.graph.sparse_initializer)
-    return [vi for vi in model.graph.input if vi.name not in initializers]
 
 
 def _elem_type(vi: onnx.ValueInfoProto) -> int:
