@@ -65,22 +65,23 @@ def optimize(
 
     ``options`` are :class:`OptimizeConfig` fields and override those of ``config``.
     """
-    config = (config or OptimizeConfig()).replace(**options) if options else (config or OptimizeConfig())
+    config = config or OptimizeConfig()
+    if options:
+        config = config.replace(**options)
     original, source = graph_io.read_model(model)
     reason = _nothing_to_do(original)
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
         return OptimizeResult(original, PrecisionPlan(), _unchanged_report(config, source, reason), changed=False)
-    # read_model gave us our own copy: naming its nodes is the only change made to it.
-    working = original
-    graph_io.name_nodes(working)
+    # read_model gave us our own copy: we name its nodes, and the export reuses it in place.
+    graph_io.name_nodes(original)
 
     needs_sizes = config.policy == "campo" or config.profile != "predict"
     info, unresolved = graph_io.infer_tensor_info(
-        working, input_shapes=config.input_shapes, dim_values=config.dim_values, require_static=needs_sizes
+        original, input_shapes=config.input_shapes, dim_values=config.dim_values, require_static=needs_sizes
     )
     cost = load_cost_model(config.device_db)
-    ctx = GraphContext.build(working, source, config, cost, info, unresolved)
+    ctx = GraphContext.build(original, source, config, cost, info, unresolved)
     if config.profile != "predict":
         _measure_fp32_times(ctx)
 
