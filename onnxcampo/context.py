@@ -163,6 +163,22 @@ class GraphContext:
             return cached
         return self._find_uses(tensor)
 
+    def constant_sources(self, tensor: gs.Tensor, depth: int = 8) -> list[gs.Tensor]:
+        """The constants a tensor is made of when it is a constant, or a constant moved around
+        by data-movement ops only (a Reshape of a weight); empty otherwise."""
+        if self.is_constant(tensor):
+            return [tensor]
+        producer = self.producer(tensor)
+        if depth == 0 or producer is None or producer.op not in oplists.DATA_MOVEMENT:
+            return []
+        sources = []
+        for source in self.follow_inputs(producer):
+            found = self.constant_sources(source, depth - 1)
+            if not found:
+                return []
+            sources.extend(found)
+        return sources
+
     def constant_array(self, tensor: gs.Tensor) -> np.ndarray:
         """A constant's values without keeping a decoded copy in the graph (graphsurgeon caches
         what ``.values`` decodes, which would double the memory of a large model)."""

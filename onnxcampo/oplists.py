@@ -131,6 +131,8 @@ _SELECTION = (
 _DATA_MOVEMENT_MS = ("BitmaskDropout", "GatherGrad", "GatherElementsGrad", "GatherNDGrad")
 
 CLEAR = _ops(_DATA_MOVEMENT, _SELECTION, _DATA_MOVEMENT_MS)
+# Ops that only move values (a constant passed through them is still that constant's values).
+DATA_MOVEMENT = _ops(_DATA_MOVEMENT)
 
 # --- NEUTRAL: read any float precision, produce no float -----------------------------------
 # Cast is neutral on its input side only; its float output follows the plan (its `to` changes).

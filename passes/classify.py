@@ -10,8 +10,8 @@ Rules, in order (the first that matches decides):
    (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
 5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32;
 6. ops of custom domains and ops without an fp16 type at the model's opset stay fp32;
-7. nodes reading a float constant with finite values beyond the fp16 range (|x| > 65504) stay
-   fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
+7. nodes reading a float constant with finite values beyond the fp16 range (|x| > 65504),
+   directly or through data movement (Reshape, Transpose, ...), stay fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
    those values are "infinity" sentinels (|x| >= 1e30, e.g. a -3.4e38 attention mask), which
    Cast insertion clamps to -65504/65504 where -inf would give 0 * -inf = NaN;
 8. user inclusions (``--include-op``, ``--include-node``) go fp16, whatever the lists and the
@@ -90,14 +90,15 @@ class Classify(PassBase):
     @staticmethod
     def _constant_out_of_range(ctx: GraphContext, node) -> bool:
         for tensor in ctx.follow_inputs(node):
-            if not ctx.is_constant(tensor) or not ctx.is_float32(tensor):
-                continue
-            values = ctx.constant_array(tensor)
-            if values.size == 0 or (values.max() <= FP16_MAX and values.min() >= -FP16_MAX):
-                continue  # the common case, without temporaries
-            magnitude = np.abs(values[np.isfinite(values)])
-            if np.any((magnitude > FP16_MAX) & (magnitude < INFINITY_SENTINEL)):
-                return True
+            for constant in ctx.constant_sources(tensor):
+                if not ctx.is_float32(constant):
+                    continue
+                values = ctx.constant_array(constant)
+                if values.size == 0 or (values.max() <= FP16_MAX and values.min() >= -FP16_MAX):
+                    continue  # the common case, without temporaries
+                magnitude = np.abs(values[np.isfinite(values)])
+                if np.any((magnitude > FP16_MAX) & (magnitude < INFINITY_SENTINEL)):
+                    return True
         return False
 
     @staticmethod

@@ -57,3 +57,24 @@ def test_square_is_not_the_pattern():
     plan = onnxcampo.optimize(parse(text), policy="amp").report["plan"]
     assert plan["pow"]["reason"] == "deny_list"
     assert plan["tanh"]["reason"] == "deny_downstream"
+
+
+def test_out_of_range_constant_through_a_reshape_keeps_its_reader_fp32():
+    """classify rule 7 through data movement: 1e8 reshaped and added must not be cast to fp16
+    (it would become inf): the Add and the Reshape stay fp32 and the output is finite."""
+    text = """
+    g (float[4,8] a) => (float[4,8] y) <float[32] big = {""" + ",".join(["1e8"] * 32) + """},
+                                        int64[2] shape = {4, 8}, float[8,8] w1 = {""" + ",".join(["0.5"] * 64) + """}> {
+      [mm] x = MatMul(a, w1)
+      [reshape] r = Reshape(big, shape)
+      [add] y = Add(x, r)
+    }
+    """
+    result = onnxcampo.optimize(parse(text), policy="fp16")
+    plan = result.report["plan"]
+    assert plan["add"]["reason"] == "constant_out_of_range"
+    assert plan["reshape"]["reason"] == "constant_out_of_range"
+    assert plan["mm"]["precision"] == "fp16"
+    x = np.full((4, 8), 0.01, np.float32)
+    (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})
+    assert np.isfinite(got).all()
