@@ -11,7 +11,10 @@ Rules, after pass 2 (so no deny-downstream op is ever reopened):
    to another (the ones pass 3 would fill);
 3. when the cost model predicts a gain for running the island's fp32 allow nodes and its between
    nodes in fp16 (node times plus every Cast that appears or disappears), its fp32 allow nodes
-   are switched to fp16 (pass 3 then fills the between nodes); otherwise nothing changes.
+   are switched to fp16 (pass 3 then fills the between nodes);
+4. otherwise each of its fp32 allow nodes, in topological order, is priced together with each
+   allow node it reaches through open infer/clear nodes (and the nodes between the two), and
+   joins the one with the largest gain, if any gains.
 """
 
 from __future__ import annotations
@@ -45,12 +48,64 @@ class AllowIslands(PassBase):
                 continue
             islands += 1
             numbers = estimate.delta(ctx, ctx.plan, rejected + between)
-            if numbers["gain_us"] <= 0:
-                continue
-            for member in rejected:
-                ctx.plan.override(member.name, Precision.FP16, Reason.ALLOW_ISLAND_PAYS, **numbers)
-            switched += len(rejected)
+            if numbers["gain_us"] > 0:
+                switched += self._switch(ctx, rejected, numbers)
+            else:
+                switched += self._pairs(ctx, allow, rejected)
         return PassResult(self.name, False, {"islands": islands, "fp16": switched})
+
+    @staticmethod
+    def _switch(ctx: GraphContext, members, numbers) -> int:
+        for member in members:
+            ctx.plan.override(member.name, Precision.FP16, Reason.ALLOW_ISLAND_PAYS, **numbers)
+        return len(members)
+
+    def _pairs(self, ctx: GraphContext, allow, rejected) -> int:
+        """Rule 4: an island that does not pay as a whole may still hold neighbours that pay
+        together: each still-rejected node joins the neighbour with which the gain is largest."""
+        switched = 0
+        for member in rejected:
+            if ctx.plan.is_fp16(member.name):
+                continue
+            best = None
+            for neighbour in self._allow_neighbours(ctx, member, {n.name for n in allow}):
+                pair = [n for n in (member, neighbour) if not ctx.plan.is_fp16(n.name)]
+                between = self._between(ctx, [member, neighbour])
+                numbers = estimate.delta(ctx, ctx.plan, pair + between)
+                if numbers["gain_us"] > 0 and (best is None or numbers["gain_us"] > best[1]["gain_us"]):
+                    best = (pair, numbers)
+            if best is not None:
+                switched += self._switch(ctx, *best)
+        return switched
+
+    def _allow_neighbours(self, ctx: GraphContext, start, allow_names: set[str]):
+        """Allow nodes reached from ``start`` through open infer/clear nodes only."""
+        found, seen, queue = {}, {start.name}, deque([start])
+        while queue:
+            node = queue.popleft()
+            for neighbour in (*ctx.upstream(node), *ctx.downstream(node)):
+                if neighbour.name in seen:
+                    continue
+                seen.add(neighbour.name)
+                if neighbour.name in allow_names:
+                    found[neighbour.name] = neighbour
+                elif self._open(ctx, neighbour):
+                    queue.append(neighbour)
+        return list(found.values())
+
+    def _between(self, ctx: GraphContext, ends) -> list:
+        passage = {}
+        for end in ends:
+            for step in (ctx.upstream, ctx.downstream):
+                queue = deque([end])
+                while queue:
+                    for neighbour in step(queue.popleft()):
+                        if neighbour.name not in passage and self._open(ctx, neighbour):
+                            passage[neighbour.name] = neighbour
+                            queue.append(neighbour)
+        below = self._reach(ctx, ends, ctx.downstream, passage)
+        above = self._reach(ctx, ends, ctx.upstream, passage)
+        return [passage[name] for name in passage if name in below and name in above]
 
     @staticmethod
     def _open(ctx: GraphContext, node) -> bool:

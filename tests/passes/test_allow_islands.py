@@ -104,3 +104,24 @@ def test_side_branch_is_not_between():
     ctx, _ = islands(text, cast_us=3.0)
     assert reasons(ctx) == {"mm1": "ALLOW_ISLAND_PAYS", "mm2": "ALLOW_ISLAND_PAYS"}
     assert ctx.plan.get("mm1").numbers["fp32_us"] == 40.0
+
+
+def test_island_that_does_not_pay_whole_still_switches_a_pair_that_does():
+    """Rule 4. mm1 -> relu -> mm2 -> relu -> mm3, 4 us Casts, 10 us MatMuls twice as fast in
+    fp16 except the unaligned mm3 (4x slower in fp16). Alone, mm1 or mm2 gain 5 us and pay 8 us
+    of Casts; the whole island loses (mm3); the pair mm1+mm2 gains 10.5 us for 8 us of Casts:
+    it goes fp16 and mm3 stays fp32."""
+    text = f"""
+    g (float[4,8] x) => (float[4,5] y) <{W_INIT}, float[8,5] w5 = {{{",".join(["0.5"] * 40)}}}> {{
+      [mm1] a = MatMul(x, w)
+      [relu1] r1 = Relu(a)
+      [mm2] b = MatMul(r1, w)
+      [relu2] r2 = Relu(b)
+      [mm3] y = MatMul(r2, w5)
+    }}
+    """
+    cost = FakeCost(cast_us=4.0, op_us={"Relu": 1.0}, unaligned_speedup=0.25)
+    ctx = build_context(parse(text), cost=cost)
+    run_passes(ctx, Classify(), AllowByCost(), DenyPropagation(), AllowIslands(), FillInferClear())
+    assert precisions(ctx) == {"mm1": "fp16", "relu1": "fp16", "mm2": "fp16", "mm3": "fp32"}
+    assert reasons(ctx)["mm1"] == "ALLOW_ISLAND_PAYS" and reasons(ctx)["mm3"] == "ALLOW_DOES_NOT_PAY"
