@@ -110,6 +110,60 @@ def _shape_of(elements: int, last: int = 768) -> tuple[int, int]:
     return (rows, last)
 
 
+# Real-model shapes (scripts/harvest_shapes.py) and the op types taken from them.
+HARVESTED = Path(__file__).resolve().parent / "data" / "raw" / "harvested-cases.json"
+HARVEST_OPS = frozenset({"MatMul", "Gemm", "Conv", "Add", "Mul", "Sub", "Div", "Relu", "Sigmoid", "Tanh",
+                         "Erf", "Sqrt", "Softmax", "ReduceMean", "LayerNormalization", "Transpose"})
+
+
+def _round8(value: int) -> int:
+    return -(-value // 8) * 8
+
+
+def harvested_cases() -> list[Case]:
+    """Cases of real models, plus the padded twin of each unaligned MatMul/Gemm/Conv (the shape
+    the padding pass would run), so that padding decisions are fitted on pairs."""
+    if not HARVESTED.is_file():
+        return []
+    cases = []
+    for row in json.loads(HARVESTED.read_text()):
+        shapes = tuple(tuple(s) for s in row["input_shapes"])
+        attrs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in row["attrs"].items()))
+        op = row["op_type"]
+        if op == "Conv" and dict(attrs).get("group", 1) != 1:
+            continue
+        weights = tuple(i for i in row["weights"] if i > 0)
+        cases.append(Case(op, shapes, attrs, weights=weights, tag="harvested"))
+        twin = _padded_twin(op, shapes, dict(attrs))
+        if twin is not None:
+            cases.append(Case(op, twin, attrs, weights=weights, tag="padded"))
+    return cases
+
+
+def _padded_twin(op: str, shapes, attrs) -> tuple[tuple[int, ...], ...] | None:
+    if op == "MatMul" and len(shapes) == 2 and len(shapes[1]) == 2:
+        (*lead, k), (_, n) = shapes[0], shapes[1]
+        k2, n2 = _round8(k), _round8(n)
+        if (k2, n2) != (k, n):
+            return ((*lead, k2), (k2, n2))
+    if op == "Gemm" and len(shapes) >= 2 and not attrs.get("transA", 0):
+        (m, k), (r, c) = shapes[0], shapes[1]
+        k2 = _round8(k)
+        n = r if attrs.get("transB", 0) else c
+        n2 = _round8(n)
+        if (k2, n2) != (k, n):
+            weight = (n2, k2) if attrs.get("transB", 0) else (k2, n2)
+            bias = ((n2,),) if len(shapes) > 2 and shapes[2] == (n,) else shapes[2:]
+            return ((m, k2), weight, *bias)
+    if op == "Conv" and len(shapes) >= 2:
+        x, w = shapes[0], shapes[1]
+        c_in, c_out = _round8(w[1]), _round8(w[0])
+        if (c_in, c_out) != (w[1], w[0]):
+            bias = ((c_out,),) if len(shapes) > 2 else ()
+            return ((x[0], c_in, *x[2:]), (c_out, c_in, *w[2:]), *bias)
+    return None
+
+
 def default_grid(seed: int = 0) -> list[Case]:
     """Every case the database is fitted on (deterministic for a seed)."""
     rng = np.random.default_rng(seed)
@@ -135,6 +189,8 @@ def default_grid(seed: int = 0) -> list[Case]:
         cases.append(Case("Cast", ((elements,),), tag="to_fp32"))
         cases.append(Case("Pad", ((max(1, elements // 1001), 1001),), tag="pad_to_1008"))
         cases.append(Case("Slice", ((max(1, elements // 1008), 1008),), tag="slice_to_1001"))
+    known = {c.key for c in cases}
+    cases += [c for c in harvested_cases() if c.key not in known]
     return cases
 
 
