@@ -59,9 +59,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import statistics
-import tempfile
 import warnings
 import zlib
 from collections import defaultdict
@@ -477,18 +475,9 @@ def fit_file(samples_path: str | Path, out_path: str | Path, **kw) -> dict:
 
 
 def write_json(data: dict, out_path: str | Path) -> None:
+    from onnxcampo.graph import write_text_atomically
+
     out_path = Path(out_path)
     if not out_path.parent.is_dir():
         raise CostModelError(f"{out_path}: folder {out_path.parent} does not exist")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=1)
-            handle.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp creates 0600
-        os.replace(tmp_name, out_path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    write_text_atomically(out_path, json.dumps(data, indent=1) + "\n")

@@ -134,6 +134,8 @@ def _optimize(args: argparse.Namespace) -> int:
     config = _config(args)
     input_path = args.input if args.input.exists() else None
     output = graph_io.check_output_path(args.output, input_path)
+    if args.report is not None:
+        graph_io.check_output_path(args.report, input_path)
     result = optimize(args.input, config=config)
     report = result.report
     if args.validate:
@@ -146,7 +148,7 @@ def _optimize(args: argparse.Namespace) -> int:
         )
     result.save(output)
     if args.report:
-        args.report.write_text(json.dumps(report, indent=1))
+        graph_io.write_text_atomically(args.report, json.dumps(report, indent=1) + "\n")
     print(summary(report, output), file=sys.stderr)
     return 0
 

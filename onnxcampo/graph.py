@@ -542,6 +542,22 @@ def save_model(model: onnx.ModelProto, output: Path) -> None:
         raise
 
 
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    """A text file written whole or not at all (temporary file in the same folder, then rename)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise OutputPathError(f"{path}: folder {path.parent} does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        _apply_umask(Path(tmp_name))
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
 def exceeds_protobuf_limit(model: onnx.ModelProto) -> bool:
     """Whether the model cannot be serialized as one protobuf (2 GB). ``ByteSize`` itself
     overflows past 2 GB (it came out small for a 2.4 GB model), so the tensor bytes are summed

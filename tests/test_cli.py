@@ -223,3 +223,11 @@ def test_console_script_and_module(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_report_in_a_missing_folder_is_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "out.onnx"
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN, "--report", tmp_path / "no" / "r.json")
+    assert code == 2
+    assert_one_line_error(err, "does not exist")
+    assert not out.exists()
