@@ -34,7 +34,11 @@ accepts. Rules:
    all would give collinear, overfitted models; the candidates are therefore added one at a time
    (forward selection), each only while it lowers the leave-one-out relative error by at least
    5 %. ``fp32`` keeps at least one feature; ``fp16`` may keep none (``sigma * t32`` alone).
-6. Op types with fewer than ``min_samples`` paired cases are left out of ``ops`` and listed in
+6. The measured times of the training cases are kept under ``measured`` (keyed by
+   :func:`shape_key`): a node of exactly such a shape gets them instead of a prediction.
+   Held-out shapes are never in it, and the evaluation ignores it: the held-out errors measure
+   the models alone.
+7. Op types with fewer than ``min_samples`` paired cases are left out of ``ops`` and listed in
    ``fallback_ops``: :class:`RegressionCostModel` predicts them with the analytic roofline model
    (:class:`AnalyticCostModel`), as it does for any op type the database lacks.
 
@@ -70,7 +74,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxcampo.costdb.features import OpFeatures, op_features
-from onnxcampo.costdb.regression import FEATURES, SCHEMA_VERSION, feature_vector, validate_database
+from onnxcampo.costdb.regression import FEATURES, SCHEMA_VERSION, feature_vector, shape_key, validate_database
 from onnxcampo.errors import ConfigError, CostModelError
 
 log = logging.getLogger(__name__)
@@ -412,7 +416,7 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
     by_op: dict[str, list[Case]] = defaultdict(list)
     for case in data.cases:
         by_op[case.op_type].append(case)
-    ops, fallback, holdout_keys = {}, [], []
+    ops, fallback, holdout_keys, measured = {}, [], [], {}
     for op_type in sorted(by_op):
         cases = by_op[op_type]
         if len(cases) < min_samples:
@@ -434,10 +438,16 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
         entry["holdout"] = len(held)
         ops[op_type] = entry
         holdout_keys += [c.key for c in held]
+        held_shapes = {shape_key(c.features) for c in held}
+        for case in train:
+            key = shape_key(case.features)
+            if key not in held_shapes:
+                measured[key] = {"fp32": round(case.t32, 4), "fp16": round(case.t16, 4)}
 
     database["ops"] = ops
     database["fallback_ops"] = fallback
     database["holdout_cases"] = sorted(holdout_keys)
+    database["measured"] = measured
     database["summary"] = {}
     validate_database(database, "fitted database")
 

@@ -14,6 +14,10 @@ Schema (``schema_version`` 1)::
 
 A prediction is ``b + sum_i w_i * f_i (+ sigma * t_fp32)`` with features from
 :func:`feature_vector`. Op types the database lacks fall back to the analytic model.
+
+An optional ``"measured": {shape_key: {"fp32": us, "fp16": us}}`` holds the measured times of
+the shapes the models were fitted on (never the held-out ones): a node of exactly such a shape
+gets its measured times, its fp16 time scaled by the node's fp32 time over the measured one.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ def feature_vector(features: OpFeatures) -> dict[str, float]:
     }
 
 
+def shape_key(features: OpFeatures) -> str:
+    """Identifies a node's shape through its features (op, FLOPs, elements, GEMM dims)."""
+    return f"{features.op_type}|{features.flops:.0f}|{features.elements}|{features.elements_out}|{features.gemm}|{features.kernel}"
+
+
 def _linear(model: dict, values: dict[str, float], fp32_time: float | None = None) -> float:
     total = float(model.get("intercept", 0.0))
     for name, weight in zip(model["features"], model["coef"]):
@@ -59,6 +68,7 @@ class RegressionCostModel(CostModel):
         self.database = database
         self.name = f"{database['device']['name']} (regression, {source})"
         self.fallback = AnalyticCostModel()
+        self.measured = database.get("measured", {})
 
     @classmethod
     def load(cls, path: str | Path) -> "RegressionCostModel":
@@ -72,12 +82,19 @@ class RegressionCostModel(CostModel):
         return cls(database, source=str(path))
 
     def fp32_time(self, features: OpFeatures) -> float:
+        measured = self.measured.get(shape_key(features)) if features.known else None
+        if measured is not None:
+            return float(measured["fp32"])
         entry = self.database["ops"].get(features.op_type)
         if entry is None or not features.known:
             return self.fallback.fp32_time(features)
         return _linear(entry["fp32"], feature_vector(features))
 
     def fp16_time(self, features: OpFeatures, fp32_time: float) -> float:
+        measured = self.measured.get(shape_key(features)) if features.known else None
+        if measured is not None:
+            scale = fp32_time / measured["fp32"] if measured["fp32"] > 0 else 1.0
+            return float(measured["fp16"]) * scale
         entry = self.database["ops"].get(features.op_type)
         if entry is None or not features.known:
             return self.fallback.fp16_time(features, fp32_time)
