@@ -49,8 +49,11 @@ def feature_vector(features: OpFeatures) -> dict[str, float]:
 
 
 def shape_key(features: OpFeatures) -> str:
-    """Identifies a node's shape through its features (op, FLOPs, elements, GEMM dims)."""
-    return f"{features.op_type}|{features.flops:.0f}|{features.elements}|{features.elements_out}|{features.gemm}|{features.kernel}"
+    """Identifies a node's shape through its features: the GEMM dims of a product (exact also for
+    the padded shapes :meth:`OpFeatures.with_gemm` describes), element counts otherwise."""
+    if features.gemm is not None:
+        return f"{features.op_type}|gemm={features.gemm}|kernel={features.kernel}"
+    return f"{features.op_type}|{features.flops:.0f}|{features.elements}|{features.elements_out}"
 
 
 def _linear(model: dict, values: dict[str, float], fp32_time: float | None = None) -> float:
