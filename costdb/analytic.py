@@ -81,7 +81,7 @@ class AnalyticCostModel(CostModel):
     def cast_time(self, elements: int) -> float:
         return self.peaks.cast_us + self._memory_us(elements, 6)
 
-    def pad_time(self, elements: int) -> float:
+    def pad_time(self, elements: int, kind: str = "Pad") -> float:
         return self.peaks.pad_us + self._memory_us(elements, 4)
 
     def describe(self) -> dict:

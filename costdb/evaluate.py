@@ -100,7 +100,8 @@ def evaluate_cases(database: dict, data: SampleSet, *, noise: float = 0.05, hold
             d: _size_model_errors(model.cast_time, [(e, t) for dd, e, t in data.cast_rows if dd == d])
             for d in sorted({d for d, _, _ in data.cast_rows})
         },
-        "pad": _size_model_errors(model.pad_time, [(e, t) for _, e, t in data.pad_rows]),
+        "pad": _size_model_errors(None, [(e, t) for _, e, t in data.pad_rows],
+                                  [model.pad_time(e, op) for op, e, _ in data.pad_rows]),
         "holdout_missing": missing,
         "worst": worst,
         "cases": records,
@@ -159,10 +160,11 @@ def _aggregate(records: Sequence[dict]) -> dict:
     }
 
 
-def _size_model_errors(predict, rows: Sequence[tuple[int, float]]) -> dict | None:
+def _size_model_errors(predict, rows: Sequence[tuple[int, float]], predicted: Sequence[float] | None = None) -> dict | None:
     if not rows:
         return None
-    errors = [abs(predict(e) - t) / t for e, t in rows]
+    predicted = predicted if predicted is not None else [predict(e) for e, _ in rows]
+    errors = [abs(p - t) / t for p, (_, t) in zip(predicted, rows)]
     return {"rows": len(rows), "mape": float(np.mean(errors)), "max_error": float(np.max(errors))}
 
 

@@ -34,10 +34,9 @@ accepts. Rules:
    all would give collinear, overfitted models; the candidates are therefore added one at a time
    (forward selection), each only while it lowers the leave-one-out relative error by at least
    5 %. ``fp32`` keeps at least one feature; ``fp16`` may keep none (``sigma * t32`` alone).
-6. The measured times of the training cases are kept under ``measured`` (keyed by
-   :func:`shape_key`): a node of exactly such a shape gets them instead of a prediction.
-   Held-out shapes are never in it, and the evaluation ignores it: the held-out errors measure
-   the models alone.
+6. The measured times of every case are kept under ``measured`` (keyed by :func:`shape_key`):
+   a node of exactly such a shape gets them instead of a prediction. The evaluation ignores the
+   table, so the held-out errors measure the models alone.
 7. Op types with fewer than ``min_samples`` paired cases are left out of ``ops`` and listed in
    ``fallback_ops``: :class:`RegressionCostModel` predicts them with the analytic roofline model
    (:class:`AnalyticCostModel`), as it does for any op type the database lacks.
@@ -412,6 +411,10 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
     database: dict = {"schema_version": SCHEMA_VERSION, "device": device_info(samples), "cast": cast}
     if data.pad_rows:
         database["pad"] = {**fit_size_cost([(e, t) for _, e, t in data.pad_rows]), "samples": len(data.pad_rows)}
+        for kind in ("Pad", "Slice"):
+            rows = [(e, t) for op, e, t in data.pad_rows if op == kind]
+            if rows:
+                database["pad"][kind] = fit_size_cost(rows)
 
     by_op: dict[str, list[Case]] = defaultdict(list)
     for case in data.cases:
@@ -438,11 +441,8 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
         entry["holdout"] = len(held)
         ops[op_type] = entry
         holdout_keys += [c.key for c in held]
-        held_shapes = {shape_key(c.features) for c in held}
-        for case in train:
-            key = shape_key(case.features)
-            if key not in held_shapes:
-                measured[key] = {"fp32": round(case.t32, 4), "fp16": round(case.t16, 4)}
+        for case in cases:
+            measured[shape_key(case.features)] = {"fp32": round(case.t32, 4), "fp16": round(case.t16, 4)}
 
     database["ops"] = ops
     database["fallback_ops"] = fallback

@@ -30,8 +30,8 @@ class CostModel(abc.ABC):
         """One Cast kernel fp32<->fp16 over ``elements`` elements: ``C_I + r * elements``."""
 
     @abc.abstractmethod
-    def pad_time(self, elements: int) -> float:
-        """One Pad or Slice of an fp16 tensor of ``elements`` elements (output size)."""
+    def pad_time(self, elements: int, kind: str = "Pad") -> float:
+        """One ``Pad`` or ``Slice`` (``kind``) of an fp16 tensor of ``elements`` output elements."""
 
     def describe(self) -> dict:
         return {"name": self.name}

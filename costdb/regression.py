@@ -5,7 +5,8 @@ Schema (``schema_version`` 1)::
     {"schema_version": 1,
      "device": {"name", "compute_capability", "ort_version", "cuda_version", "date"},
      "cast": {"C_I": us, "r": us per element},
-     "pad": {"C_I": us, "r": us per element},                  # optional
+     "pad": {"C_I": us, "r": us per element,                   # optional; pooled Pad+Slice,
+             "Pad": {"C_I", "r"}, "Slice": {"C_I", "r"}},      # and per op when fitted
      "ops": {"MatMul": {"fp32": MODEL, "fp16": MODEL, "fp16_tc": MODEL,   # fp16_tc optional
                         "samples": n, "holdout_mape": x}, ...},
      "summary": {"holdout_mape", "wrong_decision_rate", "samples"}}
@@ -108,11 +109,12 @@ class RegressionCostModel(CostModel):
         cast = self.database["cast"]
         return float(cast["C_I"]) + float(cast["r"]) * elements
 
-    def pad_time(self, elements: int) -> float:
+    def pad_time(self, elements: int, kind: str = "Pad") -> float:
         pad = self.database.get("pad")
         if pad is None:
-            return self.fallback.pad_time(elements)
-        return float(pad["C_I"]) + float(pad["r"]) * elements
+            return self.fallback.pad_time(elements, kind)
+        model = pad.get(kind, pad)  # per-op fits when present (Pad costs ~3x Slice), else pooled
+        return float(model["C_I"]) + float(model["r"]) * elements
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "regression", "device": self.database["device"],

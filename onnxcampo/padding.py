@@ -91,9 +91,9 @@ def _compute(ctx, node: gs.Node) -> PadPlan | None:
     before = ctx.cost.fp16_time(features, fp32)
     after = ctx.cost.fp16_time(padded, fp32)
     if k2 != k:
-        after += ctx.cost.pad_time(source.numel * k2 // max(k, 1))
+        after += ctx.cost.pad_time(source.numel * k2 // max(k, 1), "Pad")
     if n2 != n:
-        after += ctx.cost.pad_time(features.elements_out)
+        after += ctx.cost.pad_time(features.elements_out, "Slice")
     if after >= before:
         return None
     return PadPlan(len(source.shape), input_axis, output_axis, weight_axes, k, k2, n, n2, before, after)

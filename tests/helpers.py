@@ -94,7 +94,7 @@ class FakeCost(CostModel):
     def cast_time(self, elements: int) -> float:
         return self.cast_us
 
-    def pad_time(self, elements: int) -> float:
+    def pad_time(self, elements: int, kind: str = "Pad") -> float:
         return self.pad_us
 
 
