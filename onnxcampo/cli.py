@@ -14,7 +14,7 @@ from pathlib import Path
 
 from onnxcampo import __version__
 from onnxcampo.config import POLICIES, PROFILE_MODES, OptimizeConfig, parse_dim_value, parse_input_shape
-from onnxcampo.errors import CampoError, ValidationError
+from onnxcampo.errors import CampoError, ConfigError, ValidationError
 
 log = logging.getLogger("onnxcampo")
 
@@ -81,6 +81,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_options(ins)
     ins.add_argument("--nodes", action="store_true", help="print one line per node")
 
+    tg = sub.add_parser("train-graph", help="build a training-step graph (forward + loss + backward + update)")
+    tg.add_argument("forward", type=Path, help="forward (inference) model; its float initializers are trained")
+    tg.add_argument("output", type=Path, help="training-step model to write")
+    tg.add_argument("--loss", choices=("mse", "cross_entropy"), default="mse")
+    tg.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"), default="sgd")
+    tg.add_argument("--lr", type=float, default=0.01, help="default learning rate (an input of the graph)")
+    tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant")
+    tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+
+    tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
+    tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
+    tr.add_argument("--forward", type=Path, required=True, help="the forward model: initial weights, and the export")
+    tr.add_argument("--data", type=Path, required=True,
+                    help=".npz with the batch inputs and 'labels' (an extra leading axis = one batch per step, cycled)")
+    tr.add_argument("--steps", type=int, default=100)
+    tr.add_argument("--lr", type=float, help="learning rate (default: the one the graph was built with)")
+    tr.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
+    tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss")
+    tr.add_argument("--out", type=Path, help="write the forward model with the trained weights")
+
     cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
     cost_sub = cost.add_subparsers(dest="costdb_command", required=True)
     measure = cost_sub.add_parser("measure", help="time single-op models on ONNX Runtime (appends, resumable)")
@@ -100,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--report", type=Path, help="markdown report to write")
     evaluate.add_argument("--png", type=Path, help="predicted-vs-measured plot to write (needs matplotlib)")
 
-    for p in (opt, ins, measure, fit, evaluate):
+    for p in (opt, ins, measure, fit, evaluate, tg, tr):
         p.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per pass; -vv: debug")
         p.add_argument("--debug", action="store_true", help="check graph invariants after every pass; tracebacks")
     return parser
@@ -116,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             return _optimize(args)
         if args.command == "costdb":
             return _costdb(args)
+        if args.command == "train-graph":
+            return _train_graph(args)
+        if args.command == "train":
+            return _train(args)
         return _inspect(args)
     except CampoError as exc:
         print(f"onnxcampo: error: {exc}", file=sys.stderr)
@@ -180,6 +204,59 @@ def _inspect(args: argparse.Namespace) -> int:
         for name, entry in result.report["plan"].items():
             numbers = " ".join(f"{k}={v:.2f}" for k, v in entry.get("numbers", {}).items())
             print(f"{entry['precision']}  {name}  {entry['reason']}  {numbers}".rstrip())
+    return 0
+
+
+def _train_graph(args: argparse.Namespace) -> int:
+    from onnxcampo import graph as graph_io
+    from onnxcampo.training import build_train_step, step_spec
+
+    output = graph_io.check_output_path(args.output, args.forward if args.forward.exists() else None)
+    shapes = dict(parse_input_shape(text) for text in args.input_shape)
+    step = build_train_step(args.forward, loss=args.loss, optimizer=args.optimizer, lr=args.lr,
+                            freeze=args.freeze, input_shapes=shapes)
+    graph_io.save_model(step, output)
+    spec = step_spec(step)
+    print(f"onnxcampo: wrote {output}: {len(spec.weights)} weights trained with {args.optimizer} on {args.loss}; "
+          f"batch inputs {', '.join(spec.batch)}; {len(step.graph.node)} nodes", file=sys.stderr)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from onnxcampo import graph as graph_io
+    from onnxcampo.training import Trainer, initial_weights
+
+    if not args.data.is_file():
+        raise ConfigError(f"{args.data}: no such file")
+    if args.steps <= 0:
+        raise ConfigError("--steps must be positive")
+    if args.out is not None:
+        graph_io.check_output_path(args.out, args.forward)
+    step_model, _ = graph_io.read_model(args.step)
+    trainer = Trainer(step_model, weights=initial_weights(args.forward, step_model), provider=args.provider, lr=args.lr)
+    ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in step_model.graph.input}
+    try:
+        data = dict(np.load(args.data))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{args.data}: not a readable .npz ({exc})") from None
+    lines = []
+    for index in range(args.steps):
+        batch = {name: (array[index % len(array)] if array.ndim == ranks.get(name, array.ndim) + 1 else array)
+                 for name, array in data.items()}
+        loss = trainer.step(batch)
+        lines.append(json.dumps({"step": index + 1, "loss": loss}))
+        if not np.isfinite(loss):
+            raise ValidationError(f"the loss is {loss} at step {index + 1}: training diverged")
+        if (index + 1) % max(1, args.steps // 20) == 0 or index + 1 == args.steps:
+            print(f"\rstep {index + 1}/{args.steps}: loss {loss:.5g}   ", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    if args.log:
+        graph_io.write_text_atomically(args.log, "\n".join(lines) + "\n")
+    if args.out:
+        graph_io.save_model(trainer.export(args.forward), args.out)
+        print(f"onnxcampo: wrote {args.out}", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,259 @@
+"""Training-step graphs in standard ONNX ops: forward + loss + backward (onnx-ad) + update.
+
+Conventions (what :class:`onnxcampo.training.Trainer` relies on):
+
+* the forward model's float initializers become graph inputs named as before (the fp32 master
+  weights), except those matching ``freeze`` (they stay constants);
+* the batch is the forward model's own inputs plus ``labels`` (float targets for ``mse``, int64
+  class indices for ``cross_entropy``);
+* outputs: ``loss`` (scalar, fp32), then ``<weight>.updated`` for every weight;
+* optimizer state: ``<weight>.momentum`` (momentum), ``<weight>.adam_m`` / ``<weight>.adam_v``
+  and the scalar ``step`` (adamw) are inputs, their next values ``<name>.updated`` outputs;
+* ``lr`` is a scalar input, so schedules need no new graph (the value given to
+  :func:`build_train_step` is stored as metadata ``onnxcampo.lr``, the Trainer's default).
+
+The model's first output is the prediction the loss is computed on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo import graph as graph_io
+from onnxcampo.errors import ConfigError, UnsupportedModelError
+
+LOSSES = ("mse", "cross_entropy")
+OPTIMIZERS = ("sgd", "momentum", "adamw")
+UPDATED = ".updated"
+LABELS = "labels"
+LOSS = "loss"
+LR = "lr"
+STEP = "step"
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What a step graph expects and returns (read back by the Trainer)."""
+
+    weights: tuple[str, ...]
+    state: tuple[str, ...]
+    batch: tuple[str, ...]
+    optimizer: str
+    loss: str
+
+
+def build_train_step(
+    forward: str | os.PathLike | onnx.ModelProto,
+    *,
+    loss: str = "mse",
+    optimizer: str = "sgd",
+    lr: float = 0.01,
+    momentum: float = 0.9,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    freeze: str | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> onnx.ModelProto:
+    """One training step as an ONNX model (see the module docstring for names)."""
+    if loss not in LOSSES:
+        raise ConfigError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+    model, _ = graph_io.read_model(forward)
+    if graph_io.default_opset(model) < 17:
+        model = onnx.version_converter.convert_version(model, 17)
+    _pin_inputs(model, input_shapes or {})
+    weights = _lift_weights(model, freeze)
+    if not weights:
+        raise ConfigError("the model has no float initializer left to train (all frozen?)")
+    prediction = model.graph.output[0].name
+    info, _ = graph_io.infer_tensor_info(model)
+    shape = info[prediction].shape if prediction in info else None
+    if shape is None or None in shape:
+        raise UnsupportedModelError(
+            f"the shape of the prediction {prediction!r} is not static; pin the inputs with input_shapes")
+    _add_loss(model, prediction, loss, list(shape))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info(LOSS, TensorProto.FLOAT, []))
+    model.ir_version = min(model.ir_version, 10)
+    gradients = _backward(model, weights)
+    _add_update(gradients, weights, optimizer, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay)
+    gradients.metadata_props.add(key="onnxcampo.train_step", value=f"{loss},{optimizer}")
+    gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))
+    onnx.checker.check_model(gradients)
+    return gradients
+
+
+def step_spec(step: onnx.ModelProto) -> StepSpec:
+    inputs = [i.name for i in step.graph.input]
+    outputs = {o.name for o in step.graph.output}
+    updated = [name for name in inputs if name + UPDATED in outputs]
+    weights = tuple(n for n in updated if not re.search(r"\.(momentum|adam_m|adam_v)$", n) and n != STEP)
+    state = tuple(n for n in updated if n not in weights)
+    batch = tuple(n for n in inputs if n not in updated and n != LR)
+    kind = next((p.value for p in step.metadata_props if p.key == "onnxcampo.train_step"), "mse,sgd")
+    loss, optimizer = kind.split(",")
+    return StepSpec(weights, state, batch, optimizer, loss)
+
+
+def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    if shapes:
+        graph_io.pin_input_shapes(model, shapes, {}, require_static=False)
+
+
+def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> list[str]:
+    pattern = re.compile(freeze) if freeze else None
+    weights = []
+    keep = []
+    for tensor in model.graph.initializer:
+        trainable = tensor.data_type == TensorProto.FLOAT and len(tensor.dims) > 0 \
+            and not (pattern and pattern.search(tensor.name))
+        if trainable:
+            weights.append(tensor.name)
+            model.graph.input.append(helper.make_tensor_value_info(tensor.name, TensorProto.FLOAT, list(tensor.dims)))
+        keep.append((tensor, trainable))
+    frozen = [t for t, trainable in keep if not trainable]
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(frozen)  # initial weights are read from the forward model
+    return weights
+
+
+def _add_loss(model: onnx.ModelProto, prediction: str, loss: str, shape: list[int]) -> None:
+    graph = model.graph
+    if loss == "mse":
+        graph.input.append(helper.make_tensor_value_info(LABELS, TensorProto.FLOAT, shape))
+        graph.node.extend([
+            helper.make_node("Sub", [prediction, LABELS], ["loss/diff"], name="loss/diff"),
+            helper.make_node("Mul", ["loss/diff", "loss/diff"], ["loss/square"], name="loss/square"),
+            helper.make_node("ReduceMean", ["loss/square"], [LOSS], name="loss/mean", keepdims=0),
+        ])
+        return
+    classes = shape[-1]
+    graph.input.append(helper.make_tensor_value_info(LABELS, TensorProto.INT64, shape[:-1]))
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array(classes, np.int64), "loss/depth"),
+        numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "loss/onehot_values"),
+        numpy_helper.from_array(np.array([-1], np.int64), "loss/axis"),
+    ])
+    graph.node.extend([
+        helper.make_node("LogSoftmax", [prediction], ["loss/logp"], name="loss/log_softmax", axis=-1),
+        helper.make_node("OneHot", [LABELS, "loss/depth", "loss/onehot_values"], ["loss/onehot"], name="loss/onehot", axis=-1),
+        helper.make_node("Mul", ["loss/onehot", "loss/logp"], ["loss/picked"], name="loss/picked"),
+        helper.make_node("ReduceSum", ["loss/picked", "loss/axis"], ["loss/per_sample"], name="loss/sum", keepdims=0),
+        helper.make_node("ReduceMean", ["loss/per_sample"], ["loss/mean_logp"], name="loss/mean", keepdims=0),
+        helper.make_node("Neg", ["loss/mean_logp"], [LOSS], name="loss/neg"),
+    ])
+
+
+def _backward(model: onnx.ModelProto, weights: list[str]) -> onnx.ModelProto:
+    import onnx_ad
+
+    model = onnx.shape_inference.infer_shapes(model, data_prop=True)  # onnx-ad places seed axes by rank
+    try:
+        step = onnx_ad.reverse(model, inputs=weights, outputs=[LOSS], layout="onnx", prefix="grad_")
+    except onnx_ad.UnsupportedOperator as exc:
+        raise UnsupportedModelError(f"cannot differentiate the model: {exc}") from None
+    return step
+
+
+def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, **hyper) -> None:
+    graph = step.graph
+    seed = next(i for i in graph.input if i.name.startswith("grad_"))
+    graph.input.remove(seed)
+    graph.initializer.append(numpy_helper.from_array(np.ones(1, np.float32), seed.name))
+    graph.input.append(helper.make_tensor_value_info(LR, TensorProto.FLOAT, []))
+    kept_outputs = [o for o in graph.output if o.name == LOSS]
+    grads = {o.name[len("grad_"):]: o.name for o in graph.output if o.name.startswith("grad_")}
+    del graph.output[:]
+    graph.output.extend(kept_outputs)
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
+
+    def const(name: str, value: float) -> str:
+        graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), name))
+        return name
+
+    axis = numpy_helper.from_array(np.array([-1], np.int64), "update/seed_axis")
+    graph.initializer.append(axis)
+    if optimizer == "adamw":
+        graph.input.append(helper.make_tensor_value_info(STEP, TensorProto.FLOAT, []))
+        beta1, beta2 = hyper["betas"]
+        nodes = [
+            helper.make_node("Add", [STEP, const("update/one", 1.0)], [STEP + UPDATED], name="update/step"),
+            helper.make_node("Pow", [const("update/beta1", beta1), STEP + UPDATED], ["update/b1t"], name="update/b1t"),
+            helper.make_node("Pow", [const("update/beta2", beta2), STEP + UPDATED], ["update/b2t"], name="update/b2t"),
+            helper.make_node("Sub", ["update/one", "update/b1t"], ["update/c1"], name="update/c1"),
+            helper.make_node("Sub", ["update/one", "update/b2t"], ["update/c2"], name="update/c2"),
+        ]
+        graph.node.extend(nodes)
+        graph.output.append(helper.make_tensor_value_info(STEP + UPDATED, TensorProto.FLOAT, []))
+        const("update/1-beta1", 1 - beta1)
+        const("update/1-beta2", 1 - beta2)
+        const("update/eps", hyper["eps"])
+        const("update/wd", hyper["weight_decay"])
+    if optimizer == "momentum":
+        const("update/mu", hyper["momentum"])
+    for weight in weights:
+        g = f"{weight}/grad"
+        graph.node.append(helper.make_node("Squeeze", [grads[weight], "update/seed_axis"], [g], name=f"{weight}/squeeze"))
+        out = weight + UPDATED
+        if optimizer == "sgd":
+            graph.node.extend([
+                helper.make_node("Mul", [LR, g], [f"{weight}/step"], name=f"{weight}/lr_grad"),
+                helper.make_node("Sub", [weight, f"{weight}/step"], [out], name=f"{weight}/update"),
+            ])
+        elif optimizer == "momentum":
+            v, v_out = f"{weight}.momentum", f"{weight}.momentum{UPDATED}"
+            graph.input.append(helper.make_tensor_value_info(v, TensorProto.FLOAT, shapes[weight]))
+            graph.node.extend([
+                helper.make_node("Mul", ["update/mu", v], [f"{weight}/mu_v"], name=f"{weight}/mu_v"),
+                helper.make_node("Add", [f"{weight}/mu_v", g], [v_out], name=f"{weight}/velocity"),
+                helper.make_node("Mul", [LR, v_out], [f"{weight}/step"], name=f"{weight}/lr_v"),
+                helper.make_node("Sub", [weight, f"{weight}/step"], [out], name=f"{weight}/update"),
+            ])
+            graph.output.append(helper.make_tensor_value_info(v_out, TensorProto.FLOAT, shapes[weight]))
+        else:
+            m, v = f"{weight}.adam_m", f"{weight}.adam_v"
+            for name in (m, v):
+                graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[weight]))
+                graph.output.append(helper.make_tensor_value_info(name + UPDATED, TensorProto.FLOAT, shapes[weight]))
+            p = f"{weight}/adam"
+            graph.node.extend([
+                helper.make_node("Mul", ["update/beta1", m], [p + "/b1m"], name=p + "/b1m"),
+                helper.make_node("Mul", ["update/1-beta1", g], [p + "/g1"], name=p + "/g1"),
+                helper.make_node("Add", [p + "/b1m", p + "/g1"], [m + UPDATED], name=p + "/m"),
+                helper.make_node("Mul", [g, g], [p + "/g2"], name=p + "/g2"),
+                helper.make_node("Mul", ["update/beta2", v], [p + "/b2v"], name=p + "/b2v"),
+                helper.make_node("Mul", ["update/1-beta2", p + "/g2"], [p + "/g2s"], name=p + "/g2s"),
+                helper.make_node("Add", [p + "/b2v", p + "/g2s"], [v + UPDATED], name=p + "/v"),
+                helper.make_node("Div", [m + UPDATED, "update/c1"], [p + "/mhat"], name=p + "/mhat"),
+                helper.make_node("Div", [v + UPDATED, "update/c2"], [p + "/vhat"], name=p + "/vhat"),
+                helper.make_node("Sqrt", [p + "/vhat"], [p + "/sqrt"], name=p + "/sqrt"),
+                helper.make_node("Add", [p + "/sqrt", "update/eps"], [p + "/denom"], name=p + "/denom"),
+                helper.make_node("Div", [p + "/mhat", p + "/denom"], [p + "/dir"], name=p + "/dir"),
+                helper.make_node("Mul", ["update/wd", weight], [p + "/decay"], name=p + "/decay"),
+                helper.make_node("Add", [p + "/dir", p + "/decay"], [p + "/total"], name=p + "/total"),
+                helper.make_node("Mul", [LR, p + "/total"], [p + "/step"], name=p + "/step"),
+                helper.make_node("Sub", [weight, p + "/step"], [out], name=p + "/update"),
+            ])
+        graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, shapes[weight]))
+
+
+def initial_weights(forward: str | os.PathLike | onnx.ModelProto, step: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The forward model's values of the step's trainable weights (its fp32 master copy)."""
+    model, _ = graph_io.read_model(forward)
+    spec = step_spec(step)
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    missing = [w for w in spec.weights if w not in values]
+    if missing:
+        raise ConfigError(f"the forward model lacks weights of the step graph: {missing[:5]}")
+    return {w: values[w].astype(np.float32).copy() for w in spec.weights}
+
+
+__all__ = ["LOSSES", "OPTIMIZERS", "StepSpec", "build_train_step", "initial_weights", "step_spec"]

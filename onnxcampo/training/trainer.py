@@ -1,0 +1,88 @@
+"""Run a training-step graph step after step on ONNX Runtime.
+
+Weights and optimizer state live on the device between steps: two sets of buffers, one bound
+as inputs and one as outputs, swapped after every step (ping-pong), so nothing but the batch
+goes to the device and nothing but the loss comes back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from onnxcampo import graph as graph_io
+from onnxcampo.errors import ConfigError
+from onnxcampo.runtime import make_session
+from onnxcampo.training.step import LOSS, LR, STEP, UPDATED, step_spec
+
+
+class Trainer:
+    """``Trainer(step_model, weights=..., provider="cpu"|"cuda").step(batch) -> loss``.
+
+    ``weights`` are the initial fp32 master weights (``initial_weights(forward, step)``);
+    optimizer state starts at zero.
+    """
+
+    def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, weights: Mapping[str, np.ndarray],
+                 provider: str = "cpu", lr: float | None = None) -> None:
+        self.model, _ = graph_io.read_model(step_model)
+        self.spec = step_spec(self.model)
+        missing = [w for w in self.spec.weights if w not in weights]
+        if missing:
+            raise ConfigError(f"initial values missing for weights {missing[:5]}")
+        self.lr = lr if lr is not None else float(next(
+            (p.value for p in self.model.metadata_props if p.key == "onnxcampo.lr"), "0.01"))
+        self.device = "cuda" if provider == "cuda" else "cpu"
+        self.session = make_session(self.model, provider=provider)
+        shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
+        initial = {name: np.ascontiguousarray(weights[name], dtype=np.float32) for name in self.spec.weights}
+        for name in self.spec.state:
+            initial[name] = np.zeros(shapes[name] if name != STEP else [], np.float32)
+        self._buffers = [
+            {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, 0) for name, value in initial.items()},
+            {name: ort.OrtValue.ortvalue_from_numpy(np.empty_like(value), self.device, 0) for name, value in initial.items()},
+        ]
+        self._loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), "cpu", 0)
+        self._current = 0
+        self.steps = 0
+
+    def step(self, batch: Mapping[str, np.ndarray]) -> float:
+        """One update on ``batch`` (the forward inputs plus ``labels``); returns the loss."""
+        unknown = sorted(set(batch) - set(self.spec.batch))
+        missing = sorted(set(self.spec.batch) - set(batch))
+        if unknown or missing:
+            raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
+        binding = self.session.io_binding()
+        for name, array in batch.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0))
+        binding.bind_ortvalue_input(LR, ort.OrtValue.ortvalue_from_numpy(np.array(self.lr, np.float32), self.device, 0))
+        source, target = self._buffers[self._current], self._buffers[1 - self._current]
+        for name, value in source.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in target.items():
+            binding.bind_ortvalue_output(name + UPDATED, value)
+        binding.bind_ortvalue_output(LOSS, self._loss)  # the one value that comes back to the host
+        self.session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        loss = float(self._loss.numpy())
+        self._current = 1 - self._current
+        self.steps += 1
+        return loss
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Current weights and optimizer state, copied to the host."""
+        return {name: value.numpy().copy() for name, value in self._buffers[self._current].items()}
+
+    def export(self, forward: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
+        """The forward (inference) model with the trained weights."""
+        model, _ = graph_io.read_model(forward)
+        state = self.state_dict()
+        for index, tensor in enumerate(model.graph.initializer):
+            if tensor.name in self.spec.weights:
+                model.graph.initializer[index].CopyFrom(numpy_helper.from_array(state[tensor.name], tensor.name))
+        return model

@@ -1,0 +1,159 @@
+"""Training-step graphs (forward + loss + onnx-ad backward + update) and the Trainer, on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo.errors import ConfigError
+from onnxcampo.runtime import make_session, run
+from onnxcampo.training import Trainer, build_train_step, initial_weights, step_spec
+
+RNG = np.random.default_rng(0)
+W1 = (RNG.standard_normal((8, 16)) * 0.3).astype(np.float32)
+B1 = (RNG.standard_normal(16) * 0.1).astype(np.float32)
+W2 = (RNG.standard_normal((16, 3)) * 0.3).astype(np.float32)
+X = RNG.standard_normal((32, 8)).astype(np.float32)
+TARGET = RNG.standard_normal((32, 3)).astype(np.float32)
+CLASSES = RNG.integers(0, 3, 32).astype(np.int64)
+
+
+def mlp() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h2"]),
+         helper.make_node("Relu", ["h2"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 3])],
+        [numpy_helper.from_array(W1, "w1"), numpy_helper.from_array(B1, "b1"), numpy_helper.from_array(W2, "w2")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def numpy_gradients(loss: str) -> tuple[float, dict[str, np.ndarray]]:
+    """Hand-written backward pass of the MLP (float64), the reference for onnx-ad's graph."""
+    x, w1, b1, w2 = (a.astype(np.float64) for a in (X, W1, B1, W2))
+    h = x @ w1 + b1
+    a = np.maximum(h, 0)
+    y = a @ w2
+    if loss == "mse":
+        value = np.mean((y - TARGET) ** 2)
+        dy = 2 * (y - TARGET) / y.size
+    else:
+        shifted = y - y.max(axis=1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        value = -np.mean(logp[np.arange(len(CLASSES)), CLASSES])
+        onehot = np.eye(3)[CLASSES]
+        dy = (np.exp(logp) - onehot) / len(CLASSES)
+    dw2 = a.T @ dy
+    dh = (dy @ w2.T) * (h > 0)
+    return float(value), {"w1": x.T @ dh, "b1": dh.sum(axis=0), "w2": dw2}
+
+
+@pytest.mark.parametrize("loss, labels", [("mse", TARGET), ("cross_entropy", CLASSES)])
+def test_sgd_step_applies_the_exact_gradient(loss, labels):
+    """One SGD step moves each weight by lr x its gradient, the gradient matching a hand-written
+    backward pass; weights are graph inputs (fp32 master copies) paired with '.updated' outputs."""
+    step = build_train_step(mlp(), loss=loss, optimizer="sgd", lr=0.1)
+    spec = step_spec(step)
+    assert set(spec.weights) == {"w1", "b1", "w2"} and spec.state == ()
+    assert set(spec.batch) == {"x", "labels"}
+    assert not step.graph.initializer or all(t.name not in spec.weights for t in step.graph.initializer)
+    feeds = {"x": X, "labels": labels, "lr": np.array(0.1, np.float32), "w1": W1, "b1": B1, "w2": W2}
+    out = run(make_session(step), feeds)
+    value, grads = numpy_gradients(loss)
+    assert out["loss"] == pytest.approx(value, rel=1e-5)
+    for name, weight in (("w1", W1), ("b1", B1), ("w2", W2)):
+        np.testing.assert_allclose((weight - out[name + ".updated"]) / 0.1, grads[name], rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adamw"])
+@pytest.mark.parametrize("loss, labels", [("mse", TARGET), ("cross_entropy", CLASSES)])
+def test_trainer_lowers_the_loss(optimizer, loss, labels):
+    forward = mlp()
+    lr = {"sgd": 0.2, "momentum": 0.05, "adamw": 0.01}[optimizer]
+    step = build_train_step(forward, loss=loss, optimizer=optimizer, lr=lr)
+    trainer = Trainer(step, weights=initial_weights(forward, step))
+    losses = [trainer.step({"x": X, "labels": labels}) for _ in range(60)]
+    assert np.isfinite(losses).all()
+    assert losses[-1] < 0.6 * losses[0]
+    assert trainer.steps == 60
+
+
+def test_momentum_matches_the_update_rule():
+    """v' = mu v + g; w' = w - lr v' over two steps (state in '.momentum' inputs/outputs)."""
+    forward = mlp()
+    step = build_train_step(forward, loss="mse", optimizer="momentum", lr=0.1, momentum=0.5)
+    trainer = Trainer(step, weights=initial_weights(forward, step))
+    _, g1 = numpy_gradients("mse")
+    trainer.step({"x": X, "labels": TARGET})
+    state = trainer.state_dict()
+    np.testing.assert_allclose(state["w2.momentum"], g1["w2"], rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(state["w2"], W2 - 0.1 * g1["w2"], rtol=1e-4, atol=1e-6)
+
+
+def test_export_carries_the_trained_weights():
+    forward = mlp()
+    step = build_train_step(forward, loss="mse", optimizer="sgd", lr=0.05)
+    trainer = Trainer(step, weights=initial_weights(forward, step))
+    for _ in range(5):
+        trainer.step({"x": X, "labels": TARGET})
+    trained = trainer.export(forward)
+    y = run(make_session(trained), {"x": X})["y"]
+    expected = np.mean((y - TARGET) ** 2)
+    assert trainer.step({"x": X, "labels": TARGET}) == pytest.approx(expected, rel=1e-4)
+    assert not np.allclose(numpy_helper.to_array(trained.graph.initializer[0]), W1)
+
+
+def test_frozen_weights_stay_constants():
+    step = build_train_step(mlp(), loss="mse", optimizer="sgd", freeze="^b1$")
+    assert set(step_spec(step).weights) == {"w1", "w2"}
+    assert "b1" in {t.name for t in step.graph.initializer}
+
+
+def test_bad_options_and_batches():
+    with pytest.raises(ConfigError, match="unknown loss"):
+        build_train_step(mlp(), loss="hinge")
+    with pytest.raises(ConfigError, match="unknown optimizer"):
+        build_train_step(mlp(), optimizer="lion")
+    with pytest.raises(ConfigError, match="nothing|no float initializer"):
+        build_train_step(mlp(), freeze=".")
+    forward = mlp()
+    step = build_train_step(forward)
+    trainer = Trainer(step, weights=initial_weights(forward, step))
+    with pytest.raises(ConfigError, match="missing \\['labels'\\]"):
+        trainer.step({"x": X})
+
+
+def test_optimized_step_keeps_fp32_master_weights_and_trains():
+    """An amp-optimized step graph: weights stay fp32 graph inputs and outputs (cast inside the
+    graph), and it still trains on ORT CPU."""
+    import onnxcampo
+
+    forward = mlp()
+    step = build_train_step(forward, loss="mse", optimizer="momentum", lr=0.05)
+    optimized = onnxcampo.optimize(step, policy="amp").model
+    onnx.checker.check_model(optimized, full_check=True)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*optimized.graph.input, *optimized.graph.output)}
+    assert all(types[w] == TensorProto.FLOAT and types[w + ".updated"] == TensorProto.FLOAT for w in ("w1", "b1", "w2"))
+    assert any(n.op_type == "Cast" for n in optimized.graph.node)
+    trainer = Trainer(optimized, weights=initial_weights(forward, step))
+    losses = [trainer.step({"x": X, "labels": TARGET}) for _ in range(40)]
+    assert losses[-1] < 0.6 * losses[0]
+
+
+def test_command_line_builds_and_trains(tmp_path, capsys):
+    from onnxcampo.cli import main
+
+    forward, step, data, log, out = (tmp_path / n for n in ("fwd.onnx", "step.onnx", "data.npz", "log.jsonl", "trained.onnx"))
+    onnx.save(mlp(), str(forward))
+    assert main(["train-graph", str(forward), str(step), "--loss", "cross_entropy", "--optimizer", "adamw", "--lr", "0.01"]) == 0
+    np.savez(data, x=X, labels=CLASSES)
+    assert main(["train", str(step), "--forward", str(forward), "--data", str(data), "--steps", "30",
+                 "--log", str(log), "--out", str(out)]) == 0
+    losses = [__import__("json").loads(line)["loss"] for line in log.read_text().splitlines()]
+    assert len(losses) == 30 and losses[-1] < losses[0]
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+    assert main(["train", str(step), "--forward", str(forward), "--data", str(tmp_path / "none.npz")]) == 2
+    assert "no such file" in capsys.readouterr().err
