@@ -456,14 +456,24 @@ def export_model(
 
 
 def _copy_without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
-    initializers = list(model.graph.initializer)
-    del model.graph.initializer[:]
-    try:
-        copy_ = onnx.ModelProto()
-        copy_.CopyFrom(model)
-    finally:
-        model.graph.initializer.extend(initializers)
+    """A copy of everything but the weights, leaving ``model`` untouched (its initializers are
+    what graphsurgeon's lazy constants point at)."""
+    copy_ = onnx.ModelProto()
+    _copy_fields(model, copy_, skip="graph")
+    _copy_fields(model.graph, copy_.graph, skip="initializer")
     return copy_
+
+
+def _copy_fields(source, target, *, skip: str) -> None:
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        if hasattr(value, "extend"):  # repeated
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
 
 
 def _export_initializers(graph: gs.Graph, graph_proto: onnx.GraphProto, in_place: bool, lazy_type, exporter) -> None:
