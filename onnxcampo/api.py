@@ -26,6 +26,7 @@ from onnxcampo.passes.manager import PassManager, PassResult
 from onnxcampo.passes.pad_tensor_cores import PadTensorCores
 from onnxcampo.passes.uniform_precision import UniformPrecision
 from onnxcampo.plan import Precision, PrecisionPlan, Reason
+from onnxcampo.training import scaling
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,10 @@ def optimize(
         return OptimizeResult(original, PrecisionPlan(), _unchanged_report(config, source, reason), changed=False)
     # read_model gave us our own copy: we name its nodes, and the export reuses it in place.
     graph_io.name_nodes(original)
+    training = scaling.is_train_step(original)
+    if training and not config.keep_io_types:
+        log.warning("a training step keeps its input/output types (fp32 master weights and state)")
+        config = config.replace(keep_io_types=True)
 
     needs_sizes = config.policy == "campo" or config.profile != "predict"
     info, unresolved = graph_io.infer_tensor_info(
@@ -82,6 +87,8 @@ def optimize(
     )
     cost = load_cost_model(config.device_db)
     ctx = GraphContext.build(original, source, config, cost, info, unresolved)
+    if training:
+        ctx.training_fp32 = frozenset(scaling.fp32_nodes(original))
     if config.profile != "predict":
         _measure_fp32_times(ctx)
 
@@ -119,6 +126,11 @@ def optimize(
     report = _report(ctx, config, source, plans, times, chosen, notes, results)
     metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
     out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
+    report["loss_scaling"] = False
+    if training and config.loss_scaling and ctx.plan.counts().get("fp16", 0) and not scaling.has_loss_scaling(out):
+        scaling.add_loss_scaling(out, dtypes=ctx.dtypes)
+        report["loss_scaling"] = True
+        report["notes"].append("dynamic loss scaling inserted (inputs loss_scale, loss_scale_clean_steps)")
     return OptimizeResult(out, ctx.plan, report, passes=results)
 
 

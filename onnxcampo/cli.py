@@ -36,6 +36,8 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="fp32 node times: predicted by the cost model (default) or measured on ORT cpu/cuda")
     parser.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
     parser.add_argument("--no-keep-io-types", action="store_true", help="let graph inputs/outputs become fp16")
+    parser.add_argument("--no-loss-scaling", action="store_true",
+                        help="training steps: do not insert dynamic loss scaling (on by default when fp16 is used)")
     parser.add_argument("--no-compare-plans", action="store_true",
                         help="keep campo's plan even if the fp32 or amp plan is predicted faster")
 
@@ -57,6 +59,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         pad_tensor_cores=not args.no_pad,
         compare_plans=not args.no_compare_plans,
         check_invariants=args.debug,
+        loss_scaling=not args.no_loss_scaling,
     )
 
 
@@ -98,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--steps", type=int, default=100)
     tr.add_argument("--lr", type=float, help="learning rate (default: the one the graph was built with)")
     tr.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
-    tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss")
+    tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
     tr.add_argument("--out", type=Path, help="write the forward model with the trained weights")
 
     cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
@@ -222,6 +225,9 @@ def _train_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_SKIPPED_STEPS = 20  # non-finite losses in a row tolerated while the loss scale comes down
+
+
 def _train(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -242,15 +248,19 @@ def _train(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{args.data}: not a readable .npz ({exc})") from None
     lines = []
+    bad = 0  # non-finite losses in a row: dynamic loss scaling skips such steps, a few are fine
     for index in range(args.steps):
         batch = {name: (array[index % len(array)] if array.ndim == ranks.get(name, array.ndim) + 1 else array)
                  for name, array in data.items()}
         loss = trainer.step(batch)
-        lines.append(json.dumps({"step": index + 1, "loss": loss}))
-        if not np.isfinite(loss):
+        scale = trainer.loss_scale
+        lines.append(json.dumps({"step": index + 1, "loss": loss, **({"loss_scale": scale} if scale else {})}))
+        bad = 0 if np.isfinite(loss) else bad + 1
+        if bad > (MAX_SKIPPED_STEPS if scale else 0):
             raise ValidationError(f"the loss is {loss} at step {index + 1}: training diverged")
         if (index + 1) % max(1, args.steps // 20) == 0 or index + 1 == args.steps:
-            print(f"\rstep {index + 1}/{args.steps}: loss {loss:.5g}   ", end="", file=sys.stderr, flush=True)
+            shown = f", loss scale {scale:g}" if scale else ""
+            print(f"\rstep {index + 1}/{args.steps}: loss {loss:.5g}{shown}   ", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     if args.log:
         graph_io.write_text_atomically(args.log, "\n".join(lines) + "\n")

@@ -35,6 +35,8 @@ class OptimizeConfig:
         pad_tensor_cores: zero-pad MatMul/Gemm/Conv dims to multiples of 8 where it pays.
         compare_plans: also cost the ``fp32`` and ``amp`` plans and keep the cheapest (campo only).
         check_invariants: check graph invariants after every pass (tests and ``--debug``).
+        loss_scaling: in a training-step graph (from ``train-graph``) whose plan has fp16 nodes,
+            insert dynamic loss scaling (see ``onnxcampo.training.scaling``).
     """
 
     policy: str = "campo"
@@ -50,6 +52,7 @@ class OptimizeConfig:
     pad_tensor_cores: bool = True
     compare_plans: bool = True
     check_invariants: bool = False
+    loss_scaling: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -64,6 +64,7 @@ class GraphContext:
     stats: Counter = field(default_factory=Counter)
     unresolved_dims: list[str] = field(default_factory=list)
     padding_enabled: bool = False  # cost estimates count Tensor Core padding (campo plans)
+    training_fp32: frozenset[str] = frozenset()  # loss and update nodes of a training step
     # While only analysis runs the graph does not change: consumer lists are cached.
     topology_frozen: bool = False
     _uses_cache: dict[str, list[Use]] = field(default_factory=dict)

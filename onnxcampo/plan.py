@@ -30,6 +30,7 @@ class Reason(enum.Enum):
     CONTROL_FLOW = "control-flow op (If/Loop/Scan): body kept fp32"
     IN_SUBGRAPH = "inside an If/Loop/Scan body"
     USER_EXCLUDED = "excluded by the user"
+    TRAINING_FP32 = "training step: loss, loss gradient, loss scaling or optimizer update"
     CONSTANT_OUT_OF_RANGE = "reads a constant beyond the fp16 range"
     UNKNOWN_SHAPE = "shapes unknown: cost cannot be predicted"
     POLICY_FP32 = "policy fp32"

@@ -8,7 +8,8 @@ Rules, in order (the first that matches decides):
    Cast back: a round trip);
 4. quantization ops, and float ops reading a DequantizeLinear or feeding a QuantizeLinear
    (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
-5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32;
+5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32, and so do the loss, its
+   gradient and the optimizer update of a training step (``onnxcampo.training.scaling``);
 6. ops of custom domains and ops without an fp16 type at the model's opset stay fp32;
 7. nodes reading a float constant with finite values beyond the fp16 range (|x| > 65504),
    directly or through data movement (Reshape, Transpose, ...), stay fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
@@ -74,6 +75,8 @@ class Classify(PassBase):
             return Precision.FP32, Reason.QUANTIZED
         if ctx.excluded_by_user(node):
             return Precision.FP32, Reason.USER_EXCLUDED
+        if node.name in ctx.training_fp32:
+            return Precision.FP32, Reason.TRAINING_FP32
         domain = node.domain or ""
         if domain not in oplists.DEFAULT_DOMAINS and domain != oplists.MS_DOMAIN:
             return Precision.FP32, Reason.CUSTOM_DOMAIN

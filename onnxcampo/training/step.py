@@ -35,6 +35,7 @@ LABELS = "labels"
 LOSS = "loss"
 LR = "lr"
 STEP = "step"
+SCALARS = (STEP, "loss_scale", "loss_scale_clean_steps")  # scalar state: the step count, loss scaling
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,13 @@ def build_train_step(
     model.graph.output.append(helper.make_tensor_value_info(LOSS, TensorProto.FLOAT, []))
     model.ir_version = min(model.ir_version, 10)
     gradients = _backward(model, weights)
+    seed = next(i.name for i in gradients.graph.input if i.name.startswith("grad_"))
     _add_update(gradients, weights, optimizer, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay)
     gradients.metadata_props.add(key="onnxcampo.train_step", value=f"{loss},{optimizer}")
     gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))
+    gradients.metadata_props.add(key="onnxcampo.prediction", value=prediction)  # where the loss starts
+    gradients.metadata_props.add(key="onnxcampo.loss_seed", value=seed)  # d loss / d loss, 1 until scaled
+    graph_io.name_nodes(gradients)  # onnx-ad leaves backward nodes unnamed; plans and reports need names
     onnx.checker.check_model(gradients)
     return gradients
 
@@ -95,7 +100,7 @@ def step_spec(step: onnx.ModelProto) -> StepSpec:
     inputs = [i.name for i in step.graph.input]
     outputs = {o.name for o in step.graph.output}
     updated = [name for name in inputs if name + UPDATED in outputs]
-    weights = tuple(n for n in updated if not re.search(r"\.(momentum|adam_m|adam_v)$", n) and n != STEP)
+    weights = tuple(n for n in updated if not re.search(r"\.(momentum|adam_m|adam_v)$", n) and n not in SCALARS)
     state = tuple(n for n in updated if n not in weights)
     batch = tuple(n for n in inputs if n not in updated and n != LR)
     kind = next((p.value for p in step.metadata_props if p.key == "onnxcampo.train_step"), "mse,sgd")

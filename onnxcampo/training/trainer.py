@@ -18,14 +18,16 @@ from onnx import numpy_helper
 from onnxcampo import graph as graph_io
 from onnxcampo.errors import ConfigError
 from onnxcampo.runtime import make_session
-from onnxcampo.training.step import LOSS, LR, STEP, UPDATED, step_spec
+from onnxcampo.training.scaling import LOSS_SCALE, initial_state
+from onnxcampo.training.step import LOSS, LR, UPDATED, step_spec
 
 
 class Trainer:
     """``Trainer(step_model, weights=..., provider="cpu"|"cuda").step(batch) -> loss``.
 
     ``weights`` are the initial fp32 master weights (``initial_weights(forward, step)``);
-    optimizer state starts at zero.
+    optimizer state starts at zero, except scalars the graph gives a start value in its metadata
+    (``loss_scale``).
     """
 
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, weights: Mapping[str, np.ndarray],
@@ -41,8 +43,9 @@ class Trainer:
         self.session = make_session(self.model, provider=provider)
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
         initial = {name: np.ascontiguousarray(weights[name], dtype=np.float32) for name in self.spec.weights}
+        starts = initial_state(self.model)
         for name in self.spec.state:
-            initial[name] = np.zeros(shapes[name] if name != STEP else [], np.float32)
+            initial[name] = np.full(shapes[name], starts.get(name, 0.0), np.float32)
         self._buffers = [
             {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, 0) for name, value in initial.items()},
             {name: ort.OrtValue.ortvalue_from_numpy(np.empty_like(value), self.device, 0) for name, value in initial.items()},
@@ -73,6 +76,12 @@ class Trainer:
         self._current = 1 - self._current
         self.steps += 1
         return loss
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The current dynamic loss scale (``None`` when the graph has no loss scaling)."""
+        value = self._buffers[self._current].get(LOSS_SCALE)
+        return None if value is None else float(value.numpy())
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Current weights and optimizer state, copied to the host."""

@@ -1,0 +1,289 @@
+"""Mixed precision for training steps: what must stay fp32, and dynamic loss scaling.
+
+A step graph from :func:`onnxcampo.training.build_train_step` has three parts: the forward
+model with its backward pass, the loss (with its own gradient), and the optimizer update. Only
+the first is worth fp16. :func:`fp32_nodes` names the nodes of the other two, which
+``onnxcampo optimize`` keeps fp32 whatever the policy: the loss and its gradient (a mean over a
+batch loses bits in fp16) and the update of the fp32 master weights and optimizer state.
+
+:func:`add_loss_scaling` makes fp16 gradients safe, as torch's ``GradScaler`` does, inside the
+graph:
+
+* the backward pass is seeded with ``loss_scale`` instead of 1, so every gradient is computed
+  ``loss_scale`` times larger (small gradients stay above fp16's underflow);
+* each weight gradient is unscaled in fp32 (``g * (1 / loss_scale)``) before the update;
+* ``found_inf`` is true when any gradient holds inf or NaN; the step then changes nothing
+  (weights and optimizer state pass through) and halves the scale;
+* after ``growth_interval`` clean steps in a row the scale doubles.
+
+``loss_scale`` and ``loss_scale_clean_steps`` are state like the optimizer's: graph inputs
+paired with ``<name>.updated`` outputs; their initial values are stored as metadata
+``onnxcampo.initial_state``, which the Trainer reads.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo import graph as graph_io
+from onnxcampo.errors import UnsupportedModelError
+from onnxcampo.training.step import LABELS, LOSS, UPDATED, step_spec
+
+LOSS_SCALE = "loss_scale"
+CLEAN_STEPS = "loss_scale_clean_steps"
+FOUND_INF = "found_inf"
+FUSED_FOUND_INF = "update/found_inf"  # the constant `false` a fused optimizer op reads until scaling is added
+SEED_KEY = "onnxcampo.loss_seed"
+PREDICTION_KEY = "onnxcampo.prediction"
+STATE_KEY = "onnxcampo.initial_state"
+SCALING_KEY = "onnxcampo.loss_scaling"
+DEFAULT_INIT_SCALE = 2.0 ** 16
+DEFAULT_GROWTH_INTERVAL = 2000
+
+
+def is_train_step(model: onnx.ModelProto) -> bool:
+    return any(p.key == "onnxcampo.train_step" for p in model.metadata_props)
+
+
+def has_loss_scaling(model: onnx.ModelProto) -> bool:
+    return any(i.name == LOSS_SCALE for i in model.graph.input)
+
+
+def _metadata(model: onnx.ModelProto, key: str) -> str | None:
+    return next((p.value for p in model.metadata_props if p.key == key), None)
+
+
+def _set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    model.metadata_props.add(key=key, value=value)
+
+
+def initial_state(model: onnx.ModelProto) -> dict[str, float]:
+    """Initial values of scalar state that does not start at zero (``loss_scale``)."""
+    text = _metadata(model, STATE_KEY)
+    return {name: float(value) for name, value in json.loads(text).items()} if text else {}
+
+
+def fp32_nodes(model: onnx.ModelProto) -> set[str]:
+    """Names of the nodes of a step graph that must stay fp32: loss, its gradient, the update.
+
+    * loss: every node whose non-constant inputs all come from the prediction, the labels, the
+      backward seed or earlier loss nodes (the loss and the gradient of the loss with respect
+      to the prediction, where the model's own backward pass starts);
+    * update: every node that feeds an ``.updated`` output without feeding the loss or a
+      weight gradient (the unscaling, the finite check, the optimizer, the scale update).
+    """
+    graph = model.graph
+    constants = {t.name for t in graph.initializer}
+    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    prediction = _metadata(model, PREDICTION_KEY)
+    seed = _metadata(model, SEED_KEY)
+    if prediction is None or seed is None:
+        raise UnsupportedModelError(
+            "the training-step graph lacks onnxcampo's loss metadata; rebuild it with `onnxcampo train-graph`")
+
+    constants.discard(seed)  # an initializer (1) until loss scaling computes it
+    loss_side = {prediction, seed, LABELS, LOSS_SCALE}
+    loss_nodes = set()
+    for node in graph.node:  # step graphs are written in topological order
+        inputs = [t for t in node.input if t and t not in constants]
+        if inputs and all(t in loss_side for t in inputs):
+            loss_nodes.add(node.name)
+            loss_side.update(node.output)
+
+    gradients = {_gradient_source(model, w) for w in step_spec(model).weights}
+    feeds_backward = _ancestors(graph, gradients | {LOSS})
+    feeds_update = _ancestors(graph, {o.name for o in graph.output if o.name.endswith(UPDATED)})
+    update_nodes = {n.name for n in graph.node if n.name in feeds_update and n.name not in feeds_backward}
+    return loss_nodes | update_nodes
+
+
+def _gradient_source(model: onnx.ModelProto, weight: str) -> str:
+    """The tensor holding the (scaled) gradient of ``weight`` as the backward pass leaves it."""
+    names = {o for n in model.graph.node for o in n.output}
+    for candidate in (f"{weight}/grad.scaled", f"{weight}/grad"):
+        if candidate in names:
+            return candidate
+    raise UnsupportedModelError(f"no gradient tensor for weight {weight!r} in the training-step graph")
+
+
+def _ancestors(graph: onnx.GraphProto, tensors: Iterable[str]) -> set[str]:
+    """Names of the nodes some of ``tensors`` depend on (including their producers)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    found: set[str] = set()
+    stack = [producer[t] for t in tensors if t in producer]
+    while stack:
+        node = stack.pop()
+        if node.name in found:
+            continue
+        found.add(node.name)
+        stack.extend(producer[t] for t in node.input if t in producer)
+    return found
+
+
+def add_loss_scaling(
+    model: onnx.ModelProto,
+    *,
+    init_scale: float = DEFAULT_INIT_SCALE,
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+    dtypes: dict[str, int] | None = None,
+) -> None:
+    """Insert dynamic loss scaling into a training-step graph, in place (see the module doc).
+
+    ``dtypes`` maps tensor names to ONNX element types (the optimizer knows them); by default
+    they are inferred.
+    """
+    if has_loss_scaling(model):
+        return
+    if init_scale <= 0 or growth_interval < 1:
+        raise ValueError("init_scale must be > 0 and growth_interval >= 1")
+    graph = model.graph
+    seed = _metadata(model, SEED_KEY)
+    seed_init = next((t for t in graph.initializer if t.name == seed), None)
+    if seed_init is None:
+        raise UnsupportedModelError(
+            "the training-step graph lacks its backward seed; rebuild it with `onnxcampo train-graph`")
+    spec = step_spec(model)
+    if dtypes is None:
+        info, _ = graph_io.infer_tensor_info(model)
+        dtypes = {name: entry.dtype for name, entry in info.items()}
+    nodes: list[onnx.NodeProto] = []
+    consts: list[onnx.TensorProto] = []
+
+    def const(name: str, value, dtype=np.float32) -> str:
+        consts.append(numpy_helper.from_array(np.array(value, dtype), f"{LOSS_SCALE}/{name}"))
+        return f"{LOSS_SCALE}/{name}"
+
+    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+    # The backward pass starts from loss_scale instead of 1.
+    graph.initializer.remove(seed_init)
+    seed_shape = const("seed_shape", list(seed_init.dims), np.int64)
+    seeded = helper.make_node("Reshape", [LOSS_SCALE, seed_shape], [seed], name=f"{LOSS_SCALE}/seed")
+
+    # Unscale every weight gradient in fp32, where the update reads it.
+    inv = node("Reciprocal", [LOSS_SCALE], f"{LOSS_SCALE}/inverse")
+    producers = {o: n for n in graph.node for o in n.output}
+    sums = []
+    for weight in spec.weights:
+        gradient = _fp32_gradient(model, weight, producers, dtypes)
+        scaled = gradient + ".scaled"
+        producer = producers[gradient]
+        producer.output[list(producer.output).index(gradient)] = scaled
+        node("Mul", [scaled, inv], gradient)
+        sums.append(node("ReduceSum", [gradient], f"{weight}/grad.sum", keepdims=0))
+    # Any inf or NaN makes the sum of all gradients non-finite, and sum * 0 NaN.
+    total = node("Sum", sums, f"{LOSS_SCALE}/grad_sum")
+    zeroed = node("Mul", [total, const("zero", 0.0)], f"{LOSS_SCALE}/grad_sum_x0")
+    found = node("IsNaN", [zeroed], FOUND_INF)
+
+    # A step with a non-finite gradient changes nothing.
+    fused = [n for n in graph.node if FUSED_FOUND_INF in n.input]
+    for n in fused:
+        n.input[list(n.input).index(FUSED_FOUND_INF)] = found
+    fused_outputs = {o for n in fused for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for tensor in set(n.input):
+            readers.setdefault(tensor, []).append(n)
+    for name in (*spec.weights, *spec.state):
+        out = name + UPDATED
+        if out in fused_outputs:
+            continue
+        producer = producers[out]
+        candidate = out + ".candidate"
+        producer.output[list(producer.output).index(out)] = candidate
+        for reader in readers.get(out, ()):  # the update itself reads the candidate (AdamW's step count)
+            reader.input[list(reader.input).index(out)] = candidate
+        node("Where", [found, name, candidate], out)
+    if fused and not any(FUSED_FOUND_INF in n.input for n in graph.node):
+        for tensor in list(graph.initializer):
+            if tensor.name == FUSED_FOUND_INF:
+                graph.initializer.remove(tensor)
+
+    # Halve on overflow; double after growth_interval clean steps.
+    one, zero = const("one", 1.0), f"{LOSS_SCALE}/zero"
+    counted = node("Add", [CLEAN_STEPS, one], f"{LOSS_SCALE}/clean_plus_one")
+    clean = node("Where", [found, zero, counted], f"{LOSS_SCALE}/clean")
+    grow = node("GreaterOrEqual", [clean, const("growth_interval", float(growth_interval))], f"{LOSS_SCALE}/grow")
+    node("Where", [grow, zero, clean], CLEAN_STEPS + UPDATED)
+    doubled = node("Mul", [LOSS_SCALE, const("two", 2.0)], f"{LOSS_SCALE}/doubled")
+    halved = node("Mul", [LOSS_SCALE, const("half", 0.5)], f"{LOSS_SCALE}/halved")
+    grown = node("Where", [grow, doubled, LOSS_SCALE], f"{LOSS_SCALE}/grown")
+    node("Where", [found, halved, grown], LOSS_SCALE + UPDATED)
+
+    # Inputs and outputs; the seed must be computed before the backward pass reads it.
+    for name in (LOSS_SCALE, CLEAN_STEPS):
+        graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, []))
+        graph.output.append(helper.make_tensor_value_info(name + UPDATED, TensorProto.FLOAT, []))
+    graph.initializer.extend(consts)
+    body = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([seeded, *body, *nodes])
+    _toposort(graph)
+    state = initial_state(model)
+    state[LOSS_SCALE] = float(init_scale)
+    _set_metadata(model, STATE_KEY, json.dumps(state))
+    _set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
+
+
+def _fp32_gradient(model: onnx.ModelProto, weight: str, producers: dict[str, onnx.NodeProto],
+                   dtypes: dict[str, int]) -> str:
+    """The fp32 tensor the update reads as the gradient of ``weight``.
+
+    That is ``<weight>/grad`` itself, or, where the backward pass ran in fp16, the Cast to fp32
+    that ``onnxcampo optimize`` put in front of the (fp32) update.
+    """
+    gradient = f"{weight}/grad"
+    if gradient not in producers:
+        raise UnsupportedModelError(f"no gradient tensor {gradient!r} in the training-step graph")
+    if dtypes.get(gradient, TensorProto.FLOAT) == TensorProto.FLOAT:
+        return gradient
+    casts = [n for n in model.graph.node if gradient in n.input and n.op_type == "Cast"
+             and any(a.name == "to" and a.i == TensorProto.FLOAT for a in n.attribute)]
+    if len(casts) != 1:
+        raise UnsupportedModelError(f"the gradient {gradient!r} is not fp32 and has no single Cast to fp32")
+    return casts[0].output[0]
+
+
+def _toposort(graph: onnx.GraphProto) -> None:
+    """Kahn's algorithm over the node list, stable for nodes already in order."""
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
+    waiting = [0] * len(graph.node)
+    readers: dict[int, list[int]] = {}
+    for index, n in enumerate(graph.node):
+        for source in {producer[t] for t in n.input if t in producer}:
+            waiting[index] += 1
+            readers.setdefault(source, []).append(index)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for reader in readers.get(index, ()):
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, reader)
+    if len(order) != len(graph.node):
+        raise UnsupportedModelError("loss scaling left the training-step graph with a cycle")
+    nodes = [graph.node[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+__all__ = [
+    "CLEAN_STEPS", "FOUND_INF", "LOSS_SCALE", "add_loss_scaling", "fp32_nodes", "has_loss_scaling",
+    "initial_state", "is_train_step",
+]

@@ -1,0 +1,155 @@
+"""Training steps under mixed precision: fp32 loss and update, dynamic loss scaling."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxcampo.api import optimize
+from onnxcampo.cli import main
+from onnxcampo.plan import Precision, Reason
+from onnxcampo.runtime import make_session, run
+from onnxcampo.training import Trainer, build_train_step, initial_weights, step_spec
+from onnxcampo.training.scaling import (
+    CLEAN_STEPS, LOSS_SCALE, add_loss_scaling, fp32_nodes, has_loss_scaling, initial_state,
+)
+
+from test_step import B1, CLASSES, TARGET, W1, W2, X, mlp
+
+LABELS = {"mse": TARGET, "cross_entropy": CLASSES}
+
+
+def feeds(step: onnx.ModelProto, loss: str, *, x=X, scale=None, clean=0.0) -> dict[str, np.ndarray]:
+    values = {"x": x, "labels": LABELS[loss], "lr": np.array(0.1, np.float32), "w1": W1, "b1": B1, "w2": W2}
+    for name in step_spec(step).state:
+        shape = [d.dim_value for i in step.graph.input if i.name == name for d in i.type.tensor_type.shape.dim]
+        values[name] = np.full(shape, 0.5, np.float32)  # non-zero state, so "unchanged" means something
+    if scale is not None:
+        values[LOSS_SCALE] = np.array(scale, np.float32)
+        values[CLEAN_STEPS] = np.array(clean, np.float32)
+    return values
+
+
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+@pytest.mark.parametrize("policy", ["amp", "campo", "fp16"])
+def test_loss_and_update_stay_fp32(loss, policy):
+    """The loss, its gradient and the optimizer update are fp32 under every mixed policy, while the
+    model's own matrix products (forward and backward) are fp16 under amp/fp16."""
+    step = build_train_step(mlp(), loss=loss, optimizer="adamw")
+    result = optimize(step, policy=policy, pad_tensor_cores=False)
+    forced = fp32_nodes(step)
+    names = {n.name for n in step.graph.node}
+    assert {n for n in names if n.startswith(("loss/", "update/")) or "/adam/" in n} <= forced
+    for name in forced:
+        assert result.plan.precision(name) is Precision.FP32
+    if policy != "campo":  # campo may keep this tiny MLP fp32: the casts cost more than they save
+        fp16_matmuls = [n.name for n in step.graph.node if n.op_type == "MatMul"
+                        and result.plan.precision(n.name) is Precision.FP16]
+        assert len(fp16_matmuls) >= 4  # forward and backward
+        assert result.report["loss_scaling"] and has_loss_scaling(result.model)
+    assert any(result.plan.get(n).reason is Reason.TRAINING_FP32 for n in forced)
+    onnx.checker.check_model(result.model, full_check=True)
+    io = {i.name: i.type.tensor_type.elem_type for i in (*step.graph.input, *step.graph.output)}
+    assert all(io[i.name] == i.type.tensor_type.elem_type for i in result.model.graph.input if i.name in io)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adamw"])
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+def test_scaled_step_equals_the_unscaled_one(optimizer, loss):
+    """Seeding the backward pass with S and unscaling by 1/S gives the same update; a clean step
+    keeps the scale and counts one clean step."""
+    plain = build_train_step(mlp(), loss=loss, optimizer=optimizer)
+    scaled = build_train_step(mlp(), loss=loss, optimizer=optimizer)
+    add_loss_scaling(scaled, init_scale=1024.0, growth_interval=100)
+    onnx.checker.check_model(scaled, full_check=True)
+    expected = run(make_session(plain), feeds(plain, loss))
+    got = run(make_session(scaled), feeds(scaled, loss, scale=1024.0, clean=4.0))
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    assert got[LOSS_SCALE + ".updated"] == 1024.0
+    assert got[CLEAN_STEPS + ".updated"] == 5.0
+    assert initial_state(scaled) == {LOSS_SCALE: 1024.0}
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+@pytest.mark.parametrize("optimizer", ["momentum", "adamw"])
+def test_non_finite_gradient_skips_the_step_and_halves_the_scale(optimizer, bad):
+    step = build_train_step(mlp(), loss="mse", optimizer=optimizer)
+    add_loss_scaling(step, init_scale=256.0, growth_interval=100)
+    x = X.copy()
+    x[3, 2] = bad
+    inputs = feeds(step, "mse", x=x, scale=256.0, clean=7.0)
+    out = run(make_session(step), inputs)
+    spec = step_spec(step)
+    for name in (*spec.weights, *(s for s in spec.state if s not in (LOSS_SCALE, CLEAN_STEPS))):
+        np.testing.assert_array_equal(out[name + ".updated"], inputs[name], err_msg=name)
+    assert out[LOSS_SCALE + ".updated"] == 128.0
+    assert out[CLEAN_STEPS + ".updated"] == 0.0
+
+
+def test_fp16_overflow_is_caught_and_the_scale_comes_down():
+    """An amp step started with a scale so large that the fp16 backward pass overflows: those
+    steps change no weight and halve the scale until the gradients fit, then training proceeds."""
+    step = build_train_step(mlp(), loss="mse", optimizer="sgd", lr=0.1)
+    amp = optimize(step, policy="amp").model
+    for prop in amp.metadata_props:
+        if prop.key == "onnxcampo.initial_state":
+            prop.value = json.dumps({LOSS_SCALE: 2.0 ** 30})
+    trainer = Trainer(amp, weights=initial_weights(mlp(), amp))
+    before = trainer.state_dict()["w1"]
+    trainer.step({"x": X, "labels": TARGET})
+    assert trainer.loss_scale == 2.0 ** 29
+    np.testing.assert_array_equal(trainer.state_dict()["w1"], before)
+    losses = [trainer.step({"x": X, "labels": TARGET}) for _ in range(40)]
+    assert 2.0 ** 10 <= trainer.loss_scale <= 2.0 ** 20
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_scale_doubles_after_growth_interval_clean_steps():
+    step = build_train_step(mlp(), loss="mse", optimizer="sgd")
+    add_loss_scaling(step, init_scale=8.0, growth_interval=3)
+    trainer = Trainer(step, weights=initial_weights(mlp(), step))
+    scales = []
+    for _ in range(7):
+        trainer.step({"x": X, "labels": TARGET})
+        scales.append(trainer.loss_scale)
+    assert scales == [8.0, 8.0, 16.0, 16.0, 16.0, 32.0, 32.0]
+
+
+def test_fp32_policy_and_opt_out_add_no_loss_scaling():
+    step = build_train_step(mlp(), loss="mse", optimizer="sgd")
+    assert not optimize(step, policy="fp32").report["loss_scaling"]
+    result = optimize(step, policy="amp", loss_scaling=False)
+    assert not has_loss_scaling(result.model) and not result.report["loss_scaling"]
+    assert Trainer(step, weights=initial_weights(mlp(), step)).loss_scale is None
+
+
+def test_amp_step_trains_like_fp32_with_loss_scaling():
+    """An amp step (fp16 forward/backward, scaled) lowers the loss like the fp32 step."""
+    forward = mlp()
+    step = build_train_step(forward, loss="cross_entropy", optimizer="adamw", lr=0.01)
+    amp = optimize(step, policy="amp").model
+    curves = {}
+    for name, model in (("fp32", step), ("amp", amp)):
+        trainer = Trainer(model, weights=initial_weights(forward, model))
+        curves[name] = [trainer.step({"x": X, "labels": CLASSES}) for _ in range(40)]
+    assert curves["amp"][-1] < 0.5 * curves["amp"][0]
+    assert curves["amp"][-1] == pytest.approx(curves["fp32"][-1], rel=0.02)
+
+
+def test_train_command_logs_the_loss_scale(tmp_path):
+    forward = tmp_path / "mlp.onnx"
+    onnx.save(mlp(), forward)
+    step_path, amp_path = tmp_path / "step.onnx", tmp_path / "amp.onnx"
+    assert main(["train-graph", str(forward), str(step_path), "--loss", "mse"]) == 0
+    assert main(["optimize", str(step_path), str(amp_path), "--policy", "amp"]) == 0
+    np.savez(tmp_path / "data.npz", x=X, labels=TARGET)
+    log = tmp_path / "log.jsonl"
+    assert main(["train", str(amp_path), "--forward", str(forward), "--data", str(tmp_path / "data.npz"),
+                 "--steps", "5", "--log", str(log)]) == 0
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5]
+    assert all(line["loss_scale"] == 65536.0 for line in lines)
