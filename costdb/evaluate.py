@@ -24,6 +24,7 @@ Targets (Campo: 5.8 % mean error): fp16 MAPE <= 6 %, wrong decisions <= 1.5 %.
 from __future__ import annotations
 
 import logging
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -103,6 +104,8 @@ def evaluate_cases(database: dict, data: SampleSet, *, noise: float = 0.05, hold
         "pad": _size_model_errors(None, [(e, t) for _, e, t in data.pad_rows],
                                   [model.pad_time(e, op) for op, e, _ in data.pad_rows]),
         "holdout_missing": missing,
+        "chains": _chains(database, data),
+        "tf32_off": _tf32_off(data),
         "worst": worst,
         "cases": records,
     }
@@ -192,6 +195,25 @@ def _us(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _chains(database: dict, data: SampleSet) -> dict:
+    """Per chain pattern: the fitted factors and what the rows measured (chain / sum of parts)."""
+    from onnxcampo.costdb.chains import fit_chains
+
+    measured = fit_chains(data.chain_rows)
+    return {pattern: {"fitted": database.get("chains", {}).get(pattern), "measured": numbers}
+            for pattern, numbers in measured.items()}
+
+
+def _tf32_off(data: SampleSet) -> dict:
+    """Per op: median of fp32 time with TF32 off over fp32 time with TF32 on (recorded, unused)."""
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for case in data.cases:
+        off = data.tf32_off.get(case.key)
+        if off is not None and case.t32 > 0:
+            ratios[case.op_type].append(off / case.t32)
+    return {op: {"median": statistics.median(r), "cases": len(r)} for op, r in sorted(ratios.items())}
+
+
 def markdown(result: dict) -> str:
     device = result["device"]
     overall = result["overall"]
@@ -249,6 +271,23 @@ def markdown(result: dict) -> str:
         if numbers:
             lines.append(f"- Cast {direction} with the pooled model: MAPE {_pct(numbers['mape'])} "
                          f"over {numbers['rows']} rows.")
+    chains = result.get("chains") or {}
+    if chains:
+        lines += ["", "## Fusable chains", "",
+                  "Chain time over the sum of its nodes' times measured alone (median over shapes; "
+                  "`onnxcampo.costdb.chains`). The optimizer scales a chain's nodes by it when they share "
+                  "a precision.", "",
+                  "| pattern | fp32 | fp16 | samples | fp32 range | fp16 range |", "|---|---|---|---|---|---|"]
+        for pattern, entry in chains.items():
+            numbers = entry["measured"]
+            ranges = numbers.get("range", {})
+            lines.append(f"| {pattern} | {numbers.get('fp32', 'n/a')} | {numbers.get('fp16', 'n/a')} "
+                         f"| {numbers['samples']} | {ranges.get('fp32', '')} | {ranges.get('fp16', '')} |")
+    tf32 = result.get("tf32_off") or {}
+    if tf32:
+        lines += ["", "## fp32 with TF32 off (recorded, not used)", "",
+                  "Median of fp32 time with `use_tf32=0` over fp32 time with TF32 (ORT's default): "
+                  + "; ".join(f"{op} x{v['median']:.2f} ({v['cases']} cases)" for op, v in tf32.items()) + "."]
     lines += ["", f"## Worst cases (top {WORST_CASES} by fp16 error, fitted ops)", "",
               "| case | op | aligned | t32 us | t16 us | predicted t16 us | error fp16 | casts us "
               "| predicted / measured choice | gap | decision |",

@@ -50,6 +50,9 @@ Additions to schema v1 (all optional for readers; ``validate_database`` ignores 
                          "loo_mape": leave-one-out error on the training cases,
                          "rho": {feature: Spearman rho of each candidate}}}}
     "fallback_ops": [op types predicted by the analytic model]
+    "chains": {PATTERN: {"fp32": ratio, "fp16": ratio, "samples": n, "range": {...}}}
+        (chain time / sum of its nodes' times, median over shapes: rows with a ``chain`` field,
+        see :mod:`onnxcampo.costdb.chains`)
     "holdout_cases": [case keys held out]
     "summary": {"holdout_mape", "holdout_mape_fp32", "wrong_decision_rate", "samples", "cases",
                 "rows_skipped", "fit": {"holdout", "seed", "min_samples", "rho"}}
@@ -72,6 +75,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxcampo.costdb.chains import fit_chains
 from onnxcampo.costdb.features import OpFeatures, op_features
 from onnxcampo.costdb.regression import FEATURES, SCHEMA_VERSION, feature_vector, shape_key, validate_database
 from onnxcampo.errors import ConfigError, CostModelError
@@ -167,6 +171,8 @@ class SampleSet:
     pad_rows: list[tuple[str, int, float]]  # (op type, elements, time)
     rows_used: int
     rows_skipped: dict[str, int]
+    chain_rows: list[dict] = field(default_factory=list)
+    tf32_off: dict[str, float] = field(default_factory=dict)  # case key -> fp32 time, TF32 off
 
 
 def _cast_sizes(op_type: str, row: dict) -> tuple[list[int], list[int]]:
@@ -185,7 +191,8 @@ def _cast_sizes(op_type: str, row: dict) -> tuple[list[int], list[int]]:
 def collect(samples: Iterable[dict]) -> SampleSet:
     """Sort rows into paired op cases, Cast rows and Pad/Slice rows."""
     skipped: dict[str, int] = defaultdict(int)
-    cast_rows, pad_rows = [], []
+    cast_rows, pad_rows, chain_rows = [], [], []
+    tf32_off: dict[str, list[float]] = defaultdict(list)
     sides: dict[str, dict[str, list]] = defaultdict(lambda: {"fp32": [], "fp16": []})
     for index, row in enumerate(samples):
         if not isinstance(row, dict) or not isinstance(row.get("op_type"), str):
@@ -194,6 +201,9 @@ def collect(samples: Iterable[dict]) -> SampleSet:
         time = sample_time(row)
         if time is None:
             skipped["no time"] += 1
+            continue
+        if row.get("chain"):
+            chain_rows.append(row)
             continue
         if op_type == CAST_OP:
             if precision not in ("to_fp16", "to_fp32"):
@@ -211,6 +221,7 @@ def collect(samples: Iterable[dict]) -> SampleSet:
         if precision == "fp32":
             if row.get("tf32", True) is False:
                 skipped["fp32 without TF32"] += 1
+                tf32_off[row["case"]].append(time)
                 continue
         elif precision != "fp16":
             raise CostModelError(f"sample #{index + 1}: precision {precision!r}, expected fp32 or fp16")
@@ -233,8 +244,9 @@ def collect(samples: Iterable[dict]) -> SampleSet:
         cast_in, cast_out = _cast_sizes(op_type, row)
         cases.append(Case(key, op_type, features, statistics.median(t for t, _ in fp32),
                           statistics.median(t for t, _ in fp16), cast_in, cast_out, len(fp32) + len(fp16)))
-    rows_used = sum(c.rows for c in cases) + len(cast_rows) + len(pad_rows)
-    return SampleSet(cases, cast_rows, pad_rows, rows_used, dict(skipped))
+    rows_used = sum(c.rows for c in cases) + len(cast_rows) + len(pad_rows) + len(chain_rows)
+    return SampleSet(cases, cast_rows, pad_rows, rows_used, dict(skipped), chain_rows,
+                     {key: statistics.median(times) for key, times in tf32_off.items()})
 
 
 def device_info(samples: Sequence[dict]) -> dict:
@@ -448,6 +460,8 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
     database["fallback_ops"] = fallback
     database["holdout_cases"] = sorted(holdout_keys)
     database["measured"] = measured
+    if data.chain_rows:
+        database["chains"] = fit_chains(data.chain_rows)
     database["summary"] = {}
     validate_database(database, "fitted database")
 

@@ -7,7 +7,8 @@ minus the median wall time of an empty model (one tiny Identity) measured in the
 the session's fixed per-run cost, which every node of a real graph shares. fp32 GEMMs and
 convolutions are measured with TF32 on (ORT's default, what the database is for) and off
 (recorded, not used by default). Casts are measured in both directions from 1e3 to 1e8
-elements, Pad and Slice (the padding pass's cost) over the same range.
+elements, Pad and Slice (the padding pass's cost) over the same range. Short chains that ONNX
+Runtime may fuse are timed whole and node by node (:mod:`onnxcampo.costdb.chains`).
 
 Samples are appended as JSON lines; a case already in the file is skipped, so a run that stops
 (``--budget-s``) resumes where it stopped. Each sample carries the device and versions.
@@ -18,6 +19,7 @@ Samples are appended as JSON lines; a case already in the file is skipped, so a 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import logging
 import math
@@ -31,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo.costdb.chains import ChainCase, build_chain, chain_cases
 
 log = logging.getLogger(__name__)
 
@@ -447,14 +451,43 @@ def iter_samples(cases: list[Case], timer: Timer, facts: dict, done: set[str]) -
             yield sample
 
 
+def iter_chain_samples(cases: list[ChainCase], timer: Timer, facts: dict, done: set[str]) -> Iterator[dict]:
+    """Each chain timed whole and node by node (see :mod:`onnxcampo.costdb.chains`)."""
+    for case in cases:
+        for precision in ("fp32", "fp16"):
+            key = f"{case.key}|{precision}|tf32=1"
+            if key in done:
+                continue
+            (model, feeds), parts = build_chain(case, precision, _values)
+            try:
+                whole = timer.time_us(model, feeds)
+                part_times = [timer.time_us(m, f) for _, m, f in parts]
+            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                yield {"key": key, "case": case.key, "op_type": "chain", "chain": case.pattern,
+                       "precision": precision, "error": f"{type(exc).__name__}: {exc}"[:500], **facts}
+                continue
+
+            def kernel(t: dict) -> float:
+                return t.get("kernel_us", t["wall_us"] - timer.baseline_us)
+
+            yield {"key": key, "case": case.key, "op_type": "chain", "chain": case.pattern, "dims": list(case.dims),
+                   "precision": precision, "tf32": True, "time_us": kernel(whole),
+                   "parts_us": [kernel(t) for t in part_times], "part_ops": [op for op, _, _ in parts],
+                   "wall_time_us": whole["wall_us"] - timer.baseline_us, "kernels": whole.get("kernels"),
+                   "part_kernels": [t.get("kernels") for t in part_times], **facts}
+
+
 def measure(out: Path, *, provider: str = "cuda", budget_s: float = 540.0, seed: int = 0,
-            limit: int | None = None, cases: list[Case] | None = None) -> int:
-    """Append samples to ``out`` until the grid is done or ``budget_s`` is spent; returns the
-    number of new samples. Progress goes to stderr."""
+            limit: int | None = None, cases: list[Case] | None = None,
+            chains: list[ChainCase] | None = None) -> int:
+    """Append samples to ``out`` until the grid (single ops, then chains) is done or
+    ``budget_s`` is spent; returns the number of new samples. Progress goes to stderr."""
     out.parent.mkdir(parents=True, exist_ok=True)
     cases = cases if cases is not None else default_grid(seed)
+    chains = chains if chains is not None else chain_cases()
     done = _done_keys(out)
     todo = sum(1 for c in cases for p, t in precisions_of(c) if sample_key(c, p, t) not in done)
+    todo += sum(1 for c in chains for p in ("fp32", "fp16") if f"{c.key}|{p}|tf32=1" not in done)
     if limit is not None:
         todo = min(todo, limit)
     timer = Timer(provider)
@@ -462,7 +495,9 @@ def measure(out: Path, *, provider: str = "cuda", budget_s: float = 540.0, seed:
     start = time.perf_counter()
     count = 0
     with out.open("a") as sink:
-        for sample in iter_samples(cases, timer, facts, done):
+        samples = itertools.chain(iter_samples(cases, timer, facts, done),
+                                  iter_chain_samples(chains, timer, facts, done))
+        for sample in samples:
             sink.write(json.dumps(sample) + "\n")
             sink.flush()
             count += 1

@@ -33,5 +33,10 @@ class CostModel(abc.ABC):
     def pad_time(self, elements: int, kind: str = "Pad") -> float:
         """One ``Pad`` or ``Slice`` (``kind``) of an fp16 tensor of ``elements`` output elements."""
 
+    def chain_factor(self, pattern: str, precision: str) -> float:
+        """Time of a fusable chain (``onnxcampo.costdb.chains``) over the sum of its nodes' times
+        when all of them run in ``precision`` ("fp32"/"fp16"); 1.0 where nothing is measured."""
+        return 1.0
+
     def describe(self) -> dict:
         return {"name": self.name}

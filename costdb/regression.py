@@ -116,6 +116,11 @@ class RegressionCostModel(CostModel):
         model = pad.get(kind, pad)  # per-op fits when present (Pad costs ~3x Slice), else pooled
         return float(model["C_I"]) + float(model["r"]) * elements
 
+    def chain_factor(self, pattern: str, precision: str) -> float:
+        entry = self.database.get("chains", {}).get(pattern, {})
+        value = entry.get(precision)
+        return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
+
     def describe(self) -> dict:
         return {"name": self.name, "kind": "regression", "device": self.database["device"],
                 "summary": self.database.get("summary", {})}

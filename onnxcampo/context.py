@@ -65,6 +65,9 @@ class GraphContext:
     unresolved_dims: list[str] = field(default_factory=list)
     padding_enabled: bool = False  # cost estimates count Tensor Core padding (campo plans)
     training_fp32: frozenset[str] = frozenset()  # loss and update nodes of a training step
+    # Chains ONNX Runtime may fuse: {node name: (pattern, member nodes)} (patterns.fusion_chains).
+    chains: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    chain_nodes: dict[str, gs.Node] = field(default_factory=dict)
     # While only analysis runs the graph does not change: consumer lists are cached.
     topology_frozen: bool = False
     _uses_cache: dict[str, list[Use]] = field(default_factory=dict)
@@ -100,6 +103,8 @@ class GraphContext:
         ctx.implicit_names = set().union(*ctx.implicit_inputs.values()) if ctx.implicit_inputs else set()
         for name in patterns.tanh_gelu_powers(ctx):
             ctx.categories[name] = Category.INFER  # see patterns.py: saturates, overflow-safe
+        ctx.chains = patterns.fusion_chains(ctx)
+        ctx.chain_nodes = {n.name: n for n in ctx.nodes if n.name in ctx.chains}
         ctx._compute_features()
         return ctx
 

@@ -34,8 +34,23 @@ class PlanTime:
                 "casts_us": round(self.casts_us, 3), "casts": self.casts}
 
 
-def node_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float:
-    """fp16 time is the padded one where padding pays and is enabled (campo only)."""
+def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_of: PrecisionOf | None = None) -> float:
+    """fp16 time is the padded one where padding pays and is enabled (campo only).
+
+    With ``precision_of`` (the plan), a member of a fusable chain whose members all run in
+    ``precision`` costs its time times the chain's measured factor (``CostModel.chain_factor``).
+    """
+    time = _alone_time(ctx, node, precision)
+    chain = ctx.chains.get(node.name)
+    if chain is None or precision_of is None:
+        return time
+    pattern, members = chain
+    if all(precision_of(m) is precision for m in members if m != node.name):
+        time *= ctx.cost.chain_factor(pattern, precision.value)
+    return time
+
+
+def _alone_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float:
     fp32 = ctx.fp32_us[node.name]
     if precision is Precision.FP32:
         return fp32
@@ -120,7 +135,7 @@ def precision_function(plan: PrecisionPlan, overrides: dict[str, Precision] | No
 
 def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     precision_of = plan.precision
-    nodes_us = sum(node_time(ctx, n, precision_of(n.name)) for n in ctx.nodes)
+    nodes_us = sum(node_time(ctx, n, precision_of(n.name), precision_of) for n in ctx.nodes)
     # Only a tensor touching an fp16 node can need a Cast.
     tensors = {id(t): t for n in ctx.nodes if precision_of(n.name) is Precision.FP16 for t in (*n.inputs, *n.outputs)}
     cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
@@ -139,7 +154,20 @@ def delta(ctx: GraphContext, plan: PrecisionPlan, nodes: list[gs.Node]) -> dict[
     touched = {id(t): t for n in nodes for t in (*n.inputs, *n.outputs)}
     cast_after, _ = casts_time(ctx, touched.values(), after)
     cast_before, _ = casts_time(ctx, touched.values(), before)
-    fp32 = sum(node_time(ctx, n, Precision.FP32) for n in nodes)
-    fp16 = sum(node_time(ctx, n, Precision.FP16) for n in nodes)
+    # Fusable chains: undecided members are taken to follow ``nodes`` (later passes usually
+    # paint them alike); decided partners outside ``nodes`` keep their precision but may gain or
+    # lose a fusion, so their times count too.
+    def follow(precision: Precision) -> PrecisionOf:
+        return lambda name: overrides.get(name) and precision or (
+            plan.precision(name) if plan.is_decided(name) else precision)
+
+    fp32 = sum(node_time(ctx, n, Precision.FP32, follow(Precision.FP32)) for n in nodes)
+    fp16 = sum(node_time(ctx, n, Precision.FP16, follow(Precision.FP16)) for n in nodes)
+    partners = {m for n in nodes for m in ctx.chains.get(n.name, ("", ()))[1]} - set(overrides)
+    for name in partners:
+        if plan.is_decided(name):
+            partner = ctx.chain_nodes[name]
+            fp32 += node_time(ctx, partner, plan.precision(name), follow(Precision.FP32))
+            fp16 += node_time(ctx, partner, plan.precision(name), follow(Precision.FP16))
     cast = cast_after - cast_before
     return {"fp32_us": fp32, "fp16_us": fp16, "cast_us": cast, "gain_us": fp32 - fp16 - cast}

@@ -51,3 +51,83 @@ def tanh_gelu_powers(ctx) -> set[str]:
         if _single_consumer(ctx, argument.outputs[0], "Tanh") is not None:
             found.add(node.name)
     return found
+
+
+# --- chains ONNX Runtime may fuse (their measured cost: onnxcampo.costdb.chains) --------------
+
+def _shape(ctx, tensor: gs.Tensor):
+    entry = ctx.info.get(tensor.name)
+    return entry.shape if entry is not None else None
+
+
+def _bias_add(ctx, tensor: gs.Tensor) -> gs.Node | None:
+    """The Add reading ``tensor`` and a constant vector (a bias), if that is its only reader."""
+    add = _single_consumer(ctx, tensor, "Add")
+    if add is None or not _constant_operand(ctx, add, tensor):
+        return None
+    other = next(t for t in add.inputs if t is not tensor)
+    shape = _shape(ctx, other)
+    return add if shape is not None and sum(d != 1 for d in shape) <= 1 else None
+
+
+def _erf_gelu(ctx, x: gs.Tensor) -> list[gs.Node] | None:
+    """torch's erf GELU on ``x``: Div(x, c) -> Erf -> Add(c) -> Mul(x, .) -> Mul(., c)."""
+    readers = list(x.outputs)
+    if len(readers) != 2 or x.name in ctx.graph_outputs:
+        return None
+    div = next((n for n in readers if n.op == "Div" and n.inputs[0] is x and _constant_operand(ctx, n, x)), None)
+    if div is None:
+        return None
+    erf = _single_consumer(ctx, div.outputs[0], "Erf")
+    plus = erf and _single_consumer(ctx, erf.outputs[0], "Add")
+    if plus is None or not _constant_operand(ctx, plus, erf.outputs[0]):
+        return None
+    product = _single_consumer(ctx, plus.outputs[0], "Mul")
+    if product is None or x not in product.inputs or product not in readers:
+        return None
+    half = _single_consumer(ctx, product.outputs[0], "Mul")
+    if half is None or not _constant_operand(ctx, half, product.outputs[0]):
+        return None
+    return [div, erf, plus, product, half]
+
+
+def fusion_chains(ctx) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """``{node name: (pattern, member names)}`` for every node of a chain of
+    :data:`onnxcampo.costdb.chains.PATTERNS`; a node belongs to one chain at most (a bias Add
+    followed by a GELU is a ``bias_gelu``, not the end of a ``matmul_bias``)."""
+    chains: dict[str, tuple[str, tuple[str, ...]]] = {}
+
+    def claim(pattern: str, nodes: list[gs.Node]) -> None:
+        names = tuple(n.name for n in nodes)
+        if not any(name in chains for name in names):
+            for name in names:
+                chains[name] = (pattern, names)
+
+    for node in ctx.nodes:
+        if node.op == "Add" and len(node.inputs) == 2:
+            bias = next((t for t in node.inputs if ctx.is_constant(t)), None)
+            if bias is not None and _bias_add(ctx, next(t for t in node.inputs if t is not bias)) is node:
+                gelu = _erf_gelu(ctx, node.outputs[0])
+                if gelu is not None:
+                    claim("bias_gelu", [node, *gelu])
+    for node in ctx.nodes:
+        if node.op == "Conv" and node.outputs:
+            out = node.outputs[0]
+            add = _single_consumer(ctx, out, "Add")
+            if add is not None and not any(ctx.is_constant(t) for t in add.inputs):
+                relu = _single_consumer(ctx, add.outputs[0], "Relu")
+                if relu is not None:
+                    claim("conv_add_relu", [node, add, relu])
+                    continue
+            relu = _single_consumer(ctx, out, "Relu")
+            if relu is not None:
+                claim("conv_relu", [node, relu])
+        elif node.op == "MatMul" and len(node.inputs) == 2 and ctx.is_constant(node.inputs[1]):
+            add = _bias_add(ctx, node.outputs[0])
+            if add is not None:
+                claim("matmul_bias", [node, add])
+        elif node.op == "Add" and len(node.inputs) == 2 and not any(ctx.is_constant(t) for t in node.inputs):
+            norm = _single_consumer(ctx, node.outputs[0], "LayerNormalization")
+            if norm is not None:
+                claim("add_layernorm", [node, norm])
+    return chains

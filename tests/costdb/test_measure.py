@@ -8,6 +8,7 @@ import math
 import onnx
 
 from onnxcampo.costdb import measure
+from onnxcampo.costdb.chains import ChainCase
 from onnxcampo.costdb.fit import fit_database, load_samples
 from onnxcampo.costdb.regression import RegressionCostModel
 
@@ -36,8 +37,9 @@ def test_every_grid_model_is_valid():
 def test_measure_appends_resumes_and_fits(tmp_path):
     out = tmp_path / "samples.jsonl"
     grid = tiny_grid()
-    first = measure.measure(out, provider="cpu", budget_s=120, cases=grid)
-    expected = sum(len(measure.precisions_of(c)) for c in grid)
+    chains = [ChainCase("matmul_bias", (16, 16, 8)), ChainCase("bias_gelu", (16, 24))]
+    first = measure.measure(out, provider="cpu", budget_s=120, cases=grid, chains=chains)
+    expected = sum(len(measure.precisions_of(c)) for c in grid) + 2 * len(chains)
     assert first == expected
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len({r["key"] for r in rows}) == expected
@@ -45,9 +47,14 @@ def test_measure_appends_resumes_and_fits(tmp_path):
     assert cast["precision"] in ("to_fp16", "to_fp32") and cast["elements"] > 0
     matmul = next(r for r in rows if r["op_type"] == "MatMul" and r["tf32"] is False)
     assert matmul["weights"] == [1] and matmul["output_shapes"] == [[16, 16]]
-    assert all(r["wall_us"] > 0 and r["runs"] >= 30 for r in rows)
-    assert measure.measure(out, provider="cpu", budget_s=60, cases=grid) == 0  # resumes: nothing left
+    assert all(r["wall_us"] > 0 and r["runs"] >= 30 for r in rows if "chain" not in r)
+    assert all(math.isfinite(r["time_us"]) and len(r["parts_us"]) == len(r["part_ops"]) for r in rows if "chain" in r)
+    chain = next(r for r in rows if r.get("chain") == "bias_gelu")
+    assert chain["part_ops"] == ["Add", "Div", "Erf", "Add", "Mul", "Mul"] and len(chain["parts_us"]) == 6
+    assert measure.measure(out, provider="cpu", budget_s=60, cases=grid, chains=chains) == 0  # resumes: nothing left
     database = fit_database(load_samples(out), min_samples=4)
+    assert set(database["chains"]) == {"matmul_bias", "bias_gelu"}
+    assert database["chains"]["matmul_bias"]["samples"] == 2 and database["chains"]["bias_gelu"]["fp32"] > 0
     assert 0 < database["cast"]["r"] and database["cast"]["C_I"] > -1
     model = RegressionCostModel(database)
     assert model.cast_time(10**6) > model.cast_time(10**3)
