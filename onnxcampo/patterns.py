@@ -122,7 +122,8 @@ def fusion_chains(ctx) -> dict[str, tuple[str, tuple[str, ...]]]:
             relu = _single_consumer(ctx, out, "Relu")
             if relu is not None:
                 claim("conv_relu", [node, relu])
-        elif node.op == "MatMul" and len(node.inputs) == 2 and ctx.is_constant(node.inputs[1]):
+        elif node.op == "MatMul" and len(node.inputs) == 2 and ctx.is_constant(node.inputs[1]) \
+                and len(_shape(ctx, node.inputs[0]) or ()) == 2:  # measured on 2-D products only
             add = _bias_add(ctx, node.outputs[0])
             if add is not None:
                 claim("matmul_bias", [node, add])
