@@ -32,6 +32,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxcampo import ops
+
 log = logging.getLogger(__name__)
 
 _OPSET = 17
@@ -307,6 +309,8 @@ class Timer:
     def _session(self, model: onnx.ModelProto, tf32: bool):
         options = self.ort.SessionOptions()
         options.log_severity_level = 3
+        if ops.uses_ops(model):  # single-op models of ai.onnxcampo ops
+            ops.register(options)
         if self.provider == "cuda":
             providers = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"})]
         else:

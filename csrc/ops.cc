@@ -4,6 +4,7 @@
 //
 //   UnscaleCheckFinite(inv_scale, g_1..g_n) -> (found_inf, u_1..u_n)
 //   MultiTensorSGD[momentum](lr, found_inf, w_1..w_n, g_1..g_n[, v_1..v_n]) -> (w'_1..w'_n[, v'_1..v'_n])
+//       (velocities present: momentum SGD, whatever the attribute; absent: plain SGD)
 //   MultiTensorAdamW[beta1, beta2, eps, weight_decay](lr, step, found_inf, w.., g.., m.., v..)
 //       -> (step', w'.., m'.., v'..)
 //
@@ -46,6 +47,7 @@ class Io {
   Io(OrtKernelContext* context, const char* op) : ctx_(context), op_(op) {}
 
   size_t InputCount() const { return ctx_.GetInputCount(); }
+  size_t OutputCount() const { return ctx_.GetOutputCount(); }
 
   const float* FloatScalar(size_t index, const char* what) const {
     Ort::ConstValue value = ctx_.GetInput(index);
@@ -169,11 +171,15 @@ struct MultiTensorSGD : Kernel<MultiTensorSGD> {
 
   void Compute(OrtKernelContext* context) {
     Io io(context, kName);
-    const size_t lists = momentum != 0.0f ? 3 : 2;
+    // Plain SGD: (w.., g..) -> (w'..); with velocities: (w.., g.., v..) -> (w'.., v'..).
     const size_t tensors = io.InputCount() - kScalarInputs;
-    if (tensors % lists != 0) {
-      Fail(kName, "expected " + std::to_string(lists) + " lists of equal length (w, g" + (lists == 3 ? ", v" : "") +
-                      ") after lr and found_inf, got " + std::to_string(tensors) + " tensors");
+    const size_t outputs = io.OutputCount();
+    size_t lists = 0;
+    if (tensors == 2 * outputs) lists = 2;
+    if (outputs % 2 == 0 && 2 * tensors == 3 * outputs) lists = 3;
+    if (lists == 0) {
+      Fail(kName, "expected inputs (lr, found_inf, w_1..w_n, g_1..g_n[, v_1..v_n]) and outputs (w'_1..w'_n[, v'_1..v'_n]), got " +
+                      std::to_string(tensors) + " tensor inputs and " + std::to_string(outputs) + " outputs");
     }
     const size_t n = tensors / lists;
     SgdArgs args;
@@ -208,9 +214,9 @@ struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
   void Compute(OrtKernelContext* context) {
     Io io(context, kName);
     const size_t tensors = io.InputCount() - kScalarInputs;
-    if (tensors % 4 != 0) {
-      Fail(kName, "expected 4 lists of equal length (w, g, m, v) after lr, step and found_inf, got " +
-                      std::to_string(tensors) + " tensors");
+    if (tensors % 4 != 0 || io.OutputCount() != 1 + 3 * (tensors / 4)) {
+      Fail(kName, "expected inputs (lr, step, found_inf, w.., g.., m.., v..) and outputs (step', w'.., m'.., v'..), got " +
+                      std::to_string(tensors) + " tensor inputs and " + std::to_string(io.OutputCount()) + " outputs");
     }
     const size_t n = tensors / 4;
     AdamWArgs args;
