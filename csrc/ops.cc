@@ -145,7 +145,8 @@ struct Kernel {
 struct UnscaleCheckFinite : Kernel<UnscaleCheckFinite> {
   static constexpr const char* kName = "UnscaleCheckFinite";
   static constexpr size_t kScalarInputs = 1;  // inv_scale
-  static constexpr ONNXTensorElementDataType kFirstOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
+  static constexpr size_t kScalarOutputs = 1;  // found_inf
+  static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
   UnscaleCheckFinite(const OrtKernelInfo*, bool cuda) : Kernel(cuda) {}
 
   void Compute(OrtKernelContext* context) {
@@ -166,7 +167,8 @@ struct UnscaleCheckFinite : Kernel<UnscaleCheckFinite> {
 struct MultiTensorSGD : Kernel<MultiTensorSGD> {
   static constexpr const char* kName = "MultiTensorSGD";
   static constexpr size_t kScalarInputs = 2;  // lr, found_inf
-  static constexpr ONNXTensorElementDataType kFirstOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  static constexpr size_t kScalarOutputs = 0;
+  static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   MultiTensorSGD(const OrtKernelInfo* info, bool cuda) : Kernel(cuda), momentum(FloatAttribute(info, "momentum", 0.0f)) {}
 
   void Compute(OrtKernelContext* context) {
@@ -203,7 +205,8 @@ struct MultiTensorSGD : Kernel<MultiTensorSGD> {
 struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
   static constexpr const char* kName = "MultiTensorAdamW";
   static constexpr size_t kScalarInputs = 3;  // lr, step, found_inf
-  static constexpr ONNXTensorElementDataType kFirstOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  static constexpr size_t kScalarOutputs = 1;  // step'
+  static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   MultiTensorAdamW(const OrtKernelInfo* info, bool cuda)
       : Kernel(cuda),
         beta1(FloatAttribute(info, "beta1", 0.9f)),
@@ -245,8 +248,8 @@ struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
 };
 
 // The schema ORT derives: scalar inputs (float, except found_inf: bool or float), then one
-// variadic heterogeneous input (the tensors); one single output of kFirstOutput's type, then
-// one variadic float32 output.
+// variadic heterogeneous input (the tensors); kScalarOutputs scalar outputs of kScalarOutput's
+// type, then one variadic float32 output (the tensors).
 template <typename K>
 struct Op : Ort::CustomOpBase<Op<K>, K, /*WithStatus=*/true> {
   explicit Op(bool cuda) : cuda_(cuda) {}
@@ -272,12 +275,12 @@ struct Op : Ort::CustomOpBase<Op<K>, K, /*WithStatus=*/true> {
   }
   bool GetVariadicInputHomogeneity() const { return false; }
 
-  size_t GetOutputTypeCount() const { return 2; }
+  size_t GetOutputTypeCount() const { return K::kScalarOutputs + 1; }
   ONNXTensorElementDataType GetOutputType(size_t index) const {
-    return index == 0 ? K::kFirstOutput : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return index < K::kScalarOutputs ? K::kScalarOutput : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
-    return index == 1 ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
+    return index == K::kScalarOutputs ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
   }
   bool GetVariadicOutputHomogeneity() const { return true; }
 

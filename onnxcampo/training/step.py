@@ -208,8 +208,9 @@ def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, *, fu
         ]
         graph.node.extend(nodes)
         graph.output.append(helper.make_tensor_value_info(STEP + UPDATED, TensorProto.FLOAT, []))
-        const("update/1-beta1", 1 - beta1)
-        const("update/1-beta2", 1 - beta2)
+        # 1 - beta of the float32 beta, rounded once: what the fused op computes from its attributes
+        const("update/1-beta1", 1.0 - float(np.float32(beta1)))
+        const("update/1-beta2", 1.0 - float(np.float32(beta2)))
         const("update/eps", hyper["eps"])
         const("update/wd", hyper["weight_decay"])
     if optimizer == "momentum":
