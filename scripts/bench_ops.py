@@ -2,7 +2,11 @@
 
 On the GPU machine (onnxruntime-gpu in /tmp/ortgpu, the library built here and carried along):
 
-    PYTHONPATH=/tmp/ortgpu:$PWD python3 scripts/bench_ops.py --provider cuda --out docs/gpu/bench_ops.json
+    pip install -q --no-deps --no-build-isolation --target /tmp/oc . &&
+    PYTHONPATH=/tmp/oc:/tmp/ortgpu ONNXCAMPO_OPS_LIBRARY=$PWD/onnxcampo/ops/lib/libonnxcampo_ops.so \
+        python3 scripts/bench_ops.py --provider cuda --out $OUT/bench_ops.json
+
+(carry onnxcampo/ops/lib, built here by ``python -m onnxcampo.ops.build`` with nvcc present).
 
 Here, to check that it runs: ``python scripts/bench_ops.py --provider cpu --quick --out /tmp/b.json``.
 
@@ -37,7 +41,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:
+    import onnxcampo  # noqa: F401  (an installed copy: pip install -e ., or pip install --target /tmp/oc .)
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import onnxruntime as ort  # noqa: E402
 
@@ -241,11 +248,15 @@ def cupti_kernel_ms(fn, runs: int) -> float | None:
             for _ in range(runs):
                 fn()
             torch.cuda.synchronize()
-        total = 0.0
-        for event in prof.events():
-            if event.device_type == DeviceType.CUDA:
-                total += getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
-        return total / 1e3 / runs
+        total = 0.0  # microseconds; attribute names changed across torch versions
+        for entry in prof.key_averages():
+            if entry.device_type == DeviceType.CUDA:
+                total += getattr(entry, "self_device_time_total", None) or getattr(entry, "self_cuda_time_total", 0.0)
+        if total == 0.0:
+            for event in prof.events():
+                if event.device_type == DeviceType.CUDA:
+                    total += getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        return total / 1e3 / runs if total else None
     except Exception as exc:  # profiler API differences: report no figure rather than fail
         print(f"  (CUPTI kernel time unavailable: {exc})", file=sys.stderr)
         return None
@@ -466,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON results")
     parser.add_argument("--model", default="resnet50", help="torchvision model for the step time, or 'mlp'")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--optimizers", default="momentum,adamw")
+    parser.add_argument("--optimizers", default="adamw,momentum", help="step-time optimizers, in order (budget)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new measurements after this")
     args = parser.parse_args(argv)
@@ -482,10 +493,19 @@ def main(argv: list[str] | None = None) -> int:
         "timing": "wall ms per run, IO binding, outputs pre-bound, median of blocks after warm-up; kernel ms: "
                   "CUPTI via torch.profiler (all GPU activity per run); TF32 on",
     }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every section: a run cut short keeps what it measured
+        result["seconds"] = time.monotonic() - started
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    result.update(checks=[], kernel=[], step=[])
     print("1. correctness on the device", file=sys.stderr)
     result["checks"] = device_checks(args.provider, rng, args.quick)
+    save()
     print("2. kernel time", file=sys.stderr)
     result["kernel"] = kernel_bench(args.provider, rng, args.quick, budget_end)
+    save()
     print("3. training-step time", file=sys.stderr)
     model_name = "mlp" if args.quick else args.model
     try:
@@ -498,9 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         result["step_error"] = f"{model_name}: {type(exc).__name__}: {exc}"
         result["step"] = step_bench(args.provider, "mlp", args.batch, args.optimizers.split(","), args.steps, rng,
                                     budget_end + 60)
-    result["seconds"] = time.monotonic() - started
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    save()
     print(markdown(result))
     print(f"\nwrote {args.out} in {result['seconds']:.0f} s", file=sys.stderr)
     return 0 if all(c["ok"] for c in result["checks"]) else 1
