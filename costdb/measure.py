@@ -35,6 +35,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo.costdb.chains import ChainCase, build_chain, chain_cases
+from onnxcampo import ops
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +312,8 @@ class Timer:
     def _session(self, model: onnx.ModelProto, tf32: bool):
         options = self.ort.SessionOptions()
         options.log_severity_level = 3
+        if ops.uses_ops(model):  # single-op models of ai.onnxcampo ops
+            ops.register(options)
         if self.provider == "cuda":
             providers = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"})]
         else:

@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--lr", type=float, default=0.01, help="default learning rate (an input of the graph)")
     tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant")
     tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    tg.add_argument("--no-fused-ops", dest="fused_ops", action="store_false",
+                    help="update in standard ONNX ops (default: one ai.onnxcampo multi-tensor op when the "
+                         "custom-op library is built)")
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
@@ -212,16 +215,18 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _train_graph(args: argparse.Namespace) -> int:
     from onnxcampo import graph as graph_io
+    from onnxcampo import ops
     from onnxcampo.training import build_train_step, step_spec
 
     output = graph_io.check_output_path(args.output, args.forward if args.forward.exists() else None)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     step = build_train_step(args.forward, loss=args.loss, optimizer=args.optimizer, lr=args.lr,
-                            freeze=args.freeze, input_shapes=shapes)
+                            freeze=args.freeze, input_shapes=shapes, fused=None if args.fused_ops else False)
     graph_io.save_model(step, output)
     spec = step_spec(step)
-    print(f"onnxcampo: wrote {output}: {len(spec.weights)} weights trained with {args.optimizer} on {args.loss}; "
-          f"batch inputs {', '.join(spec.batch)}; {len(step.graph.node)} nodes", file=sys.stderr)
+    update = "fused ai.onnxcampo op" if ops.uses_ops(step) else "standard ops"
+    print(f"onnxcampo: wrote {output}: {len(spec.weights)} weights trained with {args.optimizer} ({update}) on "
+          f"{args.loss}; batch inputs {', '.join(spec.batch)}; {len(step.graph.node)} nodes", file=sys.stderr)
     return 0
 
 

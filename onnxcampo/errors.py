@@ -41,3 +41,8 @@ class ValidationError(CampoError):
     """The optimized model's outputs differ from the original's by more than the tolerance."""
 
     exit_code = 1
+
+
+class OpsLibraryError(CampoError):
+    """The custom-op library (onnxcampo_ops) is missing or cannot be loaded; the message says
+    how to build it."""

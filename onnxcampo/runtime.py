@@ -22,6 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
+from onnxcampo import ops
 from onnxcampo.graph import exceeds_protobuf_limit, graph_inputs
 from onnxcampo.errors import (
     CampoError,
@@ -347,7 +348,15 @@ def _session_options(*, profiling: bool, optimization_level: str,
             raise ConfigError(
                 f"could not load custom-op library {custom_ops_library}: {exc}"
             ) from exc
+    # onnxcampo's own ops (ai.onnxcampo) in every session whenever the library loads; a graph
+    # that needs them without it fails in make_session with OpsLibraryError.
+    if ops.available() and not _same_file(custom_ops_library, ops.library_path()):
+        ops.register(options)
     return options
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    return a is not None and Path(a).resolve() == Path(b).resolve()
 
 
 def _create(source: str | bytes, options: ort.SessionOptions,
@@ -356,6 +365,8 @@ def _create(source: str | bytes, options: ort.SessionOptions,
     try:
         return ort.InferenceSession(source, sess_options=options, providers=providers)
     except _ORT_ERRORS as exc:
+        if ops.DOMAIN in str(exc) and not ops.available():
+            ops.require()  # a file or bytes model that needs the missing library: say how to build it
         raise ModelLoadError(f"ONNX Runtime could not load the model: {exc}") from exc
 
 
@@ -399,6 +410,8 @@ def make_session(
     checked and a CampoError is raised instead of measuring the wrong device.
     """
     providers = _providers(provider)
+    if isinstance(model, onnx.ModelProto) and ops.uses_ops(model):
+        ops.require()  # OpsLibraryError saying how to build the library, before ORT's own message
     options = _session_options(
         profiling=profiling, optimization_level=optimization_level,
         custom_ops_library=custom_ops_library, intra_op_threads=intra_op_threads,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -33,6 +33,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import graph as graph_io
 from onnxcampo.errors import UnsupportedModelError
+from onnxcampo.ops import nodes as op_nodes
+from onnxcampo.training.step import FUSED_METADATA as FUSED_KEY
 from onnxcampo.training.step import LABELS, LOSS, UPDATED, step_spec
 
 LOSS_SCALE = "loss_scale"
@@ -172,21 +174,25 @@ def add_loss_scaling(
     seed_shape = const("seed_shape", list(seed_init.dims), np.int64)
     seeded = helper.make_node("Reshape", [LOSS_SCALE, seed_shape], [seed], name=f"{LOSS_SCALE}/seed")
 
-    # Unscale every weight gradient in fp32, where the update reads it.
+    # Unscale every weight gradient in fp32, where the update reads it, and flag inf/NaN.
     inv = node("Reciprocal", [LOSS_SCALE], f"{LOSS_SCALE}/inverse")
+    zero = const("zero", 0.0)
     producers = {o: n for n in graph.node for o in n.output}
-    sums = []
-    for weight in spec.weights:
-        gradient = _fp32_gradient(model, weight, producers, dtypes)
-        scaled = gradient + ".scaled"
-        producer = producers[gradient]
-        producer.output[list(producer.output).index(gradient)] = scaled
-        node("Mul", [scaled, inv], gradient)
-        sums.append(node("ReduceSum", [gradient], f"{weight}/grad.sum", keepdims=0))
-    # Any inf or NaN makes the sum of all gradients non-finite, and sum * 0 NaN.
-    total = node("Sum", sums, f"{LOSS_SCALE}/grad_sum")
-    zeroed = node("Mul", [total, const("zero", 0.0)], f"{LOSS_SCALE}/grad_sum_x0")
-    found = node("IsNaN", [zeroed], FOUND_INF)
+    if _metadata(model, FUSED_KEY) == "1":
+        found = _fused_unscale(model, spec.weights, producers, dtypes, inv, nodes)
+    else:
+        sums = []
+        for weight in spec.weights:
+            gradient = _fp32_gradient(model, weight, producers, dtypes)
+            scaled = gradient + ".scaled"
+            producer = producers[gradient]
+            producer.output[list(producer.output).index(gradient)] = scaled
+            node("Mul", [scaled, inv], gradient)
+            sums.append(node("ReduceSum", [gradient], f"{weight}/grad.sum", keepdims=0))
+        # Any inf or NaN makes the sum of all gradients non-finite, and sum * 0 NaN.
+        total = node("Sum", sums, f"{LOSS_SCALE}/grad_sum")
+        zeroed = node("Mul", [total, zero], f"{LOSS_SCALE}/grad_sum_x0")
+        found = node("IsNaN", [zeroed], FOUND_INF)
 
     # A step with a non-finite gradient changes nothing.
     fused = [n for n in graph.node if FUSED_FOUND_INF in n.input]
@@ -213,7 +219,7 @@ def add_loss_scaling(
                 graph.initializer.remove(tensor)
 
     # Halve on overflow; double after growth_interval clean steps.
-    one, zero = const("one", 1.0), f"{LOSS_SCALE}/zero"
+    one = const("one", 1.0)
     counted = node("Add", [CLEAN_STEPS, one], f"{LOSS_SCALE}/clean_plus_one")
     clean = node("Where", [found, zero, counted], f"{LOSS_SCALE}/clean")
     grow = node("GreaterOrEqual", [clean, const("growth_interval", float(growth_interval))], f"{LOSS_SCALE}/grow")
@@ -236,6 +242,29 @@ def add_loss_scaling(
     state[LOSS_SCALE] = float(init_scale)
     _set_metadata(model, STATE_KEY, json.dumps(state))
     _set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
+
+
+def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: dict[str, onnx.NodeProto],
+                   dtypes: dict[str, int], inv: str, nodes: list[onnx.NodeProto]) -> str:
+    """One ``ai.onnxcampo::UnscaleCheckFinite`` for all gradients (step graphs built with fused
+    ops need the library anyway). It reads fp16 gradients directly: the Casts to fp32 that the
+    update had go away, the op's fp32 outputs take their names."""
+    grads, outputs = [], []
+    for weight in weights:
+        gradient = f"{weight}/grad"
+        target = _fp32_gradient(model, weight, producers, dtypes)
+        if target == gradient:
+            producer = producers[gradient]
+            producer.output[list(producer.output).index(gradient)] = gradient + ".scaled"
+            grads.append(gradient + ".scaled")
+        else:
+            model.graph.node.remove(producers[target])  # the Cast: the op reads fp16 itself
+            grads.append(gradient)
+        outputs.append(target)
+    nodes.append(op_nodes.unscale_check_finite(inv, grads, found_inf=FOUND_INF, outputs=outputs,
+                                               name=f"{LOSS_SCALE}/unscale"))
+    op_nodes.import_domain(model)
+    return FOUND_INF
 
 
 def _fp32_gradient(model: onnx.ModelProto, weight: str, producers: dict[str, onnx.NodeProto],

@@ -26,7 +26,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import graph as graph_io
+from onnxcampo import ops
 from onnxcampo.errors import ConfigError, UnsupportedModelError
+from onnxcampo.ops import nodes as op_nodes
 
 LOSSES = ("mse", "cross_entropy")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
@@ -36,6 +38,8 @@ LOSS = "loss"
 LR = "lr"
 STEP = "step"
 SCALARS = (STEP, "loss_scale", "loss_scale_clean_steps")  # scalar state: the step count, loss scaling
+FOUND_INF = "update/found_inf"  # the fused update's skip flag: False until loss scaling feeds it
+FUSED_METADATA = "onnxcampo.fused_ops"
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,13 @@ def build_train_step(
     weight_decay: float = 0.01,
     freeze: str | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
+    fused: bool | None = None,
 ) -> onnx.ModelProto:
-    """One training step as an ONNX model (see the module docstring for names)."""
+    """One training step as an ONNX model (see the module docstring for names).
+
+    ``fused``: the update as one ``ai.onnxcampo`` multi-tensor op (True), or in standard ONNX
+    ops (False); None picks the fused op when the custom-op library is available.
+    """
     if loss not in LOSSES:
         raise ConfigError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     if optimizer not in OPTIMIZERS:
@@ -86,8 +95,11 @@ def build_train_step(
     model.ir_version = min(model.ir_version, 10)
     gradients = _backward(model, weights)
     seed = next(i.name for i in gradients.graph.input if i.name.startswith("grad_"))
-    _add_update(gradients, weights, optimizer, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay)
+    fused = ops.available() if fused is None else fused
+    _add_update(gradients, weights, optimizer, fused=fused, momentum=momentum, betas=betas, eps=eps,
+                weight_decay=weight_decay)
     gradients.metadata_props.add(key="onnxcampo.train_step", value=f"{loss},{optimizer}")
+    gradients.metadata_props.add(key=FUSED_METADATA, value="1" if fused else "0")
     gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))
     gradients.metadata_props.add(key="onnxcampo.prediction", value=prediction)  # where the loss starts
     gradients.metadata_props.add(key="onnxcampo.loss_seed", value=seed)  # d loss / d loss, 1 until scaled
@@ -168,7 +180,7 @@ def _backward(model: onnx.ModelProto, weights: list[str]) -> onnx.ModelProto:
     return step
 
 
-def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, **hyper) -> None:
+def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, *, fused: bool = False, **hyper) -> None:
     graph = step.graph
     seed = next(i for i in graph.input if i.name.startswith("grad_"))
     graph.input.remove(seed)
@@ -186,6 +198,9 @@ def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, **hyp
 
     axis = numpy_helper.from_array(np.array([-1], np.int64), "update/seed_axis")
     graph.initializer.append(axis)
+    if fused:
+        _add_fused_update(step, weights, grads, shapes, optimizer, **hyper)
+        return
     if optimizer == "adamw":
         graph.input.append(helper.make_tensor_value_info(STEP, TensorProto.FLOAT, []))
         beta1, beta2 = hyper["betas"]
@@ -198,8 +213,9 @@ def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, **hyp
         ]
         graph.node.extend(nodes)
         graph.output.append(helper.make_tensor_value_info(STEP + UPDATED, TensorProto.FLOAT, []))
-        const("update/1-beta1", 1 - beta1)
-        const("update/1-beta2", 1 - beta2)
+        # 1 - beta of the float32 beta, rounded once: what the fused op computes from its attributes
+        const("update/1-beta1", 1.0 - float(np.float32(beta1)))
+        const("update/1-beta2", 1.0 - float(np.float32(beta2)))
         const("update/eps", hyper["eps"])
         const("update/wd", hyper["weight_decay"])
     if optimizer == "momentum":
@@ -248,6 +264,53 @@ def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, **hyp
                 helper.make_node("Sub", [weight, p + "/step"], [out], name=p + "/update"),
             ])
         graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, shapes[weight]))
+
+
+def _add_fused_update(step: onnx.ModelProto, weights: list[str], grads: dict[str, str],
+                      shapes: dict[str, list[int]], optimizer: str, **hyper) -> None:
+    """The update of :func:`_add_update` as one multi-tensor op; graph inputs and outputs are
+    named and ordered as in the standard-op graph. Its ``found_inf`` input is the initializer
+    ``update/found_inf`` (False), for loss scaling to rewire to a real flag."""
+    graph = step.graph
+    graph.initializer.append(numpy_helper.from_array(np.array(False), FOUND_INF))
+    squeezed = []
+    for weight in weights:
+        g = f"{weight}/grad"
+        graph.node.append(helper.make_node("Squeeze", [grads[weight], "update/seed_axis"], [g], name=f"{weight}/squeeze"))
+        squeezed.append(g)
+
+    def state(suffix: str) -> list[str]:
+        return [weight + suffix for weight in weights]
+
+    updated = [w + UPDATED for w in weights]
+    if optimizer == "adamw":
+        graph.input.append(helper.make_tensor_value_info(STEP, TensorProto.FLOAT, []))
+        graph.output.append(helper.make_tensor_value_info(STEP + UPDATED, TensorProto.FLOAT, []))
+        m, v = state(".adam_m"), state(".adam_v")
+        for weight, m_name, v_name in zip(weights, m, v):  # the standard graph's order: m, v, w per weight
+            for name in (m_name, v_name):
+                graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[weight]))
+                graph.output.append(helper.make_tensor_value_info(name + UPDATED, TensorProto.FLOAT, shapes[weight]))
+            graph.output.append(helper.make_tensor_value_info(weight + UPDATED, TensorProto.FLOAT, shapes[weight]))
+        graph.node.append(op_nodes.multi_tensor_adamw(
+            LR, STEP, FOUND_INF, weights, squeezed, m, v, step_output=STEP + UPDATED, outputs=updated,
+            m_outputs=[name + UPDATED for name in m], v_outputs=[name + UPDATED for name in v],
+            betas=hyper["betas"], eps=hyper["eps"], weight_decay=hyper["weight_decay"], name="update/adamw"))
+    elif optimizer == "momentum":
+        velocities = state(".momentum")
+        for weight, name in zip(weights, velocities):  # v, then w per weight
+            graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[weight]))
+            graph.output.append(helper.make_tensor_value_info(name + UPDATED, TensorProto.FLOAT, shapes[weight]))
+            graph.output.append(helper.make_tensor_value_info(weight + UPDATED, TensorProto.FLOAT, shapes[weight]))
+        graph.node.append(op_nodes.multi_tensor_sgd(
+            LR, FOUND_INF, weights, squeezed, velocities, outputs=updated,
+            velocity_outputs=[name + UPDATED for name in velocities], momentum=hyper["momentum"], name="update/sgd"))
+    else:
+        for weight in weights:
+            graph.output.append(helper.make_tensor_value_info(weight + UPDATED, TensorProto.FLOAT, shapes[weight]))
+        graph.node.append(op_nodes.multi_tensor_sgd(LR, FOUND_INF, weights, squeezed, outputs=updated,
+                                                    name="update/sgd"))
+    op_nodes.import_domain(step)
 
 
 def initial_weights(forward: str | os.PathLike | onnx.ModelProto, step: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -1,0 +1,232 @@
+// CUDA kernels: one launch covers every tensor of a call.
+//
+// The tensors of a call are cut into tiles of kTile elements; block b walks tiles b,
+// b + gridDim.x, ... and finds a tile's tensor by binary search in a table that travels as a
+// kernel parameter (__grid_constant__, read from the constant bank, no device copy and no
+// extra memcpy). CUDA 12.1+ allows 32 KB of parameters on sm_70+, room for ~460 tensors of
+// AdamW; a call with more tensors takes one launch per table.
+//
+// Built with -fmad=false so that products and sums round like the standard-op graph's
+// separate Mul and Add nodes (these kernels are memory-bound; the FMA saves nothing).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels.h"
+
+namespace onnxcampo {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 8192;                // elements per tile (32 per thread)
+constexpr int kParamBytes = 32764 - 256;   // CUDA's limit, less room for the other parameters
+
+template <int P>  // P pointers per tensor: the gradient first, then the op's other tensors
+struct Table {
+  static constexpr int kCapacity = (kParamBytes - 16) / (8 * P + 8 + 4 + 1);
+  int count;
+  int tiles;
+  const void* ptr[P][kCapacity];
+  int64_t size[kCapacity];
+  int32_t tile_end[kCapacity];  // tiles of tensors 0..k together
+  uint8_t half[kCapacity];
+};
+static_assert(sizeof(Table<7>) <= kParamBytes, "AdamW table exceeds the kernel parameter space");
+
+void Check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("onnxcampo_ops CUDA error in ") + what + ": " + cudaGetErrorString(status));
+  }
+}
+
+int GridFor(int tiles) {
+  static thread_local int device = -1, blocks = 0;
+  int current = 0;
+  Check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) {
+    int sms = 0;
+    Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "cudaDeviceGetAttribute");
+    device = current;
+    blocks = sms * (2048 / kThreads);
+  }
+  return std::max(1, std::min(tiles, blocks));
+}
+
+// Fills tables of at most kCapacity tensors from `first` on; `pointers(k, slot)` gives the
+// pointer of tensor k in slot p. Returns the index of the first tensor not taken.
+template <int P, typename Pointers>
+size_t Fill(Table<P>& table, const Grads& grads, size_t first, Pointers pointers) {
+  table.count = 0;
+  int tiles = 0;
+  size_t k = first;
+  for (; k < grads.count() && table.count < Table<P>::kCapacity; ++k) {
+    const int slot = table.count++;
+    for (int p = 0; p < P; ++p) table.ptr[p][slot] = pointers(k, p);
+    table.size[slot] = grads.size[k];
+    table.half[slot] = grads.half[k];
+    const int64_t more = (grads.size[k] + kTile - 1) / kTile;
+    if (tiles + more > (1LL << 30)) throw std::runtime_error("onnxcampo_ops: too many elements in one call");
+    tiles += static_cast<int>(more);
+    table.tile_end[slot] = tiles;
+  }
+  table.tiles = tiles;
+  return k;
+}
+
+__device__ __forceinline__ float LoadGrad(const void* p, bool half, int64_t i) {
+  return half ? __half2float(static_cast<const __half*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ bool IsSet(const void* flag, bool is_float) {
+  return is_float ? *static_cast<const float*>(flag) != 0.0f : *static_cast<const bool*>(flag);
+}
+
+// Calls op(k, i) for every element i of every tensor k; the tile loop is block-uniform.
+template <int P, typename Op>
+__device__ __forceinline__ void ForEach(const Table<P>& t, Op op) {
+  for (int tile = blockIdx.x; tile < t.tiles; tile += gridDim.x) {
+    int lo = 0, hi = t.count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (t.tile_end[mid] > tile) hi = mid; else lo = mid + 1;
+    }
+    const int tile_begin = lo ? t.tile_end[lo - 1] : 0;
+    const int64_t first = static_cast<int64_t>(tile - tile_begin) * kTile;
+    const int64_t last = min(first + kTile, t.size[lo]);
+#pragma unroll 4
+    for (int64_t i = first + threadIdx.x; i < last; i += kThreads) op(lo, i);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) UnscaleKernel(const __grid_constant__ Table<2> t, const float* inv_scale, bool* found_inf) {
+  const float scale = *inv_scale;
+  bool found = false;
+  ForEach(t, [&](int k, int64_t i) {
+    const float g = LoadGrad(t.ptr[0][k], t.half[k], i);
+    found |= !isfinite(g);
+    static_cast<float*>(const_cast<void*>(t.ptr[1][k]))[i] = g * scale;
+  });
+  if (__syncthreads_or(found) && threadIdx.x == 0) *found_inf = true;
+}
+
+// slots: 0 g, 1 w, 2 v, 3 w_out, 4 v_out
+__global__ void __launch_bounds__(kThreads) SgdKernel(const __grid_constant__ Table<5> t, const float* lr, const void* flag,
+                                                      bool flag_is_float, float mu, bool has_velocity) {
+  const bool skip = IsSet(flag, flag_is_float);
+  const float rate = *lr;
+  ForEach(t, [&](int k, int64_t i) {
+    const float* w = static_cast<const float*>(t.ptr[1][k]);
+    float* w_out = static_cast<float*>(const_cast<void*>(t.ptr[3][k]));
+    const float* v = static_cast<const float*>(t.ptr[2][k]);
+    float* v_out = static_cast<float*>(const_cast<void*>(t.ptr[4][k]));
+    if (skip) {
+      w_out[i] = w[i];
+      if (has_velocity) v_out[i] = v[i];
+      return;
+    }
+    const float g = LoadGrad(t.ptr[0][k], t.half[k], i);
+    if (has_velocity) {
+      const float velocity = mu * v[i] + g;
+      v_out[i] = velocity;
+      w_out[i] = w[i] - rate * velocity;
+    } else {
+      w_out[i] = w[i] - rate * g;
+    }
+  });
+}
+
+struct AdamWHyper {
+  float beta1, beta2, one_minus_b1, one_minus_b2, eps, weight_decay;
+};
+
+// slots: 0 g, 1 w, 2 m, 3 v, 4 w_out, 5 m_out, 6 v_out
+__global__ void __launch_bounds__(kThreads) AdamWKernel(const __grid_constant__ Table<7> t, const float* lr, const float* step,
+                                                        float* step_out, const void* flag, bool flag_is_float, AdamWHyper h) {
+  const bool skip = IsSet(flag, flag_is_float);
+  const float rate = *lr;
+  const float now = *step + 1.0f;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *step_out = skip ? *step : now;
+  const float c1 = 1.0f - powf(h.beta1, now);
+  const float c2 = 1.0f - powf(h.beta2, now);
+  ForEach(t, [&](int k, int64_t i) {
+    const float* w = static_cast<const float*>(t.ptr[1][k]);
+    const float* m = static_cast<const float*>(t.ptr[2][k]);
+    const float* v = static_cast<const float*>(t.ptr[3][k]);
+    float* w_out = static_cast<float*>(const_cast<void*>(t.ptr[4][k]));
+    float* m_out = static_cast<float*>(const_cast<void*>(t.ptr[5][k]));
+    float* v_out = static_cast<float*>(const_cast<void*>(t.ptr[6][k]));
+    if (skip) {
+      w_out[i] = w[i];
+      m_out[i] = m[i];
+      v_out[i] = v[i];
+      return;
+    }
+    const float g = LoadGrad(t.ptr[0][k], t.half[k], i);
+    const float weight = w[i];
+    const float m_new = h.beta1 * m[i] + h.one_minus_b1 * g;
+    const float v_new = h.beta2 * v[i] + h.one_minus_b2 * (g * g);
+    m_out[i] = m_new;
+    v_out[i] = v_new;
+    const float direction = (m_new / c1) / (sqrtf(v_new / c2) + h.eps);
+    w_out[i] = weight - rate * (direction + h.weight_decay * weight);
+  });
+}
+
+}  // namespace
+
+void UnscaleCheckFiniteCuda(const UnscaleArgs& args, void* stream_handle) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  Check(cudaMemsetAsync(args.found_inf, 0, sizeof(bool), stream), "cudaMemsetAsync(found_inf)");
+  Table<2> table;
+  size_t next = 0;
+  do {
+    next = Fill(table, args.grads, next, [&](size_t k, int p) -> const void* {
+      return p == 0 ? args.grads.data[k] : args.out[k];
+    });
+    UnscaleKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.inv_scale, args.found_inf);
+    Check(cudaGetLastError(), "UnscaleCheckFinite launch");
+  } while (next < args.grads.count());
+}
+
+void MultiTensorSgdCuda(const SgdArgs& args, void* stream_handle) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  const bool has_velocity = !args.v.empty();
+  Table<5> table;
+  size_t next = 0;
+  do {
+    next = Fill(table, args.grads, next, [&](size_t k, int p) -> const void* {
+      switch (p) {
+        case 0: return args.grads.data[k];
+        case 1: return args.w[k];
+        case 2: return has_velocity ? args.v[k] : nullptr;
+        case 3: return args.w_out[k];
+        default: return has_velocity ? args.v_out[k] : nullptr;
+      }
+    });
+    SgdKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.lr, args.found_inf.data, args.found_inf.is_float,
+                                                             args.momentum, has_velocity);
+    Check(cudaGetLastError(), "MultiTensorSGD launch");
+  } while (next < args.grads.count());
+}
+
+void MultiTensorAdamWCuda(const AdamWArgs& args, void* stream_handle) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  const AdamWHyper hyper{args.beta1, args.beta2, static_cast<float>(1.0 - static_cast<double>(args.beta1)),
+                         static_cast<float>(1.0 - static_cast<double>(args.beta2)), args.eps, args.weight_decay};
+  Table<7> table;
+  size_t next = 0;
+  do {
+    next = Fill(table, args.grads, next, [&](size_t k, int p) -> const void* {
+      const void* slots[7] = {args.grads.data[k], args.w[k], args.m[k], args.v[k], args.w_out[k], args.m_out[k], args.v_out[k]};
+      return slots[p];
+    });
+    AdamWKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.lr, args.step, args.step_out, args.found_inf.data,
+                                                               args.found_inf.is_float, hyper);
+    Check(cudaGetLastError(), "MultiTensorAdamW launch");
+  } while (next < args.grads.count());
+}
+
+}  // namespace onnxcampo

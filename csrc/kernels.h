@@ -1,0 +1,71 @@
+// The arithmetic of the onnxcampo ops, free of ONNX Runtime types so that the CUDA file
+// (compiled by nvcc) and the CPU file share one description of every call.
+//
+// Pointers refer to ORT's buffers: host memory for the CPU kernels, device memory for the
+// CUDA kernels (scalars included: lr, step, inv_scale and found_inf stay on the device).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace onnxcampo {
+
+// A boolean held by a bool or a float scalar tensor; any nonzero value (NaN included) is true.
+struct Flag {
+  const void* data = nullptr;
+  bool is_float = false;
+};
+
+// Gradients may be float16 or float32, tensor by tensor.
+struct Grads {
+  std::vector<const void*> data;
+  std::vector<uint8_t> half;  // 1: float16, 0: float32
+  std::vector<int64_t> size;  // elements
+  size_t count() const { return data.size(); }
+};
+
+// out_i = float32(g_i) * inv_scale; found_inf = any g_i holds inf or NaN.
+struct UnscaleArgs {
+  const float* inv_scale = nullptr;
+  Grads grads;
+  std::vector<float*> out;
+  bool* found_inf = nullptr;
+};
+
+// Momentum (v non-empty): v' = momentum*v + g; w' = w - lr*v'.  Plain: w' = w - lr*g.
+// found_inf true: w' = w, v' = v.
+struct SgdArgs {
+  const float* lr = nullptr;
+  Flag found_inf;
+  float momentum = 0.0f;
+  Grads grads;
+  std::vector<const float*> w, v;
+  std::vector<float*> w_out, v_out;
+};
+
+// step' = step + 1; m' = b1*m + (1-b1)*g; v' = b2*v + (1-b2)*g*g;
+// w' = w - lr*((m'/(1-b1^step')) / (sqrt(v'/(1-b2^step')) + eps) + wd*w).
+// found_inf true: every output equals its input, step included.
+struct AdamWArgs {
+  const float* lr = nullptr;
+  const float* step = nullptr;
+  Flag found_inf;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+  Grads grads;
+  std::vector<const float*> w, m, v;
+  std::vector<float*> w_out, m_out, v_out;
+  float* step_out = nullptr;
+};
+
+void UnscaleCheckFiniteCpu(const UnscaleArgs& args);
+void MultiTensorSgdCpu(const SgdArgs& args);
+void MultiTensorAdamWCpu(const AdamWArgs& args);
+
+#ifdef ONNXCAMPO_WITH_CUDA
+// One kernel launch per call (per ~460+ tensors; see kernels.cu), on `stream` (a cudaStream_t).
+void UnscaleCheckFiniteCuda(const UnscaleArgs& args, void* stream);
+void MultiTensorSgdCuda(const SgdArgs& args, void* stream);
+void MultiTensorAdamWCuda(const AdamWArgs& args, void* stream);
+#endif
+
+}  // namespace onnxcampo

@@ -1,0 +1,346 @@
+// The onnxcampo custom-op library: domain ai.onnxcampo, CPU kernels always, CUDA kernels when
+// built with ONNXCAMPO_WITH_CUDA. The library does not link libonnxruntime: the runtime hands
+// its API to RegisterCustomOps (ORT_API_MANUAL_INIT).
+//
+//   UnscaleCheckFinite(inv_scale, g_1..g_n) -> (found_inf, u_1..u_n)
+//   MultiTensorSGD[momentum](lr, found_inf, w_1..w_n, g_1..g_n[, v_1..v_n]) -> (w'_1..w'_n[, v'_1..v'_n])
+//       (velocities present: momentum SGD, whatever the attribute; absent: plain SGD)
+//   MultiTensorAdamW[beta1, beta2, eps, weight_decay](lr, step, found_inf, w.., g.., m.., v..)
+//       -> (step', w'.., m'.., v'..)
+//
+// ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
+// first and all tensors as one heterogeneous variadic input; the kernel splits that list.
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace onnxcampo {
+namespace {
+
+constexpr const char* kDomain = "ai.onnxcampo";
+constexpr const char* kCpu = "CPUExecutionProvider";
+constexpr const char* kCuda = "CUDAExecutionProvider";
+
+[[noreturn]] void Fail(const std::string& op, const std::string& message) {
+  throw Ort::Exception(op + ": " + message, ORT_INVALID_ARGUMENT);
+}
+
+float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback) {
+  float value = fallback;
+  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &value);
+  if (status != nullptr) {  // absent: the documented default
+    Ort::GetApi().ReleaseStatus(status);
+    return fallback;
+  }
+  return value;
+}
+
+// Inputs and outputs of one call, with the checks every op needs.
+class Io {
+ public:
+  Io(OrtKernelContext* context, const char* op) : ctx_(context), op_(op) {}
+
+  size_t InputCount() const { return ctx_.GetInputCount(); }
+  size_t OutputCount() const { return ctx_.GetOutputCount(); }
+
+  const float* FloatScalar(size_t index, const char* what) const {
+    Ort::ConstValue value = ctx_.GetInput(index);
+    auto info = value.GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || info.GetElementCount() != 1) {
+      Fail(op_, std::string(what) + " must be a float32 scalar");
+    }
+    return value.GetTensorData<float>();
+  }
+
+  Flag FlagScalar(size_t index) const {
+    Ort::ConstValue value = ctx_.GetInput(index);
+    auto info = value.GetTensorTypeAndShapeInfo();
+    const auto type = info.GetElementType();
+    if ((type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) ||
+        info.GetElementCount() != 1) {
+      Fail(op_, "found_inf must be a bool or float32 scalar");
+    }
+    return Flag{value.GetTensorRawData(), type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  }
+
+  // Gradients at inputs first..first+n-1; `like` (if given) are the fp32 tensors whose
+  // shapes the gradients must have.
+  Grads Gradients(size_t first, size_t n, std::vector<std::vector<int64_t>>* shapes) const {
+    Grads grads;
+    for (size_t k = 0; k < n; ++k) {
+      Ort::ConstValue value = ctx_.GetInput(first + k);
+      auto info = value.GetTensorTypeAndShapeInfo();
+      const auto type = info.GetElementType();
+      if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
+        Fail(op_, "gradient " + std::to_string(k + 1) + " must be float32 or float16");
+      }
+      grads.data.push_back(value.GetTensorRawData());
+      grads.half.push_back(type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16);
+      grads.size.push_back(static_cast<int64_t>(info.GetElementCount()));
+      if (shapes != nullptr) shapes->push_back(info.GetShape());
+    }
+    return grads;
+  }
+
+  // fp32 tensors at inputs first..first+n-1, each shaped like `shapes[k]`.
+  std::vector<const float*> Floats(size_t first, size_t n, const std::vector<std::vector<int64_t>>& shapes,
+                                   const char* what) const {
+    std::vector<const float*> data;
+    for (size_t k = 0; k < n; ++k) {
+      Ort::ConstValue value = ctx_.GetInput(first + k);
+      auto info = value.GetTensorTypeAndShapeInfo();
+      if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        Fail(op_, std::string(what) + " " + std::to_string(k + 1) + " must be float32");
+      }
+      if (info.GetShape() != shapes[k]) {
+        Fail(op_, std::string(what) + " " + std::to_string(k + 1) + " and its gradient differ in shape");
+      }
+      data.push_back(value.GetTensorData<float>());
+    }
+    return data;
+  }
+
+  std::vector<float*> Outputs(size_t first, const std::vector<std::vector<int64_t>>& shapes) {
+    std::vector<float*> data;
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      data.push_back(ctx_.GetOutput(first + k, shapes[k]).GetTensorMutableData<float>());
+    }
+    return data;
+  }
+
+  template <typename T>
+  T* ScalarOutput(size_t index) { return ctx_.GetOutput(index, std::vector<int64_t>{}).GetTensorMutableData<T>(); }
+
+  void* Stream() const { return ctx_.GetGPUComputeStream(); }
+  const char* op() const { return op_; }
+
+ private:
+  Ort::KernelContext ctx_;
+  const char* op_;
+};
+
+// Turns exceptions into an OrtStatus: nothing may unwind through ONNX Runtime's C API.
+template <typename Impl>
+struct Kernel {
+  explicit Kernel(bool cuda) : cuda(cuda) {}
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      static_cast<Impl*>(this)->Compute(context);
+      return nullptr;
+    } catch (const Ort::Exception& e) {
+      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
+    } catch (const std::exception& e) {
+      return Ort::Status(e.what(), ORT_RUNTIME_EXCEPTION).release();
+    }
+  }
+  bool cuda;
+};
+
+struct UnscaleCheckFinite : Kernel<UnscaleCheckFinite> {
+  static constexpr const char* kName = "UnscaleCheckFinite";
+  static constexpr size_t kScalarInputs = 1;  // inv_scale
+  static constexpr size_t kScalarOutputs = 1;  // found_inf
+  static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
+  UnscaleCheckFinite(const OrtKernelInfo*, bool cuda) : Kernel(cuda) {}
+
+  void Compute(OrtKernelContext* context) {
+    Io io(context, kName);
+    UnscaleArgs args;
+    args.inv_scale = io.FloatScalar(0, "inv_scale");
+    std::vector<std::vector<int64_t>> shapes;
+    args.grads = io.Gradients(1, io.InputCount() - 1, &shapes);
+    args.found_inf = io.ScalarOutput<bool>(0);
+    args.out = io.Outputs(1, shapes);
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) return UnscaleCheckFiniteCuda(args, io.Stream());
+#endif
+    UnscaleCheckFiniteCpu(args);
+  }
+};
+
+struct MultiTensorSGD : Kernel<MultiTensorSGD> {
+  static constexpr const char* kName = "MultiTensorSGD";
+  static constexpr size_t kScalarInputs = 2;  // lr, found_inf
+  static constexpr size_t kScalarOutputs = 0;
+  static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  MultiTensorSGD(const OrtKernelInfo* info, bool cuda) : Kernel(cuda), momentum(FloatAttribute(info, "momentum", 0.0f)) {}
+
+  void Compute(OrtKernelContext* context) {
+    Io io(context, kName);
+    // Plain SGD: (w.., g..) -> (w'..); with velocities: (w.., g.., v..) -> (w'.., v'..).
+    const size_t tensors = io.InputCount() - kScalarInputs;
+    const size_t outputs = io.OutputCount();
+    size_t lists = 0;
+    if (tensors == 2 * outputs) lists = 2;
+    if (outputs % 2 == 0 && 2 * tensors == 3 * outputs) lists = 3;
+    if (lists == 0) {
+      Fail(kName, "expected inputs (lr, found_inf, w_1..w_n, g_1..g_n[, v_1..v_n]) and outputs (w'_1..w'_n[, v'_1..v'_n]), got " +
+                      std::to_string(tensors) + " tensor inputs and " + std::to_string(outputs) + " outputs");
+    }
+    const size_t n = tensors / lists;
+    SgdArgs args;
+    args.lr = io.FloatScalar(0, "lr");
+    args.found_inf = io.FlagScalar(1);
+    args.momentum = momentum;
+    std::vector<std::vector<int64_t>> shapes;
+    args.grads = io.Gradients(2 + n, n, &shapes);
+    args.w = io.Floats(2, n, shapes, "weight");
+    if (lists == 3) args.v = io.Floats(2 + 2 * n, n, shapes, "velocity");
+    args.w_out = io.Outputs(0, shapes);
+    if (lists == 3) args.v_out = io.Outputs(n, shapes);
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) return MultiTensorSgdCuda(args, io.Stream());
+#endif
+    MultiTensorSgdCpu(args);
+  }
+  float momentum;
+};
+
+struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
+  static constexpr const char* kName = "MultiTensorAdamW";
+  static constexpr size_t kScalarInputs = 3;  // lr, step, found_inf
+  static constexpr size_t kScalarOutputs = 1;  // step'
+  static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  MultiTensorAdamW(const OrtKernelInfo* info, bool cuda)
+      : Kernel(cuda),
+        beta1(FloatAttribute(info, "beta1", 0.9f)),
+        beta2(FloatAttribute(info, "beta2", 0.999f)),
+        eps(FloatAttribute(info, "eps", 1e-8f)),
+        weight_decay(FloatAttribute(info, "weight_decay", 0.01f)) {}
+
+  void Compute(OrtKernelContext* context) {
+    Io io(context, kName);
+    const size_t tensors = io.InputCount() - kScalarInputs;
+    if (tensors % 4 != 0 || io.OutputCount() != 1 + 3 * (tensors / 4)) {
+      Fail(kName, "expected inputs (lr, step, found_inf, w.., g.., m.., v..) and outputs (step', w'.., m'.., v'..), got " +
+                      std::to_string(tensors) + " tensor inputs and " + std::to_string(io.OutputCount()) + " outputs");
+    }
+    const size_t n = tensors / 4;
+    AdamWArgs args;
+    args.lr = io.FloatScalar(0, "lr");
+    args.step = io.FloatScalar(1, "step");
+    args.found_inf = io.FlagScalar(2);
+    args.beta1 = beta1;
+    args.beta2 = beta2;
+    args.eps = eps;
+    args.weight_decay = weight_decay;
+    std::vector<std::vector<int64_t>> shapes;
+    args.grads = io.Gradients(3 + n, n, &shapes);
+    args.w = io.Floats(3, n, shapes, "weight");
+    args.m = io.Floats(3 + 2 * n, n, shapes, "first moment");
+    args.v = io.Floats(3 + 3 * n, n, shapes, "second moment");
+    args.step_out = io.ScalarOutput<float>(0);
+    args.w_out = io.Outputs(1, shapes);
+    args.m_out = io.Outputs(1 + n, shapes);
+    args.v_out = io.Outputs(1 + 2 * n, shapes);
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) return MultiTensorAdamWCuda(args, io.Stream());
+#endif
+    MultiTensorAdamWCpu(args);
+  }
+  float beta1, beta2, eps, weight_decay;
+};
+
+// The schema ORT derives: scalar inputs (float, except found_inf: bool or float), then one
+// variadic heterogeneous input (the tensors); kScalarOutputs scalar outputs of kScalarOutput's
+// type, then one variadic float32 output (the tensors).
+template <typename K>
+struct Op : Ort::CustomOpBase<Op<K>, K, /*WithStatus=*/true> {
+  explicit Op(bool cuda) : cuda_(cuda) {}
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new K(info, cuda_);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return Ort::Status(e.what(), ORT_INVALID_ARGUMENT).release();
+    }
+  }
+  const char* GetName() const { return K::kName; }
+  const char* GetExecutionProviderType() const { return cuda_ ? kCuda : kCpu; }
+
+  size_t GetInputTypeCount() const { return K::kScalarInputs + 1; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    const bool is_flag = std::string(K::kName) != "UnscaleCheckFinite" && index == K::kScalarInputs - 1;
+    if (index == K::kScalarInputs || is_flag) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return index == K::kScalarInputs ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
+  }
+  bool GetVariadicInputHomogeneity() const { return false; }
+
+  size_t GetOutputTypeCount() const { return K::kScalarOutputs + 1; }
+  ONNXTensorElementDataType GetOutputType(size_t index) const {
+    return index < K::kScalarOutputs ? K::kScalarOutput : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
+    return index == K::kScalarOutputs ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
+  }
+  bool GetVariadicOutputHomogeneity() const { return true; }
+
+ private:
+  bool cuda_;
+};
+
+struct Library {
+  Op<UnscaleCheckFinite> unscale_cpu{false};
+  Op<MultiTensorSGD> sgd_cpu{false};
+  Op<MultiTensorAdamW> adamw_cpu{false};
+#ifdef ONNXCAMPO_WITH_CUDA
+  Op<UnscaleCheckFinite> unscale_cuda{true};
+  Op<MultiTensorSGD> sgd_cuda{true};
+  Op<MultiTensorAdamW> adamw_cuda{true};
+#endif
+  Ort::CustomOpDomain domain{kDomain};
+
+  Library() {
+    domain.Add(&unscale_cpu);
+    domain.Add(&sgd_cpu);
+    domain.Add(&adamw_cpu);
+#ifdef ONNXCAMPO_WITH_CUDA
+    domain.Add(&unscale_cuda);
+    domain.Add(&sgd_cuda);
+    domain.Add(&adamw_cuda);
+#endif
+  }
+};
+
+}  // namespace
+}  // namespace onnxcampo
+
+// The domain and its ops live as long as the process: every session that registers the
+// library shares them.
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) return nullptr;  // runtime older than the headers: the ops stay unknown, load fails clearly
+  Ort::InitApi(api);
+  static onnxcampo::Library* library = nullptr;
+  static std::mutex lock;
+  try {
+    std::lock_guard<std::mutex> guard(lock);
+    if (library == nullptr) library = new onnxcampo::Library();
+    Ort::UnownedSessionOptions(options).Add(library->domain);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Ort::Status(e).release();
+  }
+}
+
+#define ONNXCAMPO_STR2(x) #x
+#define ONNXCAMPO_STR(x) ONNXCAMPO_STR2(x)
+
+// "cpu" or "cpu+cuda", and the ORT API version of the headers (read by onnxcampo.ops).
+extern "C" __attribute__((visibility("default"))) const char* OnnxcampoOpsBuildInfo() {
+#ifdef ONNXCAMPO_WITH_CUDA
+  return "kernels=cpu+cuda ort_api=" ONNXCAMPO_STR(ORT_API_VERSION);
+#else
+  return "kernels=cpu ort_api=" ONNXCAMPO_STR(ORT_API_VERSION);
+#endif
+}

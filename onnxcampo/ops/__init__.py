@@ -1,0 +1,127 @@
+"""The custom-op library ``onnxcampo_ops`` (domain ``ai.onnxcampo``): where it is, whether it
+loads, and how sessions register it.
+
+The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
+``onnxcampo/ops/lib/``; ``$ONNXCAMPO_OPS_LIBRARY`` points elsewhere. Ops (``docs/ops.md``):
+
+* ``UnscaleCheckFinite(inv_scale, g_1..g_n) -> (found_inf, u_1..u_n)``
+* ``MultiTensorSGD[momentum](lr, found_inf, w.., g..[, v..]) -> (w'..[, v'..])``
+* ``MultiTensorAdamW[beta1, beta2, eps, weight_decay](lr, step, found_inf, w.., g.., m.., v..)
+  -> (step', w'.., m'.., v'..)``
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from onnxcampo.errors import OpsLibraryError
+
+DOMAIN = "ai.onnxcampo"
+OPSET_VERSION = 1
+ENV_VAR = "ONNXCAMPO_OPS_LIBRARY"
+LIBRARY_FILE = "libonnxcampo_ops.so"
+BUILD_COMMAND = "python -m onnxcampo.ops.build"
+MIN_ORT = (1, 21)  # the headers' API version; an older runtime cannot hand the library its API
+
+_loaded: dict[tuple[str, int, int], str | None] = {}  # (path, mtime, size) -> load error or None
+
+
+def default_path() -> Path:
+    """Where ``python -m onnxcampo.ops.build`` puts the library."""
+    return Path(__file__).resolve().parent / "lib" / LIBRARY_FILE
+
+
+def library_path() -> str:
+    """The library file: ``$ONNXCAMPO_OPS_LIBRARY`` if set, else the built one.
+
+    Raises :class:`OpsLibraryError` when the file does not exist.
+    """
+    override = os.environ.get(ENV_VAR)
+    path = Path(override).expanduser() if override else default_path()
+    if not path.is_file():
+        origin = f"${ENV_VAR}={override}" if override else str(path)
+        raise OpsLibraryError(
+            f"custom-op library {origin} does not exist; build it with `{BUILD_COMMAND}`"
+            + (f" or unset {ENV_VAR}" if override else ""))
+    return str(path)
+
+
+def register(options: ort.SessionOptions) -> str:
+    """Register the library with ``options``; returns its path.
+
+    Raises :class:`OpsLibraryError` when it is missing or does not load.
+    """
+    path = check()
+    options.register_custom_ops_library(path)
+    return path
+
+
+def available() -> bool:
+    """True when the library exists and loads into this onnxruntime."""
+    try:
+        path = library_path()
+    except OpsLibraryError:
+        return False
+    return _load_error(path) is None
+
+
+def check() -> str:
+    """The library's path once it is known to load; :class:`OpsLibraryError` otherwise."""
+    path = library_path()
+    error = _load_error(path)
+    if error:
+        raise OpsLibraryError(error)
+    return path
+
+
+def require() -> str:
+    """:func:`check` for a model that uses the ops: the error says why the library is needed."""
+    try:
+        return check()
+    except OpsLibraryError as exc:
+        raise OpsLibraryError(f"the model uses {DOMAIN} ops, but {exc}") from None
+
+
+def build_info() -> dict[str, str]:
+    """What the library was built with: ``{"kernels": "cpu" | "cpu+cuda", "ort_api": "21"}``."""
+    library = ctypes.CDLL(check())
+    library.OnnxcampoOpsBuildInfo.restype = ctypes.c_char_p
+    text = library.OnnxcampoOpsBuildInfo().decode()
+    return dict(item.split("=", 1) for item in text.split())
+
+
+def uses_ops(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` imports the ``ai.onnxcampo`` domain or has nodes in it."""
+    return any(opset.domain == DOMAIN for opset in model.opset_import) or any(
+        node.domain == DOMAIN for node in model.graph.node)
+
+
+def _load_error(path: str) -> str | None:
+    """Why the library at ``path`` does not load (None when it does); cached per file version."""
+    stat = os.stat(path)
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key not in _loaded:
+        _loaded[key] = _try_load(path)
+    return _loaded[key]
+
+
+def _try_load(path: str) -> str | None:
+    version = tuple(int(part) for part in ort.__version__.split(".")[:2] if part.isdigit())
+    if version < MIN_ORT:
+        return (f"custom-op library {path} needs onnxruntime >= {'.'.join(map(str, MIN_ORT))}, "
+                f"this is {ort.__version__}")
+    try:
+        ort.SessionOptions().register_custom_ops_library(path)
+    except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidArgument by version
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return f"custom-op library {path} does not load ({reason}); rebuild it with `{BUILD_COMMAND}`"
+    return None
+
+
+__all__ = ["DOMAIN", "ENV_VAR", "OPSET_VERSION", "available", "build_info", "check", "default_path",
+           "library_path", "register", "require", "uses_ops"]

@@ -1,0 +1,59 @@
+"""ONNX nodes of the ``ai.onnxcampo`` ops, with their input and output order in one place.
+
+A model that holds them needs :func:`import_domain`; running it needs the library
+(:func:`onnxcampo.ops.library_path`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+from onnx import helper
+
+from onnxcampo.ops import DOMAIN, OPSET_VERSION
+
+
+def import_domain(model: onnx.ModelProto) -> None:
+    """Add the ``ai.onnxcampo`` opset import if the model lacks it."""
+    if not any(opset.domain == DOMAIN for opset in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
+
+
+def unscale_check_finite(inv_scale: str, grads: Sequence[str], *, found_inf: str, outputs: Sequence[str],
+                         name: str) -> onnx.NodeProto:
+    """``(found_inf, u_1..u_n) = UnscaleCheckFinite(inv_scale, g_1..g_n)``; ``u_i = float32(g_i) * inv_scale``."""
+    _same_length(name, grads=grads, outputs=outputs)
+    return helper.make_node("UnscaleCheckFinite", [inv_scale, *grads], [found_inf, *outputs], name=name, domain=DOMAIN)
+
+
+def multi_tensor_sgd(lr: str, found_inf: str, weights: Sequence[str], grads: Sequence[str],
+                     velocities: Sequence[str] = (), *, outputs: Sequence[str], velocity_outputs: Sequence[str] = (),
+                     momentum: float = 0.0, name: str) -> onnx.NodeProto:
+    """SGD over all weights: with velocities ``v' = momentum*v + g; w' = w - lr*v'``, without
+    ``w' = w - lr*g``; nothing changes while ``found_inf`` is true."""
+    _same_length(name, weights=weights, grads=grads, outputs=outputs)
+    if velocities or velocity_outputs:
+        _same_length(name, weights=weights, velocities=velocities, velocity_outputs=velocity_outputs)
+    return helper.make_node("MultiTensorSGD", [lr, found_inf, *weights, *grads, *velocities],
+                            [*outputs, *velocity_outputs], name=name, domain=DOMAIN, momentum=float(momentum))
+
+
+def multi_tensor_adamw(lr: str, step: str, found_inf: str, weights: Sequence[str], grads: Sequence[str],
+                       m: Sequence[str], v: Sequence[str], *, step_output: str, outputs: Sequence[str],
+                       m_outputs: Sequence[str], v_outputs: Sequence[str], betas: tuple[float, float],
+                       eps: float, weight_decay: float, name: str) -> onnx.NodeProto:
+    """AdamW over all weights (``docs/ops.md`` has the formula); nothing changes, ``step``
+    included, while ``found_inf`` is true."""
+    _same_length(name, weights=weights, grads=grads, m=m, v=v, outputs=outputs, m_outputs=m_outputs,
+                 v_outputs=v_outputs)
+    return helper.make_node(
+        "MultiTensorAdamW", [lr, step, found_inf, *weights, *grads, *m, *v],
+        [step_output, *outputs, *m_outputs, *v_outputs], name=name, domain=DOMAIN,
+        beta1=float(betas[0]), beta2=float(betas[1]), eps=float(eps), weight_decay=float(weight_decay))
+
+
+def _same_length(name: str, **lists: Sequence[str]) -> None:
+    lengths = {key: len(value) for key, value in lists.items()}
+    if len(set(lengths.values())) != 1 or 0 in lengths.values():
+        raise ValueError(f"{name}: lists must be non-empty and of one length, got {lengths}")

@@ -1,0 +1,198 @@
+"""Each ai.onnxcampo op on the CPU against its numpy reference (reference.py), on fresh random
+inputs each run (the seed is in the failure message): mixed fp16/fp32 gradients, empty tensors,
+injected inf/NaN, and found_inf as a bool or a float."""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+import reference as ref
+from onnxcampo.errors import CampoError
+from onnxcampo.ops import nodes
+
+FLOAT, BOOL = TensorProto.FLOAT, TensorProto.BOOL
+SHAPES = [(7, 5), (0,), (33,), (2, 0, 3), (4, 3, 2, 2), (1,)]
+
+
+class SeededRng:
+    """A numpy Generator on a fresh seed that failure messages quote (``seed_text``)."""
+
+    def __init__(self) -> None:
+        seed = secrets.randbits(32)
+        self._generator = np.random.default_rng(seed)
+        self.seed_text = f"random seed {seed}"
+
+    def __getattr__(self, name):
+        return getattr(self._generator, name)
+
+
+@pytest.fixture
+def rng():
+    return SeededRng()
+
+
+def gradients(rng, dtypes=None):
+    dtypes = dtypes or [rng.choice([np.float16, np.float32]) for _ in SHAPES]
+    return [(rng.standard_normal(shape) * 3).astype(dtype) for shape, dtype in zip(SHAPES, dtypes)]
+
+
+def close(actual, expected, seed, rtol=0.0, atol=0.0):
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=seed)
+
+
+def unscale(rng, grads, inv_scale):
+    names = [f"g{i}" for i in range(len(grads))]
+    node = nodes.unscale_check_finite("inv_scale", names, found_inf="found_inf", outputs=[f"u{i}" for i in range(len(grads))],
+                                      name="unscale")
+    feeds = {"inv_scale": np.array(inv_scale, np.float32), **dict(zip(names, grads))}
+    outputs = {"found_inf": (BOOL, []), **{f"u{i}": (FLOAT, list(g.shape)) for i, g in enumerate(grads)}}
+    out = ref.run_node(node, feeds, outputs)
+    return out["found_inf"], [out[f"u{i}"] for i in range(len(grads))]
+
+
+def test_unscale_matches_numpy_on_mixed_dtypes_and_empty_tensors(library, rng):
+    grads = gradients(rng, [np.float16, np.float32, np.float16, np.float32, np.float32, np.float16])
+    inv_scale = float(rng.uniform(1e-4, 1.0))
+    found, unscaled = unscale(rng, grads, inv_scale)
+    expected_found, expected = ref.unscale_check_finite(inv_scale, grads)
+    assert found.dtype == np.bool_ and found.shape == () and not found
+    for actual, wanted, g in zip(unscaled, expected, grads):
+        assert actual.dtype == np.float32 and actual.shape == g.shape
+        close(actual, wanted, rng.seed_text)  # exact: one product per element
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_unscale_flags_any_nonfinite_gradient(library, rng, bad, dtype):
+    grads = gradients(rng)
+    candidates = [i for i, g in enumerate(grads) if g.size]
+    k = int(rng.choice(candidates))
+    grads[k] = grads[k].astype(dtype)
+    grads[k].flat[int(rng.integers(grads[k].size))] = bad
+    found, unscaled = unscale(rng, grads, 0.5)
+    assert found, rng.seed_text
+    _, expected = ref.unscale_check_finite(0.5, grads)
+    for actual, wanted in zip(unscaled, expected):
+        np.testing.assert_array_equal(actual, wanted, err_msg=rng.seed_text)  # inf stays inf, NaN NaN
+
+
+def test_unscale_fp16_overflow_after_scaling_is_not_a_nonfinite_gradient(library):
+    """found_inf looks at the gradients, not at their unscaled values."""
+    found, unscaled = unscale(None, [np.array([65504.0], np.float16)], 4.0)
+    assert not found and unscaled[0][0] == np.float32(65504.0 * 4)
+
+
+def sgd_case(rng, momentum: bool):
+    grads = gradients(rng)
+    weights = [rng.standard_normal(g.shape).astype(np.float32) for g in grads]
+    velocities = [rng.standard_normal(g.shape).astype(np.float32) for g in grads] if momentum else None
+    return grads, weights, velocities
+
+
+def run_sgd(grads, weights, velocities, lr, flag, mu):
+    n = len(grads)
+    w, g, v = [f"w{i}" for i in range(n)], [f"g{i}" for i in range(n)], [f"v{i}" for i in range(n)]
+    node = nodes.multi_tensor_sgd("lr", "found_inf", w, g, v if velocities else (), outputs=[x + "'" for x in w],
+                                  velocity_outputs=[x + "'" for x in v] if velocities else (), momentum=mu, name="sgd")
+    feeds = {"lr": np.array(lr, np.float32), "found_inf": flag, **dict(zip(w, weights)), **dict(zip(g, grads))}
+    outputs = {x + "'": (FLOAT, list(a.shape)) for x, a in zip(w, weights)}
+    if velocities:
+        feeds.update(zip(v, velocities))
+        outputs.update({x + "'": (FLOAT, list(a.shape)) for x, a in zip(v, velocities)})
+    out = ref.run_node(node, feeds, outputs)
+    return [out[x + "'"] for x in w], [out[x + "'"] for x in v] if velocities else []
+
+
+@pytest.mark.parametrize("momentum", [False, True])
+def test_sgd_matches_numpy(library, rng, momentum):
+    grads, weights, velocities = sgd_case(rng, momentum)
+    lr, mu = float(rng.uniform(1e-3, 0.5)), float(rng.uniform(0.5, 0.99))
+    new_w, new_v = run_sgd(grads, weights, velocities, lr, np.array(False), mu)
+    want_w, want_v = ref.sgd(lr, False, weights, grads, velocities, mu)
+    for actual, wanted in zip(new_w + new_v, want_w + want_v):
+        close(actual, wanted, rng.seed_text)  # exact: the kernel rounds like the numpy reference
+
+
+def adamw_case(rng):
+    grads = gradients(rng)
+    weights = [rng.standard_normal(g.shape).astype(np.float32) for g in grads]
+    m = [(rng.standard_normal(g.shape) * 0.1).astype(np.float32) for g in grads]
+    v = [rng.uniform(0, 0.1, g.shape).astype(np.float32) for g in grads]
+    return grads, weights, m, v
+
+
+def run_adamw(grads, weights, m, v, lr, step, flag, hyper):
+    n = len(grads)
+    names = {key: [f"{key}{i}" for i in range(n)] for key in ("w", "g", "m", "v")}
+    node = nodes.multi_tensor_adamw(
+        "lr", "step", "found_inf", names["w"], names["g"], names["m"], names["v"], step_output="step'",
+        outputs=[x + "'" for x in names["w"]], m_outputs=[x + "'" for x in names["m"]],
+        v_outputs=[x + "'" for x in names["v"]], name="adamw", **hyper)
+    feeds = {"lr": np.array(lr, np.float32), "step": np.array(step, np.float32), "found_inf": flag}
+    outputs = {"step'": (FLOAT, [])}
+    for key, values in (("w", weights), ("g", grads), ("m", m), ("v", v)):
+        feeds.update(zip(names[key], values))
+        if key != "g":
+            outputs.update({x + "'": (FLOAT, list(a.shape)) for x, a in zip(names[key], values)})
+    out = ref.run_node(node, feeds, outputs)
+    return out["step'"], *([out[x + "'"] for x in names[key]] for key in ("w", "m", "v"))
+
+
+def test_adamw_matches_numpy(library, rng):
+    grads, weights, m, v = adamw_case(rng)
+    hyper = dict(betas=(float(rng.uniform(0.8, 0.95)), float(rng.uniform(0.99, 0.9999))), eps=1e-8,
+                 weight_decay=float(rng.uniform(0, 0.1)))
+    lr, step = float(rng.uniform(1e-4, 1e-2)), float(rng.integers(0, 1000))
+    step_out, new_w, new_m, new_v = run_adamw(grads, weights, m, v, lr, step, np.array(False), hyper)
+    want = ref.adamw(lr, step, False, weights, grads, m, v, hyper["betas"][0], hyper["betas"][1], hyper["eps"],
+                     hyper["weight_decay"])
+    assert step_out == step + 1
+    for actual, wanted in zip(new_m + new_v, want[2] + want[3]):
+        close(actual, wanted, rng.seed_text)
+    for actual, wanted in zip(new_w, want[1]):
+        close(actual, wanted, rng.seed_text, rtol=1e-6, atol=1e-7)  # b^t: powf of two libraries
+
+
+@pytest.mark.parametrize("flag", [np.array(True), np.array(1.0, np.float32), np.array(np.nan, np.float32)])
+def test_found_inf_leaves_every_output_equal_to_its_input(library, rng, flag):
+    grads, weights, velocities = sgd_case(rng, momentum=True)
+    grads[2][0] = np.inf  # what a skipped step typically sees
+    new_w, new_v = run_sgd(grads, weights, velocities, 0.1, flag, 0.9)
+    for actual, wanted in zip(new_w + new_v, weights + velocities):
+        np.testing.assert_array_equal(actual, wanted)
+    grads, weights, m, v = adamw_case(rng)
+    step_out, new_w, new_m, new_v = run_adamw(grads, weights, m, v, 0.01, 41.0, flag,
+                                              dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01))
+    assert step_out == 41.0
+    for actual, wanted in zip(new_w + new_m + new_v, weights + m + v):
+        np.testing.assert_array_equal(actual, wanted)
+
+
+def test_float_found_inf_zero_updates(library, rng):
+    grads, weights, _ = sgd_case(rng, momentum=False)
+    new_w, _ = run_sgd(grads, weights, None, 0.1, np.array(0.0, np.float32), 0.0)
+    want_w, _ = ref.sgd(0.1, False, weights, grads)
+    for actual, wanted in zip(new_w, want_w):
+        close(actual, wanted, rng.seed_text)
+
+
+def test_mismatched_lists_fail_with_the_expected_signature(library):
+    """Three tensors after (lr, found_inf) fit neither (w, g) nor (w, g, v) for one output."""
+    node = nodes.multi_tensor_sgd("lr", "found_inf", ["w"], ["g"], outputs=["w'"], name="sgd")
+    node.input.append("extra")
+    feeds = {"lr": np.array(0.1, np.float32), "found_inf": np.array(False), "w": np.ones(3, np.float32),
+             "g": np.ones(3, np.float32), "extra": np.ones(3, np.float32)}
+    with pytest.raises(CampoError, match=r"expected inputs \(lr, found_inf, w_1..w_n, g_1..g_n"):
+        ref.run_node(node, feeds, {"w'": (FLOAT, [3])})
+
+
+def test_gradient_shape_must_match_its_weight(library):
+    node = nodes.multi_tensor_sgd("lr", "found_inf", ["w"], ["g"], outputs=["w'"], name="sgd")
+    feeds = {"lr": np.array(0.1, np.float32), "found_inf": np.array(False), "w": np.ones(3, np.float32),
+             "g": np.ones(4, np.float32)}
+    with pytest.raises(CampoError, match="differ in shape"):
+        ref.run_node(node, feeds, {"w'": (FLOAT, [3])})
