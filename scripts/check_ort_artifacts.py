@@ -211,7 +211,9 @@ inference session with graph optimizations off, saved with `optimized_model_file
 *epoch* losses are means over the {train_batches} batches of the first and last pass over the
 training set; *final vs original* is |final loss - original's| / original's and *max curve diff*
 the largest such difference over all {steps} steps; *eval loss* is the original
-`eval_model.onnx` scoring the trained weights on {held_out} held-out samples.
+`eval_model.onnx` scoring the trained weights on {held_out} held-out samples (the training set is
+small enough to be memorized, so it stays near chance; what matters is that it is the same for
+every variant).
 
 What this shows, and what it does not:
 - Every optimized artifact loads in onnxruntime-training-cpu 1.19.2, trains (the loss goes down
@@ -230,8 +232,10 @@ What this shows, and what it does not:
 ## Reproduce
 
 The training build needs its own venv (onnxruntime-training-cpu 1.19.2 is the last release and
-imports torch; onnx newer than 1.16 writes IR versions it refuses). torch 2.13.0+cpu comes from
-the local wheel folder; from PyPI, pin the CPU wheel the same way to avoid the CUDA dependencies.
+imports torch; onnx newer than 1.16 writes IR versions it refuses). The CPU wheel of torch
+2.13.0 came from this machine's local wheel folder (pip's find-links); elsewhere take it from
+PyTorch's CPU index (`--extra-index-url https://download.pytorch.org/whl/cpu`): a plain
+`torch==2.13.0` from PyPI pulls gigabytes of CUDA libraries.
 
 ```bash
 python -m venv /work/ortt-venv
