@@ -268,20 +268,6 @@ def _pinned_symbols(
     return symbols
 
 
-def _pin_value_infos(model: onnx.ModelProto, symbols: dict[str, int]) -> None:
-    """Pin named dims in the declared value infos and outputs too. ONNX inference cannot see
-    through ops it has no schema for (ORT training ops); what lies behind them has only the
-    shapes the producer declared, in the same dim names as the inputs."""
-    if not symbols:
-        return
-    for value_info in (*model.graph.value_info, *model.graph.output):
-        if not value_info.type.HasField("tensor_type"):
-            continue
-        for dim in value_info.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param") and dim.dim_param in symbols:
-                dim.dim_value = symbols[dim.dim_param]
-
-
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy for inference whose large float initializers keep type and dims but no data
     (inference needs no weights; small and integer ones stay for data propagation)."""
@@ -311,13 +297,21 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
     return count * 4
 
 
-def _value_info_to_info(value_info: onnx.ValueInfoProto) -> TensorInfo | None:
+def _value_info_to_info(value_info: onnx.ValueInfoProto, symbols: dict[str, int]) -> TensorInfo | None:
+    """Named dims left by inference take their pinned values: ONNX inference cannot see through
+    ops it has no schema for (ORT training ops), so what lies behind them has the shapes their
+    producer declared, in the inputs' dim names (pinning those in the declarations before
+    inference could make a wrong declaration conflict with what inference finds)."""
     if not value_info.type.HasField("tensor_type"):
         return None
     tensor_type = value_info.type.tensor_type
     shape = None
     if tensor_type.HasField("shape"):
-        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor_type.shape.dim)
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+            else symbols.get(d.dim_param) if d.HasField("dim_param") else None
+            for d in tensor_type.shape.dim
+        )
     return TensorInfo(tensor_type.elem_type, shape)
 
 
@@ -333,7 +327,6 @@ def infer_tensor_info(
     skeleton = _skeleton(model)
     symbols = _pinned_symbols(skeleton, input_shapes or {}, dim_values or {})
     unresolved = pin_input_shapes(skeleton, input_shapes or {}, dim_values or {}, require_static=require_static)
-    _pin_value_infos(skeleton, symbols)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
@@ -344,7 +337,7 @@ def infer_tensor_info(
     for tensor in graph.initializer:
         info[tensor.name] = TensorInfo(tensor.data_type, tuple(int(d) for d in tensor.dims))
     for value_info in (*graph.input, *graph.value_info, *graph.output):
-        entry = _value_info_to_info(value_info)
+        entry = _value_info_to_info(value_info, symbols)
         if entry is not None and entry.dtype:
             info.setdefault(value_info.name, entry)
     for node in graph.node:
