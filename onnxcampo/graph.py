@@ -114,7 +114,8 @@ def ort_default_domain_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 def check_model(model: onnx.ModelProto | str, *, full_check: bool = False) -> None:
     """``onnx.checker.check_model``, except that ONNX Runtime's default-domain training ops are
     checked like ops of a foreign domain (the checker knows no schema for them; every other node
-    is checked as usual). A path is checked as a path (external data, > 2 GB) when it has none."""
+    is checked as usual). A path goes to the checker as it is (external data, > 2 GB);
+    ``read_model`` checks such a model again in memory when the path check fails."""
     if isinstance(model, str):
         onnx.checker.check_model(model, full_check=full_check)
         return
