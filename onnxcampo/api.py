@@ -10,10 +10,11 @@ from pathlib import Path
 import onnx
 
 from onnxcampo import __version__
-from onnxcampo import estimate
+from onnxcampo import estimate, oplists
 from onnxcampo import graph as graph_io
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext
+from onnxcampo.errors import ConfigError
 from onnxcampo.costdb.select import load_cost_model
 from onnxcampo.passes.allow_by_cost import AllowByCost
 from onnxcampo.passes.allow_islands import AllowIslands
@@ -70,6 +71,11 @@ def optimize(
     if options:
         config = config.replace(**options)
     original, source = graph_io.read_model(model)
+    if not config.keep_io_types and any(oplists.updates_state_in_place(n.op_type, n.domain) for n in original.graph.node):
+        raise ConfigError(
+            f"{source or 'model'}: --no-keep-io-types cannot apply to an ONNX Runtime training graph: its "
+            "inputs and outputs (parameters, gradient buffers) are bound by name and dtype to its checkpoint"
+        )
     reason = _nothing_to_do(original)
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)

@@ -22,6 +22,7 @@ import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
+from onnxcampo import oplists
 from onnxcampo.errors import ConfigError, ModelLoadError, OutputPathError, ShapeError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
 # needs their type and dims only, and the model may be larger than protobuf's 2 GB limit.
 _SKELETON_BYTES = 1024  # keeps Resize scales and the like, drops weights
 _PROTOBUF_LIMIT = (1 << 31) - (1 << 20)
+_FOREIGN_DOMAIN = "onnxcampo.ort_training"  # where check_model puts ORT's default-domain training ops
 CONTROL_FLOW_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
@@ -76,6 +78,8 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelP
             raise ModelLoadError(f"{path}: not an ONNX model, or the file is truncated ({exc.__class__.__name__})") from None
         if model.ir_version == 0 or not model.HasField("graph"):
             raise ModelLoadError(f"{path}: not an ONNX model (no IR version or graph)")
+        if invalid and ort_default_domain_nodes(model) and not exceeds_protobuf_limit(model):
+            invalid = _checker_error(model)  # again, with ORT's default-domain training ops set aside
     where = str(path) if path else "model"
     if invalid:
         raise ModelLoadError(f"{where}: invalid ONNX model: {invalid}")
@@ -90,11 +94,49 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelP
 
 def _checker_error(model: onnx.ModelProto | str) -> str | None:
     try:
-        onnx.checker.check_model(model)
+        check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError, OSError) as exc:
         text = str(exc).strip()
         return text.splitlines()[0] if text else exc.__class__.__name__
     return None
+
+
+def ort_default_domain_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Top-level nodes of ONNX Runtime training ops that sit in the default domain without being
+    ONNX ops (MaxPoolGrad in ``generate_artifacts`` output; see ``oplists.ORT_DEFAULT_DOMAIN_OPS``)."""
+    return [
+        node for node in model.graph.node
+        if node.domain in oplists.DEFAULT_DOMAINS and node.op_type in oplists.ORT_DEFAULT_DOMAIN_OPS
+        and not onnx.defs.has(node.op_type)
+    ]
+
+
+def check_model(model: onnx.ModelProto | str, *, full_check: bool = False) -> None:
+    """``onnx.checker.check_model``, except that ONNX Runtime's default-domain training ops are
+    checked like ops of a foreign domain (the checker knows no schema for them; every other node
+    is checked as usual). A path goes to the checker as it is (external data, > 2 GB);
+    ``read_model`` checks such a model again in memory when the path check fails."""
+    if isinstance(model, str):
+        onnx.checker.check_model(model, full_check=full_check)
+        return
+    foreign = ort_default_domain_nodes(model)
+    if not foreign:
+        onnx.checker.check_model(model, full_check=full_check)
+        return
+    # Our own copy of the model is borrowed for the check (no second copy of the weights).
+    declared = any(entry.domain == _FOREIGN_DOMAIN for entry in model.opset_import)
+    if not declared:
+        model.opset_import.add(domain=_FOREIGN_DOMAIN, version=1)
+    domains = [node.domain for node in foreign]
+    for node in foreign:
+        node.domain = _FOREIGN_DOMAIN
+    try:
+        onnx.checker.check_model(model, full_check=full_check)
+    finally:
+        for node, domain in zip(foreign, domains):
+            node.domain = domain
+        if not declared:
+            del model.opset_import[len(model.opset_import) - 1]
 
 
 def _check_opset(model: onnx.ModelProto, where: str) -> None:
@@ -210,6 +252,23 @@ def pin_input_shapes(
     return left
 
 
+def _pinned_symbols(
+    model: onnx.ModelProto, input_shapes: dict[str, tuple[int, ...]], dim_values: dict[str, int]
+) -> dict[str, int]:
+    """Named dims and their pinned values: ``--dim`` ones, and the names of input dims that an
+    ``--input-shape`` pins (a name means the same size wherever it appears)."""
+    symbols = dict(dim_values)
+    for value_info in graph_inputs(model):
+        pinned = input_shapes.get(value_info.name)
+        dims = value_info.type.tensor_type.shape.dim
+        if pinned is None or len(dims) != len(pinned):
+            continue  # pin_input_shapes reports a wrong rank
+        for dim, value in zip(dims, pinned):
+            if dim.HasField("dim_param") and dim.dim_param:
+                symbols.setdefault(dim.dim_param, value)
+    return symbols
+
+
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy for inference whose large float initializers keep type and dims but no data
     (inference needs no weights; small and integer ones stay for data propagation)."""
@@ -239,13 +298,21 @@ def _tensor_bytes(tensor: onnx.TensorProto) -> int:
     return count * 4
 
 
-def _value_info_to_info(value_info: onnx.ValueInfoProto) -> TensorInfo | None:
+def _value_info_to_info(value_info: onnx.ValueInfoProto, symbols: dict[str, int]) -> TensorInfo | None:
+    """Named dims left by inference take their pinned values: ONNX inference cannot see through
+    ops it has no schema for (ORT training ops), so what lies behind them has the shapes their
+    producer declared, in the inputs' dim names (pinning those in the declarations before
+    inference could make a wrong declaration conflict with what inference finds)."""
     if not value_info.type.HasField("tensor_type"):
         return None
     tensor_type = value_info.type.tensor_type
     shape = None
     if tensor_type.HasField("shape"):
-        shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor_type.shape.dim)
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+            else symbols.get(d.dim_param) if d.HasField("dim_param") else None
+            for d in tensor_type.shape.dim
+        )
     return TensorInfo(tensor_type.elem_type, shape)
 
 
@@ -259,6 +326,7 @@ def infer_tensor_info(
     """Types and shapes of every top-level tensor, from one run of ONNX shape inference on a
     copy whose dynamic input dims are pinned. Also returns the input dims left dynamic."""
     skeleton = _skeleton(model)
+    symbols = _pinned_symbols(skeleton, input_shapes or {}, dim_values or {})
     unresolved = pin_input_shapes(skeleton, input_shapes or {}, dim_values or {}, require_static=require_static)
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False, data_prop=True)
@@ -270,7 +338,7 @@ def infer_tensor_info(
     for tensor in graph.initializer:
         info[tensor.name] = TensorInfo(tensor.data_type, tuple(int(d) for d in tensor.dims))
     for value_info in (*graph.input, *graph.value_info, *graph.output):
-        entry = _value_info_to_info(value_info)
+        entry = _value_info_to_info(value_info, symbols)
         if entry is not None and entry.dtype:
             info.setdefault(value_info.name, entry)
     for node in graph.node:
@@ -283,16 +351,26 @@ def infer_tensor_info(
 
 
 def _propagate_dtypes(graph: onnx.GraphProto, info: dict[str, TensorInfo], opset: int) -> None:
-    """Fill output dtypes ONNX inference left unknown (ORT contrib and training ops) by binding
-    the node's type parameters to its input dtypes."""
-    from onnxcampo.signature import Slot, signature
+    """Fill output dtypes ONNX inference left unknown (ORT contrib and training ops, and what
+    follows them) by binding the node's type parameters to its input dtypes. An op with no
+    schema at all is taken to compute its float tensors in one float type: its integer and bool
+    inputs (SoftmaxCrossEntropyLossGrad's labels, MaxPoolGrad's indices, an accumulator's reset
+    flag) do not bind it. Outputs whose schema allows one type (MaxPool's indices) get it."""
+    from onnxcampo.signature import Slot, fixed_output_dtypes, signature
 
     for node in graph.node:
         missing = [o for o in node.output if o and (o not in info or not info[o].dtype)]
         if not missing:
             continue
+        for name, dtype in zip(node.output, fixed_output_dtypes(node.op_type, node.domain, opset, len(node.output))):
+            if dtype and name in missing:
+                previous = info.get(name)
+                info[name] = TensorInfo(dtype, previous.shape if previous else None)
+                missing.remove(name)
         sig = signature(node.op_type, node.domain, opset, len(node.input), len(node.output))
         following = {info[i].dtype for i, s in zip(node.input, sig.inputs) if i and s is Slot.FOLLOW and i in info and info[i].dtype}
+        if not sig.schema_found:
+            following &= set(FLOAT_TYPES)
         if len(following) != 1:
             continue
         dtype = following.pop()

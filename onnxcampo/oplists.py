@@ -70,12 +70,18 @@ _LOSSES_MS = (
     "SparseSoftmaxCrossEntropy", "SparseSoftmaxCrossEntropyGrad",
 )
 # Training-graph state: gradient accumulators and optimizer math hold fp32 master values.
-_OPTIMIZER_STATE_MS = (
+# These update their state input in place (ONNX Runtime aliases the output to it): in fp16 they
+# would update a Cast's copy and leave the real buffer untouched, so they stay fp32 under every
+# policy (see ``IN_PLACE_STATE``).
+_IN_PLACE_STATE_MS = (
     "InPlaceAccumulator", "InPlaceAccumulatorV2", "ZeroGradient", "SGDOptimizer",
-    "SGDOptimizerV2", "AdamOptimizer", "AdamWOptimizer", "LambOptimizer", "ReduceAllL2",
+    "SGDOptimizerV2", "AdamOptimizer", "AdamWOptimizer", "LambOptimizer",
 )
+_OPTIMIZER_MATH_MS = ("ReduceAllL2",)
 
-DENY = _ops(_EXPONENTIAL, _LOGARITHMIC, _SUM_REDUCTIONS, _LOSSES, _LOSSES_MS, _OPTIMIZER_STATE_MS)
+DENY = _ops(
+    _EXPONENTIAL, _LOGARITHMIC, _SUM_REDUCTIONS, _LOSSES, _LOSSES_MS, _IN_PLACE_STATE_MS, _OPTIMIZER_MATH_MS,
+)
 
 # --- INFER --------------------------------------------------------------------------------
 _ARITHMETIC = ("Add", "Sub", "Mul", "Div", "Sum", "Mean", "Neg", "Reciprocal", "Sqrt", "Erf")
@@ -97,10 +103,9 @@ _NORMALIZATIONS_MS = (
 _ELEMENTWISE_GRAD_MS = (
     "ReluGrad", "GeluGrad", "FastGeluGrad", "BiasGeluGrad_dX", "BiasFastGeluGrad_dX",
     "SigmoidGrad", "TanhGrad", "LayerNormalizationGrad", "SimplifiedLayerNormalizationGrad",
-    "BatchNormalizationGrad", "DropoutGrad", "BitmaskDropoutGrad", "AveragePoolGrad",
+    "BatchNormalizationGrad", "DropoutGrad", "BitmaskDropoutGrad",
     "GlobalAveragePoolGrad", "DivGrad", "MulGrad",
 )
-_ELEMENTWISE_GRAD = ("MaxPoolGrad",)  # lives in the default domain in ORT training graphs
 
 # Ops whose ONNX Runtime fp16 kernels accumulate in fp32 and whose result is bounded by their
 # input's range: Softmax (in [0, 1]; exp of x - max never overflows) and ReduceMean (a mean lies
@@ -113,7 +118,7 @@ _FP32_ACCUMULATING_MS = ("BiasSoftmax",)
 INFER = _ops(
     _FP32_ACCUMULATING, _FP32_ACCUMULATING_MS,
     _ARITHMETIC, _ACTIVATIONS, _ACTIVATIONS_MS, _NORMALIZATIONS, _NORMALIZATIONS_MS,
-    _ELEMENTWISE_GRAD_MS, _ELEMENTWISE_GRAD,
+    _ELEMENTWISE_GRAD_MS,
 )
 
 # --- CLEAR --------------------------------------------------------------------------------
@@ -139,6 +144,24 @@ DATA_MOVEMENT = _ops(_DATA_MOVEMENT)
 NEUTRAL = frozenset({
     "Shape", "Size", "Cast", "CastLike", "IsNaN", "IsInf", "ArgMax", "ArgMin", "NonZero",
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "EyeLike",
+})
+
+# --- fp32 under every policy, user inclusions too -------------------------------------------
+IN_PLACE_STATE = _ops(_IN_PLACE_STATE_MS)
+# ONNX Runtime's pooling-gradient kernels (default domain) take their output shape from the shape
+# the graph declares for their output. ORT's CPU runs an fp16 node without an fp16 kernel (these
+# have none there) in fp32 between Casts of its own, on a new output tensor with no declared
+# shape: onnxruntime-training-cpu 1.19.2 then crashes creating the session.
+DECLARED_OUTPUT_SHAPE = frozenset({"MaxPoolGrad", "AveragePoolGrad"})
+
+# --- ONNX Runtime training ops in the default domain ---------------------------------------
+# The training build registers these in the ONNX domain although ONNX defines no such op
+# (``onnx.defs.has`` is False): ``generate_artifacts`` writes MaxPoolGrad there. The ONNX checker
+# rejects them as unknown ONNX ops, so they are checked like ops of a foreign domain. Any other
+# default-domain op without an ONNX schema is still an error.
+ORT_DEFAULT_DOMAIN_OPS = frozenset({
+    "MaxPoolGrad", "AveragePoolGrad", "ConvGrad", "SinGrad", "SparseSoftmaxCrossEntropy",
+    "SparseSoftmaxCrossEntropyGrad",
 })
 
 # The op whose ``to`` attribute Cast insertion rewrites (and never chains).
@@ -190,6 +213,16 @@ def category_of(op_type: str, domain: str = "") -> Category:
         if op_type in ops:
             return category
     return Category.UNKNOWN
+
+
+def updates_state_in_place(op_type: str, domain: str = "") -> bool:
+    """Whether the op writes training state (gradient buffers, optimizer state) in place."""
+    return domain == MS_DOMAIN and op_type in IN_PLACE_STATE
+
+
+def needs_declared_output_shape(op_type: str, domain: str = "") -> bool:
+    """Whether ONNX Runtime's kernel for the op reads its output's declared shape."""
+    return domain in DEFAULT_DOMAINS and op_type in DECLARED_OUTPUT_SHAPE
 
 
 def overlaps() -> dict[tuple[str, str], frozenset[str]]:

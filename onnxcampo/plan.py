@@ -23,6 +23,8 @@ class Reason(enum.Enum):
     CONSTANT = "constant (converted offline for fp16 consumers)"
     ALREADY_FP16 = "already runs in fp16"
     PINNED_CAST = "Cast whose output keeps its dtype"
+    TRAINING_STATE = "updates training state in place (gradient accumulator, optimizer): fp32 under every policy"
+    DECLARED_OUTPUT_SHAPE = "ORT kernel reads its output's declared shape, lost if run fp16 through Casts: fp32 under every policy"
     UNKNOWN_OP = "op in no list (no known fp16 behaviour)"
     CUSTOM_DOMAIN = "op of a custom domain"
     NO_FP16_SCHEMA = "no fp16 type in the op's schema at this opset"

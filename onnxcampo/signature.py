@@ -88,6 +88,37 @@ def _shares_type_param(formals, count: int, following: set[str]) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
+def fixed_output_dtypes(op_type: str, domain: str, opset: int, n_outputs: int) -> tuple[int, ...]:
+    """The dtype of each output that has one whatever the inputs (MaxPool's indices are int64,
+    Shape's output too); 0 where it depends on the inputs or the op has no schema."""
+    schema = _schema(op_type, domain, opset)
+    if schema is None:
+        return (0,) * n_outputs
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+    formals = list(schema.outputs)
+    dtypes = []
+    for index in range(n_outputs):
+        if not formals:
+            dtypes.append(0)
+            continue
+        formal = formals[min(index, len(formals) - 1)]
+        type_str = formal.type_str if hasattr(formal, "type_str") else formal.typeStr
+        types = allowed.get(type_str, [type_str])
+        dtypes.append(_dtype_of(types[0]) if len(types) == 1 else 0)
+    return tuple(dtypes)
+
+
+def _dtype_of(type_str: str) -> int:
+    """``tensor(int64)`` -> ``TensorProto.INT64``; 0 for sequences, maps and unknown names."""
+    if not (type_str.startswith("tensor(") and type_str.endswith(")")):
+        return 0
+    try:
+        return onnx.TensorProto.DataType.Value(type_str[len("tensor("):-1].upper())
+    except ValueError:
+        return 0
+
+
+@functools.lru_cache(maxsize=4096)
 def signature(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs: int) -> Signature:
     """The slots of one node. Ops without a schema (training ops missing from the installed
     ORT) are assumed to compute all their float tensors in one type."""

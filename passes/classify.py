@@ -5,7 +5,11 @@ Rules, in order (the first that matches decides):
 2. constant sources (converted offline where fp16 consumers need them), nodes with no float tensor, or only precision-neutral ones (Shape), are not converted;
 3. nodes whose float tensors are already fp16 stay fp16; a Cast whose output must keep its dtype
    (graph output, or read by an If/Loop/Scan body) stays as it is (retargeting it would need a
-   Cast back: a round trip);
+   Cast back: a round trip); ops that update training state in place (ONNX Runtime's gradient
+   accumulators and optimizer ops) stay fp32 under every policy, user inclusions too: their
+   output aliases their state input, so in fp16 they would update a Cast's copy of the buffer;
+   so do ORT's pooling-gradient ops, whose kernels read the shape declared for their output
+   (ORT's CPU, lacking an fp16 kernel, would run them on a new, undeclared output and crash);
 4. quantization ops, and float ops reading a DequantizeLinear or feeding a QuantizeLinear
    (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
 5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32, and so do the loss, its
@@ -71,6 +75,10 @@ class Classify(PassBase):
             return Precision.FP16, Reason.ALREADY_FP16
         if node.op == oplists.CAST and any(estimate.pinned_dtype(ctx, t) for t in node.outputs):
             return Precision.FP32, Reason.PINNED_CAST
+        if oplists.updates_state_in_place(node.op, node.domain or ""):
+            return Precision.FP32, Reason.TRAINING_STATE
+        if oplists.needs_declared_output_shape(node.op, node.domain or ""):
+            return Precision.FP32, Reason.DECLARED_OUTPUT_SHAPE
         if category is Category.QUANTIZED or self._in_qdq(ctx, node):
             return Precision.FP32, Reason.QUANTIZED
         if ctx.excluded_by_user(node):

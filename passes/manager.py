@@ -96,7 +96,7 @@ def fingerprint(ctx: GraphContext) -> tuple:
 
 def check_graph(ctx: GraphContext) -> list[str]:
     """Invariant violations of the current graph (empty when it is sound)."""
-    from onnxcampo.graph import export_model
+    from onnxcampo.graph import check_model, export_model
 
     problems: list[str] = []
     graph = ctx.graph
@@ -126,7 +126,7 @@ def check_graph(ctx: GraphContext) -> list[str]:
     if not problems:
         model = export_model(graph.copy(), ctx.model, ctx.dtypes, {})
         try:
-            onnx.checker.check_model(model, full_check=True)
+            check_model(model, full_check=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
             problems.append(f"onnx.checker: {str(exc).splitlines()[0]}")
     return problems

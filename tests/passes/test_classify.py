@@ -171,6 +171,59 @@ def test_cast_with_pinned_output_stays_as_it_is():
     assert precisions(ctx)["to_f"] == precisions(ctx)["to_g"] == "fp32"
 
 
+MS_HEADER = '<ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>'
+ACCUMULATOR_MODEL = f"""
+g (float[4,8] x, float[8,8] acc, bool reset) => (bool updated) {W8} {{
+  [mm] h = MatMul(x, w)
+  [tr] xt = Transpose(x)
+  [grad_mm] dw = MatMul(xt, h)
+  [accumulate] updated = com.microsoft.InPlaceAccumulatorV2(acc, dw, reset)
+}}
+"""
+
+
+@pytest.mark.parametrize("options", [{}, {"include_ops": frozenset({"InPlaceAccumulatorV2"})}])
+def test_in_place_training_state_op_is_fp32_training_state(options):
+    """Rule 3, third part: ORT's gradient accumulator writes its buffer input in place; it stays
+    fp32 (TRAINING_STATE) even when the user includes it. The MatMuls are left open."""
+    ctx = classify(parse(ACCUMULATOR_MODEL, header=MS_HEADER), **options)
+    assert reasons(ctx) == {"accumulate": "TRAINING_STATE"} and precisions(ctx) == {"accumulate": "fp32"}
+
+
+def test_accumulator_reads_its_buffer_uncast_under_policy_fp16():
+    """Rule 3 under policy fp16: every other node goes fp16; the accumulator still reads the
+    graph input ``acc`` itself (a Cast in between would make it update a copy) and gets the
+    fp16 gradient through one Cast back to fp32."""
+    result = optimize(parse(ACCUMULATOR_MODEL, header=MS_HEADER), policy="fp16")
+    assert {n: d["reason"] for n, d in result.report["plan"].items()} == {
+        "accumulate": "training_state", "mm": "policy_fp16", "tr": "policy_fp16", "grad_mm": "policy_fp16"}
+    accumulate = node(result.model, "accumulate")
+    assert accumulate.input[0] == "acc"
+    back = producer(result.model, accumulate.input[1])
+    assert back.op_type == "Cast" and cast_to(back) == FLOAT
+
+
+def test_pool_gradient_is_fp32_declared_output_shape():
+    """Rule 3, fourth part: ORT's MaxPoolGrad (default domain, no ONNX schema) reads the shape
+    declared for its output, which a CPU fallback from fp16 loses: fp32 (DECLARED_OUTPUT_SHAPE)
+    under policy fp16 and with an inclusion. The ReluGrad after it is left open."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MaxPoolGrad", ["dy", "indices"], ["dx"], name="pool_grad"),
+         helper.make_node("ReluGrad", ["dx", "x"], ["dr"], name="relu_grad", domain="com.microsoft")],
+        "g",
+        [helper.make_tensor_value_info("dy", FLOAT, [1, 2, 2, 2]),
+         helper.make_tensor_value_info("indices", 7, [1, 2, 2, 2]),
+         helper.make_tensor_value_info("x", FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("dr", FLOAT, [1, 2, 4, 4])],
+        value_info=[helper.make_tensor_value_info("dx", FLOAT, [1, 2, 4, 4])],
+    ), opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+    for options in ({}, {"include_ops": frozenset({"MaxPoolGrad"})}):
+        assert reasons(classify(model, **options)) == {"pool_grad": "DECLARED_OUTPUT_SHAPE"}
+    plan = optimize(model, policy="fp16").report["plan"]
+    assert plan["pool_grad"] == {"precision": "fp32", "reason": "declared_output_shape"}
+    assert plan["relu_grad"]["precision"] == "fp16"
+
+
 # --- rule 4: quantization ------------------------------------------------------------------
 QDQ_MODEL = """
 g (float[1,4,4,4] x) => (float[1,4,4,4] y)

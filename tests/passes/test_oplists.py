@@ -54,6 +54,27 @@ def test_category_of(op, domain, expected):
     assert category_of(op, domain) is expected
 
 
+def test_ort_default_domain_ops_are_not_onnx_ops():
+    """They are checked as foreign ops only because ONNX has no schema for them; an op ONNX
+    defines must never be exempted from the checker."""
+    import onnx.defs
+
+    assert "MaxPoolGrad" in oplists.ORT_DEFAULT_DOMAIN_OPS
+    assert not any(onnx.defs.has(op) for op in oplists.ORT_DEFAULT_DOMAIN_OPS)
+
+
+@pytest.mark.parametrize("op, domain, in_place, declared_shape", [
+    ("InPlaceAccumulatorV2", "com.microsoft", True, False),
+    ("AdamWOptimizer", "com.microsoft", True, False),
+    ("InPlaceAccumulatorV2", "com.example", False, False),  # someone else's op of that name
+    ("MaxPoolGrad", "", False, True),
+    ("ReluGrad", "com.microsoft", False, False),
+])
+def test_fp32_under_every_policy(op, domain, in_place, declared_shape):
+    assert oplists.updates_state_in_place(op, domain) is in_place
+    assert oplists.needs_declared_output_shape(op, domain) is declared_shape
+
+
 def test_fixed_type_params_name_listed_ops():
     assert set(oplists.FIXED_TYPE_PARAMS) <= ALL_LISTED
 
