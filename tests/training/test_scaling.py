@@ -22,6 +22,13 @@ from test_step import B1, CLASSES, TARGET, W1, W2, X, mlp
 LABELS = {"mse": TARGET, "cross_entropy": CLASSES}
 
 
+@pytest.fixture(params=[False, True], ids=["standard-ops", "fused-ops"])
+def fused(request):
+    """Step graphs with the update in standard ops, and with the custom-op library's fused ops
+    (then loss scaling unscales with one UnscaleCheckFinite)."""
+    return request.param
+
+
 def feeds(step: onnx.ModelProto, loss: str, *, x=X, scale=None, clean=0.0) -> dict[str, np.ndarray]:
     values = {"x": x, "labels": LABELS[loss], "lr": np.array(0.1, np.float32), "w1": W1, "b1": B1, "w2": W2}
     for name in step_spec(step).state:
@@ -35,10 +42,10 @@ def feeds(step: onnx.ModelProto, loss: str, *, x=X, scale=None, clean=0.0) -> di
 
 @pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
 @pytest.mark.parametrize("policy", ["amp", "campo", "fp16"])
-def test_loss_and_update_stay_fp32(loss, policy):
+def test_loss_and_update_stay_fp32(loss, policy, fused):
     """The loss, its gradient and the optimizer update are fp32 under every mixed policy, while the
     model's own matrix products (forward and backward) are fp16 under amp/fp16."""
-    step = build_train_step(mlp(), loss=loss, optimizer="adamw")
+    step = build_train_step(mlp(), loss=loss, optimizer="adamw", fused=fused)
     result = optimize(step, policy=policy, pad_tensor_cores=False)
     forced = fp32_nodes(step)
     names = {n.name for n in step.graph.node}
@@ -58,11 +65,11 @@ def test_loss_and_update_stay_fp32(loss, policy):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adamw"])
 @pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
-def test_scaled_step_equals_the_unscaled_one(optimizer, loss):
+def test_scaled_step_equals_the_unscaled_one(optimizer, loss, fused):
     """Seeding the backward pass with S and unscaling by 1/S gives the same update; a clean step
     keeps the scale and counts one clean step."""
-    plain = build_train_step(mlp(), loss=loss, optimizer=optimizer)
-    scaled = build_train_step(mlp(), loss=loss, optimizer=optimizer)
+    plain = build_train_step(mlp(), loss=loss, optimizer=optimizer, fused=fused)
+    scaled = build_train_step(mlp(), loss=loss, optimizer=optimizer, fused=fused)
     add_loss_scaling(scaled, init_scale=1024.0, growth_interval=100)
     onnx.checker.check_model(scaled, full_check=True)
     expected = run(make_session(plain), feeds(plain, loss))
@@ -76,8 +83,8 @@ def test_scaled_step_equals_the_unscaled_one(optimizer, loss):
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
 @pytest.mark.parametrize("optimizer", ["momentum", "adamw"])
-def test_non_finite_gradient_skips_the_step_and_halves_the_scale(optimizer, bad):
-    step = build_train_step(mlp(), loss="mse", optimizer=optimizer)
+def test_non_finite_gradient_skips_the_step_and_halves_the_scale(optimizer, bad, fused):
+    step = build_train_step(mlp(), loss="mse", optimizer=optimizer, fused=fused)
     add_loss_scaling(step, init_scale=256.0, growth_interval=100)
     x = X.copy()
     x[3, 2] = bad
@@ -90,10 +97,10 @@ def test_non_finite_gradient_skips_the_step_and_halves_the_scale(optimizer, bad)
     assert out[CLEAN_STEPS + ".updated"] == 0.0
 
 
-def test_fp16_overflow_is_caught_and_the_scale_comes_down():
+def test_fp16_overflow_is_caught_and_the_scale_comes_down(fused):
     """An amp step started with a scale so large that the fp16 backward pass overflows: those
     steps change no weight and halve the scale until the gradients fit, then training proceeds."""
-    step = build_train_step(mlp(), loss="mse", optimizer="sgd", lr=0.1)
+    step = build_train_step(mlp(), loss="mse", optimizer="sgd", lr=0.1, fused=fused)
     amp = optimize(step, policy="amp").model
     for prop in amp.metadata_props:
         if prop.key == "onnxcampo.initial_state":
@@ -108,8 +115,8 @@ def test_fp16_overflow_is_caught_and_the_scale_comes_down():
     assert losses[-1] < 0.8 * losses[0]
 
 
-def test_scale_doubles_after_growth_interval_clean_steps():
-    step = build_train_step(mlp(), loss="mse", optimizer="sgd")
+def test_scale_doubles_after_growth_interval_clean_steps(fused):
+    step = build_train_step(mlp(), loss="mse", optimizer="sgd", fused=fused)
     add_loss_scaling(step, init_scale=8.0, growth_interval=3)
     trainer = Trainer(step, weights=initial_weights(mlp(), step))
     scales = []
@@ -127,11 +134,13 @@ def test_fp32_policy_and_opt_out_add_no_loss_scaling():
     assert Trainer(step, weights=initial_weights(mlp(), step)).loss_scale is None
 
 
-def test_amp_step_trains_like_fp32_with_loss_scaling():
+def test_amp_step_trains_like_fp32_with_loss_scaling(fused):
     """An amp step (fp16 forward/backward, scaled) lowers the loss like the fp32 step."""
     forward = mlp()
-    step = build_train_step(forward, loss="cross_entropy", optimizer="adamw", lr=0.01)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="adamw", lr=0.01, fused=fused)
     amp = optimize(step, policy="amp").model
+    ops_used = {n.op_type for n in amp.graph.node if n.domain == "ai.onnxcampo"}
+    assert ops_used == ({"UnscaleCheckFinite", "MultiTensorAdamW"} if fused else set())
     curves = {}
     for name, model in (("fp32", step), ("amp", amp)):
         trainer = Trainer(model, weights=initial_weights(forward, model))
