@@ -113,7 +113,9 @@ def _model(graph_nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
     return model
 
 
-def unscale_model(shapes, grad_type: int, fused: bool) -> onnx.ModelProto:
+def unscale_model(shapes, grad_type: int, fused: bool, lean: bool = False) -> onnx.ModelProto:
+    """``lean``: the standard ops onnxcampo's loss scaling emits without the library (Cast, Mul,
+    ReduceSum per gradient, then Sum, Mul by 0, IsNaN); else the usual per-gradient check."""
     grads = [f"g{i}" for i in range(len(shapes))]
     inputs = [helper.make_tensor_value_info("inv_scale", TensorProto.FLOAT, [])]
     inputs += [helper.make_tensor_value_info(g, grad_type, list(s)) for g, s in zip(grads, shapes)]
@@ -129,6 +131,11 @@ def unscale_model(shapes, grad_type: int, fused: bool) -> onnx.ModelProto:
         if grad_type != TensorProto.FLOAT:
             graph_nodes.append(helper.make_node("Cast", [g], [f"c{i}"], to=TensorProto.FLOAT))
             x = f"c{i}"
+        if lean:
+            graph_nodes += [helper.make_node("Mul", [x, "inv_scale"], [f"u{i}"]),
+                            helper.make_node("ReduceSum", [f"u{i}"], [f"s{i}"], keepdims=0)]
+            flags.append(f"s{i}")
+            continue
         graph_nodes += [
             helper.make_node("Mul", [x, "inv_scale"], [f"u{i}"]),
             helper.make_node("IsInf", [x], [f"inf{i}"]),
@@ -139,6 +146,10 @@ def unscale_model(shapes, grad_type: int, fused: bool) -> onnx.ModelProto:
         ]
         flags.append(f"any{i}")
     zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    if lean:
+        graph_nodes += [helper.make_node("Sum", flags, ["total"]), helper.make_node("Mul", ["total", "zero"], ["x0"]),
+                        helper.make_node("IsNaN", ["x0"], ["found_inf"])]
+        return _model(graph_nodes, inputs, outputs, [zero])
     graph_nodes += [helper.make_node("Max", flags, ["worst"]), helper.make_node("Greater", ["worst", "zero"], ["found_inf"])]
     return _model(graph_nodes, inputs, outputs, [zero])
 
@@ -351,6 +362,8 @@ def kernel_bench(provider: str, rng: np.random.Generator, quick: bool, budget_en
         grads32 = [g.astype(F32) for g in grads16]
         comparisons = [
             ("unscale + finite check (fp16 grads)", lambda fused: unscale_model(shapes, TensorProto.FLOAT16, fused), grads16),
+            ("unscale + finite check, onnxcampo's lean standard ops (fp16 grads)",
+             lambda fused: unscale_model(shapes, TensorProto.FLOAT16, fused, lean=not fused), grads16),
             ("SGD-momentum update", lambda fused: update_model(shapes, "momentum", fused), grads32),
             ("AdamW update", lambda fused: update_model(shapes, "adamw", fused), grads32),
         ]
