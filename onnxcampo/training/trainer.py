@@ -42,15 +42,19 @@ class Trainer:
         self.device = "cuda" if provider == "cuda" else "cpu"
         self.session = make_session(self.model, provider=provider)
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
-        initial = {name: np.ascontiguousarray(weights[name], dtype=np.float32) for name in self.spec.weights}
+        # Our own copies: on the CPU an OrtValue borrows the numpy array's memory, so the caller's
+        # arrays must not be bound (steps would overwrite them) and ours must outlive the buffers.
+        initial = {name: np.array(weights[name], dtype=np.float32, order="C", copy=True) for name in self.spec.weights}
         starts = initial_state(self.model)
         for name in self.spec.state:
             initial[name] = np.full(shapes[name], starts.get(name, 0.0), np.float32)
-        self._buffers = [
-            {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, 0) for name, value in initial.items()},
-            {name: ort.OrtValue.ortvalue_from_numpy(np.empty_like(value), self.device, 0) for name, value in initial.items()},
-        ]
-        self._loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), "cpu", 0)
+        self._host = [initial, {name: np.empty_like(value) for name, value in initial.items()}]
+        self._buffers = [{name: ort.OrtValue.ortvalue_from_numpy(value, self.device, 0) for name, value in arrays.items()}
+                         for arrays in self._host]
+        if self.device != "cpu":
+            self._host = []  # copied to the device: the host arrays may go
+        self._loss_host = np.zeros((), np.float32)  # kept alive: the OrtValue borrows it
+        self._loss = ort.OrtValue.ortvalue_from_numpy(self._loss_host, "cpu", 0)
         self._current = 0
         self.steps = 0
 
@@ -61,9 +65,12 @@ class Trainer:
         if unknown or missing:
             raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
         binding = self.session.io_binding()
-        for name, array in batch.items():
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0))
-        binding.bind_ortvalue_input(LR, ort.OrtValue.ortvalue_from_numpy(np.array(self.lr, np.float32), self.device, 0))
+        # Arrays and OrtValues held until the run is over (on the CPU the values borrow the arrays).
+        feeds = {name: np.ascontiguousarray(array) for name, array in batch.items()}
+        feeds[LR] = np.array(self.lr, np.float32)
+        values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0) for name, array in feeds.items()}
+        for name, value in values.items():
+            binding.bind_ortvalue_input(name, value)
         source, target = self._buffers[self._current], self._buffers[1 - self._current]
         for name, value in source.items():
             binding.bind_ortvalue_input(name, value)

@@ -157,3 +157,17 @@ def test_command_line_builds_and_trains(tmp_path, capsys):
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     assert main(["train", str(step), "--forward", str(forward), "--data", str(tmp_path / "none.npz")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_trainer_leaves_the_callers_weights_alone():
+    """On the CPU an OrtValue borrows numpy memory: the Trainer must train copies."""
+    forward = mlp()
+    step = build_train_step(forward, loss="mse", optimizer="momentum", lr=0.1)
+    weights = initial_weights(forward, step)
+    before = {name: value.copy() for name, value in weights.items()}
+    trainer = Trainer(step, weights=weights)
+    for _ in range(3):
+        trainer.step({"x": X, "labels": TARGET})
+    for name, value in weights.items():
+        np.testing.assert_array_equal(value, before[name])
+    assert not np.array_equal(trainer.state_dict()["w1"], before["w1"])
