@@ -74,8 +74,9 @@ class BoundRunner:
         expected = {i.name for i in session.get_inputs()}
         if set(feeds) != expected:
             raise MeasureError(f"feeds {sorted(feeds)} do not match the model inputs {sorted(expected)}")
-        self._inputs = {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), device, 0)
-                        for name, value in feeds.items()}
+        # on CPU an OrtValue borrows the numpy buffer: keep the arrays alive as long as the values
+        self._arrays = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+        self._inputs = {name: ort.OrtValue.ortvalue_from_numpy(value, device, 0) for name, value in self._arrays.items()}
         for name, value in self._inputs.items():
             self.binding.bind_ortvalue_input(name, value)
         self.names = [o.name for o in session.get_outputs()]
@@ -295,10 +296,15 @@ class StepRunner:
         del model
         self.session = make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,
                                     profile_prefix=profile_prefix, optimization=optimization)
-        initial = {name: np.ascontiguousarray(weights[name], dtype=np.float32) for name in self.spec.weights}
+        # copies: on CPU the buffers are updated in place, which must not change the caller's arrays
+        initial = {name: np.array(weights[name], dtype=np.float32, order="C", copy=True) for name in self.spec.weights}
         for name in self.spec.state:
             initial[name] = np.full(shapes[name], starts.get(name, 0.0), np.float32)
-        put = lambda a: ort.OrtValue.ortvalue_from_numpy(a, self.device, 0)  # noqa: E731
+        self._arrays: list[np.ndarray] = []  # on CPU an OrtValue borrows its numpy buffer: keep them alive
+
+        def put(array: np.ndarray) -> ort.OrtValue:
+            self._arrays.append(array)
+            return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
         self._buffers = [{n: put(v) for n, v in initial.items()}, {n: put(np.empty_like(v)) for n, v in initial.items()}]
         missing = sorted(set(self.spec.batch) - set(batch))
         if missing:

@@ -55,7 +55,7 @@ def train(built, policy: str, *, provider: str, warmup: int, blocks: int, per_bl
             torch.cuda.synchronize()
 
     start = time.perf_counter()
-    first = float(step())
+    first = float(step().detach())
     sync()
     first_step_s = time.perf_counter() - start
     for _ in range(max(warmup - 1, 0)):
@@ -69,7 +69,7 @@ def train(built, policy: str, *, provider: str, warmup: int, blocks: int, per_bl
             loss = step()
         sync()
         times.append((time.perf_counter() - start) * 1e3 / per_block)
-    out = {"ms_blocks": times, "loss_first": first, "loss_last": float(loss), "steps": warmup + blocks * per_block,
+    out = {"ms_blocks": times, "loss_first": first, "loss_last": float(loss.detach()), "steps": warmup + blocks * per_block,
            "first_step_s": round(first_step_s, 2), "tf32": device.type == "cuda",
            "loss_scale": float(scaler.get_scale()) if amp else None}
     del module, optimizer, forward, inputs, labels
