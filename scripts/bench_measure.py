@@ -39,6 +39,7 @@ def make_session(model: str | Path, *, provider: str, tf32: bool = True, profili
     options = ort.SessionOptions()
     options.graph_optimization_level = _LEVELS[optimization]
     options.enable_profiling = profiling
+    options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers flood the log
     if profile_prefix:
         options.profile_file_prefix = profile_prefix
     if provider == "cuda":

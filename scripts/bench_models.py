@@ -445,13 +445,29 @@ def _corpus(key: str):
         feeds = corpus.make_inputs(entry, proto=model)
         labels = None
         if training:
-            dims = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
-            if not dims or any(d <= 0 for d in dims):
-                raise ValueError(f"corpus model {key}: output shape {dims} is not static; cannot make labels")
+            dims = _output_shape(model, path, feeds)
             labels = np.random.default_rng(2).integers(0, dims[-1], dims[:-1], dtype=np.int64)
         return Built(key, batch, path, feeds, labels, None,
                      shape_note=", ".join(f"{k}{list(v)}" for k, v in shapes.items()))
     return build
+
+
+def _output_shape(model: onnx.ModelProto, path: Path, feeds: dict[str, np.ndarray]) -> list[int]:
+    """The static shape of the first output: from shape inference with data propagation, else one
+    CPU run (graph outputs often keep symbolic dims that inference does not overwrite)."""
+    from onnxcampo import graph as graph_io
+
+    name = model.graph.output[0].name
+    info, _ = graph_io.infer_tensor_info(model)
+    shape = info[name].shape if name in info else None
+    if shape and None not in shape and all(d > 0 for d in shape):
+        return list(shape)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    return list(session.run([name], feeds)[0].shape)
 
 
 # --------------------------------------------------------------------------------------------
