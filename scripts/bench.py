@@ -499,9 +499,9 @@ def main(argv=None) -> int:
     def left_s() -> float:
         return args.budget_s - (time.monotonic() - started)
 
-    # a hard stop 30 s after the budget: whatever was recorded stays, the item in flight is retried
+    # a hard stop 25 s after the budget: whatever was recorded stays, the item in flight is retried
     signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(int(args.budget_s + 30))
+    signal.alarm(int(args.budget_s + 25))
     finished = 0
     stopped = None
     group: Group | None = None
@@ -542,7 +542,7 @@ def main(argv=None) -> int:
                 finished += 1
                 _print_row(row)
     except OutOfTime:
-        stopped = "hard stop 30 s after the budget (the item in flight will be measured again)"
+        stopped = "hard stop 25 s after the budget (the item in flight will be measured again)"
     finally:
         signal.alarm(0)
     left = len(pending) - finished

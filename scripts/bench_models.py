@@ -138,6 +138,51 @@ class _HFWrapper:
         return Wrapper(inner)
 
 
+def distinct_parameters(module, seed: int = 0):
+    """Add small seeded noise to every parameter, in place; returns the module.
+
+    Freshly initialised models hold many equal tensors (LayerNorm weights all ones, biases all
+    zeros), and the TorchScript exporter stores equal initializers once: the step graph would then
+    train one tensor shared by every layer while PyTorch trains each. Distinct values keep the
+    ONNX model's weights one to one with the module's parameters.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.add_(0.02 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
+    return module
+
+
+def fold_batchnorm(module):
+    """Fold every eval-mode BatchNorm2d into the Conv2d before it (torchvision ResNet layout), in place.
+
+    The exporter folds them anyway in eval mode; folding first gives the PyTorch baseline the
+    same layers and parameters as the ONNX model (conv weights and biases, no BatchNorm).
+    """
+    import torch
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    def fold(parent, conv_name, bn_name):
+        conv, bn = getattr(parent, conv_name), getattr(parent, bn_name)
+        setattr(parent, conv_name, fuse_conv_bn_eval(conv.eval(), bn.eval()))
+        setattr(parent, bn_name, torch.nn.Identity())
+
+    for parent in list(module.modules()):
+        for index in (None, 1, 2, 3):
+            conv, bn = ("conv1", "bn1") if index is None else (f"conv{index}", f"bn{index}")
+            if isinstance(getattr(parent, conv, None), torch.nn.Conv2d) and isinstance(getattr(parent, bn, None), torch.nn.BatchNorm2d):
+                fold(parent, conv, bn)
+        down = getattr(parent, "downsample", None)
+        if isinstance(down, torch.nn.Sequential) and len(down) == 2 and isinstance(down[1], torch.nn.BatchNorm2d):
+            parent.downsample = torch.nn.Sequential(fuse_conv_bn_eval(down[0].eval(), down[1].eval()))
+    left = [n for n, m in module.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    if left:
+        raise ValueError(f"BatchNorm layers not folded: {left[:3]}")
+    return module
+
+
 def export_hf(name: str, build, batch: int, seq: int, vocab: int, directory: Path, *, output: str = "last_hidden_state",
               seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray], dict[str, tuple[int, ...]]]:
     """Export a transformers model (``build()`` returns it) with inputs (input_ids, attention_mask).
@@ -307,7 +352,7 @@ def _resnet50(batch: int, *, training: bool = False, quick: bool = False) -> Bui
         import torchvision
 
         torch.manual_seed(0)
-        return getattr(torchvision.models, arch)(weights=None).eval()
+        return distinct_parameters(fold_batchnorm(getattr(torchvision.models, arch)(weights=None).eval()))
 
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
@@ -343,7 +388,7 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
             config = BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2,
                                 attn_implementation="eager", **small)
             inner = (BertForSequenceClassification if training else BertModel)(config)
-            return _HFWrapper.make(inner.eval(), "logits" if training else "last_hidden_state")
+            return _HFWrapper.make(distinct_parameters(inner.eval()), "logits" if training else "last_hidden_state")
         classes, label_shape = 2, (batch,)
     else:
         seq, vocab = (16 if quick else 256), 50257
@@ -354,8 +399,11 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
             from transformers import GPT2Config, GPT2LMHeadModel
 
             torch.manual_seed(0)
-            config = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager", **gpt_small)
-            return _HFWrapper.make(GPT2LMHeadModel(config).eval(), "logits")
+            # untied LM head: the ONNX export folds the tied head into a separate initializer, which
+            # the step graph would then train as a second weight; untied, both frameworks train the same
+            config = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager",
+                                tie_word_embeddings=False, **gpt_small)
+            return _HFWrapper.make(distinct_parameters(GPT2LMHeadModel(config).eval()), "logits")
         classes, label_shape = vocab, (batch, seq)
     feeds = hf_feeds(batch, seq, vocab)
     labels = np.random.default_rng(2).integers(0, classes, label_shape, dtype=np.int64) if training else None
@@ -374,7 +422,7 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
 
         inputs = {k: torch.from_numpy(v) for k, v in feeds.items()}
         return module(), inputs, None if labels is None else torch.from_numpy(labels)
-    note = f"s{seq}" + (" (LM head, vocab 50257)" if key == "gpt2" else (" (2-class head)" if training else " (hidden states)"))
+    note = f"s{seq}" + (" (untied LM head, vocab 50257)" if key == "gpt2" else (" (2-class head)" if training else " (hidden states)"))
     return Built(key, batch, path, feeds, labels, twin, build_s=seconds, shape_note=note)
 
 
