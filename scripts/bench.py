@@ -484,6 +484,7 @@ def main(argv=None) -> int:
               "provider": args.provider, "quick": args.quick, "budget_s": args.budget_s, "python": platform.python_version(),
               "versions": {**pol.package_versions(), **bench_torch.versions()}, "wheels": wheels_note,
               "pending_at_start": len(pending)}
+    results.run_record(record)  # written now too: a run killed at the device's limit still leaves its versions
     print(f"bench run {run}: {len(items) - len(pending)} of {len(items)} measurements done, {len(pending)} left "
           f"(budget {args.budget_s:.0f} s)", flush=True)
 
@@ -501,6 +502,7 @@ def main(argv=None) -> int:
 
     # a hard stop 25 s after the budget: whatever was recorded stays, the item in flight is retried
     signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGTERM, _alarm)  # a timeout's TERM: record the run's end, keep what is done
     signal.alarm(int(args.budget_s + 25))
     finished = 0
     stopped = None
@@ -542,7 +544,7 @@ def main(argv=None) -> int:
                 finished += 1
                 _print_row(row)
     except OutOfTime:
-        stopped = "hard stop 25 s after the budget (the item in flight will be measured again)"
+        stopped = "hard stop (25 s past the budget, or SIGTERM); the item in flight will be measured again"
     finally:
         signal.alarm(0)
     left = len(pending) - finished

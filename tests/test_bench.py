@@ -79,8 +79,8 @@ def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
     assert bench.main(args) == 0
     assert len((out / "cpu.jsonl").read_text().splitlines()) == len(rows)
     assert "0 measurements left" not in capsys.readouterr().out
-    runs = [json.loads(line) for line in (out / "cpu.runs.jsonl").read_text().splitlines()]
-    assert runs[0]["finished"] == len(rows) and runs[1]["finished"] == 0
+    runs = bench_report.read_runs(out / "cpu.runs.jsonl")
+    assert [r["finished"] for r in runs] == [len(rows), 0] and runs[0]["versions"]["onnx"]
 
 
 def test_budget_stops_cleanly_and_next_run_continues(tmp_path, capsys):
