@@ -95,6 +95,10 @@ def package_versions() -> dict[str, str]:
                  "nvidia-modelopt", "polygraphy", "onnxslim", "numpy", "torch", "torchvision", "transformers"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             out[name] = metadata.version(name)
+    import onnxruntime
+
+    # the GPU image has CPU onnxruntime installed too: say which one the run imported
+    out["onnxruntime (imported)"] = f"{onnxruntime.__version__} {Path(onnxruntime.__file__).parent}"
     return out
 
 
