@@ -25,6 +25,9 @@ import onnxcampo
 from onnxcampo.profile import measure_latency
 from onnxcampo.runtime import compare_outputs, make_session, run
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_models import export_hf  # noqa: E402  (shared with scripts/bench.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("fp32", "amp", "fp16", "campo")
 
@@ -35,44 +38,17 @@ def example_model():
     return "mlp_block b16384", model, {"x": x}, {"x": (16384, 256)}
 
 
-def _export_hf(name: str, build, batch: int, seq: int, vocab: int, tmp: Path):
-    import torch
-
-    module = build().eval()
-    ids = torch.randint(0, vocab, (batch, seq))
-    mask = torch.ones(batch, seq, dtype=torch.int64)
-    path = tmp / f"{name}.onnx"
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    with torch.no_grad():
-        torch.onnx.export(Wrapper(module), (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
-                          output_names=["hidden"], opset_version=17, dynamo=False)
-    model = onnx.load(str(path))
-    if model.ir_version > 10:
-        model.ir_version = 10
-    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
-    shapes = {"input_ids": (batch, seq), "attention_mask": (batch, seq)}
-    return model, feeds, shapes
-
-
 def bert(tmp: Path):
     from transformers import BertConfig, BertModel
 
-    model, feeds, shapes = _export_hf("bert", lambda: BertModel(BertConfig()), 32, 128, 30522, tmp)
+    model, feeds, shapes = export_hf("bert", lambda: BertModel(BertConfig()), 32, 128, 30522, tmp)
     return "bert-base b32 s128", model, feeds, shapes
 
 
 def gpt2(tmp: Path):
     from transformers import GPT2Config, GPT2Model
 
-    model, feeds, shapes = _export_hf("gpt2", lambda: GPT2Model(GPT2Config()), 8, 256, 50257, tmp)
+    model, feeds, shapes = export_hf("gpt2", lambda: GPT2Model(GPT2Config()), 8, 256, 50257, tmp)
     return "gpt2-small b8 s256", model, feeds, shapes
 
 

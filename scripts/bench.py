@@ -1,0 +1,578 @@
+"""Benchmark suite: fp32, fp16, amp, campo and the anchors, inference and training, with accuracy.
+
+One command, resumable, for runs of at most 10 minutes on the H200 machine (issue 6)::
+
+    PYTHONPATH=/tmp/ortgpu:/tmp/oc:$PYTHONPATH python3 scripts/bench.py --out docs/benchmarks/raw \\
+        --budget-s 540 --corpus-dir .benchcorpus --mirror "$OUT"
+
+Every finished measurement is appended as one JSON line to ``OUT/<name>.jsonl`` (key
+``model|batch|mode|policy``); keys already there are skipped, so the same command is repeated
+until it prints ``everything is done``. Before an item starts, a line goes to
+``<name>.attempts.jsonl``; an item that was started twice with most of a run ahead of it and never
+finished (the run was killed) is recorded as failed instead of being tried forever.
+``docs/benchmarks/README.md`` says how to run it on the GPU machine; ``scripts/bench_report.py``
+turns the JSON lines into ``docs/benchmarks/h200.md`` and plots.
+
+    python scripts/bench.py --quick --provider cpu --models odd_mlp --out /tmp/b   # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_models  # noqa: E402
+import bench_policies as pol  # noqa: E402
+
+log = logging.getLogger("bench")
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("inference", "training")
+DEFAULT_MODELS = tuple(bench_models.MODELS)
+DEFAULT_BREAKDOWN = ("fp32", "amp", "campo")
+
+
+# --------------------------------------------------------------------------------------------
+# keys, results file, resuming
+# --------------------------------------------------------------------------------------------
+
+
+def make_key(model: str, batch: int, mode: str, policy: str) -> str:
+    return f"{model}|{batch}|{mode}|{policy}"
+
+
+@dataclass(frozen=True)
+class Item:
+    model: str
+    batch: int
+    mode: str
+    policy: str
+
+    @property
+    def key(self) -> str:
+        return make_key(self.model, self.batch, self.mode, self.policy)
+
+    @property
+    def group(self) -> tuple[str, int, str]:
+        return self.model, self.batch, self.mode
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path``; a torn last line (a run killed while writing) is ignored."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            log.warning("ignoring a broken line in %s", path)
+    return rows
+
+
+def done_keys(rows: list[dict[str, Any]], *, retry_failed: bool = False) -> set[str]:
+    """Keys with a result; with ``retry_failed`` only the successful ones (the last row of a key wins)."""
+    last = {}
+    for row in rows:
+        if "key" in row:
+            last[row["key"]] = row
+    return {k for k, r in last.items() if not retry_failed or r.get("status") == "ok"}
+
+
+class Results:
+    """Appends rows (and attempts) to the JSONL files, flushing each line; mirrors them to a folder."""
+
+    def __init__(self, out: Path, name: str, mirror: Path | None) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / f"{name}.jsonl"
+        self.attempts_path = out / f"{name}.attempts.jsonl"
+        self.runs_path = out / f"{name}.runs.jsonl"
+        self.mirror = mirror
+        self.rows = read_rows(self.path)
+
+    def _append(self, path: Path, record: dict[str, Any]) -> None:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=_json_default) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self._copy(path)
+
+    def _copy(self, path: Path) -> None:
+        if self.mirror is not None and path.exists():
+            self.mirror.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, self.mirror / path.name)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        self._append(self.path, row)
+
+    def attempt(self, item: Item, run: str, left_s: float) -> None:
+        self._append(self.attempts_path, {"key": item.key, "run": run, "left_s": round(left_s, 1)})
+
+    def attempts(self) -> list[dict[str, Any]]:
+        return read_rows(self.attempts_path)
+
+    def run_record(self, record: dict[str, Any]) -> None:
+        self._append(self.runs_path, record)
+
+
+def _json_default(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value)}")
+
+
+def killed_items(attempts: list[dict[str, Any]], done: set[str], *, full_run_s: float) -> dict[str, int]:
+    """Keys started at least twice with at least ``full_run_s`` ahead of them, never finished."""
+    counts: dict[str, int] = {}
+    for record in attempts:
+        if record["key"] not in done and record.get("left_s", 0) >= full_run_s:
+            counts[record["key"]] = counts.get(record["key"], 0) + 1
+    return {k: n for k, n in counts.items() if n >= 2}
+
+
+def work_list(models: list[str], policies: list[str] | None, modes: list[str], *, quick: bool) -> list[Item]:
+    """Every measurement, grouped by (model, batch, mode): inference of all models first (cheap,
+    most rows), then training; within a group the reference (fp32 without TF32) first."""
+    items = []
+    for mode in modes:
+        wanted = pol.INFERENCE_POLICIES if mode == "inference" else pol.TRAINING_POLICIES
+        chosen = [p for p in wanted if policies is None or p in policies]
+        for name in models:
+            spec = bench_models.MODELS[name]
+            if mode == "inference":
+                batches = bench_models.QUICK_BATCHES["infer"] if quick else spec.infer_batches
+            else:
+                if spec.train_batch is None:
+                    continue
+                batches = (bench_models.QUICK_BATCHES["train"],) if quick else (spec.train_batch,)
+            for batch in batches:
+                items += [Item(name, batch, mode, p) for p in chosen]
+    return items
+
+
+# default seconds an item may take when no earlier row says better (first run of the suite)
+_BIG = {"resnet50", "bert", "gpt2"}
+
+
+def estimate_s(item: Item, rows: list[dict[str, Any]], budget_s: float) -> float:
+    same = [r.get("item_s", 0) for r in rows if r.get("model") == item.model and r.get("mode") == item.mode
+            and r.get("policy") == item.policy and r.get("item_s")]
+    if same:
+        return float(max(same)) * 1.2
+    big = item.model in _BIG
+    if item.mode == "inference":
+        guess = 60 if big and item.policy in ("modelopt", "occ-fp16", "ort-fp16") else (30 if big else 10)
+    elif item.policy.startswith("torch-compile"):
+        guess = 180 if big else 60
+    elif item.policy.startswith("torch"):
+        guess = 40 if big else 15
+    else:
+        guess = 150 if big else 30
+    return min(guess, 0.8 * budget_s)
+
+
+class OutOfTime(BaseException):
+    """Raised by the alarm shortly before the run's hard limit: stop with what is recorded."""
+
+
+# --------------------------------------------------------------------------------------------
+# measuring one group
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    provider: str
+    quick: bool
+    tc: bool
+    breakdown: tuple[str, ...]
+    inference_warmup: int = 10
+    inference_blocks: int = 7
+    block_ms: float = 50.0
+    train_warmup: int = 5
+    train_blocks: int = 5
+    train_per_block: int = 10
+
+    @classmethod
+    def make(cls, provider: str, quick: bool, tc: bool, breakdown: tuple[str, ...]) -> "Settings":
+        if quick:
+            return cls(provider, quick, tc, breakdown, inference_warmup=2, inference_blocks=5, block_ms=1.0,
+                       train_warmup=1, train_blocks=5, train_per_block=2)
+        return cls(provider, quick, tc, breakdown)
+
+
+class Group:
+    """One (model, batch, mode): the built model, and lazily its reference outputs / step graph."""
+
+    def __init__(self, model: str, batch: int, mode: str, settings: Settings, work: Path) -> None:
+        self.model, self.batch, self.mode, self.settings, self.work = model, batch, mode, settings, work
+        start = time.perf_counter()
+        self.built = bench_models.MODELS[model].build(batch, training=mode == "training", quick=settings.quick)
+        self.build_s = round(time.perf_counter() - start, 2)
+        self._reference = None
+        self._step: Path | None = None
+        self.step_build_s: float | None = None
+        self.step_error: str | None = None
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.built.input_shapes
+
+    def reference(self) -> dict:
+        """fp32 outputs without TF32: what every policy's outputs are compared with."""
+        if self._reference is None:
+            import bench_measure as m
+
+            session = m.make_session(self.built.path, provider=self.settings.provider, tf32=False)
+            runner = m.BoundRunner(session, self.built.feeds, self.settings.provider)
+            runner()
+            self._reference = runner.outputs()
+        return self._reference
+
+    def step_graph(self) -> Path:
+        """The fp32 training-step graph (cross-entropy, SGD momentum), built once and cached."""
+        if self.step_error:
+            raise pol.Unavailable(self.step_error)
+        if self._step is None:
+            path = bench_models.cache_dir() / f"step-{self.built.path.stem}.onnx"
+            if not path.is_file():
+                from onnxcampo import graph as graph_io
+                from onnxcampo.training import build_train_step
+
+                start = time.perf_counter()
+                try:
+                    step = build_train_step(str(self.built.path), loss="cross_entropy", optimizer="momentum",
+                                            lr=0.01, input_shapes=self.shapes)
+                except Exception as exc:  # noqa: BLE001 - onnx-ad's limits: record why
+                    self.step_error = f"build_train_step failed: {exc.__class__.__name__}: {str(exc)[:300]}"
+                    raise pol.Unavailable(self.step_error) from None
+                graph_io.save_model(step, path)
+                self.step_build_s = round(time.perf_counter() - start, 1)
+            self._step = path
+        return self._step
+
+
+def _per_block(run_once, block_ms: float) -> int:
+    start = time.perf_counter()
+    run_once()
+    ms = (time.perf_counter() - start) * 1e3
+    return int(min(200, max(5, math.ceil(block_ms / max(ms, 1e-3)))))
+
+
+def measure_inference(group: Group, policy: str) -> dict[str, Any]:
+    import bench_measure as m
+    import onnx
+
+    s = group.settings
+    built = group.built
+    target = group.work / f"{built.path.stem}-{policy}.onnx"
+    path, info = pol.make_variant(policy, built.path, target, built.feeds, group.shapes)
+    try:
+        row: dict[str, Any] = {**info, **m.node_counts(onnx.load(str(path), load_external_data=False))}
+        session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy))
+        runner = m.BoundRunner(session, built.feeds, s.provider)
+        runner()
+        row.update(m.output_error(group.reference(), runner.outputs()))
+        for _ in range(s.inference_warmup):
+            runner()
+        per_block = _per_block(runner, s.block_ms)
+        row["ms_blocks"] = m.timed_blocks(runner, warmup=0, blocks=s.inference_blocks, per_block=per_block)
+        row["runs_per_block"] = per_block
+        del runner, session
+        gc.collect()
+        if s.tc:
+            try:
+                trace = m.profile_runs(path, built.feeds, provider=s.provider, directory=group.work,
+                                       runs=3 if s.quick else 10, tf32=pol.tf32_of(policy))
+                row["tc"] = m.tensor_core_share(trace)
+                Path(trace).unlink()
+            except Exception as exc:  # noqa: BLE001 - the timing stands without it
+                row["tc_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+        return row
+    finally:
+        pol.cleanup(path, built.path)
+
+
+def measure_training(group: Group, policy: str) -> dict[str, Any]:
+    s = group.settings
+    if policy in pol.TORCH_POLICIES:
+        import bench_torch
+
+        return bench_torch.train(group.built, policy, provider=s.provider, warmup=s.train_warmup,
+                                 blocks=s.train_blocks, per_block=s.train_per_block)
+    import bench_measure as m
+    import onnx
+    from onnxcampo.training import initial_weights
+
+    step = group.step_graph()
+    row: dict[str, Any] = {"step_build_s": group.step_build_s}
+    if policy in ("fp32", "fp32-notf32"):
+        path, info = step, {"convert_s": 0.0}
+    else:
+        path = bench_models.cache_dir() / f"{step.stem}-{policy}.onnx"
+        if path.is_file():
+            info = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").is_file() else {}
+            info["cached"] = True
+        else:
+            _, info = pol.make_variant(policy, step, path, {}, {})
+            path.with_suffix(".json").write_text(json.dumps(info))
+    row.update(info)
+    step_model = onnx.load(str(path), load_external_data=False)
+    row.update(m.node_counts(step_model))
+    weights = initial_weights(str(group.built.path), step_model)
+    del step_model
+    batch = {**group.built.feeds, "labels": group.built.labels}
+    runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy))
+    row["ms_blocks"] = m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks, per_block=s.train_per_block)
+    row.update(loss_first=runner.losses[0], loss_last=runner.losses[-1], steps=len(runner.losses),
+               loss_scale=runner.state("loss_scale"), finite=all(math.isfinite(x) for x in runner.losses))
+    del runner
+    gc.collect()
+    if not row["finite"]:
+        raise m.MeasureError(f"non-finite loss after {row['steps']} steps (last {row['loss_last']})")
+    if policy in s.breakdown:
+        try:
+            profiled = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy),
+                                    profiling=True, optimization="disable", profile_prefix=str(group.work / "step_profile"))
+            for _ in range(1 + (2 if s.quick else 5)):
+                profiled()
+            trace = profiled.session.end_profiling()
+            row["breakdown"] = m.breakdown(trace, path, group.built.path)
+            row["tc"] = m.tensor_core_share(trace)
+            Path(trace).unlink()
+            del profiled
+        except Exception as exc:  # noqa: BLE001
+            row["breakdown_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+
+
+def _finish_row(item: Item, group: Group | None, row: dict[str, Any], run: str, started: float) -> dict[str, Any]:
+    import statistics
+
+    out = {"key": item.key, "model": item.model, "batch": item.batch, "mode": item.mode, "policy": item.policy,
+           "status": "ok", **row}
+    if "ms_blocks" in out and out["ms_blocks"]:
+        out["ms"] = statistics.median(out["ms_blocks"])
+        out["throughput"] = item.batch * 1000.0 / out["ms"]  # samples (sequences, images) per second
+    out.setdefault("tf32", pol.tf32_of(item.policy))
+    if group is not None:
+        out["build_s"] = group.build_s
+        out["shape_note"] = group.built.shape_note
+    out.update(run=run, item_s=round(time.perf_counter() - started, 1),
+               time=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return out
+
+
+def _failed(item: Item, reason: str, status: str = "failed") -> dict[str, Any]:
+    return {"status": status, "error": reason}
+
+
+def _check_provider(provider: str) -> str | None:
+    import onnxruntime as ort
+
+    if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        return ("onnxruntime has no CUDAExecutionProvider: install onnxruntime-gpu as ../shared/device/README.md "
+                f"says and put /tmp/ortgpu first on PYTHONPATH (found onnxruntime {ort.__version__} at "
+                f"{Path(ort.__file__).parent})")
+    return None
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "raw", help="results folder")
+    p.add_argument("--name", default=None, help="results file stem (default h200 on cuda, cpu on cpu)")
+    p.add_argument("--budget-s", type=float, default=540.0, help="stop starting work after this many seconds")
+    p.add_argument("--models", default=None, help=f"comma-separated subset of {','.join(DEFAULT_MODELS)}")
+    p.add_argument("--policies", default=None, help="comma-separated subset of the policies")
+    p.add_argument("--mode", choices=("inference", "training", "all"), default="all")
+    p.add_argument("--quick", action="store_true", help="tiny models and few repeats (a smoke test)")
+    p.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--corpus-dir", type=Path, default=None, help="folder laid out like the corpus cache")
+    p.add_argument("--wheels", type=Path, default=ROOT / ".benchwheels", help="anchor wheels (bench_wheels.sh)")
+    p.add_argument("--mirror", type=Path, default=None, help="also copy the JSONL files here after every line ($OUT)")
+    p.add_argument("--retry-failed", action="store_true", help="measure again keys whose last row failed")
+    p.add_argument("--no-tc", action="store_true", help="skip the profiling run for the Tensor Core share")
+    p.add_argument("--breakdown-policies", default=",".join(DEFAULT_BREAKDOWN),
+                   help="training policies whose step is profiled for the time breakdown")
+    p.add_argument("--list", action="store_true", help="print the work list with done/left and exit")
+    p.add_argument("--prepare-corpus", type=Path, default=None, metavar="DIR",
+                   help="copy the benchmarked corpus models from the local cache into DIR and exit")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def prepare_corpus(target: Path) -> int:
+    total = 0
+    for key, source, relative in bench_models.corpus_files():
+        if not source.is_file():
+            print(f"{key}: not cached at {source}; run scripts/fetch_corpus.py {key}", file=sys.stderr)
+            return 1
+        dest = target / relative
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, dest)
+        total += dest.stat().st_size
+        print(f"{key}: {dest} ({dest.stat().st_size / 2**20:.1f} MiB)")
+    print(f"corpus selection: {total / 2**20:.1f} MiB in {target}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.prepare_corpus:
+        return prepare_corpus(args.prepare_corpus)
+    started = time.monotonic()
+    name = args.name or ("h200" if args.provider == "cuda" else "cpu")
+    if args.corpus_dir is not None:
+        os.environ["ONNXCAMPO_CACHE"] = str(args.corpus_dir.resolve())
+        os.environ["ONNXCAMPO_CORPUS_OFFLINE"] = "1"
+    models = args.models.split(",") if args.models else list(DEFAULT_MODELS)
+    unknown = [m for m in models if m not in bench_models.MODELS]
+    policies = args.policies.split(",") if args.policies else None
+    bad = [p for p in policies or () if p not in set(pol.INFERENCE_POLICIES) | set(pol.TRAINING_POLICIES)]
+    if unknown or bad:
+        print(f"error: unknown models {unknown} or policies {bad}", file=sys.stderr)
+        return 2
+    modes = list(MODES) if args.mode == "all" else [args.mode]
+    items = work_list(models, policies, modes, quick=args.quick)
+    results = Results(args.out, name, args.mirror)
+    done = done_keys(results.rows, retry_failed=args.retry_failed)
+    pending = [i for i in items if i.key not in done]
+    if args.list:
+        for item in items:
+            print(f"{'done' if item.key in done else 'left'}  {item.key}")
+        print(f"{len(items) - len(pending)} done, {len(pending)} left")
+        return 0
+    problem = _check_provider(args.provider)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    run = uuid.uuid4().hex[:8]
+    wheels_note = pol.install_wheels(args.wheels)
+    import bench_torch
+
+    record = {"run": run, "start": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join([Path(sys.argv[0]).name if argv is None else "bench.py", *(sys.argv[1:] if argv is None else argv)]),
+              "provider": args.provider, "quick": args.quick, "budget_s": args.budget_s, "python": platform.python_version(),
+              "versions": {**pol.package_versions(), **bench_torch.versions()}, "wheels": wheels_note,
+              "pending_at_start": len(pending)}
+    results.run_record(record)  # written now too: a run killed at the device's limit still leaves its versions
+    print(f"bench run {run}: {len(items) - len(pending)} of {len(items)} measurements done, {len(pending)} left "
+          f"(budget {args.budget_s:.0f} s)", flush=True)
+
+    killed = killed_items(results.attempts(), done, full_run_s=min(300.0, 0.5 * args.budget_s))
+    for item in pending:
+        if item.key in killed:
+            results.add(_finish_row(item, None, _failed(item, f"did not finish in {killed[item.key]} runs "
+                                                              "(the run was killed while measuring it)"), run, time.perf_counter()))
+    pending = [i for i in pending if i.key not in killed]
+    settings = Settings.make(args.provider, args.quick, not args.no_tc,
+                             tuple(p for p in args.breakdown_policies.split(",") if p))
+
+    def left_s() -> float:
+        return args.budget_s - (time.monotonic() - started)
+
+    # a hard stop 25 s after the budget: whatever was recorded stays, the item in flight is retried
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.signal(signal.SIGTERM, _alarm)  # a timeout's TERM: record the run's end, keep what is done
+    signal.alarm(int(args.budget_s + 25))
+    finished = 0
+    stopped = None
+    group: Group | None = None
+    broken: dict[tuple, str] = {}  # groups whose model did not build: their items fail with the same reason
+    try:
+        with tempfile.TemporaryDirectory(prefix="onnxcampo-bench-") as tmp:
+            work = Path(tmp)
+            for index, item in enumerate(pending):
+                need = estimate_s(item, results.rows, args.budget_s)
+                if finished and left_s() < need:
+                    stopped = f"budget: {left_s():.0f} s left, the next item ({item.key}) may take {need:.0f} s"
+                    break
+                results.attempt(item, run, left_s())
+                t0 = time.perf_counter()
+                try:
+                    if item.group in broken:
+                        raise RuntimeError(broken[item.group])
+                    if group is None or (group.model, group.batch, group.mode) != item.group:
+                        group = None
+                        gc.collect()
+                        try:
+                            group = Group(item.model, item.batch, item.mode, settings, work)
+                        except Exception as exc:  # noqa: BLE001
+                            broken[item.group] = f"model build failed: {exc.__class__.__name__}: {str(exc)[:400]}"
+                            raise RuntimeError(broken[item.group]) from None
+                    measure = measure_inference if item.mode == "inference" else measure_training
+                    row = measure(group, item.policy)
+                except pol.Unavailable as exc:
+                    row = _failed(item, str(exc), "unavailable")
+                except Exception as exc:  # noqa: BLE001 - a failing variant is a result
+                    if args.verbose:
+                        traceback.print_exc()
+                    text = str(exc) if item.group in broken else f"{exc.__class__.__name__}: {str(exc)[:500]}"
+                    row = _failed(item, text)
+                in_group = group if group is not None and (group.model, group.batch, group.mode) == item.group else None
+                row = _finish_row(item, in_group, row, run, t0)
+                results.add(row)
+                finished += 1
+                _print_row(row)
+    except OutOfTime:
+        stopped = "hard stop (25 s past the budget, or SIGTERM); the item in flight will be measured again"
+    finally:
+        signal.alarm(0)
+    left = len(pending) - finished
+    record.update(end=datetime.now(timezone.utc).isoformat(timespec="seconds"), finished=finished, left=left,
+                  stopped=stopped, wall_s=round(time.monotonic() - started, 1))
+    results.run_record(record)
+    if left <= 0:
+        print(f"everything is done ({len(results.rows)} rows in {results.path})", flush=True)
+    else:
+        print(f"stopped ({stopped}); {left} measurements left: run the same command again", flush=True)
+    return 0
+
+
+def _alarm(signum, frame):
+    raise OutOfTime()
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    if row["status"] != "ok":
+        print(f"  {row['key']:48s} {row['status']}: {row.get('error', '')[:150]}", flush=True)
+        return
+    extra = ""
+    if "rel_err_max" in row:
+        extra = f" err {row['rel_err_max']:.2e}"
+    if "loss_last" in row:
+        extra = f" loss {row['loss_first']:.4f}->{row['loss_last']:.4f}"
+    print(f"  {row['key']:48s} {row['ms']:9.3f} ms  casts {row.get('casts', '-')}{extra}  ({row['item_s']} s)", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

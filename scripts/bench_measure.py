@@ -1,0 +1,446 @@
+"""How the benchmark measures: sessions, timed blocks, output error, node counts, the share of
+GEMM/Conv time that is Tensor-Core eligible, training steps, and where a training step's time goes.
+
+Timing follows ``../shared/device/README.md``: inputs copied to the device once and bound
+(IO binding), outputs allocated by the first run and bound for the later ones, warm-up runs, then
+the median over timed blocks of the mean time per run in the block. TF32 is a session option
+(``use_tf32``), so fp32 is measured both ways.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from onnxcampo.runtime import _preload_cuda_dlls
+from onnxcampo.training.scaling import initial_state
+from onnxcampo.training.step import LOSS, LR, UPDATED, step_spec
+
+_LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+
+
+class MeasureError(RuntimeError):
+    """A variant that cannot be measured (ORT rejects it, it fails to run, non-finite output)."""
+
+
+def make_session(model: str | Path, *, provider: str, tf32: bool = True, profiling: bool = False,
+                 profile_prefix: str | None = None, optimization: str = "all") -> ort.InferenceSession:
+    """A session on ``provider``; on CUDA with ``use_tf32`` as asked (ORT's default is on)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _LEVELS[optimization]
+    options.enable_profiling = profiling
+    options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers flood the log
+    if profile_prefix:
+        options.profile_file_prefix = profile_prefix
+    if provider == "cuda":
+        _preload_cuda_dlls()
+        providers = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"}), "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    try:
+        session = ort.InferenceSession(str(model), sess_options=options, providers=providers)
+    except Exception as exc:  # noqa: BLE001 - ORT's pybind errors do not share a base class
+        raise MeasureError(f"ONNX Runtime rejected the model: {_short(exc)}") from None
+    if provider == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
+        raise MeasureError("ONNX Runtime fell back to CPU (CUDAExecutionProvider did not initialise)")
+    return session
+
+
+def _short(exc: BaseException, limit: int = 400) -> str:
+    text = f"{exc.__class__.__name__}: {exc}".replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _device(provider: str) -> str:
+    return "cuda" if provider == "cuda" else "cpu"
+
+
+class BoundRunner:
+    """One session run through IO binding; outputs of the first run are bound for later runs."""
+
+    def __init__(self, session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], provider: str) -> None:
+        self.session = session
+        self.binding = session.io_binding()
+        device = _device(provider)
+        expected = {i.name for i in session.get_inputs()}
+        if set(feeds) != expected:
+            raise MeasureError(f"feeds {sorted(feeds)} do not match the model inputs {sorted(expected)}")
+        # on CPU an OrtValue borrows the numpy buffer: keep the arrays alive as long as the values
+        self._arrays = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+        self._inputs = {name: ort.OrtValue.ortvalue_from_numpy(value, device, 0) for name, value in self._arrays.items()}
+        for name, value in self._inputs.items():
+            self.binding.bind_ortvalue_input(name, value)
+        self.names = [o.name for o in session.get_outputs()]
+        for name in self.names:
+            self.binding.bind_output(name, device)
+        self._bound = False
+
+    def __call__(self) -> None:
+        try:
+            self.session.run_with_iobinding(self.binding)
+        except Exception as exc:  # noqa: BLE001
+            raise MeasureError(f"ONNX Runtime failed to run the model: {_short(exc)}") from None
+        self.binding.synchronize_outputs()
+        if not self._bound:
+            outputs = self.binding.get_outputs()
+            for name, value in zip(self.names, outputs):
+                self.binding.bind_ortvalue_output(name, value)
+            self._outputs = outputs
+            self._bound = True
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {name: value.numpy() for name, value in zip(self.names, self.binding.get_outputs())}
+
+
+def timed_blocks(step, *, warmup: int, blocks: int, per_block: int) -> list[float]:
+    """Call ``step()`` ``warmup`` times, then ``blocks`` blocks of ``per_block`` calls; ms per call of each block."""
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(blocks):
+        start = time.perf_counter()
+        for _ in range(per_block):
+            step()
+        out.append((time.perf_counter() - start) * 1e3 / per_block)
+    return out
+
+
+def output_error(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Worst over the float outputs of max|c - r| / max|r| and of mean|c - r| / mean|r|.
+
+    Non-finite candidate values where the reference is finite raise MeasureError (a NaN or
+    overflow is a failed conversion, not a large error).
+    """
+    worst_max, worst_mean = 0.0, 0.0
+    for name, ref in reference.items():
+        if name not in candidate:
+            raise MeasureError(f"output {name} missing")
+        r = np.asarray(ref, np.float64)
+        c = np.asarray(candidate[name], np.float64)
+        if r.shape != c.shape:
+            raise MeasureError(f"output {name} has shape {c.shape}, expected {r.shape}")
+        if np.asarray(ref).dtype.kind != "f":
+            if not np.array_equal(r, c):
+                worst_max = max(worst_max, float(np.mean(r != c)))  # share of differing ints
+            continue
+        bad = ~np.isfinite(c) & np.isfinite(r)
+        if bad.any():
+            raise MeasureError(f"output {name}: {int(bad.sum())} non-finite values (fp16 overflow?)")
+        diff = np.abs(c - r)
+        scale = float(np.max(np.abs(r))) or 1.0
+        worst_max = max(worst_max, float(diff.max()) / scale if diff.size else 0.0)
+        mean_ref = float(np.mean(np.abs(r))) or 1.0
+        worst_mean = max(worst_mean, float(diff.mean()) / mean_ref if diff.size else 0.0)
+    return {"rel_err_max": worst_max, "rel_err_mean": worst_mean}
+
+
+def node_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Cast and Pad nodes (subgraphs included) and all nodes of a model."""
+    counts: Counter = Counter()
+
+    def walk(graph):
+        for node in graph.node:
+            counts[node.op_type] += 1
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+                for g in attr.graphs:
+                    walk(g)
+    walk(model.graph)
+    return {"casts": counts["Cast"], "pads": counts["Pad"], "nodes": sum(counts.values())}
+
+
+# --------------------------------------------------------------------------------------------
+# ORT profiler traces
+# --------------------------------------------------------------------------------------------
+
+_KERNEL = "_kernel_time"
+GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedGemm", "FusedMatMul", "Conv", "FusedConv", "ConvTranspose",
+                      "Attention", "MultiHeadAttention", "GroupQueryAttention", "MatMulInteger", "ConvInteger"})
+_HALF = frozenset({"float16", "bfloat16"})
+_CONV_OPS = frozenset({"Conv", "FusedConv", "ConvTranspose", "ConvInteger"})
+
+
+def load_trace(profile: str | Path | list) -> list[dict[str, Any]]:
+    if isinstance(profile, list):
+        return profile
+    with open(profile, encoding="utf-8") as f:
+        trace = json.load(f)
+    return trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+
+
+def kernel_events(profile: str | Path | list, *, skip_runs: int = 1) -> tuple[list[dict[str, Any]], int]:
+    """Kernel events of the runs after the first ``skip_runs`` (warm-up), and how many runs that is.
+
+    ORT writes an event when it ends, so runs are found by time window (the Session/model_run
+    events), not by file order.
+    """
+    trace = load_trace(profile)
+    runs = sorted((e for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"])
+    kept = runs[skip_runs:]
+    if not kept:
+        raise MeasureError(f"the profile has {len(runs)} runs, none left after skipping {skip_runs}")
+    windows = [(int(e["ts"]), int(e["ts"]) + int(e["dur"])) for e in kept]
+    events = []
+    for e in trace:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith(_KERNEL):
+            continue
+        ts = int(e["ts"])
+        if any(start <= ts <= end for start, end in windows):
+            events.append(e)
+    return events, len(kept)
+
+
+def _first_shape(entries) -> tuple[str, list[int]] | None:
+    for entry in entries or ():
+        for dtype, shape in entry.items():
+            return dtype, list(shape)
+    return None
+
+
+def tensor_core_eligible(op: str, inputs, outputs) -> bool:
+    """fp16/bf16 GEMM or Conv whose K and N (channels in and out) are multiples of 8.
+
+    The rule of ``costdb/features.py`` (``tensor_core_aligned``): M is no row stride and does not
+    matter.
+
+    Read from the profiler's ``input_type_shape``/``output_type_shape`` of the first input and
+    output: ORT does not list prepacked weights, so K is the activation's last dim and N the
+    output's last dim (GEMMs), channels are dim 1 of input and output (Conv). Attention ops count
+    when fp16 with a hidden size that is a multiple of 8.
+    """
+    first_in, first_out = _first_shape(inputs), _first_shape(outputs)
+    if first_in is None or first_out is None:
+        return False
+    dtype, x = first_in
+    _, y = first_out
+    if dtype not in _HALF:
+        return False
+    if op in _CONV_OPS:
+        return len(x) > 1 and len(y) > 1 and x[1] % 8 == 0 and y[1] % 8 == 0
+    if not x or not y:
+        return False
+    return x[-1] % 8 == 0 and y[-1] % 8 == 0
+
+
+def tensor_core_share(profile: str | Path | list, *, skip_runs: int = 1) -> dict[str, float]:
+    """GEMM/Conv kernel time as a share of all kernel time, and the Tensor-Core-eligible share of it."""
+    events, runs = kernel_events(profile, skip_runs=skip_runs)
+    total = gemm = eligible = 0.0
+    gemm_nodes, eligible_nodes = set(), set()
+    for e in events:
+        dur = float(e.get("dur", 0))
+        total += dur
+        args = e.get("args", {})
+        op = args.get("op_name", "")
+        if op in GEMM_OPS:
+            gemm += dur
+            gemm_nodes.add(e["name"])
+            if tensor_core_eligible(op, args.get("input_type_shape"), args.get("output_type_shape")):
+                eligible += dur
+                eligible_nodes.add(e["name"])
+    return {
+        "kernel_us_per_run": total / runs,
+        "gemm_share": gemm / total if total else 0.0,
+        "tc_share_of_gemm": eligible / gemm if gemm else 0.0,
+        "gemm_nodes": len(gemm_nodes),
+        "tc_nodes": len(eligible_nodes),
+    }
+
+
+def profile_runs(model: str | Path, feeds: Mapping[str, np.ndarray], *, provider: str, directory: Path,
+                 runs: int = 10, optimization: str = "all", tf32: bool = True) -> str:
+    """Run ``model`` 1 + ``runs`` times under ORT's profiler; the trace's path (first run = warm-up)."""
+    session = make_session(model, provider=provider, tf32=tf32, profiling=True, optimization=optimization,
+                           profile_prefix=str(directory / "ort_profile"))
+    runner = BoundRunner(session, feeds, provider)
+    for _ in range(1 + runs):
+        runner()
+    return session.end_profiling()
+
+
+# --------------------------------------------------------------------------------------------
+# training steps
+# --------------------------------------------------------------------------------------------
+
+
+class StepRunner:
+    """Runs a training-step graph step after step, like ``onnxcampo.training.Trainer``.
+
+    Same binding scheme as the Trainer (weights and optimizer state in two device buffer sets,
+    swapped every step; the loss is the one value copied back), with two differences a benchmark
+    needs: the batch is copied to the device once and stays bound (the PyTorch baselines keep
+    theirs on the GPU too), and session options are ours (TF32 on or off, profiling,
+    optimization level). ``tests/test_bench.py`` checks that it computes the Trainer's losses.
+    """
+
+    def __init__(self, step_path: str | Path, *, weights: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],
+                 provider: str, lr: float | None = None, tf32: bool = True, profiling: bool = False,
+                 profile_prefix: str | None = None, optimization: str = "all") -> None:
+        model = onnx.load(str(step_path), load_external_data=False)
+        self.spec = step_spec(model)
+        self.device = _device(provider)
+        lr = lr if lr is not None else float(next(
+            (p.value for p in model.metadata_props if p.key == "onnxcampo.lr"), "0.01"))
+        shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+        starts = initial_state(model)
+        del model
+        self.session = make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,
+                                    profile_prefix=profile_prefix, optimization=optimization)
+        # copies: on CPU the buffers are updated in place, which must not change the caller's arrays
+        initial = {name: np.array(weights[name], dtype=np.float32, order="C", copy=True) for name in self.spec.weights}
+        for name in self.spec.state:
+            initial[name] = np.full(shapes[name], starts.get(name, 0.0), np.float32)
+        self._arrays: list[np.ndarray] = []  # on CPU an OrtValue borrows its numpy buffer: keep them alive
+
+        def put(array: np.ndarray) -> ort.OrtValue:
+            self._arrays.append(array)
+            return ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+        self._buffers = [{n: put(v) for n, v in initial.items()}, {n: put(np.empty_like(v)) for n, v in initial.items()}]
+        missing = sorted(set(self.spec.batch) - set(batch))
+        if missing:
+            raise MeasureError(f"batch lacks {missing}")
+        self._batch = {name: put(np.ascontiguousarray(batch[name])) for name in self.spec.batch}
+        self._lr = put(np.array(lr, np.float32))
+        self._loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), "cpu", 0)
+        self._bindings = [self._binding(0), self._binding(1)]
+        self._current = 0
+        self.losses: list[float] = []
+
+    def _binding(self, current: int):
+        binding = self.session.io_binding()
+        for name, value in self._batch.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_input(LR, self._lr)
+        source, target = self._buffers[current], self._buffers[1 - current]
+        for name, value in source.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in target.items():
+            binding.bind_ortvalue_output(name + UPDATED, value)
+        binding.bind_ortvalue_output(LOSS, self._loss)
+        return binding
+
+    def __call__(self) -> float:
+        binding = self._bindings[self._current]
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as exc:  # noqa: BLE001
+            raise MeasureError(f"ONNX Runtime failed to run the step: {_short(exc)}") from None
+        binding.synchronize_outputs()
+        loss = float(self._loss.numpy())
+        self._current = 1 - self._current
+        self.losses.append(loss)
+        return loss
+
+    def state(self, name: str) -> float | None:
+        value = self._buffers[self._current].get(name)
+        return None if value is None else float(value.numpy().reshape(-1)[0])
+
+
+# --------------------------------------------------------------------------------------------
+# where a training step's time goes
+# --------------------------------------------------------------------------------------------
+
+CATEGORIES = ("forward", "loss", "backward", "update", "loss_scale", "cast", "pad", "memcpy")
+_CAST_NAME = re.compile(r"/cast_fp(16|32)$")
+_PAD_NAME = re.compile(r"/(pad_[a-z]+|slice_[a-z]+)$")
+_LOSS_SCALE_NAME = re.compile(r"^(loss_scale(/|$)|found_inf$)")
+
+
+def classify_node(name: str, op: str, *, forward: set[str], weights: tuple[str, ...], state: tuple[str, ...]) -> str:
+    """The part of a training step a node belongs to, from its name (step graphs' conventions).
+
+    In order: ``memcpy`` (ORT's Memcpy nodes); ``cast`` (onnxcampo's ``<tensor>/cast_fp16|fp32``
+    and ORT's inserted casts); ``pad`` (``<node>/pad_k``, ``<node>/slice_n``); ``loss_scale``
+    (``loss_scale/*``, ``found_inf``, the unscale ``<w>/grad`` and ``<w>/grad.*``, the
+    skip-step ``Where`` named ``<w or state>.updated``); ``update`` (``update/*`` and
+    ``<w>/...``: squeeze, momentum, Adam, the update itself); ``loss`` (``loss/*``);
+    ``forward`` (a node name of the forward model); ``backward`` (the rest: onnx-ad's nodes).
+    """
+    if op.startswith("Memcpy") or name.startswith("Memcpy"):
+        return "memcpy"
+    if _CAST_NAME.search(name) or (op == "Cast" and "InsertedPrecisionFreeCast" in name):
+        return "cast"
+    if _PAD_NAME.search(name) and op in ("Pad", "Slice"):
+        return "pad"
+    if _LOSS_SCALE_NAME.search(name):
+        return "loss_scale"
+    if name.endswith(UPDATED) and name[: -len(UPDATED)] in set(weights) | set(state):
+        return "loss_scale"
+    owner = _owner(name, weights)
+    if owner is not None:
+        rest = name[len(owner) + 1:]
+        if rest == "grad" or rest.startswith("grad."):
+            return "loss_scale"
+        return "update"
+    if name.startswith("update/"):
+        return "update"
+    if name.startswith("loss/"):
+        return "loss"
+    if name in forward:
+        return "forward"
+    return "backward"
+
+
+def _owner(name: str, weights) -> str | None:
+    """The weight ``w`` for which ``name`` starts with ``w/`` (weight names may hold slashes)."""
+    known = weights if isinstance(weights, (set, frozenset)) else set(weights)
+    index = name.find("/")
+    while index > 0:
+        if name[:index] in known:
+            return name[:index]
+        index = name.find("/", index + 1)
+    return None
+
+
+def breakdown(profile_json: str | Path | list, step_model: onnx.ModelProto | str | Path,
+              forward_model: onnx.ModelProto | str | Path, *, skip_runs: int = 1) -> dict[str, Any]:
+    """Kernel time per step (us) split into :data:`CATEGORIES`, from an ORT profile of a step graph.
+
+    Profile with graph optimizations off (``optimization="disable"``): fused nodes get new
+    names that no longer say which part of the step they came from. Returns ``{"per_step_us":
+    {category: us}, "share": {category: fraction}, "nodes": {category: count}, "steps": n,
+    "top_backward": [(op, us), ...]}``.
+    """
+    def load(m):
+        return m if isinstance(m, onnx.ModelProto) else onnx.load(str(m), load_external_data=False)
+
+    step, forward = load(step_model), load(forward_model)
+    spec = step_spec(step)
+    forward_names = {n.name for n in forward.graph.node if n.name}
+    events, runs = kernel_events(profile_json, skip_runs=skip_runs)
+    per = defaultdict(float)
+    nodes: dict[str, set] = defaultdict(set)
+    backward_ops: Counter = Counter()
+    for e in events:
+        name = e["name"][: -len(_KERNEL)]
+        op = e.get("args", {}).get("op_name", "")
+        part = classify_node(name, op, forward=forward_names, weights=spec.weights, state=spec.state)
+        dur = float(e.get("dur", 0))
+        per[part] += dur
+        nodes[part].add(name)
+        if part == "backward":
+            backward_ops[op] += dur
+    total = sum(per.values())
+    return {
+        "steps": runs,
+        "per_step_us": {c: per[c] / runs for c in CATEGORIES},
+        "share": {c: (per[c] / total if total else 0.0) for c in CATEGORIES},
+        "nodes": {c: len(nodes[c]) for c in CATEGORIES},
+        "total_us": total / runs,
+        "top_backward": [(op, us / runs) for op, us in backward_ops.most_common(6)],
+    }
+
+
+def median(values) -> float:
+    return float(statistics.median(values))

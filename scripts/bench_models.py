@@ -1,0 +1,538 @@
+"""The benchmark's models: how each is built, its inputs, and its PyTorch twin.
+
+Shared by ``scripts/bench.py`` and ``scripts/gpu_check.py``. Models come from code, not from
+files, because the GPU machine has no network: ResNet-50 (torchvision), BERT-base and GPT-2 small
+(transformers configs, random weights) are exported with torch there; the "odd" models (layers
+1000/1001 wide, 3 input channels) are written with ``onnx.helper`` and need no torch; corpus
+models are read from a folder of cached wheels' ``.onnx`` files (``--corpus-dir``).
+
+Exports are cached under ``$ONNXCAMPO_BENCH_CACHE`` (default ``/tmp/onnxcampo-bench``), keyed by
+model, batch and purpose, so consecutive runs on the GPU machine reuse them while /tmp lives.
+
+Everything here is importable without torch; torch is imported inside the builders that need it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+OPSET = 17
+IR_VERSION = 10  # ORT 1.31 accepts <= 13; onnx 1.23 would write 14 (DESIGN.md)
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("ONNXCAMPO_BENCH_CACHE", "/tmp/onnxcampo-bench"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class Built:
+    """One model ready to measure at one batch.
+
+    ``path``: the fp32 ONNX file. ``feeds``: the inputs (same for every policy; attention masks
+    hold zeros, ids are in range). ``labels``: class indices for training (``None`` when the
+    model is built for inference). ``torch_module``: a zero-argument factory returning
+    ``(module, inputs, labels)`` as torch CPU tensors for the PyTorch baselines, or ``None``.
+    """
+
+    key: str
+    batch: int
+    path: Path
+    feeds: dict[str, np.ndarray]
+    labels: np.ndarray | None = None
+    torch_module: Callable | None = None
+    shape_note: str = ""
+    build_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(a.shape) for name, a in self.feeds.items()}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model of the suite: inference batches, the training batch (``None``: no training)."""
+
+    key: str
+    infer_batches: tuple[int, ...]
+    train_batch: int | None
+    build: Callable[..., Built]  # build(batch, training=bool, quick=bool) -> Built
+    needs_torch: bool = False
+    description: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _finish(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.ir_version = min(model.ir_version, IR_VERSION) if model.ir_version else IR_VERSION
+    return model
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    tmp = path.with_suffix(".tmp")
+    onnx.save(model, str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def hf_feeds(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Token ids in range and an attention mask with zeros (padded tails on most rows).
+
+    Zeros matter: the masked path (a large negative added before Softmax) is what overflows
+    when converted carelessly to fp16, and all-ones masks never exercise it.
+    """
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
+    mask = np.ones((batch, seq), np.int64)
+    for row in range(batch):
+        pad = (row % 4) * seq // 8  # rows padded by 0, 1/8, 2/8, 3/8 of the sequence
+        if pad:
+            mask[row, seq - pad:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def export_torch(module, args: tuple, path: Path, input_names: list[str], output_names: list[str]) -> Path:
+    """``torch.onnx.export`` (TorchScript exporter, opset 17, static shapes) into ``path``."""
+    import torch
+
+    module = module.eval()
+    tmp = path.with_suffix(".export.onnx")
+    with torch.no_grad():
+        torch.onnx.export(module, args, str(tmp), input_names=input_names, output_names=output_names,
+                          opset_version=OPSET, dynamo=False, do_constant_folding=True)
+    model = onnx.load(str(tmp))
+    tmp.unlink()
+    return _save(_finish(model), path)
+
+
+class _HFWrapper:
+    """Builds a torch module returning one tensor from a transformers model (lazy torch import)."""
+
+    @staticmethod
+    def make(inner, output: str):
+        import torch
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, attention_mask):
+                out = self.inner(input_ids=input_ids, attention_mask=attention_mask)
+                return getattr(out, output)
+
+        return Wrapper(inner)
+
+
+def distinct_parameters(module, seed: int = 0):
+    """Add small seeded noise to every parameter, in place; returns the module.
+
+    Freshly initialised models hold many equal tensors (LayerNorm weights all ones, biases all
+    zeros), and the TorchScript exporter stores equal initializers once: the step graph would then
+    train one tensor shared by every layer while PyTorch trains each. Distinct values keep the
+    ONNX model's weights one to one with the module's parameters.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.add_(0.02 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
+    return module
+
+
+def fold_batchnorm(module):
+    """Fold every eval-mode BatchNorm2d into the Conv2d before it (torchvision ResNet layout), in place.
+
+    The exporter folds them anyway in eval mode; folding first gives the PyTorch baseline the
+    same layers and parameters as the ONNX model (conv weights and biases, no BatchNorm).
+    """
+    import torch
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    def fold(parent, conv_name, bn_name):
+        conv, bn = getattr(parent, conv_name), getattr(parent, bn_name)
+        setattr(parent, conv_name, fuse_conv_bn_eval(conv.eval(), bn.eval()))
+        setattr(parent, bn_name, torch.nn.Identity())
+
+    for parent in list(module.modules()):
+        for index in (None, 1, 2, 3):
+            conv, bn = ("conv1", "bn1") if index is None else (f"conv{index}", f"bn{index}")
+            if isinstance(getattr(parent, conv, None), torch.nn.Conv2d) and isinstance(getattr(parent, bn, None), torch.nn.BatchNorm2d):
+                fold(parent, conv, bn)
+        down = getattr(parent, "downsample", None)
+        if isinstance(down, torch.nn.Sequential) and len(down) == 2 and isinstance(down[1], torch.nn.BatchNorm2d):
+            parent.downsample = torch.nn.Sequential(fuse_conv_bn_eval(down[0].eval(), down[1].eval()))
+    left = [n for n, m in module.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    if left:
+        raise ValueError(f"BatchNorm layers not folded: {left[:3]}")
+    return module
+
+
+def export_hf(name: str, build, batch: int, seq: int, vocab: int, directory: Path, *, output: str = "last_hidden_state",
+              seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray], dict[str, tuple[int, ...]]]:
+    """Export a transformers model (``build()`` returns it) with inputs (input_ids, attention_mask).
+
+    Returns the loaded model, the feeds and the input shapes. Used by ``gpu_check.py`` (hidden
+    states) and by the benchmark (hidden states for inference, logits for training).
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    module = _HFWrapper.make(build().eval(), output)
+    feeds = hf_feeds(batch, seq, vocab, seed)
+    args = (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
+    path = directory / f"{name}.onnx"
+    export_torch(module, args, path, ["input_ids", "attention_mask"], ["output"])
+    model = onnx.load(str(path))
+    return model, feeds, {k: v.shape for k, v in feeds.items()}
+
+
+def _cached(name: str, make: Callable[[Path], None]) -> tuple[Path, float]:
+    """The cached file ``name`` in the cache, made by ``make(path)`` when missing; (path, build s)."""
+    import time
+
+    path = cache_dir() / name
+    if path.is_file():
+        return path, 0.0
+    start = time.perf_counter()
+    make(path)
+    return path, time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------------------------
+# odd models: onnx.helper, no torch
+# --------------------------------------------------------------------------------------------
+
+
+def _dense_weights(widths: list[int], seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
+             (0.01 * rng.standard_normal(b)).astype(np.float32)) for a, b in zip(widths, widths[1:])]
+
+
+def odd_mlp_model(batch: int, widths: list[int], seed: int = 0) -> onnx.ModelProto:
+    """x[batch, w0] -> (MatMul + Add + Relu) ... -> logits[batch, w_last]; no Relu at the end."""
+    nodes, inits = [], []
+    current = "x"
+    layers = _dense_weights(widths, seed)
+    for i, (w, b) in enumerate(layers):
+        inits += [numpy_helper.from_array(w, f"fc{i}.weight"), numpy_helper.from_array(b, f"fc{i}.bias")]
+        nodes.append(helper.make_node("MatMul", [current, f"fc{i}.weight"], [f"fc{i}/mm"], name=f"fc{i}/MatMul"))
+        nodes.append(helper.make_node("Add", [f"fc{i}/mm", f"fc{i}.bias"], [f"fc{i}/out"], name=f"fc{i}/Add"))
+        current = f"fc{i}/out"
+        if i < len(layers) - 1:
+            nodes.append(helper.make_node("Relu", [current], [f"fc{i}/relu"], name=f"fc{i}/Relu"))
+            current = f"fc{i}/relu"
+    nodes.append(helper.make_node("Identity", [current], ["logits"], name="output"))
+    graph = helper.make_graph(nodes, "odd_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, widths[0]])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, widths[-1]])], inits)
+    return _finish(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]))
+
+
+def odd_cnn_model(batch: int, channels: list[int], size: int, classes: int, seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 3, size, size] -> (Conv 3x3 stride 2 + Relu) per channel step -> GAP -> Gemm."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    current = "x"
+    for i, (cin, cout) in enumerate(zip(channels, channels[1:])):
+        w = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+        b = (0.01 * rng.standard_normal(cout)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"conv{i}.weight"), numpy_helper.from_array(b, f"conv{i}.bias")]
+        nodes.append(helper.make_node("Conv", [current, f"conv{i}.weight", f"conv{i}.bias"], [f"conv{i}/out"],
+                                      name=f"conv{i}/Conv", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"conv{i}/out"], [f"conv{i}/relu"], name=f"conv{i}/Relu"))
+        current = f"conv{i}/relu"
+    fw = (rng.standard_normal((channels[-1], classes)) / np.sqrt(channels[-1])).astype(np.float32)
+    fb = (0.01 * rng.standard_normal(classes)).astype(np.float32)
+    inits += [numpy_helper.from_array(fw, "fc.weight"), numpy_helper.from_array(fb, "fc.bias")]
+    nodes += [
+        helper.make_node("GlobalAveragePool", [current], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], name="fc/Gemm"),
+    ]
+    graph = helper.make_graph(nodes, "odd_cnn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels[0], size, size])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])], inits)
+    return _finish(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]))
+
+
+def _torch_twin(model_path: Path, feeds: dict[str, np.ndarray], labels: np.ndarray | None):
+    """A torch module with the ONNX model's weights, for the helper-built odd models."""
+    def make():
+        import torch
+
+        model = onnx.load(str(model_path))
+        weights = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in model.graph.initializer}
+
+        class Twin(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.params = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(v) for k, v in weights.items()})
+                self.ops = [(n.op_type, list(n.input), list(n.output), n) for n in model.graph.node]
+
+            def forward(self, x):
+                env = {"x": x}
+                get = lambda name: env[name] if name in env else self.params[name.replace(".", "_")]  # noqa: E731
+                for op, ins, outs, node in self.ops:
+                    a = [get(i) for i in ins]
+                    if op == "MatMul":
+                        y = a[0] @ a[1]
+                    elif op == "Add":
+                        y = a[0] + a[1]
+                    elif op == "Relu":
+                        y = torch.relu(a[0])
+                    elif op == "Identity":
+                        y = a[0]
+                    elif op == "Conv":
+                        y = torch.nn.functional.conv2d(a[0], a[1], a[2], stride=2, padding=1)
+                    elif op == "GlobalAveragePool":
+                        y = a[0].mean(dim=(2, 3), keepdim=True)
+                    elif op == "Flatten":
+                        y = a[0].flatten(1)
+                    elif op == "Gemm":
+                        y = a[0] @ a[1] + a[2]
+                    else:  # pragma: no cover - the odd models use only the ops above
+                        raise NotImplementedError(op)
+                    env[outs[0]] = y
+                return env[model.graph.output[0].name]
+
+        inputs = {name: torch.from_numpy(value) for name, value in feeds.items()}
+        return Twin(), inputs, None if labels is None else torch.from_numpy(labels)
+    return make
+
+
+def _odd_mlp(batch: int, *, training: bool = False, quick: bool = False) -> Built:
+    widths = [33, 32, 31, 9] if quick else [1001, 1000, 1001, 1000, 1001]
+    name = f"odd_mlp-b{batch}{'-quick' if quick else ''}.onnx"
+    path, seconds = _cached(name, lambda p: _save(odd_mlp_model(batch, widths), p))
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((batch, widths[0])).astype(np.float32)}
+    labels = rng.integers(0, widths[-1], batch, dtype=np.int64) if training else None
+    return Built("odd_mlp", batch, path, feeds, labels, _torch_twin(path, feeds, labels), build_s=seconds,
+                 shape_note=f"widths {'-'.join(map(str, widths))}")
+
+
+def _odd_cnn(batch: int, *, training: bool = False, quick: bool = False) -> Built:
+    channels, size, classes = ([3, 5, 7], 16, 9) if quick else ([3, 63, 127, 255], 112, 1001)
+    name = f"odd_cnn-b{batch}{'-quick' if quick else ''}.onnx"
+    path, seconds = _cached(name, lambda p: _save(odd_cnn_model(batch, channels, size, classes), p))
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
+    labels = rng.integers(0, classes, batch, dtype=np.int64) if training else None
+    return Built("odd_cnn", batch, path, feeds, labels, _torch_twin(path, feeds, labels), build_s=seconds,
+                 shape_note=f"channels {'-'.join(map(str, channels))}, {size}x{size}, {classes} classes")
+
+
+# --------------------------------------------------------------------------------------------
+# torch-exported models
+# --------------------------------------------------------------------------------------------
+
+
+def _resnet50(batch: int, *, training: bool = False, quick: bool = False) -> Built:
+    size = 32 if quick else 224
+    arch = "resnet18" if quick else "resnet50"
+
+    def module():
+        import torch
+        import torchvision
+
+        torch.manual_seed(0)
+        return distinct_parameters(fold_batchnorm(getattr(torchvision.models, arch)(weights=None).eval()))
+
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
+    labels = rng.integers(0, 1000, batch, dtype=np.int64) if training else None
+
+    def make(path: Path) -> None:
+        import torch
+
+        export_torch(module(), (torch.from_numpy(feeds["x"]),), path, ["x"], ["logits"])
+
+    path, seconds = _cached(f"{arch}-b{batch}-{size}.onnx", make)
+
+    def twin():
+        import torch
+
+        return module(), {"x": torch.from_numpy(feeds["x"])}, None if labels is None else torch.from_numpy(labels)
+    return Built("resnet50", batch, path, feeds, labels, twin, build_s=seconds, shape_note=f"{arch} {size}x{size}")
+
+
+def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
+    """BERT-base (inference: hidden states; training: 2-class sequence classifier) or GPT-2 small
+    with its LM head (logits over the unaligned vocabulary 50257), random weights, eager attention,
+    dropout off (eval mode, as the ONNX export and the onnx-ad step graph compute)."""
+    small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128) if quick else {}
+    if key == "bert":
+        seq, vocab = (16 if quick else 128), 30522
+
+        def module():
+            import torch
+            from transformers import BertConfig, BertForSequenceClassification, BertModel
+
+            torch.manual_seed(0)
+            config = BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2,
+                                attn_implementation="eager", **small)
+            inner = (BertForSequenceClassification if training else BertModel)(config)
+            return _HFWrapper.make(distinct_parameters(inner.eval()), "logits" if training else "last_hidden_state")
+        classes, label_shape = 2, (batch,)
+    else:
+        seq, vocab = (16 if quick else 256), 50257
+        gpt_small = dict(n_layer=2, n_embd=64, n_head=2) if quick else {}
+
+        def module():
+            import torch
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            torch.manual_seed(0)
+            # untied LM head: the ONNX export folds the tied head into a separate initializer, which
+            # the step graph would then train as a second weight; untied, both frameworks train the same
+            config = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager",
+                                tie_word_embeddings=False, **gpt_small)
+            return _HFWrapper.make(distinct_parameters(GPT2LMHeadModel(config).eval()), "logits")
+        classes, label_shape = vocab, (batch, seq)
+    feeds = hf_feeds(batch, seq, vocab)
+    labels = np.random.default_rng(2).integers(0, classes, label_shape, dtype=np.int64) if training else None
+
+    def make(path: Path) -> None:
+        import torch
+
+        export_torch(module(), (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])),
+                     path, ["input_ids", "attention_mask"], ["logits" if (training or key == "gpt2") else "hidden"])
+
+    purpose = "train" if training and key == "bert" else "fwd"
+    path, seconds = _cached(f"{key}-b{batch}-s{seq}-{purpose}{'-quick' if quick else ''}.onnx", make)
+
+    def twin():
+        import torch
+
+        inputs = {k: torch.from_numpy(v) for k, v in feeds.items()}
+        return module(), inputs, None if labels is None else torch.from_numpy(labels)
+    note = f"s{seq}" + (" (untied LM head, vocab 50257)" if key == "gpt2" else (" (2-class head)" if training else " (hidden states)"))
+    return Built(key, batch, path, feeds, labels, twin, build_s=seconds, shape_note=note)
+
+
+def _bert(batch: int, *, training: bool = False, quick: bool = False) -> Built:
+    return _hf_model("bert", batch, training, quick)
+
+
+def _gpt2(batch: int, *, training: bool = False, quick: bool = False) -> Built:
+    return _hf_model("gpt2", batch, training, quick)
+
+
+# --------------------------------------------------------------------------------------------
+# corpus models (CORPUS.md), read from a folder laid out like the corpus cache
+# --------------------------------------------------------------------------------------------
+
+# key -> (inference batches (1 and, where the batch dim is dynamic, a large one), training batch)
+CORPUS_BENCH = {
+    "ppocr_det": ((1, 8), None),
+    "ppocr_rec": ((1, 32), 16),
+    "ppocr_cls": ((1, 64), None),
+    "magika": ((1, 256), 64),
+    "layout_cdla": ((1,), None),
+    "silero_vad_v6_fw": ((8,), None),
+}
+
+
+def corpus_module():
+    sys.path.insert(0, str(ROOT / "tests"))
+    import corpus  # noqa: E402
+
+    return corpus
+
+
+def corpus_files(keys=tuple(CORPUS_BENCH)) -> list[tuple[str, Path, Path]]:
+    """(key, path in the local cache, path relative to the cache root) of the benchmarked corpus models."""
+    corpus = corpus_module()
+    out = []
+    for key in keys:
+        entry = corpus.get(key)
+        out.append((key, corpus.cached_path(entry), corpus.cached_path(entry).relative_to(corpus.cache_root())))
+    return out
+
+
+def _corpus(key: str):
+    def build(batch: int, *, training: bool = False, quick: bool = False) -> Built:
+        import dataclasses
+
+        corpus = corpus_module()
+        entry = corpus.get(key)
+        source = corpus.cached_path(entry)
+        if not source.is_file():
+            raise FileNotFoundError(f"corpus model {key} not found at {source} (pass --corpus-dir)")
+        original = onnx.load(str(source))
+        shapes = {name: tuple(dims) for name, dims in entry.input_shapes.items()}
+        pinned_batch = next((dims[0] for dims in shapes.values() if dims), 1)
+        if batch != pinned_batch:
+            dynamic = [vi.name for vi in original.graph.input if vi.name in shapes and shapes[vi.name]
+                       and not vi.type.tensor_type.shape.dim[0].dim_value]
+            if not dynamic:
+                raise ValueError(f"corpus model {key}: no input has a dynamic batch dim to set to {batch}")
+            shapes = {name: (batch, *dims[1:]) if name in dynamic else dims for name, dims in shapes.items()}
+        entry = dataclasses.replace(entry, input_shapes=shapes)
+        model = corpus.pin_input_shapes(original, entry)
+        del model.graph.value_info[:]  # shapes recorded for another batch would contradict the pins
+        model = onnx.shape_inference.infer_shapes(model)
+        path = cache_dir() / f"corpus-{key}-b{batch}.onnx"
+        _save(_finish(model), path)
+        feeds = corpus.make_inputs(entry, proto=model)
+        labels = None
+        if training:
+            dims = _output_shape(model, path, feeds)
+            labels = np.random.default_rng(2).integers(0, dims[-1], dims[:-1], dtype=np.int64)
+        return Built(key, batch, path, feeds, labels, None,
+                     shape_note=", ".join(f"{k}{list(v)}" for k, v in shapes.items()))
+    return build
+
+
+def _output_shape(model: onnx.ModelProto, path: Path, feeds: dict[str, np.ndarray]) -> list[int]:
+    """The static shape of the first output: from shape inference with data propagation, else one
+    CPU run (graph outputs often keep symbolic dims that inference does not overwrite)."""
+    from onnxcampo import graph as graph_io
+
+    name = model.graph.output[0].name
+    info, _ = graph_io.infer_tensor_info(model)
+    shape = info[name].shape if name in info else None
+    if shape and None not in shape and all(d > 0 for d in shape):
+        return list(shape)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    return list(session.run([name], feeds)[0].shape)
+
+
+# --------------------------------------------------------------------------------------------
+# the suite
+# --------------------------------------------------------------------------------------------
+
+MODELS: dict[str, ModelSpec] = {
+    spec.key: spec for spec in (
+        ModelSpec("odd_mlp", (1, 4096), 1024, _odd_mlp, description="MLP 1001-1000-1001-1000-1001 (onnx.helper)"),
+        ModelSpec("odd_cnn", (1, 128), 64, _odd_cnn,
+                  description="CNN 3-63-127-255 channels, 3x3 stride 2, 112x112, 1001 classes (onnx.helper)"),
+        ModelSpec("resnet50", (1, 64), 64, _resnet50, needs_torch=True, description="torchvision ResNet-50, 224x224"),
+        ModelSpec("bert", (1, 32), 32, _bert, needs_torch=True, description="BERT-base, s128 (transformers, random init)"),
+        ModelSpec("gpt2", (1, 8), 8, _gpt2, needs_torch=True, description="GPT-2 small + LM head (vocab 50257), s256"),
+        *(ModelSpec(key, batches, train, _corpus(key), description=f"corpus: {key}")
+          for key, (batches, train) in CORPUS_BENCH.items()),
+    )
+}
+
+QUICK_BATCHES = {"infer": (1, 4), "train": 4}

@@ -1,0 +1,254 @@
+"""The variants the benchmark compares and how each model file is made.
+
+Inference (ONNX Runtime):
+    fp32            the model as exported, TF32 on (ORT's default)
+    fp32-notf32     the same, ``use_tf32=0``
+    occ-fp16        onnxconverter-common ``convert_float_to_float16(keep_io_types=True)``
+    ort-fp16        ``onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)``
+                    then a toposort (onnx-graphsurgeon), since its graphs are not sorted
+    modelopt        NVIDIA ModelOpt AutoCast ``convert_to_mixed_precision`` (fp16, keep_io_types,
+                    calibrated on the benchmark's inputs, ORT CPU)
+    amp, fp16, campo  onnxcampo's policies
+    campo-nopad     campo without Tensor Core padding (ablation)
+    campo-nocost    campo's passes with a cost-blind model (ablation): fp16 always 2x faster
+                    (4x when Tensor-Core aligned), Casts and Pads free, no plan comparison
+Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
+    fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost
+    torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see bench_torch.py)
+
+Anchors, what a user picks today and what campo must beat: fp32 (TF32), occ-fp16, ort-fp16,
+modelopt and amp (greedy, cast-blind; TensorFlow AMP's painting) for inference; fp32, amp and the
+four PyTorch variants for training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "modelopt", "amp", "fp16", "campo",
+                      "campo-nopad", "campo-nocost")
+TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
+TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", *TORCH_POLICIES)
+INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "modelopt", "amp")
+TRAINING_ANCHORS = ("fp32", "amp", *TORCH_POLICIES)
+REFERENCE = "fp32-notf32"  # outputs and losses are compared with fp32 without TF32
+ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"policy": "campo"},
+             "campo-nopad": {"policy": "campo", "pad_tensor_cores": False},
+             "campo-nocost": {"policy": "campo", "compare_plans": False, "blind": True}}
+
+# Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
+PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
+
+
+class Unavailable(RuntimeError):
+    """A variant that cannot run here (a package is missing); recorded, not retried with --retry-failed only."""
+
+
+def tf32_of(policy: str) -> bool:
+    return policy != "fp32-notf32"
+
+
+# --------------------------------------------------------------------------------------------
+# extra packages
+# --------------------------------------------------------------------------------------------
+
+
+def install_wheels(wheel_dir: Path, target: Path = PACKAGE_DIR) -> str:
+    """Install the wheels of ``wheel_dir`` that fit this Python into ``target`` (offline, no deps)
+    once, and put ``target`` at the END of sys.path (packages already installed win)."""
+    if not wheel_dir.is_dir():
+        return f"no wheel folder {wheel_dir}; anchors needing extra packages may be unavailable"
+    marker = target / ".installed"
+    wheels = sorted(wheel_dir.glob("*.whl"))
+    if not marker.is_file() or marker.read_text() != "\n".join(w.name for w in wheels):
+        from packaging.tags import sys_tags
+        from packaging.utils import parse_wheel_filename
+
+        supported = set(sys_tags())
+        fitting = [w for w in wheels if parse_wheel_filename(w.name)[3] & supported]
+        target.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
+                   "--upgrade", "--target", str(target), *map(str, fitting)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"pip install of {len(fitting)} wheels failed: {done.stderr.strip()[-300:]}"
+        marker.write_text("\n".join(w.name for w in wheels))
+    if str(target) not in sys.path:
+        sys.path.append(str(target))
+    return f"{len(wheels)} wheels in {target}"
+
+
+def package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for name in ("onnx", "onnxruntime-gpu", "onnxruntime", "onnx-graphsurgeon", "onnx-ad", "onnxconverter-common",
+                 "nvidia-modelopt", "polygraphy", "onnxslim", "numpy", "torch", "torchvision", "transformers"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    import onnxruntime
+
+    # the GPU image has CPU onnxruntime installed too: say which one the run imported
+    out["onnxruntime (imported)"] = f"{onnxruntime.__version__} {Path(onnxruntime.__file__).parent}"
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# making each variant's model
+# --------------------------------------------------------------------------------------------
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    """Write a converter's output; IR version at most 10, since converters that build a new model
+    with onnx 1.23 write IR 14, which ONNX Runtime 1.31 rejects (DESIGN.md)."""
+    from onnxcampo import graph as graph_io
+
+    if model.ir_version > 10:
+        model.ir_version = 10
+    graph_io.save_model(model, path)
+
+
+class BlindCostModel:
+    """The ``campo-nocost`` ablation: campo's passes priced without any measurement.
+
+    fp16 halves every op's time (quarters it when Tensor-Core aligned, so padding always looks
+    worth it), Casts and Pads cost nothing: what a cast-blind greedy converter assumes.
+    """
+
+    def __new__(cls):
+        from onnxcampo.costdb.analytic import AnalyticCostModel
+        from onnxcampo.costdb.model import CostModel
+
+        class _Blind(CostModel):
+            name = "blind (ablation: fp16 always faster, Casts and Pads free)"
+
+            def __init__(self):
+                self.base = AnalyticCostModel()
+
+            def fp32_time(self, features):
+                return self.base.fp32_time(features)
+
+            def fp16_time(self, features, fp32_time):
+                return fp32_time * (0.25 if features.tensor_core_aligned else 0.5)
+
+            def cast_time(self, elements):
+                return 0.0
+
+            def pad_time(self, elements, kind="Pad"):
+                return 0.0
+        return _Blind()
+
+
+@contextlib.contextmanager
+def _cost_model(blind: bool):
+    if not blind:
+        yield
+        return
+    import onnxcampo.api as api
+
+    saved = api.load_cost_model
+    api.load_cost_model = lambda device_db=None: BlindCostModel()
+    try:
+        yield
+    finally:
+        api.load_cost_model = saved
+
+
+def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    import onnxcampo
+
+    options = dict(ONNXCAMPO[policy])
+    blind = options.pop("blind", False)
+    with _cost_model(blind):
+        result = onnxcampo.optimize(str(source), input_shapes=shapes, **options)
+    _save(result.model, target)
+    report = result.report
+    return {"chosen_plan": report.get("chosen_plan"), "nodes_fp16": report.get("nodes_fp16"),
+            "casts_inserted": report.get("casts_inserted"), "pads_inserted": report.get("pads_inserted"),
+            "cost_model": (report.get("cost_model") or {}).get("name")}
+
+
+def _toposort(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx_graphsurgeon as gs
+
+    graph = gs.import_onnx(model)
+    graph.toposort()
+    out = gs.export_onnx(graph)
+    out.ir_version = model.ir_version
+    del out.opset_import[:]
+    out.opset_import.extend(model.opset_import)
+    return out
+
+
+def run_occ(source: Path, target: Path) -> dict[str, Any]:
+    try:
+        from onnxconverter_common import float16
+    except ImportError as exc:
+        raise Unavailable(f"onnxconverter-common not installed: {exc}") from None
+    model = onnx.load(str(source))
+    _save(float16.convert_float_to_float16(model, keep_io_types=True), target)
+    return {}
+
+
+def run_ort_fp16(source: Path, target: Path) -> dict[str, Any]:
+    try:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+    except ImportError as exc:
+        raise Unavailable(f"onnxruntime.transformers not importable: {exc}") from None
+    model = onnx.load(str(source))
+    converted = convert_float_to_float16(model, keep_io_types=True)
+    _save(_toposort(converted), target)
+    return {"note": "toposorted with onnx-graphsurgeon"}
+
+
+def run_modelopt(source: Path, target: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    try:
+        from modelopt.onnx.autocast import convert_to_mixed_precision
+    except Exception as exc:  # noqa: BLE001 - ImportError, or its own import-time checks
+        raise Unavailable(f"nvidia-modelopt not importable: {str(exc).splitlines()[0]}") from None
+    model = convert_to_mixed_precision(onnx_path=str(source), low_precision_type="fp16", keep_io_types=True,
+                                       calibration_data=dict(feeds), providers=["cpu"])
+    _save(model, target)
+    return {"note": "calibrated on the benchmark inputs (attention masks with zeros)"}
+
+
+def make_variant(policy: str, source: Path, target: Path, feeds: dict[str, np.ndarray],
+                 shapes: dict[str, tuple[int, ...]]) -> tuple[Path, dict[str, Any]]:
+    """The model file of ``policy`` (``source`` itself for fp32) and what making it reported, with
+    ``convert_s`` (the converter's wall time)."""
+    start = time.perf_counter()
+    if policy in ("fp32", "fp32-notf32"):
+        return source, {"convert_s": 0.0}
+    if policy in ONNXCAMPO:
+        info = run_onnxcampo(policy, source, target, shapes)
+    elif policy == "occ-fp16":
+        info = run_occ(source, target)
+    elif policy == "ort-fp16":
+        info = run_ort_fp16(source, target)
+    elif policy == "modelopt":
+        info = run_modelopt(source, target, feeds)
+    else:
+        raise ValueError(f"unknown policy {policy!r}")
+    info["convert_s"] = round(time.perf_counter() - start, 3)
+    return target, info
+
+
+def cleanup(path: Path, keep: Path) -> None:
+    if path != keep and path.exists():
+        path.unlink()
+        data = path.with_name(path.name + ".data")
+        if data.exists():
+            data.unlink()
+
+
+__all__ = ["INFERENCE_POLICIES", "TRAINING_POLICIES", "TORCH_POLICIES", "INFERENCE_ANCHORS", "TRAINING_ANCHORS",
+           "REFERENCE", "Unavailable", "install_wheels", "make_variant", "package_versions"]

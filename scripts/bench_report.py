@@ -1,0 +1,483 @@
+"""Turn the benchmark's JSON lines into ``docs/benchmarks/h200.md``, plots and the README's table.
+
+    python scripts/bench_report.py docs/benchmarks/raw            # writes docs/benchmarks/h200.md + PNGs
+    python scripts/bench_report.py docs/benchmarks/raw --headline # also prints the README's table
+
+Nothing here measures or invents a number: every figure comes from a row of ``<name>.jsonl``.
+Targets (issue 6) are evaluated on the rows present and each is stated as met, not met, or not
+measurable (with what is missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_policies as pol  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+INFER_TOL = 0.02  # max |out - ref| / max |ref| against fp32 without TF32
+TRAIN_TOL = 0.02  # |loss_N - loss_N(ref)| / |loss_N(ref)| after the same N steps on the same batch
+TRAIN_TARGET_OVER_AMP = 1.20
+GEOMEAN_TARGET_OVER_BEST = 1.10
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    rows = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            rows[row["key"]] = row  # the last row of a key wins (--retry-failed)
+    return list(rows.values())
+
+
+def read_runs(path: Path) -> list[dict[str, Any]]:
+    """One record per run (a run writes one line when it starts and one when it ends; the last wins)."""
+    if not path.is_file():
+        return []
+    runs: dict[str, dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        runs[record.get("run", "?")] = {**runs.get(record.get("run", "?"), {}), **record}
+    return sorted(runs.values(), key=lambda r: r.get("start", ""))
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def group_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, dict[str, Any]]]:
+    groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for row in rows:
+        groups[(row["model"], int(row["batch"]), row["mode"])][row["policy"]] = row
+    return groups
+
+
+def accuracy(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> float | None:
+    """Inference: max relative output error; training: relative loss gap to the reference after N steps."""
+    if row.get("mode") == "inference":
+        return row.get("rel_err_max")
+    ref = group.get(pol.REFERENCE)
+    if not ref or ref.get("status") != "ok" or "loss_last" not in row or not ref.get("loss_last"):
+        return None
+    return abs(row["loss_last"] - ref["loss_last"]) / abs(ref["loss_last"])
+
+
+def accurate(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> bool:
+    if row.get("policy", "").startswith("torch"):
+        return True  # a different program on another framework: its loss is reported, not judged
+    value = accuracy(row, group)
+    tol = INFER_TOL if row.get("mode") == "inference" else TRAIN_TOL
+    return value is not None and value <= tol
+
+
+def valid(row: dict[str, Any] | None, group: dict[str, dict[str, Any]]) -> bool:
+    return bool(row) and row.get("status") == "ok" and row.get("throughput") is not None and accurate(row, group)
+
+
+def best_anchor(group: dict[str, dict[str, Any]], mode: str) -> tuple[str, float] | None:
+    anchors = pol.INFERENCE_ANCHORS if mode == "inference" else pol.TRAINING_ANCHORS
+    found = [(name, group[name]["throughput"]) for name in anchors if valid(group.get(name), group)]
+    return max(found, key=lambda x: x[1]) if found else None
+
+
+def _ok(row: dict[str, Any] | None) -> bool:
+    return bool(row) and row.get("status") == "ok" and bool(row.get("throughput"))
+
+
+def _ratio(group, a: str, b: str) -> float | None:
+    """Throughput of ``a`` over ``b`` when both ran (accuracy is judged by its own target)."""
+    ra, rb = group.get(a), group.get(b)
+    if _ok(ra) and _ok(rb):
+        return ra["throughput"] / rb["throughput"]
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# targets
+# --------------------------------------------------------------------------------------------
+
+
+def evaluate_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target of issue 6: {"name", "met": True/False/None, "text"} (None: not measurable)."""
+    groups = group_rows(rows)
+    out = []
+
+    # 1. campo training >= 1.20x amp, geometric mean over the training models
+    ratios = {k: _ratio(g, "campo", "amp") for k, g in groups.items() if k[2] == "training"}
+    have = {k: r for k, r in ratios.items() if r is not None}
+    missing = sorted(f"{k[0]} b{k[1]}" for k, r in ratios.items() if r is None)
+    if have:
+        gm = geomean(list(have.values()))
+        detail = ", ".join(f"{k[0]} {r:.2f}x" for k, r in sorted(have.items()))
+        out.append({"name": "campo training throughput >= 1.20x amp (geometric mean over the training models)",
+                    "met": gm >= TRAIN_TARGET_OVER_AMP,
+                    "text": f"geometric mean {gm:.3f}x over {len(have)} models ({detail})"
+                            + (f"; not measurable for {', '.join(missing)}" if missing else "")})
+    else:
+        out.append({"name": "campo training throughput >= 1.20x amp", "met": None,
+                    "text": "no training model has valid campo and amp rows"})
+
+    # 2. campo >= 1.0x the best anchor on every model, >= 1.10x in geometric mean (inference and training)
+    for mode in ("inference", "training"):
+        per, worse, unmeasured = {}, [], []
+        for key, group in sorted(groups.items()):
+            if key[2] != mode:
+                continue
+            best = best_anchor(group, mode)
+            campo = group.get("campo")
+            if best is None or not _ok(campo):
+                reason = "campo failed or missing" if not _ok(campo) else "no valid anchor"
+                unmeasured.append(f"{key[0]} b{key[1]} ({reason})")
+                continue
+            ratio = campo["throughput"] / best[1]
+            per[key] = (ratio, best[0])
+            if ratio < 1.0:
+                worse.append(f"{key[0]} b{key[1]}: {ratio:.3f}x of {best[0]}")
+        if not per:
+            out.append({"name": f"campo >= best anchor on every model ({mode})", "met": None,
+                        "text": "nothing measurable" + (f": {'; '.join(unmeasured)}" if unmeasured else "")})
+            continue
+        gm = geomean([r for r, _ in per.values()])
+        every = not worse and not unmeasured
+        out.append({"name": f"campo >= 1.0x the best anchor on every model and batch ({mode})",
+                    "met": every if not unmeasured else (False if worse else None),
+                    "text": (f"slower on {'; '.join(worse)}" if worse else f"at least 1.0x on all {len(per)} measured")
+                            + (f"; not measurable: {'; '.join(unmeasured)}" if unmeasured else "")})
+        out.append({"name": f"campo >= 1.10x the best anchor in geometric mean ({mode})",
+                    "met": gm >= GEOMEAN_TARGET_OVER_BEST, "text": f"geometric mean {gm:.3f}x over {len(per)} model/batch pairs"})
+
+    # 3. campo never slower than fp32 (TF32)
+    slower, checked, close = [], 0, []
+    for key, group in sorted(groups.items()):
+        r = _ratio(group, "campo", "fp32")
+        if r is None:
+            continue
+        checked += 1
+        if r < 1.0:
+            slower.append(f"{key[0]} b{key[1]} {key[2]}: {r:.3f}x")
+        elif r < 1.02:
+            close.append(f"{key[0]} b{key[1]} {key[2]}")
+    out.append({"name": "campo never slower than fp32 (TF32) on any model or batch",
+                "met": (not slower) if checked else None,
+                "text": (f"slower on {'; '.join(slower)}" if slower else f"not slower on any of {checked}")
+                        + (f"; within 2 % of fp32 (noise level): {', '.join(close)}" if close else "")})
+
+    # 4. accuracy
+    bad, checked = [], 0
+    for key, group in sorted(groups.items()):
+        row = group.get("campo")
+        if not row or row.get("status") != "ok":
+            continue
+        value = accuracy(row, group)
+        checked += 1
+        if value is None or not accurate(row, group):
+            bad.append(f"{key[0]} b{key[1]} {key[2]}: {'n/a' if value is None else f'{value:.2e}'}")
+    out.append({"name": f"campo accuracy within tolerance (inference max rel err <= {INFER_TOL}, "
+                        f"training loss gap <= {TRAIN_TOL})",
+                "met": (not bad) if checked else None,
+                "text": f"outside on {'; '.join(bad)}" if bad else f"within on all {checked}"})
+    return out
+
+
+def _word(met) -> str:
+    return {True: "**met**", False: "**not met**", None: "**not measurable**"}[met]
+
+
+# --------------------------------------------------------------------------------------------
+# tables
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(value, spec=".3f", dash="–") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return dash
+    return format(value, spec)
+
+
+def _policies(mode: str) -> tuple[str, ...]:
+    return pol.INFERENCE_POLICIES if mode == "inference" else pol.TRAINING_POLICIES
+
+
+def group_table(key, group: dict[str, dict[str, Any]]) -> list[str]:
+    model, batch, mode = key
+    unit = "ms/step" if mode == "training" else "ms"
+    acc = "loss gap" if mode == "training" else "max rel err"
+    lines = [f"| policy | {unit} | samples/s | x fp32 | x amp | Casts | Pads | {acc} | TC share of GEMM time | convert s | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for policy in _policies(mode):
+        row = group.get(policy)
+        if row is None:
+            continue
+        if row.get("status") != "ok":
+            lines.append(f"| {policy} | – | – | – | – | – | – | – | – | – | {row.get('status')}: {_md(row.get('error', ''))[:160]} |")
+            continue
+        tc = (row.get("tc") or {}).get("tc_share_of_gemm")
+        note = [] if accurate(row, group) else ["outside tolerance"]
+        if row.get("chosen_plan") and row["chosen_plan"] != "campo" and policy.startswith("campo"):
+            note.append(f"kept the {row['chosen_plan']} plan")
+        if row.get("first_step_s") is not None and "compile" in policy:
+            note.append(f"first step {row['first_step_s']} s")
+        lines.append(
+            f"| {policy} | {_fmt(row.get('ms'))} | {_fmt(row.get('throughput'), '.1f')} | {_fmt(_ratio(group, policy, 'fp32'), '.2f')} "
+            f"| {_fmt(_ratio(group, policy, 'amp'), '.2f')} | {row.get('casts', '–')} | {row.get('pads', '–')} "
+            f"| {_fmt(accuracy(row, group), '.1e')} | {_fmt(tc, '.0%')} | {_fmt(row.get('convert_s'), '.1f')} | {'; '.join(note)} |")
+    return lines
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def breakdown_table(rows: list[dict[str, Any]]) -> list[str]:
+    from bench_measure import CATEGORIES
+
+    found = [r for r in rows if r.get("mode") == "training" and r.get("breakdown")]
+    if not found:
+        return ["No training step was profiled yet."]
+    lines = ["| model | policy | kernel us/step | " + " | ".join(CATEGORIES) + " | top backward ops (us) |",
+             "|---|---|---:|" + "---:|" * len(CATEGORIES) + "---|"]
+    for r in sorted(found, key=lambda r: (r["model"], r["policy"])):
+        b = r["breakdown"]
+        shares = " | ".join(f"{100 * b['share'][c]:.0f} %" for c in CATEGORIES)
+        top = ", ".join(f"{op} {us:.0f}" for op, us in b.get("top_backward", [])[:4])
+        lines.append(f"| {r['model']} b{r['batch']} | {r['policy']} | {b['total_us']:.0f} | {shares} | {top} |")
+    return lines
+
+
+def torch_comparison(rows: list[dict[str, Any]]) -> list[str]:
+    groups = group_rows(rows)
+    lines = ["| model | campo ms/step | best PyTorch | its ms/step | campo / best PyTorch throughput | fp32 ORT ms/step |",
+             "|---|---:|---|---:|---:|---:|"]
+    any_row = False
+    notes: list[str] = []
+    for key, group in sorted(groups.items()):
+        if key[2] != "training":
+            continue
+        torch_rows = [(p, group[p]) for p in pol.TORCH_POLICIES if group.get(p, {}).get("status") == "ok"]
+        campo = group.get("campo")
+        if not torch_rows or not campo or campo.get("status") != "ok":
+            continue
+        name, best = min(torch_rows, key=lambda x: x[1]["ms"])
+        fp32 = group.get("fp32", {})
+        lines.append(f"| {key[0]} b{key[1]} | {campo['ms']:.2f} | {name} | {best['ms']:.2f} | "
+                     f"{best['ms'] / campo['ms']:.2f}x | {_fmt(fp32.get('ms'), '.2f')} |")
+        any_row = True
+        if campo["ms"] > best["ms"]:
+            notes.append(_where_time_goes(key, campo, name, best))
+    if not any_row:
+        return ["No model has both a campo training row and a PyTorch row yet."]
+    return lines + ([""] + notes if notes else [])
+
+
+def _where_time_goes(key, campo: dict[str, Any], name: str, best: dict[str, Any]) -> str:
+    """One sentence per model where the ONNX Runtime step is slower than PyTorch: the breakdown's numbers."""
+    text = (f"- {key[0]} b{key[1]}: campo's step takes {campo['ms']:.2f} ms, {campo['ms'] / best['ms']:.2f}x "
+            f"{name}'s {best['ms']:.2f} ms.")
+    b = campo.get("breakdown")
+    if not b:
+        return text + " No profile of the campo step was recorded."
+    parts = sorted(((c, b["per_step_us"][c]) for c in b["per_step_us"]), key=lambda x: -x[1])
+    spent = ", ".join(f"{c} {us / 1000:.2f} ms ({100 * b['share'][c]:.0f} %)" for c, us in parts if us > 0)
+    top = ", ".join(f"{op} {us / 1000:.2f} ms" for op, us in b.get("top_backward", [])[:4])
+    return (text + f" Its kernels (profiled unfused, {b['total_us'] / 1000:.2f} ms a step): {spent}. "
+            f"Largest backward op types: {top}.")
+
+
+def _times(value) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def headline(rows: list[dict[str, Any]]) -> list[str]:
+    """The README's table: per model/batch/mode fp32, amp, the best anchor, campo, and the ratios."""
+    groups = group_rows(rows)
+    lines = ["| model | mode | batch | fp32 (TF32) | amp | best anchor | campo | campo / amp | campo / best anchor |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for key, group in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+        model, batch, mode = key
+        unit = "ms/step" if mode == "training" else "ms"
+        best = best_anchor(group, mode)
+        campo = group.get("campo")
+
+        def ms(p):
+            r = group.get(p)
+            return f"{r['ms']:.2f}" if r and r.get("status") == "ok" and r.get("ms") else "–"
+        best_text = f"{best[0]} {group[best[0]]['ms']:.2f}" if best else "–"
+        ratio_best = campo["throughput"] / best[1] if best and _ok(campo) else None
+        lines.append(f"| {model} | {mode} ({unit}) | {batch} | {ms('fp32')} | {ms('amp')} | {best_text} | {ms('campo')} "
+                     f"| {_times(_ratio(group, 'campo', 'amp'))} | {_times(ratio_best)} |")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# plots
+# --------------------------------------------------------------------------------------------
+
+
+def plot(rows: list[dict[str, Any]], directory: Path, name: str) -> list[str]:
+    """``<name>-throughput.png`` (one panel per model/batch/mode, a bar per policy) and
+    ``<name>-speedup-over-amp.png``. Returns the file names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted(group_rows(rows).items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))
+    groups = [(k, g) for k, g in groups if any(r.get("status") == "ok" for r in g.values())]
+    if not groups:
+        return []
+    written = []
+    cols = 4
+    rows_n = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.4 * rows_n), squeeze=False)
+    for ax, (key, group) in zip(axes.flat, groups):
+        names = [p for p in _policies(key[2]) if group.get(p, {}).get("status") == "ok"]
+        values = [group[p]["throughput"] for p in names]
+        colors = ["tab:red" if p == "campo" else ("tab:gray" if p in pol.INFERENCE_ANCHORS + pol.TRAINING_ANCHORS else "tab:blue")
+                  for p in names]
+        ax.bar(range(len(names)), values, color=colors)
+        ax.set_xticks(range(len(names)), names, rotation=70, fontsize=7)
+        ax.set_title(f"{key[0]} b{key[1]} {key[2]}", fontsize=9)
+        ax.set_ylabel("samples/s", fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
+    fig.suptitle("Throughput per model and policy (red: campo, gray: anchors)")
+    fig.tight_layout()
+    path = directory / f"{name}-throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path.name)
+
+    shown = ("campo", "campo-nopad", "campo-nocost", "fp16", "fp32", "ort-fp16", "occ-fp16", "modelopt",
+             "torch-eager", "torch-compile", "torch-compile-amp")
+    labels = [f"{k[0]} b{k[1]} {k[2][:5]}" for k, _ in groups]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(groups) + 3), 4.5))
+    width = 0.8 / len(shown)
+    for i, policy in enumerate(shown):
+        ys = [_ratio(g, policy, "amp") if policy in g else None for _, g in groups]
+        xs = [j + i * width for j, y in enumerate(ys) if y is not None]
+        ax.bar(xs, [y for y in ys if y is not None], width, label=policy)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(TRAIN_TARGET_OVER_AMP, color="tab:red", linewidth=0.8, linestyle="--", label="1.20x (training target)")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], labels, rotation=60, fontsize=7, ha="right")
+    ax.set_ylabel("throughput / amp")
+    ax.legend(fontsize=7, ncol=3)
+    ax.set_title("Speed-up over greedy AMP (onnxcampo amp) on ONNX Runtime")
+    fig.tight_layout()
+    path = directory / f"{name}-speedup-over-amp.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path.name)
+    return written
+
+
+# --------------------------------------------------------------------------------------------
+# the document
+# --------------------------------------------------------------------------------------------
+
+
+def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[str], raw: str) -> str:
+    groups = group_rows(rows)
+    ok = sum(r.get("status") == "ok" for r in rows)
+    last = runs[-1] if runs else {}
+    where = (last.get("versions") or {}).get("gpu") if last.get("provider") == "cuda" else None
+    where = where or ("the CPU (a smoke test: fp16 runs wrapped in casts, timings mean nothing)"
+                      if last.get("provider") == "cpu" else "an NVIDIA H200")
+    provider = "CPU EP" if last.get("provider") == "cpu" else "CUDA EP"
+    lines = [f"# Benchmarks on {where}: fp32, fp16, amp, campo and the anchors", ""]
+    lines.append(f"Generated by `scripts/bench_report.py` from `{raw}` ({len(rows)} measurements, {ok} ok). "
+                 "Every number below is a row of that file.")
+    lines.append("")
+    if runs:
+        commands = sorted({r.get("command", "") for r in runs})
+        versions = runs[-1].get("versions", {})
+        gpu = versions.get("gpu", "?")
+        lines += [f"Runs: {len(runs)}, from {runs[0].get('start')} to {runs[-1].get('end')}. GPU: {gpu}. "
+                  f"Python {runs[-1].get('python')}.", "", "Command(s):", ""]
+        lines += [f"    {c}" for c in commands]
+        lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if k != "gpu"), ""]
+    lines += [
+        f"How it is measured: ONNX Runtime {provider}, IO binding with inputs on the device and outputs "
+        "pre-bound, warm-up, then the median over 7 timed blocks (inference) or 5 blocks of 10 steps "
+        "(training) of the mean time per run. fp32 runs with TF32 on (ORT's default) unless marked "
+        "`fp32-notf32`. Accuracy is against fp32 without TF32 on the same inputs (attention masks with "
+        f"zeros): max |out - ref| / max |ref| <= {INFER_TOL} for inference; for training the loss after "
+        f"the same N steps on the same batch within {TRAIN_TOL:.0%} of the reference's. \"TC share\" is "
+        "the share of GEMM/Conv kernel time (ORT profiler) in fp16 with K and N multiples of 8. "
+        "Anchors: inference fp32, occ-fp16, ort-fp16, modelopt, amp; training fp32, amp and the four "
+        "PyTorch variants. An anchor row outside the tolerance does not count as an anchor; campo's "
+        "accuracy is judged by its own target.",
+        "",
+        "## Targets (issue 6)",
+        "",
+    ]
+    for target in evaluate_targets(rows):
+        lines.append(f"- {target['name']}: {_word(target['met'])}. {target['text']}.")
+    lines += ["", "## Headline", ""] + headline(rows) + [""]
+    for name in plots:
+        lines += [f"![{name}]({name})", ""]
+    for mode in ("inference", "training"):
+        keys = sorted(k for k in groups if k[2] == mode)
+        if not keys:
+            continue
+        lines += [f"## {mode.capitalize()}", ""]
+        for key in keys:
+            note = next((r.get("shape_note") for r in groups[key].values() if r.get("shape_note")), "")
+            lines += [f"### {key[0]}, batch {key[1]}" + (f" ({note})" if note else ""), ""]
+            lines += group_table(key, groups[key]) + [""]
+    lines += ["## campo training on ONNX Runtime vs the best PyTorch variant", ""] + torch_comparison(rows) + [""]
+    lines += ["## Where a training step's time goes (ORT profiler, graph optimizations off, kernel time per step)", ""]
+    lines += breakdown_table(rows) + [""]
+    failures = [r for r in rows if r.get("status") != "ok"]
+    if failures:
+        lines += ["## Variants that failed or could not run", "", "| key | status | reason |", "|---|---|---|"]
+        lines += [f"| {r['key']} | {r['status']} | {_md(r.get('error', ''))[:300]} |" for r in sorted(failures, key=lambda r: r["key"])]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("raw", type=Path, help="folder with <name>.jsonl")
+    p.add_argument("--name", default="h200")
+    p.add_argument("--out", type=Path, default=None, help="markdown file (default: RAW/../<name>.md)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--headline", action="store_true", help="print the README's headline table")
+    args = p.parse_args(argv)
+    path = args.raw / f"{args.name}.jsonl"
+    if not path.is_file():
+        print(f"error: no results at {path}", file=sys.stderr)
+        return 2
+    rows = read_rows(path)
+    runs_path = args.raw / f"{args.name}.runs.jsonl"
+    runs = read_runs(runs_path)
+    out = args.out or args.raw.parent / f"{args.name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plots = [] if args.no_plots else plot(rows, out.parent, args.name)
+    try:
+        raw = str(path.resolve().relative_to(out.parent.resolve()))
+    except ValueError:
+        raw = str(path)
+    out.write_text(render(rows, runs, plots, raw) + "\n", encoding="utf-8")
+    print(f"wrote {out}" + (f" and {', '.join(plots)}" if plots else ""))
+    if args.headline:
+        print("\n".join(headline(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

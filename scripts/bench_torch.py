@@ -1,0 +1,89 @@
+"""PyTorch training baselines: what users run instead of an ONNX training step.
+
+The same model, batch, loss and optimizer as the ONNX step graph (cross-entropy, SGD with
+momentum 0.9, lr 0.01) in four variants: eager and ``torch.compile``, each in fp32 (TF32 allowed
+for matmuls and cuDNN, matching ORT's default ``use_tf32``) and with ``torch.autocast(float16)``
+plus ``GradScaler``. The module runs in eval mode (frozen BatchNorm statistics, no dropout),
+which is what the onnx-ad step graph computes. The batch stays on the device; the loss is read
+back at the end of each timed block only (a step of the ONNX runner reads it every step).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bench_policies import Unavailable
+
+
+def train(built, policy: str, *, provider: str, warmup: int, blocks: int, per_block: int,
+          lr: float = 0.01, momentum: float = 0.9) -> dict[str, Any]:
+    """ms per step of each timed block, the first and last loss, and the compile time."""
+    if built.torch_module is None:
+        raise Unavailable("no PyTorch source for this model (an ONNX file from the corpus)")
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError as exc:
+        raise Unavailable(f"torch not installed: {exc}") from None
+    device = torch.device("cuda" if provider == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    amp = policy.endswith("-amp")
+    compiled = policy.startswith("torch-compile")
+    module, inputs, labels = built.torch_module()
+    module = module.to(device).eval()
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    labels = labels.to(device)
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum)
+    forward = torch.compile(module) if compiled else module
+    scaler = torch.amp.GradScaler(device.type, enabled=amp)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
+            logits = forward(**inputs)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    first = float(step().detach())
+    sync()
+    first_step_s = time.perf_counter() - start
+    for _ in range(max(warmup - 1, 0)):
+        step()
+    sync()
+    times = []
+    loss = None
+    for _ in range(blocks):
+        start = time.perf_counter()
+        for _ in range(per_block):
+            loss = step()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3 / per_block)
+    out = {"ms_blocks": times, "loss_first": first, "loss_last": float(loss.detach()), "steps": warmup + blocks * per_block,
+           "first_step_s": round(first_step_s, 2), "tf32": device.type == "cuda",
+           "loss_scale": float(scaler.get_scale()) if amp else None}
+    del module, optimizer, forward, inputs, labels
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def versions() -> dict[str, str]:
+    try:
+        import torch
+    except ImportError:
+        return {}
+    out = {"torch": torch.__version__}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out

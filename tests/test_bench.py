@@ -1,0 +1,240 @@
+"""The benchmark suite's own logic, on CPU: keys and resuming, the report's target wording, the
+training-step time breakdown, and a ``--quick --provider cpu`` run end to end (scripts/bench.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import bench  # noqa: E402
+import bench_measure  # noqa: E402
+import bench_models  # noqa: E402
+import bench_report  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONNXCAMPO_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ONNXCAMPO_BENCH_PKGS", str(tmp_path / "pkgs"))
+    monkeypatch.setenv("ONNXCAMPO_DEVICE", "none")
+
+
+def test_scripts_import_without_torch():
+    """The device-only parts import torch lazily: the scripts load on a machine without it."""
+    code = ("import sys; sys.path.insert(0, %r); import bench, bench_report, bench_measure, bench_models, "
+            "bench_policies, bench_torch; assert 'torch' not in sys.modules, 'torch imported'" % str(SCRIPTS))
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_keys_resume_and_killed_items(tmp_path):
+    """Keys are model|batch|mode|policy; done rows are skipped (failed ones only with --retry-failed);
+    a torn last line is ignored; an item started twice with a full run ahead and never finished is dead."""
+    assert bench.make_key("bert", 32, "training", "campo") == "bert|32|training|campo"
+    items = bench.work_list(["odd_mlp"], ["fp32", "campo", "torch-eager"], ["inference", "training"], quick=True)
+    assert [i.key for i in items] == ["odd_mlp|1|inference|fp32", "odd_mlp|1|inference|campo",
+                                      "odd_mlp|4|inference|fp32", "odd_mlp|4|inference|campo",
+                                      "odd_mlp|4|training|fp32", "odd_mlp|4|training|campo",
+                                      "odd_mlp|4|training|torch-eager"]
+    results = bench.Results(tmp_path, "h200", mirror=tmp_path / "mirror")
+    results.add({"key": items[0].key, "status": "ok"})
+    results.add({"key": items[1].key, "status": "failed", "error": "x"})
+    with results.path.open("a") as f:
+        f.write('{"key": "odd_mlp|4|infer')  # a run killed mid-line
+    rows = bench.read_rows(results.path)
+    assert bench.done_keys(rows) == {items[0].key, items[1].key}
+    assert bench.done_keys(rows, retry_failed=True) == {items[0].key}
+    assert (tmp_path / "mirror" / "h200.jsonl").is_file()
+    attempts = [{"key": "a", "left_s": 500}, {"key": "a", "left_s": 520}, {"key": "b", "left_s": 500},
+                {"key": "b", "left_s": 20}, {"key": "c", "left_s": 500}, {"key": "c", "left_s": 500}]
+    assert bench.killed_items(attempts, done={"c"}, full_run_s=270) == {"a": 2}
+
+
+def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
+    """--quick --provider cpu on the onnx.helper odd MLP: every variant gives a row; a second run
+    does nothing; anchors whose packages are missing are rows with the reason, not crashes."""
+    out = tmp_path / "raw"
+    args = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--out", str(out), "--budget-s", "120",
+            "--wheels", str(tmp_path / "none"), "--policies", "fp32,fp32-notf32,modelopt,amp,campo,campo-nocost,torch-eager"]
+    assert bench.main(args) == 0
+    rows = [json.loads(line) for line in (out / "cpu.jsonl").read_text().splitlines()]
+    by_key = {r["key"]: r for r in rows}
+    assert len(rows) == len(by_key) == 2 * 6 + 6
+    campo = by_key["odd_mlp|4|inference|campo"]
+    assert campo["status"] == "ok" and campo["ms"] > 0 and len(campo["ms_blocks"]) == 5
+    assert campo["rel_err_max"] < 0.02 and "casts" in campo and "tc" in campo
+    train = by_key["odd_mlp|4|training|campo"]
+    assert train["status"] == "ok" and train["steps"] == 11 and np.isfinite(train["loss_last"])
+    assert train["loss_last"] < train["loss_first"]
+    assert set(train["breakdown"]["per_step_us"]) == set(bench_measure.CATEGORIES)
+    assert by_key["odd_mlp|1|inference|modelopt"]["status"] in ("unavailable", "ok")
+    assert "everything is done" in capsys.readouterr().out
+    assert bench.main(args) == 0
+    assert len((out / "cpu.jsonl").read_text().splitlines()) == len(rows)
+    assert "0 measurements left" not in capsys.readouterr().out
+    runs = bench_report.read_runs(out / "cpu.runs.jsonl")
+    assert [r["finished"] for r in runs] == [len(rows), 0] and runs[0]["versions"]["onnx"]
+
+
+def test_budget_stops_cleanly_and_next_run_continues(tmp_path, capsys):
+    """With no budget left a run still finishes one item, records it and says what is left."""
+    out = tmp_path / "raw"
+    args = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "inference", "--out", str(out),
+            "--policies", "fp32,fp32-notf32,campo", "--no-tc", "--budget-s", "0"]
+    assert bench.main(args) == 0
+    assert len((out / "cpu.jsonl").read_text().splitlines()) == 1
+    assert "5 measurements left" in capsys.readouterr().out
+    assert bench.main([*args[:-1], "60"]) == 0
+    assert len((out / "cpu.jsonl").read_text().splitlines()) == 6
+
+
+def _row(model, batch, mode, policy, ms, **extra):
+    row = {"key": bench.make_key(model, batch, mode, policy), "model": model, "batch": batch, "mode": mode,
+           "policy": policy, "status": "ok", "ms": ms, "throughput": batch * 1000.0 / ms}
+    if mode == "inference":
+        row.update(rel_err_max=1e-3)
+    else:
+        row.update(loss_first=2.0, loss_last=1.0)
+    row.update(extra)
+    return row
+
+
+def test_report_states_targets_met(tmp_path):
+    """campo 1.25x amp in training, faster than every anchor and fp32, within tolerance: all met."""
+    rows = []
+    for model in ("resnet50", "bert"):
+        rows += [_row(model, 32, "training", "fp32-notf32", 40), _row(model, 32, "training", "fp32", 30),
+                 _row(model, 32, "training", "amp", 25), _row(model, 32, "training", "campo", 20),
+                 _row(model, 32, "training", "torch-compile", 24)]
+        rows += [_row(model, 1, "inference", "fp32-notf32", 3), _row(model, 1, "inference", "fp32", 2),
+                 _row(model, 1, "inference", "amp", 2.5), _row(model, 1, "inference", "modelopt", 2.0),
+                 _row(model, 1, "inference", "campo", 1.6)]
+    targets = bench_report.evaluate_targets(rows)
+    assert [t["met"] for t in targets] == [True] * len(targets)
+    assert "geometric mean 1.250x over 2 models" in targets[0]["text"]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench_report.main([str(raw)]) == 0
+    text = (tmp_path / "h200.md").read_text()
+    assert "**not met**" not in text and text.count("**met**") == len(targets)
+    assert (tmp_path / "h200-throughput.png").is_file() and (tmp_path / "h200-speedup-over-amp.png").is_file()
+
+
+def test_report_states_targets_not_met_and_why(tmp_path):
+    """campo slower than fp32 and than ModelOpt, a loss off by 10 %: each target says not met, with numbers;
+    an anchor outside tolerance is not the best anchor; a failed row is listed with its reason."""
+    rows = [_row("gpt2", 8, "training", "fp32-notf32", 40), _row("gpt2", 8, "training", "fp32", 30),
+            _row("gpt2", 8, "training", "amp", 35), _row("gpt2", 8, "training", "campo", 31, loss_last=1.1),
+            _row("gpt2", 8, "inference", "fp32-notf32", 9), _row("gpt2", 8, "inference", "fp32", 8),
+            _row("gpt2", 8, "inference", "amp", 13), _row("gpt2", 8, "inference", "modelopt", 7),
+            _row("gpt2", 8, "inference", "ort-fp16", 1, rel_err_max=0.5),
+            _row("gpt2", 8, "inference", "campo", 8.4),
+            {"key": "gpt2|8|inference|occ-fp16", "model": "gpt2", "batch": 8, "mode": "inference",
+             "policy": "occ-fp16", "status": "failed", "error": "ONNX Runtime rejected the model: Type Error"}]
+    targets = {t["name"]: t for t in bench_report.evaluate_targets(rows)}
+    amp = next(t for n, t in targets.items() if n.startswith("campo training throughput"))
+    assert amp["met"] is False and "0.875x" not in amp["text"] and "1.129x" in amp["text"]
+    best = next(t for n, t in targets.items() if "every model" in n and "(inference)" in n)
+    assert best["met"] is False and "of modelopt" in best["text"]  # ort-fp16 is outside tolerance
+    fp32 = next(t for n, t in targets.items() if "never slower" in n)
+    assert fp32["met"] is False and "gpt2 b8 inference: 0.952x" in fp32["text"]
+    acc = next(t for n, t in targets.items() if "accuracy" in n)
+    assert acc["met"] is False and "gpt2 b8 training" in acc["text"]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench_report.main([str(raw), "--no-plots"]) == 0
+    text = (tmp_path / "h200.md").read_text()
+    assert "**not met**" in text and "Type Error" in text and "outside tolerance" in text
+
+
+def test_classify_node_by_step_graph_names():
+    weights, state = ("fc0.weight", "a/b:0"), ("fc0.weight.momentum", "loss_scale")
+    forward = {"fc0/MatMul", "fc0/Add"}
+    expect = {
+        ("fc0/MatMul", "MatMul"): "forward",
+        ("fc0/MatMul_grad/MatMul_1", "MatMul"): "backward",
+        ("loss/log_softmax", "LogSoftmax"): "loss",
+        ("fc0.weight/squeeze", "Squeeze"): "update",
+        ("fc0.weight/lr_v", "Mul"): "update",
+        ("a/b:0/velocity", "Add"): "update",
+        ("update/seed", "Reshape"): "update",
+        ("fc0.weight/grad", "Mul"): "loss_scale",
+        ("fc0.weight/grad.sum", "ReduceSum"): "loss_scale",
+        ("loss_scale/grad_sum", "Sum"): "loss_scale",
+        ("found_inf", "IsNaN"): "loss_scale",
+        ("fc0.weight.momentum.updated", "Where"): "loss_scale",
+        ("fc0/relu/cast_fp16", "Cast"): "cast",
+        ("fc0/MatMul/pad_k", "Pad"): "pad",
+        ("Memcpy_token_3", "MemcpyFromHost"): "memcpy",
+    }
+    for (name, op), part in expect.items():
+        assert bench_measure.classify_node(name, op, forward=forward, weights=weights, state=state) == part, name
+
+
+def _tiny_step(tmp_path, policy):
+    import onnx
+
+    import onnxcampo
+    from onnxcampo.training import build_train_step
+
+    forward = bench_models.odd_mlp_model(8, [16, 24, 24, 8])
+    step = build_train_step(forward, loss="cross_entropy", optimizer="momentum", lr=0.05)
+    if policy != "fp32":
+        step = onnxcampo.optimize(step, policy=policy).model
+    path = tmp_path / f"step-{policy}.onnx"
+    onnx.save(step, str(path))
+    rng = np.random.default_rng(0)
+    batch = {"x": rng.standard_normal((8, 16)).astype(np.float32), "labels": rng.integers(0, 8, 8)}
+    return forward, step, path, batch
+
+
+def test_step_runner_computes_the_trainers_losses(tmp_path):
+    from onnxcampo.training import Trainer, initial_weights
+
+    forward, step, path, batch = _tiny_step(tmp_path, "fp32")
+    weights = initial_weights(forward, step)
+    # copies: on CPU the Trainer's OrtValues borrow (and update in place) the arrays it is given
+    trainer = Trainer(step, weights={k: v.copy() for k, v in weights.items()}, provider="cpu")
+    expected = [trainer.step(batch) for _ in range(4)]
+    runner = bench_measure.StepRunner(path, weights=weights, batch=batch, provider="cpu")
+    got = [runner() for _ in range(4)]
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_breakdown_of_a_profiled_step(tmp_path):
+    """An all-fp16 step graph (Casts, loss scaling) profiled on CPU: every part gets time, the
+    parts add up to the total, and the node counts match the classified graph."""
+    from onnxcampo.training import initial_weights
+
+    forward, step, path, batch = _tiny_step(tmp_path, "fp16")
+    runner = bench_measure.StepRunner(path, weights=initial_weights(forward, step), batch=batch, provider="cpu",
+                                      profiling=True, optimization="disable",
+                                      profile_prefix=str(tmp_path / "prof"))
+    for _ in range(3):
+        runner()
+    result = bench_measure.breakdown(runner.session.end_profiling(), step, forward)
+    assert result["steps"] == 2
+    for part in ("forward", "loss", "backward", "update", "loss_scale", "cast"):
+        assert result["per_step_us"][part] > 0, part
+    assert result["per_step_us"]["memcpy"] == 0 and result["per_step_us"]["pad"] == 0
+    assert sum(result["per_step_us"].values()) == pytest.approx(result["total_us"])
+    assert result["nodes"]["forward"] == len([n for n in forward.graph.node if n.op_type != "Identity"]) or \
+        result["nodes"]["forward"] <= len(forward.graph.node)
+
+
+def test_tensor_core_rule():
+    eligible = bench_measure.tensor_core_eligible
+    assert eligible("MatMul", [{"float16": [7, 1000]}], [{"float16": [7, 1008]}]) is True
+    assert eligible("MatMul", [{"float16": [8, 1001]}], [{"float16": [8, 1000]}]) is False
+    assert eligible("MatMul", [{"float": [8, 1024]}], [{"float": [8, 1024]}]) is False
+    assert eligible("Conv", [{"float16": [1, 3, 32, 32]}], [{"float16": [1, 64, 16, 16]}]) is False
+    assert eligible("FusedConv", [{"float16": [1, 64, 32, 32]}], [{"float16": [1, 64, 16, 16]}]) is True
