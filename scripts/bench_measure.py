@@ -42,6 +42,10 @@ def make_session(model: str | Path, *, provider: str, tf32: bool = True, profili
     options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers flood the log
     if profile_prefix:
         options.profile_file_prefix = profile_prefix
+    from onnxcampo import ops
+
+    if ops.available():  # step graphs built with the custom-op library use its fused ops
+        ops.register(options)
     if provider == "cuda":
         _preload_cuda_dlls()
         providers = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"}), "CPUExecutionProvider"]
