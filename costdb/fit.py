@@ -77,13 +77,15 @@ import numpy as np
 
 from onnxcampo.costdb.chains import fit_chains
 from onnxcampo.costdb.features import OpFeatures, op_features
-from onnxcampo.costdb.regression import FEATURES, SCHEMA_VERSION, feature_vector, shape_key, validate_database
+from onnxcampo.costdb.regression import (FP32_RUN_FEATURES, SHAPE_FEATURES, SCHEMA_VERSION, feature_vector, shape_key,
+                                         validate_database)
 from onnxcampo.errors import ConfigError, CostModelError
 
 log = logging.getLogger(__name__)
 
 TIME_FLOOR_US = 0.5
 MIN_GAIN = 0.05  # forward selection: a feature must cut the leave-one-out error by 5 %
+TIE = 0.02  # forward selection: LOO errors within 2 % of the best count as tied
 MIN_GAIN_ABS = 1e-4  # ... and by 0.01 points (exact fits must not grow features from rounding)
 CAST_OP = "Cast"
 PAD_OPS = frozenset({"Pad", "Slice"})
@@ -157,7 +159,7 @@ class Case:
 
     @property
     def values(self) -> dict[str, float]:
-        return feature_vector(self.features)
+        return feature_vector(self.features, self.t32)
 
     @property
     def aligned(self) -> bool:
@@ -314,11 +316,13 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "all") -> dict:
     """One MODEL dict (``features``, ``coef``, ``intercept``, ``sigma`` for fp16) from cases."""
     target = np.array([c.t16 if fp16 else c.t32 for c in cases])
-    columns = {name: np.array([c.values[name] for c in cases]) for name in FEATURES}
+    names = SHAPE_FEATURES + FP32_RUN_FEATURES if fp16 else SHAPE_FEATURES
+    values = [c.values for c in cases]
+    columns = {name: np.array([v[name] for v in values]) for name in names}
     rhos = {name: spearman(col, target) for name, col in columns.items()}
-    candidates = [n for n in FEATURES if abs(rhos[n]) > rho]
+    candidates = [n for n in names if abs(rhos[n]) > rho]
     if not candidates:
-        best = max(FEATURES, key=lambda n: abs(rhos[n]))
+        best = max(names, key=lambda n: abs(rhos[n]))
         candidates = [best] if abs(rhos[best]) > 0 else []
     t32 = np.array([c.t32 for c in cases])
 
@@ -336,7 +340,10 @@ def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "a
         if not remaining or len(chosen) + 1 + (2 if fp16 else 1) > max_params:
             break
         trials = {n: weighted_fit(design(chosen + [n]), target) for n in remaining}
-        name = min(remaining, key=lambda n: trials[n].loo_mape)
+        best = min(trials[n].loo_mape for n in remaining)
+        # near-ties go to the simpler feature (earlier in FEATURES): padded or wave-quantized
+        # FLOPs equal plain FLOPs for most shapes and must earn their place
+        name = next(n for n in remaining if trials[n].loo_mape <= best * (1 + TIE))
         forced = not fp16 and not chosen  # fp32 keeps at least one feature
         gain = current.loo_mape - trials[name].loo_mape
         if not forced and not (gain > MIN_GAIN * current.loo_mape and gain > MIN_GAIN_ABS):
@@ -358,6 +365,24 @@ def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "a
     return model
 
 
+def _even_split(unaligned: Sequence[Case], pooled: dict, *, rho: float, min_samples: int) -> tuple[dict, dict] | None:
+    """Separate models for odd and even unaligned cases (:attr:`OpFeatures.even_aligned`) when
+    both have ``min_samples`` training cases and the split lowers the leave-one-out error of
+    the unaligned training cases by ``MIN_GAIN`` (a choice made on training cases only)."""
+    odd = [c for c in unaligned if not c.features.even_aligned]
+    even = [c for c in unaligned if c.features.even_aligned]
+    if len(odd) < min_samples or len(even) < min_samples or pooled["loo_mape"] is None:
+        return None
+    odd_model = fit_model(odd, fp16=True, rho=rho, fit_on="odd")
+    even_model = fit_model(even, fp16=True, rho=rho, fit_on="even")
+    if odd_model["loo_mape"] is None or even_model["loo_mape"] is None:
+        return None
+    split_loo = (odd_model["loo_mape"] * len(odd) + even_model["loo_mape"] * len(even)) / len(unaligned)
+    if split_loo > (1 - MIN_GAIN) * pooled["loo_mape"]:
+        return None
+    return odd_model, even_model
+
+
 def fit_size_cost(rows: Sequence[tuple[int, float]]) -> dict:
     """``C_I + r * n`` by least squares weighted by ``1 / t**2``."""
     if not rows:
@@ -372,6 +397,26 @@ def fit_size_cost(rows: Sequence[tuple[int, float]]) -> dict:
 
 # --------------------------------------------------------------------------------------------
 # The database
+
+
+def fit_op(train: Sequence[Case], cases: Sequence[Case], *, rho: float, min_samples: int) -> dict:
+    """The models of one op type (rule 5) fitted on ``train``; ``cases`` (all of the op's cases)
+    decide which models the op has, so that the held-out share does not change the layout."""
+    entry = {"fp32": fit_model(train, fp16=False, rho=rho)}
+    is_gemm = any(c.features.is_gemm for c in cases)
+    unaligned = [c for c in train if not c.aligned]
+    aligned = [c for c in train if c.aligned]
+    if is_gemm and sum(not c.aligned for c in cases) >= min_samples:
+        entry["fp16"] = fit_model(unaligned, fp16=True, rho=rho, fit_on="unaligned")
+    else:
+        entry["fp16"] = fit_model(train, fp16=True, rho=rho, fit_on="all")
+    if is_gemm and sum(c.aligned for c in cases) >= min_samples and len(aligned) >= 3:
+        entry["fp16_tc"] = fit_model(aligned, fp16=True, rho=rho, fit_on="aligned")
+    if entry["fp16"]["fit_on"] == "unaligned":
+        split = _even_split(unaligned, entry["fp16"], rho=rho, min_samples=min_samples)
+        if split is not None:
+            entry["fp16"], entry["fp16_even"] = split
+    return entry
 
 
 def split_holdout(cases: Sequence[Case], share: float, seed: int) -> tuple[list[Case], list[Case]]:
@@ -439,16 +484,7 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
             log.info("%s: %d paired cases (< %d): analytic fallback", op_type, len(cases), min_samples)
             continue
         train, held = split_holdout(cases, holdout, seed)
-        entry = {"fp32": fit_model(train, fp16=False, rho=rho)}
-        is_gemm = any(c.features.is_gemm for c in cases)
-        unaligned = [c for c in train if not c.aligned]
-        aligned = [c for c in train if c.aligned]
-        if is_gemm and sum(not c.aligned for c in cases) >= min_samples:
-            entry["fp16"] = fit_model(unaligned, fp16=True, rho=rho, fit_on="unaligned")
-        else:
-            entry["fp16"] = fit_model(train, fp16=True, rho=rho, fit_on="all")
-        if is_gemm and sum(c.aligned for c in cases) >= min_samples and len(aligned) >= 3:
-            entry["fp16_tc"] = fit_model(aligned, fp16=True, rho=rho, fit_on="aligned")
+        entry = fit_op(train, cases, rho=rho, min_samples=min_samples)
         entry["samples"] = len(cases)
         entry["holdout"] = len(held)
         ops[op_type] = entry
