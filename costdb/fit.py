@@ -26,14 +26,23 @@ accepts. Rules:
    * ``fp16``: ``t16 ~ b + sum_i w_i f_i + sigma * t32`` (Campo's form; ``t32`` is the measured
      fp32 time of the same case), on the cases that are not Tensor Core aligned (all cases for
      ops without a GEMM, or when fewer than ``min_samples`` unaligned cases exist);
-   * ``fp16_tc``: the same form on aligned cases, for GEMM ops with ``min_samples`` aligned cases.
+   * ``fp16_tc``: the same form on aligned cases, for GEMM ops with ``min_samples`` aligned cases;
+   * ``fp16_even``: when the unaligned cases split into odd and even K/N
+     (:attr:`OpFeatures.even_aligned`) with ``min_samples`` training cases each and the split
+     lowers their leave-one-out error by ``MIN_GAIN``, ``fp16`` is refitted on the odd cases
+     (``fit_on: "odd"``) and ``fp16_even`` on the even ones;
+   * ``regimes`` (op types in :data:`REGIME_RULES`, Conv: 1x1 / spatial kernels): the models above
+     once per regime, kept when every regime has ``2 * min_samples`` cases and the split lowers
+     the fp16 leave-one-out error on the training cases by ``MIN_GAIN``; the pooled models stay.
 
    Feature choice (Campo): candidates are the :data:`FEATURES` whose Spearman ``|rho|`` against
    the target time (on the training cases) exceeds ``rho``; when none does, the single best one.
    Many candidates rank alike (``flops`` and ``log_flops`` have identical ranks), so fitting them
    all would give collinear, overfitted models; the candidates are therefore added one at a time
    (forward selection), each only while it lowers the leave-one-out relative error by at least
-   5 %. ``fp32`` keeps at least one feature; ``fp16`` may keep none (``sigma * t32`` alone).
+   5 %; near-ties (within ``TIE``) go to the earlier feature. ``fp32`` keeps at least one
+   feature; ``fp16`` may keep none (``sigma * t32`` alone). fp16 models also have the
+   :data:`FP32_RUN_FEATURES` (measured fp32 time times a shape quantity) as candidates.
 6. The measured times of every case are kept under ``measured`` (keyed by :func:`shape_key`):
    a node of exactly such a shape gets them instead of a prediction. The evaluation ignores the
    table, so the held-out errors measure the models alone.
@@ -45,7 +54,8 @@ Additions to schema v1 (all optional for readers; ``validate_database`` ignores 
 
     "cast": {..., "to_fp16": {"C_I", "r"}, "to_fp32": {"C_I", "r"}, "samples": rows}
     "pad": {..., "samples": rows}
-    "ops": {OP: {..., "holdout": n held out, "holdout_mape_fp32": x,
+    "ops": {OP: {..., "holdout": n held out, "holdout_mape_fp32": x, "fp16_even": MODEL,
+                 "regimes": {"rule", "models": {REGIME: entry}, "loo_mape", "pooled_loo_mape"},
                  MODEL: {..., "samples": training cases, "fit_on": "all"|"unaligned"|"aligned",
                          "loo_mape": leave-one-out error on the training cases,
                          "rho": {feature: Spearman rho of each candidate}}}}
@@ -77,7 +87,7 @@ import numpy as np
 
 from onnxcampo.costdb.chains import fit_chains
 from onnxcampo.costdb.features import OpFeatures, op_features
-from onnxcampo.costdb.regression import (FP32_RUN_FEATURES, SHAPE_FEATURES, SCHEMA_VERSION, feature_vector, shape_key,
+from onnxcampo.costdb.regression import (FP32_RUN_FEATURES, REGIME_RULES, SHAPE_FEATURES, SCHEMA_VERSION, feature_vector, shape_key,
                                          validate_database)
 from onnxcampo.errors import ConfigError, CostModelError
 
@@ -419,6 +429,46 @@ def fit_op(train: Sequence[Case], cases: Sequence[Case], *, rho: float, min_samp
     return entry
 
 
+def _training_loo(entry: dict, train: Sequence[Case]) -> float | None:
+    """Leave-one-out error of an entry's fp16 models over the training cases they were fitted on."""
+    models = [entry[k] for k in ("fp16", "fp16_tc", "fp16_even") if k in entry]
+    if any(m["loo_mape"] is None for m in models) or not train:
+        return None
+    return sum(m["loo_mape"] * m["samples"] for m in models) / sum(m["samples"] for m in models)
+
+
+def _fit_regimes(op_type: str, train: Sequence[Case], cases: Sequence[Case], pooled: dict, *, rho: float,
+                 min_samples: int) -> dict | None:
+    """One entry per kernel regime (:data:`REGIME_RULES`) when every regime has ``2 * min_samples``
+    cases and the split lowers the fp16 leave-one-out error on the training cases by
+    ``MIN_GAIN`` (decided on training cases only, like the feature choice)."""
+    rule = REGIME_RULES.get(op_type)
+    if rule is None:
+        return None
+    name, key = rule
+    groups: dict[str, list[Case]] = defaultdict(list)
+    for case in cases:
+        groups[key(case.features)].append(case)
+    if len(groups) < 2 or any(len(g) < 2 * min_samples for g in groups.values()):
+        return None
+    held = {c.key for c in cases} - {c.key for c in train}
+    models, loo, count = {}, 0.0, 0
+    for regime, group in sorted(groups.items()):
+        sub_train = [c for c in group if c.key not in held]
+        entry = fit_op(sub_train, group, rho=rho, min_samples=min_samples)
+        error = _training_loo(entry, sub_train)
+        if error is None:
+            return None
+        models[regime] = {**entry, "samples": len(group)}
+        loo += error * len(sub_train)
+        count += len(sub_train)
+    pooled_loo = _training_loo(pooled, train)
+    if pooled_loo is None or loo / count > (1 - MIN_GAIN) * pooled_loo:
+        log.info("%s: regimes by %s do not pay (LOO %.3f vs pooled %s)", op_type, name, loo / count, pooled_loo)
+        return None
+    return {"rule": name, "models": models, "loo_mape": round(loo / count, 6), "pooled_loo_mape": round(pooled_loo, 6)}
+
+
 def split_holdout(cases: Sequence[Case], share: float, seed: int) -> tuple[list[Case], list[Case]]:
     """Held-out cases of one op type: by case, stratified by alignment, deterministic in seed."""
     if share <= 0:
@@ -485,6 +535,9 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
             continue
         train, held = split_holdout(cases, holdout, seed)
         entry = fit_op(train, cases, rho=rho, min_samples=min_samples)
+        regimes = _fit_regimes(op_type, train, cases, entry, rho=rho, min_samples=min_samples)
+        if regimes is not None:
+            entry["regimes"] = regimes
         entry["samples"] = len(cases)
         entry["holdout"] = len(held)
         ops[op_type] = entry

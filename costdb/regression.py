@@ -134,7 +134,7 @@ class RegressionCostModel(CostModel):
         entry = self.database["ops"].get(features.op_type)
         if entry is None or not features.known:
             return self.fallback.fp32_time(features)
-        return _linear(entry["fp32"], feature_vector(features))
+        return _linear(regime_entry(entry, features)["fp32"], feature_vector(features))
 
     def fp16_time(self, features: OpFeatures, fp32_time: float) -> float:
         measured = self.measured.get(shape_key(features)) if features.known else None
@@ -144,7 +144,8 @@ class RegressionCostModel(CostModel):
         entry = self.database["ops"].get(features.op_type)
         if entry is None or not features.known:
             return self.fallback.fp16_time(features, fp32_time)
-        return _linear(fp16_model(entry, features), feature_vector(features, fp32_time), fp32_time)
+        model = fp16_model(regime_entry(entry, features), features)
+        return _linear(model, feature_vector(features, fp32_time), fp32_time)
 
     def cast_time(self, elements: int) -> float:
         cast = self.database["cast"]
@@ -165,6 +166,22 @@ class RegressionCostModel(CostModel):
     def describe(self) -> dict:
         return {"name": self.name, "kind": "regression", "device": self.database["device"],
                 "summary": self.database.get("summary", {})}
+
+
+# Kernel regimes: op types whose cases fall into groups run by different kernel families get one
+# set of models per group under "regimes" (the op entry keeps its pooled models, which readers
+# unaware of regimes use). Conv: 1x1 convolutions are plain GEMMs; spatial kernels go through
+# cuDNN's implicit-GEMM / Winograd / FFT algorithms.
+REGIME_RULES = {"Conv": ("kernel", lambda f: "1x1" if f.kernel == 1 else "spatial")}
+
+
+def regime_entry(entry: dict, features: OpFeatures) -> dict:
+    """The sub-entry of the node's regime when the entry has one, else the entry itself."""
+    regimes = entry.get("regimes")
+    rule = REGIME_RULES.get(features.op_type)
+    if not isinstance(regimes, dict) or rule is None or regimes.get("rule") != rule[0]:
+        return entry
+    return regimes.get("models", {}).get(rule[1](features), entry)
 
 
 def fp16_model(entry: dict, features: OpFeatures) -> dict:
@@ -196,13 +213,23 @@ def validate_database(database: object, source: str = "database") -> None:
     if not isinstance(database["device"], dict) or "name" not in database["device"]:
         raise CostModelError(f"{source}: 'device' needs a 'name'")
     for op, entry in database["ops"].items():
-        for kind in ("fp32", "fp16", "fp16_tc", "fp16_even"):
-            model = entry.get(kind) if isinstance(entry, dict) else None
-            if model is None and kind in ("fp16_tc", "fp16_even"):
-                continue
-            if not isinstance(model, dict) or not isinstance(model.get("features"), list) \
-                    or not isinstance(model.get("coef"), list) or len(model["features"]) != len(model["coef"]):
-                raise CostModelError(f"{source}: op {op!r} has no valid {kind!r} model")
-            unknown = set(model["features"]) - set(FEATURES)
-            if unknown:
-                raise CostModelError(f"{source}: op {op!r} uses unknown features {sorted(unknown)}")
+        _validate_entry(source, op, entry)
+        regimes = entry.get("regimes") if isinstance(entry, dict) else None
+        if regimes is not None:
+            if not isinstance(regimes, dict) or not isinstance(regimes.get("models"), dict):
+                raise CostModelError(f"{source}: op {op!r} has malformed 'regimes'")
+            for name, sub in regimes["models"].items():
+                _validate_entry(source, f"{op}[{name}]", sub)
+
+
+def _validate_entry(source: str, op: str, entry: object) -> None:
+    for kind in ("fp32", "fp16", "fp16_tc", "fp16_even"):
+        model = entry.get(kind) if isinstance(entry, dict) else None
+        if model is None and kind in ("fp16_tc", "fp16_even"):
+            continue
+        if not isinstance(model, dict) or not isinstance(model.get("features"), list) \
+                or not isinstance(model.get("coef"), list) or len(model["features"]) != len(model["coef"]):
+            raise CostModelError(f"{source}: op {op!r} has no valid {kind!r} model")
+        unknown = set(model["features"]) - set(FEATURES)
+        if unknown:
+            raise CostModelError(f"{source}: op {op!r} uses unknown features {sorted(unknown)}")
