@@ -26,14 +26,23 @@ accepts. Rules:
    * ``fp16``: ``t16 ~ b + sum_i w_i f_i + sigma * t32`` (Campo's form; ``t32`` is the measured
      fp32 time of the same case), on the cases that are not Tensor Core aligned (all cases for
      ops without a GEMM, or when fewer than ``min_samples`` unaligned cases exist);
-   * ``fp16_tc``: the same form on aligned cases, for GEMM ops with ``min_samples`` aligned cases.
+   * ``fp16_tc``: the same form on aligned cases, for GEMM ops with ``min_samples`` aligned cases;
+   * ``fp16_even``: when the unaligned cases split into odd and even K/N
+     (:attr:`OpFeatures.even_aligned`) with ``min_samples`` training cases each and the split
+     lowers their leave-one-out error by ``MIN_GAIN``, ``fp16`` is refitted on the odd cases
+     (``fit_on: "odd"``) and ``fp16_even`` on the even ones;
+   * ``regimes`` (op types in :data:`REGIME_RULES`, Conv: 1x1 / spatial kernels): the models above
+     once per regime, kept when every regime has ``2 * min_samples`` cases and the split lowers
+     the fp16 leave-one-out error on the training cases by ``MIN_GAIN``; the pooled models stay.
 
    Feature choice (Campo): candidates are the :data:`FEATURES` whose Spearman ``|rho|`` against
    the target time (on the training cases) exceeds ``rho``; when none does, the single best one.
    Many candidates rank alike (``flops`` and ``log_flops`` have identical ranks), so fitting them
    all would give collinear, overfitted models; the candidates are therefore added one at a time
    (forward selection), each only while it lowers the leave-one-out relative error by at least
-   5 %. ``fp32`` keeps at least one feature; ``fp16`` may keep none (``sigma * t32`` alone).
+   5 %; near-ties (within ``TIE``) go to the earlier feature. ``fp32`` keeps at least one
+   feature; ``fp16`` may keep none (``sigma * t32`` alone). fp16 models also have the
+   :data:`FP32_RUN_FEATURES` (measured fp32 time times a shape quantity) as candidates.
 6. The measured times of every case are kept under ``measured`` (keyed by :func:`shape_key`):
    a node of exactly such a shape gets them instead of a prediction. The evaluation ignores the
    table, so the held-out errors measure the models alone.
@@ -45,7 +54,8 @@ Additions to schema v1 (all optional for readers; ``validate_database`` ignores 
 
     "cast": {..., "to_fp16": {"C_I", "r"}, "to_fp32": {"C_I", "r"}, "samples": rows}
     "pad": {..., "samples": rows}
-    "ops": {OP: {..., "holdout": n held out, "holdout_mape_fp32": x,
+    "ops": {OP: {..., "holdout": n held out, "holdout_mape_fp32": x, "fp16_even": MODEL,
+                 "regimes": {"rule", "models": {REGIME: entry}, "loo_mape", "pooled_loo_mape"},
                  MODEL: {..., "samples": training cases, "fit_on": "all"|"unaligned"|"aligned",
                          "loo_mape": leave-one-out error on the training cases,
                          "rho": {feature: Spearman rho of each candidate}}}}
@@ -77,13 +87,15 @@ import numpy as np
 
 from onnxcampo.costdb.chains import fit_chains
 from onnxcampo.costdb.features import OpFeatures, op_features
-from onnxcampo.costdb.regression import FEATURES, SCHEMA_VERSION, feature_vector, shape_key, validate_database
+from onnxcampo.costdb.regression import (FP32_RUN_FEATURES, REGIME_RULES, SHAPE_FEATURES, SCHEMA_VERSION, feature_vector, shape_key,
+                                         validate_database)
 from onnxcampo.errors import ConfigError, CostModelError
 
 log = logging.getLogger(__name__)
 
 TIME_FLOOR_US = 0.5
 MIN_GAIN = 0.05  # forward selection: a feature must cut the leave-one-out error by 5 %
+TIE = 0.02  # forward selection: LOO errors within 2 % of the best count as tied
 MIN_GAIN_ABS = 1e-4  # ... and by 0.01 points (exact fits must not grow features from rounding)
 CAST_OP = "Cast"
 PAD_OPS = frozenset({"Pad", "Slice"})
@@ -157,7 +169,7 @@ class Case:
 
     @property
     def values(self) -> dict[str, float]:
-        return feature_vector(self.features)
+        return feature_vector(self.features, self.t32)
 
     @property
     def aligned(self) -> bool:
@@ -314,11 +326,13 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "all") -> dict:
     """One MODEL dict (``features``, ``coef``, ``intercept``, ``sigma`` for fp16) from cases."""
     target = np.array([c.t16 if fp16 else c.t32 for c in cases])
-    columns = {name: np.array([c.values[name] for c in cases]) for name in FEATURES}
+    names = SHAPE_FEATURES + FP32_RUN_FEATURES if fp16 else SHAPE_FEATURES
+    values = [c.values for c in cases]
+    columns = {name: np.array([v[name] for v in values]) for name in names}
     rhos = {name: spearman(col, target) for name, col in columns.items()}
-    candidates = [n for n in FEATURES if abs(rhos[n]) > rho]
+    candidates = [n for n in names if abs(rhos[n]) > rho]
     if not candidates:
-        best = max(FEATURES, key=lambda n: abs(rhos[n]))
+        best = max(names, key=lambda n: abs(rhos[n]))
         candidates = [best] if abs(rhos[best]) > 0 else []
     t32 = np.array([c.t32 for c in cases])
 
@@ -336,7 +350,10 @@ def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "a
         if not remaining or len(chosen) + 1 + (2 if fp16 else 1) > max_params:
             break
         trials = {n: weighted_fit(design(chosen + [n]), target) for n in remaining}
-        name = min(remaining, key=lambda n: trials[n].loo_mape)
+        best = min(trials[n].loo_mape for n in remaining)
+        # near-ties go to the simpler feature (earlier in FEATURES): padded or wave-quantized
+        # FLOPs equal plain FLOPs for most shapes and must earn their place
+        name = next(n for n in remaining if trials[n].loo_mape <= best * (1 + TIE))
         forced = not fp16 and not chosen  # fp32 keeps at least one feature
         gain = current.loo_mape - trials[name].loo_mape
         if not forced and not (gain > MIN_GAIN * current.loo_mape and gain > MIN_GAIN_ABS):
@@ -358,6 +375,24 @@ def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "a
     return model
 
 
+def _even_split(unaligned: Sequence[Case], pooled: dict, *, rho: float, min_samples: int) -> tuple[dict, dict] | None:
+    """Separate models for odd and even unaligned cases (:attr:`OpFeatures.even_aligned`) when
+    both have ``min_samples`` training cases and the split lowers the leave-one-out error of
+    the unaligned training cases by ``MIN_GAIN`` (a choice made on training cases only)."""
+    odd = [c for c in unaligned if not c.features.even_aligned]
+    even = [c for c in unaligned if c.features.even_aligned]
+    if len(odd) < min_samples or len(even) < min_samples or pooled["loo_mape"] is None:
+        return None
+    odd_model = fit_model(odd, fp16=True, rho=rho, fit_on="odd")
+    even_model = fit_model(even, fp16=True, rho=rho, fit_on="even")
+    if odd_model["loo_mape"] is None or even_model["loo_mape"] is None:
+        return None
+    split_loo = (odd_model["loo_mape"] * len(odd) + even_model["loo_mape"] * len(even)) / len(unaligned)
+    if split_loo > (1 - MIN_GAIN) * pooled["loo_mape"]:
+        return None
+    return odd_model, even_model
+
+
 def fit_size_cost(rows: Sequence[tuple[int, float]]) -> dict:
     """``C_I + r * n`` by least squares weighted by ``1 / t**2``."""
     if not rows:
@@ -372,6 +407,66 @@ def fit_size_cost(rows: Sequence[tuple[int, float]]) -> dict:
 
 # --------------------------------------------------------------------------------------------
 # The database
+
+
+def fit_op(train: Sequence[Case], cases: Sequence[Case], *, rho: float, min_samples: int) -> dict:
+    """The models of one op type (rule 5) fitted on ``train``; ``cases`` (all of the op's cases)
+    decide which models the op has, so that the held-out share does not change the layout."""
+    entry = {"fp32": fit_model(train, fp16=False, rho=rho)}
+    is_gemm = any(c.features.is_gemm for c in cases)
+    unaligned = [c for c in train if not c.aligned]
+    aligned = [c for c in train if c.aligned]
+    if is_gemm and sum(not c.aligned for c in cases) >= min_samples:
+        entry["fp16"] = fit_model(unaligned, fp16=True, rho=rho, fit_on="unaligned")
+    else:
+        entry["fp16"] = fit_model(train, fp16=True, rho=rho, fit_on="all")
+    if is_gemm and sum(c.aligned for c in cases) >= min_samples and len(aligned) >= 3:
+        entry["fp16_tc"] = fit_model(aligned, fp16=True, rho=rho, fit_on="aligned")
+    if entry["fp16"]["fit_on"] == "unaligned":
+        split = _even_split(unaligned, entry["fp16"], rho=rho, min_samples=min_samples)
+        if split is not None:
+            entry["fp16"], entry["fp16_even"] = split
+    return entry
+
+
+def _training_loo(entry: dict, train: Sequence[Case]) -> float | None:
+    """Leave-one-out error of an entry's fp16 models over the training cases they were fitted on."""
+    models = [entry[k] for k in ("fp16", "fp16_tc", "fp16_even") if k in entry]
+    if any(m["loo_mape"] is None for m in models) or not train:
+        return None
+    return sum(m["loo_mape"] * m["samples"] for m in models) / sum(m["samples"] for m in models)
+
+
+def _fit_regimes(op_type: str, train: Sequence[Case], cases: Sequence[Case], pooled: dict, *, rho: float,
+                 min_samples: int) -> dict | None:
+    """One entry per kernel regime (:data:`REGIME_RULES`) when every regime has ``2 * min_samples``
+    cases and the split lowers the fp16 leave-one-out error on the training cases by
+    ``MIN_GAIN`` (decided on training cases only, like the feature choice)."""
+    rule = REGIME_RULES.get(op_type)
+    if rule is None:
+        return None
+    name, key = rule
+    groups: dict[str, list[Case]] = defaultdict(list)
+    for case in cases:
+        groups[key(case.features)].append(case)
+    if len(groups) < 2 or any(len(g) < 2 * min_samples for g in groups.values()):
+        return None
+    held = {c.key for c in cases} - {c.key for c in train}
+    models, loo, count = {}, 0.0, 0
+    for regime, group in sorted(groups.items()):
+        sub_train = [c for c in group if c.key not in held]
+        entry = fit_op(sub_train, group, rho=rho, min_samples=min_samples)
+        error = _training_loo(entry, sub_train)
+        if error is None:
+            return None
+        models[regime] = {**entry, "samples": len(group)}
+        loo += error * len(sub_train)
+        count += len(sub_train)
+    pooled_loo = _training_loo(pooled, train)
+    if pooled_loo is None or loo / count > (1 - MIN_GAIN) * pooled_loo:
+        log.info("%s: regimes by %s do not pay (LOO %.3f vs pooled %s)", op_type, name, loo / count, pooled_loo)
+        return None
+    return {"rule": name, "models": models, "loo_mape": round(loo / count, 6), "pooled_loo_mape": round(pooled_loo, 6)}
 
 
 def split_holdout(cases: Sequence[Case], share: float, seed: int) -> tuple[list[Case], list[Case]]:
@@ -439,16 +534,10 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
             log.info("%s: %d paired cases (< %d): analytic fallback", op_type, len(cases), min_samples)
             continue
         train, held = split_holdout(cases, holdout, seed)
-        entry = {"fp32": fit_model(train, fp16=False, rho=rho)}
-        is_gemm = any(c.features.is_gemm for c in cases)
-        unaligned = [c for c in train if not c.aligned]
-        aligned = [c for c in train if c.aligned]
-        if is_gemm and sum(not c.aligned for c in cases) >= min_samples:
-            entry["fp16"] = fit_model(unaligned, fp16=True, rho=rho, fit_on="unaligned")
-        else:
-            entry["fp16"] = fit_model(train, fp16=True, rho=rho, fit_on="all")
-        if is_gemm and sum(c.aligned for c in cases) >= min_samples and len(aligned) >= 3:
-            entry["fp16_tc"] = fit_model(aligned, fp16=True, rho=rho, fit_on="aligned")
+        entry = fit_op(train, cases, rho=rho, min_samples=min_samples)
+        regimes = _fit_regimes(op_type, train, cases, entry, rho=rho, min_samples=min_samples)
+        if regimes is not None:
+            entry["regimes"] = regimes
         entry["samples"] = len(cases)
         entry["holdout"] = len(held)
         ops[op_type] = entry

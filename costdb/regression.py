@@ -8,6 +8,7 @@ Schema (``schema_version`` 1)::
      "pad": {"C_I": us, "r": us per element,                   # optional; pooled Pad+Slice,
              "Pad": {"C_I", "r"}, "Slice": {"C_I", "r"}},      # and per op when fitted
      "ops": {"MatMul": {"fp32": MODEL, "fp16": MODEL, "fp16_tc": MODEL,   # fp16_tc optional
+                        "fp16_even": MODEL,                                # optional, see fp16_model
                         "samples": n, "holdout_mape": x}, ...},
      "summary": {"holdout_mape", "wrong_decision_rate", "samples"}}
 
@@ -33,12 +34,34 @@ from onnxcampo.costdb.model import CostModel
 from onnxcampo.errors import CostModelError
 
 SCHEMA_VERSION = 1
-FEATURES = ("flops", "elements", "elements_out", "intensity", "aligned", "log_flops", "log_elements")
+H200_SMS = 132  # streaming multiprocessors: one output tile per SM per wave
+TILES = ((64, 64), (128, 128), (128, 256))  # CUTLASS/cuBLAS output tiles (M x N) on Hopper
+TILE_K = 32
+SHAPE_FEATURES = ("flops", "elements", "elements_out", "intensity", "aligned", "log_flops", "log_elements",
+                  "padded_flops", "wave_flops_64", "wave_flops_128", "wave_flops_256",
+                  "waves_64", "waves_128", "waves_256", "wave_eff_64", "wave_eff_128", "wave_eff_256",
+                  "log_k", "log_mn")
+# Features of the fp32 run (Campo's counters are measured in the fp32 run too): the measured fp32
+# time times a shape quantity, so that the fp16/fp32 ratio may change with size. Candidates of
+# fp16 models only.
+FP32_RUN_FEATURES = ("t32_log_flops", "t32_log_elements", "t32_wave_eff_128")
+FEATURES = SHAPE_FEATURES + FP32_RUN_FEATURES
 
 
-def feature_vector(features: OpFeatures) -> dict[str, float]:
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def feature_vector(features: OpFeatures, fp32_time: float | None = None) -> dict[str, float]:
+    """Candidate features of a node; the fp32-run ones are 0 without ``fp32_time``.
+
+    Products (``gemm`` dims) get tile and wave features: an output tile of TM x TN runs on one
+    SM, ``waves = ceil(tiles / 132)``, and a GEMM takes about ``waves`` times the time of one tile
+    (``wave_flops``: the FLOPs of the padded waves, ``wave_eff``: the share of the last-wave slots
+    doing work). Other ops get 0 for them.
+    """
     flops, elements = features.flops, max(features.elements, 1)
-    return {
+    values = {
         "flops": flops,
         "elements": float(features.elements),
         "elements_out": float(features.elements_out),
@@ -47,6 +70,25 @@ def feature_vector(features: OpFeatures) -> dict[str, float]:
         "log_flops": math.log1p(flops),
         "log_elements": math.log1p(elements),
     }
+    gemm = {name: 0.0 for name in SHAPE_FEATURES if name not in values}
+    if features.gemm is not None:
+        batch, m, k, n = (max(int(d), 1) for d in features.gemm)
+        gemm["padded_flops"] = 2.0 * batch * _ceil(m, 8) * 8 * _ceil(k, 8) * 8 * _ceil(n, 8) * 8
+        k_padded = _ceil(k, TILE_K) * TILE_K
+        for tm, tn in TILES:
+            tiles = batch * _ceil(m, tm) * _ceil(n, tn)
+            waves = _ceil(tiles, H200_SMS)
+            gemm[f"wave_flops_{tn}"] = 2.0 * waves * H200_SMS * tm * tn * k_padded
+            gemm[f"waves_{tn}"] = float(waves)
+            gemm[f"wave_eff_{tn}"] = tiles / (waves * H200_SMS)
+        gemm["log_k"] = math.log(k)
+        gemm["log_mn"] = math.log(batch * m * n)
+    values.update(gemm)
+    t32 = float(fp32_time) if fp32_time is not None else 0.0
+    values["t32_log_flops"] = t32 * values["log_flops"]
+    values["t32_log_elements"] = t32 * values["log_elements"]
+    values["t32_wave_eff_128"] = t32 * gemm["wave_eff_128"]
+    return values
 
 
 def shape_key(features: OpFeatures) -> str:
@@ -92,7 +134,7 @@ class RegressionCostModel(CostModel):
         entry = self.database["ops"].get(features.op_type)
         if entry is None or not features.known:
             return self.fallback.fp32_time(features)
-        return _linear(entry["fp32"], feature_vector(features))
+        return _linear(regime_entry(entry, features)["fp32"], feature_vector(features))
 
     def fp16_time(self, features: OpFeatures, fp32_time: float) -> float:
         measured = self.measured.get(shape_key(features)) if features.known else None
@@ -102,8 +144,8 @@ class RegressionCostModel(CostModel):
         entry = self.database["ops"].get(features.op_type)
         if entry is None or not features.known:
             return self.fallback.fp16_time(features, fp32_time)
-        model = entry.get("fp16_tc") if features.tensor_core_aligned and "fp16_tc" in entry else entry["fp16"]
-        return _linear(model, feature_vector(features), fp32_time)
+        model = fp16_model(regime_entry(entry, features), features)
+        return _linear(model, feature_vector(features, fp32_time), fp32_time)
 
     def cast_time(self, elements: int) -> float:
         cast = self.database["cast"]
@@ -126,6 +168,33 @@ class RegressionCostModel(CostModel):
                 "summary": self.database.get("summary", {})}
 
 
+# Kernel regimes: op types whose cases fall into groups run by different kernel families get one
+# set of models per group under "regimes" (the op entry keeps its pooled models, which readers
+# unaware of regimes use). Conv: 1x1 convolutions are plain GEMMs; spatial kernels go through
+# cuDNN's implicit-GEMM / Winograd / FFT algorithms.
+REGIME_RULES = {"Conv": ("kernel", lambda f: "1x1" if f.kernel == 1 else "spatial")}
+
+
+def regime_entry(entry: dict, features: OpFeatures) -> dict:
+    """The sub-entry of the node's regime when the entry has one, else the entry itself."""
+    regimes = entry.get("regimes")
+    rule = REGIME_RULES.get(features.op_type)
+    if not isinstance(regimes, dict) or rule is None or regimes.get("rule") != rule[0]:
+        return entry
+    return regimes.get("models", {}).get(rule[1](features), entry)
+
+
+def fp16_model(entry: dict, features: OpFeatures) -> dict:
+    """The fp16 MODEL of an op entry for a node: ``fp16_tc`` when Tensor Core aligned,
+    ``fp16_even`` when K and N are even but not aligned (:attr:`OpFeatures.even_aligned`), each
+    only where the entry has it; ``fp16`` otherwise."""
+    if features.tensor_core_aligned and "fp16_tc" in entry:
+        return entry["fp16_tc"]
+    if features.even_aligned and "fp16_even" in entry:
+        return entry["fp16_even"]
+    return entry["fp16"]
+
+
 def validate_database(database: object, source: str = "database") -> None:
     """Raise :class:`CostModelError` naming the first problem of a database."""
     if not isinstance(database, dict):
@@ -144,13 +213,23 @@ def validate_database(database: object, source: str = "database") -> None:
     if not isinstance(database["device"], dict) or "name" not in database["device"]:
         raise CostModelError(f"{source}: 'device' needs a 'name'")
     for op, entry in database["ops"].items():
-        for kind in ("fp32", "fp16", "fp16_tc"):
-            model = entry.get(kind) if isinstance(entry, dict) else None
-            if model is None and kind == "fp16_tc":
-                continue
-            if not isinstance(model, dict) or not isinstance(model.get("features"), list) \
-                    or not isinstance(model.get("coef"), list) or len(model["features"]) != len(model["coef"]):
-                raise CostModelError(f"{source}: op {op!r} has no valid {kind!r} model")
-            unknown = set(model["features"]) - set(FEATURES)
-            if unknown:
-                raise CostModelError(f"{source}: op {op!r} uses unknown features {sorted(unknown)}")
+        _validate_entry(source, op, entry)
+        regimes = entry.get("regimes") if isinstance(entry, dict) else None
+        if regimes is not None:
+            if not isinstance(regimes, dict) or not isinstance(regimes.get("models"), dict):
+                raise CostModelError(f"{source}: op {op!r} has malformed 'regimes'")
+            for name, sub in regimes["models"].items():
+                _validate_entry(source, f"{op}[{name}]", sub)
+
+
+def _validate_entry(source: str, op: str, entry: object) -> None:
+    for kind in ("fp32", "fp16", "fp16_tc", "fp16_even"):
+        model = entry.get(kind) if isinstance(entry, dict) else None
+        if model is None and kind in ("fp16_tc", "fp16_even"):
+            continue
+        if not isinstance(model, dict) or not isinstance(model.get("features"), list) \
+                or not isinstance(model.get("coef"), list) or len(model["features"]) != len(model["coef"]):
+            raise CostModelError(f"{source}: op {op!r} has no valid {kind!r} model")
+        unknown = set(model["features"]) - set(FEATURES)
+        if unknown:
+            raise CostModelError(f"{source}: op {op!r} uses unknown features {sorted(unknown)}")
