@@ -285,7 +285,8 @@ class LinearFit:
 
 
 def weighted_fit(design: np.ndarray, target: np.ndarray) -> LinearFit:
-    """Least squares of ``target`` on ``design`` weighted by ``1 / target**2``.
+    """Least squares of ``target`` on ``design`` weighted by ``1 / target**2`` (scikit-learn's
+    ``LinearRegression`` on the rows scaled by ``1 / target``).
 
     Weighted residuals are relative errors, so the leave-one-out error follows from the hat
     matrix without refitting: ``e_i / (1 - h_ii)``.
@@ -299,7 +300,11 @@ def weighted_fit(design: np.ndarray, target: np.ndarray) -> LinearFit:
     u, s, vt = np.linalg.svd(a_scaled, full_matrices=False)
     rank = int((s > s[0] * 1e-10).sum()) if s.size and s[0] > 0 else 0
     u, s, vt = u[:, :rank], s[:rank], vt[:rank]
-    solution = vt.T @ ((u.T @ b) / s)
+    # The coefficients by scikit-learn (weighted least squares on the column-scaled design, no
+    # intercept: it is a column of the design); the SVD gives the leverages for the error.
+    from sklearn.linear_model import LinearRegression
+
+    solution = LinearRegression(fit_intercept=False).fit(a_scaled, b).coef_ if rank else np.zeros(a.shape[1])
     coef = solution / scale
     residual = b - a_scaled @ solution
     leverage = (u**2).sum(axis=1)

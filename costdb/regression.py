@@ -18,8 +18,9 @@ A prediction is ``b + sum_i w_i * f_i (+ sigma * t_fp32)`` with features from
 :func:`feature_vector`. Op types the database lacks fall back to the analytic model.
 
 An optional ``"measured": {shape_key: {"fp32": us, "fp16": us}}`` holds the measured times of
-the shapes the models were fitted on (never the held-out ones): a node of exactly such a shape
-gets its measured times, its fp16 time scaled by the node's fp32 time over the measured one.
+every measured shape, held-out ones included (the evaluation drops the table, so held-out errors
+are the models' own): a node of exactly such a shape gets its measured times, its fp16 time
+scaled by the node's fp32 time over the measured one.
 """
 
 from __future__ import annotations
