@@ -111,16 +111,12 @@ def matmul_u8_model(op="AvgMatMulInteger", *, zero_points=(False, False), zp_sha
     """A one-node model: Y = op(A, B[, a_zero_point, b_zero_point]), all inputs graph inputs."""
     U8 = onnx.TensorProto.UINT8
     inputs = [helper.make_tensor_value_info("A", U8, ["M", "K"]), helper.make_tensor_value_info("B", U8, ["K", "N"])]
-    names = ["A", "B"]
-    for present, name, shape in zip(zero_points, ("a_zero_point", "b_zero_point"), zp_shapes):
+    names = ["", ""]
+    for index, (present, name, shape) in enumerate(zip(zero_points, ("a_zero_point", "b_zero_point"), zp_shapes)):
         if present:
             inputs.append(helper.make_tensor_value_info(name, U8, list(shape)))
-            names.append(name)
-        else:
-            names.append("")
-    while names and names[-1] == "":
-        names.pop()
-    node = helper.make_node(op, names, ["Y"], domain=nodes.DOMAIN)
+            names[index] = name
+    node = nodes.avg_matmul_integer("A", "B", *names, output="Y", name="matmul", exact=op == "ExactMatMulInteger")
     graph = helper.make_graph([node], "matmul_u8", inputs,
                               [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["M", "N"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
