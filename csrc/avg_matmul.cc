@@ -187,8 +187,9 @@ void MatMulU8(const MatMulU8Args& args, Accumulation mode, const ParallelRunner&
   const TreeTileFn tree_tile = TreeTile();
   const ExactTileFn exact_tile = ExactTile();
   auto task = [&](size_t index) {
-    const int64_t block = static_cast<int64_t>(index) / panels;
-    const int64_t panel = static_cast<int64_t>(index) % panels;
+    // Panel-major: consecutive tiles reuse one panel of B (K x 32 columns) from cache.
+    const int64_t panel = static_cast<int64_t>(index) / row_blocks;
+    const int64_t block = static_cast<int64_t>(index) % row_blocks;
     int64_t s[kRows * kCols];
     if (tree) {
       tree_tile(a16.data() + block * kRows * lda, lda, b16.data() + panel * K * kCols, K, s);

@@ -19,7 +19,9 @@ namespace onnxcampo {
 namespace {
 
 constexpr int kVecs = kCols / 16;  // uint16 registers per tile row
-constexpr int kChunkDepth = 3;      // leaves reduced in registers: 2^3
+constexpr int kChunkDepth = 3;      // leaves reduced in registers: 2^3 (the tail below assumes 3)
+
+static_assert(kChunkDepth == 3, "TreeTileAvx2's tail handles subtrees of 4, 2 and 1 leaves");
 
 using Tile = __m256i[kRows][kVecs];
 

@@ -23,6 +23,7 @@ namespace {
 
 constexpr int kVecs = kCols / 8;  // uint16x8 registers per tile row
 constexpr int kChunkDepth = 3;
+static_assert(kChunkDepth == 3, "TreeTileNeon's tail handles subtrees of 4, 2 and 1 leaves");
 
 struct Tile {
   uint16x8_t v[kRows][kVecs];
