@@ -149,10 +149,11 @@ void MatMulU8(const MatMulU8Args& args, Accumulation mode, const ParallelRunner&
     }
     b16.assign(static_cast<size_t>(panels * K * kCols), 0);
     for (int64_t p = 0; p < panels; ++p) {
+      const int64_t width = std::min(N, (p + 1) * kCols) - p * kCols;
       for (int64_t k = 0; k < K; ++k) {
-        for (int64_t j = p * kCols; j < std::min(N, (p + 1) * kCols); ++j) {
-          b16[(p * K + k) * kCols + (j - p * kCols)] = args.B[k * N + j];
-        }
+        const uint8_t* row = args.B + k * N + p * kCols;
+        uint16_t* out = b16.data() + (p * K + k) * kCols;
+        for (int64_t c = 0; c < width; ++c) out[c] = row[c];
       }
     }
   } else {
@@ -163,9 +164,14 @@ void MatMulU8(const MatMulU8Args& args, Accumulation mode, const ParallelRunner&
     }
     b32.assign(static_cast<size_t>(panels * pairs * 2 * kCols), 0);
     for (int64_t p = 0; p < panels; ++p) {
-      for (int64_t k = 0; k < K; ++k) {
-        for (int64_t j = p * kCols; j < std::min(N, (p + 1) * kCols); ++j) {
-          b32[((p * pairs + k / 2) * kCols + (j - p * kCols)) * 2 + k % 2] = args.B[k * N + j];
+      const int64_t width = std::min(N, (p + 1) * kCols) - p * kCols;
+      for (int64_t t = 0; t < pairs; ++t) {
+        const uint8_t* even = args.B + 2 * t * N + p * kCols;
+        const uint8_t* odd = 2 * t + 1 < K ? even + N : nullptr;
+        int16_t* out = b32.data() + (p * pairs + t) * 2 * kCols;
+        for (int64_t c = 0; c < width; ++c) {
+          out[2 * c] = even[c];
+          out[2 * c + 1] = odd != nullptr ? odd[c] : 0;
         }
       }
     }
