@@ -7,6 +7,10 @@
 //       (velocities present: momentum SGD, whatever the attribute; absent: plain SGD)
 //   MultiTensorAdamW[beta1, beta2, eps, weight_decay](lr, step, found_inf, w.., g.., m.., v..)
 //       -> (step', w'.., m'.., v'..)
+//   AvgMatMulInteger(A, B[, a_zero_point, b_zero_point]) -> Y   (uint8 x uint8 -> float32, the
+//       tree-averaging 16-bit accumulation of the averaging-networks seed; docs/avg-matmul.md)
+//   ExactMatMulInteger(A, B[, a_zero_point, b_zero_point]) -> Y (the same with exact 32-bit
+//       accumulation: the baseline the averaging kernel is measured against)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -18,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "avg_matmul.h"
 #include "kernels.h"
 
 namespace onnxcampo {
@@ -288,10 +293,111 @@ struct Op : Ort::CustomOpBase<Op<K>, K, /*WithStatus=*/true> {
   bool cuda_;
 };
 
+// ---- 8-bit matmuls: A (uint8, M x K), B (uint8, K x N), optional uint8 zero points (a scalar,
+// or one per row of A / column of B) -> Y (float32, M x N). CPU only.
+template <Accumulation kMode>
+struct MatMulU8Kernel {
+  explicit MatMulU8Kernel(const char* name) : name(name) {}
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      Compute(context);
+      return nullptr;
+    } catch (const Ort::Exception& e) {
+      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
+    } catch (const std::exception& e) {
+      return Ort::Status((std::string(name) + ": " + e.what()).c_str(), ORT_INVALID_ARGUMENT).release();
+    }
+  }
+
+  void Compute(OrtKernelContext* raw) {
+    Ort::KernelContext ctx(raw);
+    MatMulU8Args args;
+    std::vector<int64_t> a_shape, b_shape;
+    args.A = Matrix(ctx, 0, "A", &a_shape);
+    args.B = Matrix(ctx, 1, "B", &b_shape);
+    if (a_shape[1] != b_shape[0]) {
+      Fail(name, "A is " + std::to_string(a_shape[0]) + " x " + std::to_string(a_shape[1]) + " but B is " +
+                     std::to_string(b_shape[0]) + " x " + std::to_string(b_shape[1]));
+    }
+    args.M = a_shape[0];
+    args.K = a_shape[1];
+    args.N = b_shape[1];
+    args.za = ZeroPoint(ctx, 2, "a_zero_point", args.M, "row of A", &args.za_count);
+    args.zb = ZeroPoint(ctx, 3, "b_zero_point", args.N, "column of B", &args.zb_count);
+    args.Y = ctx.GetOutput(0, std::vector<int64_t>{args.M, args.N}).GetTensorMutableData<float>();
+    struct Job {
+      const std::function<void(size_t)>* task;
+    };
+    ParallelRunner run = [&ctx](size_t count, const std::function<void(size_t)>& task) {
+      Job job{&task};
+      if (count <= 1) {
+        for (size_t i = 0; i < count; ++i) task(i);
+        return;
+      }
+      ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Job*>(data)->task)(i); }, count, 0, &job);
+    };
+    MatMulU8(args, kMode, run);
+  }
+
+  const uint8_t* Matrix(Ort::KernelContext& ctx, size_t index, const char* what, std::vector<int64_t>* shape) const {
+    Ort::ConstValue value = ctx.GetInput(index);
+    auto info = value.GetTensorTypeAndShapeInfo();
+    *shape = info.GetShape();
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape->size() != 2) {
+      Fail(name, std::string(what) + " must be a 2-D uint8 tensor");
+    }
+    return value.GetTensorData<uint8_t>();
+  }
+
+  const uint8_t* ZeroPoint(Ort::KernelContext& ctx, size_t index, const char* what, int64_t per, const char* per_what,
+                           int64_t* count) const {
+    *count = 0;
+    if (ctx.GetInputCount() <= index) return nullptr;
+    Ort::ConstValue value = ctx.GetInput(index);
+    if (!value) return nullptr;  // optional input left empty
+    auto info = value.GetTensorTypeAndShapeInfo();
+    const auto shape = info.GetShape();
+    const int64_t n = static_cast<int64_t>(info.GetElementCount());
+    if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape.size() > 1 ||
+        (shape.size() == 1 && n != 1 && n != per)) {
+      Fail(name, std::string(what) + " must be a uint8 scalar or a 1-D tensor of 1 or " + std::to_string(per) +
+                     " values (one per " + per_what + ")");
+    }
+    *count = n == 1 ? 1 : n;
+    return value.GetTensorData<uint8_t>();
+  }
+
+  const char* name;
+};
+
+template <Accumulation kMode>
+struct MatMulU8Op : Ort::CustomOpBase<MatMulU8Op<kMode>, MatMulU8Kernel<kMode>, /*WithStatus=*/true> {
+  explicit MatMulU8Op(const char* name) : name_(name) {}
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo*, void** kernel) const {
+    *kernel = new MatMulU8Kernel<kMode>(name_);
+    return nullptr;
+  }
+  const char* GetName() const { return name_; }
+  const char* GetExecutionProviderType() const { return kCpu; }
+  size_t GetInputTypeCount() const { return 4; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return index < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+
+ private:
+  const char* name_;
+};
+
 struct Library {
   Op<UnscaleCheckFinite> unscale_cpu{false};
   Op<MultiTensorSGD> sgd_cpu{false};
   Op<MultiTensorAdamW> adamw_cpu{false};
+  MatMulU8Op<Accumulation::kTreeAverage> avg_matmul_cpu{"AvgMatMulInteger"};
+  MatMulU8Op<Accumulation::kExact32> exact_matmul_cpu{"ExactMatMulInteger"};
 #ifdef ONNXCAMPO_WITH_CUDA
   Op<UnscaleCheckFinite> unscale_cuda{true};
   Op<MultiTensorSGD> sgd_cuda{true};
@@ -303,6 +409,8 @@ struct Library {
     domain.Add(&unscale_cpu);
     domain.Add(&sgd_cpu);
     domain.Add(&adamw_cpu);
+    domain.Add(&avg_matmul_cpu);
+    domain.Add(&exact_matmul_cpu);
 #ifdef ONNXCAMPO_WITH_CUDA
     domain.Add(&unscale_cuda);
     domain.Add(&sgd_cuda);
@@ -336,11 +444,15 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
 #define ONNXCAMPO_STR2(x) #x
 #define ONNXCAMPO_STR(x) ONNXCAMPO_STR2(x)
 
-// "cpu" or "cpu+cuda", and the ORT API version of the headers (read by onnxcampo.ops).
+// "cpu" or "cpu+cuda", the ORT API version of the headers, and the 8-bit matmul kernel this
+// CPU runs ("avx2", "neon" or "scalar") (read by onnxcampo.ops).
 extern "C" __attribute__((visibility("default"))) const char* OnnxcampoOpsBuildInfo() {
 #ifdef ONNXCAMPO_WITH_CUDA
-  return "kernels=cpu+cuda ort_api=" ONNXCAMPO_STR(ORT_API_VERSION);
+  static const std::string info = std::string("kernels=cpu+cuda ort_api=" ONNXCAMPO_STR(ORT_API_VERSION) " matmul_u8=") +
+                                  onnxcampo::MatMulU8Isa();
 #else
-  return "kernels=cpu ort_api=" ONNXCAMPO_STR(ORT_API_VERSION);
+  static const std::string info = std::string("kernels=cpu ort_api=" ONNXCAMPO_STR(ORT_API_VERSION) " matmul_u8=") +
+                                  onnxcampo::MatMulU8Isa();
 #endif
+  return info.c_str();
 }

@@ -132,12 +132,26 @@ def optimize(
     report = _report(ctx, config, source, plans, times, chosen, notes, results)
     metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
     out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
+    if config.int8_avg:
+        report["int8_avg"] = _replace_matmul_integer(out)
     report["loss_scaling"] = False
     if training and config.loss_scaling and ctx.plan.counts().get("fp16", 0) and not scaling.has_loss_scaling(out):
         scaling.add_loss_scaling(out, dtypes=ctx.dtypes)
         report["loss_scaling"] = True
         report["notes"].append("dynamic loss scaling inserted (inputs loss_scale, loss_scale_clean_steps)")
     return OptimizeResult(out, ctx.plan, report, passes=results)
+
+
+def _replace_matmul_integer(model: onnx.ModelProto) -> dict:
+    """``--int8-avg`` on the exported model (the precision passes never see the custom op)."""
+    from onnxcampo import ops
+    from onnxcampo.int8_avg import replace_matmul_integer
+
+    result = replace_matmul_integer(model)
+    if result.replaced and not ops.available():
+        log.warning("the model now uses %s ops; build the custom-op library (%s) to run it", ops.DOMAIN,
+                    ops.BUILD_COMMAND)
+    return result.to_json()
 
 
 def _analyse(ctx: GraphContext, plan: PrecisionPlan, passes) -> PrecisionPlan:

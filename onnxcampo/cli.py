@@ -40,6 +40,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="training steps: do not insert dynamic loss scaling (on by default when fp16 is used)")
     parser.add_argument("--no-compare-plans", action="store_true",
                         help="keep campo's plan even if the fp32 or amp plan is predicted faster")
+    parser.add_argument("--int8-avg", action="store_true",
+                        help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
+                             "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
 
 
 def _config(args: argparse.Namespace) -> OptimizeConfig:
@@ -60,6 +63,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         compare_plans=not args.no_compare_plans,
         check_invariants=args.debug,
         loss_scaling=not args.no_loss_scaling,
+        int8_avg=args.int8_avg,
     )
 
 
@@ -321,6 +325,12 @@ def summary(report: dict, output: Path | None) -> str:
     if predicted:
         parts = ", ".join(f"{name} {t['total_us']:.1f} us ({t['casts']} casts)" for name, t in predicted.items())
         lines.append(f"predicted time ({report['cost_model']['name']}): {parts}")
+    int8_avg = report.get("int8_avg")
+    if int8_avg is not None:
+        skipped = ", ".join(f"{count} {reason}" for reason, count in int8_avg["skipped"].items())
+        lines.append(f"int8-avg: {int8_avg['replaced']} MatMulInteger -> AvgMatMulInteger"
+                     + (f" ({int8_avg['reshaped']} with A flattened)" if int8_avg["reshaped"] else "")
+                     + (f"; kept: {skipped}" if skipped else ""))
     for note in report.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

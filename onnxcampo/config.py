@@ -37,6 +37,9 @@ class OptimizeConfig:
         check_invariants: check graph invariants after every pass (tests and ``--debug``).
         loss_scaling: in a training-step graph (from ``train-graph``) whose plan has fp16 nodes,
             insert dynamic loss scaling (see ``onnxcampo.training.scaling``).
+        int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
+            ``ai.onnxcampo::AvgMatMulInteger`` custom op: 16-bit tree-averaging accumulation
+            (``docs/avg-matmul.md``). The written model needs the custom-op library to run.
     """
 
     policy: str = "campo"
@@ -53,6 +56,7 @@ class OptimizeConfig:
     compare_plans: bool = True
     check_invariants: bool = False
     loss_scaling: bool = True
+    int8_avg: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -8,6 +8,8 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
 * ``MultiTensorSGD[momentum](lr, found_inf, w.., g..[, v..]) -> (w'..[, v'..])``
 * ``MultiTensorAdamW[beta1, beta2, eps, weight_decay](lr, step, found_inf, w.., g.., m.., v..)
   -> (step', w'.., m'.., v'..)``
+* ``AvgMatMulInteger(A, B[, a_zero_point, b_zero_point]) -> Y`` (uint8 x uint8 -> float32, 16-bit
+  tree-averaging accumulation) and ``ExactMatMulInteger`` (the same, exact int32 accumulation)
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def require() -> str:
 
 
 def build_info() -> dict[str, str]:
-    """What the library was built with: ``{"kernels": "cpu" | "cpu+cuda", "ort_api": "21"}``."""
+    """What the library was built with and runs: ``{"kernels": "cpu" | "cpu+cuda", "ort_api": "21",
+    "matmul_u8": "avx2" | "neon" | "scalar"}``."""
     library = ctypes.CDLL(check())
     library.OnnxcampoOpsBuildInfo.restype = ctypes.c_char_p
     text = library.OnnxcampoOpsBuildInfo().decode()

@@ -57,3 +57,15 @@ def _same_length(name: str, **lists: Sequence[str]) -> None:
     lengths = {key: len(value) for key, value in lists.items()}
     if len(set(lengths.values())) != 1 or 0 in lengths.values():
         raise ValueError(f"{name}: lists must be non-empty and of one length, got {lengths}")
+
+
+def avg_matmul_integer(a: str, b: str, a_zero_point: str = "", b_zero_point: str = "", *, output: str,
+                       name: str, exact: bool = False) -> onnx.NodeProto:
+    """``Y = AvgMatMulInteger(A, B[, a_zero_point, b_zero_point])``: uint8 [M, K] x uint8 [K, N]
+    -> float32 [M, N], the products summed by tree averaging in 16 bits (``docs/avg-matmul.md``);
+    ``exact=True`` gives ``ExactMatMulInteger``, the same with exact 32-bit accumulation."""
+    inputs = [a, b, a_zero_point, b_zero_point]
+    while inputs[-1] == "":
+        inputs.pop()
+    op = "ExactMatMulInteger" if exact else "AvgMatMulInteger"
+    return helper.make_node(op, inputs, [output], name=name, domain=DOMAIN)

@@ -58,3 +58,67 @@ def run_node(node: onnx.NodeProto, feeds: dict[str, np.ndarray], outputs: dict[s
     nodes.import_domain(model)
     onnx.checker.check_model(model)
     return run(make_session(model, provider=provider), feeds)
+
+
+# ---- AvgMatMulInteger (docs/avg-matmul.md) -----------------------------------------------------
+
+
+def subtree_sizes(k: int) -> list[int]:
+    """K's binary digits, largest first: the sizes of the consecutive subtrees."""
+    return [1 << bit for bit in reversed(range(k.bit_length())) if k >> bit & 1]
+
+
+def tree_sum(products: np.ndarray) -> np.ndarray:
+    """The seed's approximate sum over axis 1 of ``products`` (integers <= 65025, shape [M, K, N]):
+    consecutive power-of-two subtrees, pairwise ``floor((x + y) / 2)`` up each one, the root
+    times the subtree's size, summed. int64, exact."""
+    products = products.astype(np.int64)
+    total = np.zeros((products.shape[0], products.shape[2]), np.int64)
+    start = 0
+    for size in subtree_sizes(products.shape[1]):
+        level = products[:, start:start + size]
+        while level.shape[1] > 1:
+            level = (level[:, 0::2] + level[:, 1::2]) >> 1
+        total += level[:, 0] * size
+        start += size
+    return total
+
+
+def avg_matmul_integer(a, b, a_zero_point=None, b_zero_point=None, *, exact=False):
+    """AvgMatMulInteger (``exact=True``: ExactMatMulInteger): uint8 [M, K] x uint8 [K, N] ->
+    float32 [M, N] = float32(S - zb*rowsum(A) - za*colsum(B) + K*za*zb), S the tree sum of the
+    raw products a*b (or their exact sum); zero points scalar, per row of A, per column of B."""
+    a, b = np.asarray(a, np.uint8), np.asarray(b, np.uint8)
+    m, k = a.shape
+    n = b.shape[1]
+    products = a.astype(np.int64)[:, :, None] * b.astype(np.int64)[None, :, :]
+    s = products.sum(axis=1) if exact else tree_sum(products)
+    za = np.zeros(m, np.int64) if a_zero_point is None else np.broadcast_to(np.asarray(a_zero_point, np.int64).reshape(-1), (m,))
+    zb = np.zeros(n, np.int64) if b_zero_point is None else np.broadcast_to(np.asarray(b_zero_point, np.int64).reshape(-1), (n,))
+    row = a.astype(np.int64).sum(axis=1)
+    col = b.astype(np.int64).sum(axis=0)
+    value = s - zb[None, :] * row[:, None] - za[:, None] * col[None, :] + k * za[:, None] * zb[None, :]
+    return value.astype(np.float32)
+
+
+def error_bound(k: int) -> int:
+    """The largest |S - S~| the tree can make (docs/avg-matmul.md): sum over subtrees of
+    size * depth / 2, i.e. 2^n * n / 2 for a subtree of 2^n leaves."""
+    return sum(size * (size.bit_length() - 1) // 2 for size in subtree_sizes(k))
+
+
+def matmul_u8_model(op="AvgMatMulInteger", *, zero_points=(False, False), zp_shapes=((), ())) -> onnx.ModelProto:
+    """A one-node model: Y = op(A, B[, a_zero_point, b_zero_point]), all inputs graph inputs."""
+    U8 = onnx.TensorProto.UINT8
+    inputs = [helper.make_tensor_value_info("A", U8, ["M", "K"]), helper.make_tensor_value_info("B", U8, ["K", "N"])]
+    names = ["", ""]
+    for index, (present, name, shape) in enumerate(zip(zero_points, ("a_zero_point", "b_zero_point"), zp_shapes)):
+        if present:
+            inputs.append(helper.make_tensor_value_info(name, U8, list(shape)))
+            names[index] = name
+    node = nodes.avg_matmul_integer("A", "B", *names, output="Y", name="matmul", exact=op == "ExactMatMulInteger")
+    graph = helper.make_graph([node], "matmul_u8", inputs,
+                              [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["M", "N"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    nodes.import_domain(model)
+    return model
