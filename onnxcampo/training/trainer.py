@@ -42,7 +42,9 @@ class Trainer:
         self.device = "cuda" if provider == "cuda" else "cpu"
         self.session = make_session(self.model, provider=provider)
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
-        initial = {name: np.ascontiguousarray(weights[name], dtype=np.float32) for name in self.spec.weights}
+        # copies: on the CPU an OrtValue wraps a numpy array's memory, and the ping-pong buffers
+        # are written in place, so the caller's arrays would otherwise change under it
+        initial = {name: np.array(weights[name], dtype=np.float32, order="C", copy=True) for name in self.spec.weights}
         starts = initial_state(self.model)
         for name in self.spec.state:
             initial[name] = np.full(shapes[name], starts.get(name, 0.0), np.float32)

@@ -157,3 +157,17 @@ def test_command_line_builds_and_trains(tmp_path, capsys):
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     assert main(["train", str(step), "--forward", str(forward), "--data", str(tmp_path / "none.npz")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_trainer_leaves_the_initial_weights_alone():
+    """On the CPU an OrtValue wraps the numpy array it is made from; the Trainer must copy the
+    initial weights, so two Trainers started from one dict begin at the same point."""
+    forward = mlp()
+    step = build_train_step(forward, loss="mse", optimizer="sgd", lr=0.1)
+    weights = initial_weights(forward, step)
+    before = {name: value.copy() for name, value in weights.items()}
+    first = Trainer(step, weights=weights)
+    losses = [first.step({"x": X, "labels": TARGET}) for _ in range(3)]
+    for name, value in weights.items():
+        np.testing.assert_array_equal(value, before[name])
+    assert Trainer(step, weights=weights).step({"x": X, "labels": TARGET}) == pytest.approx(losses[0], rel=1e-6)
