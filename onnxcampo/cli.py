@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--loss", choices=("mse", "cross_entropy"), default="mse")
     tg.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"), default="sgd")
     tg.add_argument("--lr", type=float, default=0.01, help="default learning rate (an input of the graph)")
-    tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant")
+    tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant (besides BatchNorm statistics, "
+                    "Resize scales, formula constants and grouped Conv/ConvTranspose weights, frozen automatically)")
     tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
@@ -222,6 +223,9 @@ def _train_graph(args: argparse.Namespace) -> int:
     spec = step_spec(step)
     print(f"onnxcampo: wrote {output}: {len(spec.weights)} weights trained with {args.optimizer} on {args.loss}; "
           f"batch inputs {', '.join(spec.batch)}; {len(step.graph.node)} nodes", file=sys.stderr)
+    frozen = next((p.value for p in step.metadata_props if p.key == "onnxcampo.frozen"), None)
+    if frozen:
+        print(f"onnxcampo: {frozen}", file=sys.stderr)
     return 0
 
 

@@ -39,6 +39,7 @@ LABELS = "labels"
 LOSS = "loss"
 LR = "lr"
 STEP = "step"
+FROZEN_KEY = "onnxcampo.frozen"  # what train-graph kept constant, and why (one line)
 SCALARS = (STEP, "loss_scale", "loss_scale_clean_steps")  # scalar state: the step count, loss scaling
 
 
@@ -145,6 +146,7 @@ def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> N
 def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> list[str]:
     """Move the trainable initializers to graph inputs (their values come from the forward model)."""
     selection = select_trainable(model, freeze=freeze)
+    model.metadata_props.add(key=FROZEN_KEY, value=selection.summary())  # read back by the CLI
     trainable = set(selection.weights)
     lifted = [t for t in model.graph.initializer if t.name in trainable]
     # old exporters list initializers as inputs too; frozen ones must stay plain constants

@@ -166,3 +166,20 @@ def test_ddddocr_det_freezes_resize_scales():
     assert resize_inputs <= set(selection.frozen)
     conv_weights = {n.input[1] for n in forward.graph.node if n.op_type == "Conv"}
     assert conv_weights <= set(selection.weights)
+
+
+def test_command_line_reports_what_it_froze(tmp_path, capsys):
+    from onnxcampo.cli import main
+
+    forward, step = tmp_path / "fwd.onnx", tmp_path / "step.onnx"
+    onnx.save(conv_bn_resize(), str(forward))
+    assert main(["train-graph", str(forward), str(step), "--optimizer", "adamw"]) == 0
+    err = capsys.readouterr().err
+    assert "5 weights trainable; frozen: 1 configuration, 1 formula-constant, 1 grouped-conv" in err
+    nodes = [helper.make_node("MaxPool", ["h"], ["y"], kernel_shape=[2, 2], auto_pad="SAME_UPPER"),
+             helper.make_node("Mul", ["x", "w"], ["h"])]
+    bad = _model(nodes[::-1], [_const("w", (1, 1, 4, 4))], [1, 1, 4, 4], [1, 1, 2, 2])
+    onnx.save(bad, str(forward))
+    assert main(["train-graph", str(forward), str(tmp_path / "bad.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "SAME_UPPER" in err and len(err.splitlines()) == 1
