@@ -343,7 +343,11 @@ def write_reports(results: dict, meta: dict, out: Path) -> list[Path]:
     paths = [out / f"parity-{provider}.json", out / f"parity-{provider}.md", out / f"parity-{provider}.png"]
     paths[0].write_text(json.dumps({"meta": meta, "models": results}, indent=1, default=float) + "\n")
     paths[1].write_text(markdown(results, meta))
-    plot(results, meta, paths[2])
+    try:
+        plot(results, meta, paths[2])
+    except ImportError:  # a bare GPU machine: plot later with --report-only
+        log.warning("matplotlib is missing: no %s (run --report-only %s where it is installed)", paths[2], paths[0])
+        paths.pop()
     return paths
 
 
@@ -447,10 +451,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exclude-ops", default=None, metavar="OP,OP",
                         help="op types optimize() keeps fp32 (default: ScatterND,ScatterElements on cpu, whose "
                         "ORT CPU kernels have no float16 version with reduction='add'; none on cuda); 'none' for none")
+    parser.add_argument("--report-only", type=Path, metavar="PARITY.json",
+                        help="rewrite the .md and .png of an earlier run's JSON into --out, training nothing")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     log.setLevel(logging.INFO)
+    if args.report_only:
+        saved = json.loads(args.report_only.read_text())
+        for path in write_reports(saved["models"], saved["meta"], args.out):
+            print(f"wrote {path}")
+        return 0
     if args.corpus_dir:
         os.environ["ONNXCAMPO_CACHE"] = str(args.corpus_dir.resolve())
         os.environ["ONNXCAMPO_CORPUS_OFFLINE"] = "1"
