@@ -412,6 +412,9 @@ def plot(results: dict, meta: dict, path: Path) -> None:
         for policy, e in results[name]["policies"].items():
             color, style = styles.get(policy, (None, "-"))
             ax.plot(range(1, len(e["losses"]) + 1), e["losses"], style, color=color, label=policy, linewidth=1.4)
+        curves = [v for e in results[name]["policies"].values() for v in e["losses"]]
+        if curves and min(curves) > 0 and max(curves) > 20 * min(curves):
+            ax.set_yscale("log")  # losses that fall by orders of magnitude
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(results[name]["loss"])
