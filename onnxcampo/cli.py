@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--loss", choices=("mse", "cross_entropy"), default="mse")
     tg.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"), default="sgd")
     tg.add_argument("--lr", type=float, default=0.01, help="default learning rate (an input of the graph)")
-    tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant")
+    tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant (besides BatchNorm statistics, "
+                    "Resize scales, formula constants and grouped Conv/ConvTranspose weights, frozen automatically)")
     tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
     tg.add_argument("--no-fused-ops", dest="fused_ops", action="store_false",
                     help="update in standard ONNX ops (default: one ai.onnxcampo multi-tensor op when the "
@@ -231,6 +232,9 @@ def _train_graph(args: argparse.Namespace) -> int:
     update = "fused ai.onnxcampo op" if ops.uses_ops(step) else "standard ops"
     print(f"onnxcampo: wrote {output}: {len(spec.weights)} weights trained with {args.optimizer} ({update}) on "
           f"{args.loss}; batch inputs {', '.join(spec.batch)}; {len(step.graph.node)} nodes", file=sys.stderr)
+    frozen = next((p.value for p in step.metadata_props if p.key == "onnxcampo.frozen"), None)
+    if frozen:
+        print(f"onnxcampo: {frozen}", file=sys.stderr)
     return 0
 
 

@@ -2,8 +2,10 @@
 
 Conventions (what :class:`onnxcampo.training.Trainer` relies on):
 
-* the forward model's float initializers become graph inputs named as before (the fp32 master
-  weights), except those matching ``freeze`` (they stay constants);
+* the forward model's weights (float initializers) become graph inputs named as before (the fp32
+  master weights), except those matching ``freeze`` and those that are not weights: BatchNorm
+  running statistics, Resize scales, formula constants, grouped Conv weights, constants with no
+  gradient path (see :mod:`onnxcampo.training.trainable`); these stay constants;
 * the batch is the forward model's own inputs plus ``labels`` (float targets for ``mse``, int64
   class indices for ``cross_entropy``);
 * outputs: ``loss`` (scalar, fp32), then ``<weight>.updated`` for every weight;
@@ -29,6 +31,8 @@ from onnxcampo import graph as graph_io
 from onnxcampo import ops
 from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
+from onnxcampo.training.trainable import (check_trainable, forget_declared_shapes, constants_to_initializers,
+                                          forward_values, select_trainable)
 
 LOSSES = ("mse", "cross_entropy")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
@@ -37,6 +41,7 @@ LABELS = "labels"
 LOSS = "loss"
 LR = "lr"
 STEP = "step"
+FROZEN_KEY = "onnxcampo.frozen"  # what train-graph kept constant, and why (one line)
 SCALARS = (STEP, "loss_scale", "loss_scale_clean_steps")  # scalar state: the step count, loss scaling
 FOUND_INF = "update/found_inf"  # the fused update's skip flag: False until loss scaling feeds it
 FUSED_METADATA = "onnxcampo.fused_ops"
@@ -76,13 +81,7 @@ def build_train_step(
         raise ConfigError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-    model, _ = graph_io.read_model(forward)
-    if graph_io.default_opset(model) < 17:
-        model = onnx.version_converter.convert_version(model, 17)
-    _pin_inputs(model, input_shapes or {})
-    weights = _lift_weights(model, freeze)
-    if not weights:
-        raise ConfigError("the model has no float initializer left to train (all frozen?)")
+    model, weights = _prepare(forward, freeze=freeze, input_shapes=input_shapes or {})
     prediction = model.graph.output[0].name
     info, _ = graph_io.infer_tensor_info(model)
     shape = info[prediction].shape if prediction in info else None
@@ -120,26 +119,58 @@ def step_spec(step: onnx.ModelProto) -> StepSpec:
     return StepSpec(weights, state, batch, optimizer, loss)
 
 
+def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, ...]]) -> tuple[onnx.ModelProto, list[str]]:
+    """The forward model made differentiable by onnx-ad, and its trainable weights (lifted to inputs).
+
+    Upgrades old opsets to 17, pins the given input shapes, rejects training-mode BatchNorm and
+    Dropout, turns float Constant nodes into initializers (weights of Paddle exports), lifts only the real weights (:mod:`onnxcampo.training.trainable` freezes running
+    statistics, Resize scales, formula constants and grouped Conv weights), then folds the shape
+    arithmetic that the pinned shapes make constant, so the prediction gets a static shape.
+    """
+    from onnx_ad.fold import fold_constants  # onnx-ad is pinned; its folder is what reverse() uses
+
+    model, _ = graph_io.read_model(forward)
+    if graph_io.default_opset(model) < 17:
+        try:
+            model = onnx.version_converter.convert_version(model, 17)
+        except Exception as exc:  # the converter raises bare RuntimeErrors/ValueErrors per op
+            raise UnsupportedModelError(
+                f"cannot upgrade opset {graph_io.default_opset(model)} to 17 for onnx-ad: {str(exc).splitlines()[0]}") from None
+    _pin_inputs(model, input_shapes)
+    check_trainable(model)
+    constants_to_initializers(model)
+    forget_declared_shapes(model)
+    weights = _lift_weights(model, freeze)
+    if not weights:
+        raise ConfigError("the model has no float initializer left to train (all frozen?)")
+    folded = fold_constants(model)
+    if folded is not model:
+        model.CopyFrom(folded)
+        forget_declared_shapes(model)
+    return model, weights
+
+
 def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
     if shapes:
         graph_io.pin_input_shapes(model, shapes, {}, require_static=False)
 
 
 def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> list[str]:
-    pattern = re.compile(freeze) if freeze else None
-    weights = []
-    keep = []
-    for tensor in model.graph.initializer:
-        trainable = tensor.data_type == TensorProto.FLOAT and len(tensor.dims) > 0 \
-            and not (pattern and pattern.search(tensor.name))
-        if trainable:
-            weights.append(tensor.name)
-            model.graph.input.append(helper.make_tensor_value_info(tensor.name, TensorProto.FLOAT, list(tensor.dims)))
-        keep.append((tensor, trainable))
-    frozen = [t for t, trainable in keep if not trainable]
+    """Move the trainable initializers to graph inputs (their values come from the forward model)."""
+    selection = select_trainable(model, freeze=freeze)
+    model.metadata_props.add(key=FROZEN_KEY, value=selection.summary())  # read back by the CLI
+    trainable = set(selection.weights)
+    lifted = [t for t in model.graph.initializer if t.name in trainable]
+    # old exporters list initializers as inputs too; frozen ones must stay plain constants
+    initializers = {t.name for t in model.graph.initializer}
+    kept_inputs = [i for i in model.graph.input if i.name not in initializers]
+    del model.graph.input[:]
+    model.graph.input.extend(kept_inputs)
+    frozen = [t for t in model.graph.initializer if t.name not in trainable]
+    model.graph.input.extend(helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims)) for t in lifted)
     model.graph.ClearField("initializer")
     model.graph.initializer.extend(frozen)  # initial weights are read from the forward model
-    return weights
+    return list(selection.weights)
 
 
 def _add_loss(model: onnx.ModelProto, prediction: str, loss: str, shape: list[int]) -> None:
@@ -317,11 +348,11 @@ def initial_weights(forward: str | os.PathLike | onnx.ModelProto, step: onnx.Mod
     """The forward model's values of the step's trainable weights (its fp32 master copy)."""
     model, _ = graph_io.read_model(forward)
     spec = step_spec(step)
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    values = forward_values(model)  # initializers, and Constant nodes (Paddle exports)
     missing = [w for w in spec.weights if w not in values]
     if missing:
         raise ConfigError(f"the forward model lacks weights of the step graph: {missing[:5]}")
-    return {w: values[w].astype(np.float32).copy() for w in spec.weights}
+    return {w: numpy_helper.to_array(values[w]).astype(np.float32).copy() for w in spec.weights}
 
 
 __all__ = ["LOSSES", "OPTIMIZERS", "StepSpec", "build_train_step", "initial_weights", "step_spec"]

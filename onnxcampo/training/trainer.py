@@ -101,4 +101,8 @@ class Trainer:
         for index, tensor in enumerate(model.graph.initializer):
             if tensor.name in self.spec.weights:
                 model.graph.initializer[index].CopyFrom(numpy_helper.from_array(state[tensor.name], tensor.name))
+        for node in model.graph.node:  # weights kept as Constant nodes (Paddle exports)
+            if node.op_type == "Constant" and node.output[0] in self.spec.weights:
+                value = next(a for a in node.attribute if a.name == "value")
+                value.t.CopyFrom(numpy_helper.from_array(state[node.output[0]], value.t.name))
         return model

@@ -171,3 +171,17 @@ def test_trainer_leaves_the_callers_weights_alone():
     for name, value in weights.items():
         np.testing.assert_array_equal(value, before[name])
     assert not np.array_equal(trainer.state_dict()["w1"], before["w1"])
+
+
+def test_trainer_leaves_the_initial_weights_alone():
+    """On the CPU an OrtValue wraps the numpy array it is made from; the Trainer must copy the
+    initial weights, so two Trainers started from one dict begin at the same point."""
+    forward = mlp()
+    step = build_train_step(forward, loss="mse", optimizer="sgd", lr=0.1)
+    weights = initial_weights(forward, step)
+    before = {name: value.copy() for name, value in weights.items()}
+    first = Trainer(step, weights=weights)
+    losses = [first.step({"x": X, "labels": TARGET}) for _ in range(3)]
+    for name, value in weights.items():
+        np.testing.assert_array_equal(value, before[name])
+    assert Trainer(step, weights=weights).step({"x": X, "labels": TARGET}) == pytest.approx(losses[0], rel=1e-6)

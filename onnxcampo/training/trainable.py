@@ -1,0 +1,284 @@
+"""Which float initializers of a forward model a training step may update, and which stay constant.
+
+An exported inference model keeps everything it needs as initializers: the weights, but also
+BatchNormalization running statistics, Resize scales, epsilons and other constants of a formula,
+and shape-like values that only reach the output through integer arithmetic. Only the weights
+may become trainable inputs of the step graph; lifting the rest would train running statistics,
+let an epsilon go negative, or hand onnx-ad a Resize whose scales are no longer constant.
+
+An initializer stays constant, in this order of precedence (the first case that applies is the
+reason reported):
+
+1. ``user``: its name matches the ``freeze`` regular expression.
+2. it is not float32 or is a scalar (rank 0): a constant of the formula, never reported.
+3. ``statistics``/``configuration``: some consumer reads it at a slot that is not a weight
+   (BatchNormalization mean and variance; Resize roi and scales; Clip bounds; Pad widths and
+   value; Pow's exponent; Dropout's ratio; an RNN's initial state); see ``CONSTANT_SLOTS``.
+4. ``grouped-conv`` / ``conv-transpose``: it is the weight of a Conv with ``group > 1`` or of any
+   ConvTranspose, which onnx-ad 0.3.0 cannot differentiate with respect to the weight (the bias
+   stays trainable, and gradients still flow through to the layer's input).
+5. ``no-gradient-path``: no differentiable path leads from it to the prediction (the model's
+   first output): it feeds only shape arithmetic, comparisons, integer casts or other outputs.
+6. ``formula-constant``: it holds one element and no consumer reads it as a layer's weight or
+   bias (``LAYER_SLOTS``): an epsilon, a scale factor such as GELU's 0.5, a clamp bound.
+
+Everything else is a weight.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import TensorProto, helper
+
+from onnxcampo import graph as graph_io
+from onnxcampo.errors import ConfigError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+# Input slots that hold configuration or statistics, not parameters, grouped by why.
+CONSTANT_SLOTS: dict[str, dict[int, str]] = {
+    # Running statistics: frozen in eval mode; training them by gradient is meaningless.
+    "BatchNormalization": {3: "statistics", 4: "statistics"},
+    # Sampling grids: onnx-ad needs them constant, and they are geometry, not parameters.
+    "Resize": {1: "configuration", 2: "configuration", 3: "configuration"},
+    "Upsample": {1: "configuration"},
+    # Bounds, widths, exponents and rates of a formula.
+    "Clip": {1: "configuration", 2: "configuration"},
+    "Pad": {1: "configuration", 2: "configuration", 3: "configuration"},
+    "Pow": {1: "configuration"},
+    "Dropout": {1: "configuration", 2: "configuration"},
+    # Initial hidden/cell states stored as constants (usually zeros): state, not parameters.
+    "LSTM": {4: "configuration", 5: "statistics", 6: "statistics", 7: "configuration"},
+    "GRU": {4: "configuration", 5: "statistics"},
+    "RNN": {4: "configuration", 5: "statistics"},
+}
+
+# Slots that are a layer's learned weight or bias, even when they hold a single element
+# (the one-unit output Conv of a detector head has a bias of shape [1]).
+LAYER_SLOTS: dict[str, frozenset[int]] = {
+    "Conv": frozenset({1, 2}),
+    "ConvTranspose": frozenset({1, 2}),
+    "Gemm": frozenset({1, 2}),
+    "MatMul": frozenset({0, 1}),
+    "LSTM": frozenset({1, 2, 3}),
+    "GRU": frozenset({1, 2, 3}),
+    "RNN": frozenset({1, 2, 3}),
+    "BatchNormalization": frozenset({1, 2}),
+    "InstanceNormalization": frozenset({1, 2}),
+    "LayerNormalization": frozenset({1, 2}),
+    "GroupNormalization": frozenset({1, 2}),
+    "PRelu": frozenset({1}),
+}
+
+# Ops whose outputs carry no gradient to any input: shape queries, comparisons, logic,
+# piecewise-constant rounding, index results.
+NO_GRADIENT_OPS = frozenset({
+    "Shape", "Size", "ConstantOfShape", "Range", "EyeLike", "NonZero", "OneHot",
+    "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor",
+    "IsNaN", "IsInf", "ArgMax", "ArgMin", "Floor", "Ceil", "Round", "Sign",
+    "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
+})
+# Slots of otherwise differentiable ops that only index or shape the result.
+INDEX_SLOTS: dict[str, frozenset[int]] = {
+    "Reshape": frozenset({1}), "Expand": frozenset({1}), "Tile": frozenset({1}),
+    "Slice": frozenset({1, 2, 3, 4}), "Gather": frozenset({1}), "GatherElements": frozenset({1}),
+    "GatherND": frozenset({1}), "ScatterElements": frozenset({1}), "ScatterND": frozenset({1}),
+    "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}), "Split": frozenset({1}),
+    "ReduceSum": frozenset({1}), "ReduceMean": frozenset({1}), "ReduceMax": frozenset({1}),
+    "ReduceMin": frozenset({1}), "ReduceProd": frozenset({1}), "ReduceL2": frozenset({1}),
+    "TopK": frozenset({1}), "CumSum": frozenset({1}), "Where": frozenset({0}),
+}
+_FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+
+
+@dataclass(frozen=True)
+class TrainableSelection:
+    """The initializers to train, in model order, and the reason each other float one is frozen."""
+
+    weights: tuple[str, ...]
+    frozen: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for reason in self.frozen.values():
+            counts[reason] = counts.get(reason, 0) + 1
+        kept = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items())) or "none"
+        return f"{len(self.weights)} weights trainable; frozen: {kept}"
+
+
+def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
+                     prediction: str | None = None) -> TrainableSelection:
+    """Sort the model's float32 initializers into weights and constants (module docstring)."""
+    try:
+        pattern = re.compile(freeze) if freeze else None
+    except re.error as exc:
+        raise ConfigError(f"--freeze {freeze!r} is not a regular expression: {exc}") from None
+    graph = model.graph
+    prediction = prediction or graph.output[0].name
+    consumers = _consumers(graph)
+    reaching = _reaching(graph, prediction)
+    weights: list[str] = []
+    frozen: dict[str, str] = {}
+    for tensor in graph.initializer:
+        name = tensor.data_type == TensorProto.FLOAT and len(tensor.dims) > 0 and tensor.name
+        if not name:
+            continue
+        uses = consumers.get(name, [])
+        reason = None
+        if pattern and pattern.search(name):
+            reason = "user"
+        if reason is None:
+            reason = next((CONSTANT_SLOTS[n.op_type][slot] for n, slot in uses
+                           if slot in CONSTANT_SLOTS.get(n.op_type, {})), None)
+        if reason is None:
+            reason = next((_conv_weight_reason(n) for n, slot in uses if slot == 1 and _conv_weight_reason(n)), None)
+        if reason is None and name not in reaching:
+            reason = "no-gradient-path"
+        if reason is None and math.prod(tensor.dims) == 1 \
+                and not any(slot in LAYER_SLOTS.get(n.op_type, ()) for n, slot in uses):
+            reason = "formula-constant"
+        if reason is None:
+            weights.append(name)
+        else:
+            frozen[name] = reason
+    for kind, label in (("grouped-conv", "grouped Conv"), ("conv-transpose", "ConvTranspose")):
+        names = [n for n, r in frozen.items() if r == kind]
+        if names:
+            log.warning("freezing the weights of %d %s layers (onnx-ad cannot differentiate them with "
+                        "respect to the weight; their biases still train): %s", len(names), label,
+                        ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
+    selection = TrainableSelection(tuple(weights), frozen)
+    log.info("%s", selection.summary())
+    return selection
+
+
+def check_trainable(model: onnx.ModelProto) -> None:
+    """Raise a one-line UnsupportedModelError for what the step graph cannot express.
+
+    Training-mode BatchNorm/Dropout and non-standard ops are caught here; onnx-ad itself names
+    the other limits (MaxPool auto_pad=SAME_UPPER, Slice steps other than 1, ...)."""
+    for node in model.graph.node:
+        where = f"{node.op_type} node {node.name or node.output[0]!r}"
+        if node.op_type == "BatchNormalization" and _attr(node, "training_mode", 0):
+            raise UnsupportedModelError(
+                f"{where} is in training mode (batch statistics); export the model in eval mode "
+                "so it runs with frozen running statistics")
+        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+            if not _constant_false(model.graph, node.input[2]):
+                raise UnsupportedModelError(
+                    f"{where} has a training_mode input that is not constant false; "
+                    "training-mode Dropout is not supported (export the model in eval mode)")
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedModelError(
+                f"{where} is in domain {node.domain!r}; only standard ONNX ops can be differentiated")
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Turn top-level ``Constant`` nodes holding a float tensor into initializers of the same
+    name (Paddle exports keep every weight as a Constant node); returns how many moved."""
+    moved, kept = [], []
+    for node in model.graph.node:
+        value = _attr(node, "value", None) if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        if isinstance(value, onnx.TensorProto) and value.data_type == TensorProto.FLOAT and len(value.dims) > 0:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = node.output[0]
+            moved.append(tensor)
+        else:
+            kept.append(node)
+    if moved:
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        model.graph.initializer.extend(moved)
+    return len(moved)
+
+
+def forward_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Every float tensor a step graph may train, by name: initializers and Constant-node values."""
+    values = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        value = _attr(node, "value", None) if node.op_type == "Constant" else None
+        if isinstance(value, onnx.TensorProto):
+            values.setdefault(node.output[0], value)
+    return values
+
+
+def forget_declared_shapes(model: onnx.ModelProto) -> None:
+    """Drop the declared shapes of the graph outputs (keeping their types) and every value_info:
+    inference recomputes them from the pinned inputs and must not merge them with stale ones
+    (ddddocr's recognizer declares [1, seqlen] and returns [seqlen, 1, 8210]; the opset
+    converter leaves dims of -1 behind on Paddle exports)."""
+    for output in model.graph.output:
+        if output.type.HasField("tensor_type"):
+            elem = output.type.tensor_type.elem_type
+            output.CopyFrom(helper.make_tensor_value_info(output.name, elem, None))
+    del model.graph.value_info[:]
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    """name -> (node, input slot); a name a subgraph captures counts as slot -1 of its node."""
+    out: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for slot, name in enumerate(node.input):
+            if name:
+                out.setdefault(name, []).append((node, slot))
+        if graph_io.has_subgraph(node):
+            for name in graph_io.outer_scope_names(node):
+                out.setdefault(name, []).append((node, -1))
+    return out
+
+
+def _reaching(graph: onnx.GraphProto, prediction: str) -> set[str]:
+    """Names from which a differentiable path leads to ``prediction`` (walked backwards)."""
+    producer: dict[str, onnx.NodeProto] = {o: n for n in graph.node for o in n.output if o}
+    cast_to = {n.output[0]: _attr(n, "to", 0) for n in graph.node if n.op_type == "Cast"}
+    reach = {prediction}
+    stack = [prediction]
+    while stack:
+        node = producer.get(stack.pop())
+        if node is None or node.op_type in NO_GRADIENT_OPS:
+            continue
+        if node.op_type == "Cast" and cast_to.get(node.output[0]) not in _FLOATS:
+            continue
+        blocked = INDEX_SLOTS.get(node.op_type, frozenset())
+        names = [name for slot, name in enumerate(node.input) if name and slot not in blocked]
+        if graph_io.has_subgraph(node):
+            names.extend(graph_io.outer_scope_names(node))
+        for name in names:
+            if name not in reach:
+                reach.add(name)
+                stack.append(name)
+    return reach
+
+
+def _conv_weight_reason(node: onnx.NodeProto) -> str | None:
+    if node.op_type == "ConvTranspose":
+        return "conv-transpose"
+    if node.op_type == "Conv" and int(_attr(node, "group", 1)) > 1:
+        return "grouped-conv"
+    return None
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
+def _constant_false(graph: onnx.GraphProto, name: str) -> bool:
+    from onnx import numpy_helper
+
+    for tensor in graph.initializer:
+        if tensor.name == name:
+            return not bool(numpy_helper.to_array(tensor).any())
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] == name:
+            value = _attr(node, "value", None)
+            return value is not None and not bool(numpy_helper.to_array(value).any())
+    return False
