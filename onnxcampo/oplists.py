@@ -240,3 +240,6 @@ def overlaps() -> dict[tuple[str, str], frozenset[str]]:
             if common:
                 found[(cat_a.value, cat_b.value)] = common
     return found
+
+
+SCATTER_OPS = frozenset({"ScatterND", "ScatterElements"})  # reduction != none: accumulating (classify 7b)

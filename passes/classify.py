@@ -19,6 +19,9 @@ Rules, in order (the first that matches decides):
    directly or through data movement (Reshape, Transpose, ...), stay fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
    those values are "infinity" sentinels (|x| >= 1e30, e.g. a -3.4e38 attention mask), which
    Cast insertion clamps to -65504/65504 where -inf would give 0 * -inf = NaN;
+7b. ScatterND/ScatterElements with a reduction (``add`` sums gradients in onnx-ad's backward
+   passes of Gather and MaxPool) stay fp32: they accumulate in their data dtype, and ONNX Runtime's
+   CPU provider has no fp16 kernel for them;
 8. user inclusions (``--include-op``, ``--include-node``) go fp16, whatever the lists and the
    policy say;
 9. ops in no list stay fp32.
@@ -92,6 +95,8 @@ class Classify(PassBase):
             return Precision.FP32, (Reason.NO_FP16_SCHEMA if sig.schema_found else Reason.NO_FLOAT)
         if self._constant_out_of_range(ctx, node):
             return Precision.FP32, Reason.CONSTANT_OUT_OF_RANGE
+        if node.op in oplists.SCATTER_OPS and node.attrs.get("reduction", "none") not in ("none", b"none"):
+            return Precision.FP32, Reason.ACCUMULATING_SCATTER
         if ctx.included_by_user(node):
             return Precision.FP16, Reason.USER_INCLUDED
         if category is Category.UNKNOWN:

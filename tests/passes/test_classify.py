@@ -460,3 +460,19 @@ def test_constant_beyond_range_read_through_fixed_slot_is_ignored():
     }
     """)
     assert len(classify(model).plan) == 0
+
+
+@pytest.mark.parametrize("reduction, fixed", [("add", True), ("none", False)])
+def test_scatter_with_a_reduction_stays_fp32(reduction, fixed):
+    """onnx-ad's Gather/MaxPool backward sums gradients with ScatterElements(reduction=add): in
+    fp16 it would accumulate in fp16. A plain scatter moves data and is left to the passes."""
+    model = parse(f"""
+    g (float[8, 8] x, int64[2, 8] idx, float[2, 8] upd) => (float[8, 8] y) {{
+        y = ScatterElements<reduction = "{reduction}">(x, idx, upd)
+    }}""")
+    ctx = classify(model)
+    name = ctx.nodes[0].name
+    if fixed:
+        assert precisions(ctx)[name] == "fp32" and reasons(ctx)[name] == "ACCUMULATING_SCATTER"
+    else:
+        assert name not in precisions(ctx)
