@@ -527,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             failed.append(name)
         log.info("%s done in %.0f s%s", name, results[name]["total_s"], f"; outside tolerance: {bad}" if bad else "")
+        meta["total_s"] = round(time.perf_counter() - started, 1)
+        write_reports(results, meta, args.out)  # after every model: a run cut short keeps what it trained
     meta["total_s"] = round(time.perf_counter() - started, 1)
     for path in write_reports(results, meta, args.out):
         print(f"wrote {path}")
