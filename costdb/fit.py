@@ -60,6 +60,7 @@ Additions to schema v1 (all optional for readers; ``validate_database`` ignores 
                          "loo_mape": leave-one-out error on the training cases,
                          "rho": {feature: Spearman rho of each candidate}}}}
     "fallback_ops": [op types predicted by the analytic model]
+    "dispatch": {"us": per-node host dispatch time, "samples": n, "rule": ...} (fit_dispatch)
     "chains": {PATTERN: {"fp32": ratio, "fp16": ratio, "samples": n, "range": {...}}}
         (chain time / sum of its nodes' times, median over shapes: rows with a ``chain`` field,
         see :mod:`onnxcampo.costdb.chains`)
@@ -554,6 +555,9 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
     database["fallback_ops"] = fallback
     database["holdout_cases"] = sorted(holdout_keys)
     database["measured"] = measured
+    dispatch = fit_dispatch(samples)
+    if dispatch:
+        database["dispatch"] = dispatch
     if data.chain_rows:
         database["chains"] = fit_chains(data.chain_rows)
     database["summary"] = {}
@@ -579,6 +583,23 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
         "fit": {"holdout": holdout, "seed": seed, "min_samples": min_samples, "rho": rho},
     }
     return database
+
+
+DISPATCH_KERNEL_US = 2.0  # single-op samples with kernels this short are dispatch-bound
+
+
+def fit_dispatch(samples: Iterable[dict]) -> dict | None:
+    """Per-node host dispatch time: the median wall time, minus an empty model's, of single-op
+    runs whose GPU kernels take under ``DISPATCH_KERNEL_US`` (there the host is the bottleneck).
+    None without such rows (wall times of CPU runs say nothing about a GPU)."""
+    times = [row["wall_time_us"] for row in samples
+             if not row.get("chain") and isinstance(row.get("kernel_us"), (int, float))
+             and row["kernel_us"] < DISPATCH_KERNEL_US and isinstance(row.get("wall_time_us"), (int, float))
+             and row["wall_time_us"] > 0]
+    if not times:
+        return None
+    return {"us": round(statistics.median(times), 3), "samples": len(times),
+            "rule": f"median wall_time_us of single-op runs with kernel_us < {DISPATCH_KERNEL_US}"}
 
 
 def _percent(value: float | None) -> str:

@@ -33,6 +33,13 @@ class CostModel(abc.ABC):
     def pad_time(self, elements: int, kind: str = "Pad") -> float:
         """One ``Pad`` or ``Slice`` (``kind``) of an fp16 tensor of ``elements`` output elements."""
 
+    def dispatch_us(self) -> float:
+        """Host time ONNX Runtime needs to launch one node that the node times do not include.
+
+        A run cannot be faster than ``dispatch_us * nodes``: with small kernels the GPU waits for
+        the host (``onnxcampo.estimate.plan_time``). 0 for models whose node times include it."""
+        return 0.0
+
     def chain_factor(self, pattern: str, precision: str) -> float:
         """Time of a fusable chain (``onnxcampo.costdb.chains``) over the sum of its nodes' times
         when all of them run in ``precision`` ("fp32"/"fp16"); 1.0 where nothing is measured."""

@@ -159,6 +159,10 @@ class RegressionCostModel(CostModel):
         model = pad.get(kind, pad)  # per-op fits when present (Pad costs ~3x Slice), else pooled
         return float(model["C_I"]) + float(model["r"]) * elements
 
+    def dispatch_us(self) -> float:
+        dispatch = self.database.get("dispatch", {}).get("us")
+        return float(dispatch) if isinstance(dispatch, (int, float)) and dispatch > 0 else 0.0
+
     def chain_factor(self, pattern: str, precision: str) -> float:
         entry = self.database.get("chains", {}).get(pattern, {})
         value = entry.get(precision)

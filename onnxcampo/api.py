@@ -122,6 +122,17 @@ def optimize(
             plans["campo"] = plans[best].copy()  # its decisions keep their own reasons
             times["campo"] = times[best]
             chosen = best
+        fp32_us, mixed_us = times["fp32"].total_us, times["campo"].total_us
+        mixed = plans["campo"].counts().get("fp16", 0) > 0
+        if mixed and chosen != "fp32" and mixed_us > (1 - config.min_gain) * fp32_us:
+            gain = (fp32_us - mixed_us) / fp32_us if fp32_us else 0.0
+            notes.append(
+                f"the {chosen} plan is predicted {100 * gain:.1f} % faster than fp32, less than --min-gain "
+                f"{100 * config.min_gain:.1f} % (within the cost model's error): keeping fp32"
+            )
+            plans["campo"] = plans["fp32"].copy()
+            times["campo"] = times["fp32"]
+            chosen = "fp32"
     ctx.plan = plans[config.policy]
 
     mutating = [InsertCasts()]

@@ -35,6 +35,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", choices=PROFILE_MODES, default="predict",
                         help="fp32 node times: predicted by the cost model (default) or measured on ORT cpu/cuda")
     parser.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
+    parser.add_argument("--min-gain", type=float, default=0.02, metavar="SHARE",
+                        help="campo keeps fp32 unless a mixed plan is predicted at least this share faster "
+                             "(default 0.02: 2 %%)")
     parser.add_argument("--no-keep-io-types", action="store_true", help="let graph inputs/outputs become fp16")
     parser.add_argument("--no-loss-scaling", action="store_true",
                         help="training steps: do not insert dynamic loss scaling (on by default when fp16 is used)")
@@ -61,6 +64,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         profile=args.profile,
         pad_tensor_cores=not args.no_pad,
         compare_plans=not args.no_compare_plans,
+        min_gain=args.min_gain,
         check_invariants=args.debug,
         loss_scaling=not args.no_loss_scaling,
         int8_avg=args.int8_avg,

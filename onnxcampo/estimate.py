@@ -24,14 +24,20 @@ PrecisionOf = Callable[[str], Precision]
 
 @dataclass(frozen=True)
 class PlanTime:
+    """``total_us`` is the larger of the GPU's work (``nodes_us + casts_us``) and the host's
+    (``dispatch_us``: one dispatch per node launched, Casts and Pad/Slice included)."""
+
     total_us: float
     nodes_us: float
     casts_us: float
     casts: int
+    dispatch_us: float = 0.0
+    launched: int = 0
 
     def to_json(self) -> dict:
         return {"total_us": round(self.total_us, 3), "nodes_us": round(self.nodes_us, 3),
-                "casts_us": round(self.casts_us, 3), "casts": self.casts}
+                "casts_us": round(self.casts_us, 3), "casts": self.casts,
+                "dispatch_us": round(self.dispatch_us, 3), "launched_nodes": self.launched}
 
 
 def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_of: PrecisionOf | None = None) -> float:
@@ -139,7 +145,22 @@ def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     # Only a tensor touching an fp16 node can need a Cast.
     tensors = {id(t): t for n in ctx.nodes if precision_of(n.name) is Precision.FP16 for t in (*n.inputs, *n.outputs)}
     cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
-    return PlanTime(nodes_us + cast_us, nodes_us, cast_us, casts)
+    launched = sum(1 for n in ctx.nodes if n.op != "Constant") + casts + _pad_nodes(ctx, precision_of)
+    dispatch = ctx.cost.dispatch_us() * launched
+    return PlanTime(max(nodes_us + cast_us, dispatch), nodes_us, cast_us, casts, dispatch, launched)
+
+
+def _pad_nodes(ctx: GraphContext, precision_of: PrecisionOf) -> int:
+    """Pad and Slice nodes the padding pass adds to fp16 products (weights are padded offline)."""
+    if not ctx.padding_enabled:
+        return 0
+    count = 0
+    for node in ctx.nodes:
+        if precision_of(node.name) is Precision.FP16:
+            plan = pad_plan(ctx, node)
+            if plan is not None:
+                count += (plan.k_padded != plan.k) + (plan.n_padded != plan.n)
+    return count
 
 
 def delta(ctx: GraphContext, plan: PrecisionPlan, nodes: list[gs.Node]) -> dict[str, float]:

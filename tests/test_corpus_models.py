@@ -65,7 +65,12 @@ def test_policy_on_real_model(entry, policy):
     assert casts == result.report["casts_inserted"]
     if policy == "campo":
         predicted = result.report["predicted_us"]
-        assert predicted["campo"]["total_us"] <= min(predicted["fp32"]["total_us"], predicted["amp"]["total_us"]) + 1e-6
+        assert predicted["campo"]["total_us"] <= predicted["fp32"]["total_us"] + 1e-6
+        # never predicted slower than amp either, unless amp's edge over fp32 is below --min-gain
+        if result.report["chosen_plan"] != "fp32":
+            assert predicted["campo"]["total_us"] <= predicted["amp"]["total_us"] + 1e-6
+        else:
+            assert predicted["amp"]["total_us"] >= 0.98 * predicted["fp32"]["total_us"]
 
 
 def test_quantized_model_is_left_intact():
