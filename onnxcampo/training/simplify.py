@@ -103,6 +103,11 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 
 
 def _load(model: onnx.ModelProto) -> _Graph:
+    from onnx_ad.fold import fold_constants  # the folder onnx-ad itself uses; small results only
+
+    folded = fold_constants(model)  # the seed count and sizes that MaxPool's adjoint computes at run time
+    if folded is not model:
+        model.CopyFrom(folded)
     info, _ = graph_io.infer_tensor_info(model)
     shapes = {name: tuple(entry.shape) for name, entry in info.items() if entry.shape is not None}
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
