@@ -324,11 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simplify", choices=("yes", "no"), default="yes", help="simplify_backward (the default)")
     parser.add_argument("--compare", action="store_true", help="profile both, check same outputs")
     parser.add_argument("--cupti", action="store_true", help="CUDA: GPU time per kernel name (needs torch)")
+    parser.add_argument("--ort-verbose", action="store_true",
+                        help="ORT's verbose log: node placements per provider, Memcpy nodes added")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--save-step", metavar="PATH", help="write the step graph (the simplified one)")
     parser.add_argument("--json", metavar="PATH", help="write the numbers")
     args = parser.parse_args(argv)
 
+    if args.ort_verbose:
+        ort.set_default_logger_severity(0)
     forward, shapes = load_forward(args)
     fused = {"auto": None, "yes": True, "no": False}[args.fused]
     variants = [("simplified", True), ("as emitted", False)] if args.compare else \
