@@ -31,6 +31,7 @@ from onnxcampo import graph as graph_io
 from onnxcampo import ops
 from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
+from onnxcampo.training.simplify import simplify_backward
 from onnxcampo.training.trainable import (check_trainable, forget_declared_shapes, constants_to_initializers,
                                           forward_values, select_trainable)
 
@@ -71,11 +72,14 @@ def build_train_step(
     freeze: str | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     fused: bool | None = None,
+    simplify: bool = True,
 ) -> onnx.ModelProto:
     """One training step as an ONNX model (see the module docstring for names).
 
     ``fused``: the update as one ``ai.onnxcampo`` multi-tensor op (True), or in standard ONNX
     ops (False); None picks the fused op when the custom-op library is available.
+    ``simplify``: rewrite onnx-ad's backward graph with the same math in fewer, cheaper ops
+    (:func:`onnxcampo.training.simplify.simplify_backward`); False keeps it as emitted.
     """
     if loss not in LOSSES:
         raise ConfigError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
@@ -94,6 +98,9 @@ def build_train_step(
     model.ir_version = min(model.ir_version, 10)
     gradients = _backward(model, weights)
     seed = next(i.name for i in gradients.graph.input if i.name.startswith("grad_"))
+    if simplify:
+        _pin_seed(gradients, seed)
+        simplify_backward(gradients)
     fused = ops.available() if fused is None else fused
     _add_update(gradients, weights, optimizer, fused=fused, momentum=momentum, betas=betas, eps=eps,
                 weight_decay=weight_decay)
@@ -209,6 +216,15 @@ def _backward(model: onnx.ModelProto, weights: list[str]) -> onnx.ModelProto:
     except onnx_ad.UnsupportedOperator as exc:
         raise UnsupportedModelError(f"cannot differentiate the model: {exc}") from None
     return step
+
+
+def _pin_seed(step: onnx.ModelProto, seed: str) -> None:
+    """Declare the seed input ``[1]`` (onnx-ad leaves the seed count symbolic): the update makes
+    it the constant 1, and static shapes are what :func:`simplify_backward` needs."""
+    value = next(i for i in step.graph.input if i.name == seed)
+    dims = value.type.tensor_type.shape.dim
+    del dims[:]
+    dims.add().dim_value = 1
 
 
 def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, *, fused: bool = False, **hyper) -> None:

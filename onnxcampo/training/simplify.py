@@ -1,0 +1,428 @@
+"""Rewrite onnx-ad's backward graph into the same math with fewer, cheaper ops.
+
+onnx-ad 0.3.0 emits a correct but literal vector-Jacobian graph: every adjoint carries a trailing
+seed axis (size 1 here), moved to the front and back with Transposes around every Conv and
+MatMul, materialized with Expands to the shape it already has, and the weight gradient of a Conv
+is a convolution of the transposed input with the transposed output gradient as a filter bank
+whose spatial size is the *output's* (a 56x56 or, dilated, 223x223 kernel) producing a kh x kw
+image. On ResNet-50 that convolution is most of the backward time (see
+``docs/training/step-performance.md``). :func:`simplify_backward` applies these rules, in this
+order, each until nothing matches, then drops nodes nothing reads:
+
+1. **Conv weight gradient as one GEMM** (2-D, ``group=1``, one seed): the chain
+   ``Conv(Transpose(Pad(x)), Reshape(Transpose(dy))) -> Slice -> Reshape -> Transpose`` becomes
+   ``Gemm(dy as [Cout, N*Ho*Wo], im2col(x) as [Cin*kh*kw, N*Ho*Wo], transB=1) -> Reshape``, where
+   im2col is one strided Slice of the transposed padded input per kernel tap (none for a 1x1
+   stride-1 Conv) and a Concat. The same products are summed; only the order of the additions
+   differs. The swapped Conv also computed a larger image than kh x kw whenever the stride does not
+   divide the padded size (a 1x1 stride-2 Conv computed 2x2 and kept 1x1); the GEMM computes only
+   what is kept.
+2. **Expand to the shape its input already has**: the input is used instead.
+3. **Transpose that only moves size-1 axes** (the seed axis): a Reshape, which copies nothing.
+4. **Transpose of a Transpose** read by nothing else: one Transpose with the composed permutation
+   (none when that is the identity).
+5. **Reshape of a Reshape** read by nothing else: one Reshape to the final (static) shape; a
+   Reshape to the shape its input already has: the input.
+6. **Slice that keeps everything** (starts 0, ends past the end, steps 1): the input.
+
+A rule never touches a value that is a graph output (its name is the step's interface), and
+every rewrite uses static shapes from one shape inference run at the start; a node whose shapes
+are not fully static is left alone. The rules are exact: the outputs are the same values, up to
+the order of floating-point additions in rule 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxcampo import graph as graph_io
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Graph:
+    """The step graph with the tables the rules read: shapes, constants, producers, consumers."""
+
+    model: onnx.ModelProto
+    shapes: dict[str, tuple[int, ...]]
+    constants: dict[str, np.ndarray]
+    protected: set[str]
+    counter: Counter = field(default_factory=Counter)
+    _fresh: int = 0
+
+    @property
+    def nodes(self):
+        return self.model.graph.node
+
+    def producers(self) -> dict[str, onnx.NodeProto]:
+        return {out: node for node in self.nodes for out in node.output if out}
+
+    def consumers(self) -> dict[str, list[onnx.NodeProto]]:
+        table = defaultdict(list)
+        for node in self.nodes:
+            for name in node.input:
+                table[name].append(node)
+        return table
+
+    def static(self, name: str) -> tuple[int, ...] | None:
+        shape = self.shapes.get(name)
+        return shape if shape is not None and all(isinstance(d, int) and d >= 0 for d in shape) else None
+
+    def fresh(self, stem: str) -> str:
+        self._fresh += 1
+        return f"simplify/{stem}_{self._fresh}"
+
+    def const(self, values, stem: str) -> str:
+        name = self.fresh(stem)
+        array = np.asarray(values, dtype=np.int64)
+        self.model.graph.initializer.append(numpy_helper.from_array(array, name))
+        self.constants[name] = array
+        self.shapes[name] = tuple(array.shape)
+        return name
+
+    def replace_uses(self, old: str, new: str) -> None:
+        for node in self.nodes:
+            for i, name in enumerate(node.input):
+                if name == old:
+                    node.input[i] = new
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _load(model: onnx.ModelProto) -> _Graph:
+    from onnx_ad.fold import fold_constants  # the folder onnx-ad itself uses; small results only
+
+    folded = fold_constants(model)  # the seed count and sizes that MaxPool's adjoint computes at run time
+    if folded is not model:
+        model.CopyFrom(folded)
+    info, _ = graph_io.infer_tensor_info(model)
+    shapes = {name: tuple(entry.shape) for name, entry in info.items() if entry.shape is not None}
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                 if t.data_type == onnx.TensorProto.INT64}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            value = _attr(node, "value")
+            if value is not None and value.data_type == onnx.TensorProto.INT64:
+                constants[node.output[0]] = numpy_helper.to_array(value)
+    protected = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
+    return _Graph(model, shapes, constants, protected)
+
+
+# --------------------------------------------------------------------------------------------
+# rule 1: the Conv weight gradient
+# --------------------------------------------------------------------------------------------
+
+def _only_consumer(g: _Graph, consumers, name: str, op_type: str):
+    users = consumers.get(name, [])
+    if len(users) != 1 or users[0].op_type != op_type or name in g.protected:
+        return None
+    return users[0]
+
+
+def conv_weight_gradient(g: _Graph) -> int:
+    """Rule 1 (see the module docstring); returns how many Convs it rewrote."""
+    producers, consumers = g.producers(), g.consumers()
+    rewritten = 0
+    for conv in list(g.nodes):
+        match = _match_weight_gradient(g, conv, producers, consumers)
+        if match is None:
+            continue
+        _emit_weight_gradient(g, *match)
+        rewritten += 1
+        producers, consumers = g.producers(), g.consumers()
+    return rewritten
+
+
+def _match_weight_gradient(g: _Graph, conv, producers, consumers):
+    if conv.op_type != "Conv" or len(conv.input) != 2 or _attr(conv, "group", 1) != 1:
+        return None
+    if any(_attr(conv, "pads", [0]) ) or _attr(conv, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    images, filters = (producers.get(n) for n in conv.input)
+    if images is None or filters is None or images.op_type != "Transpose" or filters.op_type != "Reshape":
+        return None
+    if list(_attr(images, "perm", [])) != [1, 0, 2, 3]:
+        return None
+    seeded = producers.get(filters.input[0])
+    if seeded is None or seeded.op_type != "Transpose" or list(_attr(seeded, "perm", [])) != [1, 4, 0, 2, 3]:
+        return None
+    dy = g.static(seeded.input[0])             # [N, Cout, Ho, Wo, 1]
+    padded = g.static(images.input[0])         # [N, Cin, Hp, Wp]
+    result = g.static(conv.output[0])          # [Cin, Cout, oh, ow]
+    if dy is None or padded is None or result is None or len(dy) != 5 or dy[4] != 1 or len(padded) != 4:
+        return None
+    crop = _only_consumer(g, consumers, conv.output[0], "Slice")
+    if crop is None:
+        return None
+    split = _only_consumer(g, consumers, crop.output[0], "Reshape")
+    if split is None:
+        return None
+    final = _only_consumer(g, consumers, split.output[0], "Transpose")
+    if final is None or list(_attr(final, "perm", [])) != [1, 0, 3, 4, 2]:
+        return None
+    weight_grad = g.static(final.output[0])    # [Cout, Cin, kh, kw, 1]
+    if weight_grad is None or len(weight_grad) != 5 or weight_grad[4] != 1:
+        return None
+    n, cout, ho, wo, _ = dy
+    _, cin, hp, wp = padded
+    if weight_grad[:2] != (cout, cin) or result[:2] != (cin, cout):
+        return None
+    kernel = weight_grad[2:4]
+    step = list(_attr(conv, "dilations", [1, 1]))   # the forward Conv's strides
+    reach = list(_attr(conv, "strides", [1, 1]))    # the forward Conv's dilations
+    if _crop_window(g, crop) != kernel:
+        return None
+    for k, r, s, o, p in zip(kernel, reach, step, (ho, wo), (hp, wp)):
+        if (k - 1) * r + (o - 1) * s + 1 > p:
+            return None
+    return conv, images, filters, final, (n, cin, cout, ho, wo, hp, wp), kernel, step, reach
+
+
+def _crop_window(g: _Graph, crop) -> tuple[int, ...] | None:
+    """The (kh, kw) a Slice over axes 2, 3 from 0 keeps, or None when it is another slice."""
+    values = [g.constants.get(name) for name in crop.input[1:]]
+    if len(values) < 3 or any(v is None for v in values[:3]):
+        return None
+    starts, ends, axes = (list(v.reshape(-1)) for v in values[:3])
+    steps = list(values[3].reshape(-1)) if len(values) > 3 and values[3] is not None else [1] * len(axes)
+    if len(values) > 3 and values[3] is None:
+        return None
+    if sorted(axes) != [2, 3] or any(starts) or any(s != 1 for s in steps):
+        return None
+    order = np.argsort(axes)
+    return tuple(int(ends[i]) for i in order)
+
+
+def _emit_weight_gradient(g: _Graph, conv, images, filters, final, dims, kernel, step, reach) -> None:
+    n, cin, cout, ho, wo, hp, wp = dims
+    taps = []
+    stem = final.output[0]
+    whole = kernel == (1, 1) and step == [1, 1] and (ho, wo) == (hp, wp)
+    new = []
+    if whole:
+        taps = [images.output[0]]
+    else:
+        for a in range(kernel[0]):
+            for b in range(kernel[1]):
+                starts = [a * reach[0], b * reach[1]]
+                ends = [starts[0] + (ho - 1) * step[0] + 1, starts[1] + (wo - 1) * step[1] + 1]
+                tap = g.fresh("tap")
+                new.append(helper.make_node(
+                    "Slice", [images.output[0], g.const(starts, "starts"), g.const(ends, "ends"),
+                              g.const([2, 3], "axes"), g.const(step, "steps")], [tap], name=tap))
+                g.shapes[tap] = (cin, n, ho, wo)
+                taps.append(tap)
+    columns = taps[0]
+    if len(taps) > 1:  # [Cin, kh*kw*N, Ho, Wo] in memory is [Cin, kh*kw, N, Ho, Wo]
+        columns = g.fresh("im2col")
+        new.append(helper.make_node("Concat", taps, [columns], name=columns, axis=1))
+    rows = math.prod(kernel) * cin
+    columns_2d, dy_2d, product = g.fresh("columns"), g.fresh("dy"), g.fresh("weight_grad")
+    new += [
+        helper.make_node("Reshape", [columns, g.const([rows, n * ho * wo], "shape")], [columns_2d], name=columns_2d),
+        helper.make_node("Reshape", [filters.output[0], g.const([cout, n * ho * wo], "shape")], [dy_2d], name=dy_2d),
+        helper.make_node("Gemm", [dy_2d, columns_2d], [product], name=product, transB=1),
+        helper.make_node("Reshape", [product, g.const([cout, cin, kernel[0], kernel[1], 1], "shape")],
+                         [final.output[0]], name=g.fresh("weight_grad_shape")),
+    ]
+    g.shapes[columns_2d], g.shapes[dy_2d], g.shapes[product] = (rows, n * ho * wo), (cout, n * ho * wo), (cout, rows)
+    index = list(g.nodes).index(final)
+    g.nodes.remove(final)  # the old chain (Conv, Slice, Reshape) is dead now and dropped at the end
+    for offset, node in enumerate(new):
+        g.nodes.insert(index + offset, node)
+    log.debug("conv weight gradient %s -> Gemm [%d x %d] . [%d x %d]^T", stem, cout, n * ho * wo, rows, n * ho * wo)
+
+
+# --------------------------------------------------------------------------------------------
+# rules 2-6: data movement that moves nothing
+# --------------------------------------------------------------------------------------------
+
+def _alias(g: _Graph, node, source: str) -> bool:
+    """Let the readers of ``node``'s output read ``source`` instead (not for graph outputs)."""
+    if node.output[0] in g.protected:
+        return False
+    g.replace_uses(node.output[0], source)
+    g.nodes.remove(node)
+    return True
+
+
+def same_shape_expand(g: _Graph) -> int:
+    """Rule 2."""
+    count = 0
+    for node in list(g.nodes):
+        if node.op_type == "Expand":
+            shape = g.static(node.input[0])
+            if shape is not None and shape == g.static(node.output[0]) and _alias(g, node, node.input[0]):
+                count += 1
+    return count
+
+
+def _moves_only_ones(shape: tuple[int, ...], perm: list[int]) -> bool:
+    kept = [axis for axis in perm if shape[axis] != 1]
+    return kept == sorted(kept)
+
+
+def unit_axis_transpose(g: _Graph) -> int:
+    """Rule 3."""
+    count = 0
+    for node in list(g.nodes):
+        if node.op_type != "Transpose":
+            continue
+        shape, out = g.static(node.input[0]), g.static(node.output[0])
+        perm = list(_attr(node, "perm", []))
+        if shape is None or out is None or not perm or not _moves_only_ones(shape, perm):
+            continue
+        reshape = helper.make_node("Reshape", [node.input[0], g.const(list(out), "shape")], [node.output[0]],
+                                   name=node.name + "/as_reshape")
+        index = list(g.nodes).index(node)
+        g.nodes.remove(node)
+        g.nodes.insert(index, reshape)
+        count += 1
+    return count
+
+
+def transpose_pairs(g: _Graph) -> int:
+    """Rule 4."""
+    count = 0
+    producers, consumers = g.producers(), g.consumers()
+    for node in list(g.nodes):
+        if node.op_type != "Transpose":
+            continue
+        first = producers.get(node.input[0])
+        if first is None or first.op_type != "Transpose" or len(consumers[first.output[0]]) != 1 \
+                or first.output[0] in g.protected:
+            continue
+        outer, inner = list(_attr(node, "perm", [])), list(_attr(first, "perm", []))
+        if not outer or not inner:
+            continue
+        composed = [inner[axis] for axis in outer]
+        if composed == list(range(len(composed))):
+            if node.output[0] in g.protected:
+                continue
+            g.nodes.remove(first)
+            _alias(g, node, first.input[0])
+            count += 1
+        else:
+            g.nodes.remove(first)
+            node.input[0] = first.input[0]
+            for a in node.attribute:
+                if a.name == "perm":
+                    del a.ints[:]
+                    a.ints.extend(composed)
+            count += 1
+        producers, consumers = g.producers(), g.consumers()
+    return count
+
+
+def reshape_chains(g: _Graph) -> int:
+    """Rule 5."""
+    count = 0
+    producers, consumers = g.producers(), g.consumers()
+    for node in list(g.nodes):
+        if node.op_type != "Reshape":
+            continue
+        out = g.static(node.output[0])
+        if out is None:
+            continue
+        if g.static(node.input[0]) == out and _alias(g, node, node.input[0]):
+            count += 1
+            producers, consumers = g.producers(), g.consumers()
+            continue
+        first = producers.get(node.input[0])
+        if first is None or first.op_type != "Reshape" or len(consumers[first.output[0]]) != 1 \
+                or first.output[0] in g.protected:
+            continue
+        node.input[0] = first.input[0]
+        node.input[1] = g.const(list(out), "shape")
+        g.nodes.remove(first)
+        count += 1
+        producers, consumers = g.producers(), g.consumers()
+    return count
+
+
+def full_slice(g: _Graph) -> int:
+    """Rule 6."""
+    count = 0
+    for node in list(g.nodes):
+        if node.op_type != "Slice":
+            continue
+        shape = g.static(node.input[0])
+        values = [g.constants.get(name) for name in node.input[1:]]
+        if shape is None or len(values) < 2 or any(v is None for v in values):
+            continue
+        starts, ends = list(values[0].reshape(-1)), list(values[1].reshape(-1))
+        axes = list(values[2].reshape(-1)) if len(values) > 2 else list(range(len(starts)))
+        steps = list(values[3].reshape(-1)) if len(values) > 3 else [1] * len(starts)
+        whole = all(s == 0 and st == 1 and e >= shape[a % len(shape)]
+                    for s, e, a, st in zip(starts, ends, axes, steps))
+        if whole and _alias(g, node, node.input[0]):
+            count += 1
+    return count
+
+
+def drop_dead(g: _Graph) -> int:
+    """Nodes none of whose outputs is read or is a graph output (iterated to a fixed point)."""
+    removed = 0
+    while True:
+        read = {name for node in g.nodes for name in node.input} | {o.name for o in g.model.graph.output}
+        dead = [node for node in g.nodes if not any(out in read for out in node.output if out)]
+        if not dead:
+            break
+        for node in dead:
+            g.nodes.remove(node)
+        removed += len(dead)
+    used = {name for node in g.nodes for name in node.input}
+    kept = [t for t in g.model.graph.initializer if t.name in used or t.name in g.protected]
+    if len(kept) != len(g.model.graph.initializer):
+        del g.model.graph.initializer[:]
+        g.model.graph.initializer.extend(kept)
+    return removed
+
+
+RULES = (
+    ("conv weight gradient as Gemm", conv_weight_gradient),
+    ("same-shape Expand", same_shape_expand),
+    ("unit-axis Transpose as Reshape", unit_axis_transpose),
+    ("Transpose pair", transpose_pairs),
+    ("Reshape chain", reshape_chains),
+    ("full Slice", full_slice),
+)
+
+
+def simplify_backward(model: onnx.ModelProto) -> dict[str, int]:
+    """Apply :data:`RULES` to ``model`` in place; returns how often each fired (and nodes dropped).
+
+    A rule fires only where shapes are static: onnx-ad declares the seed axis symbolic
+    (``nadj``), so pin the seed input's shape first (the step builder pins it to ``[1]``).
+    """
+    g = _load(model)
+    before = len(g.nodes)
+    counts = {}
+    for name, rule in RULES:
+        total = 0
+        while True:
+            fired = rule(g)
+            total += fired
+            if not fired:
+                break
+        counts[name] = total
+    counts["dead nodes dropped"] = drop_dead(g)
+    log.info("simplify_backward: %d -> %d nodes (%s)", before, len(g.nodes),
+             ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+    return counts
+
+
+__all__ = ["RULES", "simplify_backward"]
