@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant (besides BatchNorm statistics, "
                     "Resize scales, formula constants and grouped Conv/ConvTranspose weights, frozen automatically)")
     tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    tg.add_argument("--no-simplify", dest="simplify", action="store_false",
+                    help="keep onnx-ad's backward graph as emitted (default: Conv weight gradients as one GEMM "
+                         "over an im2col, seed-axis Transposes and no-op copies removed; same math)")
     tg.add_argument("--no-fused-ops", dest="fused_ops", action="store_false",
                     help="update in standard ONNX ops (default: one ai.onnxcampo multi-tensor op when the "
                          "custom-op library is built)")
@@ -230,7 +233,8 @@ def _train_graph(args: argparse.Namespace) -> int:
     output = graph_io.check_output_path(args.output, args.forward if args.forward.exists() else None)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     step = build_train_step(args.forward, loss=args.loss, optimizer=args.optimizer, lr=args.lr,
-                            freeze=args.freeze, input_shapes=shapes, fused=None if args.fused_ops else False)
+                            freeze=args.freeze, input_shapes=shapes, fused=None if args.fused_ops else False,
+                            simplify=args.simplify)
     graph_io.save_model(step, output)
     spec = step_spec(step)
     update = "fused ai.onnxcampo op" if ops.uses_ops(step) else "standard ops"

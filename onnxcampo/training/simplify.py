@@ -118,6 +118,10 @@ def _load(model: onnx.ModelProto) -> _Graph:
             if value is not None and value.data_type == onnx.TensorProto.INT64:
                 constants[node.output[0]] = numpy_helper.to_array(value)
     protected = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
+    # names If/Loop/Scan bodies read from the outer graph: no rule sees those readers
+    for node in model.graph.node:
+        if graph_io.has_subgraph(node):
+            protected |= graph_io.outer_scope_names(node)
     return _Graph(model, shapes, constants, protected)
 
 
@@ -377,7 +381,7 @@ def drop_dead(g: _Graph) -> int:
     """Nodes none of whose outputs is read or is a graph output (iterated to a fixed point)."""
     removed = 0
     while True:
-        read = {name for node in g.nodes for name in node.input} | {o.name for o in g.model.graph.output}
+        read = {name for node in g.nodes for name in node.input} | {o.name for o in g.model.graph.output} | g.protected
         dead = [node for node in g.nodes if not any(out in read for out in node.output if out)]
         if not dead:
             break
