@@ -9,15 +9,12 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+
+#include "parallel.h"  // ParallelRunner: how tiles are run (serially, or by the runtime's thread pool)
 
 namespace onnxcampo {
 
 enum class Accumulation { kTreeAverage, kExact32 };
-
-// How tiles are run: serially, or by the runtime's thread pool. `run(count, task)` must call
-// task(0) .. task(count - 1), in any order, possibly concurrently.
-using ParallelRunner = std::function<void(size_t count, const std::function<void(size_t)>& task)>;
 
 struct MatMulU8Args {
   int64_t M = 0, K = 0, N = 0;

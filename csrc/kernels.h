@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "parallel.h"
+
 namespace onnxcampo {
 
 // A boolean held by a bool or a float scalar tensor; any nonzero value (NaN included) is true.
@@ -57,9 +59,12 @@ struct AdamWArgs {
   float* step_out = nullptr;
 };
 
-void UnscaleCheckFiniteCpu(const UnscaleArgs& args);
-void MultiTensorSgdCpu(const SgdArgs& args);
-void MultiTensorAdamWCpu(const AdamWArgs& args);
+// The CPU kernels cut all elements of a call into chunks (kernels_cpu.cc) that `run` spreads
+// over threads; every element is computed as in a serial loop, so results do not depend on
+// the thread count.
+void UnscaleCheckFiniteCpu(const UnscaleArgs& args, const ParallelRunner& run);
+void MultiTensorSgdCpu(const SgdArgs& args, const ParallelRunner& run);
+void MultiTensorAdamWCpu(const AdamWArgs& args, const ParallelRunner& run);
 
 #ifdef ONNXCAMPO_WITH_CUDA
 // One kernel launch per call (per ~460+ tensors; see kernels.cu), on `stream` (a cudaStream_t).

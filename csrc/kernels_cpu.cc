@@ -1,6 +1,14 @@
-// CPU kernels: plain loops, the reference the CUDA kernels are checked against. Every
-// product and sum is rounded on its own (built with -ffp-contract=off) so that the results
-// match the standard-op graph node for node.
+// CPU kernels: the reference the CUDA kernels are checked against. Every product and sum is
+// rounded on its own (built with -ffp-contract=off) so that the results match the standard-op
+// graph node for node.
+//
+// The elements of all tensors of a call form one index space, cut into chunks of kChunk
+// elements (a chunk may span several small tensors, as a CUDA tile of many biases would not;
+// here that keeps the task count low). The chunks run on ORT's intra-op thread pool; each
+// element is computed exactly as in a serial loop and written by one chunk only, so the
+// results are the same for any thread count. A call of at most kChunk elements is one task,
+// which the runner runs on the calling thread.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -8,6 +16,11 @@
 
 namespace onnxcampo {
 namespace {
+
+// Large enough that a chunk's work (~50 us for the unscale, more for AdamW) dwarfs handing a
+// task to the pool; small enough that a ResNet-50 set (25.6 M elements) makes ~400 tasks,
+// which balance over the threads.
+constexpr int64_t kChunk = int64_t{1} << 16;
 
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -24,9 +37,18 @@ float HalfToFloat(uint16_t h) {
   return value;
 }
 
-float Grad(const Grads& grads, size_t k, int64_t i) {
-  if (grads.half[k]) return HalfToFloat(static_cast<const uint16_t*>(grads.data[k])[i]);
-  return static_cast<const float*>(grads.data[k])[i];
+float ToFloat(uint16_t g) { return HalfToFloat(g); }
+float ToFloat(float g) { return g; }
+
+// Calls body(g) with gradient k as a `const uint16_t*` (float16) or a `const float*`, so that
+// the element loops are compiled once per type instead of testing the type per element.
+template <typename Body>
+void WithGradient(const Grads& grads, size_t k, Body body) {
+  if (grads.half[k]) {
+    body(static_cast<const uint16_t*>(grads.data[k]));
+  } else {
+    body(static_cast<const float*>(grads.data[k]));
+  }
 }
 
 bool IsSet(const Flag& flag) {
@@ -38,78 +60,154 @@ void Copy(float* out, const float* in, int64_t n) {
   if (n > 0 && out != in) std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
 }
 
-}  // namespace
+// The chunks of a call: chunk c covers elements [c * kChunk, (c + 1) * kChunk) of the
+// concatenation of all tensors.
+class Chunks {
+ public:
+  explicit Chunks(const std::vector<int64_t>& sizes) : end_(sizes.size()) {
+    int64_t total = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) end_[k] = total += sizes[k];
+    total_ = total;
+  }
 
-void UnscaleCheckFiniteCpu(const UnscaleArgs& args) {
-  const float scale = *args.inv_scale;
-  bool found = false;
-  for (size_t k = 0; k < args.grads.count(); ++k) {
-    float* out = args.out[k];
-    for (int64_t i = 0; i < args.grads.size[k]; ++i) {
-      const float g = Grad(args.grads, k, i);
-      found |= !std::isfinite(g);
-      out[i] = g * scale;
+  size_t count() const { return static_cast<size_t>((total_ + kChunk - 1) / kChunk); }
+
+  // body(k, begin, end) for each part [begin, end) of tensor k that chunk c covers, in order.
+  template <typename Body>
+  void ForEach(size_t c, Body body) const {
+    const int64_t lo = static_cast<int64_t>(c) * kChunk;
+    const int64_t hi = std::min(lo + kChunk, total_);
+    // The first tensor that ends after lo (earlier ones lie wholly before the chunk).
+    size_t k = static_cast<size_t>(std::upper_bound(end_.begin(), end_.end(), lo) - end_.begin());
+    for (; k < end_.size(); ++k) {
+      const int64_t start = k == 0 ? 0 : end_[k - 1];
+      if (start >= hi) break;
+      const int64_t begin = std::max(lo, start) - start;
+      const int64_t end = std::min(hi, end_[k]) - start;
+      if (end > begin) body(k, begin, end);
     }
   }
-  *args.found_inf = found;
+
+ private:
+  std::vector<int64_t> end_;  // end_[k]: elements of tensors 0..k together
+  int64_t total_ = 0;
+};
+
+template <typename G>
+bool UnscaleRange(const G* g, float scale, float* out, int64_t begin, int64_t end) {
+  bool found = false;
+  for (int64_t i = begin; i < end; ++i) {
+    const float value = ToFloat(g[i]);
+    found |= !std::isfinite(value);
+    out[i] = value * scale;
+  }
+  return found;
 }
 
-void MultiTensorSgdCpu(const SgdArgs& args) {
+template <typename G>
+void SgdRange(const G* g, const float* w, float* w_out, float lr, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) w_out[i] = w[i] - lr * ToFloat(g[i]);
+}
+
+template <typename G>
+void MomentumRange(const G* g, const float* w, const float* v, float* w_out, float* v_out, float lr, float mu,
+                   int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float velocity = mu * v[i] + ToFloat(g[i]);
+    v_out[i] = velocity;
+    w_out[i] = w[i] - lr * velocity;
+  }
+}
+
+struct AdamWConstants {
+  float lr, beta1, beta2, one_minus_b1, one_minus_b2, c1, c2, eps, weight_decay;
+};
+
+template <typename G>
+void AdamWRange(const G* grad, const float* w_in, const float* m_in, const float* v_in, float* w_out, float* m_out,
+                float* v_out, const AdamWConstants& h, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = ToFloat(grad[i]);
+    const float w = w_in[i];
+    const float m = h.beta1 * m_in[i] + h.one_minus_b1 * g;
+    const float v = h.beta2 * v_in[i] + h.one_minus_b2 * (g * g);
+    m_out[i] = m;
+    v_out[i] = v;
+    const float direction = (m / h.c1) / (std::sqrt(v / h.c2) + h.eps);
+    w_out[i] = w - h.lr * (direction + h.weight_decay * w);
+  }
+}
+
+}  // namespace
+
+void UnscaleCheckFiniteCpu(const UnscaleArgs& args, const ParallelRunner& run) {
+  const float scale = *args.inv_scale;
+  const Chunks chunks(args.grads.size);
+  // One flag per chunk, combined after the pool is done: no shared write, no atomic.
+  std::vector<uint8_t> found(chunks.count(), 0);
+  run(chunks.count(), [&](size_t c) {
+    bool any = false;
+    chunks.ForEach(c, [&](size_t k, int64_t begin, int64_t end) {
+      WithGradient(args.grads, k, [&](const auto* g) { any |= UnscaleRange(g, scale, args.out[k], begin, end); });
+    });
+    found[c] = any;
+  });
+  *args.found_inf = std::any_of(found.begin(), found.end(), [](uint8_t f) { return f != 0; });
+}
+
+void MultiTensorSgdCpu(const SgdArgs& args, const ParallelRunner& run) {
   const bool skip = IsSet(args.found_inf);
   const bool has_velocity = !args.v.empty();
   const float lr = *args.lr;
   const float mu = args.momentum;
-  for (size_t k = 0; k < args.grads.count(); ++k) {
-    const int64_t n = args.grads.size[k];
-    if (skip) {
-      Copy(args.w_out[k], args.w[k], n);
-      if (has_velocity) Copy(args.v_out[k], args.v[k], n);
-      continue;
-    }
-    const float* w = args.w[k];
-    float* w_out = args.w_out[k];
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = Grad(args.grads, k, i);
-      if (has_velocity) {
-        const float velocity = mu * args.v[k][i] + g;
-        args.v_out[k][i] = velocity;
-        w_out[i] = w[i] - lr * velocity;
-      } else {
-        w_out[i] = w[i] - lr * g;
+  const Chunks chunks(args.grads.size);
+  run(chunks.count(), [&](size_t c) {
+    chunks.ForEach(c, [&](size_t k, int64_t begin, int64_t end) {
+      if (skip) {
+        Copy(args.w_out[k] + begin, args.w[k] + begin, end - begin);
+        if (has_velocity) Copy(args.v_out[k] + begin, args.v[k] + begin, end - begin);
+        return;
       }
-    }
-  }
+      WithGradient(args.grads, k, [&](const auto* g) {
+        if (has_velocity) {
+          MomentumRange(g, args.w[k], args.v[k], args.w_out[k], args.v_out[k], lr, mu, begin, end);
+        } else {
+          SgdRange(g, args.w[k], args.w_out[k], lr, begin, end);
+        }
+      });
+    });
+  });
 }
 
-void MultiTensorAdamWCpu(const AdamWArgs& args) {
+void MultiTensorAdamWCpu(const AdamWArgs& args, const ParallelRunner& run) {
   const bool skip = IsSet(args.found_inf);
   const float step = *args.step;
   *args.step_out = skip ? step : step + 1.0f;
   const float t = step + 1.0f;
-  const float c1 = 1.0f - std::pow(args.beta1, t);
-  const float c2 = 1.0f - std::pow(args.beta2, t);
-  const float one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(args.beta1));
-  const float one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(args.beta2));
-  const float lr = *args.lr;
-  for (size_t k = 0; k < args.grads.count(); ++k) {
-    const int64_t n = args.grads.size[k];
-    if (skip) {
-      Copy(args.w_out[k], args.w[k], n);
-      Copy(args.m_out[k], args.m[k], n);
-      Copy(args.v_out[k], args.v[k], n);
-      continue;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = Grad(args.grads, k, i);
-      const float w = args.w[k][i];
-      const float m = args.beta1 * args.m[k][i] + one_minus_b1 * g;
-      const float v = args.beta2 * args.v[k][i] + one_minus_b2 * (g * g);
-      args.m_out[k][i] = m;
-      args.v_out[k][i] = v;
-      const float direction = (m / c1) / (std::sqrt(v / c2) + args.eps);
-      args.w_out[k][i] = w - lr * (direction + args.weight_decay * w);
-    }
-  }
+  AdamWConstants h;
+  h.lr = *args.lr;
+  h.beta1 = args.beta1;
+  h.beta2 = args.beta2;
+  h.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(args.beta1));
+  h.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(args.beta2));
+  h.c1 = 1.0f - std::pow(args.beta1, t);
+  h.c2 = 1.0f - std::pow(args.beta2, t);
+  h.eps = args.eps;
+  h.weight_decay = args.weight_decay;
+  const Chunks chunks(args.grads.size);
+  run(chunks.count(), [&](size_t c) {
+    chunks.ForEach(c, [&](size_t k, int64_t begin, int64_t end) {
+      if (skip) {
+        Copy(args.w_out[k] + begin, args.w[k] + begin, end - begin);
+        Copy(args.m_out[k] + begin, args.m[k] + begin, end - begin);
+        Copy(args.v_out[k] + begin, args.v[k] + begin, end - begin);
+        return;
+      }
+      WithGradient(args.grads, k, [&](const auto* g) {
+        AdamWRange(g, args.w[k], args.m[k], args.v[k], args.w_out[k], args.m_out[k], args.v_out[k], h, begin, end);
+      });
+    });
+  });
 }
 
 }  // namespace onnxcampo

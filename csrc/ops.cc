@@ -18,6 +18,7 @@
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -44,6 +45,23 @@ float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback
     return fallback;
   }
   return value;
+}
+
+// Runs tasks on the session's intra-op thread pool (ORT runs them on the calling thread when
+// the session has one thread); a single task runs here without touching the pool. `ctx` must
+// outlive the runner.
+ParallelRunner ThreadPoolRunner(Ort::KernelContext& ctx) {
+  struct Job {
+    const std::function<void(size_t)>* task;
+  };
+  return [&ctx](size_t count, const std::function<void(size_t)>& task) {
+    if (count <= 1) {
+      for (size_t i = 0; i < count; ++i) task(i);
+      return;
+    }
+    Job job{&task};
+    ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Job*>(data)->task)(i); }, count, 0, &job);
+  };
 }
 
 // Inputs and outputs of one call, with the checks every op needs.
@@ -123,6 +141,7 @@ class Io {
   T* ScalarOutput(size_t index) { return ctx_.GetOutput(index, std::vector<int64_t>{}).GetTensorMutableData<T>(); }
 
   void* Stream() const { return ctx_.GetGPUComputeStream(); }
+  ParallelRunner Runner() { return ThreadPoolRunner(ctx_); }
   const char* op() const { return op_; }
 
  private:
@@ -165,7 +184,7 @@ struct UnscaleCheckFinite : Kernel<UnscaleCheckFinite> {
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return UnscaleCheckFiniteCuda(args, io.Stream());
 #endif
-    UnscaleCheckFiniteCpu(args);
+    UnscaleCheckFiniteCpu(args, io.Runner());
   }
 };
 
@@ -202,7 +221,7 @@ struct MultiTensorSGD : Kernel<MultiTensorSGD> {
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return MultiTensorSgdCuda(args, io.Stream());
 #endif
-    MultiTensorSgdCpu(args);
+    MultiTensorSgdCpu(args, io.Runner());
   }
   float momentum;
 };
@@ -247,7 +266,7 @@ struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return MultiTensorAdamWCuda(args, io.Stream());
 #endif
-    MultiTensorAdamWCpu(args);
+    MultiTensorAdamWCpu(args, io.Runner());
   }
   float beta1, beta2, eps, weight_decay;
 };
@@ -326,18 +345,7 @@ struct MatMulU8Kernel {
     args.za = ZeroPoint(ctx, 2, "a_zero_point", args.M, "row of A", &args.za_count);
     args.zb = ZeroPoint(ctx, 3, "b_zero_point", args.N, "column of B", &args.zb_count);
     args.Y = ctx.GetOutput(0, std::vector<int64_t>{args.M, args.N}).GetTensorMutableData<float>();
-    struct Job {
-      const std::function<void(size_t)>* task;
-    };
-    ParallelRunner run = [&ctx](size_t count, const std::function<void(size_t)>& task) {
-      Job job{&task};
-      if (count <= 1) {
-        for (size_t i = 0; i < count; ++i) task(i);
-        return;
-      }
-      ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Job*>(data)->task)(i); }, count, 0, &job);
-    };
-    MatMulU8(args, kMode, run);
+    MatMulU8(args, kMode, ThreadPoolRunner(ctx));
   }
 
   const uint8_t* Matrix(Ort::KernelContext& ctx, size_t index, const char* what, std::vector<int64_t>* shape) const {

@@ -48,8 +48,9 @@ def adamw(lr, step, found_inf, weights, grads, m, v, beta1=0.9, beta2=0.999, eps
 
 
 def run_node(node: onnx.NodeProto, feeds: dict[str, np.ndarray], outputs: dict[str, tuple[int, list[int]]],
-             provider: str = "cpu") -> dict[str, np.ndarray]:
-    """Run one ai.onnxcampo node through onnxcampo's session (which registers the library)."""
+             provider: str = "cpu", intra_op_threads: int | None = None) -> dict[str, np.ndarray]:
+    """Run one ai.onnxcampo node through onnxcampo's session (which registers the library);
+    ``intra_op_threads`` sizes ORT's intra-op pool (None: ORT's default)."""
     inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
               for name, a in feeds.items()]
     outs = [helper.make_tensor_value_info(name, dtype, shape) for name, (dtype, shape) in outputs.items()]
@@ -57,7 +58,7 @@ def run_node(node: onnx.NodeProto, feeds: dict[str, np.ndarray], outputs: dict[s
                               opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     nodes.import_domain(model)
     onnx.checker.check_model(model)
-    return run(make_session(model, provider=provider), feeds)
+    return run(make_session(model, provider=provider, intra_op_threads=intra_op_threads), feeds)
 
 
 # ---- AvgMatMulInteger (docs/avg-matmul.md) -----------------------------------------------------

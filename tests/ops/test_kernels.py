@@ -44,13 +44,13 @@ def close(actual, expected, seed, rtol=0.0, atol=0.0):
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=seed)
 
 
-def unscale(rng, grads, inv_scale):
+def unscale(rng, grads, inv_scale, threads=None):
     names = [f"g{i}" for i in range(len(grads))]
     node = nodes.unscale_check_finite("inv_scale", names, found_inf="found_inf", outputs=[f"u{i}" for i in range(len(grads))],
                                       name="unscale")
     feeds = {"inv_scale": np.array(inv_scale, np.float32), **dict(zip(names, grads))}
     outputs = {"found_inf": (BOOL, []), **{f"u{i}": (FLOAT, list(g.shape)) for i, g in enumerate(grads)}}
-    out = ref.run_node(node, feeds, outputs)
+    out = ref.run_node(node, feeds, outputs, intra_op_threads=threads)
     return out["found_inf"], [out[f"u{i}"] for i in range(len(grads))]
 
 
@@ -93,7 +93,7 @@ def sgd_case(rng, momentum: bool):
     return grads, weights, velocities
 
 
-def run_sgd(grads, weights, velocities, lr, flag, mu):
+def run_sgd(grads, weights, velocities, lr, flag, mu, threads=None):
     n = len(grads)
     w, g, v = [f"w{i}" for i in range(n)], [f"g{i}" for i in range(n)], [f"v{i}" for i in range(n)]
     node = nodes.multi_tensor_sgd("lr", "found_inf", w, g, v if velocities else (), outputs=[x + "'" for x in w],
@@ -103,7 +103,7 @@ def run_sgd(grads, weights, velocities, lr, flag, mu):
     if velocities:
         feeds.update(zip(v, velocities))
         outputs.update({x + "'": (FLOAT, list(a.shape)) for x, a in zip(v, velocities)})
-    out = ref.run_node(node, feeds, outputs)
+    out = ref.run_node(node, feeds, outputs, intra_op_threads=threads)
     return [out[x + "'"] for x in w], [out[x + "'"] for x in v] if velocities else []
 
 
@@ -125,7 +125,7 @@ def adamw_case(rng):
     return grads, weights, m, v
 
 
-def run_adamw(grads, weights, m, v, lr, step, flag, hyper):
+def run_adamw(grads, weights, m, v, lr, step, flag, hyper, threads=None):
     n = len(grads)
     names = {key: [f"{key}{i}" for i in range(n)] for key in ("w", "g", "m", "v")}
     node = nodes.multi_tensor_adamw(
@@ -138,7 +138,7 @@ def run_adamw(grads, weights, m, v, lr, step, flag, hyper):
         feeds.update(zip(names[key], values))
         if key != "g":
             outputs.update({x + "'": (FLOAT, list(a.shape)) for x, a in zip(names[key], values)})
-    out = ref.run_node(node, feeds, outputs)
+    out = ref.run_node(node, feeds, outputs, intra_op_threads=threads)
     return out["step'"], *([out[x + "'"] for x in names[key]] for key in ("w", "m", "v"))
 
 
@@ -196,3 +196,62 @@ def test_gradient_shape_must_match_its_weight(library):
              "g": np.ones(4, np.float32)}
     with pytest.raises(CampoError, match="differ in shape"):
         ref.run_node(node, feeds, {"w'": (FLOAT, [3])})
+
+
+# Larger than the CPU kernels' 64K-element chunks together (~350K elements, 6 chunks): tensors
+# that span chunk boundaries, small ones inside a chunk, empty ones, mixed gradient types.
+LARGE_SHAPES = [(300, 517), (3,), (0,), (70001,), (129, 1000), (5,)]
+
+
+def large_gradients(rng):
+    dtypes = [np.float16, np.float32, np.float16, np.float32, np.float16, np.float32]
+    return [(rng.standard_normal(shape) * 3).astype(dtype) for shape, dtype in zip(LARGE_SHAPES, dtypes)]
+
+
+def assert_bits_equal(a, b, seed):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, seed
+    np.testing.assert_array_equal(a.view(np.uint32 if a.dtype == np.float32 else np.uint8),
+                                  b.view(np.uint32 if b.dtype == np.float32 else np.uint8), err_msg=seed)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_outputs_do_not_depend_on_the_intra_op_thread_count(library, rng, threads):
+    """The kernels split the elements of all tensors into chunks run on ORT's intra-op pool;
+    with 1 and with several threads every output is the same bit for bit, and equals the
+    numpy reference (so no chunk is left unwritten in both)."""
+    grads = large_gradients(rng)
+    grads[4].flat[100_000] = np.nan  # in the fourth chunk of six: found by a chunk other than the first
+    grads[3].flat[-1] = np.inf
+    clean = large_gradients(rng)
+    for case in (grads, clean):
+        results = [unscale(rng, case, 0.25, threads=n) for n in (1, threads)]
+        for found, unscaled in results:
+            expected_found, expected = ref.unscale_check_finite(0.25, case)
+            assert bool(found) == bool(expected_found), rng.seed_text
+            for actual, wanted in zip(unscaled, expected):
+                assert_bits_equal(actual, wanted, rng.seed_text)
+        assert_bits_equal(results[0][0], results[1][0], rng.seed_text)
+
+    weights = [rng.standard_normal(g.shape).astype(np.float32) for g in clean]
+    velocities = [rng.standard_normal(g.shape).astype(np.float32) for g in clean]
+    for vel, flag in ((None, np.array(False)), (velocities, np.array(False)), (velocities, np.array(True))):
+        one, many = (run_sgd(clean, weights, vel, 0.05, flag, 0.9, threads=n) for n in (1, threads))
+        want_w, want_v = ref.sgd(0.05, bool(flag), weights, clean, vel, 0.9)
+        for a, b, wanted in zip(one[0] + one[1], many[0] + many[1], want_w + want_v):
+            assert_bits_equal(a, b, rng.seed_text)
+            assert_bits_equal(a, wanted, rng.seed_text)
+
+    m = [(rng.standard_normal(g.shape) * 0.1).astype(np.float32) for g in clean]
+    v = [rng.uniform(0, 0.1, g.shape).astype(np.float32) for g in clean]
+    hyper = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    for flag in (np.array(False), np.array(1.0, np.float32)):
+        one, many = (run_adamw(clean, weights, m, v, 1e-3, 9.0, flag, hyper, threads=n) for n in (1, threads))
+        assert_bits_equal(one[0], many[0], rng.seed_text)
+        for a, b in zip(one[1] + one[2] + one[3], many[1] + many[2] + many[3]):
+            assert_bits_equal(a, b, rng.seed_text)
+        want = ref.adamw(1e-3, 9.0, bool(flag), weights, clean, m, v)
+        for a, wanted in zip(one[2] + one[3], want[2] + want[3]):
+            assert_bits_equal(a, wanted, rng.seed_text)
+        for a, wanted in zip(one[1], want[1]):
+            close(a, wanted, rng.seed_text, rtol=1e-6, atol=1e-7)  # b^t: powf of two libraries
