@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from onnxcampo.passes.pad_tensor_cores import PadTensorCores
 from onnxcampo.passes.uniform_precision import UniformPrecision
 from onnxcampo.plan import Precision, PrecisionPlan, Reason
 from onnxcampo.training import scaling
+from onnxcampo.training.step import INITIAL_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +144,11 @@ def optimize(
 
     report = _report(ctx, config, source, plans, times, chosen, notes, results)
     metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
+    # A step graph's starting weights (read by the Trainer, by no node) survive the export.
+    starts = [copy.deepcopy(t) for t in original.graph.initializer if t.name.startswith(INITIAL_PREFIX)] if training else []
     out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
+    known = {t.name for t in out.graph.initializer}
+    out.graph.initializer.extend(t for t in starts if t.name not in known)
     if config.int8_avg:
         report["int8_avg"] = _replace_matmul_integer(out)
     report["loss_scaling"] = False

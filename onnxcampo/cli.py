@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
-    tr.add_argument("--forward", type=Path, required=True, help="the forward model: initial weights, and the export")
+    tr.add_argument("--forward", type=Path, help="the forward model: initial weights (default: those the step "
+                    "graph carries) and, with --out, the model the trained weights are written into")
     tr.add_argument("--data", type=Path, required=True,
                     help=".npz with the batch inputs and 'labels' (an extra leading axis = one batch per step, cycled)")
     tr.add_argument("--steps", type=int, default=100)
@@ -240,7 +241,7 @@ def _train_graph(args: argparse.Namespace) -> int:
     update = "fused ai.onnxcampo op" if ops.uses_ops(step) else "standard ops"
     print(f"onnxcampo: wrote {output}: {len(spec.weights)} weights trained with {args.optimizer} ({update}) on "
           f"{args.loss}; batch inputs {', '.join(spec.batch)}; {len(step.graph.node)} nodes", file=sys.stderr)
-    frozen = next((p.value for p in step.metadata_props if p.key == "onnxcampo.frozen"), None)
+    frozen = graph_io.metadata(step, "onnxcampo.frozen")
     if frozen:
         print(f"onnxcampo: {frozen}", file=sys.stderr)
     return 0
@@ -260,9 +261,12 @@ def _train(args: argparse.Namespace) -> int:
     if args.steps <= 0:
         raise ConfigError("--steps must be positive")
     if args.out is not None:
+        if args.forward is None:
+            raise ConfigError("--out needs --forward: the trained weights are written into the forward model")
         graph_io.check_output_path(args.out, args.forward)
     step_model, _ = graph_io.read_model(args.step)
-    trainer = Trainer(step_model, weights=initial_weights(args.forward, step_model), provider=args.provider, lr=args.lr)
+    weights = initial_weights(args.forward, step_model) if args.forward else None
+    trainer = Trainer(step_model, weights=weights, provider=args.provider, lr=args.lr)
     ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in step_model.graph.input}
     try:
         data = dict(np.load(args.data))

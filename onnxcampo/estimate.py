@@ -179,8 +179,11 @@ def delta(ctx: GraphContext, plan: PrecisionPlan, nodes: list[gs.Node]) -> dict[
     # paint them alike); decided partners outside ``nodes`` keep their precision but may gain or
     # lose a fusion, so their times count too.
     def follow(precision: Precision) -> PrecisionOf:
-        return lambda name: overrides.get(name) and precision or (
-            plan.precision(name) if plan.is_decided(name) else precision)
+        def precision_of(name: str) -> Precision:
+            if name in overrides or not plan.is_decided(name):
+                return precision
+            return plan.precision(name)
+        return precision_of
 
     fp32 = sum(node_time(ctx, n, Precision.FP32, follow(Precision.FP32)) for n in nodes)
     fp16 = sum(node_time(ctx, n, Precision.FP16, follow(Precision.FP16)) for n in nodes)

@@ -153,6 +153,20 @@ def _check_opset(model: onnx.ModelProto, where: str) -> None:
         )
 
 
+def metadata(model: onnx.ModelProto, key: str, default: str | None = None) -> str | None:
+    """The value of metadata property ``key``, or ``default``."""
+    return next((p.value for p in model.metadata_props if p.key == key), default)
+
+
+def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    """Set metadata property ``key`` (replacing its value if present)."""
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    model.metadata_props.add(key=key, value=value)
+
+
 def default_opset(model: onnx.ModelProto) -> int:
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnxcampo import graph as graph_io
 from onnxcampo.runtime import _preload_cuda_dlls
 from onnxcampo.training.scaling import initial_state
 from onnxcampo.training.step import LOSS, LR, UPDATED, step_spec
@@ -294,8 +295,7 @@ class StepRunner:
         model = onnx.load(str(step_path), load_external_data=False)
         self.spec = step_spec(model)
         self.device = _device(provider)
-        lr = lr if lr is not None else float(next(
-            (p.value for p in model.metadata_props if p.key == "onnxcampo.lr"), "0.01"))
+        lr = lr if lr is not None else float(graph_io.metadata(model, "onnxcampo.lr", "0.01"))
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         starts = initial_state(model)
         del model

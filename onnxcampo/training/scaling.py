@@ -57,21 +57,9 @@ def has_loss_scaling(model: onnx.ModelProto) -> bool:
     return any(i.name == LOSS_SCALE for i in model.graph.input)
 
 
-def _metadata(model: onnx.ModelProto, key: str) -> str | None:
-    return next((p.value for p in model.metadata_props if p.key == key), None)
-
-
-def _set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
-    for prop in model.metadata_props:
-        if prop.key == key:
-            prop.value = value
-            return
-    model.metadata_props.add(key=key, value=value)
-
-
 def initial_state(model: onnx.ModelProto) -> dict[str, float]:
     """Initial values of scalar state that does not start at zero (``loss_scale``)."""
-    text = _metadata(model, STATE_KEY)
+    text = graph_io.metadata(model, STATE_KEY)
     return {name: float(value) for name, value in json.loads(text).items()} if text else {}
 
 
@@ -87,8 +75,8 @@ def fp32_nodes(model: onnx.ModelProto) -> set[str]:
     graph = model.graph
     constants = {t.name for t in graph.initializer}
     constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    prediction = _metadata(model, PREDICTION_KEY)
-    seed = _metadata(model, SEED_KEY)
+    prediction = graph_io.metadata(model, PREDICTION_KEY)
+    seed = graph_io.metadata(model, SEED_KEY)
     if prediction is None or seed is None:
         raise UnsupportedModelError(
             "the training-step graph lacks onnxcampo's loss metadata; rebuild it with `onnxcampo train-graph`")
@@ -149,7 +137,7 @@ def add_loss_scaling(
     if init_scale <= 0 or growth_interval < 1:
         raise ValueError("init_scale must be > 0 and growth_interval >= 1")
     graph = model.graph
-    seed = _metadata(model, SEED_KEY)
+    seed = graph_io.metadata(model, SEED_KEY)
     seed_init = next((t for t in graph.initializer if t.name == seed), None)
     if seed_init is None:
         raise UnsupportedModelError(
@@ -178,7 +166,7 @@ def add_loss_scaling(
     inv = node("Reciprocal", [LOSS_SCALE], f"{LOSS_SCALE}/inverse")
     zero = const("zero", 0.0)
     producers = {o: n for n in graph.node for o in n.output}
-    if _metadata(model, FUSED_KEY) == "1":
+    if graph_io.metadata(model, FUSED_KEY) == "1":
         found = _fused_unscale(model, spec.weights, producers, dtypes, inv, nodes)
     else:
         sums = []
@@ -240,8 +228,8 @@ def add_loss_scaling(
     _toposort(graph)
     state = initial_state(model)
     state[LOSS_SCALE] = float(init_scale)
-    _set_metadata(model, STATE_KEY, json.dumps(state))
-    _set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
+    graph_io.set_metadata(model, STATE_KEY, json.dumps(state))
+    graph_io.set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
 
 
 def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: dict[str, onnx.NodeProto],

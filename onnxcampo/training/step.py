@@ -42,6 +42,7 @@ LABELS = "labels"
 LOSS = "loss"
 LR = "lr"
 STEP = "step"
+INITIAL_PREFIX = "onnxcampo.initial/"  # initializer "<prefix><weight>": the weight's starting value
 FROZEN_KEY = "onnxcampo.frozen"  # what train-graph kept constant, and why (one line)
 SCALARS = (STEP, "loss_scale", "loss_scale_clean_steps")  # scalar state: the step count, loss scaling
 FOUND_INF = "update/found_inf"  # the fused update's skip flag: False until loss scaling feeds it
@@ -85,7 +86,7 @@ def build_train_step(
         raise ConfigError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-    model, weights = _prepare(forward, freeze=freeze, input_shapes=input_shapes or {})
+    model, weights, initial = _prepare(forward, freeze=freeze, input_shapes=input_shapes or {})
     prediction = model.graph.output[0].name
     info, _ = graph_io.infer_tensor_info(model)
     shape = info[prediction].shape if prediction in info else None
@@ -110,6 +111,9 @@ def build_train_step(
     gradients.metadata_props.add(key="onnxcampo.prediction", value=prediction)  # where the loss starts
     gradients.metadata_props.add(key="onnxcampo.loss_seed", value=seed)  # d loss / d loss, 1 until scaled
     graph_io.name_nodes(gradients)  # onnx-ad leaves backward nodes unnamed; plans and reports need names
+    for tensor in initial:  # read by the Trainer; no node reads them (ORT drops them from sessions)
+        tensor.name = INITIAL_PREFIX + tensor.name
+    gradients.graph.initializer.extend(initial)
     onnx.checker.check_model(gradients)
     return gradients
 
@@ -121,13 +125,15 @@ def step_spec(step: onnx.ModelProto) -> StepSpec:
     weights = tuple(n for n in updated if not re.search(r"\.(momentum|adam_m|adam_v)$", n) and n not in SCALARS)
     state = tuple(n for n in updated if n not in weights)
     batch = tuple(n for n in inputs if n not in updated and n != LR)
-    kind = next((p.value for p in step.metadata_props if p.key == "onnxcampo.train_step"), "mse,sgd")
+    kind = graph_io.metadata(step, "onnxcampo.train_step", "mse,sgd")
     loss, optimizer = kind.split(",")
     return StepSpec(weights, state, batch, optimizer, loss)
 
 
-def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, ...]]) -> tuple[onnx.ModelProto, list[str]]:
-    """The forward model made differentiable by onnx-ad, and its trainable weights (lifted to inputs).
+def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, ...]]
+             ) -> tuple[onnx.ModelProto, list[str], list[onnx.TensorProto]]:
+    """The forward model made differentiable by onnx-ad, its trainable weights (lifted to inputs)
+    and their initial values.
 
     Upgrades old opsets to 17, pins the given input shapes, rejects training-mode BatchNorm and
     Dropout, turns float Constant nodes into initializers (weights of Paddle exports), lifts only the real weights (:mod:`onnxcampo.training.trainable` freezes running
@@ -147,14 +153,14 @@ def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, 
     check_trainable(model)
     constants_to_initializers(model)
     forget_declared_shapes(model)
-    weights = _lift_weights(model, freeze)
+    weights, initial = _lift_weights(model, freeze)
     if not weights:
         raise ConfigError("the model has no float initializer left to train (all frozen?)")
     folded = fold_constants(model)
     if folded is not model:
         model.CopyFrom(folded)
         forget_declared_shapes(model)
-    return model, weights
+    return model, weights, initial
 
 
 def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -162,8 +168,8 @@ def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> N
         graph_io.pin_input_shapes(model, shapes, {}, require_static=False)
 
 
-def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> list[str]:
-    """Move the trainable initializers to graph inputs (their values come from the forward model)."""
+def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> tuple[list[str], list[onnx.TensorProto]]:
+    """Move the trainable initializers to graph inputs; returns their names and initial values."""
     selection = select_trainable(model, freeze=freeze)
     model.metadata_props.add(key=FROZEN_KEY, value=selection.summary())  # read back by the CLI
     trainable = set(selection.weights)
@@ -176,8 +182,8 @@ def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> list[str]:
     frozen = [t for t in model.graph.initializer if t.name not in trainable]
     model.graph.input.extend(helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims)) for t in lifted)
     model.graph.ClearField("initializer")
-    model.graph.initializer.extend(frozen)  # initial weights are read from the forward model
-    return list(selection.weights)
+    model.graph.initializer.extend(frozen)
+    return list(selection.weights), lifted
 
 
 def _add_loss(model: onnx.ModelProto, prediction: str, loss: str, shape: list[int]) -> None:
@@ -360,8 +366,16 @@ def _add_fused_update(step: onnx.ModelProto, weights: list[str], grads: dict[str
     op_nodes.import_domain(step)
 
 
-def initial_weights(forward: str | os.PathLike | onnx.ModelProto, step: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The forward model's values of the step's trainable weights (its fp32 master copy)."""
+def initial_weights(forward: str | os.PathLike | onnx.ModelProto | None, step: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The fp32 master copy of the step's trainable weights: the forward model's values, or
+    (``forward=None``) the starting values the step graph carries (``onnxcampo.initial/<w>``)."""
+    if forward is None:
+        stored = {t.name[len(INITIAL_PREFIX):]: t for t in step.graph.initializer if t.name.startswith(INITIAL_PREFIX)}
+        missing = [w for w in step_spec(step).weights if w not in stored]
+        if missing:
+            raise ConfigError(f"the step graph carries no starting values for {missing[:5]}; "
+                              "pass the weights (initial_weights(forward_model, step))")
+        return {w: numpy_helper.to_array(stored[w]).astype(np.float32) for w in step_spec(step).weights}
     model, _ = graph_io.read_model(forward)
     spec = step_spec(step)
     values = forward_values(model)  # initializers, and Constant nodes (Paddle exports)

@@ -19,26 +19,31 @@ from onnxcampo import graph as graph_io
 from onnxcampo.errors import ConfigError
 from onnxcampo.runtime import make_session
 from onnxcampo.training.scaling import LOSS_SCALE, initial_state
-from onnxcampo.training.step import LOSS, LR, UPDATED, step_spec
+from onnxcampo.training.step import INITIAL_PREFIX, LOSS, LR, UPDATED, initial_weights, step_spec
 
 
 class Trainer:
-    """``Trainer(step_model, weights=..., provider="cpu"|"cuda").step(batch) -> loss``.
+    """``Trainer(step_model, provider="cpu"|"cuda").step(batch) -> loss``.
 
-    ``weights`` are the initial fp32 master weights (``initial_weights(forward, step)``);
+    ``weights`` are the initial fp32 master weights; by default the starting values that
+    ``build_train_step`` stores in the step graph, else ``initial_weights(forward, step)``;
     optimizer state starts at zero, except scalars the graph gives a start value in its metadata
     (``loss_scale``).
     """
 
-    def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, weights: Mapping[str, np.ndarray],
-                 provider: str = "cpu", lr: float | None = None) -> None:
+    def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
+                 weights: Mapping[str, np.ndarray] | None = None, lr: float | None = None) -> None:
         self.model, _ = graph_io.read_model(step_model)
         self.spec = step_spec(self.model)
+        if weights is None:
+            weights = initial_weights(None, self.model)
+        starts = [t for t in self.model.graph.initializer if t.name.startswith(INITIAL_PREFIX)]
+        for tensor in starts:  # no node reads them: not for the session
+            self.model.graph.initializer.remove(tensor)
         missing = [w for w in self.spec.weights if w not in weights]
         if missing:
             raise ConfigError(f"initial values missing for weights {missing[:5]}")
-        self.lr = lr if lr is not None else float(next(
-            (p.value for p in self.model.metadata_props if p.key == "onnxcampo.lr"), "0.01"))
+        self.lr = lr if lr is not None else float(graph_io.metadata(self.model, "onnxcampo.lr", "0.01"))
         self.device = "cuda" if provider == "cuda" else "cpu"
         self.session = make_session(self.model, provider=provider)
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}

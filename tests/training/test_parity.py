@@ -30,7 +30,7 @@ def parity():
 def test_amp_and_campo_train_like_fp32(parity, name):
     steps = 24
     result = parity.train_case(parity.CASES[name], policies=("fp32", "amp", "campo"), provider="cpu", steps=steps,
-                               exclude_ops=frozenset(parity.CPU_EXCLUDED.split(",")))
+                               exclude_ops=frozenset())
     parity.assess(result, steps=steps, tolerance=0.02)
     runs = result["policies"]
     assert runs["amp"]["nodes_fp16"] > 0  # the test must exercise fp16 somewhere

@@ -185,3 +185,33 @@ def test_trainer_leaves_the_initial_weights_alone():
     for name, value in weights.items():
         np.testing.assert_array_equal(value, before[name])
     assert Trainer(step, weights=weights).step({"x": X, "labels": TARGET}) == pytest.approx(losses[0], rel=1e-6)
+
+
+def test_trainer_starts_from_the_weights_the_step_graph_carries(tmp_path):
+    """Trainer(step_model_or_path, provider="cpu"): build_train_step stores the starting weights
+    (initializers onnxcampo.initial/<w>, read by no node), and optimize keeps them."""
+    from onnxcampo.api import optimize
+
+    forward = mlp()
+    step = build_train_step(forward, loss="mse", optimizer="momentum", lr=0.1)
+    path = tmp_path / "step.amp.onnx"
+    optimize(step, policy="amp").save(path)
+    reference = Trainer(step, weights=initial_weights(forward, step))
+    expected = [reference.step({"x": X, "labels": TARGET}) for _ in range(3)]
+    carried = Trainer(step)
+    assert [carried.step({"x": X, "labels": TARGET}) for _ in range(3)] == expected
+    amp = Trainer(path, provider="cpu")  # fp16 forward/backward: close, not equal
+    assert [amp.step({"x": X, "labels": TARGET}) for _ in range(3)] == pytest.approx(expected, rel=1e-2)
+    np.testing.assert_array_equal(initial_weights(None, step)["w1"], W1)
+
+
+def test_train_command_without_forward_uses_the_carried_weights(tmp_path):
+    forward, step = tmp_path / "mlp.onnx", tmp_path / "step.onnx"
+    onnx.save(mlp(), forward)
+    from onnxcampo.cli import main
+
+    assert main(["train-graph", str(forward), str(step), "--loss", "mse"]) == 0
+    np.savez(tmp_path / "data.npz", x=X, labels=TARGET)
+    assert main(["train", str(step), "--data", str(tmp_path / "data.npz"), "--steps", "3"]) == 0
+    assert main(["train", str(step), "--data", str(tmp_path / "data.npz"), "--steps", "3",
+                 "--out", str(tmp_path / "o.onnx")]) == 2  # --out needs the forward model
