@@ -48,6 +48,7 @@ except ImportError:
 
 import onnxruntime as ort  # noqa: E402
 
+import onnxcampo  # noqa: E402
 from onnxcampo import ops  # noqa: E402
 from onnxcampo.ops import nodes  # noqa: E402
 from onnxcampo.runtime import make_session  # noqa: E402
@@ -395,9 +396,17 @@ def kernel_bench(provider: str, rng: np.random.Generator, quick: bool, budget_en
 
 
 def real_model(name: str, batch: int, folder: Path, rng: np.random.Generator):
-    """(label, forward model, batch feeds, loss): a torchvision model exported now, else the MLP block."""
+    """(label, forward model, batch feeds, loss): a model of the benchmark suite (``bert``, ``gpt2``,
+    ``odd_cnn``, ... from ``bench_models``, built for training), else a torchvision model exported
+    now, else the bundled MLP block."""
     if name != "mlp":
         try:
+            import bench_models
+
+            if name in bench_models.MODELS:
+                built = bench_models.MODELS[name].build(batch, training=True)
+                feeds = {**built.feeds, "labels": built.labels}
+                return f"{name} b{batch} {built.shape_note} (bench_models)", onnx.load(str(built.path)), feeds, "cross_entropy"
             import torch
             import torchvision
 
@@ -419,44 +428,57 @@ def real_model(name: str, batch: int, folder: Path, rng: np.random.Generator):
     return f"mlp_block b{rows}", forward, feeds, "cross_entropy"
 
 
+def _step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, policy, steps) -> dict:
+    """One optimizer and policy: the step with standard ops against the step with the fused ops."""
+    row = {"model": label, "optimizer": optimizer, "policy": policy, "provider": provider}
+    losses = {}
+    for variant, fused in (("standard", False), ("fused", True)):
+        start = time.perf_counter()
+        step = build_train_step(forward, loss=loss, optimizer=optimizer, lr=1e-3, fused=fused, input_shapes=shapes)
+        row["weights"] = sum(1 for i in step.graph.input if i.name + ".updated" in {o.name for o in step.graph.output}
+                             and not i.name.endswith((".momentum", ".adam_m", ".adam_v")) and i.name != "step")
+        if policy != "fp32":
+            result = onnxcampo.optimize(step, policy=policy, input_shapes=shapes)
+            step = result.model
+            row[f"{variant}_precisions"] = result.plan.counts()
+        row[f"{variant}_nodes"] = len(step.graph.node)
+        row[f"{variant}_custom_ops"] = sorted({n.op_type for n in step.graph.node if n.domain == ops.DOMAIN})
+        trainer = Trainer(step, provider=provider)
+        row[f"{variant}_build_s"] = time.perf_counter() - start
+        for _ in range(3):
+            trainer.step(batch_feeds)
+        times, curve = [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            curve.append(trainer.step(batch_feeds))
+            times.append((time.perf_counter() - t0) * 1e3)
+        row[f"{variant}_step_ms"] = statistics.median(times)
+        losses[variant] = curve
+        del trainer
+    row["speedup"] = row["standard_step_ms"] / row["fused_step_ms"]
+    a, b = np.array(losses["standard"]), np.array(losses["fused"])
+    row["max_loss_rel_diff"] = float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-12)))
+    print(f"  {label} {optimizer} {policy}: standard {row['standard_step_ms']:.2f} ms/step ({row['standard_nodes']} "
+          f"nodes), fused {row['fused_step_ms']:.2f} ms/step ({row['fused_nodes']} nodes): {row['speedup']:.2f}x; "
+          f"loss curves differ by {row['max_loss_rel_diff']:.1e}", file=sys.stderr)
+    return row
+
+
 def step_bench(provider: str, model_name: str, batch: int, optimizers: list[str], steps: int,
-               rng: np.random.Generator, budget_end: float) -> list[dict]:
+               rng: np.random.Generator, budget_end: float, policies: tuple[str, ...] = ("fp32",)) -> list[dict]:
+    """Step time with the standard-op update (and unscale) against the fused ops, per optimizer and
+    precision policy: ``fp32`` is the step graph as built; ``amp``/``campo`` are that graph through
+    ``onnxcampo.optimize``, which adds loss scaling (standard ops or ``UnscaleCheckFinite``)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-ops-") as tmp:
         label, forward, batch_feeds, loss = real_model(model_name, batch, Path(tmp), rng)
         shapes = {k: v.shape for k, v in batch_feeds.items() if k != "labels"}
         for optimizer in optimizers:
-            if time.monotonic() > budget_end:
-                print(f"  time budget spent: {optimizer} step skipped", file=sys.stderr)
-                continue
-            row = {"model": label, "optimizer": optimizer, "provider": provider}
-            losses = {}
-            for variant, fused in (("standard", False), ("fused", True)):
-                start = time.perf_counter()
-                step = build_train_step(forward, loss=loss, optimizer=optimizer, lr=1e-3, fused=fused,
-                                        input_shapes=shapes)
-                row["weights"] = sum(1 for i in step.graph.input if i.name + ".updated" in {o.name for o in step.graph.output}
-                                     and not i.name.endswith((".momentum", ".adam_m", ".adam_v")) and i.name != "step")
-                row[f"{variant}_nodes"] = len(step.graph.node)
-                trainer = Trainer(step, weights=initial_weights(forward, step), provider=provider)
-                row[f"{variant}_build_s"] = time.perf_counter() - start
-                for _ in range(3):
-                    trainer.step(batch_feeds)
-                times, curve = [], []
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    curve.append(trainer.step(batch_feeds))
-                    times.append((time.perf_counter() - t0) * 1e3)
-                row[f"{variant}_step_ms"] = statistics.median(times)
-                losses[variant] = curve
-                del trainer
-            row["speedup"] = row["standard_step_ms"] / row["fused_step_ms"]
-            a, b = np.array(losses["standard"]), np.array(losses["fused"])
-            row["max_loss_rel_diff"] = float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-12)))
-            rows.append(row)
-            print(f"  {label} {optimizer}: standard {row['standard_step_ms']:.2f} ms/step, fused "
-                  f"{row['fused_step_ms']:.2f} ms/step ({row['speedup']:.2f}x); loss curves differ by "
-                  f"{row['max_loss_rel_diff']:.1e}", file=sys.stderr)
+            for policy in policies:
+                if time.monotonic() > budget_end:
+                    print(f"  time budget spent: {model_name} {optimizer} {policy} step skipped", file=sys.stderr)
+                    continue
+                rows.append(_step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, policy, steps))
     return rows
 
 
@@ -473,10 +495,12 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['set']} ({r['tensors']} tensors, {r['params'] / 1e6:.1f} M) | {r['what']} | "
                      f"{r['standard_wall_ms']:.3f} ({r['standard_nodes']}) | {r['fused_wall_ms']:.3f} | "
                      f"{r['wall_speedup']:.1f}x | {kernel} | {kernel_speedup} |")
-    lines += ["", "| model | optimizer | weights | standard ms/step | fused ms/step | speedup |", "|---|---|---:|---:|---:|---:|"]
+    lines += ["", "| model | optimizer | policy | weights | standard ms/step (nodes) | fused ms/step (nodes) | speedup |",
+              "|---|---|---|---:|---:|---:|---:|"]
     for r in result["step"]:
-        lines.append(f"| {r['model']} | {r['optimizer']} | {r['weights']} | {r['standard_step_ms']:.2f} | "
-                     f"{r['fused_step_ms']:.2f} | {r['speedup']:.2f}x |")
+        lines.append(f"| {r['model']} | {r['optimizer']} | {r.get('policy', 'fp32')} | {r['weights']} | "
+                     f"{r['standard_step_ms']:.2f} ({r['standard_nodes']}) | {r['fused_step_ms']:.2f} ({r['fused_nodes']}) | "
+                     f"{r['speedup']:.2f}x |")
     failed = [c["check"] for c in result["checks"] if not c["ok"]]
     lines += ["", f"device checks: {len(result['checks']) - len(failed)}/{len(result['checks'])} passed"
               + (f"; FAILED: {failed}" if failed else "")]
@@ -488,10 +512,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="small sets and few runs (a smoke test)")
     parser.add_argument("--out", type=Path, required=True, help="JSON results")
-    parser.add_argument("--model", default="resnet50", help="torchvision model for the step time, or 'mlp'")
+    parser.add_argument("--model", default="resnet50",
+                        help="models for the step time, comma-separated, each NAME or NAME:BATCH: a bench_models model "
+                             "(bert, gpt2, odd_cnn, ...), a torchvision model, or 'mlp' (default: resnet50)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--optimizers", default="adamw,momentum", help="step-time optimizers, in order (budget)")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--policies", default="fp32",
+                        help="step-time precision policies, comma-separated: fp32 (the step graph as built), amp, "
+                             "campo (through onnxcampo.optimize: fp16 nodes plus loss scaling)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new measurements after this")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -520,17 +549,26 @@ def main(argv: list[str] | None = None) -> int:
     result["kernel"] = kernel_bench(args.provider, rng, args.quick, budget_end)
     save()
     print("3. training-step time", file=sys.stderr)
-    model_name = "mlp" if args.quick else args.model
-    try:
-        result["step"] = step_bench(args.provider, model_name, 4 if args.quick else args.batch,
-                                    args.optimizers.split(","), 5 if args.quick else args.steps, rng, budget_end)
-    except Exception as exc:  # e.g. an op of the exported model that onnx-ad cannot differentiate
-        if model_name == "mlp":
-            raise
-        print(f"  {model_name} failed ({type(exc).__name__}: {exc}); timing the bundled MLP block", file=sys.stderr)
-        result["step_error"] = f"{model_name}: {type(exc).__name__}: {exc}"
-        result["step"] = step_bench(args.provider, "mlp", args.batch, args.optimizers.split(","), args.steps, rng,
-                                    budget_end + 60)
+    specs = ["mlp"] if args.quick else args.model.split(",")
+    errors = []
+    for spec in specs:
+        model_name, _, batch = spec.partition(":")
+        batch = int(batch) if batch else (4 if args.quick else args.batch)
+        try:
+            result["step"] += step_bench(args.provider, model_name, batch, args.optimizers.split(","),
+                                         5 if args.quick else args.steps, rng, budget_end, tuple(args.policies.split(",")))
+        except Exception as exc:  # e.g. an op of the exported model that onnx-ad cannot differentiate
+            if model_name == "mlp":
+                raise
+            print(f"  {model_name} failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+            errors.append(f"{model_name}: {type(exc).__name__}: {exc}")
+        save()
+    if errors:
+        result["step_error"] = "; ".join(errors)
+        if not result["step"]:
+            print("  timing the bundled MLP block instead", file=sys.stderr)
+            result["step"] = step_bench(args.provider, "mlp", args.batch, args.optimizers.split(","), args.steps, rng,
+                                        budget_end + 60)
     save()
     print(markdown(result))
     print(f"\nwrote {args.out} in {result['seconds']:.0f} s", file=sys.stderr)
