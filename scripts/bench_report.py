@@ -1,11 +1,38 @@
 """Turn the benchmark's JSON lines into ``docs/benchmarks/h200.md``, plots and the README's table.
 
-    python scripts/bench_report.py docs/benchmarks/raw            # writes docs/benchmarks/h200.md + PNGs
+    python scripts/bench_report.py docs/benchmarks/raw            # writes docs/benchmarks/h200.md, .json + PNGs
     python scripts/bench_report.py docs/benchmarks/raw --headline # also prints the README's table
 
 Nothing here measures or invents a number: every figure comes from a row of ``<name>.jsonl``.
 Targets (issue 6) are evaluated on the rows present and each is stated as met, not met, or not
 measurable (with what is missing).
+
+Next to the markdown, ``<name>.json`` (e.g. ``docs/benchmarks/h200.json``) gives the throughput per
+model, mode and policy for programs (see ``throughput_json``)::
+
+    {"meta": {"units": "samples per second ...", "higher_is_better": true, "device": ..., ...},
+     "models": {"bert": {"inference": {"fp32": <samples/s>, "amp": ..., "campo": ..., ...},
+                         "training": {...},
+                         "batch": {"inference": 32, "training": 32},
+                         "inaccurate": {"inference": ["ort_fp16"], "training": []},
+                         "unchecked": {"inference": [], "training": []},
+                         "batches": {"inference": {"1": {"throughput": {...}, "inaccurate": [...],
+                                                         "unchecked": [...]},
+                                                   "32": {...}},
+                                     "training": {"32": {...}}}}}}
+
+Policy keys are the benchmark's policy names with ``-`` replaced by ``_`` (``occ-fp16`` ->
+``occ_fp16``, ``torch-compile-amp`` -> ``torch_compile_amp``). ``models.<m>.<mode>`` holds only
+policy keys with numbers (samples per second, higher is better), measured at the LARGEST batch of
+that model and mode at which some policy ran (``models.<m>.batch.<mode>``; a corpus model whose
+batch dimension is fixed fails at the large batch, so its headline is batch 1); ``batches`` has
+every batch tried, failed ones with an empty ``throughput``. A policy whose row failed (status not
+``ok``, no or a non-finite throughput) is absent; a mode with nothing measured is ``{}`` with batch
+``null``.
+Rows outside the accuracy tolerance KEEP their throughput and are listed in ``inaccurate``, so a
+"higher is better" comparison can exclude them; rows whose accuracy could not be judged (no
+reference row) are listed in ``unchecked``. PyTorch rows are never judged (another framework's
+program: its loss is reported, not compared), the same rule as the markdown's.
 """
 
 from __future__ import annotations
@@ -13,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -323,6 +351,120 @@ def headline(rows: list[dict[str, Any]]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# JSON for programs
+# --------------------------------------------------------------------------------------------
+
+UNITS = ("samples per second (images, sequences, rows or audio windows per second: the batch size "
+         "times 1000 over the median ms of an inference run or a training step); higher is better")
+
+
+def json_policy_name(policy: str) -> str:
+    """``occ-fp16`` -> ``occ_fp16``: the JSON's keys are the policy names with underscores."""
+    return policy.replace("-", "_")
+
+
+def _throughput(row: dict[str, Any] | None) -> float | None:
+    """The row's throughput when it ran (status ok, a finite positive number), else None."""
+    if not row or row.get("status") != "ok":
+        return None
+    value = row.get("throughput")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
+def _policy_order(mode: str, present) -> list[str]:
+    known = list(_policies(mode))
+    return [p for p in known if p in present] + sorted(p for p in present if p not in known)
+
+
+def _batch_entry(group: dict[str, dict[str, Any]], mode: str) -> dict[str, Any]:
+    throughput, inaccurate, unchecked = {}, [], []
+    for policy in _policy_order(mode, group):
+        row = group[policy]
+        value = _throughput(row)
+        if value is None:
+            continue  # failed: absent
+        name = json_policy_name(policy)
+        throughput[name] = value
+        if not accurate(row, group):
+            (unchecked if accuracy(row, group) is None else inaccurate).append(name)
+    return {"throughput": throughput, "inaccurate": inaccurate, "unchecked": unchecked}
+
+
+def _distinct(values) -> str | None:
+    found = sorted({str(v) for v in values if v})
+    return ", ".join(found) if found else None
+
+
+def throughput_json(rows: list[dict[str, Any]], runs: list[dict[str, Any]], raw: str) -> dict[str, Any]:
+    """The ``<name>.json`` document (structure in the module docstring); deterministic for given rows."""
+    groups = group_rows(rows)
+    modes = ("inference", "training")
+    models: dict[str, Any] = {}
+    for model in sorted({key[0] for key in groups}):
+        batches = {mode: sorted(b for (m, b, md) in groups if m == model and md == mode) for mode in modes}
+        entry: dict[str, Any] = {}
+        per_batch = {mode: {str(b): _batch_entry(groups[(model, b, mode)], mode) for b in batches[mode]}
+                     for mode in modes}
+        # the largest batch at which some policy ran (a corpus model whose batch dim is fixed fails at
+        # the large batch for every policy: its headline is batch 1); when none ran, the largest tried
+        headline_batch = {}
+        for mode in modes:
+            ran = [b for b in batches[mode] if per_batch[mode][str(b)]["throughput"]]
+            headline_batch[mode] = (ran or batches[mode] or [None])[-1]
+        for mode in modes:
+            b = headline_batch[mode]
+            entry[mode] = dict(per_batch[mode][str(b)]["throughput"]) if b is not None else {}
+        entry["batch"] = headline_batch
+        for part in ("inaccurate", "unchecked"):
+            entry[part] = {mode: (list(per_batch[mode][str(headline_batch[mode])][part])
+                                  if headline_batch[mode] is not None else []) for mode in modes}
+        entry["batches"] = per_batch
+        models[model] = entry
+
+    versions = [r.get("versions") or {} for r in runs]
+    ort = [(v.get("onnxruntime (imported)") or "").split(" ")[0] or v.get("onnxruntime-gpu") or v.get("onnxruntime")
+           for v in versions]
+    meta = {
+        "units": UNITS,
+        "higher_is_better": True,
+        "device": _distinct(v.get("gpu") if r.get("provider") == "cuda" else "cpu" for r, v in zip(runs, versions)),
+        "onnxruntime": _distinct(ort),
+        "provider": _distinct(r.get("provider") for r in runs),
+        "commands": sorted({r["command"] for r in runs if r.get("command")}),
+        "runs": len(runs),
+        "measured_from": runs[0].get("start") if runs else None,
+        "measured_to": runs[-1].get("end") if runs else None,
+        "source": raw,
+        "rows": len(rows),
+        "rows_ok": sum(r.get("status") == "ok" for r in rows),
+        "policy_keys": "the benchmark's policy names with '-' replaced by '_' (occ-fp16 -> occ_fp16)",
+        "headline_batch": "models.<m>.<mode> is the throughput at the largest batch of that model and mode at "
+                          "which some policy ran (models.<m>.batch.<mode>; null: nothing measured); "
+                          "models.<m>.batches.<mode>.<batch> has every batch tried",
+        "absent": "a policy whose row failed (status not ok, or no finite throughput) or was not measured is absent",
+        "inaccurate": f"policies outside the accuracy tolerance (inference max rel err > {INFER_TOL}, training "
+                      f"loss gap > {TRAIN_TOL} against fp32_notf32); their throughput is kept, exclude them "
+                      "when comparing; 'unchecked': accuracy could not be judged (no reference row); "
+                      "PyTorch rows are not judged",
+    }
+    return {"meta": meta, "models": models}
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Atomic: a temporary file in the same folder, then ``os.replace``. Strict JSON (no NaN)."""
+    text = json.dumps(document, indent=1, allow_nan=False, ensure_ascii=False) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+# --------------------------------------------------------------------------------------------
 # plots
 # --------------------------------------------------------------------------------------------
 
@@ -454,7 +596,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("raw", type=Path, help="folder with <name>.jsonl")
     p.add_argument("--name", default="h200")
-    p.add_argument("--out", type=Path, default=None, help="markdown file (default: RAW/../<name>.md)")
+    p.add_argument("--out", type=Path, default=None, help="markdown file (default: RAW/../<name>.md); <name>.json is written next to it")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--headline", action="store_true", help="print the README's headline table")
     args = p.parse_args(argv)
@@ -473,7 +615,9 @@ def main(argv=None) -> int:
     except ValueError:
         raw = str(path)
     out.write_text(render(rows, runs, plots, raw) + "\n", encoding="utf-8")
-    print(f"wrote {out}" + (f" and {', '.join(plots)}" if plots else ""))
+    json_path = out.with_name(f"{args.name}.json")
+    write_json(json_path, throughput_json(rows, runs, raw))
+    print(f"wrote {out}, {json_path.name}" + (f" and {', '.join(plots)}" if plots else ""))
     if args.headline:
         print("\n".join(headline(rows)))
     return 0

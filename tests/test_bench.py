@@ -238,3 +238,71 @@ def test_tensor_core_rule():
     assert eligible("MatMul", [{"float": [8, 1024]}], [{"float": [8, 1024]}]) is False
     assert eligible("Conv", [{"float16": [1, 3, 32, 32]}], [{"float16": [1, 64, 16, 16]}]) is False
     assert eligible("FusedConv", [{"float16": [1, 64, 32, 32]}], [{"float16": [1, 64, 16, 16]}]) is True
+
+
+def test_report_writes_throughput_json(tmp_path):
+    """h200.json next to h200.md: per model and mode the throughput per policy under underscore names
+    (the rows' values), failed or non-finite rows absent, every batch kept, the largest batch with
+    a measurement as the headline, rows outside tolerance kept but listed, units and versions stated."""
+    rows = [_row("bert", 1, "inference", "fp32-notf32", 4), _row("bert", 1, "inference", "fp32", 2),
+            _row("bert", 1, "inference", "campo", 1.5),
+            _row("bert", 32, "inference", "fp32-notf32", 40), _row("bert", 32, "inference", "fp32", 20),
+            _row("bert", 32, "inference", "occ-fp16", 12), _row("bert", 32, "inference", "ort-fp16", 11, rel_err_max=0.5),
+            _row("bert", 32, "inference", "amp", 13), _row("bert", 32, "inference", "campo", 10),
+            _row("bert", 32, "inference", "campo-nopad", 14), _row("bert", 32, "inference", "campo-nocost", 10.5),
+            {**_row("bert", 32, "inference", "modelopt", 9), "status": "failed", "error": "x"},
+            _row("bert", 32, "inference", "fp16", 9.5, throughput=float("nan")),
+            _row("bert", 32, "training", "fp32-notf32", 80), _row("bert", 32, "training", "fp32", 60),
+            _row("bert", 32, "training", "amp", 50), _row("bert", 32, "training", "campo", 40),
+            _row("bert", 32, "training", "fp16", 35, loss_last=1.5),
+            _row("bert", 32, "training", "torch-eager", 70, loss_last=1.7),
+            _row("bert", 32, "training", "torch-compile", 45), _row("bert", 32, "training", "torch-eager-amp", 55),
+            {**_row("bert", 32, "training", "torch-compile-amp", 30), "status": "failed", "error": "y"},
+            # a corpus model with a fixed batch dim: every policy fails at the large batch
+            _row("ppocr_cls", 1, "inference", "fp32-notf32", 1), _row("ppocr_cls", 1, "inference", "campo", 0.5),
+            {**_row("ppocr_cls", 64, "inference", "campo", 1), "status": "failed", "error": "fixed batch"}]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = {"run": "r1", "start": "2026-11-30T11:00:00+00:00", "end": "2026-11-30T11:08:00+00:00", "provider": "cuda",
+           "command": "bench.py --out docs/benchmarks/raw",
+           "versions": {"gpu": "NVIDIA H200", "onnxruntime-gpu": "1.31.1", "onnxruntime (imported)": "1.31.1 /tmp/x"}}
+    (raw / "h200.runs.jsonl").write_text(json.dumps(run) + "\n")
+    assert bench_report.main([str(raw), "--no-plots"]) == 0
+    text = (tmp_path / "h200.json").read_text()
+    doc = json.loads(text)
+    assert "NaN" not in text and not list(tmp_path.glob(".*.tmp"))
+    meta = doc["meta"]
+    assert "samples per second" in meta["units"] and meta["higher_is_better"] is True
+    assert (meta["device"], meta["onnxruntime"], meta["commands"]) == ("NVIDIA H200", "1.31.1", [run["command"]])
+
+    bert = doc["models"]["bert"]
+    by_key = {r["key"]: r for r in rows}
+    assert set(bert) >= {"inference", "training", "batch", "batches"}
+    assert bert["batch"] == {"inference": 32, "training": 32}
+    inference, training = bert["inference"], bert["training"]
+    assert list(inference) == ["fp32", "fp32_notf32", "occ_fp16", "ort_fp16", "amp", "campo", "campo_nopad",
+                               "campo_nocost"]  # modelopt failed, fp16 has a NaN throughput: absent
+    assert set(training) == {"fp32_notf32", "fp32", "amp", "fp16", "campo", "torch_eager", "torch_compile",
+                             "torch_eager_amp"}  # torch-compile-amp failed
+    assert all("-" not in k for k in [*inference, *training])
+    for mode, entry in (("inference", inference), ("training", training)):
+        for name, value in entry.items():
+            assert value == by_key[f"bert|32|{mode}|{name.replace('_', '-')}"]["throughput"]
+    assert inference["campo"] == pytest.approx(3200.0)
+    assert bert["inaccurate"] == {"inference": ["ort_fp16"], "training": ["fp16"]}  # torch-eager not judged
+    assert bert["unchecked"] == {"inference": [], "training": []}
+    assert list(bert["batches"]["inference"]) == ["1", "32"] and list(bert["batches"]["training"]) == ["32"]
+    assert bert["batches"]["inference"]["1"]["throughput"] == {
+        "fp32": by_key["bert|1|inference|fp32"]["throughput"],
+        "fp32_notf32": by_key["bert|1|inference|fp32-notf32"]["throughput"],
+        "campo": by_key["bert|1|inference|campo"]["throughput"]}
+    assert bert["batches"]["inference"]["32"]["throughput"] == inference
+
+    cls = doc["models"]["ppocr_cls"]
+    assert cls["batch"] == {"inference": 1, "training": None} and cls["training"] == {}
+    assert cls["inference"] == {"fp32_notf32": 1000.0, "campo": 2000.0}
+    assert cls["batches"]["inference"]["64"]["throughput"] == {}
+
+    assert bench_report.main([str(raw), "--no-plots"]) == 0
+    assert (tmp_path / "h200.json").read_text() == text  # deterministic
