@@ -518,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--optimizers", default="adamw,momentum", help="step-time optimizers, in order (budget)")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--sections", default="checks,kernel,step",
+                        help="what to run, comma-separated: checks (device correctness), kernel (kernel time), step "
+                             "(training-step time)")
     parser.add_argument("--policies", default="fp32",
                         help="step-time precision policies, comma-separated: fp32 (the step graph as built), amp, "
                              "campo (through onnxcampo.optimize: fp16 nodes plus loss scaling)")
@@ -542,14 +545,18 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
     result.update(checks=[], kernel=[], step=[])
-    print("1. correctness on the device", file=sys.stderr)
-    result["checks"] = device_checks(args.provider, rng, args.quick)
-    save()
-    print("2. kernel time", file=sys.stderr)
-    result["kernel"] = kernel_bench(args.provider, rng, args.quick, budget_end)
-    save()
-    print("3. training-step time", file=sys.stderr)
-    specs = ["mlp"] if args.quick else args.model.split(",")
+    sections = set(args.sections.split(","))
+    if "checks" in sections:
+        print("1. correctness on the device", file=sys.stderr)
+        result["checks"] = device_checks(args.provider, rng, args.quick)
+        save()
+    if "kernel" in sections:
+        print("2. kernel time", file=sys.stderr)
+        result["kernel"] = kernel_bench(args.provider, rng, args.quick, budget_end)
+        save()
+    if "step" in sections:
+        print("3. training-step time", file=sys.stderr)
+    specs = [] if "step" not in sections else ["mlp"] if args.quick else args.model.split(",")
     errors = []
     for spec in specs:
         model_name, _, batch = spec.partition(":")
