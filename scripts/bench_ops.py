@@ -246,6 +246,32 @@ class Bound:
         return statistics.median(times)
 
 
+def copy_bandwidth_gbps(nbytes: int = 1 << 30, runs: int = 20) -> float | None:
+    """Bytes read plus written per second of a device-to-device copy (torch), the roofline that a
+    memory-bound kernel can approach; ``None`` without torch or a GPU."""
+    try:
+        import torch
+
+        a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
+        b = torch.empty_like(a)
+        for _ in range(3):
+            b.copy_(a)
+        times = []
+        for _ in range(runs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            b.copy_(a)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        del a, b
+        torch.cuda.empty_cache()
+        return 2 * nbytes / statistics.median(times) / 1e6
+    except Exception as exc:
+        print(f"  (copy bandwidth unavailable: {exc})", file=sys.stderr)
+        return None
+
+
 def cupti_kernel_ms(fn, runs: int) -> float | None:
     """GPU time of all kernels, memsets and copies per call of ``fn`` as CUPTI sees them."""
     try:
@@ -357,18 +383,25 @@ def kernel_bench(provider: str, rng: np.random.Generator, quick: bool, budget_en
         sets = {name: shrink(shapes, 16) for name, shapes in sets.items()}
     warmup, runs, blocks = (2, 3, 3) if quick else (5, 10, 7)
     rows = []
+    copy_gbps = copy_bandwidth_gbps() if provider == "cuda" else None
+    if copy_gbps:
+        rows.append({"set": "device", "what": "copy bandwidth (1 GiB device-to-device, read + write)", "gbps": copy_gbps})
+        print(f"  device-to-device copy: {copy_gbps:.0f} GB/s (read + write)", file=sys.stderr)
     for set_name, shapes in sets.items():
         params = sum(math.prod(s) for s in shapes)
         grads16 = random_set(rng, shapes, F16)
         grads32 = [g.astype(F32) for g in grads16]
+        # the last item: bytes per element the fused op must move (read fp16 g, write fp32 u;
+        # read g, w, v, write w, v; read g, w, m, v, write w, m, v)
         comparisons = [
-            ("unscale + finite check (fp16 grads)", lambda fused: unscale_model(shapes, TensorProto.FLOAT16, fused), grads16),
+            ("unscale + finite check (fp16 grads)", lambda fused: unscale_model(shapes, TensorProto.FLOAT16, fused),
+             grads16, 2 + 4),
             ("unscale + finite check, onnxcampo's lean standard ops (fp16 grads)",
-             lambda fused: unscale_model(shapes, TensorProto.FLOAT16, fused, lean=not fused), grads16),
-            ("SGD-momentum update", lambda fused: update_model(shapes, "momentum", fused), grads32),
-            ("AdamW update", lambda fused: update_model(shapes, "adamw", fused), grads32),
+             lambda fused: unscale_model(shapes, TensorProto.FLOAT16, fused, lean=not fused), grads16, 2 + 4),
+            ("SGD-momentum update", lambda fused: update_model(shapes, "momentum", fused), grads32, 5 * 4),
+            ("AdamW update", lambda fused: update_model(shapes, "adamw", fused), grads32, 7 * 4),
         ]
-        for what, build, grads in comparisons:
+        for what, build, grads, bytes_per_element in comparisons:
             if time.monotonic() > budget_end:
                 print(f"  time budget spent: {set_name} {what} skipped", file=sys.stderr)
                 continue
@@ -383,6 +416,11 @@ def kernel_bench(provider: str, rng: np.random.Generator, quick: bool, budget_en
             row["wall_speedup"] = row["standard_wall_ms"] / row["fused_wall_ms"]
             if row["standard_kernel_ms"] and row["fused_kernel_ms"]:
                 row["kernel_speedup"] = row["standard_kernel_ms"] / row["fused_kernel_ms"]
+                row["fused_bytes"] = params * bytes_per_element
+                row["fused_gbps"] = row["fused_bytes"] / row["fused_kernel_ms"] / 1e6
+                if copy_gbps:  # the fastest the fused op could be: its bytes at the copy bandwidth
+                    row["floor_ms"] = row["fused_bytes"] / copy_gbps / 1e6
+                    row["max_kernel_speedup"] = row["standard_kernel_ms"] / row["floor_ms"]
             rows.append(row)
             print(f"  {set_name} {what}: standard {row['standard_wall_ms']:.3f} ms, fused {row['fused_wall_ms']:.3f} ms "
                   f"({row['wall_speedup']:.1f}x wall"
@@ -486,15 +524,23 @@ def step_bench(provider: str, model_name: str, batch: int, optimizers: list[str]
 
 
 def markdown(result: dict) -> str:
-    lines = ["| gradient set | update | standard ms (nodes) | fused ms | speedup wall | kernel ms std / fused | speedup kernel |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    copy = next((r["gbps"] for r in result["kernel"] if "gbps" in r), None)
+    lines = ([f"device-to-device copy bandwidth: {copy:.0f} GB/s (read + write); floor: the fused op's bytes at that rate", ""]
+             if copy else [])
+    lines += ["| gradient set | update | standard ms (nodes) | fused ms | speedup wall | kernel ms std / fused | "
+              "speedup kernel | fused GB/s | floor ms | max kernel speedup |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["kernel"]:
+        if "gbps" in r:
+            continue
         both = r.get("standard_kernel_ms") and r.get("fused_kernel_ms")
         kernel = f"{r['standard_kernel_ms']:.3f} / {r['fused_kernel_ms']:.3f}" if both else "n/a"
         kernel_speedup = f"{r['kernel_speedup']:.1f}x" if both else "n/a"
+        roof = (f"{r['fused_gbps']:.0f} | {r['floor_ms']:.3f} | {r['max_kernel_speedup']:.1f}x" if "floor_ms" in r
+                else "n/a | n/a | n/a")
         lines.append(f"| {r['set']} ({r['tensors']} tensors, {r['params'] / 1e6:.1f} M) | {r['what']} | "
                      f"{r['standard_wall_ms']:.3f} ({r['standard_nodes']}) | {r['fused_wall_ms']:.3f} | "
-                     f"{r['wall_speedup']:.1f}x | {kernel} | {kernel_speedup} |")
+                     f"{r['wall_speedup']:.1f}x | {kernel} | {kernel_speedup} | {roof} |")
     lines += ["", "| model | optimizer | policy | weights | standard ms/step (nodes) | fused ms/step (nodes) | speedup |",
               "|---|---|---|---:|---:|---:|---:|"]
     for r in result["step"]:
