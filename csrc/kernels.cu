@@ -6,12 +6,11 @@
 // extra memcpy). CUDA 12.1+ allows 32 KB of parameters on sm_70+, room for ~460 tensors of
 // AdamW; a call with more tensors takes one launch per table.
 //
-// These kernels are bound by memory bandwidth. A thread moves V consecutive elements per step
-// (V = 32 for the unscale, kVec = 8 for the updates) with 16-byte loads and stores (uint4 of
-// float16 gradients, float4 of float32) when every pointer of the tensor is 16-byte aligned
-// (ORT's allocations are 256-byte aligned); a tile's last V - 1 elements, and tensors of
-// unaligned buffers, go element by element. Both paths compute every element with the same
-// float32 operations.
+// These kernels are bound by memory bandwidth. A thread moves kVec consecutive elements per
+// step with 16-byte loads and stores (one uint4 of float16 gradients, two float4 of float32)
+// when every pointer of the tensor is 16-byte aligned (ORT's allocations are 256-byte
+// aligned); a tensor's last kVec - 1 elements, and tensors of unaligned buffers, go element
+// by element. Both paths compute every element with the same float32 operations.
 //
 // Built with -fmad=false so that products and sums round like the standard-op graph's
 // separate Mul and Add nodes (these kernels are memory-bound; the FMA saves nothing).
@@ -155,12 +154,10 @@ __device__ __forceinline__ bool IsSet(const void* flag, bool is_float) {
   return is_float ? *static_cast<const float*>(flag) != 0.0f : *static_cast<const bool*>(flag);
 }
 
-// Calls op(Width<W>{}, k, i) for the elements i .. i + W - 1 of every tensor k: W = V over the
-// aligned body of a tile, W = 1 for the rest. The tile loop is block-uniform. A step of V
-// elements issues all its loads before its stores, so V sets the bytes a thread has in flight.
-template <int V, int P, typename Op>
+// Calls op(Width<W>{}, k, i) for the elements i .. i + W - 1 of every tensor k: W = kVec over
+// the aligned body of a tile, W = 1 for the rest. The tile loop is block-uniform.
+template <int P, typename Op>
 __device__ __forceinline__ void ForEach(const Table<P>& t, Op op) {
-  static_assert(kTile % (V * kThreads) == 0 && V % kVec == 0, "a tile is whole vector steps");
   for (int tile = blockIdx.x; tile < t.tiles; tile += gridDim.x) {
     int lo = 0, hi = t.count - 1;
     while (lo < hi) {
@@ -172,8 +169,9 @@ __device__ __forceinline__ void ForEach(const Table<P>& t, Op op) {
     const int64_t last = min(first + kTile, t.size[lo]);
     int64_t rest = first;
     if (t.flags[lo] & kAligned) {
-      rest = first + (last - first) / V * V;
-      for (int64_t i = first + V * threadIdx.x; i < rest; i += V * kThreads) op(Width<V>{}, lo, i);
+      rest = first + (last - first) / kVec * kVec;
+#pragma unroll 2
+      for (int64_t i = first + kVec * threadIdx.x; i < rest; i += kVec * kThreads) op(Width<kVec>{}, lo, i);
     }
     for (int64_t i = rest + threadIdx.x; i < last; i += kThreads) op(Width<1>{}, lo, i);
   }
@@ -182,9 +180,7 @@ __device__ __forceinline__ void ForEach(const Table<P>& t, Op op) {
 __global__ void __launch_bounds__(kThreads) UnscaleKernel(const __grid_constant__ Table<2> t, const float* inv_scale, bool* found_inf) {
   const float scale = *inv_scale;
   bool found = false;
-  // 32 elements per thread step (one per thread and tile): four 16-byte loads of float16 in
-  // flight; the updates read three or four tensors per element and stay at kVec.
-  ForEach<32>(t, [&](auto width, int k, int64_t i) {
+  ForEach(t, [&](auto width, int k, int64_t i) {
     constexpr int W = decltype(width)::value;
     const Vec<W> g = LoadGrad<W>(t.ptr[0][k], t.flags[k] & kHalf, i);
     Vec<W> u;
@@ -203,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) SgdKernel(const __grid_constant__ Ta
                                                       bool flag_is_float, float mu, bool has_velocity) {
   const bool skip = IsSet(flag, flag_is_float);
   const float rate = *lr;
-  ForEach<kVec>(t, [&](auto width, int k, int64_t i) {
+  ForEach(t, [&](auto width, int k, int64_t i) {
     constexpr int W = decltype(width)::value;
     Vec<W> w = Load<W>(t.ptr[1][k], i);
     if (skip) {
@@ -241,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) AdamWKernel(const __grid_constant__ 
   if (blockIdx.x == 0 && threadIdx.x == 0) *step_out = skip ? *step : now;
   const float c1 = 1.0f - powf(h.beta1, now);
   const float c2 = 1.0f - powf(h.beta2, now);
-  ForEach<kVec>(t, [&](auto width, int k, int64_t i) {
+  ForEach(t, [&](auto width, int k, int64_t i) {
     constexpr int W = decltype(width)::value;
     Vec<W> w = Load<W>(t.ptr[1][k], i);
     Vec<W> m = Load<W>(t.ptr[2][k], i);
