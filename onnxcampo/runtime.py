@@ -302,8 +302,9 @@ def _preload_cuda_dlls() -> None:
     _dlls_preloaded = True
 
 
-def _providers(provider: str) -> list[str | tuple[str, dict[str, str]]]:
-    """Execution providers for a provider key; CUDA keeps TF32 on, as users get by default."""
+def _providers(provider: str, cuda_graph: bool = False) -> list[str | tuple[str, dict[str, str]]]:
+    """Execution providers for a provider key; CUDA keeps TF32 on, as users get by default.
+    ``cuda_graph``: the CUDA EP captures the run into a CUDA graph and replays it (CUDA only)."""
     if provider not in _PROVIDERS:
         raise ConfigError(f"unknown provider '{provider}'; choose one of {list(_PROVIDERS)}")
     if provider == "cpu":
@@ -316,7 +317,10 @@ def _providers(provider: str) -> list[str | tuple[str, dict[str, str]]]:
             f"onnxruntime {ort.__version__} offers only {available}; install onnxruntime-gpu "
             "(and uninstall onnxruntime) or use --provider cpu"
         )
-    return [("CUDAExecutionProvider", {"use_tf32": "1"}), "CPUExecutionProvider"]
+    options = {"use_tf32": "1"}
+    if cuda_graph:
+        options["enable_cuda_graph"] = "1"
+    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
 
 
 def _session_options(*, profiling: bool, optimization_level: str,
@@ -400,8 +404,13 @@ def make_session(
     custom_ops_library: str | None = None,
     intra_op_threads: int | None = None,
     profile_file_prefix: str | None = None,
+    cuda_graph: bool = False,
 ) -> ort.InferenceSession:
     """An InferenceSession on ``provider`` ("cpu" or "cuda").
+
+    ``cuda_graph`` (CUDA only): ORT captures a run into a CUDA graph and replays it, which
+    removes the host's per-node launch cost; every input and output must then be bound with
+    IO binding to device buffers that keep their addresses (see ``training.Trainer``).
 
     ``model`` may be a ModelProto, serialized bytes or a path (paths keep external data
     working). ``optimization_level`` is "all", "basic" or "disable"; profiling needs
@@ -409,7 +418,9 @@ def make_session(
     CPU when the CUDA EP fails to initialise, so for "cuda" the session's providers are
     checked and a CampoError is raised instead of measuring the wrong device.
     """
-    providers = _providers(provider)
+    if cuda_graph and provider != "cuda":
+        raise ConfigError(f"CUDA graphs need provider 'cuda', not '{provider}'")
+    providers = _providers(provider, cuda_graph)
     if isinstance(model, onnx.ModelProto) and ops.uses_ops(model):
         ops.require()  # OpsLibraryError saying how to build the library, before ORT's own message
     options = _session_options(

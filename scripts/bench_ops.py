@@ -468,11 +468,13 @@ def real_model(name: str, batch: int, folder: Path, rng: np.random.Generator):
     return f"mlp_block b{rows}", forward, feeds, "cross_entropy"
 
 
-def _step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, policy, steps) -> dict:
-    """One optimizer and policy: the step with standard ops against the step with the fused ops."""
+def _step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, policy, steps, cuda_graph=False) -> dict:
+    """One optimizer and policy: the step with standard ops against the step with the fused ops
+    (and, with ``cuda_graph``, the fused step replayed as a CUDA graph)."""
     row = {"model": label, "optimizer": optimizer, "policy": policy, "provider": provider}
     losses = {}
-    for variant, fused in (("standard", False), ("fused", True)):
+    variants = [("standard", False, False), ("fused", True, False)] + ([("graph", True, True)] if cuda_graph else [])
+    for variant, fused, graph in variants:
         start = time.perf_counter()
         step = build_train_step(forward, loss=loss, optimizer=optimizer, lr=1e-3, fused=fused, input_shapes=shapes)
         row["weights"] = sum(1 for i in step.graph.input if i.name + ".updated" in {o.name for o in step.graph.output}
@@ -483,10 +485,17 @@ def _step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, p
             row[f"{variant}_precisions"] = result.plan.counts()
         row[f"{variant}_nodes"] = len(step.graph.node)
         row[f"{variant}_custom_ops"] = sorted({n.op_type for n in step.graph.node if n.domain == ops.DOMAIN})
-        trainer = Trainer(step, provider=provider)
-        row[f"{variant}_build_s"] = time.perf_counter() - start
-        for _ in range(3):
-            trainer.step(batch_feeds)
+        try:
+            trainer = Trainer(step, provider=provider, cuda_graph=graph)
+            row[f"{variant}_build_s"] = time.perf_counter() - start
+            for _ in range(3):
+                trainer.step(batch_feeds)
+        except Exception as exc:  # noqa: BLE001 - e.g. a node ORT will not capture into a CUDA graph
+            if not graph:
+                raise
+            row[f"{variant}_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            print(f"  {label} {optimizer} {policy} {variant}: {row[f'{variant}_error']}", file=sys.stderr)
+            continue
         times, curve = [], []
         for _ in range(steps):
             t0 = time.perf_counter()
@@ -495,6 +504,13 @@ def _step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, p
         row[f"{variant}_step_ms"] = statistics.median(times)
         losses[variant] = curve
         del trainer
+    if "graph_step_ms" in row:
+        row["graph_speedup"] = row["fused_step_ms"] / row["graph_step_ms"]
+        g = np.array(losses["graph"])
+        row["graph_max_loss_rel_diff"] = float(np.max(np.abs(g - np.array(losses["fused"])) /
+                                                      np.maximum(np.abs(g), 1e-12)))
+        print(f"  {label} {optimizer} {policy}: fused as a CUDA graph {row['graph_step_ms']:.2f} ms/step "
+              f"({row['graph_speedup']:.2f}x over fused)", file=sys.stderr)
     row["speedup"] = row["standard_step_ms"] / row["fused_step_ms"]
     a, b = np.array(losses["standard"]), np.array(losses["fused"])
     row["max_loss_rel_diff"] = float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-12)))
@@ -505,7 +521,8 @@ def _step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, p
 
 
 def step_bench(provider: str, model_name: str, batch: int, optimizers: list[str], steps: int,
-               rng: np.random.Generator, budget_end: float, policies: tuple[str, ...] = ("fp32",)) -> list[dict]:
+               rng: np.random.Generator, budget_end: float, policies: tuple[str, ...] = ("fp32",),
+               cuda_graph: bool = False) -> list[dict]:
     """Step time with the standard-op update (and unscale) against the fused ops, per optimizer and
     precision policy: ``fp32`` is the step graph as built; ``amp``/``campo`` are that graph through
     ``onnxcampo.optimize``, which adds loss scaling (standard ops or ``UnscaleCheckFinite``)."""
@@ -518,7 +535,8 @@ def step_bench(provider: str, model_name: str, batch: int, optimizers: list[str]
                 if time.monotonic() > budget_end:
                     print(f"  time budget spent: {model_name} {optimizer} {policy} step skipped", file=sys.stderr)
                     continue
-                rows.append(_step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, policy, steps))
+                rows.append(_step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, policy, steps,
+                                       cuda_graph))
     return rows
 
 
@@ -543,12 +561,14 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['set']} ({r['tensors']} tensors, {r['params'] / 1e6:.1f} M) | {r['what']} | "
                      f"{r['standard_wall_ms']:.3f} ({r['standard_nodes']}) | {r['fused_wall_ms']:.3f} | "
                      f"{r['wall_speedup']:.1f}x | {kernel} | {kernel_speedup} | {roof} |")
-    lines += ["", "| model | optimizer | policy | weights | standard ms/step (nodes) | fused ms/step (nodes) | speedup |",
-              "|---|---|---|---:|---:|---:|---:|"]
+    lines += ["", "| model | optimizer | policy | weights | standard ms/step (nodes) | fused ms/step (nodes) | speedup | "
+              "fused as CUDA graph ms/step |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in result["step"]:
+        graph = (f"{r['graph_step_ms']:.2f} ({r['graph_speedup']:.2f}x)" if "graph_step_ms" in r
+                 else "failed" if "graph_error" in r else "–")
         lines.append(f"| {r['model']} | {r['optimizer']} | {r.get('policy', 'fp32')} | {r['weights']} | "
                      f"{r['standard_step_ms']:.2f} ({r['standard_nodes']}) | {r['fused_step_ms']:.2f} ({r['fused_nodes']}) | "
-                     f"{r['speedup']:.2f}x |")
+                     f"{r['speedup']:.2f}x | {graph} |")
     failed = [c["check"] for c in result["checks"] if not c["ok"]]
     lines += ["", f"device checks: {len(result['checks']) - len(failed)}/{len(result['checks'])} passed"
               + (f"; FAILED: {failed}" if failed else "")]
@@ -566,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--optimizers", default="adamw,momentum", help="step-time optimizers, in order (budget)")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="also time the fused step replayed as a CUDA graph (Trainer(cuda_graph=True))")
     parser.add_argument("--sections", default="checks,kernel,step",
                         help="what to run, comma-separated: checks (device correctness), kernel (kernel time), step "
                              "(training-step time)")
@@ -611,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
         batch = int(batch) if batch else (4 if args.quick else args.batch)
         try:
             result["step"] += step_bench(args.provider, model_name, batch, args.optimizers.split(","),
-                                         5 if args.quick else args.steps, rng, budget_end, tuple(args.policies.split(",")))
+                                         5 if args.quick else args.steps, rng, budget_end, tuple(args.policies.split(",")),
+                                         args.cuda_graph)
         except Exception as exc:  # e.g. an op of the exported model that onnx-ad cannot differentiate
             if model_name == "mlp":
                 raise

@@ -3,6 +3,11 @@
 Weights and optimizer state live on the device between steps: two sets of buffers, one bound
 as inputs and one as outputs, swapped after every step (ping-pong), so nothing but the batch
 goes to the device and nothing but the loss comes back.
+
+With ``cuda_graph=True`` (CUDA) the batch, ``lr`` and the loss also live in fixed device
+buffers (the batch is copied into them before each step) and each of the two ping-pong
+bindings is captured once into its own CUDA graph (run option ``gpu_graph_id``), so a step
+costs one graph launch instead of one host dispatch per node.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ class Trainer:
     ``weights`` are the initial fp32 master weights; by default the starting values that
     ``build_train_step`` stores in the step graph, else ``initial_weights(forward, step)``;
     optimizer state starts at zero, except scalars the graph gives a start value in its metadata
-    (``loss_scale``).
+    (``loss_scale``). ``cuda_graph``: replay each step as a CUDA graph (provider "cuda"; every
+    batch must then have the shapes of the first one).
     """
 
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
-                 weights: Mapping[str, np.ndarray] | None = None, lr: float | None = None) -> None:
+                 weights: Mapping[str, np.ndarray] | None = None, lr: float | None = None,
+                 cuda_graph: bool = False) -> None:
         self.model, _ = graph_io.read_model(step_model)
         self.spec = step_spec(self.model)
         if weights is None:
@@ -45,7 +52,8 @@ class Trainer:
             raise ConfigError(f"initial values missing for weights {missing[:5]}")
         self.lr = lr if lr is not None else float(graph_io.metadata(self.model, "onnxcampo.lr", "0.01"))
         self.device = "cuda" if provider == "cuda" else "cpu"
-        self.session = make_session(self.model, provider=provider)
+        self.session = make_session(self.model, provider=provider, cuda_graph=cuda_graph)
+        self.cuda_graph = cuda_graph
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
         # Our own copies: on the CPU an OrtValue borrows the numpy array's memory, so the caller's
         # arrays must not be bound (steps would overwrite them) and ours must outlive the buffers.
@@ -62,6 +70,7 @@ class Trainer:
         self._loss = ort.OrtValue.ortvalue_from_numpy(self._loss_host, "cpu", 0)
         self._current = 0
         self.steps = 0
+        self._graph: list | None = None  # cuda_graph: (device feeds, device loss, bindings, run options)
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One update on ``batch`` (the forward inputs plus ``labels``); returns the loss."""
@@ -69,6 +78,8 @@ class Trainer:
         missing = sorted(set(self.spec.batch) - set(batch))
         if unknown or missing:
             raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
+        if self.cuda_graph:
+            return self._graph_step(batch)
         binding = self.session.io_binding()
         # Arrays and OrtValues held until the run is over (on the CPU the values borrow the arrays).
         feeds = {name: np.ascontiguousarray(array) for name, array in batch.items()}
@@ -88,6 +99,46 @@ class Trainer:
         self._current = 1 - self._current
         self.steps += 1
         return loss
+
+    def _graph_step(self, batch: Mapping[str, np.ndarray]) -> float:
+        """A step replayed from a CUDA graph: the batch and lr are copied into fixed device
+        buffers; binding ``k`` (weights in set k, out to set 1 - k) is graph ``k``."""
+        feeds = {name: np.ascontiguousarray(array) for name, array in batch.items()}
+        feeds[LR] = np.array(self.lr, np.float32)
+        if self._graph is None:
+            values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0) for name, array in feeds.items()}
+            loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device, 0)
+            bindings, run_options = [], []
+            for k in (0, 1):
+                binding = self.session.io_binding()
+                for name, value in values.items():
+                    binding.bind_ortvalue_input(name, value)
+                for name, value in self._buffers[k].items():
+                    binding.bind_ortvalue_input(name, value)
+                for name, value in self._buffers[1 - k].items():
+                    binding.bind_ortvalue_output(name + UPDATED, value)
+                binding.bind_ortvalue_output(LOSS, loss)
+                options = ort.RunOptions()
+                options.add_run_config_entry("gpu_graph_id", str(k + 1))
+                bindings.append(binding)
+                run_options.append(options)
+            layout = {name: (array.dtype, array.shape) for name, array in feeds.items()}
+            self._graph = [values, loss, bindings, run_options, layout]
+        else:
+            values, layout = self._graph[0], self._graph[4]
+            for name, array in feeds.items():
+                if (array.dtype, array.shape) != layout[name]:
+                    dtype, shape = layout[name]
+                    raise ConfigError(f"with CUDA graphs every batch keeps the first one's shapes and types: "
+                                      f"{name} is {array.dtype}{list(array.shape)}, was {dtype}{list(shape)}")
+                values[name].update_inplace(array)
+        values, loss, bindings, run_options, _ = self._graph
+        k = self._current
+        self.session.run_with_iobinding(bindings[k], run_options[k])
+        bindings[k].synchronize_outputs()
+        self._current = 1 - k
+        self.steps += 1
+        return float(loss.numpy())
 
     @property
     def loss_scale(self) -> float | None:

@@ -124,6 +124,8 @@ def test_bad_options_and_batches():
     trainer = Trainer(step, weights=initial_weights(forward, step))
     with pytest.raises(ConfigError, match="missing \\['labels'\\]"):
         trainer.step({"x": X})
+    with pytest.raises(ConfigError, match="CUDA graphs need provider 'cuda', not 'cpu'"):
+        Trainer(step, cuda_graph=True)
 
 
 def test_optimized_step_keeps_fp32_master_weights_and_trains():
@@ -157,6 +159,8 @@ def test_command_line_builds_and_trains(tmp_path, capsys):
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     assert main(["train", str(step), "--forward", str(forward), "--data", str(tmp_path / "none.npz")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main(["train", str(step), "--data", str(data), "--cuda-graph"]) == 2  # CPU provider: refused
+    assert "CUDA graphs need provider 'cuda'" in capsys.readouterr().err
 
 
 def test_trainer_leaves_the_callers_weights_alone():
