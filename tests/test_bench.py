@@ -238,3 +238,25 @@ def test_tensor_core_rule():
     assert eligible("MatMul", [{"float": [8, 1024]}], [{"float": [8, 1024]}]) is False
     assert eligible("Conv", [{"float16": [1, 3, 32, 32]}], [{"float16": [1, 64, 16, 16]}]) is False
     assert eligible("FusedConv", [{"float16": [1, 64, 32, 32]}], [{"float16": [1, 64, 16, 16]}]) is True
+
+
+def test_prepare_only_times_stages_and_records_no_results(tmp_path, capsys):
+    """--prepare-only builds the step graph and each policy's graph and session, writes their stage
+    times to <name>.prepare.jsonl, and leaves the results (and so the next real run's work) alone;
+    the real run then reuses the cached step graph and optimized graphs."""
+    out = tmp_path / "raw"
+    args = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "training", "--out", str(out),
+            "--budget-s", "120", "--wheels", str(tmp_path / "none"), "--policies", "fp32,campo"]
+    assert bench.main([*args, "--prepare-only"]) == 0
+    assert not (out / "cpu.jsonl").exists()
+    prepared = {r["key"]: r for r in bench.read_rows(out / "cpu.prepare.jsonl")}
+    fp32, campo = prepared["odd_mlp|4|training|fp32"], prepared["odd_mlp|4|training|campo"]
+    assert fp32["status"] == campo["status"] == "ok" and "ms" not in campo
+    assert {"model", "step_graph", "convert", "session"} <= set(fp32["stage_s"])
+    assert "model" not in campo["stage_s"] and campo["stage_s"]["convert"] >= 0 and "casts" in campo
+    assert "prepared:" in capsys.readouterr().out
+    assert bench.main(args) == 0
+    rows = {r["key"]: r for r in bench.read_rows(out / "cpu.jsonl")}
+    assert rows["odd_mlp|4|training|campo"]["cached"] is True and rows["odd_mlp|4|training|fp32"]["step_build_s"] is None
+    assert {"session", "measure", "breakdown"} <= set(rows["odd_mlp|4|training|campo"]["stage_s"])
+
