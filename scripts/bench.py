@@ -260,7 +260,8 @@ class Group:
         if self.step_error:
             raise pol.Unavailable(self.step_error)
         if self._step is None:
-            path = bench_models.cache_dir() / f"step-{self.built.path.stem}{_ops_tag()}.onnx"
+            lr = "" if self.built.lr == 0.01 else f"-lr{self.built.lr:g}"
+            path = bench_models.cache_dir() / f"step-{self.built.path.stem}{lr}{_ops_tag()}.onnx"
             if not path.is_file():
                 from onnxcampo import graph as graph_io
                 from onnxcampo.training import build_train_step
@@ -268,7 +269,7 @@ class Group:
                 start = time.perf_counter()
                 try:
                     step = build_train_step(str(self.built.path), loss="cross_entropy", optimizer="momentum",
-                                            lr=0.01, input_shapes=self.shapes)
+                                            lr=self.built.lr, input_shapes=self.shapes)
                 except Exception as exc:  # noqa: BLE001 - onnx-ad's limits: record why
                     self.step_error = f"build_train_step failed: {exc.__class__.__name__}: {str(exc)[:300]}"
                     raise pol.Unavailable(self.step_error) from None
