@@ -236,6 +236,7 @@ class Group:
         self._step: Path | None = None
         self.step_build_s: float | None = None
         self.step_error: str | None = None
+        self._weights: dict | None = None
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -253,11 +254,14 @@ class Group:
         return self._reference
 
     def step_graph(self) -> Path:
-        """The fp32 training-step graph (cross-entropy, SGD momentum), built once and cached."""
+        """The fp32 training-step graph (cross-entropy, SGD momentum), built once per model and
+        batch and cached on disk (every policy of the group, and later runs while /tmp lives,
+        start from the same file)."""
         if self.step_error:
             raise pol.Unavailable(self.step_error)
         if self._step is None:
-            path = bench_models.cache_dir() / f"step-{self.built.path.stem}.onnx"
+            lr = "" if self.built.lr == 0.01 else f"-lr{self.built.lr:g}"
+            path = bench_models.cache_dir() / f"step-{self.built.path.stem}{lr}{_ops_tag()}.onnx"
             if not path.is_file():
                 from onnxcampo import graph as graph_io
                 from onnxcampo.training import build_train_step
@@ -265,7 +269,7 @@ class Group:
                 start = time.perf_counter()
                 try:
                     step = build_train_step(str(self.built.path), loss="cross_entropy", optimizer="momentum",
-                                            lr=0.01, input_shapes=self.shapes)
+                                            lr=self.built.lr, input_shapes=self.shapes)
                 except Exception as exc:  # noqa: BLE001 - onnx-ad's limits: record why
                     self.step_error = f"build_train_step failed: {exc.__class__.__name__}: {str(exc)[:300]}"
                     raise pol.Unavailable(self.step_error) from None
@@ -273,6 +277,42 @@ class Group:
                 self.step_build_s = round(time.perf_counter() - start, 1)
             self._step = path
         return self._step
+
+    def step_weights(self) -> dict:
+        """The starting weights every policy's step graph trains from (read once per group from
+        the values the fp32 step graph carries)."""
+        if self._weights is None:
+            import onnx
+            from onnxcampo.training import initial_weights
+
+            self._weights = initial_weights(None, onnx.load(str(self.step_graph())))
+        return self._weights
+
+
+def _ops_tag() -> str:
+    """Step graphs built with the custom-op library differ (fused update, loss scaling): cache them apart."""
+    from onnxcampo import ops
+
+    return "-ops" if ops.available() else ""
+
+
+class Stages:
+    """Wall seconds of the named stages of one item (``row["stage_s"]``): where device time goes."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def timer():
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 2)
+        return timer()
 
 
 def _per_block(run_once, block_ms: float) -> int:
@@ -282,33 +322,41 @@ def _per_block(run_once, block_ms: float) -> int:
     return int(min(200, max(5, math.ceil(block_ms / max(ms, 1e-3)))))
 
 
-def measure_inference(group: Group, policy: str) -> dict[str, Any]:
+def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) -> dict[str, Any]:
     import bench_measure as m
     import onnx
 
     s = group.settings
     built = group.built
+    stages = Stages()
     target = group.work / f"{built.path.stem}-{policy}.onnx"
-    path, info = pol.make_variant(policy, built.path, target, built.feeds, group.shapes)
+    with stages("convert"):
+        path, info = pol.make_variant(policy, built.path, target, built.feeds, group.shapes)
     try:
-        row: dict[str, Any] = {**info, **m.node_counts(onnx.load(str(path), load_external_data=False))}
-        session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy))
-        runner = m.BoundRunner(session, built.feeds, s.provider)
-        runner()
-        row.update(m.output_error(group.reference(), runner.outputs()))
-        for _ in range(s.inference_warmup):
+        row: dict[str, Any] = {**info, **m.node_counts(onnx.load(str(path), load_external_data=False)),
+                               "stage_s": stages.seconds}
+        with stages("session"):
+            session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy))
+            runner = m.BoundRunner(session, built.feeds, s.provider)
+        if prepare_only:
+            return row
+        with stages("measure"):
             runner()
-        per_block = _per_block(runner, s.block_ms)
-        row["ms_blocks"] = m.timed_blocks(runner, warmup=0, blocks=s.inference_blocks, per_block=per_block)
-        row["runs_per_block"] = per_block
+            row.update(m.output_error(group.reference(), runner.outputs()))
+            for _ in range(s.inference_warmup):
+                runner()
+            per_block = _per_block(runner, s.block_ms)
+            row["ms_blocks"] = m.timed_blocks(runner, warmup=0, blocks=s.inference_blocks, per_block=per_block)
+            row["runs_per_block"] = per_block
         del runner, session
         gc.collect()
         if s.tc:
             try:
-                trace = m.profile_runs(path, built.feeds, provider=s.provider, directory=group.work,
-                                       runs=3 if s.quick else 10, tf32=pol.tf32_of(policy))
-                row["tc"] = m.tensor_core_share(trace)
-                Path(trace).unlink()
+                with stages("tc"):
+                    trace = m.profile_runs(path, built.feeds, provider=s.provider, directory=group.work,
+                                           runs=3 if s.quick else 10, tf32=pol.tf32_of(policy))
+                    row["tc"] = m.tensor_core_share(trace)
+                    Path(trace).unlink()
             except Exception as exc:  # noqa: BLE001 - the timing stands without it
                 row["tc_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
         return row
@@ -316,54 +364,79 @@ def measure_inference(group: Group, policy: str) -> dict[str, Any]:
         pol.cleanup(path, built.path)
 
 
-def measure_training(group: Group, policy: str) -> dict[str, Any]:
+def training_variant(group: Group, policy: str) -> tuple[Path, dict[str, Any]]:
+    """The step graph of ``policy``: the fp32 step itself, or its optimized copy, made once per
+    model, batch and policy and cached on disk next to the step graph."""
+    step = group.step_graph()
+    if policy in ("fp32", "fp32-notf32"):
+        return step, {"convert_s": 0.0}
+    path = bench_models.cache_dir() / f"{step.stem}-{policy}.onnx"
+    info_path = path.with_suffix(".json")
+    if path.is_file() and info_path.is_file():
+        return path, {**json.loads(info_path.read_text()), "cached": True}
+    _, info = pol.make_variant(policy, step, path, {}, {})
+    info_path.write_text(json.dumps(info))
+    return path, info
+
+
+def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -> dict[str, Any]:
+    """One training variant: its step graph, a session, timed steps, and for the breakdown
+    policies a profiled run. ``row["stage_s"]`` says how long each stage took; with
+    ``prepare_only`` it stops once the session exists (nothing is measured)."""
     s = group.settings
+    stages = Stages()
     if policy in pol.TORCH_POLICIES:
         import bench_torch
 
-        return bench_torch.train(group.built, policy, provider=s.provider, warmup=s.train_warmup,
-                                 blocks=s.train_blocks, per_block=s.train_per_block)
+        if prepare_only:
+            return {"stage_s": {}}
+        with stages("measure"):
+            row = bench_torch.train(group.built, policy, provider=s.provider, warmup=s.train_warmup,
+                                    blocks=s.train_blocks, per_block=s.train_per_block)
+        return {**row, "stage_s": stages.seconds}
     import bench_measure as m
     import onnx
-    from onnxcampo.training import initial_weights
 
-    step = group.step_graph()
+    with stages("step_graph"):
+        group.step_graph()
     row: dict[str, Any] = {"step_build_s": group.step_build_s}
-    if policy in ("fp32", "fp32-notf32"):
-        path, info = step, {"convert_s": 0.0}
-    else:
-        path = bench_models.cache_dir() / f"{step.stem}-{policy}.onnx"
-        if path.is_file():
-            info = json.loads(path.with_suffix(".json").read_text()) if path.with_suffix(".json").is_file() else {}
-            info["cached"] = True
-        else:
-            _, info = pol.make_variant(policy, step, path, {}, {})
-            path.with_suffix(".json").write_text(json.dumps(info))
+    with stages("convert"):
+        path, info = training_variant(group, policy)
     row.update(info)
-    step_model = onnx.load(str(path), load_external_data=False)
-    row.update(m.node_counts(step_model))
-    weights = initial_weights(str(group.built.path), step_model)
-    del step_model
+    with stages("load"):
+        step_model = onnx.load(str(path), load_external_data=False)
+        row.update(m.node_counts(step_model))
+        weights = group.step_weights()
     batch = {**group.built.feeds, "labels": group.built.labels}
-    runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy))
-    row["ms_blocks"] = m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks, per_block=s.train_per_block)
+    with stages("session"):
+        runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy),
+                              model=step_model)
+    if prepare_only:
+        del runner
+        return {**row, "stage_s": stages.seconds}
+    with stages("measure"):
+        row["ms_blocks"] = m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks,
+                                          per_block=s.train_per_block)
     row.update(loss_first=runner.losses[0], loss_last=runner.losses[-1], steps=len(runner.losses),
                loss_scale=runner.state("loss_scale"), finite=all(math.isfinite(x) for x in runner.losses))
     del runner
     gc.collect()
+    row["stage_s"] = stages.seconds
     if not row["finite"]:
         raise m.MeasureError(f"non-finite loss after {row['steps']} steps (last {row['loss_last']})")
     if policy in s.breakdown:
         try:
-            profiled = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy),
-                                    profiling=True, optimization="disable", profile_prefix=str(group.work / "step_profile"))
-            for _ in range(1 + (2 if s.quick else 5)):
-                profiled()
-            trace = profiled.session.end_profiling()
-            row["breakdown"] = m.breakdown(trace, path, group.built.path)
-            row["tc"] = m.tensor_core_share(trace)
-            Path(trace).unlink()
-            del profiled
+            with stages("breakdown"):
+                profiled = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider,
+                                        tf32=pol.tf32_of(policy), profiling=True, optimization="disable",
+                                        profile_prefix=str(group.work / "step_profile"), model=step_model)
+                for _ in range(1 + (2 if s.quick else 5)):
+                    profiled()
+                trace = profiled.session.end_profiling()
+                row["breakdown"] = m.breakdown(trace, step_model, group.built.path)
+                row["tc"] = m.tensor_core_share(trace)
+                Path(trace).unlink()
+                del profiled
         except Exception as exc:  # noqa: BLE001
             row["breakdown_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
     return row
@@ -423,6 +496,9 @@ def parse_args(argv):
     p.add_argument("--breakdown-policies", default=",".join(DEFAULT_BREAKDOWN),
                    help="training policies whose step is profiled for the time breakdown")
     p.add_argument("--list", action="store_true", help="print the work list with done/left and exit")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="build what the pending items need (exports, step graphs, converted models, sessions), "
+                        "time each stage into OUT/<name>.prepare.jsonl, measure and record nothing")
     p.add_argument("--prepare-corpus", type=Path, default=None, metavar="DIR",
                    help="copy the benchmarked corpus models from the local cache into DIR and exit")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -471,6 +547,8 @@ def main(argv=None) -> int:
             print(f"{'done' if item.key in done else 'left'}  {item.key}")
         print(f"{len(items) - len(pending)} done, {len(pending)} left")
         return 0
+    if args.prepare_only:  # what is prepared (with stage times) goes to its own file; the results stay as they are
+        results = Results(args.out, f"{name}.prepare", args.mirror)
     problem = _check_provider(args.provider)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -518,6 +596,7 @@ def main(argv=None) -> int:
                     break
                 results.attempt(item, run, left_s())
                 t0 = time.perf_counter()
+                new_group = False
                 try:
                     if item.group in broken:
                         raise RuntimeError(broken[item.group])
@@ -526,11 +605,12 @@ def main(argv=None) -> int:
                         gc.collect()
                         try:
                             group = Group(item.model, item.batch, item.mode, settings, work)
+                            new_group = True
                         except Exception as exc:  # noqa: BLE001
                             broken[item.group] = f"model build failed: {exc.__class__.__name__}: {str(exc)[:400]}"
                             raise RuntimeError(broken[item.group]) from None
                     measure = measure_inference if item.mode == "inference" else measure_training
-                    row = measure(group, item.policy)
+                    row = measure(group, item.policy, prepare_only=args.prepare_only)
                 except pol.Unavailable as exc:
                     row = _failed(item, str(exc), "unavailable")
                 except Exception as exc:  # noqa: BLE001 - a failing variant is a result
@@ -539,6 +619,9 @@ def main(argv=None) -> int:
                     text = str(exc) if item.group in broken else f"{exc.__class__.__name__}: {str(exc)[:500]}"
                     row = _failed(item, text)
                 in_group = group if group is not None and (group.model, group.batch, group.mode) == item.group else None
+                if new_group and in_group is not None and "stage_s" in row:
+                    row["stage_s"] = {"model": group.build_s, **row["stage_s"]}  # export (or cache read) of the group
+                new_group = False
                 row = _finish_row(item, in_group, row, run, t0)
                 results.add(row)
                 finished += 1
@@ -565,6 +648,10 @@ def _alarm(signum, frame):
 def _print_row(row: dict[str, Any]) -> None:
     if row["status"] != "ok":
         print(f"  {row['key']:48s} {row['status']}: {row.get('error', '')[:150]}", flush=True)
+        return
+    if "ms" not in row:  # --prepare-only: where the item's time went
+        stages = " ".join(f"{k} {v:.1f}" for k, v in row.get("stage_s", {}).items())
+        print(f"  {row['key']:48s} prepared: {stages or '-'}  ({row['item_s']} s)", flush=True)
         return
     extra = ""
     if "rel_err_max" in row:

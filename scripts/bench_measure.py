@@ -291,8 +291,10 @@ class StepRunner:
 
     def __init__(self, step_path: str | Path, *, weights: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],
                  provider: str, lr: float | None = None, tf32: bool = True, profiling: bool = False,
-                 profile_prefix: str | None = None, optimization: str = "all") -> None:
-        model = onnx.load(str(step_path), load_external_data=False)
+                 profile_prefix: str | None = None, optimization: str = "all",
+                 model: onnx.ModelProto | None = None) -> None:
+        # ``model``: the step graph already loaded (a caller that has it saves reading it again)
+        model = model if model is not None else onnx.load(str(step_path), load_external_data=False)
         self.spec = step_spec(model)
         self.device = _device(provider)
         lr = lr if lr is not None else float(graph_io.metadata(model, "onnxcampo.lr", "0.01"))

@@ -306,3 +306,65 @@ def test_report_writes_throughput_json(tmp_path):
 
     assert bench_report.main([str(raw), "--no-plots"]) == 0
     assert (tmp_path / "h200.json").read_text() == text  # deterministic
+
+
+def test_prepare_only_times_stages_and_records_no_results(tmp_path, capsys):
+    """--prepare-only builds the step graph and each policy's graph and session, writes their stage
+    times to <name>.prepare.jsonl, and leaves the results (and so the next real run's work) alone;
+    the real run then reuses the cached step graph and optimized graphs."""
+    out = tmp_path / "raw"
+    args = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "training", "--out", str(out),
+            "--budget-s", "120", "--wheels", str(tmp_path / "none"), "--policies", "fp32,campo"]
+    assert bench.main([*args, "--prepare-only"]) == 0
+    assert not (out / "cpu.jsonl").exists()
+    prepared = {r["key"]: r for r in bench.read_rows(out / "cpu.prepare.jsonl")}
+    fp32, campo = prepared["odd_mlp|4|training|fp32"], prepared["odd_mlp|4|training|campo"]
+    assert fp32["status"] == campo["status"] == "ok" and "ms" not in campo
+    assert {"model", "step_graph", "convert", "session"} <= set(fp32["stage_s"])
+    assert "model" not in campo["stage_s"] and campo["stage_s"]["convert"] >= 0 and "casts" in campo
+    assert "prepared:" in capsys.readouterr().out
+    assert bench.main(args) == 0
+    rows = {r["key"]: r for r in bench.read_rows(out / "cpu.jsonl")}
+    assert rows["odd_mlp|4|training|campo"]["cached"] is True and rows["odd_mlp|4|training|fp32"]["step_build_s"] is None
+    assert {"session", "measure", "breakdown"} <= set(rows["odd_mlp|4|training|campo"]["stage_s"])
+
+
+def _softmax_classifier(written_out: bool):
+    """x[2, 4] -> MatMul -> Softmax (or Exp(x - max) / sum, as jax2tf writes it) -> probabilities."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3) / 10, "w")
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"])]
+    if written_out:
+        nodes += [helper.make_node("ReduceMax", ["logits", "axes"], ["max"]),
+                  helper.make_node("Sub", ["logits", "max"], ["shifted"]),
+                  helper.make_node("Exp", ["shifted"], ["exp"]),
+                  helper.make_node("ReduceSum", ["exp", "axes"], ["sum"]),
+                  helper.make_node("Div", ["exp", "sum"], ["probs"])]
+    else:
+        nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=-1))
+    graph = helper.make_graph(nodes, "cls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [2, 3])], [w, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("written_out", [False, True])
+def test_corpus_classifiers_train_on_logits(written_out):
+    """A model ending in a softmax is trained on the softmax's input: cross-entropy on probabilities
+    would keep the loss at log(classes). The cut model computes the logits, nothing else."""
+    import onnx
+    import onnxruntime as ort
+
+    model = _softmax_classifier(written_out)
+    cut = bench_models.logits_before_softmax(model)
+    assert cut == ("Exp/ReduceSum/Div softmax" if written_out else "Softmax")
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node] == ["MatMul"] and [t.name for t in model.graph.initializer] == ["w"]
+    assert model.graph.output[0].name == "logits"
+    x = np.ones((2, 4), np.float32)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x @ (np.arange(12, dtype=np.float32).reshape(4, 3) / 10), rtol=1e-6)
+    plain = bench_models.odd_mlp_model(2, [4, 3])
+    assert bench_models.logits_before_softmax(plain) is None and plain.graph.output[0].name == "logits"
