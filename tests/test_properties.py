@@ -171,7 +171,9 @@ def _config(policy: str, model: onnx.ModelProto, cost_batch: int, pin_by_name: b
 
 
 @pytest.mark.parametrize("policy", ["campo", "amp", "fp16", "fp32"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# derandomize: the same examples on every run, so CI does not depend on what a random search finds
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=random_dags(), pin_by_name=st.booleans(), use_tf32=st.booleans())
 def test_optimize_properties(policy, case, pin_by_name, use_tf32):
     model, run_batch, cost_batch = case
@@ -212,7 +214,10 @@ def test_optimize_properties(policy, case, pin_by_name, use_tf32):
     if policy == "campo":
         predicted = result.report["predicted_us"]
         campo = predicted["campo"]["total_us"]
-        assert campo <= predicted["fp32"]["total_us"] + 1e-9
-        assert campo <= predicted["amp"]["total_us"] + 1e-9
+        fp32, amp = predicted["fp32"]["total_us"], predicted["amp"]["total_us"]
+        assert campo <= fp32 + 1e-9
+        # ... and amp's plan, unless amp gains less than --min-gain over fp32 and campo kept fp32
+        assert campo <= amp + 1e-9 or (result.report["chosen_plan"] == "fp32" and campo == fp32
+                                       and amp > (1 - config.min_gain) * fp32 - 1e-9)
     if policy == "fp32":
         assert result.report["casts_inserted"] == 0 and result.report["nodes_fp16"] == 0
