@@ -368,6 +368,7 @@ def training_variant(group: Group, policy: str) -> tuple[Path, dict[str, Any]]:
     """The step graph of ``policy``: the fp32 step itself, or its optimized copy, made once per
     model, batch and policy and cached on disk next to the step graph."""
     step = group.step_graph()
+    policy = pol.graph_base(policy)  # a CUDA-graph policy replays its base policy's graph
     if policy in ("fp32", "fp32-notf32"):
         return step, {"convert_s": 0.0}
     path = bench_models.cache_dir() / f"{step.stem}-{policy}.onnx"
@@ -397,6 +398,9 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
     import bench_measure as m
     import onnx
 
+    graph = policy in pol.GRAPH_POLICIES
+    if graph and s.provider != "cuda":
+        raise pol.Unavailable("CUDA graphs need the CUDA execution provider")
     with stages("step_graph"):
         group.step_graph()
     row: dict[str, Any] = {"step_build_s": group.step_build_s}
@@ -410,7 +414,7 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
     batch = {**group.built.feeds, "labels": group.built.labels}
     with stages("session"):
         runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy),
-                              model=step_model)
+                              model=step_model, cuda_graph=graph)
     if prepare_only:
         del runner
         return {**row, "stage_s": stages.seconds}

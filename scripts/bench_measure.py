@@ -35,8 +35,10 @@ class MeasureError(RuntimeError):
 
 
 def make_session(model: str | Path, *, provider: str, tf32: bool = True, profiling: bool = False,
-                 profile_prefix: str | None = None, optimization: str = "all") -> ort.InferenceSession:
-    """A session on ``provider``; on CUDA with ``use_tf32`` as asked (ORT's default is on)."""
+                 profile_prefix: str | None = None, optimization: str = "all",
+                 cuda_graph: bool = False) -> ort.InferenceSession:
+    """A session on ``provider``; on CUDA with ``use_tf32`` as asked (ORT's default is on) and,
+    with ``cuda_graph``, ORT's CUDA-graph capture and replay."""
     options = ort.SessionOptions()
     options.graph_optimization_level = _LEVELS[optimization]
     options.enable_profiling = profiling
@@ -49,7 +51,8 @@ def make_session(model: str | Path, *, provider: str, tf32: bool = True, profili
         ops.register(options)
     if provider == "cuda":
         _preload_cuda_dlls()
-        providers = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"}), "CPUExecutionProvider"]
+        cuda = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
+        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     else:
         providers = ["CPUExecutionProvider"]
     try:
@@ -292,7 +295,9 @@ class StepRunner:
     def __init__(self, step_path: str | Path, *, weights: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],
                  provider: str, lr: float | None = None, tf32: bool = True, profiling: bool = False,
                  profile_prefix: str | None = None, optimization: str = "all",
-                 model: onnx.ModelProto | None = None) -> None:
+                 model: onnx.ModelProto | None = None, cuda_graph: bool = False) -> None:
+        # ``cuda_graph``: each of the two bindings is captured into its own CUDA graph (run option
+        # gpu_graph_id) and replayed; the loss then stays on the device and is copied back after
         # ``model``: the step graph already loaded (a caller that has it saves reading it again)
         model = model if model is not None else onnx.load(str(step_path), load_external_data=False)
         self.spec = step_spec(model)
@@ -302,7 +307,7 @@ class StepRunner:
         starts = initial_state(model)
         del model
         self.session = make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,
-                                    profile_prefix=profile_prefix, optimization=optimization)
+                                    profile_prefix=profile_prefix, optimization=optimization, cuda_graph=cuda_graph)
         # copies: on CPU the buffers are updated in place, which must not change the caller's arrays
         initial = {name: np.array(weights[name], dtype=np.float32, order="C", copy=True) for name in self.spec.weights}
         for name in self.spec.state:
@@ -318,8 +323,12 @@ class StepRunner:
             raise MeasureError(f"batch lacks {missing}")
         self._batch = {name: put(np.ascontiguousarray(batch[name])) for name in self.spec.batch}
         self._lr = put(np.array(lr, np.float32))
-        self._loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), "cpu", 0)
+        self._loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device if cuda_graph else "cpu", 0)
         self._bindings = [self._binding(0), self._binding(1)]
+        self._run_options = [ort.RunOptions(), ort.RunOptions()]
+        if cuda_graph:
+            for k, options in enumerate(self._run_options):
+                options.add_run_config_entry("gpu_graph_id", str(k + 1))
         self._current = 0
         self.losses: list[float] = []
 
@@ -339,7 +348,7 @@ class StepRunner:
     def __call__(self) -> float:
         binding = self._bindings[self._current]
         try:
-            self.session.run_with_iobinding(binding)
+            self.session.run_with_iobinding(binding, self._run_options[self._current])
         except Exception as exc:  # noqa: BLE001
             raise MeasureError(f"ONNX Runtime failed to run the step: {_short(exc)}") from None
         binding.synchronize_outputs()

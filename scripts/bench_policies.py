@@ -37,7 +37,10 @@ import onnx
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "modelopt", "amp", "fp16", "campo",
                       "campo-nopad", "campo-nocost")
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
-TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", *TORCH_POLICIES)
+# "-graph": the same step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
+GRAPH_POLICIES = ("fp32-graph", "campo-graph")
+TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", *GRAPH_POLICIES,
+                     *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "modelopt", "amp")
 TRAINING_ANCHORS = ("fp32", "amp", *TORCH_POLICIES)
 REFERENCE = "fp32-notf32"  # outputs and losses are compared with fp32 without TF32
@@ -55,6 +58,11 @@ class Unavailable(RuntimeError):
 
 def tf32_of(policy: str) -> bool:
     return policy != "fp32-notf32"
+
+
+def graph_base(policy: str) -> str:
+    """The policy whose step graph a ``-graph`` policy replays (``campo-graph`` -> ``campo``)."""
+    return policy.removesuffix("-graph")
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,5 +258,5 @@ def cleanup(path: Path, keep: Path) -> None:
             data.unlink()
 
 
-__all__ = ["INFERENCE_POLICIES", "TRAINING_POLICIES", "TORCH_POLICIES", "INFERENCE_ANCHORS", "TRAINING_ANCHORS",
+__all__ = ["INFERENCE_POLICIES", "TRAINING_POLICIES", "GRAPH_POLICIES", "graph_base", "TORCH_POLICIES", "INFERENCE_ANCHORS", "TRAINING_ANCHORS",
            "REFERENCE", "Unavailable", "install_wheels", "make_variant", "package_versions"]

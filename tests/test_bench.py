@@ -17,6 +17,7 @@ sys.path.insert(0, str(SCRIPTS))
 import bench  # noqa: E402
 import bench_measure  # noqa: E402
 import bench_models  # noqa: E402
+import bench_policies  # noqa: E402
 import bench_report  # noqa: E402
 
 
@@ -368,3 +369,15 @@ def test_corpus_classifiers_train_on_logits(written_out):
     np.testing.assert_allclose(got, x @ (np.arange(12, dtype=np.float32).reshape(4, 3) / 10), rtol=1e-6)
     plain = bench_models.odd_mlp_model(2, [4, 3])
     assert bench_models.logits_before_softmax(plain) is None and plain.graph.output[0].name == "logits"
+
+
+def test_cuda_graph_policies_are_unavailable_off_cuda(tmp_path):
+    """campo-graph replays campo's step graph as a CUDA graph: on the CPU it is a recorded
+    'unavailable' row with the reason, not a crash or a silent fp32 measurement."""
+    assert bench_policies.graph_base("campo-graph") == "campo" and bench_policies.graph_base("fp32") == "fp32"
+    out = tmp_path / "raw"
+    assert bench.main(["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "training", "--out", str(out),
+                       "--budget-s", "60", "--wheels", str(tmp_path / "none"), "--policies", "campo-graph"]) == 0
+    (row,) = bench.read_rows(out / "cpu.jsonl")
+    assert (row["key"], row["status"]) == ("odd_mlp|4|training|campo-graph", "unavailable")
+    assert "CUDA graphs need the CUDA execution provider" in row["error"]
