@@ -393,7 +393,7 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
             return {"stage_s": {}}
         with stages("measure"):
             row = bench_torch.train(group.built, policy, provider=s.provider, warmup=s.train_warmup,
-                                    blocks=s.train_blocks, per_block=s.train_per_block)
+                                    blocks=s.train_blocks, per_block=s.train_per_block, lr=group.built.lr)
         return {**row, "stage_s": stages.seconds}
     import bench_measure as m
     import onnx
