@@ -13,7 +13,8 @@ order, each until nothing matches, then drops nodes nothing reads:
    ``Conv(Transpose(Pad(x)), Reshape(Transpose(dy))) -> Slice -> Reshape -> Transpose`` becomes
    ``Gemm(dy as [Cout, N*Ho*Wo], im2col(x) as [Cin*kh*kw, N*Ho*Wo], transB=1) -> Reshape``, where
    im2col is one strided Slice of the transposed padded input per kernel tap (none for a 1x1
-   stride-1 Conv) and a Concat. The same products are summed; only the order of the additions
+   stride-1 Conv) and a Concat (of Concats of at most 32 taps each: ORT's CUDA Concat takes at
+   most 32 inputs inside a CUDA graph, and copies a pointer table per run above that). The same products are summed; only the order of the additions
    differs. The swapped Conv also computed a larger image than kh x kw whenever the stride does not
    divide the padded size (a 1x1 stride-2 Conv computed 2x2 and kept 1x1); the GEMM computes only
    what is kept.
@@ -45,6 +46,9 @@ from onnx import helper, numpy_helper
 from onnxcampo import graph as graph_io
 
 log = logging.getLogger(__name__)
+
+# ORT's CUDA Concat refuses more inputs than this while a CUDA graph is captured
+MAX_CONCAT_INPUTS = 32
 
 
 @dataclass
@@ -229,6 +233,17 @@ def _emit_weight_gradient(g: _Graph, conv, images, filters, final, dims, kernel,
                               g.const([2, 3], "axes"), g.const(step, "steps")], [tap], name=tap))
                 g.shapes[tap] = (cin, n, ho, wo)
                 taps.append(tap)
+    while len(taps) > MAX_CONCAT_INPUTS:  # Concat is associative along its axis: group the taps
+        groups = [taps[i:i + MAX_CONCAT_INPUTS] for i in range(0, len(taps), MAX_CONCAT_INPUTS)]
+        taps = []
+        for group in groups:
+            if len(group) == 1:
+                taps.append(group[0])
+                continue
+            part = g.fresh("im2col_part")
+            new.append(helper.make_node("Concat", group, [part], name=part, axis=1))
+            g.shapes[part] = (cin, sum(g.shapes[t][1] for t in group), ho, wo)
+            taps.append(part)
     columns = taps[0]
     if len(taps) > 1:  # [Cin, kh*kw*N, Ho, Wo] in memory is [Cin, kh*kw, N, Ho, Wo]
         columns = g.fresh("im2col")
