@@ -602,6 +602,44 @@ def fit_dispatch(samples: Iterable[dict]) -> dict | None:
             "rule": f"median wall_time_us of single-op runs with kernel_us < {DISPATCH_KERNEL_US}"}
 
 
+STEP_DISPATCH_MIN_GAIN = 1.10  # the CUDA-graph replay must be this much faster: the host bound the run
+
+
+def fit_step_dispatch(rows: Iterable[dict]) -> dict | None:
+    """Per-node host time of a training step, from benchmark rows (``scripts/bench.py``).
+
+    Where a model's fp32 step ran at least ``STEP_DISPATCH_MIN_GAIN`` times faster replayed as a
+    CUDA graph (``fp32-graph``: no host dispatch), the host bounded the plain step, which took at
+    least ``nodes`` dispatches: its time over its nodes is a per-node host time. The smallest over
+    the models is kept (a lower bound for each). None without such pairs."""
+    steps: dict[tuple, dict[str, dict]] = {}
+    for row in rows:
+        if row.get("mode") == "training" and row.get("status") == "ok" and isinstance(row.get("ms"), (int, float)):
+            steps.setdefault((row.get("model"), row.get("batch")), {})[row.get("policy")] = row
+    values = {}
+    for (model, batch), policies in sorted(steps.items(), key=str):
+        plain, graph = policies.get("fp32"), policies.get("fp32-graph")
+        if plain and graph and plain.get("nodes") and plain["ms"] >= STEP_DISPATCH_MIN_GAIN * graph["ms"]:
+            values[f"{model} b{batch}"] = round(1e3 * plain["ms"] / plain["nodes"], 3)
+    if not values:
+        return None
+    return {"us": min(values.values()), "samples": len(values), "per_model_us": values,
+            "rule": f"smallest fp32 step ms / nodes over the training steps that ran >= {STEP_DISPATCH_MIN_GAIN}x "
+                    "faster as a CUDA graph"}
+
+
+def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path) -> dict:
+    """Fit ``dispatch_step`` from a benchmark's rows into an existing database file (atomically)."""
+    entry = fit_step_dispatch(load_samples(bench_rows_path))
+    if entry is None:
+        raise CostModelError(f"{bench_rows_path}: no training step with fp32 and fp32-graph rows where the "
+                             "CUDA graph ran clearly faster")
+    database = json.loads(Path(database_path).read_text())
+    database["dispatch_step"] = {**entry, "source": Path(bench_rows_path).name}
+    write_json(database, database_path)
+    return database["dispatch_step"]
+
+
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
 
@@ -609,6 +647,14 @@ def _percent(value: float | None) -> str:
 def fit_file(samples_path: str | Path, out_path: str | Path, **kw) -> dict:
     """Fit the samples of a JSON-lines file and write the database atomically (JSON, indent 1)."""
     database = fit_database(load_samples(samples_path), **kw)
+    previous = Path(out_path)
+    if previous.is_file():  # fitted from benchmark rows (add_step_dispatch), not from these samples: keep it
+        try:
+            kept = json.loads(previous.read_text()).get("dispatch_step")
+        except (OSError, ValueError):
+            kept = None
+        if kept:
+            database["dispatch_step"] = kept
     write_json(database, out_path)
     return database
 

@@ -33,11 +33,13 @@ class CostModel(abc.ABC):
     def pad_time(self, elements: int, kind: str = "Pad") -> float:
         """One ``Pad`` or ``Slice`` (``kind``) of an fp16 tensor of ``elements`` output elements."""
 
-    def dispatch_us(self) -> float:
+    def dispatch_us(self, training: bool = False) -> float:
         """Host time ONNX Runtime needs to launch one node that the node times do not include.
 
         A run cannot be faster than ``dispatch_us * nodes``: with small kernels the GPU waits for
-        the host (``onnxcampo.estimate.plan_time``). 0 for models whose node times include it."""
+        the host (``onnxcampo.estimate.plan_time``). ``training``: per node of a training step,
+        where ORT's executor costs more per node than for the single ops the database measures.
+        0 for models whose node times include it."""
         return 0.0
 
     def chain_factor(self, pattern: str, precision: str) -> float:

@@ -159,9 +159,11 @@ class RegressionCostModel(CostModel):
         model = pad.get(kind, pad)  # per-op fits when present (Pad costs ~3x Slice), else pooled
         return float(model["C_I"]) + float(model["r"]) * elements
 
-    def dispatch_us(self) -> float:
-        dispatch = self.database.get("dispatch", {}).get("us")
-        return float(dispatch) if isinstance(dispatch, (int, float)) and dispatch > 0 else 0.0
+    def dispatch_us(self, training: bool = False) -> float:
+        single = self.database.get("dispatch", {}).get("us")
+        single = float(single) if isinstance(single, (int, float)) and single > 0 else 0.0
+        step = self.database.get("dispatch_step", {}).get("us") if training else None
+        return max(single, float(step)) if isinstance(step, (int, float)) and step > 0 else single
 
     def chain_factor(self, pattern: str, precision: str) -> float:
         entry = self.database.get("chains", {}).get(pattern, {})

@@ -97,6 +97,8 @@ def optimize(
     ctx = GraphContext.build(original, source, config, cost, info, unresolved)
     if training:
         ctx.training_fp32 = frozenset(scaling.fp32_nodes(original))
+        if config.loss_scaling and not scaling.has_loss_scaling(original):
+            ctx.loss_scaling = scaling.overhead(original, lambda name: info[name].numel if name in info else None)
     if config.profile != "predict":
         _measure_fp32_times(ctx)
 

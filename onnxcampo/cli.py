@@ -136,13 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("out", type=Path, help="database JSON to write (e.g. costdb/data/nvidia-h200.json)")
     fit.add_argument("--holdout", type=float, default=0.2)
     fit.add_argument("--min-samples", type=int, default=8)
+    step_dispatch = cost_sub.add_parser(
+        "fit-step-dispatch", help="add the per-node host time of training steps, from benchmark rows, to a database")
+    step_dispatch.add_argument("bench_rows", type=Path, help="scripts/bench.py rows (e.g. docs/benchmarks/raw/h200.jsonl)")
+    step_dispatch.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
     evaluate = cost_sub.add_parser("eval", help="accuracy of a database on its held-out samples")
     evaluate.add_argument("database", type=Path)
     evaluate.add_argument("samples", type=Path)
     evaluate.add_argument("--report", type=Path, help="markdown report to write")
     evaluate.add_argument("--png", type=Path, help="predicted-vs-measured plot to write (needs matplotlib)")
 
-    for p in (opt, ins, measure, fit, evaluate, tg, tr):
+    for p in (opt, ins, measure, fit, step_dispatch, evaluate, tg, tr):
         p.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per pass; -vv: debug")
         p.add_argument("--debug", action="store_true", help="check graph invariants after every pass; tracebacks")
     return parser
@@ -314,6 +318,13 @@ def _costdb(args: argparse.Namespace) -> int:
               f"{', '.join(database.get('fallback_ops', [])) or 'none'}; held-out MAPE "
               f"{100 * (summary_.get('holdout_mape') or 0):.1f} %, wrong decisions "
               f"{100 * (summary_.get('wrong_decision_rate') or 0):.2f} %", file=sys.stderr)
+        return 0
+    if args.costdb_command == "fit-step-dispatch":
+        from onnxcampo.costdb.fit import add_step_dispatch
+
+        entry = add_step_dispatch(args.bench_rows, args.database)
+        print(f"onnxcampo: wrote {args.database}: training-step dispatch {entry['us']} us per node "
+              f"(from {entry['samples']} models: {entry['per_model_us']})", file=sys.stderr)
         return 0
     from onnxcampo.costdb.evaluate import evaluate, markdown, write_report
     from onnxcampo.costdb.fit import load_samples

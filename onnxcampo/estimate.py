@@ -146,7 +146,12 @@ def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     tensors = {id(t): t for n in ctx.nodes if precision_of(n.name) is Precision.FP16 for t in (*n.inputs, *n.outputs)}
     cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
     launched = sum(1 for n in ctx.nodes if n.op != "Constant") + casts + _pad_nodes(ctx, precision_of)
-    dispatch = ctx.cost.dispatch_us() * launched
+    if ctx.loss_scaling is not None and any(precision_of(n.name) is Precision.FP16 for n in ctx.nodes):
+        # a mixed training step gets dynamic loss scaling: its nodes, and a pass over the gradients
+        launched += ctx.loss_scaling.nodes
+        nodes_us += ctx.cost.cast_time(ctx.loss_scaling.elements) if ctx.loss_scaling.elements else 0.0
+    # a training step's nodes cost the host more than single ops do (CostModel.dispatch_us)
+    dispatch = ctx.cost.dispatch_us(training=bool(ctx.training_fp32)) * launched
     return PlanTime(max(nodes_us + cast_us, dispatch), nodes_us, cast_us, casts, dispatch, launched)
 
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -95,6 +96,35 @@ def fp32_nodes(model: onnx.ModelProto) -> set[str]:
     feeds_update = _ancestors(graph, {o.name for o in graph.output if o.name.endswith(UPDATED)})
     update_nodes = {n.name for n in graph.node if n.name in feeds_update and n.name not in feeds_backward}
     return loss_nodes | update_nodes
+
+
+@dataclass(frozen=True)
+class ScalingOverhead:
+    """What :func:`add_loss_scaling` adds to a step: ``nodes`` launched and ``elements`` moved,
+    counted as Cast-equivalent passes (one read and one write of an element)."""
+
+    nodes: int
+    elements: int
+
+
+SCALE_UPDATE_NODES = 10  # seed Reshape, Reciprocal, and the eight nodes that update the scale
+
+
+def overhead(model: onnx.ModelProto, numel: Callable[[str], int | None]) -> ScalingOverhead:
+    """The cost :func:`add_loss_scaling` would add to ``model`` (``numel``: elements of a tensor,
+    None where unknown, counted as 0). A mixed-precision plan for a training step pays it on top of
+    its nodes, so the plan comparison charges it (``onnxcampo.estimate.plan_time``)."""
+    spec = step_spec(model)
+    weights = sum(numel(w) or 0 for w in spec.weights)
+    state = sum(numel(s) or 0 for s in spec.state)
+    nodes, elements = SCALE_UPDATE_NODES, 0
+    if graph_io.metadata(model, FUSED_KEY) == "1":
+        nodes, elements = nodes + 1, elements + weights  # one UnscaleCheckFinite over every gradient
+    else:  # Mul and ReduceSum per gradient, then Sum, Mul, IsNaN
+        nodes, elements = nodes + 2 * len(spec.weights) + 3, elements + 2 * weights
+    if not any(FUSED_FOUND_INF in n.input for n in model.graph.node):  # a Where per updated tensor
+        nodes, elements = nodes + len(spec.weights) + len(spec.state), elements + weights + state
+    return ScalingOverhead(nodes, elements)
 
 
 def _gradient_source(model: onnx.ModelProto, weight: str) -> str:

@@ -227,3 +227,35 @@ def test_bad_inputs_raise_clear_errors(spread_db):
         fit_database(rows, min_samples=1)
     with pytest.raises(CostModelError, match="precision 'bf16'"):
         fit_database(rows + [{**rows[0], "precision": "bf16"}])
+
+
+def test_step_dispatch_from_benchmark_rows(tmp_path, spread_db):
+    """Training steps whose CUDA-graph replay ran clearly faster were host-bound: their fp32 time
+    over their nodes is a per-node host time; the smallest is stored as dispatch_step, which the
+    regression model uses for training steps only, and a refit keeps it."""
+    from onnxcampo.costdb.fit import add_step_dispatch, fit_step_dispatch
+
+    def row(model, policy, ms, nodes=100, status="ok"):
+        return {"model": model, "batch": 8, "mode": "training", "policy": policy, "ms": ms, "nodes": nodes,
+                "status": status}
+    rows = [row("a", "fp32", 1.0), row("a", "fp32-graph", 0.5),          # host-bound: 10 us per node
+            row("b", "fp32", 3.0, nodes=200), row("b", "fp32-graph", 2.0),  # 15 us per node
+            row("c", "fp32", 4.0), row("c", "fp32-graph", 3.9),           # GPU-bound: says nothing
+            row("d", "fp32", 0.1), row("d", "fp32-graph", 0.01, status="failed")]
+    entry = fit_step_dispatch(rows)
+    assert entry["us"] == 10.0 and entry["per_model_us"] == {"a b8": 10.0, "b b8": 15.0}
+    assert fit_step_dispatch(rows[4:]) is None
+    bench = tmp_path / "h200.jsonl"
+    bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    db_path = tmp_path / "db.json"
+    db_path.write_text(json.dumps({**spread_db[1], "dispatch": {"us": 3.0}}))
+    add_step_dispatch(bench, db_path)
+    model = RegressionCostModel.load(db_path)
+    assert (model.dispatch_us(), model.dispatch_us(training=True)) == (3.0, 10.0)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in spread_db[0]))
+    fit_file(samples, db_path)
+    assert json.loads(db_path.read_text())["dispatch_step"]["us"] == 10.0  # a refit keeps it
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(CostModelError, match="no training step"):
+        add_step_dispatch(tmp_path / "empty.jsonl", db_path)

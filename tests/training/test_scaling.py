@@ -14,7 +14,7 @@ from onnxcampo.plan import Precision, Reason
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import Trainer, build_train_step, initial_weights, step_spec
 from onnxcampo.training.scaling import (
-    CLEAN_STEPS, LOSS_SCALE, add_loss_scaling, fp32_nodes, has_loss_scaling, initial_state,
+    CLEAN_STEPS, LOSS_SCALE, add_loss_scaling, fp32_nodes, has_loss_scaling, initial_state, overhead,
 )
 
 from test_step import B1, CLASSES, TARGET, W1, W2, X, mlp
@@ -162,3 +162,24 @@ def test_train_command_logs_the_loss_scale(tmp_path):
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5]
     assert all(line["loss_scale"] == 65536.0 for line in lines)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adamw"])
+def test_overhead_counts_what_loss_scaling_adds_and_plans_pay_it(optimizer, fused):
+    """overhead() predicts the nodes add_loss_scaling inserts (standard ops: Mul, ReduceSum and a
+    Where per tensor; fused: one UnscaleCheckFinite), and the plan comparison charges them to the
+    mixed plans of a training step, not to fp32."""
+    from onnxcampo import graph as graph_io
+
+    step = build_train_step(mlp(), loss="cross_entropy", optimizer=optimizer, fused=fused)
+    info, _ = graph_io.infer_tensor_info(step)
+    cost = overhead(step, lambda name: info[name].numel if name in info else None)
+    scaled = onnx.ModelProto()
+    scaled.CopyFrom(step)
+    add_loss_scaling(scaled)
+    assert len(scaled.graph.node) - len(step.graph.node) == cost.nodes
+    weights = sum(info[w].numel for w in step_spec(step).weights)
+    assert cost.elements >= weights and (cost.nodes > 20) == (not fused)
+    predicted = optimize(step, policy="amp").report["predicted_us"]
+    amp, fp32 = predicted["amp"], predicted["fp32"]
+    assert amp["launched_nodes"] - amp["casts"] - fp32["launched_nodes"] == cost.nodes
