@@ -19,6 +19,7 @@ turns the JSON lines into ``docs/benchmarks/h200.md`` and plots.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import gc
 import json
 import logging
@@ -90,13 +91,25 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def done_keys(rows: list[dict[str, Any]], *, retry_failed: bool = False) -> set[str]:
-    """Keys with a result; with ``retry_failed`` only the successful ones (the last row of a key wins)."""
+def done_keys(rows: list[dict[str, Any]], *, retry_failed: bool = False, redo: str | None = None,
+              redo_before: str | None = None) -> set[str]:
+    """Keys with a result; with ``retry_failed`` only the successful ones (the last row of a key
+    wins). ``redo`` (a glob over keys) with ``redo_before`` (an ISO time): matching keys whose last
+    row is older count as not done, so the same command can be repeated until they are."""
     last = {}
     for row in rows:
         if "key" in row:
             last[row["key"]] = row
-    return {k for k, r in last.items() if not retry_failed or r.get("status") == "ok"}
+    stale = set()
+    if redo:
+        cutoff = datetime.fromisoformat(redo_before)
+        if cutoff.tzinfo is None:
+            cutoff = cutoff.replace(tzinfo=timezone.utc)
+        for key, row in last.items():
+            when = row.get("time")
+            if fnmatch.fnmatchcase(key, redo) and (not when or datetime.fromisoformat(when) < cutoff):
+                stale.add(key)
+    return {k for k, r in last.items() if (not retry_failed or r.get("status") == "ok") and k not in stale}
 
 
 class Results:
@@ -499,6 +512,10 @@ def parse_args(argv):
     p.add_argument("--no-tc", action="store_true", help="skip the profiling run for the Tensor Core share")
     p.add_argument("--breakdown-policies", default=",".join(DEFAULT_BREAKDOWN),
                    help="training policies whose step is profiled for the time breakdown")
+    p.add_argument("--redo", metavar="GLOB",
+                   help="measure again the keys matching GLOB (model|batch|mode|policy, e.g. '*|campo*') whose last "
+                        "row is older than --redo-before (rows made by an older onnxcampo)")
+    p.add_argument("--redo-before", metavar="ISO_TIME", help="with --redo: e.g. 2026-11-30T14:00 (UTC)")
     p.add_argument("--list", action="store_true", help="print the work list with done/left and exit")
     p.add_argument("--prepare-only", action="store_true",
                    help="build what the pending items need (exports, step graphs, converted models, sessions), "
@@ -544,7 +561,14 @@ def main(argv=None) -> int:
     modes = list(MODES) if args.mode == "all" else [args.mode]
     items = work_list(models, policies, modes, quick=args.quick)
     results = Results(args.out, name, args.mirror)
-    done = done_keys(results.rows, retry_failed=args.retry_failed)
+    if bool(args.redo) != bool(args.redo_before):
+        print("error: --redo and --redo-before go together", file=sys.stderr)
+        return 2
+    try:
+        done = done_keys(results.rows, retry_failed=args.retry_failed, redo=args.redo, redo_before=args.redo_before)
+    except ValueError as exc:
+        print(f"error: --redo-before: {exc}", file=sys.stderr)
+        return 2
     pending = [i for i in items if i.key not in done]
     if args.list:
         for item in items:

@@ -381,3 +381,14 @@ def test_cuda_graph_policies_are_unavailable_off_cuda(tmp_path):
     (row,) = bench.read_rows(out / "cpu.jsonl")
     assert (row["key"], row["status"]) == ("odd_mlp|4|training|campo-graph", "unavailable")
     assert "CUDA graphs need the CUDA execution provider" in row["error"]
+
+
+def test_redo_measures_matching_older_rows_again():
+    rows = [{"key": "a|1|inference|campo", "status": "ok", "time": "2026-11-30T11:00:00+00:00"},
+            {"key": "a|1|inference|fp32", "status": "ok", "time": "2026-11-30T11:00:00+00:00"},
+            {"key": "b|1|inference|campo-nopad", "status": "failed", "time": "2026-11-30T15:00:00+00:00"}]
+    assert bench.done_keys(rows) == {r["key"] for r in rows}
+    assert bench.done_keys(rows, redo="*|campo*", redo_before="2026-11-30T14:00") == {"a|1|inference|fp32",
+                                                                                     "b|1|inference|campo-nopad"}
+    assert bench.done_keys(rows, retry_failed=True, redo="*|campo*", redo_before="2026-11-30T14:00") == {
+        "a|1|inference|fp32"}
