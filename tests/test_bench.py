@@ -392,3 +392,18 @@ def test_redo_measures_matching_older_rows_again():
                                                                                      "b|1|inference|campo-nopad"}
     assert bench.done_keys(rows, retry_failed=True, redo="*|campo*", redo_before="2026-11-30T14:00") == {
         "a|1|inference|fp32"}
+
+
+def test_report_compares_cuda_graph_replays():
+    rows = [_row("m", 8, "training", "fp32-notf32", 20), _row("m", 8, "training", "fp32", 10),
+            _row("m", 8, "training", "amp", 9), _row("m", 8, "training", "campo", 8),
+            _row("m", 8, "training", "fp32-graph", 7), _row("m", 8, "training", "campo-graph", 6),
+            _row("m", 8, "training", "torch-compile", 5),
+            _row("n", 8, "training", "amp", 4), _row("n", 8, "training", "campo", 4)]  # no replay: no line
+    lines = bench_report.cuda_graph_comparison(rows)
+    assert len([line for line in lines if line.startswith("| m b8")]) == 1 and not any("| n b8" in x for x in lines)
+    m = next(line for line in lines if line.startswith("| m b8"))
+    assert "torch-compile 5.00 | 1.50x | 1.33x | 0.83x |" in m  # 9/6, 8/6, 5/6
+    assert lines[-1] == ("Geometric means: campo-graph / amp 1.500x over 1 models; campo-graph / campo 1.333x over 1 "
+                         "models; campo-graph / best anchor 0.833x over 1 models.")
+    assert bench_report.cuda_graph_comparison(rows[-2:]) == ["No training step was replayed as a CUDA graph yet."]
