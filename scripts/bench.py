@@ -342,6 +342,9 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
     s = group.settings
     built = group.built
     stages = Stages()
+    graph = policy in pol.GRAPH_POLICIES
+    if graph and s.provider != "cuda":
+        raise pol.Unavailable("CUDA graphs need the CUDA execution provider")
     target = group.work / f"{built.path.stem}-{policy}.onnx"
     with stages("convert"):
         path, info = pol.make_variant(policy, built.path, target, built.feeds, group.shapes)
@@ -349,7 +352,7 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
         row: dict[str, Any] = {**info, **m.node_counts(onnx.load(str(path), load_external_data=False)),
                                "stage_s": stages.seconds}
         with stages("session"):
-            session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy))
+            session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy), cuda_graph=graph)
             runner = m.BoundRunner(session, built.feeds, s.provider)
         if prepare_only:
             return row
@@ -363,7 +366,7 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
             row["runs_per_block"] = per_block
         del runner, session
         gc.collect()
-        if s.tc:
+        if s.tc and not graph:  # the profile of a replayed graph is its base policy's
             try:
                 with stages("tc"):
                     trace = m.profile_runs(path, built.feeds, provider=s.provider, directory=group.work,

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "modelopt", "amp", "fp16", "campo",
-                      "campo-nopad", "campo-nocost")
-TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
-# "-graph": the same step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
+# "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 GRAPH_POLICIES = ("fp32-graph", "campo-graph")
+INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "modelopt", "amp", "fp16", "campo",
+                      "campo-nopad", "campo-nocost", "fp32-graph", "campo-graph")
+TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", *GRAPH_POLICIES,
                      *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "modelopt", "amp")
@@ -234,6 +234,7 @@ def make_variant(policy: str, source: Path, target: Path, feeds: dict[str, np.nd
     """The model file of ``policy`` (``source`` itself for fp32) and what making it reported, with
     ``convert_s`` (the converter's wall time)."""
     start = time.perf_counter()
+    policy = graph_base(policy)  # a CUDA-graph policy replays its base policy's model
     if policy in ("fp32", "fp32-notf32"):
         return source, {"convert_s": 0.0}
     if policy in ONNXCAMPO:

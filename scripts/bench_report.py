@@ -312,34 +312,36 @@ def torch_comparison(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def cuda_graph_comparison(rows: list[dict[str, Any]]) -> list[str]:
-    """Training steps replayed as CUDA graphs (``fp32-graph``, ``campo-graph``) next to the plain
-    runs, amp and the best PyTorch variant, with the geometric means of what replay buys."""
+    """Runs replayed as CUDA graphs (``fp32-graph``, ``campo-graph``) next to the plain runs, amp and
+    the best anchor, with the geometric means of what replay buys, per mode."""
     groups = group_rows(rows)
-    lines = ["| model | fp32 | amp | campo | fp32-graph | campo-graph | best PyTorch | campo-graph / amp | "
-             "campo-graph / campo | campo-graph / best anchor |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
-    over_amp, over_campo, over_best = [], [], []
-    for key, group in sorted(groups.items()):
-        if key[2] != "training" or not any(group.get(p) for p in pol.GRAPH_POLICIES):
+    lines = ["| model | mode | batch | fp32 | amp | campo | fp32-graph | campo-graph | best anchor | campo-graph / amp | "
+             "campo-graph / campo | campo-graph / best anchor |", "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    ratios_by_mode: dict[str, list[list[float]]] = {}
+    for key, group in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+        if not any(group.get(p) for p in pol.GRAPH_POLICIES):
             continue
         ms = {p: group[p]["ms"] if _ok(group.get(p)) else None for p in ("fp32", "amp", "campo", *pol.GRAPH_POLICIES)}
-        torch_rows = [(p, group[p]["ms"]) for p in pol.TORCH_POLICIES if _ok(group.get(p))]
-        best_torch = min(torch_rows, key=lambda x: x[1]) if torch_rows else None
-        best = best_anchor(group, "training")
+        best = best_anchor(group, key[2])
         graph = group.get("campo-graph")
         ratios = [_ratio(group, "campo-graph", "amp"), _ratio(group, "campo-graph", "campo"),
                   graph["throughput"] / best[1] if _ok(graph) and best else None]
-        for bucket, value in zip((over_amp, over_campo, over_best), ratios):
+        buckets = ratios_by_mode.setdefault(key[2], [[], [], []])
+        for bucket, value in zip(buckets, ratios):
             if value is not None:
                 bucket.append(value)
-        lines.append(f"| {key[0]} b{key[1]} | " + " | ".join(_fmt(ms[p], ".2f") for p in ms) + " | "
-                     + (f"{best_torch[0]} {best_torch[1]:.2f}" if best_torch else "–") + " | "
-                     + " | ".join(_times(v) for v in ratios) + " |")
+        anchor = f"{best[0]} {group[best[0]]['ms']:.2f}" if best else "–"
+        lines.append(f"| {key[0]} | {key[2]} | {key[1]} | " + " | ".join(_fmt(ms[p], ".2f") for p in ms)
+                     + f" | {anchor} | " + " | ".join(_times(v) for v in ratios) + " |")
     if len(lines) == 2:
-        return ["No training step was replayed as a CUDA graph yet."]
-    means = [f"{name} {geomean(values):.3f}x over {len(values)} models"
-             for name, values in (("campo-graph / amp", over_amp), ("campo-graph / campo", over_campo),
-                                  ("campo-graph / best anchor", over_best)) if values]
-    return lines + ["", "Geometric means: " + "; ".join(means) + "."]
+        return ["Nothing was replayed as a CUDA graph yet."]
+    means = []
+    for mode, buckets in ratios_by_mode.items():
+        parts = [f"{name} {geomean(values):.3f}x over {len(values)}" for name, values in
+                 zip(("campo-graph / amp", "campo-graph / campo", "campo-graph / best anchor"), buckets) if values]
+        if parts:
+            means.append(f"{mode}: " + ", ".join(parts))
+    return lines + ["", "Geometric means (" + "; ".join(means) + ")."]
 
 
 def _where_time_goes(key, campo: dict[str, Any], name: str, best: dict[str, Any]) -> str:
@@ -613,12 +615,13 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
             lines += [f"### {key[0]}, batch {key[1]}" + (f" ({note})" if note else ""), ""]
             lines += group_table(key, groups[key]) + [""]
     lines += ["## campo training on ONNX Runtime vs the best PyTorch variant", ""] + torch_comparison(rows) + [""]
-    lines += ["## Training steps replayed as CUDA graphs (ms per step)", "",
-              "`fp32-graph` and `campo-graph` run the `fp32` and `campo` step graphs with ORT's `enable_cuda_graph`, "
-              "one captured graph per ping-pong binding (`onnxcampo train --cuda-graph`, `Trainer(cuda_graph=True)`): "
-              "the host launches one graph per step instead of one kernel per node. The targets above count `campo` "
-              "without replay; any ORT policy (amp included) could be replayed the same way, and `fp32-graph` shows "
-              "how much of the gain is the replay rather than the precision plan.", ""]
+    lines += ["## Replayed as CUDA graphs (ms per run or step)", "",
+              "`fp32-graph` and `campo-graph` run the `fp32` and `campo` models or step graphs with ORT's "
+              "`enable_cuda_graph` (training: one captured graph per ping-pong binding, `onnxcampo train --cuda-graph`, "
+              "`Trainer(cuda_graph=True)`): the host launches one graph per run instead of one kernel per node. The "
+              "targets above count `campo` without replay; any ORT policy (amp and the converters included) could be "
+              "replayed the same way, and `fp32-graph` shows how much of the gain is the replay rather than the "
+              "precision plan.", ""]
     lines += cuda_graph_comparison(rows) + [""]
     lines += ["## Where a training step's time goes (ORT profiler, graph optimizations off, kernel time per step)", ""]
     lines += breakdown_table(rows) + [""]

@@ -399,11 +399,16 @@ def test_report_compares_cuda_graph_replays():
             _row("m", 8, "training", "amp", 9), _row("m", 8, "training", "campo", 8),
             _row("m", 8, "training", "fp32-graph", 7), _row("m", 8, "training", "campo-graph", 6),
             _row("m", 8, "training", "torch-compile", 5),
-            _row("n", 8, "training", "amp", 4), _row("n", 8, "training", "campo", 4)]  # no replay: no line
+            _row("n", 8, "training", "amp", 4), _row("n", 8, "training", "campo", 4),  # no replay: no line
+            _row("m", 1, "inference", "fp32-notf32", 2), _row("m", 1, "inference", "fp32", 1),
+            _row("m", 1, "inference", "campo", 1), _row("m", 1, "inference", "campo-graph", 0.5)]
     lines = bench_report.cuda_graph_comparison(rows)
-    assert len([line for line in lines if line.startswith("| m b8")]) == 1 and not any("| n b8" in x for x in lines)
-    m = next(line for line in lines if line.startswith("| m b8"))
-    assert "torch-compile 5.00 | 1.50x | 1.33x | 0.83x |" in m  # 9/6, 8/6, 5/6
-    assert lines[-1] == ("Geometric means: campo-graph / amp 1.500x over 1 models; campo-graph / campo 1.333x over 1 "
-                         "models; campo-graph / best anchor 0.833x over 1 models.")
-    assert bench_report.cuda_graph_comparison(rows[-2:]) == ["No training step was replayed as a CUDA graph yet."]
+    assert not any("| n |" in line for line in lines)
+    train = next(line for line in lines if line.startswith("| m | training | 8 |"))
+    assert "| torch-compile 5.00 | 1.50x | 1.33x | 0.83x |" in train  # 9/6, 8/6, 5/6
+    infer = next(line for line in lines if line.startswith("| m | inference | 1 |"))
+    assert infer.endswith("| fp32 1.00 | – | 2.00x | 2.00x |")  # no amp row
+    assert lines[-1] == ("Geometric means (inference: campo-graph / campo 2.000x over 1, campo-graph / best anchor "
+                         "2.000x over 1; training: campo-graph / amp 1.500x over 1, campo-graph / campo 1.333x over 1, "
+                         "campo-graph / best anchor 0.833x over 1).")
+    assert bench_report.cuda_graph_comparison(rows[7:9]) == ["Nothing was replayed as a CUDA graph yet."]
