@@ -18,12 +18,15 @@ order, each until nothing matches, then drops nodes nothing reads:
    differs. The swapped Conv also computed a larger image than kh x kw whenever the stride does not
    divide the padded size (a 1x1 stride-2 Conv computed 2x2 and kept 1x1); the GEMM computes only
    what is kept.
-2. **Expand to the shape its input already has**: the input is used instead.
+2. **Expand to the shape its input already has**: the input is used instead; an **Identity**'s
+   readers read its input.
 3. **Transpose that only moves size-1 axes** (the seed axis): a Reshape, which copies nothing.
 4. **Transpose of a Transpose** read by nothing else: one Transpose with the composed permutation
    (none when that is the identity).
-5. **Reshape of a Reshape** read by nothing else: one Reshape to the final (static) shape; a
-   Reshape to the shape its input already has: the input.
+5. **Squeeze and Unsqueeze** with static shapes become Reshapes; a **Reshape of a Reshape** read
+   by nothing else: one Reshape to the final (static) shape; a Reshape to the shape its input
+   already has: the input. (onnx-ad ends each weight gradient with Reshape, Identity, Squeeze:
+   one Reshape is left.)
 6. **Slice that keeps everything** (starts 0, ends past the end, steps 1): the input.
 
 A rule never touches a value that is a graph output (its name is the step's interface), and
@@ -37,6 +40,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +65,7 @@ class _Graph:
     protected: set[str]
     counter: Counter = field(default_factory=Counter)
     _fresh: int = 0
+    _taken: set[str] | None = None
 
     @property
     def nodes(self):
@@ -81,8 +86,17 @@ class _Graph:
         return shape if shape is not None and all(isinstance(d, int) and d >= 0 for d in shape) else None
 
     def fresh(self, stem: str) -> str:
-        self._fresh += 1
-        return f"simplify/{stem}_{self._fresh}"
+        """A name no tensor, initializer or node of the graph has (a second pass must not reuse one)."""
+        if self._taken is None:
+            graph = self.model.graph
+            self._taken = ({t.name for t in graph.initializer} | {i.name for i in graph.input}
+                           | {o for n in graph.node for o in (*n.output, n.name)})
+        while True:
+            self._fresh += 1
+            name = f"simplify/{stem}_{self._fresh}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
 
     def const(self, values, stem: str) -> str:
         name = self.fresh(stem)
@@ -106,12 +120,13 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
     return default
 
 
-def _load(model: onnx.ModelProto) -> _Graph:
-    from onnx_ad.fold import fold_constants  # the folder onnx-ad itself uses; small results only
+def _load(model: onnx.ModelProto, fold: bool = True) -> _Graph:
+    if fold:
+        from onnx_ad.fold import fold_constants  # the folder onnx-ad itself uses; small results only
 
-    folded = fold_constants(model)  # the seed count and sizes that MaxPool's adjoint computes at run time
-    if folded is not model:
-        model.CopyFrom(folded)
+        folded = fold_constants(model)  # the seed count and sizes that MaxPool's adjoint computes at run time
+        if folded is not model:
+            model.CopyFrom(folded)
     info, _ = graph_io.infer_tensor_info(model)
     shapes = {name: tuple(entry.shape) for name, entry in info.items() if entry.shape is not None}
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
@@ -289,6 +304,29 @@ def same_shape_expand(g: _Graph) -> int:
     return count
 
 
+def identity(g: _Graph) -> int:
+    """Rule 2b: an Identity's readers read its input (onnx-ad ends every weight gradient with one)."""
+    return sum(_alias(g, node, node.input[0]) for node in list(g.nodes) if node.op_type == "Identity")
+
+
+def squeeze_as_reshape(g: _Graph) -> int:
+    """Rule 5a: a Squeeze or Unsqueeze with a static output shape is a Reshape to that shape, which
+    rule 5 then merges with its neighbours (onnx-ad squeezes the seed axis off every gradient)."""
+    count = 0
+    for node in list(g.nodes):
+        if node.op_type not in ("Squeeze", "Unsqueeze"):
+            continue
+        out = g.static(node.output[0])
+        if out is None or g.static(node.input[0]) is None:
+            continue
+        node.op_type = "Reshape"
+        del node.input[1:]
+        del node.attribute[:]
+        node.input.append(g.const(list(out), "shape"))
+        count += 1
+    return count
+
+
 def _moves_only_ones(shape: tuple[int, ...], perm: list[int]) -> bool:
     kept = [axis for axis in perm if shape[axis] != 1]
     return kept == sorted(kept)
@@ -414,23 +452,40 @@ def drop_dead(g: _Graph) -> int:
 RULES = (
     ("conv weight gradient as Gemm", conv_weight_gradient),
     ("same-shape Expand", same_shape_expand),
+    ("Identity", identity),
     ("unit-axis Transpose as Reshape", unit_axis_transpose),
     ("Transpose pair", transpose_pairs),
+    ("Squeeze/Unsqueeze as Reshape", squeeze_as_reshape),
     ("Reshape chain", reshape_chains),
     ("full Slice", full_slice),
 )
 
 
-def simplify_backward(model: onnx.ModelProto) -> dict[str, int]:
-    """Apply :data:`RULES` to ``model`` in place; returns how often each fired (and nodes dropped).
+ALIAS_RULES = ("Identity", "Squeeze/Unsqueeze as Reshape", "Reshape chain")
+
+
+def simplify_backward(model: onnx.ModelProto, *, keep: Iterable[str] = (), rules: Iterable[str] | None = None
+                      ) -> dict[str, int]:
+    """Apply :data:`RULES` (or those named in ``rules``) to ``model`` in place; returns how often
+    each fired (and nodes dropped). Tensors named in ``keep`` are never aliased away (like graph
+    inputs and outputs).
 
     A rule fires only where shapes are static: onnx-ad declares the seed axis symbolic
     (``nadj``), so pin the seed input's shape first (the step builder pins it to ``[1]``).
     """
-    g = _load(model)
+    chosen = set(rules) if rules is not None else None
+    # constant folding is for onnx-ad's graph; a later pass (alias rules only, on a step whose seed
+    # is an initializer that loss scaling replaces) must not fold anything
+    g = _load(model, fold=chosen is None or not chosen <= set(ALIAS_RULES))
+    g.protected |= set(keep)
+    unknown = (chosen or set()) - {name for name, _ in RULES}
+    if unknown:
+        raise ValueError(f"unknown simplify rules {sorted(unknown)}")
     before = len(g.nodes)
     counts = {}
     for name, rule in RULES:
+        if chosen is not None and name not in chosen:
+            continue
         total = 0
         while True:
             fired = rule(g)
@@ -444,4 +499,4 @@ def simplify_backward(model: onnx.ModelProto) -> dict[str, int]:
     return counts
 
 
-__all__ = ["RULES", "simplify_backward"]
+__all__ = ["ALIAS_RULES", "RULES", "simplify_backward"]

@@ -31,7 +31,7 @@ from onnxcampo import graph as graph_io
 from onnxcampo import ops
 from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
-from onnxcampo.training.simplify import simplify_backward
+from onnxcampo.training.simplify import ALIAS_RULES, simplify_backward
 from onnxcampo.training.trainable import (check_trainable, forget_declared_shapes, constants_to_initializers,
                                           forward_values, select_trainable)
 
@@ -105,6 +105,8 @@ def build_train_step(
     fused = ops.available() if fused is None else fused
     _add_update(gradients, weights, optimizer, fused=fused, momentum=momentum, betas=betas, eps=eps,
                 weight_decay=weight_decay)
+    if simplify:  # the gradients' Reshape -> Identity -> Squeeze (seed axis off) become one Reshape
+        simplify_backward(gradients, keep=[seed, *(f"{w}/grad" for w in weights)], rules=ALIAS_RULES)
     gradients.metadata_props.add(key="onnxcampo.train_step", value=f"{loss},{optimizer}")
     gradients.metadata_props.add(key=FUSED_METADATA, value="1" if fused else "0")
     gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))

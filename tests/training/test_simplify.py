@@ -121,6 +121,9 @@ def test_same_loss_and_gradients_from_fewer_nodes(model, classes):
     assert len(simple.graph.node) - taps < len(plain.graph.node)
     ops, before = Counter(n.op_type for n in simple.graph.node), Counter(n.op_type for n in plain.graph.node)
     assert ops["Transpose"] < before["Transpose"] and ops["Expand"] < before["Expand"]
+    # each gradient's Reshape -> Identity -> Squeeze (seed axis off) is one Reshape; no Unsqueeze left
+    assert ops["Identity"] == 0 and ops["Squeeze"] == 0 and ops["Unsqueeze"] == 0
+    assert before["Identity"] > 0 and before["Squeeze"] > 0
     # the 7x7 stem's 49 taps: Concats of at most 32 inputs (ORT's limit inside a CUDA graph)
     assert max((len(n.input) for n in simple.graph.node if n.op_type == "Concat"), default=0) <= 32
     if model is small_cnn:
@@ -189,3 +192,18 @@ def test_unit_axis_transposes_become_reshapes_and_pairs_compose():
     simplify_backward(model)
     assert [n.op_type for n in model.graph.node] == ["Reshape", "Relu"]
     np.testing.assert_array_equal(make_session(model.SerializeToString()).run(None, {"x": x})[0], expected)
+
+def test_second_pass_names_are_fresh_and_the_seed_survives():
+    """The alias pass after the update is added runs on a graph the first pass already named
+    into: its names must not collide, and the seed (an initializer loss scaling replaces) stays."""
+    from onnxcampo.training.scaling import SEED_KEY
+
+    step = build_train_step(small_cnn(), loss="cross_entropy", optimizer="momentum", fused=False)
+    onnx.checker.check_model(step, full_check=True)
+    seed = next(p.value for p in step.metadata_props if p.key == SEED_KEY)
+    assert seed in {t.name for t in step.graph.initializer}
+    assert any(seed in n.input for n in step.graph.node)
+    with pytest.raises(ValueError, match="unknown simplify rules"):
+        from onnxcampo.training.simplify import simplify_backward
+
+        simplify_backward(step, rules=["no such rule"])
