@@ -106,7 +106,10 @@ class Trainer:
         feeds = {name: np.ascontiguousarray(array) for name, array in batch.items()}
         feeds[LR] = np.array(self.lr, np.float32)
         if self._graph is None:
-            values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0) for name, array in feeds.items()}
+            # own copies: a CPU OrtValue would borrow (and later overwrite) the caller's arrays
+            self._graph_host = {name: np.array(array, copy=True) for name, array in feeds.items()}
+            values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+                      for name, array in self._graph_host.items()}
             loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device, 0)
             bindings, run_options = [], []
             for k in (0, 1):

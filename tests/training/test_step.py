@@ -219,3 +219,24 @@ def test_train_command_without_forward_uses_the_carried_weights(tmp_path):
     assert main(["train", str(step), "--data", str(tmp_path / "data.npz"), "--steps", "3"]) == 0
     assert main(["train", str(step), "--data", str(tmp_path / "data.npz"), "--steps", "3",
                  "--out", str(tmp_path / "o.onnx")]) == 2  # --out needs the forward model
+
+
+def test_fixed_buffer_steps_of_the_cuda_graph_path_equal_plain_steps():
+    """The CUDA-graph path (batch, lr and loss in fixed buffers updated in place, one binding per
+    ping-pong side, run option gpu_graph_id) computes the plain path's steps. CUDA graphs need a
+    GPU; the CPU session runs the same bindings and ignores the graph id."""
+    forward = mlp()
+    step = build_train_step(forward, loss="mse", optimizer="momentum", lr=0.1)
+    plain = Trainer(step, weights=initial_weights(forward, step))
+    fixed = Trainer(step, weights=initial_weights(forward, step))
+    fixed.cuda_graph = True  # the path, without the CUDA EP option that only a GPU session takes
+    rng = np.random.default_rng(3)
+    batches = [rng.standard_normal(X.shape).astype(np.float32) for _ in range(4)]
+    kept = [x.copy() for x in batches]
+    for x in batches:  # different batches of one shape: copied into the same buffers
+        assert fixed.step({"x": x, "labels": TARGET}) == pytest.approx(plain.step({"x": x, "labels": TARGET}), rel=1e-6)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, kept))  # the caller's arrays are left alone
+    for name, value in plain.state_dict().items():
+        np.testing.assert_allclose(fixed.state_dict()[name], value, rtol=1e-6)
+    with pytest.raises(ConfigError, match="keeps the first one's shapes"):
+        fixed.step({"x": X[:1], "labels": TARGET[:1]})
