@@ -603,41 +603,47 @@ def fit_dispatch(samples: Iterable[dict]) -> dict | None:
 
 
 STEP_DISPATCH_MIN_GAIN = 1.10  # the CUDA-graph replay must be this much faster: the host bound the run
+# database key of the per-node host time fitted from benchmark rows, per benchmark mode
+DISPATCH_KEYS = {"training": "dispatch_step", "inference": "dispatch_model"}
 
 
-def fit_step_dispatch(rows: Iterable[dict]) -> dict | None:
-    """Per-node host time of a training step, from benchmark rows (``scripts/bench.py``).
+def fit_step_dispatch(rows: Iterable[dict], mode: str = "training") -> dict | None:
+    """Per-node host time of whole runs (``mode`` "training": steps; "inference": models), from
+    benchmark rows (``scripts/bench.py``).
 
-    Where a model's fp32 step ran at least ``STEP_DISPATCH_MIN_GAIN`` times faster replayed as a
-    CUDA graph (``fp32-graph``: no host dispatch), the host bounded the plain step, which took at
+    Where a model's fp32 run was at least ``STEP_DISPATCH_MIN_GAIN`` times faster replayed as a
+    CUDA graph (``fp32-graph``: no host dispatch), the host bounded the plain run, which took at
     least ``nodes`` dispatches: its time over its nodes is a per-node host time. The smallest over
     the models is kept (a lower bound for each). None without such pairs."""
-    steps: dict[tuple, dict[str, dict]] = {}
+    runs: dict[tuple, dict[str, dict]] = {}
     for row in rows:
-        if row.get("mode") == "training" and row.get("status") == "ok" and isinstance(row.get("ms"), (int, float)):
-            steps.setdefault((row.get("model"), row.get("batch")), {})[row.get("policy")] = row
+        if row.get("mode") == mode and row.get("status") == "ok" and isinstance(row.get("ms"), (int, float)):
+            runs.setdefault((row.get("model"), row.get("batch")), {})[row.get("policy")] = row
     values = {}
-    for (model, batch), policies in sorted(steps.items(), key=str):
+    for (model, batch), policies in sorted(runs.items(), key=str):
         plain, graph = policies.get("fp32"), policies.get("fp32-graph")
         if plain and graph and plain.get("nodes") and plain["ms"] >= STEP_DISPATCH_MIN_GAIN * graph["ms"]:
             values[f"{model} b{batch}"] = round(1e3 * plain["ms"] / plain["nodes"], 3)
     if not values:
         return None
     return {"us": min(values.values()), "samples": len(values), "per_model_us": values,
-            "rule": f"smallest fp32 step ms / nodes over the training steps that ran >= {STEP_DISPATCH_MIN_GAIN}x "
+            "rule": f"smallest fp32 {mode} ms / nodes over the models that ran >= {STEP_DISPATCH_MIN_GAIN}x "
                     "faster as a CUDA graph"}
 
 
-def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path) -> dict:
-    """Fit ``dispatch_step`` from a benchmark's rows into an existing database file (atomically)."""
-    entry = fit_step_dispatch(load_samples(bench_rows_path))
-    if entry is None:
-        raise CostModelError(f"{bench_rows_path}: no training step with fp32 and fp32-graph rows where the "
-                             "CUDA graph ran clearly faster")
+def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path) -> dict[str, dict]:
+    """Fit ``dispatch_step`` (training) and ``dispatch_model`` (inference) from a benchmark's rows
+    into an existing database file (atomically); returns the entries fitted."""
+    rows = load_samples(bench_rows_path)
+    fitted = {key: entry for mode, key in DISPATCH_KEYS.items() if (entry := fit_step_dispatch(rows, mode))}
+    if not fitted:
+        raise CostModelError(f"{bench_rows_path}: no training step or model with fp32 and fp32-graph rows where "
+                             "the CUDA graph ran clearly faster")
     database = json.loads(Path(database_path).read_text())
-    database["dispatch_step"] = {**entry, "source": Path(bench_rows_path).name}
+    for key, entry in fitted.items():
+        database[key] = {**entry, "source": Path(bench_rows_path).name}
     write_json(database, database_path)
-    return database["dispatch_step"]
+    return fitted
 
 
 def _percent(value: float | None) -> str:
@@ -650,11 +656,12 @@ def fit_file(samples_path: str | Path, out_path: str | Path, **kw) -> dict:
     previous = Path(out_path)
     if previous.is_file():  # fitted from benchmark rows (add_step_dispatch), not from these samples: keep it
         try:
-            kept = json.loads(previous.read_text()).get("dispatch_step")
+            old = json.loads(previous.read_text())
         except (OSError, ValueError):
-            kept = None
-        if kept:
-            database["dispatch_step"] = kept
+            old = {}
+        for key in DISPATCH_KEYS.values():
+            if old.get(key):
+                database[key] = old[key]
     write_json(database, out_path)
     return database
 

@@ -160,10 +160,12 @@ class RegressionCostModel(CostModel):
         return float(model["C_I"]) + float(model["r"]) * elements
 
     def dispatch_us(self, training: bool = False) -> float:
+        """The single-op figure (``dispatch``), or the larger whole-run one fitted from benchmark
+        rows (``dispatch_step`` for training steps, ``dispatch_model`` for models) where present."""
         single = self.database.get("dispatch", {}).get("us")
         single = float(single) if isinstance(single, (int, float)) and single > 0 else 0.0
-        step = self.database.get("dispatch_step", {}).get("us") if training else None
-        return max(single, float(step)) if isinstance(step, (int, float)) and step > 0 else single
+        whole = self.database.get("dispatch_step" if training else "dispatch_model", {}).get("us")
+        return max(single, float(whole)) if isinstance(whole, (int, float)) and whole > 0 else single
 
     def chain_factor(self, pattern: str, precision: str) -> float:
         entry = self.database.get("chains", {}).get(pattern, {})

@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--holdout", type=float, default=0.2)
     fit.add_argument("--min-samples", type=int, default=8)
     step_dispatch = cost_sub.add_parser(
-        "fit-step-dispatch", help="add the per-node host time of training steps, from benchmark rows, to a database")
+        "fit-step-dispatch", help="add the per-node host time of whole models and training steps, from benchmark "
+                                  "rows (fp32 against fp32-graph), to a database")
     step_dispatch.add_argument("bench_rows", type=Path, help="scripts/bench.py rows (e.g. docs/benchmarks/raw/h200.jsonl)")
     step_dispatch.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
     evaluate = cost_sub.add_parser("eval", help="accuracy of a database on its held-out samples")
@@ -322,9 +323,9 @@ def _costdb(args: argparse.Namespace) -> int:
     if args.costdb_command == "fit-step-dispatch":
         from onnxcampo.costdb.fit import add_step_dispatch
 
-        entry = add_step_dispatch(args.bench_rows, args.database)
-        print(f"onnxcampo: wrote {args.database}: training-step dispatch {entry['us']} us per node "
-              f"(from {entry['samples']} models: {entry['per_model_us']})", file=sys.stderr)
+        for key, entry in add_step_dispatch(args.bench_rows, args.database).items():
+            print(f"onnxcampo: wrote {args.database}: {key} {entry['us']} us per node "
+                  f"(from {entry['samples']} models: {entry['per_model_us']})", file=sys.stderr)
         return 0
     from onnxcampo.costdb.evaluate import evaluate, markdown, write_report
     from onnxcampo.costdb.fit import load_samples

@@ -244,18 +244,21 @@ def test_step_dispatch_from_benchmark_rows(tmp_path, spread_db):
             row("d", "fp32", 0.1), row("d", "fp32-graph", 0.01, status="failed")]
     entry = fit_step_dispatch(rows)
     assert entry["us"] == 10.0 and entry["per_model_us"] == {"a b8": 10.0, "b b8": 15.0}
-    assert fit_step_dispatch(rows[4:]) is None
+    assert fit_step_dispatch(rows[4:]) is None and fit_step_dispatch(rows, "inference") is None
+    infer = [{**r, "mode": "inference"} for r in rows[:2]]
+    assert fit_step_dispatch(infer, "inference")["us"] == 10.0
     bench = tmp_path / "h200.jsonl"
-    bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench.write_text("".join(json.dumps(r) + "\n" for r in rows + [{**infer[0], "ms": 0.8}, infer[1]]))
     db_path = tmp_path / "db.json"
     db_path.write_text(json.dumps({**spread_db[1], "dispatch": {"us": 3.0}}))
     add_step_dispatch(bench, db_path)
     model = RegressionCostModel.load(db_path)
-    assert (model.dispatch_us(), model.dispatch_us(training=True)) == (3.0, 10.0)
+    assert (model.dispatch_us(), model.dispatch_us(training=True)) == (8.0, 10.0)  # inference: 0.8 ms / 100
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps(r) + "\n" for r in spread_db[0]))
     fit_file(samples, db_path)
-    assert json.loads(db_path.read_text())["dispatch_step"]["us"] == 10.0  # a refit keeps it
+    refit = json.loads(db_path.read_text())  # a refit keeps both
+    assert (refit["dispatch_step"]["us"], refit["dispatch_model"]["us"]) == (10.0, 8.0)
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(CostModelError, match="no training step"):
         add_step_dispatch(tmp_path / "empty.jsonl", db_path)
