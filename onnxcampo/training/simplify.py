@@ -317,7 +317,7 @@ def squeeze_as_reshape(g: _Graph) -> int:
         if node.op_type not in ("Squeeze", "Unsqueeze"):
             continue
         out = g.static(node.output[0])
-        if out is None or g.static(node.input[0]) is None:
+        if out is None or 0 in out or g.static(node.input[0]) is None:  # a 0 in a Reshape shape copies a dim
             continue
         node.op_type = "Reshape"
         del node.input[1:]
@@ -400,7 +400,7 @@ def reshape_chains(g: _Graph) -> int:
             continue
         first = producers.get(node.input[0])
         if first is None or first.op_type != "Reshape" or len(consumers[first.output[0]]) != 1 \
-                or first.output[0] in g.protected:
+                or first.output[0] in g.protected or 0 in out:
             continue
         node.input[0] = first.input[0]
         node.input[1] = g.const(list(out), "shape")

@@ -101,12 +101,13 @@ def build_train_step(
     seed = next(i.name for i in gradients.graph.input if i.name.startswith("grad_"))
     if simplify:
         _pin_seed(gradients, seed)
-        simplify_backward(gradients)
+        # the prediction names where the loss starts (metadata onnxcampo.prediction): kept by name
+        simplify_backward(gradients, keep=[prediction])
     fused = ops.available() if fused is None else fused
     _add_update(gradients, weights, optimizer, fused=fused, momentum=momentum, betas=betas, eps=eps,
                 weight_decay=weight_decay)
     if simplify:  # the gradients' Reshape -> Identity -> Squeeze (seed axis off) become one Reshape
-        simplify_backward(gradients, keep=[seed, *(f"{w}/grad" for w in weights)], rules=ALIAS_RULES)
+        simplify_backward(gradients, keep=[seed, prediction, *(f"{w}/grad" for w in weights)], rules=ALIAS_RULES)
     gradients.metadata_props.add(key="onnxcampo.train_step", value=f"{loss},{optimizer}")
     gradients.metadata_props.add(key=FUSED_METADATA, value="1" if fused else "0")
     gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))

@@ -207,3 +207,27 @@ def test_second_pass_names_are_fresh_and_the_seed_survives():
         from onnxcampo.training.simplify import simplify_backward
 
         simplify_backward(step, rules=["no such rule"])
+
+
+def test_the_prediction_survives_when_the_forward_model_ends_in_an_identity():
+    """The loss region (kept fp32 by optimize) is found from the prediction's name: a forward
+    model that ends in Identity (exporters write one; the benchmark's cut classifiers do) must
+    keep that tensor, or a mixed plan puts the loss and its gradient in fp16."""
+    from onnxcampo.api import optimize
+    from onnxcampo.training.scaling import PREDICTION_KEY, fp32_nodes
+
+    forward = mlp()
+    out = forward.graph.output[0]
+    inner = out.name + "_pre"
+    for node in forward.graph.node:
+        node.output[:] = [inner if o == out.name else o for o in node.output]
+    forward.graph.node.append(helper.make_node("Identity", [inner], [out.name], name="final_identity"))
+    plain = build_train_step(forward, loss="cross_entropy", optimizer="sgd", fused=False, simplify=False)
+    simple = build_train_step(forward, loss="cross_entropy", optimizer="sgd", fused=False, simplify=True)
+    prediction = next(p.value for p in simple.metadata_props if p.key == PREDICTION_KEY)
+    assert any(prediction in n.output for n in simple.graph.node)
+    loss_ops = sorted(n.op_type for n in simple.graph.node if n.name in fp32_nodes(simple) and n.name.startswith("loss/"))
+    assert loss_ops == sorted(n.op_type for n in plain.graph.node if n.name in fp32_nodes(plain)
+                              and n.name.startswith("loss/"))
+    plan = optimize(simple, policy="fp16").plan
+    assert all(not plan.is_fp16(n.name) for n in simple.graph.node if n.name.startswith("loss/"))
