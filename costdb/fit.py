@@ -613,8 +613,10 @@ def fit_step_dispatch(rows: Iterable[dict], mode: str = "training") -> dict | No
 
     Where a model's fp32 run was at least ``STEP_DISPATCH_MIN_GAIN`` times faster replayed as a
     CUDA graph (``fp32-graph``: no host dispatch), the host bounded the plain run, which took at
-    least ``nodes`` dispatches: its time over its nodes is a per-node host time. The smallest over
-    the models is kept (a lower bound for each). None without such pairs."""
+    least ``nodes`` dispatches: its time over its nodes bounds the per-node host time from above
+    (it includes GPU time the host did not hide), and it is the figure that makes ``plan_time``'s
+    max(GPU work, dispatch x nodes) reproduce the plain run. The smallest over the models is kept.
+    None without such pairs."""
     runs: dict[tuple, dict[str, dict]] = {}
     for row in rows:
         if row.get("mode") == mode and row.get("status") == "ok" and isinstance(row.get("ms"), (int, float)):

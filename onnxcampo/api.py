@@ -99,6 +99,8 @@ def optimize(
         ctx.training_fp32 = frozenset(scaling.fp32_nodes(original))
         if config.loss_scaling and not scaling.has_loss_scaling(original):
             ctx.loss_scaling = scaling.overhead(original, lambda name: info[name].numel if name in info else None)
+            tensors = ctx.graph.tensors()
+            ctx.loss_scaling_gradients = [tensors[g] for g in ctx.loss_scaling.gradients_read_as_is if g in tensors]
     if config.profile != "predict":
         _measure_fp32_times(ctx)
 

@@ -67,6 +67,7 @@ class GraphContext:
     training_fp32: frozenset[str] = frozenset()  # loss and update nodes of a training step
     # a training step: what dynamic loss scaling adds to a plan with fp16 nodes (None: nothing)
     loss_scaling: object | None = None
+    loss_scaling_gradients: list[gs.Tensor] = field(default_factory=list)  # its gradients_read_as_is
     # Chains ONNX Runtime may fuse: {node name: (pattern, member nodes)} (patterns.fusion_chains).
     chains: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     chain_nodes: dict[str, gs.Node] = field(default_factory=dict)

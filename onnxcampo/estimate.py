@@ -147,9 +147,15 @@ def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
     launched = sum(1 for n in ctx.nodes if n.op != "Constant") + casts + _pad_nodes(ctx, precision_of)
     if ctx.loss_scaling is not None and any(precision_of(n.name) is Precision.FP16 for n in ctx.nodes):
-        # a mixed training step gets dynamic loss scaling: its nodes, and a pass over the gradients
+        # a mixed training step gets dynamic loss scaling: its nodes, and a pass over the gradients;
+        # a fused unscale reads fp16 gradients itself, so their Casts to fp32 are not made
         launched += ctx.loss_scaling.nodes
         nodes_us += ctx.cost.cast_time(ctx.loss_scaling.elements) if ctx.loss_scaling.elements else 0.0
+        for gradient in ctx.loss_scaling_gradients:
+            producer = ctx.producer(gradient)
+            if producer is not None and precision_of(producer.name) is Precision.FP16:
+                casts, launched = casts - 1, launched - 1
+                cast_us -= ctx.cost.cast_time(ctx.numel(gradient))
     # a training step's nodes cost the host more than single ops do (CostModel.dispatch_us)
     dispatch = ctx.cost.dispatch_us(training=bool(ctx.training_fp32)) * launched
     return PlanTime(max(nodes_us + cast_us, dispatch), nodes_us, cast_us, casts, dispatch, launched)

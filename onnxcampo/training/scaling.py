@@ -105,6 +105,9 @@ class ScalingOverhead:
 
     nodes: int
     elements: int
+    # fused unscale: the weight gradients it reads as they are; where the plan makes one fp16, the
+    # Cast to fp32 in front of the update goes away (add_loss_scaling removes it)
+    gradients_read_as_is: tuple[str, ...] = ()
 
 
 SCALE_UPDATE_NODES = 10  # seed Reshape, Reciprocal, and the eight nodes that update the scale
@@ -117,14 +120,15 @@ def overhead(model: onnx.ModelProto, numel: Callable[[str], int | None]) -> Scal
     spec = step_spec(model)
     weights = sum(numel(w) or 0 for w in spec.weights)
     state = sum(numel(s) or 0 for s in spec.state)
-    nodes, elements = SCALE_UPDATE_NODES, 0
+    nodes, elements, read_as_is = SCALE_UPDATE_NODES, 0, ()
     if graph_io.metadata(model, FUSED_KEY) == "1":
         nodes, elements = nodes + 1, elements + weights  # one UnscaleCheckFinite over every gradient
+        read_as_is = tuple(f"{w}/grad" for w in spec.weights)
     else:  # Mul and ReduceSum per gradient, then Sum, Mul, IsNaN
         nodes, elements = nodes + 2 * len(spec.weights) + 3, elements + 2 * weights
     if not any(FUSED_FOUND_INF in n.input for n in model.graph.node):  # a Where per updated tensor
         nodes, elements = nodes + len(spec.weights) + len(spec.state), elements + weights + state
-    return ScalingOverhead(nodes, elements)
+    return ScalingOverhead(nodes, elements, read_as_is)
 
 
 def _gradient_source(model: onnx.ModelProto, weight: str) -> str:
