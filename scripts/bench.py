@@ -28,6 +28,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -228,13 +229,14 @@ class Settings:
     train_warmup: int = 5
     train_blocks: int = 5
     train_per_block: int = 10
+    sessions: int = 1  # ONNX Runtime sessions per ONNX variant, each timed; the blocks of all count
 
     @classmethod
-    def make(cls, provider: str, quick: bool, tc: bool, breakdown: tuple[str, ...]) -> "Settings":
+    def make(cls, provider: str, quick: bool, tc: bool, breakdown: tuple[str, ...], sessions: int = 1) -> "Settings":
         if quick:
             return cls(provider, quick, tc, breakdown, inference_warmup=2, inference_blocks=5, block_ms=1.0,
-                       train_warmup=1, train_blocks=5, train_per_block=2)
-        return cls(provider, quick, tc, breakdown)
+                       train_warmup=1, train_blocks=5, train_per_block=2, sessions=sessions)
+        return cls(provider, quick, tc, breakdown, sessions=sessions)
 
 
 class Group:
@@ -366,6 +368,20 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
             row["runs_per_block"] = per_block
         del runner, session
         gc.collect()
+        if s.sessions > 1:  # more sessions of the same model: their blocks join the first one's
+            per_session = [statistics.median(row["ms_blocks"])]
+            for _ in range(s.sessions - 1):
+                with stages("measure"):
+                    session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy), cuda_graph=graph)
+                    runner = m.BoundRunner(session, built.feeds, s.provider)
+                    for _ in range(1 + s.inference_warmup):
+                        runner()
+                    blocks = m.timed_blocks(runner, warmup=0, blocks=s.inference_blocks, per_block=per_block)
+                    del runner, session
+                    gc.collect()
+                row["ms_blocks"] += blocks
+                per_session.append(statistics.median(blocks))
+            row["ms_sessions"] = per_session
         if s.tc and not graph:  # the profile of a replayed graph is its base policy's
             try:
                 with stages("tc"):
@@ -441,6 +457,19 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
                loss_scale=runner.state("loss_scale"), finite=all(math.isfinite(x) for x in runner.losses))
     del runner
     gc.collect()
+    if s.sessions > 1:  # more sessions of the same graph: their blocks join the first one's
+        per_session = [statistics.median(row["ms_blocks"])]
+        for _ in range(s.sessions - 1):
+            with stages("measure"):
+                again = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider,
+                                     tf32=pol.tf32_of(policy), model=step_model, cuda_graph=graph)
+                blocks = m.timed_blocks(again, warmup=s.train_warmup, blocks=s.train_blocks,
+                                        per_block=s.train_per_block)
+                del again
+                gc.collect()
+            row["ms_blocks"] += blocks
+            per_session.append(statistics.median(blocks))
+        row["ms_sessions"] = per_session
     row["stage_s"] = stages.seconds
     if not row["finite"]:
         raise m.MeasureError(f"non-finite loss after {row['steps']} steps (last {row['loss_last']})")
@@ -515,6 +544,9 @@ def parse_args(argv):
     p.add_argument("--no-tc", action="store_true", help="skip the profiling run for the Tensor Core share")
     p.add_argument("--breakdown-policies", default=",".join(DEFAULT_BREAKDOWN),
                    help="training policies whose step is profiled for the time breakdown")
+    p.add_argument("--sessions", type=int, default=1,
+                   help="time each ONNX variant in this many fresh ONNX Runtime sessions (cuDNN's algorithm search "
+                        "can differ between sessions); the blocks of all sessions make the median (default 1)")
     p.add_argument("--redo", metavar="GLOB",
                    help="measure again the keys matching GLOB (model|batch|mode|policy, e.g. '*|campo*') whose last "
                         "row is older than --redo-before (rows made by an older onnxcampo)")
@@ -603,8 +635,11 @@ def main(argv=None) -> int:
             results.add(_finish_row(item, None, _failed(item, f"did not finish in {killed[item.key]} runs "
                                                               "(the run was killed while measuring it)"), run, time.perf_counter()))
     pending = [i for i in pending if i.key not in killed]
+    if args.sessions < 1:
+        print("error: --sessions must be >= 1", file=sys.stderr)
+        return 2
     settings = Settings.make(args.provider, args.quick, not args.no_tc,
-                             tuple(p for p in args.breakdown_policies.split(",") if p))
+                             tuple(p for p in args.breakdown_policies.split(",") if p), args.sessions)
 
     def left_s() -> float:
         return args.budget_s - (time.monotonic() - started)

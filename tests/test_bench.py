@@ -412,3 +412,16 @@ def test_report_compares_cuda_graph_replays():
                          "2.000x over 1; training: campo-graph / amp 1.500x over 1, campo-graph / campo 1.333x over 1, "
                          "campo-graph / best anchor 0.833x over 1).")
     assert bench_report.cuda_graph_comparison(rows[7:9]) == ["Nothing was replayed as a CUDA graph yet."]
+
+
+def test_sessions_time_each_variant_in_several_sessions(tmp_path):
+    """--sessions 2: every ONNX row holds the per-session medians and the blocks of both sessions."""
+    out = tmp_path / "raw"
+    assert bench.main(["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "all", "--out", str(out),
+                       "--budget-s", "120", "--wheels", str(tmp_path / "none"), "--policies", "fp32-notf32,campo",
+                       "--sessions", "2", "--no-tc", "--breakdown-policies", ""]) == 0
+    rows = [r for r in bench.read_rows(out / "cpu.jsonl") if r["status"] == "ok"]
+    assert {r["mode"] for r in rows} == {"inference", "training"} and len(rows) >= 4
+    for row in rows:  # quick settings: five blocks per session in either mode
+        assert len(row["ms_sessions"]) == 2 and len(row["ms_blocks"]) == 2 * 5
+    assert bench.main(["--out", str(out), "--sessions", "0", "--provider", "cpu", "--quick"]) == 2
