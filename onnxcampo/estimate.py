@@ -150,7 +150,8 @@ def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
         # a mixed training step gets dynamic loss scaling: its nodes, and a pass over the gradients;
         # a fused unscale reads fp16 gradients itself, so their Casts to fp32 are not made
         launched += ctx.loss_scaling.nodes
-        nodes_us += ctx.cost.cast_time(ctx.loss_scaling.elements) if ctx.loss_scaling.elements else 0.0
+        # the gradient pass, plus the fixed cost of each further (small or scalar) kernel
+        nodes_us += ctx.cost.cast_time(ctx.loss_scaling.elements) + (ctx.loss_scaling.nodes - 1) * ctx.cost.cast_time(0)
         for gradient in ctx.loss_scaling_gradients:
             producer = ctx.producer(gradient)
             if producer is not None and precision_of(producer.name) is Precision.FP16:
