@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -26,6 +27,9 @@ from onnxcampo.graph import TensorInfo
 from onnxcampo.oplists import Category
 from onnxcampo.plan import PrecisionPlan
 from onnxcampo.signature import Signature, Slot, signature
+
+if TYPE_CHECKING:  # training imports this module's users; only the annotation needs it
+    from onnxcampo.training.scaling import ScalingOverhead
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +69,10 @@ class GraphContext:
     unresolved_dims: list[str] = field(default_factory=list)
     padding_enabled: bool = False  # cost estimates count Tensor Core padding (campo plans)
     training_fp32: frozenset[str] = frozenset()  # loss and update nodes of a training step
-    # a training step: what dynamic loss scaling adds to a plan with fp16 nodes (None: nothing)
-    loss_scaling: object | None = None
-    loss_scaling_gradients: list[gs.Tensor] = field(default_factory=list)  # its gradients_read_as_is
+    # a training step: what dynamic loss scaling adds to a plan with fp16 nodes (None: nothing),
+    # and the tensors of its gradients_read_as_is
+    loss_scaling: ScalingOverhead | None = None
+    loss_scaling_gradients: list[gs.Tensor] = field(default_factory=list)
     # Chains ONNX Runtime may fuse: {node name: (pattern, member nodes)} (patterns.fusion_chains).
     chains: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     chain_nodes: dict[str, gs.Node] = field(default_factory=dict)

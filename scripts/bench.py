@@ -37,6 +37,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -337,6 +338,21 @@ def _per_block(run_once, block_ms: float) -> int:
     return int(min(200, max(5, math.ceil(block_ms / max(ms, 1e-3)))))
 
 
+def _more_sessions(row: dict[str, Any], sessions: int, measure: Callable[[], list[float]], stages: Stages) -> None:
+    """``--sessions``: time ``sessions - 1`` more fresh sessions (``measure`` makes one and returns
+    its blocks); their blocks join ``row["ms_blocks"]``, each session's median goes to ``ms_sessions``."""
+    if sessions <= 1:
+        return
+    per_session = [statistics.median(row["ms_blocks"])]
+    for _ in range(sessions - 1):
+        with stages("measure"):
+            blocks = measure()
+            gc.collect()  # the session is gone once measure returns
+        row["ms_blocks"] += blocks
+        per_session.append(statistics.median(blocks))
+    row["ms_sessions"] = per_session
+
+
 def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) -> dict[str, Any]:
     import bench_measure as m
     import onnx
@@ -368,20 +384,12 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
             row["runs_per_block"] = per_block
         del runner, session
         gc.collect()
-        if s.sessions > 1:  # more sessions of the same model: their blocks join the first one's
-            per_session = [statistics.median(row["ms_blocks"])]
-            for _ in range(s.sessions - 1):
-                with stages("measure"):
-                    session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy), cuda_graph=graph)
-                    runner = m.BoundRunner(session, built.feeds, s.provider)
-                    for _ in range(1 + s.inference_warmup):
-                        runner()
-                    blocks = m.timed_blocks(runner, warmup=0, blocks=s.inference_blocks, per_block=per_block)
-                    del runner, session
-                    gc.collect()
-                row["ms_blocks"] += blocks
-                per_session.append(statistics.median(blocks))
-            row["ms_sessions"] = per_session
+        def again() -> list[float]:
+            runner = m.BoundRunner(m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy),
+                                                  cuda_graph=graph), built.feeds, s.provider)
+            return m.timed_blocks(runner, warmup=1 + s.inference_warmup, blocks=s.inference_blocks,
+                                  per_block=per_block)
+        _more_sessions(row, s.sessions, again, stages)
         if s.tc and not graph:  # the profile of a replayed graph is its base policy's
             try:
                 with stages("tc"):
@@ -457,19 +465,11 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
                loss_scale=runner.state("loss_scale"), finite=all(math.isfinite(x) for x in runner.losses))
     del runner
     gc.collect()
-    if s.sessions > 1:  # more sessions of the same graph: their blocks join the first one's
-        per_session = [statistics.median(row["ms_blocks"])]
-        for _ in range(s.sessions - 1):
-            with stages("measure"):
-                again = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider,
-                                     tf32=pol.tf32_of(policy), model=step_model, cuda_graph=graph)
-                blocks = m.timed_blocks(again, warmup=s.train_warmup, blocks=s.train_blocks,
-                                        per_block=s.train_per_block)
-                del again
-                gc.collect()
-            row["ms_blocks"] += blocks
-            per_session.append(statistics.median(blocks))
-        row["ms_sessions"] = per_session
+    def again() -> list[float]:
+        runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy),
+                              model=step_model, cuda_graph=graph)
+        return m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks, per_block=s.train_per_block)
+    _more_sessions(row, s.sessions, again, stages)
     row["stage_s"] = stages.seconds
     if not row["finite"]:
         raise m.MeasureError(f"non-finite loss after {row['steps']} steps (last {row['loss_last']})")

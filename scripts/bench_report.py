@@ -531,11 +531,7 @@ def plot(rows: list[dict[str, Any]], directory: Path, name: str) -> list[str]:
     for ax in list(axes.flat)[len(groups):]:
         ax.axis("off")
     fig.suptitle("Throughput per model and policy (red: campo, gray: anchors)")
-    fig.tight_layout()
-    path = directory / f"{name}-throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path.name)
+    written.append(_save(plt, fig, directory / f"{name}-throughput.png"))
 
     shown = ("campo", "campo-nopad", "campo-nocost", "fp16", "fp32", "ort-fp16", "occ-fp16", "modelopt",
              "torch-eager", "torch-compile", "torch-compile-amp")
@@ -552,12 +548,15 @@ def plot(rows: list[dict[str, Any]], directory: Path, name: str) -> list[str]:
     ax.set_ylabel("throughput / amp")
     ax.legend(fontsize=7, ncol=3)
     ax.set_title("Speed-up over greedy AMP (onnxcampo amp) on ONNX Runtime")
+    written.append(_save(plt, fig, directory / f"{name}-speedup-over-amp.png"))
+    return written
+
+
+def _save(plt, fig, path: Path) -> str:
     fig.tight_layout()
-    path = directory / f"{name}-speedup-over-amp.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    written.append(path.name)
-    return written
+    return path.name
 
 
 # --------------------------------------------------------------------------------------------

@@ -148,6 +148,16 @@ def _load(model: onnx.ModelProto, fold: bool = True) -> _Graph:
 # rule 1: the Conv weight gradient
 # --------------------------------------------------------------------------------------------
 
+def _sole_producer(g: _Graph, producers, consumers, name: str, op_type: str):
+    """The ``op_type`` node producing ``name`` when ``name`` is read only once and is no graph
+    output (so it may be folded into its reader), else None."""
+    first = producers.get(name)
+    if first is None or first.op_type != op_type or len(consumers[first.output[0]]) != 1 \
+            or first.output[0] in g.protected:
+        return None
+    return first
+
+
 def _only_consumer(g: _Graph, consumers, name: str, op_type: str):
     users = consumers.get(name, [])
     if len(users) != 1 or users[0].op_type != op_type or name in g.protected:
@@ -319,12 +329,17 @@ def squeeze_as_reshape(g: _Graph) -> int:
         out = g.static(node.output[0])
         if out is None or 0 in out or g.static(node.input[0]) is None:  # a 0 in a Reshape shape copies a dim
             continue
-        node.op_type = "Reshape"
-        del node.input[1:]
-        del node.attribute[:]
-        node.input.append(g.const(list(out), "shape"))
+        _as_reshape(g, node, out)
         count += 1
     return count
+
+
+def _as_reshape(g: _Graph, node, shape: tuple[int, ...]) -> None:
+    """Turn ``node`` (same input and output) into a Reshape of its first input to ``shape``."""
+    node.op_type = "Reshape"
+    del node.input[1:]
+    del node.attribute[:]
+    node.input.append(g.const(list(shape), "shape"))
 
 
 def _moves_only_ones(shape: tuple[int, ...], perm: list[int]) -> bool:
@@ -342,11 +357,7 @@ def unit_axis_transpose(g: _Graph) -> int:
         perm = list(_attr(node, "perm", []))
         if shape is None or out is None or not perm or not _moves_only_ones(shape, perm):
             continue
-        reshape = helper.make_node("Reshape", [node.input[0], g.const(list(out), "shape")], [node.output[0]],
-                                   name=node.name + "/as_reshape")
-        index = list(g.nodes).index(node)
-        g.nodes.remove(node)
-        g.nodes.insert(index, reshape)
+        _as_reshape(g, node, out)
         count += 1
     return count
 
@@ -358,9 +369,8 @@ def transpose_pairs(g: _Graph) -> int:
     for node in list(g.nodes):
         if node.op_type != "Transpose":
             continue
-        first = producers.get(node.input[0])
-        if first is None or first.op_type != "Transpose" or len(consumers[first.output[0]]) != 1 \
-                or first.output[0] in g.protected:
+        first = _sole_producer(g, producers, consumers, node.input[0], "Transpose")
+        if first is None:
             continue
         outer, inner = list(_attr(node, "perm", [])), list(_attr(first, "perm", []))
         if not outer or not inner:
@@ -398,9 +408,8 @@ def reshape_chains(g: _Graph) -> int:
             count += 1
             producers, consumers = g.producers(), g.consumers()
             continue
-        first = producers.get(node.input[0])
-        if first is None or first.op_type != "Reshape" or len(consumers[first.output[0]]) != 1 \
-                or first.output[0] in g.protected or 0 in out:
+        first = _sole_producer(g, producers, consumers, node.input[0], "Reshape")
+        if first is None or 0 in out:
             continue
         node.input[0] = first.input[0]
         node.input[1] = g.const(list(out), "shape")

@@ -70,7 +70,7 @@ class Trainer:
         self._loss = ort.OrtValue.ortvalue_from_numpy(self._loss_host, "cpu", 0)
         self._current = 0
         self.steps = 0
-        self._graph: list | None = None  # cuda_graph: (device feeds, device loss, bindings, run options)
+        self._graph: list | None = None  # cuda_graph: (binding, run options) per buffer set
 
     def step(self, batch: Mapping[str, np.ndarray]) -> float:
         """One update on ``batch`` (the forward inputs plus ``labels``); returns the loss."""
@@ -80,68 +80,55 @@ class Trainer:
             raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
         if self.cuda_graph:
             return self._graph_step(batch)
-        binding = self.session.io_binding()
         # Arrays and OrtValues held until the run is over (on the CPU the values borrow the arrays).
         feeds = {name: np.ascontiguousarray(array) for name, array in batch.items()}
         feeds[LR] = np.array(self.lr, np.float32)
         values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0) for name, array in feeds.items()}
-        for name, value in values.items():
+        # the loss is the one value that comes back to the host
+        return self._run(self._bind(values, self._current, self._loss), self._loss)
+
+    def _bind(self, values: Mapping[str, ort.OrtValue], k: int, loss: ort.OrtValue) -> ort.IOBinding:
+        """Batch and lr ``values``, weights and state read from buffer set ``k``, written to ``1 - k``."""
+        binding = self.session.io_binding()
+        for name, value in (*values.items(), *self._buffers[k].items()):
             binding.bind_ortvalue_input(name, value)
-        source, target = self._buffers[self._current], self._buffers[1 - self._current]
-        for name, value in source.items():
-            binding.bind_ortvalue_input(name, value)
-        for name, value in target.items():
+        for name, value in self._buffers[1 - k].items():
             binding.bind_ortvalue_output(name + UPDATED, value)
-        binding.bind_ortvalue_output(LOSS, self._loss)  # the one value that comes back to the host
-        self.session.run_with_iobinding(binding)
+        binding.bind_ortvalue_output(LOSS, loss)
+        return binding
+
+    def _run(self, binding: ort.IOBinding, loss: ort.OrtValue, options: ort.RunOptions | None = None) -> float:
+        self.session.run_with_iobinding(binding, options)
         binding.synchronize_outputs()
-        loss = float(self._loss.numpy())
         self._current = 1 - self._current
         self.steps += 1
-        return loss
+        return float(loss.numpy())
 
     def _graph_step(self, batch: Mapping[str, np.ndarray]) -> float:
         """A step replayed from a CUDA graph: the batch and lr are copied into fixed device
-        buffers; binding ``k`` (weights in set k, out to set 1 - k) is graph ``k``."""
+        buffers; binding ``k`` (weights in set k, out to set 1 - k) is graph ``k + 1``."""
         feeds = {name: np.ascontiguousarray(array) for name, array in batch.items()}
         feeds[LR] = np.array(self.lr, np.float32)
         if self._graph is None:
             # own copies: a CPU OrtValue would borrow (and later overwrite) the caller's arrays
             self._graph_host = {name: np.array(array, copy=True) for name, array in feeds.items()}
-            values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
-                      for name, array in self._graph_host.items()}
-            loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device, 0)
-            bindings, run_options = [], []
+            self._graph_values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+                                  for name, array in self._graph_host.items()}
+            self._graph_loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device, 0)
+            self._graph = []
             for k in (0, 1):
-                binding = self.session.io_binding()
-                for name, value in values.items():
-                    binding.bind_ortvalue_input(name, value)
-                for name, value in self._buffers[k].items():
-                    binding.bind_ortvalue_input(name, value)
-                for name, value in self._buffers[1 - k].items():
-                    binding.bind_ortvalue_output(name + UPDATED, value)
-                binding.bind_ortvalue_output(LOSS, loss)
                 options = ort.RunOptions()
                 options.add_run_config_entry("gpu_graph_id", str(k + 1))
-                bindings.append(binding)
-                run_options.append(options)
-            layout = {name: (array.dtype, array.shape) for name, array in feeds.items()}
-            self._graph = [values, loss, bindings, run_options, layout]
+                self._graph.append((self._bind(self._graph_values, k, self._graph_loss), options))
         else:
-            values, layout = self._graph[0], self._graph[4]
             for name, array in feeds.items():
-                if (array.dtype, array.shape) != layout[name]:
-                    dtype, shape = layout[name]
+                first = self._graph_host[name]
+                if (array.dtype, array.shape) != (first.dtype, first.shape):
                     raise ConfigError(f"with CUDA graphs every batch keeps the first one's shapes and types: "
-                                      f"{name} is {array.dtype}{list(array.shape)}, was {dtype}{list(shape)}")
-                values[name].update_inplace(array)
-        values, loss, bindings, run_options, _ = self._graph
-        k = self._current
-        self.session.run_with_iobinding(bindings[k], run_options[k])
-        bindings[k].synchronize_outputs()
-        self._current = 1 - k
-        self.steps += 1
-        return float(loss.numpy())
+                                      f"{name} is {array.dtype}{list(array.shape)}, was {first.dtype}{list(first.shape)}")
+                self._graph_values[name].update_inplace(array)
+        binding, options = self._graph[self._current]
+        return self._run(binding, self._graph_loss, options)
 
     @property
     def loss_scale(self) -> float | None:
