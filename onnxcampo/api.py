@@ -5,9 +5,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from onnxcampo import __version__
@@ -63,11 +65,14 @@ def optimize(
     model: str | os.PathLike | onnx.ModelProto,
     *,
     config: OptimizeConfig | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
     **options,
 ) -> OptimizeResult:
     """Turn an fp32 model into a mixed fp16/fp32 one; the input model is never modified.
 
     ``options`` are :class:`OptimizeConfig` fields and override those of ``config``.
+    ``inputs``: with ``tune``, the feeds the candidates are timed on (a training step: its
+    batch); random ones by default.
     """
     config = config or OptimizeConfig()
     if options:
@@ -82,6 +87,10 @@ def optimize(
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
         return OptimizeResult(original, PrecisionPlan(), _unchanged_report(config, source, reason), changed=False)
+    if config.tune is not None:
+        from onnxcampo.tune import tune
+
+        return tune(original, config, optimize, inputs)
     # read_model gave us our own copy: we name its nodes, and the export reuses it in place.
     graph_io.name_nodes(original)
     training = scaling.is_train_step(original)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from onnxcampo import __version__
-from onnxcampo.config import POLICIES, PROFILE_MODES, OptimizeConfig, parse_dim_value, parse_input_shape
+from onnxcampo.config import POLICIES, PROFILE_MODES, TUNE_PROVIDERS, OptimizeConfig, parse_dim_value, parse_input_shape
 from onnxcampo.errors import CampoError, ConfigError, ValidationError
 
 log = logging.getLogger("onnxcampo")
@@ -43,6 +43,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="training steps: do not insert dynamic loss scaling (on by default when fp16 is used)")
     parser.add_argument("--no-compare-plans", action="store_true",
                         help="keep campo's plan even if the fp32 or amp plan is predicted faster")
+    parser.add_argument("--tune", choices=TUNE_PROVIDERS, metavar="PROVIDER",
+                        help="time campo's candidate plans (its own, without padding, amp, fp32) on this ONNX "
+                             "Runtime provider (cuda or cpu) and keep the fastest; inputs from --inputs or random")
     parser.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
@@ -68,6 +71,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         check_invariants=args.debug,
         loss_scaling=not args.no_loss_scaling,
         int8_avg=args.int8_avg,
+        tune=args.tune,
     )
 
 
@@ -83,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report (per-node plan) as JSON")
     opt.add_argument("--validate", action="store_true", help="run both models on ORT and compare outputs")
     opt.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="provider for --validate")
-    opt.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs for --validate (default: random)")
+    opt.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs for --validate and --tune (default: random)")
     opt.add_argument("--rtol", type=float, default=0.02, help="relative tolerance for --validate (default 0.02)")
     opt.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance for --validate (default 1e-3)")
 
@@ -187,7 +191,12 @@ def _optimize(args: argparse.Namespace) -> int:
     output = graph_io.check_output_path(args.output, input_path)
     if args.report is not None:
         graph_io.check_output_path(args.report, input_path)
-    result = optimize(args.input, config=config)
+    inputs = None
+    if config.tune and args.inputs:
+        from onnxcampo.runtime import load_inputs_npz
+
+        inputs = load_inputs_npz(args.inputs, graph_io.read_model(args.input)[0])
+    result = optimize(args.input, config=config, inputs=inputs)
     report = result.report
     if args.validate:
         report["validation"] = _validate(args, result)

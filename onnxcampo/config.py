@@ -11,6 +11,7 @@ from onnxcampo.errors import ConfigError
 
 POLICIES = ("campo", "amp", "fp16", "fp32")
 PROFILE_MODES = ("predict", "cpu", "cuda")
+TUNE_PROVIDERS = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class OptimizeConfig:
         check_invariants: check graph invariants after every pass (tests and ``--debug``).
         loss_scaling: in a training-step graph (from ``train-graph``) whose plan has fp16 nodes,
             insert dynamic loss scaling (see ``onnxcampo.training.scaling``).
+        tune: ``None`` (decide from predicted times) or an ONNX Runtime provider (``cuda``,
+            ``cpu``): build campo's candidate plans (campo's own, without padding, amp, fp32), time
+            each on that provider and keep the fastest (fp32 unless a mixed one is ``min_gain``
+            faster; ``onnxcampo.tune``). Needs the provider on this machine.
         int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
             ``ai.onnxcampo::AvgMatMulInteger`` custom op: 16-bit tree-averaging accumulation
             (``docs/avg-matmul.md``). The written model needs the custom-op library to run.
@@ -61,6 +66,7 @@ class OptimizeConfig:
     check_invariants: bool = False
     loss_scaling: bool = True
     int8_avg: bool = False
+    tune: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -69,6 +75,8 @@ class OptimizeConfig:
             raise ConfigError(
                 f"unknown profile mode {self.profile!r}; choose one of {', '.join(PROFILE_MODES)}"
             )
+        if self.tune is not None and self.tune not in TUNE_PROVIDERS:
+            raise ConfigError(f"unknown tuning provider {self.tune!r}; choose one of {', '.join(TUNE_PROVIDERS)}")
         if not 0 <= self.min_gain < 1:
             raise ConfigError(f"min_gain must be in [0, 1), got {self.min_gain}")
         for name, dims in self.input_shapes.items():

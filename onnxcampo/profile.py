@@ -29,7 +29,7 @@ from onnxcampo.runtime import _ORT_ERRORS, make_session
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MeasuredProfile", "measure_node_times"]
+__all__ = ["BoundRunner", "check_feeds", "Latency", "MeasuredProfile", "measure_latency", "measure_node_times"]
 
 _KERNEL_SUFFIX = "_kernel_time"
 _DEVICES = {"cpu": "cpu", "cuda": "cuda"}
@@ -69,7 +69,7 @@ def _node_names(model: onnx.ModelProto) -> list[str]:
     return names
 
 
-class _BoundRunner:
+class BoundRunner:
     """Runs a session through IO binding so host<->device copies stay out of the timings.
 
     Inputs are copied to the device once. Outputs are allocated on the device by the first run
@@ -106,6 +106,11 @@ class _BoundRunner:
             self._preallocate_outputs()
         return elapsed
 
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The last run's outputs, copied to the host (after at least one run)."""
+        values = self._outputs if self._outputs is not None else self._binding.get_outputs()
+        return {name: value.numpy() for name, value in zip(self._output_names, values)}
+
     def _preallocate_outputs(self) -> None:
         """Bind the first run's output buffers so later runs write into them."""
         self._outputs = self._binding.get_outputs()
@@ -113,7 +118,7 @@ class _BoundRunner:
             self._binding.bind_ortvalue_output(name, value)
 
 
-def _check_feeds(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> None:
+def check_feeds(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> None:
     """IO binding gives poor errors for missing or unknown feeds, so check them first."""
     expected = {i.name for i in session.get_inputs()}
     overridable = {i.name for i in session.get_overridable_initializers()}
@@ -180,7 +185,7 @@ def _median_per_name(per_run: list[dict[str, float]], names: set[str]) -> dict[s
 def _profile(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], device: str,
              warmup: int, runs: int) -> tuple[list[float], list[dict[str, Any]]]:
     """Run warm-up and timed runs under the profiler; return timed walls (s) and the trace."""
-    runner = _BoundRunner(session, feeds, device)
+    runner = BoundRunner(session, feeds, device)
     walls = []
     try:
         for _ in range(warmup):
@@ -218,7 +223,7 @@ def measure_node_times(
         session = make_session(model, provider=provider, profiling=True,
                                optimization_level="disable",
                                profile_file_prefix=str(Path(tmp) / "ort_profile"))
-        _check_feeds(session, feeds)
+        check_feeds(session, feeds)
         walls, events = _profile(session, feeds, _DEVICES[provider], warmup, runs)
     per_run = _per_run_times(events, _run_windows(events, warmup, runs))
     return _summarise(names, per_run, walls, provider)
@@ -272,8 +277,8 @@ def measure_latency(
     """Median wall time of ``runs`` runs after ``warmup`` runs, with all graph optimizations
     on (what a user gets), inputs bound on the device once and outputs pre-allocated."""
     session = make_session(model, provider=provider)
-    _check_feeds(session, feeds)
-    runner = _BoundRunner(session, feeds, "cuda" if provider == "cuda" else "cpu")
+    check_feeds(session, feeds)
+    runner = BoundRunner(session, feeds, "cuda" if provider == "cuda" else "cpu")
     for _ in range(warmup):
         runner()
     times = np.array([runner() for _ in range(runs)]) * 1e3

@@ -13,7 +13,7 @@ import math
 import os
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,8 +206,10 @@ def random_inputs(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     dim_values: Mapping[str, int] | None = None,
     seed: int = 0,
+    only: Iterable[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """One random array per real graph input (initializer-backed inputs are skipped).
+    """One random array per real graph input (initializer-backed inputs are skipped; with
+    ``only``, just those inputs).
 
     Shapes come from ``input_shapes[name]`` (checked against rank and fixed sizes), else the
     static dim, else ``dim_values[dim_param]``; anything still dynamic raises ShapeError with
@@ -224,7 +226,10 @@ def random_inputs(
         )
     rng = np.random.default_rng(seed)
     feeds = {}
+    wanted = None if only is None else set(only)
     for vi in inputs:
+        if wanted is not None and vi.name not in wanted:
+            continue
         dtype = _np_dtype(vi)
         shape = _resolve_shape(vi, input_shapes, dim_values)
         feeds[vi.name] = _random_array(rng, dtype, shape)

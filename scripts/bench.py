@@ -365,7 +365,7 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
         raise pol.Unavailable("CUDA graphs need the CUDA execution provider")
     target = group.work / f"{built.path.stem}-{policy}.onnx"
     with stages("convert"):
-        path, info = pol.make_variant(policy, built.path, target, built.feeds, group.shapes)
+        path, info = pol.make_variant(policy, built.path, target, built.feeds, group.shapes, provider=s.provider)
     try:
         row: dict[str, Any] = {**info, **m.node_counts(onnx.load(str(path), load_external_data=False)),
                                "stage_s": stages.seconds}
@@ -415,7 +415,8 @@ def training_variant(group: Group, policy: str) -> tuple[Path, dict[str, Any]]:
     info_path = path.with_suffix(".json")
     if path.is_file() and info_path.is_file():
         return path, {**json.loads(info_path.read_text()), "cached": True}
-    _, info = pol.make_variant(policy, step, path, {}, {})
+    batch = {**group.built.feeds, "labels": group.built.labels}
+    _, info = pol.make_variant(policy, step, path, batch, {}, provider=group.settings.provider)
     info_path.write_text(json.dumps(info))
     return path, info
 

@@ -37,16 +37,19 @@ import onnx
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 GRAPH_POLICIES = ("fp32-graph", "campo-graph")
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "modelopt", "amp", "fp16", "campo",
-                      "campo-nopad", "campo-nocost", "fp32-graph", "campo-graph")
+                      "campo-nopad", "campo-nocost", "campo-tune", "fp32-graph", "campo-graph")
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
-TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", *GRAPH_POLICIES,
+TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
+                     *GRAPH_POLICIES,
                      *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "modelopt", "amp")
 TRAINING_ANCHORS = ("fp32", "amp", *TORCH_POLICIES)
 REFERENCE = "fp32-notf32"  # outputs and losses are compared with fp32 without TF32
 ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"policy": "campo"},
              "campo-nopad": {"policy": "campo", "pad_tensor_cores": False},
-             "campo-nocost": {"policy": "campo", "compare_plans": False, "blind": True}}
+             "campo-nocost": {"policy": "campo", "compare_plans": False, "blind": True},
+             # campo's candidate plans timed on the benchmark's provider and inputs (optimize's tune)
+             "campo-tune": {"policy": "campo", "tune": True}}
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
@@ -171,18 +174,24 @@ def _cost_model(blind: bool):
         api.load_cost_model = saved
 
 
-def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tuple[int, ...]], *,
+                  provider: str = "cuda", inputs: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """``inputs``: what ``campo-tune`` times its candidates on (the benchmark's feeds or batch)."""
     import onnxcampo
 
     options = dict(ONNXCAMPO[policy])
     blind = options.pop("blind", False)
+    if options.get("tune"):
+        options["tune"] = provider
     with _cost_model(blind):
-        result = onnxcampo.optimize(str(source), input_shapes=shapes, **options)
+        result = onnxcampo.optimize(str(source), input_shapes=shapes, inputs=inputs if options.get("tune") else None,
+                                    **options)
     _save(result.model, target)
     report = result.report
     return {"chosen_plan": report.get("chosen_plan"), "nodes_fp16": report.get("nodes_fp16"),
             "casts_inserted": report.get("casts_inserted"), "pads_inserted": report.get("pads_inserted"),
-            "cost_model": (report.get("cost_model") or {}).get("name")}
+            "cost_model": (report.get("cost_model") or {}).get("name"),
+            **({"tuning": report["tuning"]} if "tuning" in report else {})}
 
 
 def _toposort(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -230,15 +239,16 @@ def run_modelopt(source: Path, target: Path, feeds: dict[str, np.ndarray]) -> di
 
 
 def make_variant(policy: str, source: Path, target: Path, feeds: dict[str, np.ndarray],
-                 shapes: dict[str, tuple[int, ...]]) -> tuple[Path, dict[str, Any]]:
+                 shapes: dict[str, tuple[int, ...]], *, provider: str = "cuda") -> tuple[Path, dict[str, Any]]:
     """The model file of ``policy`` (``source`` itself for fp32) and what making it reported, with
-    ``convert_s`` (the converter's wall time)."""
+    ``convert_s`` (the converter's wall time). ``feeds``: the model's inputs (a step graph's
+    batch); ``provider``: where ``campo-tune`` times its candidates."""
     start = time.perf_counter()
     policy = graph_base(policy)  # a CUDA-graph policy replays its base policy's model
     if policy in ("fp32", "fp32-notf32"):
         return source, {"convert_s": 0.0}
     if policy in ONNXCAMPO:
-        info = run_onnxcampo(policy, source, target, shapes)
+        info = run_onnxcampo(policy, source, target, shapes, provider=provider, inputs=feeds or None)
     elif policy == "occ-fp16":
         info = run_occ(source, target)
     elif policy == "ort-fp16":

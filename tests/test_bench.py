@@ -425,3 +425,20 @@ def test_sessions_time_each_variant_in_several_sessions(tmp_path):
     for row in rows:  # quick settings: five blocks per session in either mode
         assert len(row["ms_sessions"]) == 2 and len(row["ms_blocks"]) == 2 * 5
     assert bench.main(["--out", str(out), "--sessions", "0", "--provider", "cpu", "--quick"]) == 2
+
+
+def test_campo_tune_times_the_candidates_on_the_benchmark_inputs(tmp_path):
+    """campo-tune: optimize(..., tune=<the benchmark's provider>) on the benchmark's feeds (a step
+    graph: its batch); the row keeps the measured candidates and the plan kept."""
+    out = tmp_path / "raw"
+    assert bench.main(["--quick", "--provider", "cpu", "--models", "odd_mlp", "--out", str(out), "--no-tc",
+                       "--budget-s", "120", "--wheels", str(tmp_path / "none"), "--policies", "campo-tune"]) == 0
+    rows = {r["key"]: r for r in bench.read_rows(out / "cpu.jsonl")}
+    assert set(rows) == {"odd_mlp|1|inference|campo-tune", "odd_mlp|4|inference|campo-tune",
+                         "odd_mlp|4|training|campo-tune"}
+    for row in rows.values():
+        assert row["status"] == "ok", row.get("error")
+        tuning = row["tuning"]
+        assert tuning["provider"] == "cpu" and row["chosen_plan"] == tuning["chosen"]
+        assert "ms" in tuning["candidates"]["fp32"] and tuning["chosen"] in tuning["candidates"]
+    assert np.isfinite(rows["odd_mlp|4|training|campo-tune"]["tuning"]["candidates"]["fp32"]["loss"])

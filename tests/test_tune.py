@@ -1,0 +1,170 @@
+"""``tune``: campo's candidate plans timed on ONNX Runtime, the fastest kept."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxcampo
+from onnxcampo import graph as graph_io
+from onnxcampo import tune as tune_mod
+from onnxcampo.cli import main
+from onnxcampo.config import OptimizeConfig
+from onnxcampo.errors import CampoError, ConfigError
+from onnxcampo.runtime import make_session, run
+from onnxcampo.training import Trainer, build_train_step
+from onnxcampo.tune import Timing, candidate_configs, choose
+
+from helpers import FakeCost
+from training.test_step import mlp as small_mlp
+
+
+def odd_mlp(batch: int = 64, widths=(1001, 1000, 1001)) -> onnx.ModelProto:
+    """Wide, unaligned layers: campo pads them for Tensor Cores (so campo-nopad is a candidate)."""
+    rng = np.random.default_rng(0)
+    nodes, inits, current = [], [], "x"
+    for i, (n_in, n_out) in enumerate(zip(widths, widths[1:])):
+        inits.append(numpy_helper.from_array((rng.standard_normal((n_in, n_out)) * 0.03).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [current, f"w{i}"], [f"h{i}"], name=f"mm{i}"))
+        nodes.append(helper.make_node("Relu", [f"h{i}"], [f"a{i}"], name=f"relu{i}"))
+        current = f"a{i}"
+    graph = helper.make_graph(nodes, "odd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, widths[0]])],
+                              [helper.make_tensor_value_info(current, TensorProto.FLOAT, [batch, widths[-1]])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.fixture
+def padding_pays(monkeypatch):
+    """A cost model under which campo converts the odd MLP to fp16 and pads it (unaligned fp16
+    GEMMs gain nothing, Pads and Casts are cheap), whatever the machine."""
+    import onnxcampo.api as api
+
+    monkeypatch.setattr(api, "load_cost_model",
+                        lambda device_db=None: FakeCost(speedup=2.0, unaligned_speedup=1.0, pad_us=0.1, cast_us=0.1))
+
+
+def timings(**ms) -> dict[str, Timing]:
+    return {name: Timing(name, ms=value) for name, value in ms.items()}
+
+
+def test_candidates_are_campo_without_comparison_without_padding_amp_and_fp32():
+    config = OptimizeConfig(tune="cuda", min_gain=0.05)
+    candidates = candidate_configs(config)
+    assert list(candidates) == ["fp32", "amp", "campo", "campo-nopad"]
+    assert all(c.tune is None and c.min_gain == 0.05 for c in candidates.values())
+    assert candidates["campo"].policy == "campo" and not candidates["campo"].compare_plans
+    assert not candidates["campo-nopad"].pad_tensor_cores
+    assert (candidates["amp"].policy, candidates["fp32"].policy) == ("amp", "fp32")
+    assert "campo-nopad" not in candidate_configs(config.replace(pad_tensor_cores=False))
+
+
+def test_choose_keeps_fp32_unless_a_mixed_plan_is_min_gain_faster():
+    assert choose(timings(fp32=10.0, amp=9.0, campo=8.0), 0.02) == "campo"
+    assert choose(timings(fp32=10.0, amp=9.9, campo=9.85), 0.02) == "fp32"  # 1.5 % is noise
+    assert choose(timings(fp32=10.0, amp=9.9, campo=9.85), 0.0) == "campo"
+    assert choose(timings(fp32=10.0, amp=12.0, campo=11.0), 0.02) == "fp32"
+
+
+def test_choose_skips_failed_and_non_finite_candidates():
+    found = timings(fp32=10.0, amp=5.0, campo=6.0)
+    found["amp"].finite = False
+    assert choose(found, 0.02) == "campo"
+    found["campo"] = Timing("campo", error="ORT rejected it")
+    assert choose(found, 0.02) == "fp32"
+    with pytest.raises(CampoError, match="could not time the fp32 model"):
+        choose({"fp32": Timing("fp32", error="no GPU"), "amp": Timing("amp", ms=1.0)}, 0.02)
+
+
+def test_tune_times_every_distinct_candidate_and_returns_the_chosen_one(padding_pays):
+    model = odd_mlp(batch=64)
+    result = onnxcampo.optimize(model, tune="cpu")
+    tuning = result.report["tuning"]
+    entries = tuning["candidates"]
+    assert set(entries) == {"fp32", "amp", "campo", "campo-nopad"}  # campo padded: its unpadded plan is a candidate
+    timed = {name for name, entry in entries.items() if "ms" in entry}
+    assert "fp32" in timed and tuning["chosen"] in timed
+    for name in timed:
+        entry = entries[name]
+        assert len(entry["blocks_ms"]) == tune_mod.ROUNDS and entry["ms"] == pytest.approx(np.median(entry["blocks_ms"]))
+        assert entry["runs_per_block"] >= 1 and entry["finite"]
+        assert entry["max_rel_err"] < 1e-2  # the CPU EP computes fp16 ops in fp32: only I/O rounding
+    for name, entry in entries.items():
+        assert ("same_as" in entry) != (name in timed)
+    # the returned model is the chosen candidate's, built as the untuned optimize builds it
+    chosen = tuning["chosen"]
+    alone = onnxcampo.optimize(model, config=candidate_configs(OptimizeConfig(tune="cpu"))[chosen])
+    assert result.model.graph.SerializeToString(deterministic=True) == alone.model.graph.SerializeToString(deterministic=True)
+    assert graph_io.metadata(result.model, "onnxcampo.policy") == "campo"
+    assert result.report["policy"] == "campo" and result.report["chosen_plan"] == chosen
+    assert any(note.startswith("tuned on cpu:") for note in result.report["notes"])
+    x = np.random.default_rng(1).standard_normal((64, 1001)).astype(np.float32)
+    ref = run(make_session(model), {"x": x})
+    out = run(make_session(result.model), {"x": x})
+    np.testing.assert_allclose(out["a1"], ref["a1"], rtol=0.05, atol=0.05)
+
+
+def test_tune_keeps_the_measured_fastest(monkeypatch, padding_pays):
+    """Whatever the cost model predicts, the measured times decide (here: amp measured fastest)."""
+    def fake_measure(results, config, inputs):
+        return {name: Timing(name, ms={"fp32": 10.0, "amp": 4.0}.get(name, 7.0)) for name in results}
+
+    monkeypatch.setattr(tune_mod, "_measure", fake_measure)
+    result = onnxcampo.optimize(odd_mlp(batch=64), tune="cpu")
+    assert result.report["chosen_plan"] == "amp"
+    amp = onnxcampo.optimize(odd_mlp(batch=64), policy="amp")
+    assert result.model.graph.SerializeToString(deterministic=True) == amp.model.graph.SerializeToString(deterministic=True)
+    assert graph_io.metadata(result.model, "onnxcampo.policy") == "campo"
+    assert result.report["tuning"]["candidates"]["amp"]["ms"] == 4.0
+
+
+def test_tune_uses_the_given_inputs_and_reports_bad_ones():
+    model = odd_mlp(batch=8)
+    x = np.ones((8, 1001), np.float32)
+    result = onnxcampo.optimize(model, tune="cpu", inputs={"x": x})
+    assert "ms" in result.report["tuning"]["candidates"]["fp32"]
+    with pytest.raises(CampoError, match="could not run the fp32 model on cpu: feeds do not match"):
+        onnxcampo.optimize(model, tune="cpu", inputs={"y": x})
+
+
+def test_tune_a_training_step_runs_it_in_the_trainer():
+    step = build_train_step(small_mlp(), loss="cross_entropy", optimizer="momentum", lr=0.05)
+    result = onnxcampo.optimize(step, tune="cpu")
+    entries = result.report["tuning"]["candidates"]
+    timed = [name for name, entry in entries.items() if "ms" in entry]
+    assert "fp32" in timed
+    for name in timed:
+        assert np.isfinite(entries[name]["loss"]) and entries[name]["finite"]
+    trainer = Trainer(result.model)
+    losses = [trainer.step(batch) for batch in [_batch(step)] * 3]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def _batch(step: onnx.ModelProto) -> dict[str, np.ndarray]:
+    from training.test_step import CLASSES, X
+
+    return {"x": X, "labels": CLASSES}
+
+
+def test_tune_applies_to_campo_only():
+    with pytest.raises(ConfigError, match="does not apply to --policy amp"):
+        onnxcampo.optimize(odd_mlp(batch=8), policy="amp", tune="cpu")
+    with pytest.raises(ConfigError, match="unknown tuning provider"):
+        OptimizeConfig(tune="tpu")
+
+
+def test_cli_tune_writes_the_tuned_model_and_reports_the_times(tmp_path, capsys):
+    source, output, report = tmp_path / "odd.onnx", tmp_path / "out.onnx", tmp_path / "report.json"
+    onnx.save(odd_mlp(batch=64), source)
+    assert main(["optimize", str(source), str(output), "--tune", "cpu", "--report", str(report)]) == 0
+    err = capsys.readouterr().err
+    assert "note: tuned on cpu: fp32 " in err
+    written = json.loads(report.read_text())
+    assert written["tuning"]["provider"] == "cpu" and written["chosen_plan"] == written["tuning"]["chosen"]
+    assert graph_io.metadata(onnx.load(output), "onnxcampo.policy") == "campo"
+    assert main(["optimize", str(source), str(tmp_path / "amp.onnx"), "--policy", "amp", "--tune", "cpu"]) == 2
+    assert "--tune chooses among campo's candidate plans" in capsys.readouterr().err
+    assert not (tmp_path / "amp.onnx").exists()
