@@ -46,6 +46,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tune", choices=TUNE_PROVIDERS, metavar="PROVIDER",
                         help="time campo's candidate plans (its own, without padding, amp, fp32) on this ONNX "
                              "Runtime provider (cuda or cpu) and keep the fastest; inputs from --inputs or random")
+    parser.add_argument("--tune-tolerance", type=float, default=0.02, metavar="SHARE",
+                        help="--tune keeps no candidate whose outputs differ from the fp32 plan's by more than this "
+                             "share of the largest |output| (default 0.02)")
     parser.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
@@ -72,6 +75,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         loss_scaling=not args.no_loss_scaling,
         int8_avg=args.int8_avg,
         tune=args.tune,
+        tune_tolerance=args.tune_tolerance,
     )
 
 

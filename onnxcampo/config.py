@@ -45,6 +45,8 @@ class OptimizeConfig:
             ``cpu``): build campo's candidate plans (campo's own, without padding, amp, fp32), time
             each on that provider and keep the fastest (fp32 unless a mixed one is ``min_gain``
             faster; ``onnxcampo.tune``). Needs the provider on this machine.
+        tune_tolerance: with ``tune``, an inference candidate whose outputs differ from the fp32
+            plan's by more than this share of the largest |fp32 output| is not kept (0.02).
         int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
             ``ai.onnxcampo::AvgMatMulInteger`` custom op: 16-bit tree-averaging accumulation
             (``docs/avg-matmul.md``). The written model needs the custom-op library to run.
@@ -67,6 +69,7 @@ class OptimizeConfig:
     loss_scaling: bool = True
     int8_avg: bool = False
     tune: str | None = None
+    tune_tolerance: float = 0.02
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -77,6 +80,8 @@ class OptimizeConfig:
             )
         if self.tune is not None and self.tune not in TUNE_PROVIDERS:
             raise ConfigError(f"unknown tuning provider {self.tune!r}; choose one of {', '.join(TUNE_PROVIDERS)}")
+        if not self.tune_tolerance > 0:
+            raise ConfigError(f"tune_tolerance must be > 0, got {self.tune_tolerance}")
         if not 0 <= self.min_gain < 1:
             raise ConfigError(f"min_gain must be in [0, 1), got {self.min_gain}")
         for name, dims in self.input_shapes.items():

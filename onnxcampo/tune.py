@@ -7,20 +7,25 @@ the candidate plans (campo's own, campo's without Tensor Core padding when it pa
 amp plan, fp32), runs each on ONNX Runtime with that provider and keeps the fastest, as
 TensorRT's builder times its tactics. Identical candidates are timed once.
 
-Timing: every candidate gets its session and warm-up; then rounds of blocks of at least
-``BLOCK_MS`` run in turn over the candidates (so a drift of the device's clocks touches all of
-them alike) and each candidate's time is the median of its block means. Inference models run
-through IO binding (inputs on the device, outputs pre-bound); training steps run in a
-:class:`~onnxcampo.training.trainer.Trainer` from the graph's starting weights, one batch
-resident, as ``onnxcampo train`` would run them.
+Timing: each candidate runs in its own session, one session alive at a time (as the model will
+run; sessions side by side in one process slowed host-bound runs by up to 60 % on the H200): a
+warm-up, then ``BLOCKS`` blocks of at least ``BLOCK_MS``; that twice (``PASSES``), in fresh
+sessions and rotated order, since a session's start (cuDNN's algorithm search, memory layout)
+moves small runs by more than the blocks of one session do. A candidate's time is the median of
+all its block means. Inference models run through IO binding (inputs on the device, outputs
+pre-bound); training steps run in a :class:`~onnxcampo.training.trainer.Trainer` from the
+graph's starting weights, one batch resident, as ``onnxcampo train`` runs them.
 
-A candidate whose outputs (inference) or loss (training) are not finite where fp32's are is
-dropped. fp32 is kept unless a mixed candidate is measured at least ``min_gain`` faster: the
+Dropped: a candidate whose outputs (inference) or loss (training) are not finite where fp32's
+are, and (inference) one whose outputs differ from the fp32 plan's on the same inputs by more
+than ``tune_tolerance`` of the largest |fp32 output| (default 0.02: the benchmark's accuracy
+tolerance). fp32 is kept unless a mixed candidate is measured at least ``min_gain`` faster: the
 same rule the predicted comparison follows, now on measured times.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import statistics
@@ -38,7 +43,8 @@ from onnxcampo.errors import CampoError, ConfigError
 log = logging.getLogger(__name__)
 
 BLOCK_MS = 20.0  # a timed block lasts at least this long
-ROUNDS = 7  # blocks per candidate; the median is kept
+BLOCKS = 5  # timed blocks per candidate and pass
+PASSES = 2  # fresh sessions per candidate; the median over all their blocks is kept
 WARMUP_S = 0.2  # warm-up per candidate (at least WARMUP_RUNS runs)
 WARMUP_RUNS = 3
 
@@ -92,7 +98,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     timed = _measure(results, config, inputs)
     timings = {name: timed.get(name) or Timing(name, same_as=same[name]) for name in candidate_configs(config)
                if name in timed or name in same}
-    chosen = choose(timings, config.min_gain)
+    chosen = choose(timings, config.min_gain, config.tune_tolerance)
     result = results[chosen]
     graph_io.set_metadata(result.model, "onnxcampo.policy", "campo")
     report = result.report
@@ -100,18 +106,21 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     report["policy"] = "campo"
     report["chosen_plan"] = chosen
     report["tuning"] = {
-        "provider": config.tune, "chosen": chosen, "block_ms": BLOCK_MS, "rounds": ROUNDS,
+        "provider": config.tune, "chosen": chosen, "tolerance": config.tune_tolerance,
+        "block_ms": BLOCK_MS, "blocks": BLOCKS, "passes": PASSES,
         "candidates": {name: {**t.to_json(), **({"predicted_us": predicted[name]["total_us"]} if name in predicted else {})}
                        for name, t in timings.items()},
     }
     report["predicted_us"] = predicted
-    report.setdefault("notes", []).append(f"tuned on {config.tune}: {describe(timings)}; keeping {chosen}")
+    report.setdefault("notes", []).append(f"tuned on {config.tune}: {describe(timings, config.tune_tolerance)}; keeping {chosen}")
     return result
 
 
-def choose(timings: Mapping[str, Timing], min_gain: float) -> str:
-    """The fastest usable candidate; fp32 unless a mixed one is at least ``min_gain`` faster."""
-    usable = {name: t.ms for name, t in timings.items() if t.ms is not None and t.finite and t.error is None}
+def choose(timings: Mapping[str, Timing], min_gain: float, tolerance: float = math.inf) -> str:
+    """The fastest usable candidate (timed, finite, within ``tolerance`` of fp32's outputs); fp32
+    unless a mixed one is at least ``min_gain`` faster."""
+    usable = {name: t.ms for name, t in timings.items()
+              if t.ms is not None and t.finite and t.error is None and (t.max_rel_err or 0.0) <= tolerance}
     if "fp32" not in usable:
         raise CampoError(f"--tune could not time the fp32 model: {timings['fp32'].error or 'non-finite outputs'}")
     fastest = min(usable, key=usable.get)
@@ -120,7 +129,7 @@ def choose(timings: Mapping[str, Timing], min_gain: float) -> str:
     return fastest
 
 
-def describe(timings: Mapping[str, Timing]) -> str:
+def describe(timings: Mapping[str, Timing], tolerance: float = math.inf) -> str:
     parts = []
     for name, t in timings.items():
         if t.same_as:
@@ -128,49 +137,75 @@ def describe(timings: Mapping[str, Timing]) -> str:
         elif t.error:
             parts.append(f"{name} failed ({t.error})")
         else:
-            parts.append(f"{name} {t.ms:.3f} ms" + ("" if t.finite else " (non-finite)"))
+            off = t.max_rel_err is not None and t.max_rel_err > tolerance
+            parts.append(f"{name} {t.ms:.3f} ms" + ("" if t.finite else " (non-finite)")
+                         + (f" (error {t.max_rel_err:.2g} > {tolerance:g})" if off else ""))
     return ", ".join(parts)
 
 
 def _measure(results: Mapping, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None) -> dict[str, Timing]:
+    """Time every candidate in ``PASSES`` fresh sessions, one session alive at a time (as the
+    model will run: sessions side by side in one process slowed host-bound runs by up to 60 %
+    on the H200), the order rotated per pass; each pass gives ``BLOCKS`` blocks."""
     from onnxcampo.training.scaling import is_train_step
 
     models = {name: result.model for name, result in results.items()}
-    training = is_train_step(models["fp32"])
-    make = _training_runner if training else _inference_runner
-    timings, runners = {}, {}
-    for name, model in models.items():
-        try:
-            runners[name] = make(model, config, inputs)
-            deadline, runs = time.perf_counter() + WARMUP_S, 0
-            while runs < WARMUP_RUNS or time.perf_counter() < deadline:
-                runners[name].run()
-                runs += 1
-            timings[name] = Timing(name, runs_per_block=_runs_per_block(runners[name]))
-        except Exception as exc:  # an ORT failure of a mixed candidate must not end the tuning
-            if name == "fp32":
-                raise CampoError(f"--tune could not run the fp32 model on {config.tune}: {exc}") from exc
-            log.warning("tune: %s cannot run on %s: %s", name, config.tune, exc)
-            timings[name] = Timing(name, error=str(exc))
-            runners.pop(name, None)
-    blocks = {name: [] for name in runners}
-    for round_index in range(ROUNDS):
-        order = list(runners)
-        order = order[round_index % len(order):] + order[:round_index % len(order)]
-        for name in order:
-            count = timings[name].runs_per_block
-            start = time.perf_counter()
-            for _ in range(count):
-                runners[name].run()
-            blocks[name].append((time.perf_counter() - start) * 1e3 / count)
-    reference = runners["fp32"].result() if "fp32" in runners else None
-    for name, runner in runners.items():
-        timing = timings[name]
-        timing.blocks_ms = [round(b, 4) for b in blocks[name]]
-        timing.ms = round(statistics.median(blocks[name]), 4)
-        runner.judge(timing, reference)
-        log.info("tune: %s %.3f ms (%d blocks of %d)", name, timing.ms, ROUNDS, timing.runs_per_block)
+    make = _TrainingRun if is_train_step(models["fp32"]) else _InferenceRun
+    timings = {name: Timing(name, blocks_ms=[]) for name in models}
+    reference = None
+    for index in range(PASSES):
+        names = list(models)
+        names = names[index % len(names):] + names[:index % len(names)]
+        if index == 0:  # fp32 first: its outputs are the reference of the others
+            names.remove("fp32")
+            names.insert(0, "fp32")
+        for name in names:
+            timing = timings[name]
+            if timing.error:
+                continue
+            try:
+                runner = make(models[name], config, inputs)
+                _warm_up(runner)
+                timing.runs_per_block = timing.runs_per_block or _runs_per_block(runner)
+                timing.blocks_ms += _blocks(runner, timing.runs_per_block)
+                if index == 0:
+                    runner.judge(timing, reference)
+                    if name == "fp32":
+                        reference = runner.result()
+            except Exception as exc:  # an ORT failure of a mixed candidate must not end the tuning
+                if name == "fp32":
+                    raise CampoError(f"--tune could not run the fp32 model on {config.tune}: {exc}") from exc
+                log.warning("tune: %s cannot run on %s: %s", name, config.tune, exc)
+                timing.error = str(exc)
+            finally:
+                runner = None
+                gc.collect()  # the session and its device buffers go before the next one
+    for timing in timings.values():
+        if timing.error:
+            timing.blocks_ms = None
+            continue
+        timing.blocks_ms = [round(b, 4) for b in timing.blocks_ms]
+        timing.ms = round(statistics.median(timing.blocks_ms), 4)
+        log.info("tune: %s %.3f ms (%d blocks of %d runs)", timing.name, timing.ms, len(timing.blocks_ms),
+                 timing.runs_per_block)
     return timings
+
+
+def _warm_up(runner) -> None:
+    deadline, runs = time.perf_counter() + WARMUP_S, 0
+    while runs < WARMUP_RUNS or time.perf_counter() < deadline:
+        runner.run()
+        runs += 1
+
+
+def _blocks(runner, count: int) -> list[float]:
+    blocks = []
+    for _ in range(BLOCKS):
+        start = time.perf_counter()
+        for _ in range(count):
+            runner.run()
+        blocks.append((time.perf_counter() - start) * 1e3 / count)
+    return blocks
 
 
 def _runs_per_block(runner) -> int:
@@ -214,10 +249,6 @@ def _finite(outputs: Mapping[str, np.ndarray]) -> bool:
     return all(np.isfinite(a).all() for a in outputs.values() if np.issubdtype(a.dtype, np.floating))
 
 
-def _inference_runner(model, config, inputs) -> _InferenceRun:
-    return _InferenceRun(model, config, inputs)
-
-
 class _TrainingRun:
     def __init__(self, model: onnx.ModelProto, config: OptimizeConfig, inputs) -> None:
         from onnxcampo.runtime import random_inputs
@@ -242,7 +273,3 @@ class _TrainingRun:
     def judge(self, timing: Timing, reference: float | None) -> None:
         timing.loss = round(self.loss, 6)
         timing.finite = math.isfinite(self.loss) or not (reference is not None and math.isfinite(reference))
-
-
-def _training_runner(model, config, inputs) -> _TrainingRun:
-    return _TrainingRun(model, config, inputs)
