@@ -353,6 +353,20 @@ def _more_sessions(row: dict[str, Any], sessions: int, measure: Callable[[], lis
     row["ms_sessions"] = per_session
 
 
+PAIRED = ("campo", "campo-tune")  # policies whose rows also time the fp32 model right after, in the same process
+
+
+def _paired_fp32(row: dict[str, Any], policy: str, measure: Callable[[], list[float]], stages: Stages) -> None:
+    """``fp32_ms_paired``: the fp32 model (or step graph) timed right after ``policy``'s in the same
+    run (``measure`` makes the session and returns its blocks). Host-bound runs moved by up to 40 %
+    between runs of the same graph an hour apart; the report compares campo with fp32 on these."""
+    if policy not in PAIRED:
+        return
+    with stages("paired_fp32"):
+        row["fp32_ms_paired"] = statistics.median(measure())
+        gc.collect()
+
+
 def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) -> dict[str, Any]:
     import bench_measure as m
     import onnx
@@ -390,6 +404,11 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
             return m.timed_blocks(runner, warmup=1 + s.inference_warmup, blocks=s.inference_blocks,
                                   per_block=per_block)
         _more_sessions(row, s.sessions, again, stages)
+
+        def fp32() -> list[float]:
+            runner = m.BoundRunner(m.make_session(built.path, provider=s.provider), built.feeds, s.provider)
+            return m.timed_blocks(runner, warmup=1 + s.inference_warmup, blocks=s.inference_blocks, per_block=per_block)
+        _paired_fp32(row, policy, fp32, stages)
         if s.tc and not graph:  # the profile of a replayed graph is its base policy's
             try:
                 with stages("tc"):
@@ -471,6 +490,11 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
                               model=step_model, cuda_graph=graph)
         return m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks, per_block=s.train_per_block)
     _more_sessions(row, s.sessions, again, stages)
+
+    def fp32() -> list[float]:
+        runner = m.StepRunner(group.step_graph(), weights=weights, batch=batch, provider=s.provider)
+        return m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks, per_block=s.train_per_block)
+    _paired_fp32(row, policy, fp32, stages)
     row["stage_s"] = stages.seconds
     if not row["finite"]:
         raise m.MeasureError(f"non-finite loss after {row['steps']} steps (last {row['loss_last']})")

@@ -442,3 +442,36 @@ def test_campo_tune_times_the_candidates_on_the_benchmark_inputs(tmp_path):
         assert tuning["provider"] == "cpu" and row["chosen_plan"] == tuning["chosen"]
         assert "ms" in tuning["candidates"]["fp32"] and tuning["chosen"] in tuning["candidates"]
     assert np.isfinite(rows["odd_mlp|4|training|campo-tune"]["tuning"]["candidates"]["fp32"]["loss"])
+    assert all(row["fp32_ms_paired"] > 0 for row in rows.values())  # fp32 timed in the same run
+
+
+def test_campo_against_fp32_same_graph_paired_or_rows():
+    """A campo row that kept every node fp32 and padded nothing is the fp32 graph (1.0 whatever two
+    runs measured); one with fp32 timed in the same run compares with that; else the two rows."""
+    def group(**campo):
+        return {"fp32": _row("m", 1, "inference", "fp32", 1.0), "campo": _row("m", 1, "inference", "campo", 1.25, **campo)}
+
+    assert bench_report.vs_fp32(group(nodes_fp16=0, pads_inserted=0)) == (1.0, "same graph")
+    assert bench_report.vs_fp32(group(nodes_fp16=3, fp32_ms_paired=1.5)) == (pytest.approx(1.2), "paired")
+    assert bench_report.vs_fp32(group(nodes_fp16=3)) == (pytest.approx(0.8), "")
+    assert bench_report.vs_fp32({"fp32": _row("m", 1, "inference", "fp32", 1.0)}) == (None, "")
+    rows = [*group(nodes_fp16=0).values(), _row("n", 1, "inference", "fp32", 1.0),
+            _row("n", 1, "inference", "campo", 1.25, nodes_fp16=3, fp32_ms_paired=1.5)]
+    target = next(t for t in bench_report.evaluate_targets(rows) if "never slower" in t["name"])
+    assert target["met"] is True
+    assert "the fp32 graph itself (no fp16 node, no pad): m b1 inference (measured 0.80x in another run)" in target["text"]
+    assert "1 of 1 compared with fp32 timed in the same run" in target["text"]
+
+
+def test_training_accuracy_is_a_share_of_the_loss_decrease_widened_by_fp32s_spread():
+    ref = _row("m", 8, "training", "fp32-notf32", 10, loss_first=10.0, loss_last=0.001)
+    near_zero = _row("m", 8, "training", "campo", 10, loss_first=10.0, loss_last=0.0015)
+    group = {"fp32-notf32": ref, "campo": near_zero}
+    assert bench_report.accuracy(near_zero, group) == pytest.approx(0.0005 / 9.999)  # not 50 % of the loss
+    assert bench_report.accurate(near_zero, group)
+    ref = _row("m", 8, "training", "fp32-notf32", 10, loss_first=14.0, loss_last=9.0)
+    campo = _row("m", 8, "training", "campo", 10, loss_first=14.0, loss_last=9.5)  # 10 % of the decrease
+    group = {"fp32-notf32": ref, "campo": campo}
+    assert not bench_report.accurate(campo, group)
+    group["fp32"] = _row("m", 8, "training", "fp32", 10, loss_first=14.0, loss_last=9.6)  # fp32 itself: 12 %
+    assert bench_report.tolerance(campo, group) == pytest.approx(0.12) and bench_report.accurate(campo, group)
