@@ -633,11 +633,27 @@ def fit_step_dispatch(rows: Iterable[dict], mode: str = "training") -> dict | No
                     "faster as a CUDA graph"}
 
 
+def fit_run_overhead(rows: Iterable[dict]) -> dict | None:
+    """Fixed cost of a run (``CostModel.run_us``): the fastest inference run replayed as a CUDA
+    graph (``fp32-graph``, one launch: what is left is the call, the launch, the synchronisation
+    and a few microseconds of kernels, so an upper bound). None without such rows."""
+    times = {f"{row.get('model')} b{row.get('batch')}": round(1e3 * row["ms"], 3) for row in rows
+             if row.get("mode") == "inference" and row.get("policy") == "fp32-graph" and row.get("status") == "ok"
+             and isinstance(row.get("ms"), (int, float)) and row["ms"] > 0}
+    if not times:
+        return None
+    fastest = min(times, key=times.get)
+    return {"us": times[fastest], "model": fastest, "samples": len(times),
+            "rule": "smallest fp32-graph inference ms: a replayed run of almost no GPU work"}
+
+
 def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path) -> dict[str, dict]:
-    """Fit ``dispatch_step`` (training) and ``dispatch_model`` (inference) from a benchmark's rows
-    into an existing database file (atomically); returns the entries fitted."""
+    """Fit ``dispatch_step`` (training), ``dispatch_model`` (inference) and ``run_overhead`` from a
+    benchmark's rows into an existing database file (atomically); returns the entries fitted."""
     rows = load_samples(bench_rows_path)
     fitted = {key: entry for mode, key in DISPATCH_KEYS.items() if (entry := fit_step_dispatch(rows, mode))}
+    if fitted and (overhead := fit_run_overhead(rows)):
+        fitted["run_overhead"] = overhead
     if not fitted:
         raise CostModelError(f"{bench_rows_path}: no training step or model with fp32 and fp32-graph rows where "
                              "the CUDA graph ran clearly faster")
@@ -661,7 +677,7 @@ def fit_file(samples_path: str | Path, out_path: str | Path, **kw) -> dict:
             old = json.loads(previous.read_text())
         except (OSError, ValueError):
             old = {}
-        for key in DISPATCH_KEYS.values():
+        for key in (*DISPATCH_KEYS.values(), "run_overhead"):
             if old.get(key):
                 database[key] = old[key]
     write_json(database, out_path)

@@ -42,6 +42,12 @@ class CostModel(abc.ABC):
         0 for models whose node times include it."""
         return 0.0
 
+    def run_us(self) -> float:
+        """Fixed cost of one run whatever its nodes (the call, the launch, the synchronisation):
+        the same for every plan of a model, it makes the predicted totals, and with them the
+        relative ``min_gain``, those of real runs. 0 where unknown."""
+        return 0.0
+
     def chain_factor(self, pattern: str, precision: str) -> float:
         """Time of a fusable chain (``onnxcampo.costdb.chains``) over the sum of its nodes' times
         when all of them run in ``precision`` ("fp32"/"fp16"); 1.0 where nothing is measured."""

@@ -167,6 +167,11 @@ class RegressionCostModel(CostModel):
         whole = self.database.get("dispatch_step" if training else "dispatch_model", {}).get("us")
         return max(single, float(whole)) if isinstance(whole, (int, float)) and whole > 0 else single
 
+    def run_us(self) -> float:
+        """``run_overhead`` fitted from benchmark rows (``costdb fit-step-dispatch``), else 0."""
+        value = self.database.get("run_overhead", {}).get("us")
+        return float(value) if isinstance(value, (int, float)) and value > 0 else 0.0
+
     def chain_factor(self, pattern: str, precision: str) -> float:
         entry = self.database.get("chains", {}).get(pattern, {})
         value = entry.get(precision)

@@ -25,7 +25,9 @@ PrecisionOf = Callable[[str], Precision]
 @dataclass(frozen=True)
 class PlanTime:
     """``total_us`` is the larger of the GPU's work (``nodes_us + casts_us``) and the host's
-    (``dispatch_us``: one dispatch per node launched, Casts and Pad/Slice included)."""
+    (``dispatch_us``: one dispatch per node launched, Casts and Pad/Slice included), plus the
+    fixed cost of a run whatever its plan (``run_us``: the call, launch and synchronisation; it
+    keeps the relative ``--min-gain`` honest for models of a few microseconds of work)."""
 
     total_us: float
     nodes_us: float
@@ -33,11 +35,13 @@ class PlanTime:
     casts: int
     dispatch_us: float = 0.0
     launched: int = 0
+    run_us: float = 0.0
 
     def to_json(self) -> dict:
         return {"total_us": round(self.total_us, 3), "nodes_us": round(self.nodes_us, 3),
                 "casts_us": round(self.casts_us, 3), "casts": self.casts,
-                "dispatch_us": round(self.dispatch_us, 3), "launched_nodes": self.launched}
+                "dispatch_us": round(self.dispatch_us, 3), "launched_nodes": self.launched,
+                "run_us": round(self.run_us, 3)}
 
 
 def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_of: PrecisionOf | None = None) -> float:
@@ -159,7 +163,8 @@ def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
                 cast_us -= ctx.cost.cast_time(ctx.numel(gradient))
     # a training step's nodes cost the host more than single ops do (CostModel.dispatch_us)
     dispatch = ctx.cost.dispatch_us(training=bool(ctx.training_fp32)) * launched
-    return PlanTime(max(nodes_us + cast_us, dispatch), nodes_us, cast_us, casts, dispatch, launched)
+    run = ctx.cost.run_us()
+    return PlanTime(max(nodes_us + cast_us, dispatch) + run, nodes_us, cast_us, casts, dispatch, launched, run)
 
 
 def _pad_nodes(ctx: GraphContext, precision_of: PrecisionOf) -> int:

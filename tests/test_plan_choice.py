@@ -64,3 +64,21 @@ def test_fit_dispatch_takes_the_median_of_dispatch_bound_runs():
              {"op_type": "chain", "chain": "conv_relu", "kernel_us": 1.0, "wall_time_us": 50.0}]
     assert fit_dispatch(rows)["us"] == 3.0 and fit_dispatch(rows)["samples"] == 3
     assert fit_dispatch([{"op_type": "Add", "wall_time_us": 3.0}]) is None  # CPU runs: no kernel time
+
+
+def test_the_fixed_cost_of_a_run_shrinks_a_small_models_relative_gain(tmp_path):
+    """A run's fixed cost (run_overhead) is the same for every plan: it adds to each total, so a
+    gain of a few microseconds on a tiny model no longer clears --min-gain."""
+    small = dict(batch=16, hidden=64, ffn=64)
+    db = _db(tmp_path, fp16_share=0.5)
+    taken = onnxcampo.optimize(mlp(**small), device_db=db)
+    assert taken.report["nodes_fp16"] == 3
+    gain_us = taken.report["predicted_us"]["fp32"]["total_us"] - taken.report["predicted_us"]["amp"]["total_us"]
+    database = json.loads(db.read_text())
+    database["run_overhead"] = {"us": 100 * gain_us, "model": "test", "samples": 1, "rule": "test"}
+    db.write_text(json.dumps(database))
+    kept = onnxcampo.optimize(mlp(**small), device_db=db)
+    predicted = kept.report["predicted_us"]
+    assert predicted["fp32"]["run_us"] == pytest.approx(100 * gain_us)
+    assert predicted["fp32"]["total_us"] - predicted["amp"]["total_us"] == pytest.approx(gain_us)
+    assert kept.report["chosen_plan"] == "fp32" and kept.report["nodes_fp16"] == 0

@@ -259,6 +259,21 @@ def test_step_dispatch_from_benchmark_rows(tmp_path, spread_db):
     fit_file(samples, db_path)
     refit = json.loads(db_path.read_text())  # a refit keeps both
     assert (refit["dispatch_step"]["us"], refit["dispatch_model"]["us"]) == (10.0, 8.0)
+    # the fastest replayed inference run is the fixed cost of a run (upper bound), kept by a refit too
+    assert refit["run_overhead"]["us"] == 500.0 and refit["run_overhead"]["model"] == "a b8"
+    assert RegressionCostModel.load(db_path).run_us() == 500.0
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(CostModelError, match="no training step"):
         add_step_dispatch(tmp_path / "empty.jsonl", db_path)
+
+
+def test_run_overhead_is_the_fastest_replayed_inference_run():
+    from onnxcampo.costdb.fit import fit_run_overhead
+
+    def row(model, ms, policy="fp32-graph", mode="inference", status="ok"):
+        return {"model": model, "batch": 1, "mode": mode, "policy": policy, "ms": ms, "status": status}
+    rows = [row("a", 0.2), row("b", 0.07), row("c", 0.01, status="failed"), row("d", 0.01, policy="fp32"),
+            row("e", 0.01, mode="training")]
+    assert fit_run_overhead(rows) == {"us": 70.0, "model": "b b1", "samples": 2,
+                                      "rule": "smallest fp32-graph inference ms: a replayed run of almost no GPU work"}
+    assert fit_run_overhead(rows[2:]) is None
