@@ -41,7 +41,8 @@ _DEFAULT = UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32)
 # The pipelines are data: analysis passes per policy, then the mutating ones.
 # Every plan starts from the decisions of pass 0 (``Classify``), made once.
 ANALYSIS = {
-    "campo": (AllowByCost(), DenyPropagation(), AllowIslands(), FillInferClear(), ClearByCost(), _DEFAULT),
+    "campo": (AllowByCost(), DenyPropagation(), AllowIslands(), FillInferClear(), ClearByCost(),
+              ClearByCost(infer=True), _DEFAULT),
     "amp": (AllowByCost(greedy=True), DenyPropagation(), FillInferClear(), ClearByCost(greedy=True), _DEFAULT),
     "fp16": (UniformPrecision(Precision.FP16, Reason.POLICY_FP16),),
     "fp32": (UniformPrecision(Precision.FP32, Reason.POLICY_FP32),),

@@ -51,6 +51,10 @@ class Reason(enum.Enum):
     CLEAR_DOES_NOT_PAY = "pass 4: clear op, fp16 does not pay"
     POLICY_FP16 = "policy fp16"
     DEFAULT_FP32 = "left fp32 after the four passes"
+    # Our extension of pass 4: infer-list ops that are not between fp16 ops but next to them
+    # (a bias and activation chain after a GEMM, up to a deny-list op).
+    EDGE_PAYS = "pass 4b: infer op next to fp16 ops whose fp16 run (and the Casts it moves) pays"
+    EDGE_DOES_NOT_PAY = "pass 4b: infer op next to fp16 ops, fp16 does not pay"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,12 @@ Rules, after pass 2 (so no deny-downstream op is ever reopened):
    are switched to fp16 (pass 3 then fills the between nodes);
 4. otherwise each of its fp32 allow nodes, in topological order, is priced together with each
    allow node it reaches through open infer/clear nodes (and the nodes between the two), and
-   joins the one with the largest gain, if any gains.
+   joins the one with the largest gain, if any gains;
+5. an allow node that reaches no other (its island is itself) is priced together with its
+   *tail*: the open infer/clear nodes downstream of it, up to decided nodes (a deny-list op, the
+   graph's end). A GEMM whose bias and activation chain runs up to a LayerNorm's reduction pays
+   in fp16 with that chain, its output Cast moved to the chain's end; pass 4b then prices and
+   paints the tail itself.
 """
 
 from __future__ import annotations
@@ -44,7 +49,14 @@ class AllowIslands(PassBase):
             allow, between = self._island(ctx, node)
             seen.update(n.name for n in allow)
             rejected = [n for n in allow if ctx.plan.get(n.name).reason is Reason.ALLOW_DOES_NOT_PAY]
-            if len(allow) < 2 or not rejected:
+            if not rejected:
+                continue
+            if len(allow) < 2:
+                tail = self._tail(ctx, node)
+                numbers = estimate.delta(ctx, ctx.plan, [node, *tail]) if tail else None
+                if numbers is not None and numbers["gain_us"] > 0:
+                    islands += 1
+                    switched += self._switch(ctx, [node], numbers)
                 continue
             islands += 1
             numbers = estimate.delta(ctx, ctx.plan, rejected + between)
@@ -106,6 +118,17 @@ class AllowIslands(PassBase):
         below = self._reach(ctx, ends, ctx.downstream, passage)
         above = self._reach(ctx, ends, ctx.upstream, passage)
         return [passage[name] for name in passage if name in below and name in above]
+
+    def _tail(self, ctx: GraphContext, start) -> list:
+        """Open infer/clear nodes reached downstream of ``start`` through open nodes only."""
+        tail, seen, queue = [], {start.name}, deque([start])
+        while queue:
+            for neighbour in ctx.downstream(queue.popleft()):
+                if neighbour.name not in seen and self._open(ctx, neighbour):
+                    seen.add(neighbour.name)
+                    tail.append(neighbour)
+                    queue.append(neighbour)
+        return tail
 
     @staticmethod
     def _open(ctx: GraphContext, node) -> bool:

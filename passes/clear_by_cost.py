@@ -22,16 +22,21 @@ from onnxcampo.passes.manager import PassBase, PassResult
 class ClearByCost(PassBase):
     name = "clear_by_cost"
 
-    def __init__(self, *, greedy: bool = False) -> None:
+    def __init__(self, *, greedy: bool = False, infer: bool = False) -> None:
         self.greedy = greedy
+        self.categories = (Category.CLEAR, Category.INFER) if infer else (Category.CLEAR,)
+        self.reasons = ((Reason.EDGE_PAYS, Reason.EDGE_DOES_NOT_PAY) if infer
+                        else (Reason.CLEAR_PAYS, Reason.CLEAR_DOES_NOT_PAY))
         if greedy:
             self.name = "clear_greedy"
+        elif infer:
+            self.name = "edge_by_cost"
 
     def run(self, ctx: GraphContext) -> PassResult:
         open_nodes = {
             n.name: n
             for n in ctx.nodes
-            if not ctx.plan.is_decided(n.name) and ctx.categories[n.name] is Category.CLEAR
+            if not ctx.plan.is_decided(n.name) and ctx.categories[n.name] in self.categories
         }
         fp16 = fp32 = 0
         seen: set[str] = set()
@@ -50,11 +55,12 @@ class ClearByCost(PassBase):
                 continue
             numbers = estimate.delta(ctx, ctx.plan, group)
             pays = numbers["gain_us"] > 0
+            yes, no = self.reasons
             for member in group:
                 if pays:
-                    ctx.plan.decide(member.name, Precision.FP16, Reason.CLEAR_PAYS, **numbers)
+                    ctx.plan.decide(member.name, Precision.FP16, yes, **numbers)
                 else:
-                    ctx.plan.decide(member.name, Precision.FP32, Reason.CLEAR_DOES_NOT_PAY, **numbers)
+                    ctx.plan.decide(member.name, Precision.FP32, no, **numbers)
             fp16 += len(group) if pays else 0
             fp32 += 0 if pays else len(group)
         return PassResult(self.name, False, {"fp16": fp16, "fp32": fp32})

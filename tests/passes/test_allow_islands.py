@@ -46,8 +46,10 @@ def test_chain_that_does_not_pay_is_left_alone():
     assert results[-1].counts == {"islands": 1, "fp16": 0}
 
 
-def test_single_allow_node_is_no_island():
-    """Rule 1: a lone MatMul (no other allow-list node reachable) is no island."""
+def test_single_allow_node_pays_with_its_tail():
+    """Rule 5: a lone MatMul (no other allow-list node reachable) is priced with its tail, the
+    open infer/clear nodes downstream: alone 5 + 2 x 3 > 10, with the Relu 2 x 5 + 2 x 3 < 20
+    (its output Cast moves past the Relu); with 6 us Casts the pair does not pay either."""
     text = f"""
     g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
       [mm] a = MatMul(x, w)
@@ -55,8 +57,28 @@ def test_single_allow_node_is_no_island():
     }}
     """
     ctx, results = islands(text, cast_us=3.0)
+    assert reasons(ctx) == {"mm": "ALLOW_ISLAND_PAYS"}
+    assert ctx.plan.get("mm").numbers == {"fp32_us": 20.0, "fp16_us": 10.0, "cast_us": 6.0, "gain_us": 4.0}
+    assert results[-1].counts == {"islands": 1, "fp16": 1}
+    ctx, results = islands(text, cast_us=6.0)
     assert reasons(ctx) == {"mm": "ALLOW_DOES_NOT_PAY"}
     assert results[-1].counts == {"islands": 0, "fp16": 0}
+
+
+def test_a_tail_stops_at_decided_nodes():
+    """Rule 5: the tail runs through open nodes only; a deny-list op (Exp) and what follows it
+    stay out, so the MatMul is priced with the Relu alone."""
+    text = f"""
+    g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
+      [mm] a = MatMul(x, w)
+      [relu] b = Relu(a)
+      [exp] c = Exp(b)
+      [neg] y = Neg(c)
+    }}
+    """
+    ctx, _ = islands(text, cast_us=3.0)
+    assert reasons(ctx)["mm"] == "ALLOW_ISLAND_PAYS"
+    assert ctx.plan.get("mm").numbers["fp32_us"] == 20.0  # MatMul and Relu, not Neg
 
 
 def test_island_through_clear_ops():
@@ -83,10 +105,12 @@ def test_deny_downstream_cuts_the_island():
 
 
 def test_only_pass_1_decisions_join_an_island():
-    """Rule 1: an allow node fixed by pass 0 (user exclusion) is no member: the other MatMul,
-    alone, stays fp32."""
+    """Rule 1: an allow node fixed by pass 0 (user exclusion) is no member: the other MatMul is
+    alone and priced with its tail only (rule 5: itself, the Add and the Relu, 30 us in fp32;
+    not the excluded MatMul)."""
     ctx, _ = islands(MM_ADD_RELU_MM, cast_us=3.0, exclude_nodes=("^mm2$",))
-    assert reasons(ctx) == {"mm2": "USER_EXCLUDED", "mm1": "ALLOW_DOES_NOT_PAY"}
+    assert reasons(ctx) == {"mm2": "USER_EXCLUDED", "mm1": "ALLOW_ISLAND_PAYS"}
+    assert ctx.plan.get("mm1").numbers["fp32_us"] == 30.0
 
 
 def test_side_branch_is_not_between():
