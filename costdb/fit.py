@@ -607,7 +607,7 @@ STEP_DISPATCH_MIN_GAIN = 1.10  # the CUDA-graph replay must be this much faster:
 DISPATCH_KEYS = {"training": "dispatch_step", "inference": "dispatch_model"}
 
 
-def fit_step_dispatch(rows: Iterable[dict], mode: str = "training") -> dict | None:
+def fit_step_dispatch(rows: Iterable[dict], mode: str = "training", run_us: float = 0.0) -> dict | None:
     """Per-node host time of whole runs (``mode`` "training": steps; "inference": models), from
     benchmark rows (``scripts/bench.py``).
 
@@ -615,8 +615,9 @@ def fit_step_dispatch(rows: Iterable[dict], mode: str = "training") -> dict | No
     CUDA graph (``fp32-graph``: no host dispatch), the host bounded the plain run, which took at
     least ``nodes`` dispatches: its time over its nodes bounds the per-node host time from above
     (it includes GPU time the host did not hide), and it is the figure that makes ``plan_time``'s
-    max(GPU work, dispatch x nodes) reproduce the plain run. The smallest over the models is kept.
-    None without such pairs."""
+    max(GPU work, dispatch x nodes) reproduce the plain run. ``run_us``, the fixed cost of a run
+    (``fit_run_overhead``, which plan_time adds on top), is taken off first. The smallest over the
+    models is kept. None without such pairs."""
     runs: dict[tuple, dict[str, dict]] = {}
     for row in rows:
         if row.get("mode") == mode and row.get("status") == "ok" and isinstance(row.get("ms"), (int, float)):
@@ -625,7 +626,7 @@ def fit_step_dispatch(rows: Iterable[dict], mode: str = "training") -> dict | No
     for (model, batch), policies in sorted(runs.items(), key=str):
         plain, graph = policies.get("fp32"), policies.get("fp32-graph")
         if plain and graph and plain.get("nodes") and plain["ms"] >= STEP_DISPATCH_MIN_GAIN * graph["ms"]:
-            values[f"{model} b{batch}"] = round(1e3 * plain["ms"] / plain["nodes"], 3)
+            values[f"{model} b{batch}"] = round(max(1e3 * plain["ms"] - run_us, 0.0) / plain["nodes"], 3)
     if not values:
         return None
     return {"us": min(values.values()), "samples": len(values), "per_model_us": values,
@@ -651,8 +652,10 @@ def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path) ->
     """Fit ``dispatch_step`` (training), ``dispatch_model`` (inference) and ``run_overhead`` from a
     benchmark's rows into an existing database file (atomically); returns the entries fitted."""
     rows = load_samples(bench_rows_path)
-    fitted = {key: entry for mode, key in DISPATCH_KEYS.items() if (entry := fit_step_dispatch(rows, mode))}
-    if fitted and (overhead := fit_run_overhead(rows)):
+    overhead = fit_run_overhead(rows)
+    run_us = overhead["us"] if overhead else 0.0
+    fitted = {key: entry for mode, key in DISPATCH_KEYS.items() if (entry := fit_step_dispatch(rows, mode, run_us))}
+    if fitted and overhead:
         fitted["run_overhead"] = overhead
     if not fitted:
         raise CostModelError(f"{bench_rows_path}: no training step or model with fp32 and fp32-graph rows where "

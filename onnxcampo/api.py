@@ -91,7 +91,9 @@ def optimize(
     if config.tune is not None:
         from onnxcampo.tune import tune
 
-        return tune(original, config, optimize, inputs)
+        return tune(original, config, optimize, inputs, source)
+    if inputs is not None:
+        raise ConfigError("optimize(inputs=...) feeds tune; without tune it has no use")
     # read_model gave us our own copy: we name its nodes, and the export reuses it in place.
     graph_io.name_nodes(original)
     training = scaling.is_train_step(original)

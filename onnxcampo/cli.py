@@ -45,10 +45,11 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="keep campo's plan even if the fp32 or amp plan is predicted faster")
     parser.add_argument("--tune", choices=TUNE_PROVIDERS, metavar="PROVIDER",
                         help="time campo's candidate plans (its own, without padding, amp, fp32) on this ONNX "
-                             "Runtime provider (cuda or cpu) and keep the fastest; inputs from --inputs or random")
+                             "Runtime provider (cuda or cpu) and keep the fastest; inputs random, or (optimize) "
+                             "from --inputs (a training step: its batch and labels)")
     parser.add_argument("--tune-tolerance", type=float, default=0.02, metavar="SHARE",
-                        help="--tune keeps no candidate whose outputs differ from the fp32 plan's by more than this "
-                             "share of the largest |output| (default 0.02)")
+                        help="--tune keeps no inference candidate whose outputs differ from the fp32 plan's by more "
+                             "than this share of the largest |output| (default 0.02)")
     parser.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
@@ -198,8 +199,13 @@ def _optimize(args: argparse.Namespace) -> int:
     inputs = None
     if config.tune and args.inputs:
         from onnxcampo.runtime import load_inputs_npz
+        from onnxcampo.training.scaling import is_train_step
+        from onnxcampo.training.step import step_spec
 
-        inputs = load_inputs_npz(args.inputs, graph_io.read_model(args.input)[0])
+        model, _ = graph_io.read_model(args.input)
+        # a training step is timed on its batch (and labels); weights and state come from the graph
+        batch = step_spec(model).batch if is_train_step(model) else None
+        inputs = load_inputs_npz(args.inputs, model, only=batch)
     result = optimize(args.input, config=config, inputs=inputs)
     report = result.report
     if args.validate:

@@ -260,11 +260,13 @@ def _check_loaded(vi: onnx.ValueInfoProto, array: np.ndarray, path: Path) -> Non
             )
 
 
-def load_inputs_npz(path: str | os.PathLike[str], model: onnx.ModelProto) -> dict[str, np.ndarray]:
+def load_inputs_npz(path: str | os.PathLike[str], model: onnx.ModelProto,
+                    only: Iterable[str] | None = None) -> dict[str, np.ndarray]:
     """Read user-supplied feeds from an ``.npz`` and check them against the model's inputs.
 
-    Every real input must be present with the model's dtype; inputs backed by an initializer
-    may be overridden; any other key is an error (most likely a typo or the wrong file).
+    Every real input (with ``only``: each of those inputs) must be present with the model's
+    dtype; inputs backed by an initializer may be overridden; any other key is an error (most
+    likely a typo or the wrong file).
     """
     path = Path(path)
     try:
@@ -276,12 +278,14 @@ def load_inputs_npz(path: str | os.PathLike[str], model: onnx.ModelProto) -> dic
         raise ConfigError(f"inputs file {path} is not a readable .npz: {exc}") from exc
 
     all_inputs = {vi.name: vi for vi in model.graph.input}
+    if only is not None:
+        all_inputs = {name: all_inputs[name] for name in only if name in all_inputs}
     unknown = sorted(set(arrays) - set(all_inputs))
     if unknown:
         raise ConfigError(
             f"{path}: unknown input name(s) {unknown}; model inputs are {sorted(all_inputs)}"
         )
-    required = graph_inputs(model)
+    required = [vi for vi in graph_inputs(model) if vi.name in all_inputs]
     missing = [vi.name for vi in required if vi.name not in arrays]
     if missing:
         raise ConfigError(f"{path}: missing input(s) {missing}")
@@ -320,7 +324,7 @@ def _providers(provider: str, cuda_graph: bool = False) -> list[str | tuple[str,
         raise CampoError(
             "provider 'cuda' needs onnxruntime-gpu with CUDAExecutionProvider, but this "
             f"onnxruntime {ort.__version__} offers only {available}; install onnxruntime-gpu "
-            "(and uninstall onnxruntime) or use --provider cpu"
+            "(and uninstall onnxruntime) or choose the cpu provider"
         )
     options = {"use_tf32": "1"}
     if cuda_graph:
@@ -561,7 +565,7 @@ def compare_outputs(
             for name, ref in reference.items()]
 
 
-def _feeds_for(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def feeds_for(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Feeds for the optimized model: same names, cast where it changed a float input type.
 
     An optimizer that does not keep I/O types may turn an fp32 input into fp16; the test
@@ -608,7 +612,7 @@ def validate(
         feeds = random_inputs(original, input_shapes=input_shapes, dim_values=dim_values,
                               seed=seed)
     reference = run(make_session(original, provider=provider), feeds)
-    candidate = run(make_session(optimized, provider=provider), _feeds_for(optimized, feeds))
+    candidate = run(make_session(optimized, provider=provider), feeds_for(optimized, feeds))
     diffs = compare_outputs(reference, candidate, rtol=rtol, atol=atol)
     for diff in diffs:
         logger.debug("validate %s", diff)

@@ -14,12 +14,13 @@ sessions and rotated order, since a session's start (cuDNN's algorithm search, m
 moves small runs by more than the blocks of one session do. A candidate's time is the median of
 all its block means. Inference models run through IO binding (inputs on the device, outputs
 pre-bound); training steps run in a :class:`~onnxcampo.training.trainer.Trainer` from the
-graph's starting weights, one batch resident, as ``onnxcampo train`` runs them.
+graph's starting weights, on one batch, as ``onnxcampo train`` runs them.
 
 Dropped: a candidate whose outputs (inference) or loss (training) are not finite where fp32's
-are, and (inference) one whose outputs differ from the fp32 plan's on the same inputs by more
-than ``tune_tolerance`` of the largest |fp32 output| (default 0.02: the benchmark's accuracy
-tolerance). fp32 is kept unless a mixed candidate is measured at least ``min_gain`` faster: the
+are, and (inference only) one whose outputs differ from the fp32 plan's on the same inputs by
+more than ``tune_tolerance``: of the largest |fp32 output| for float outputs (default 0.02: the
+benchmark's accuracy tolerance), as the share of differing elements for integer ones. Training
+candidates are judged by a finite loss only: their losses come after different numbers of steps. fp32 is kept unless a mixed candidate is measured at least ``min_gain`` faster: the
 same rule the predicted comparison follows, now on measured times.
 """
 
@@ -59,11 +60,14 @@ class Timing:
     runs_per_block: int = 0
     finite: bool = True
     max_rel_err: float | None = None  # inference: against fp32's outputs on the same inputs
-    loss: float | None = None  # training: the loss of the last timed step
+    loss: float | None = None  # training: the loss of the last timed step (not compared: the
+    # candidates ran different numbers of steps; a non-finite loss drops the candidate)
     same_as: str | None = None  # an identical candidate timed in its place
     error: str | None = None
 
     def to_json(self) -> dict:
+        if self.same_as:
+            return {"same_as": self.same_as}
         return {key: value for key, value in self.__dict__.items() if value is not None and key != "name"}
 
 
@@ -78,11 +82,17 @@ def candidate_configs(config: OptimizeConfig) -> dict[str, OptimizeConfig]:
 
 
 def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
-         inputs: Mapping[str, np.ndarray] | None = None):
+         inputs: Mapping[str, np.ndarray] | None = None, source=None):
     """Build the candidates with ``optimize`` (the untuned one), time them on ``config.tune``,
-    and return the fastest one's result, its report extended with ``tuning``."""
+    and return the fastest one's result, its report extended with ``tuning``. ``source``: the
+    input model's path, for the report."""
+    from onnxcampo.runtime import _providers
+
     if config.policy != "campo":
         raise ConfigError(f"--tune chooses among campo's candidate plans; it does not apply to --policy {config.policy}")
+    _providers(config.tune)  # no GPU, no onnxruntime-gpu: say so before building anything
+    if inputs is not None:
+        _check_inputs(model, inputs)
     built, results, same, seen = {}, {}, {}, {}
     for name, candidate in candidate_configs(config).items():
         if name == "campo-nopad" and not built["campo"].report.get("pads_inserted"):
@@ -112,8 +122,24 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
                        for name, t in timings.items()},
     }
     report["predicted_us"] = predicted
+    report["plans"] = built["campo"].report.get("plans", report.get("plans"))
+    report["input"] = str(source) if source else report.get("input")
     report.setdefault("notes", []).append(f"tuned on {config.tune}: {describe(timings, config.tune_tolerance)}; keeping {chosen}")
     return result
+
+
+def _check_inputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> None:
+    """The given inputs name the model's inputs (a training step's: its batch), no more, no less."""
+    from onnxcampo.runtime import graph_inputs
+    from onnxcampo.training.scaling import is_train_step
+    from onnxcampo.training.step import step_spec
+
+    training = is_train_step(model)
+    expected = set(step_spec(model).batch) if training else {vi.name for vi in graph_inputs(model)}
+    missing, unknown = sorted(expected - set(inputs)), sorted(set(inputs) - expected)
+    if missing or unknown:
+        raise ConfigError(f"tune inputs do not match the model's {'batch' if training else 'inputs'}: "
+                          f"missing {missing}, unknown {unknown}")
 
 
 def choose(timings: Mapping[str, Timing], min_gain: float, tolerance: float = math.inf) -> str:
@@ -218,10 +244,11 @@ def _runs_per_block(runner) -> int:
 class _InferenceRun:
     def __init__(self, model: onnx.ModelProto, config: OptimizeConfig, inputs) -> None:
         from onnxcampo.profile import BoundRunner, check_feeds
-        from onnxcampo.runtime import make_session, random_inputs
+        from onnxcampo.runtime import feeds_for, make_session, random_inputs
 
-        feeds = inputs if inputs is not None else random_inputs(model, input_shapes=config.input_shapes,
-                                                                dim_values=config.dim_values)
+        # given inputs are fp32 where the model was; a candidate with fp16 inputs gets them cast
+        feeds = feeds_for(model, inputs) if inputs is not None else random_inputs(
+            model, input_shapes=config.input_shapes, dim_values=config.dim_values)
         session = make_session(model, provider=config.tune)
         check_feeds(session, feeds)
         self.runner = BoundRunner(session, feeds, "cuda" if config.tune == "cuda" else "cpu")
@@ -233,20 +260,36 @@ class _InferenceRun:
         return self.runner.outputs()
 
     def judge(self, timing: Timing, reference: dict[str, np.ndarray] | None) -> None:
-        outputs = self.result()
-        timing.finite = _finite(outputs) or reference is None or not _finite(reference)
-        if reference is None:
+        if reference is None:  # fp32 itself
             return
-        worst = 0.0
-        for name, ref in reference.items():
-            if np.issubdtype(ref.dtype, np.floating) and np.isfinite(ref).all():
-                scale = float(np.abs(ref).max()) or 1.0
-                worst = max(worst, float(np.abs(outputs[name].astype(np.float64) - ref).max()) / scale)
-        timing.max_rel_err = round(worst, 6)
+        timing.max_rel_err = output_error(reference, self.result())
+        timing.finite = timing.max_rel_err is None or math.isfinite(timing.max_rel_err)
 
 
-def _finite(outputs: Mapping[str, np.ndarray]) -> bool:
-    return all(np.isfinite(a).all() for a in outputs.values() if np.issubdtype(a.dtype, np.floating))
+def output_error(reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> float | None:
+    """The largest error over the outputs: float outputs ``max |out - ref| / max |ref|`` where the
+    reference is finite (``inf`` if the output is not finite there); integer and bool outputs the
+    share of elements that differ (an arg-max that moved). None when nothing could be compared."""
+    worst = None
+    for name, ref in reference.items():
+        out = np.asarray(outputs[name])
+        if np.issubdtype(ref.dtype, np.floating):
+            kept = np.isfinite(ref)
+            if not kept.any():
+                continue
+            ref_kept, out_kept = ref[kept].astype(np.float64), out[kept].astype(np.float64)
+            if not np.isfinite(out_kept).all():
+                return math.inf
+            error = float(np.abs(out_kept - ref_kept).max()) / (float(np.abs(ref_kept).max()) or 1.0)
+        elif ref.size:
+            error = float(np.mean(out != ref))
+        else:
+            continue
+        worst = error if worst is None else max(worst, error)
+    if worst is None:
+        log.warning("tune: no output could be compared with fp32's (all non-finite or empty)")
+        return None
+    return round(worst, 6)
 
 
 class _TrainingRun:

@@ -353,6 +353,7 @@ def _more_sessions(row: dict[str, Any], sessions: int, measure: Callable[[], lis
     row["ms_sessions"] = per_session
 
 
+TUNE_CACHE_TAG = "t2"  # bump when --tune's measurement changes: cached campo-tune step graphs are then rebuilt
 PAIRED = ("campo", "campo-tune")  # policies whose rows also time the fp32 model right after, in the same process
 
 
@@ -362,9 +363,12 @@ def _paired_fp32(row: dict[str, Any], policy: str, measure: Callable[[], list[fl
     between runs of the same graph an hour apart; the report compares campo with fp32 on these."""
     if policy not in PAIRED:
         return
-    with stages("paired_fp32"):
-        row["fp32_ms_paired"] = statistics.median(measure())
-        gc.collect()
+    try:
+        with stages("paired_fp32"):
+            row["fp32_ms_paired"] = statistics.median(measure())
+    except Exception as exc:  # noqa: BLE001 - the row's own timing stands without it
+        row["fp32_paired_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+    gc.collect()
 
 
 def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) -> dict[str, Any]:
@@ -430,7 +434,9 @@ def training_variant(group: Group, policy: str) -> tuple[Path, dict[str, Any]]:
     policy = pol.graph_base(policy)  # a CUDA-graph policy replays its base policy's graph
     if policy in ("fp32", "fp32-notf32"):
         return step, {"convert_s": 0.0}
-    path = bench_models.cache_dir() / f"{step.stem}-{policy}.onnx"
+    # campo-tune's choice depends on where and by which version of --tune it was timed
+    tuned = f"-{group.settings.provider}-{TUNE_CACHE_TAG}" if policy == "campo-tune" else ""
+    path = bench_models.cache_dir() / f"{step.stem}-{policy}{tuned}.onnx"
     info_path = path.with_suffix(".json")
     if path.is_file() and info_path.is_file():
         return path, {**json.loads(info_path.read_text()), "cached": True}

@@ -95,6 +95,7 @@ def group_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[st
 
 
 FP32_FAMILY = ("fp32", "fp32-graph")  # fp32 arithmetic (TF32 on), like the reference but for TF32 and kernel choice
+TRAIN_TOL_CAP = 10 * TRAIN_TOL  # fp32's spread widens the training tolerance up to this
 
 
 def accuracy(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> float | None:
@@ -114,12 +115,12 @@ def accuracy(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> float | N
 
 def tolerance(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> float:
     """Inference: INFER_TOL. Training: TRAIN_TOL, or the largest gap of the fp32 (TF32) runs of
-    the same step graph when that is larger: what TF32 and run-to-run kernel choice alone move
-    the loss by (PP-OCR's recognizer: the same fp32 graph ended 10.20 and 9.52 in two runs)."""
+    the same step graph when that is larger (at most TRAIN_TOL_CAP): what TF32 and run-to-run
+    kernel choice alone move the loss by (PP-OCR's recognizer: the same fp32 graph ended 10.20 and 9.52 in two runs)."""
     if row.get("mode") == "inference":
         return INFER_TOL
     spread = [accuracy(group[p], group) for p in FP32_FAMILY if _ok(group.get(p))]
-    return max([TRAIN_TOL, *(v for v in spread if v is not None)])
+    return min(max([TRAIN_TOL, *(v for v in spread if v is not None)]), TRAIN_TOL_CAP)
 
 
 def accurate(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> bool:
@@ -257,7 +258,7 @@ def evaluate_targets(rows: list[dict[str, Any]], campo: str = "campo") -> list[d
             bad.append(f"{key[0]} b{key[1]} {key[2]}: {'n/a' if value is None else f'{value:.2e}'}"
                        + (f" (tolerance {widened:.2e}: fp32's own spread)" if widened > TRAIN_TOL and key[2] == "training" else ""))
     out.append({"name": f"{campo} accuracy within tolerance (inference max rel err <= {INFER_TOL}, "
-                        f"training loss gap <= {TRAIN_TOL} of the loss decrease, or fp32's own spread)",
+                        f"training loss gap <= {TRAIN_TOL} of the loss decrease, or fp32's own spread up to {TRAIN_TOL_CAP:g})",
                 "met": (not bad) if checked else None,
                 "text": f"outside on {'; '.join(bad)}" if bad else f"within on all {checked}"})
     return out

@@ -87,6 +87,9 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=25, help="op types shown (default 25)")
     p.add_argument("--out", type=Path, help="JSON file to write")
     args = p.parse_args(argv)
+    replayed = [policy for policy in args.policies.split(",") if policy in pol.GRAPH_POLICIES]
+    if replayed:
+        p.error(f"{', '.join(replayed)}: a replayed CUDA graph has no per-kernel profile; profile its base policy")
     if args.wheels:
         pol.install_wheels(args.wheels)
     with tempfile.TemporaryDirectory(prefix="onnxcampo-profile-") as tmp:

@@ -158,7 +158,7 @@ def test_tune_uses_the_given_inputs_and_reports_bad_ones():
     x = np.ones((8, 1001), np.float32)
     result = onnxcampo.optimize(model, tune="cpu", inputs={"x": x})
     assert "ms" in result.report["tuning"]["candidates"]["fp32"]
-    with pytest.raises(CampoError, match="could not run the fp32 model on cpu: feeds do not match"):
+    with pytest.raises(ConfigError, match=r"tune inputs do not match the model's inputs: missing \['x'\], unknown \['y'\]"):
         onnxcampo.optimize(model, tune="cpu", inputs={"y": x})
 
 
@@ -205,3 +205,55 @@ def test_cli_tune_writes_the_tuned_model_and_reports_the_times(tmp_path, capsys)
     assert main(["optimize", str(source), str(tmp_path / "amp.onnx"), "--policy", "amp", "--tune", "cpu"]) == 2
     assert "--tune chooses among campo's candidate plans" in capsys.readouterr().err
     assert not (tmp_path / "amp.onnx").exists()
+
+
+def test_output_error_compares_where_fp32_is_finite_and_counts_moved_integers():
+    ref = {"y": np.array([1.0, np.inf, -2.0], np.float32), "k": np.array([3, 1, 2, 0], np.int64)}
+    assert tune_mod.output_error(ref, {"y": np.array([1.1, 5.0, -2.0], np.float32), "k": ref["k"]}) == pytest.approx(0.05)
+    assert tune_mod.output_error(ref, {"y": np.array([1.0, 0.0, np.nan], np.float32), "k": ref["k"]}) == np.inf
+    moved = {"y": ref["y"].copy(), "k": np.array([3, 1, 0, 0], np.int64)}  # one arg-max of four moved
+    assert tune_mod.output_error(ref, moved) == pytest.approx(0.25)
+    assert tune_mod.output_error({"y": np.full(2, np.nan, np.float32)}, {"y": np.zeros(2, np.float32)}) is None
+
+
+def test_fp16_inputs_of_a_candidate_get_the_given_fp32_inputs_cast():
+    """--no-keep-io-types: the mixed candidates take fp16 inputs; the given fp32 inputs are cast
+    for them instead of failing them."""
+    x = np.random.default_rng(0).standard_normal((64, 1001)).astype(np.float32)
+    result = onnxcampo.optimize(odd_mlp(), tune="cpu", keep_io_types=False, inputs={"x": x},
+                                pad_tensor_cores=False)
+    entries = result.report["tuning"]["candidates"]
+    assert "error" not in entries["amp"] and "ms" in entries["amp"]
+
+
+def test_inputs_without_tune_are_refused():
+    with pytest.raises(ConfigError, match="feeds tune"):
+        onnxcampo.optimize(odd_mlp(), inputs={"x": np.zeros((64, 1001), np.float32)})
+
+
+def test_tuned_report_names_its_input_and_campos_plans(tmp_path, monkeypatch, padding_pays):
+    def fake_measure(results, config, inputs):
+        return {name: Timing(name, ms={"fp32": 10.0}.get(name, 4.0 if name == "amp" else 7.0)) for name in results}
+
+    monkeypatch.setattr(tune_mod, "_measure", fake_measure)
+    path = tmp_path / "odd.onnx"
+    onnx.save(odd_mlp(), path)
+    report = onnxcampo.optimize(path, tune="cpu").report
+    assert report["input"] == str(path) and report["chosen_plan"] == "amp"
+    assert set(report["plans"]) == {"campo", "fp32", "amp"}  # campo's comparison, not the amp build's
+
+
+def test_cli_tune_inputs_of_a_training_step_are_its_batch(tmp_path, capsys):
+    from training.test_step import CLASSES, X
+
+    step = tmp_path / "step.onnx"
+    onnx.save(build_train_step(small_mlp(), loss="cross_entropy", optimizer="momentum", lr=0.05), step)
+    np.savez(tmp_path / "batch.npz", x=X, labels=CLASSES)
+    assert main(["optimize", str(step), str(tmp_path / "out.onnx"), "--tune", "cpu", "--inputs",
+                 str(tmp_path / "batch.npz")]) == 0
+    assert "note: tuned on cpu: fp32 " in capsys.readouterr().err
+    np.savez(tmp_path / "bad.npz", x=X, labels=CLASSES, w1=np.zeros(3, np.float32))
+    assert main(["optimize", str(step), str(tmp_path / "out2.onnx"), "--tune", "cpu", "--inputs",
+                 str(tmp_path / "bad.npz")]) == 2
+    assert "unknown input name(s) ['w1']" in capsys.readouterr().err
+    assert not (tmp_path / "out2.onnx").exists()
