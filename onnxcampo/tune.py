@@ -189,6 +189,7 @@ def _measure(results: Mapping, config: OptimizeConfig, inputs: Mapping[str, np.n
             timing = timings[name]
             if timing.error:
                 continue
+            log.info("tune: timing %s (session %d of %d)", name, index + 1, PASSES)
             try:
                 runner = make(models[name], config, inputs)
                 _warm_up(runner)

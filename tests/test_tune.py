@@ -194,6 +194,7 @@ def test_cli_tune_writes_the_tuned_model_and_reports_the_times(tmp_path, capsys)
     assert main(["optimize", str(source), str(output), "--tune", "cpu", "--report", str(report)]) == 0
     err = capsys.readouterr().err
     assert "note: tuned on cpu: fp32 " in err
+    assert "tune: building the amp candidate" in err and "tune: timing fp32 (session 2 of 2)" in err  # progress
     written = json.loads(report.read_text())
     assert written["tuning"]["provider"] == "cpu" and written["chosen_plan"] == written["tuning"]["chosen"]
     assert graph_io.metadata(onnx.load(output), "onnxcampo.policy") == "campo"
