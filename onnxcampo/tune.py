@@ -97,7 +97,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     for name, candidate in candidate_configs(config).items():
         if name == "campo-nopad" and not built["campo"].report.get("pads_inserted"):
             continue  # campo padded nothing: the same graph
-        log.info("tune: building the %s candidate", name)
+        log.info("building the %s candidate", name)
         built[name] = optimize(model, config=candidate)
         key = built[name].model.graph.SerializeToString(deterministic=True)
         if key in seen:
@@ -189,7 +189,7 @@ def _measure(results: Mapping, config: OptimizeConfig, inputs: Mapping[str, np.n
             timing = timings[name]
             if timing.error:
                 continue
-            log.info("tune: timing %s (session %d of %d)", name, index + 1, PASSES)
+            log.info("timing %s (session %d of %d)", name, index + 1, PASSES)
             try:
                 runner = make(models[name], config, inputs)
                 _warm_up(runner)
@@ -202,7 +202,7 @@ def _measure(results: Mapping, config: OptimizeConfig, inputs: Mapping[str, np.n
             except Exception as exc:  # an ORT failure of a mixed candidate must not end the tuning
                 if name == "fp32":
                     raise CampoError(f"--tune could not run the fp32 model on {config.tune}: {exc}") from exc
-                log.warning("tune: %s cannot run on %s: %s", name, config.tune, exc)
+                log.warning("%s cannot run on %s: %s", name, config.tune, exc)
                 timing.error = str(exc)
             finally:
                 runner = None
@@ -213,7 +213,7 @@ def _measure(results: Mapping, config: OptimizeConfig, inputs: Mapping[str, np.n
             continue
         timing.blocks_ms = [round(b, 4) for b in timing.blocks_ms]
         timing.ms = round(statistics.median(timing.blocks_ms), 4)
-        log.info("tune: %s %.3f ms (%d blocks of %d runs)", timing.name, timing.ms, len(timing.blocks_ms),
+        log.info("%s %.3f ms (%d blocks of %d runs)", timing.name, timing.ms, len(timing.blocks_ms),
                  timing.runs_per_block)
     return timings
 
@@ -288,7 +288,7 @@ def output_error(reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.n
             continue
         worst = error if worst is None else max(worst, error)
     if worst is None:
-        log.warning("tune: no output could be compared with fp32's (all non-finite or empty)")
+        log.warning("no output could be compared with fp32's (all non-finite or empty)")
         return None
     return round(worst, 6)
 
