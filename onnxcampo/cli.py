@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
-    if getattr(args, "tune", None):  # timing candidates takes a while: show its progress
-        logging.getLogger("onnxcampo.tune").setLevel(min(level, logging.INFO))
+    # timing candidates takes a while: show its progress (and only then)
+    logging.getLogger("onnxcampo.tune").setLevel(min(level, logging.INFO) if getattr(args, "tune", None) else logging.NOTSET)
     try:
         if args.command == "optimize":
             return _optimize(args)

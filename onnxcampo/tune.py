@@ -105,10 +105,14 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
         else:
             seen[key] = name
             results[name] = built[name]
-    timed = _measure(results, config, inputs)
+    if list(results) == ["fp32"]:  # every plan is the fp32 graph: nothing to choose, nothing to time
+        log.info("every candidate is the fp32 graph: nothing to time")
+        timed = {"fp32": Timing("fp32")}
+    else:
+        timed = _measure(results, config, inputs)
     timings = {name: timed.get(name) or Timing(name, same_as=same[name]) for name in candidate_configs(config)
                if name in timed or name in same}
-    chosen = choose(timings, config.min_gain, config.tune_tolerance)
+    chosen = "fp32" if len(results) == 1 else choose(timings, config.min_gain, config.tune_tolerance)
     result = results[chosen]
     graph_io.set_metadata(result.model, "onnxcampo.policy", "campo")
     report = result.report
@@ -162,6 +166,8 @@ def describe(timings: Mapping[str, Timing], tolerance: float = math.inf) -> str:
             parts.append(f"{name} = {t.same_as}")
         elif t.error:
             parts.append(f"{name} failed ({t.error})")
+        elif t.ms is None:
+            parts.append(f"{name} not timed")
         else:
             off = t.max_rel_err is not None and t.max_rel_err > tolerance
             parts.append(f"{name} {t.ms:.3f} ms" + ("" if t.finite else " (non-finite)")

@@ -258,3 +258,20 @@ def test_cli_tune_inputs_of_a_training_step_are_its_batch(tmp_path, capsys):
                  str(tmp_path / "bad.npz")]) == 2
     assert "unknown input name(s) ['w1']" in capsys.readouterr().err
     assert not (tmp_path / "out2.onnx").exists()
+
+
+def test_nothing_is_timed_when_every_candidate_is_the_fp32_graph(monkeypatch):
+    """A model with nothing fp16 could pay for (here: no float op but a Relu on a tiny input):
+    every candidate is the fp32 graph, so it is kept without a session."""
+    def no_measure(*args):
+        raise AssertionError("nothing should be timed")
+
+    monkeypatch.setattr(tune_mod, "_measure", no_measure)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    result = onnxcampo.optimize(model, tune="cpu")
+    tuning = result.report["tuning"]
+    assert tuning["chosen"] == "fp32" and tuning["candidates"]["amp"]["same_as"] == "fp32"
+    assert "fp32 not timed" in result.report["notes"][-1]
