@@ -696,16 +696,20 @@ def main(argv=None) -> int:
                 new_group = False
                 try:
                     if item.group in broken:
-                        raise RuntimeError(broken[item.group])
+                        status, text = broken[item.group]
+                        raise pol.Unavailable(text) if status == "unavailable" else RuntimeError(text)
                     if group is None or (group.model, group.batch, group.mode) != item.group:
                         group = None
                         gc.collect()
                         try:
                             group = Group(item.model, item.batch, item.mode, settings, work)
                             new_group = True
+                        except pol.Unavailable as exc:  # e.g. a corpus model whose batch is fixed
+                            broken[item.group] = ("unavailable", str(exc))
+                            raise
                         except Exception as exc:  # noqa: BLE001
-                            broken[item.group] = f"model build failed: {exc.__class__.__name__}: {str(exc)[:400]}"
-                            raise RuntimeError(broken[item.group]) from None
+                            broken[item.group] = ("failed", f"model build failed: {exc.__class__.__name__}: {str(exc)[:400]}")
+                            raise RuntimeError(broken[item.group][1]) from None
                     measure = measure_inference if item.mode == "inference" else measure_training
                     row = measure(group, item.policy, prepare_only=args.prepare_only)
                 except pol.Unavailable as exc:

@@ -494,7 +494,9 @@ def _corpus(key: str):
             dynamic = [vi.name for vi in original.graph.input if vi.name in shapes and shapes[vi.name]
                        and not vi.type.tensor_type.shape.dim[0].dim_value]
             if not dynamic:
-                raise ValueError(f"corpus model {key}: no input has a dynamic batch dim to set to {batch}")
+                from bench_policies import Unavailable
+
+                raise Unavailable(f"corpus model {key}: its batch dim is fixed; no input has a dynamic one to set to {batch}")
             shapes = {name: (batch, *dims[1:]) if name in dynamic else dims for name, dims in shapes.items()}
         entry = dataclasses.replace(entry, input_shapes=shapes)
         model = corpus.pin_input_shapes(original, entry)

@@ -475,3 +475,23 @@ def test_training_accuracy_is_a_share_of_the_loss_decrease_widened_by_fp32s_spre
     assert not bench_report.accurate(campo, group)
     group["fp32"] = _row("m", 8, "training", "fp32", 10, loss_first=14.0, loss_last=9.6)  # fp32 itself: 12 %
     assert bench_report.tolerance(campo, group) == pytest.approx(0.12) and bench_report.accurate(campo, group)
+
+
+def test_a_model_that_cannot_take_the_batch_is_unavailable_not_failed(tmp_path, monkeypatch):
+    """A corpus model whose batch dim is fixed cannot run the large batch: its items are
+    'unavailable' rows with the reason (built once), not failures."""
+    calls = []
+
+    def build(batch, *, training=False, quick=False):
+        calls.append(batch)
+        raise bench_policies.Unavailable("corpus model fixed: its batch dim is fixed; no input has a dynamic one to set to 4")
+
+    spec = bench_models.ModelSpec("fixed", (1,), None, build)
+    monkeypatch.setitem(bench_models.MODELS, "fixed", spec)
+    out = tmp_path / "raw"
+    assert bench.main(["--quick", "--provider", "cpu", "--models", "fixed", "--mode", "inference", "--out", str(out),
+                       "--budget-s", "60", "--wheels", str(tmp_path / "none"), "--policies", "fp32,campo"]) == 0
+    rows = bench.read_rows(out / "cpu.jsonl")
+    assert {r["status"] for r in rows} == {"unavailable"} and len(rows) == 4  # quick batches 1 and 4, two policies
+    assert all("batch dim is fixed" in r["error"] for r in rows)
+    assert calls == [1, 4]  # once per group
