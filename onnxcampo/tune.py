@@ -93,6 +93,10 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     _providers(config.tune)  # no GPU, no onnxruntime-gpu: say so before building anything
     if inputs is not None:
         _check_inputs(model, inputs)
+        for name, dims in config.input_shapes.items():
+            if name in inputs and tuple(np.shape(inputs[name])) != tuple(dims):
+                log.warning("the tuning input %s has shape %s, the plans were costed for %s: the candidates are "
+                            "timed on the given shape", name, list(np.shape(inputs[name])), list(dims))
     built, results, same, seen = {}, {}, {}, {}
     for name, candidate in candidate_configs(config).items():
         if name == "campo-nopad" and not built["campo"].report.get("pads_inserted"):
