@@ -256,7 +256,8 @@ def evaluate_targets(rows: list[dict[str, Any]], campo: str = "campo") -> list[d
         if value is None or not accurate(row, group):
             widened = tolerance(row, group)
             bad.append(f"{key[0]} b{key[1]} {key[2]}: {'n/a' if value is None else f'{value:.2e}'}"
-                       + (f" (tolerance {widened:.2e}: fp32's own spread)" if widened > TRAIN_TOL and key[2] == "training" else ""))
+                       + (f" (tolerance {widened:.2e}: fp32's own spread)" if widened > TRAIN_TOL and key[2] == "training" else "")
+                       + (" (the fp32 graph itself: run-to-run variation)" if vs_fp32(group, campo)[1] == "same graph" else ""))
     out.append({"name": f"{campo} accuracy within tolerance (inference max rel err <= {INFER_TOL}, "
                         f"training loss gap <= {TRAIN_TOL} of the loss decrease, or fp32's own spread up to {TRAIN_TOL_CAP:g})",
                 "met": (not bad) if checked else None,
