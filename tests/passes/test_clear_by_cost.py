@@ -143,3 +143,45 @@ def test_only_clear_nodes_are_decided():
 def test_pass_names():
     assert ClearByCost().name == "clear_by_cost"
     assert ClearByCost(greedy=True).name == "clear_greedy"
+
+
+# Pass 4b (``ClearByCost(infer=True)``): an fp16 MatMul feeds a bias Add and a Tanh that end at
+# an Exp (deny list, fp32). Tail fp32: a Cast of the MatMul's output. Tail fp16: a Cast of the
+# Tanh's output instead (same size): no Cast saved, but the two infer ops run at fp16 speed.
+TAIL = f"""
+g (float[4,8] x) => (float[4,8] y) <{W_INIT}, float[8] b = {{1,2,3,4,5,6,7,8}}> {{
+  [mm] a = MatMul(x, w)
+  [add] s = Add(a, b)
+  [tanh] t = Tanh(s)
+  [exp] y = Exp(t)
+}}
+"""
+
+
+def edge(text, pre, *, cast_us=1.0, speedup=2.0):
+    ctx = build_context(parse(text), cost=FakeCost(cast_us=cast_us, speedup=speedup))
+    run_passes(ctx, Classify())
+    decide(ctx, **pre)
+    run_passes(ctx, ClearByCost(), ClearByCost(infer=True))
+    return ctx
+
+
+def test_infer_tail_of_an_fp16_gemm_goes_fp16_when_it_pays():
+    """Pass 4b: the Add and Tanh (10 us each fp32, 5 us fp16) move the MatMul's Cast to the
+    Tanh's output: 10 us saved, Casts unchanged. (The numbers also count the fp16 MatMul, 5 us
+    either way: MatMul + Add is a fusable chain, so its time depends on the Add's precision.)"""
+    ctx = edge(TAIL, {"mm": "fp16", "exp": "fp32"})
+    assert {n: reasons(ctx)[n] for n in ("add", "tanh")} == dict.fromkeys(("add", "tanh"), "EDGE_PAYS")
+    assert ctx.plan.get("add").numbers == {"fp32_us": 25.0, "fp16_us": 15.0, "cast_us": 0.0, "gain_us": 10.0}
+
+
+def test_infer_tail_stays_fp32_when_fp16_is_no_faster_and_plain_pass_4_leaves_it():
+    """Pass 4b: with no fp16 speed-up nothing is gained: EDGE_DOES_NOT_PAY; pass 4 alone (clear
+    ops only) never looks at infer ops."""
+    ctx = edge(TAIL, {"mm": "fp16", "exp": "fp32"}, speedup=1.0)
+    assert {n: reasons(ctx)[n] for n in ("add", "tanh")} == dict.fromkeys(("add", "tanh"), "EDGE_DOES_NOT_PAY")
+    ctx = build_context(parse(TAIL), cost=FakeCost(cast_us=1.0))
+    run_passes(ctx, Classify())
+    decide(ctx, mm="fp16", exp="fp32")
+    run_passes(ctx, ClearByCost())
+    assert not ctx.plan.is_decided("add") and not ctx.plan.is_decided("tanh")
