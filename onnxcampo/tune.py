@@ -114,8 +114,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
         timed = {"fp32": Timing("fp32")}
     else:
         timed = _measure(results, config, inputs)
-    timings = {name: timed.get(name) or Timing(name, same_as=same[name]) for name in candidate_configs(config)
-               if name in timed or name in same}
+    timings = {name: timed.get(name) or Timing(name, same_as=same[name]) for name in built}
     chosen = "fp32" if len(results) == 1 else choose(timings, config.min_gain, config.tune_tolerance)
     result = results[chosen]
     graph_io.set_metadata(result.model, "onnxcampo.policy", "campo")
@@ -190,11 +189,9 @@ def _measure(results: Mapping, config: OptimizeConfig, inputs: Mapping[str, np.n
     timings = {name: Timing(name, blocks_ms=[]) for name in models}
     reference = None
     for index in range(PASSES):
-        names = list(models)
-        names = names[index % len(names):] + names[:index % len(names)]
-        if index == 0:  # fp32 first: its outputs are the reference of the others
-            names.remove("fp32")
-            names.insert(0, "fp32")
+        # rotated per pass; the first pass keeps candidate_configs' order, fp32 first: its outputs
+        # are the others' reference
+        names = list(models)[index % len(models):] + list(models)[:index % len(models)]
         for name in names:
             timing = timings[name]
             if timing.error:
