@@ -577,12 +577,12 @@ def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     import contextlib
     import tempfile
 
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):  # where it gives up it saves a model in the cwd
         try:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference  # needs sympy (torch has it)
+
             return SymbolicShapeInference.infer_shapes(model) or model
-        except Exception:  # noqa: BLE001 - incomplete: the converter's own inference may do
+        except Exception:  # noqa: BLE001 - incomplete (or no sympy): the converter's own inference may do
             return model
 
 
