@@ -4,7 +4,8 @@ Shared by ``scripts/bench.py`` and ``scripts/gpu_check.py``. Models come from co
 files, because the GPU machine has no network: ResNet-50 (torchvision), BERT-base and GPT-2 small
 (transformers configs, random weights) are exported with torch there; the "odd" models (layers
 1000/1001 wide, 3 input channels) are written with ``onnx.helper`` and need no torch; corpus
-models are read from a folder of cached wheels' ``.onnx`` files (``--corpus-dir``).
+models are read from a folder of cached wheels' ``.onnx`` files (``--corpus-dir``); having no
+PyTorch source, their PyTorch twin is the ONNX file converted by onnx2torch (``onnx_twin``).
 
 Exports are cached under ``$ONNXCAMPO_BENCH_CACHE`` (default ``/tmp/onnxcampo-bench``), keyed by
 model, batch and purpose, so consecutive runs on the GPU machine reuse them while /tmp lives.
@@ -514,8 +515,157 @@ def _corpus(key: str):
         if training:
             dims = _output_shape(model, path, feeds)
             labels = np.random.default_rng(2).integers(0, dims[-1], dims[:-1], dtype=np.int64)
-        return Built(key, batch, path, feeds, labels, None, shape_note=note, lr=CORPUS_LR.get(key, 0.01))
+        return Built(key, batch, path, feeds, labels, onnx_twin(path, feeds, labels), shape_note=note,
+                     lr=CORPUS_LR.get(key, 0.01))
     return build
+
+
+def onnx_twin(model_path: Path, feeds: dict[str, np.ndarray], labels: np.ndarray | None):
+    """A torch twin converted from the ONNX file itself by onnx2torch, for models with no PyTorch source.
+
+    It converts the file the step graph trains and trains the same weights (``_train_like_step_graph``).
+    The module takes the ONNX inputs by name and returns the first output (the logits). onnx2torch
+    and torch are imported when the twin is made; missing, or a model they cannot convert, is
+    ``Unavailable`` with the reason, so the row records why.
+    """
+    def make():
+        from bench_policies import Unavailable
+
+        try:
+            import onnx2torch
+            import torch
+        except ModuleNotFoundError as exc:
+            raise Unavailable(f"{exc.name} not installed (needed for the onnx2torch twin of an ONNX-only model)") from None
+        from onnxcampo.training.trainable import constants_to_initializers, select_trainable
+
+        model = onnx.load(str(model_path))
+        constants_to_initializers(model)  # Paddle's Constant-node weights: the step graph lifts them too
+        weights = set(select_trainable(model).weights)
+        model = _with_shapes(model)
+        try:
+            _add_converters()
+            graph_module = onnx2torch.convert(model, attach_onnx_mapping=True)
+        except Exception as exc:  # noqa: BLE001 - the converter's limits: say which op and why
+            op = _unconvertible(model)
+            raise Unavailable(f"onnx2torch cannot convert {op}: it has no converter for it" if op else
+                              f"onnx2torch cannot convert {model_path.name}: {exc.__class__.__name__}: {str(exc)[:300]}"
+                              ) from None
+        _train_like_step_graph(graph_module, model, weights)
+        initializers = {t.name for t in model.graph.initializer}
+        names = [i.name for i in model.graph.input if i.name not in initializers]
+
+        class Twin(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.converted = graph_module
+
+            def forward(self, **inputs):
+                out = self.converted(*(inputs[name] for name in names))  # placeholders in graph-input order
+                return out[0] if isinstance(out, (tuple, list)) else out
+
+        inputs = {name: torch.from_numpy(value) for name, value in feeds.items()}
+        return Twin(), inputs, None if labels is None else torch.from_numpy(labels)
+    return make
+
+
+def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with the shapes ORT's symbolic inference finds, or as it is where that gives up.
+
+    onnx2torch's BatchNorm converter needs its input's rank; onnx's own inference (which the
+    converter runs) stops at Reshapes to computed shapes, as in ppocr_rec, and ORT's follows them.
+    """
+    import contextlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):  # where it gives up it saves a model in the cwd
+        try:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference  # needs sympy (torch has it)
+
+            return SymbolicShapeInference.infer_shapes(model) or model
+        except Exception:  # noqa: BLE001 - incomplete (or no sympy): the converter's own inference may do
+            return model
+
+
+def _add_converters() -> None:
+    """Register what onnx2torch 1.5.15 lacks and the trained corpus models use (GlobalMaxPool:
+    magika's conv block), through its ``add_converter``; once, and not over a converter it has."""
+    import torch
+    from onnx2torch.node_converters.registry import add_converter, get_converter
+    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+    try:
+        get_converter("GlobalMaxPool", 1)
+        return
+    except NotImplementedError:
+        pass
+
+    class GlobalMaxPool(torch.nn.Module):
+        def forward(self, x):
+            return x.amax(dim=tuple(range(2, x.dim())), keepdim=True)
+
+    add_converter(operation_type="GlobalMaxPool", version=1)(
+        lambda node, graph: OperationConverterResult(GlobalMaxPool(), onnx_mapping_from_node(node)))
+
+
+def _unconvertible(model: onnx.ModelProto) -> str | None:
+    """The first op onnx2torch has no converter for, as ``op (opset N)``."""
+    from onnx2torch.node_converters.registry import get_converter
+
+    opsets = {o.domain: o.version for o in model.opset_import}
+    for node in model.graph.node:
+        try:
+            get_converter(node.op_type, opsets[node.domain], node.domain)
+        except NotImplementedError:
+            return f"{node.op_type} (opset {opsets[node.domain]})"
+    return None
+
+
+def _train_like_step_graph(graph_module, model: onnx.ModelProto, weights: set[str]) -> None:
+    """Make the converted module's trainable tensors the step graph's weights, one to one (in place).
+
+    onnx2torch makes the initializers a Conv, Gemm or normalization absorbs that module's
+    parameters, and every other initializer a buffer, one per use (magika's dense layers are
+    MatMul/Add buffers: PyTorch would train nothing there). A weight used as a buffer becomes one
+    parameter shared by its uses; an absorbed tensor the step graph freezes (a grouped Conv's
+    weight, ``trainable.py``) stops requiring grad.
+    """
+    import math
+
+    import torch
+    from bench_policies import Unavailable
+
+    producers = {out: node for node in model.graph.node for out in node.output}
+    sizes = {t.name: math.prod(t.dims) for t in model.graph.initializer}
+    trained: dict[str, torch.nn.Parameter] = {}
+    for node in graph_module.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = graph_module.get_submodule(node.target)
+        mapping = module.onnx_mapping
+        # the node's arguments are the mapping's inputs less the empty ones, in order (onnx2torch.convert)
+        for value, arg in zip([v for v in mapping.inputs if v], [*node.args, *node.kwargs.values()]):
+            if value in weights and isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                owner, attr = arg.target.rsplit(".", 1)
+                holder = graph_module.get_submodule(owner)
+                tensor = getattr(holder, attr)
+                delattr(holder, attr)
+                holder.register_parameter(attr, trained.setdefault(value, torch.nn.Parameter(tensor)))
+        absorbed = [v for v in producers[mapping.outputs[0]].input if v in sizes and v not in mapping.inputs]
+        own = list(module.named_parameters(recurse=False))
+        if len(own) > len(absorbed) or any(p.numel() != sizes[v] for (_, p), v in zip(own, absorbed)):
+            raise Unavailable(f"onnx2torch's {type(module).__name__} for {node.target}: its parameters do not "
+                              f"match the ONNX initializers {absorbed}")
+        for (attr, param), value in zip(own, absorbed):
+            if value not in weights:
+                param.requires_grad_(False)
+            elif value in trained and trained[value].shape == param.shape:
+                setattr(module, attr, trained[value])
+            else:
+                trained.setdefault(value, param)
+    missing = sorted(weights - set(trained))
+    if missing:
+        raise Unavailable(f"the onnx2torch module holds {len(missing)} of the step graph's weights as no tensor "
+                          f"it can train ({', '.join(missing[:3])})")
 
 
 def logits_before_softmax(model: onnx.ModelProto) -> str | None:

@@ -6,6 +6,8 @@ for matmuls and cuDNN, matching ORT's default ``use_tf32``) and with ``torch.aut
 plus ``GradScaler``. The module runs in eval mode (frozen BatchNorm statistics, no dropout),
 which is what the onnx-ad step graph computes. The batch stays on the device; the loss is read
 back at the end of each timed block only (a step of the ONNX runner reads it every step).
+Corpus models have no PyTorch source: their module is the ONNX file converted by onnx2torch,
+training the step graph's weights (``bench_models.onnx_twin``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def train(built, policy: str, *, provider: str, warmup: int, blocks: int, per_bl
           lr: float = 0.01, momentum: float = 0.9) -> dict[str, Any]:
     """ms per step of each timed block, the first and last loss, and the compile time."""
     if built.torch_module is None:
-        raise Unavailable("no PyTorch source for this model (an ONNX file from the corpus)")
+        raise Unavailable("no PyTorch twin for this model")
     try:
         import torch
         import torch.nn.functional as F

@@ -13,9 +13,11 @@ mkdir -p "$dest"
 plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 # ModelOpt AutoCast and what it imports (five wheels, --no-deps as the issue prescribes), plus
 # nvidia-ml-py (pynvml), which modelopt.onnx imports and the GPU image may lack;
-# onnxconverter-common (pure Python); onnx-ad in case the onnxcampo install there lacks it.
+# onnxconverter-common (pure Python); onnx-ad in case the onnxcampo install there lacks it;
+# onnx2torch (pure Python: the PyTorch twins of the corpus models), which needs torch and imports
+# torchvision when imported (its NMS and RoiAlign converters): the GPU image has both.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$dest" \
   nvidia-modelopt==0.47.0 lief==1.0.0 polygraphy==0.53.6 onnxslim==0.1.98 onnx-graphsurgeon==0.6.1 \
-  onnxconverter-common==1.16.0 onnx-ad==0.3.0 nvidia-ml-py==13.615.71
+  onnxconverter-common==1.16.0 onnx-ad==0.3.0 nvidia-ml-py==13.615.71 onnx2torch==1.5.15
 ls -l "$dest"
 du -sh "$dest"

@@ -371,6 +371,81 @@ def test_corpus_classifiers_train_on_logits(written_out):
     assert bench_models.logits_before_softmax(plain) is None and plain.graph.output[0].name == "logits"
 
 
+def _convertible_classifier(op: str = "GlobalMaxPool"):
+    """x[2, 4, 5, 5] -> grouped Conv -> Relu -> 1x1 Conv -> ``op`` (a global pool) -> Flatten ->
+    MatMul with a Constant-node weight (a Paddle export's) -> Add -> logits[2, 3]; IR 10, opset 17."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    tensor = lambda name, *shape: numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Conv", ["x", "grouped.w", "grouped.b"], ["g"], group=2, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["g"], ["r"]),
+        helper.make_node("Conv", ["r", "point.w"], ["p"], kernel_shape=[1, 1]),
+        helper.make_node(op, ["p"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+        helper.make_node("Constant", [], ["fc.w"], value=tensor("fc.w", 6, 3)),
+        helper.make_node("MatMul", ["flat", "fc.w"], ["mm"]),
+        helper.make_node("Add", ["mm", "fc.b"], ["logits"]),
+    ]
+    graph = helper.make_graph(nodes, "convertible", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 5, 5])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3])],
+                              [tensor("grouped.w", 4, 2, 3, 3), tensor("grouped.b", 4), tensor("point.w", 6, 4, 1, 1),
+                               tensor("fc.b", 3)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def _twin_of(model, tmp_path):
+    import onnx
+
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 4, 5, 5)).astype(np.float32)}
+    labels = np.array([0, 2], np.int64)
+    return path, feeds, labels, bench_models.onnx_twin(path, feeds, labels)
+
+
+def test_onnx_twin_without_onnx2torch_is_unavailable(tmp_path, monkeypatch):
+    """No onnx2torch (or no torch): the twin of an ONNX-only model is 'unavailable' with the reason."""
+    monkeypatch.setitem(sys.modules, "onnx2torch", None)  # import onnx2torch raises ModuleNotFoundError
+    *_, make = _twin_of(_convertible_classifier(), tmp_path)
+    with pytest.raises(bench_policies.Unavailable, match="onnx2torch not installed"):
+        make()
+
+
+def test_onnx_twin_computes_the_onnx_model_and_trains_the_step_graphs_weights(tmp_path):
+    """onnx2torch's module, called with the ONNX inputs by name, gives ORT's logits; it trains the
+    weights the step graph trains (the Constant-node MatMul weight and the Add bias, which
+    onnx2torch keeps as buffers, included; the grouped Conv's weight frozen), and its first loss
+    is the cross-entropy of ORT's logits. An op onnx2torch cannot convert is named."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx2torch")
+    import onnxruntime as ort
+
+    import bench_torch
+
+    path, feeds, labels, make = _twin_of(_convertible_classifier(), tmp_path)
+    module, inputs, torch_labels = make()
+    with torch.no_grad():
+        got = module.eval()(**inputs).numpy()
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+    trained = sorted(tuple(p.shape) for p in module.parameters() if p.requires_grad)
+    assert trained == [(3,), (4,), (6, 3), (6, 4, 1, 1)]  # fc.b, grouped.b, fc.w, point.w
+    assert [tuple(p.shape) for p in module.parameters() if not p.requires_grad] == [(4, 2, 3, 3)]
+    built = bench_models.Built("convertible", 2, path, feeds, labels, make)
+    row = bench_torch.train(built, "torch-eager", provider="cpu", warmup=1, blocks=1, per_block=2)
+    loss = torch.nn.functional.cross_entropy(torch.from_numpy(ref), torch_labels)
+    assert row["loss_first"] == pytest.approx(float(loss), rel=1e-5) and row["loss_last"] < row["loss_first"]
+    *_, make = _twin_of(_convertible_classifier("GlobalLpPool"), tmp_path)
+    with pytest.raises(bench_policies.Unavailable, match=r"cannot convert GlobalLpPool \(opset 17\): it has no converter"):
+        make()
+
+
 def test_cuda_graph_policies_are_unavailable_off_cuda(tmp_path):
     """campo-graph replays campo's step graph as a CUDA graph: on the CPU it is a recorded
     'unavailable' row with the reason, not a crash or a silent fp32 measurement."""
