@@ -142,10 +142,14 @@ class Results:
         self._append(self.path, row)
 
     def attempt(self, item: Item, run: str, left_s: float) -> None:
-        self._append(self.attempts_path, {"key": item.key, "run": run, "left_s": round(left_s, 1)})
+        self._append(self.attempts_path, {"key": item.key, "run": run, "left_s": round(left_s, 1),
+                                          "time": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
     def attempts(self) -> list[dict[str, Any]]:
         return read_rows(self.attempts_path)
+
+    def runs(self) -> list[dict[str, Any]]:
+        return read_rows(self.runs_path)
 
     def run_record(self, record: dict[str, Any]) -> None:
         self._append(self.runs_path, record)
@@ -159,12 +163,33 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
-def killed_items(attempts: list[dict[str, Any]], done: set[str], *, full_run_s: float) -> dict[str, int]:
-    """Keys started at least twice with at least ``full_run_s`` ahead of them, never finished."""
+def killed_items(attempts: list[dict[str, Any]], rows: list[dict[str, Any]], runs: list[dict[str, Any]],
+                 *, full_run_s: float) -> dict[str, int]:
+    """Keys started at least twice with at least ``full_run_s`` ahead of them since their last row.
+
+    Only attempts after a key's latest row (any status) count: an item measured again with
+    ``--redo`` or ``--retry-failed`` has attempts from the runs that did finish it, and those say
+    nothing about whether it can finish now. An attempt's time is its own (``time``) or, in files
+    written before attempts had one, the start of its run.
+    """
+    def moment(text: str | None) -> datetime | None:
+        when = datetime.fromisoformat(text) if text else None
+        return when.replace(tzinfo=timezone.utc) if when is not None and when.tzinfo is None else when
+
+    started = {r["run"]: r["start"] for r in runs if "run" in r and "start" in r}
+    latest: dict[str, datetime] = {}
+    for row in rows:
+        when = moment(row.get("time"))
+        if when is not None and "key" in row:
+            latest[row["key"]] = max(when, latest.get(row["key"], when))
     counts: dict[str, int] = {}
     for record in attempts:
-        if record["key"] not in done and record.get("left_s", 0) >= full_run_s:
-            counts[record["key"]] = counts.get(record["key"], 0) + 1
+        key = record["key"]
+        when = moment(record.get("time") or started.get(record.get("run")))
+        if key in latest and (when is None or when <= latest[key]):
+            continue
+        if record.get("left_s", 0) >= full_run_s:
+            counts[key] = counts.get(key, 0) + 1
     return {k: n for k, n in counts.items() if n >= 2}
 
 
@@ -660,7 +685,7 @@ def main(argv=None) -> int:
     print(f"bench run {run}: {len(items) - len(pending)} of {len(items)} measurements done, {len(pending)} left "
           f"(budget {args.budget_s:.0f} s)", flush=True)
 
-    killed = killed_items(results.attempts(), done, full_run_s=min(300.0, 0.5 * args.budget_s))
+    killed = killed_items(results.attempts(), results.rows, results.runs(), full_run_s=min(300.0, 0.5 * args.budget_s))
     for item in pending:
         if item.key in killed:
             results.add(_finish_row(item, None, _failed(item, f"did not finish in {killed[item.key]} runs "

@@ -55,7 +55,24 @@ def test_keys_resume_and_killed_items(tmp_path):
     assert (tmp_path / "mirror" / "h200.jsonl").is_file()
     attempts = [{"key": "a", "left_s": 500}, {"key": "a", "left_s": 520}, {"key": "b", "left_s": 500},
                 {"key": "b", "left_s": 20}, {"key": "c", "left_s": 500}, {"key": "c", "left_s": 500}]
-    assert bench.killed_items(attempts, done={"c"}, full_run_s=270) == {"a": 2}
+    assert bench.killed_items(attempts, [{"key": "c", "time": "2026-11-30T10:00:00+00:00"}], [], full_run_s=270) == {"a": 2}
+
+
+def test_killed_items_count_only_attempts_after_the_last_row():
+    """A key measured again (--redo) has attempts from the runs that finished it before: those do not
+    make it dead; attempts after its latest row do (their own time, or their run's start)."""
+    runs = [{"run": "r1", "start": "2026-11-30T10:00:00+00:00"}, {"run": "r2", "start": "2026-11-30T11:00:00+00:00"},
+            {"run": "r3", "start": "2026-11-30T12:00:00+00:00"}]
+    rows = [{"key": "k", "status": "ok", "run": "r1", "time": "2026-11-30T10:05:00+00:00"},
+            {"key": "k", "status": "ok", "run": "r2", "time": "2026-11-30T11:05:00+00:00"}]
+    finished = [{"key": "k", "run": "r1", "left_s": 500}, {"key": "k", "run": "r2", "left_s": 500}]
+    assert bench.killed_items(finished, rows, runs, full_run_s=270) == {}
+    killed_twice = finished + [{"key": "k", "run": "r3", "left_s": 500},
+                               {"key": "k", "run": "r4", "left_s": 480, "time": "2026-11-30T13:00:00+00:00"}]
+    assert bench.killed_items(killed_twice, rows, runs, full_run_s=270) == {"k": 2}
+    assert bench.killed_items(killed_twice[:3], rows, runs, full_run_s=270) == {}
+    # a naive timestamp (older files) compares as UTC
+    assert bench.killed_items(killed_twice, [dict(r, time=r["time"][:19]) for r in rows], runs, full_run_s=270) == {"k": 2}
 
 
 def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
