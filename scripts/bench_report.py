@@ -398,7 +398,7 @@ def _where_time_goes(key, campo: dict[str, Any], name: str, best: dict[str, Any]
     parts = sorted(((c, b["per_step_us"][c]) for c in b["per_step_us"]), key=lambda x: -x[1])
     spent = ", ".join(f"{c} {us / 1000:.2f} ms ({100 * b['share'][c]:.0f} %)" for c, us in parts if us > 0)
     top = ", ".join(f"{op} {us / 1000:.2f} ms" for op, us in b.get("top_backward", [])[:4])
-    return (text + f" Its kernels (profiled unfused, {b['total_us'] / 1000:.2f} ms a step): {spent}. "
+    return (text + f" Its nodes (profiled unfused, host time per node, {b['total_us'] / 1000:.2f} ms a step): {spent}. "
             f"Largest backward op types: {top}.")
 
 
@@ -642,7 +642,10 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
         f"the same N steps on the same batch within {TRAIN_TOL:.0%} of the reference's loss decrease over "
         "those steps, or within the gap that fp32 (TF32) runs of the same step graph show (TF32 and "
         "run-to-run kernel choice alone), when that is larger. \"TC share\" is "
-        "the share of GEMM/Conv kernel time (ORT profiler) in fp16 with K and N multiples of 8. "
+        "the share of GEMM/Conv node time (ORT profiler) in fp16 with K and N multiples of 8. "
+        "ORT's profiler times each node on the host (onnxruntime-gpu 1.31 is built without CUPTI): "
+        "for a CUDA node that is its launch plus whatever waiting the launch queue forces, not its "
+        "GPU time, so the TC share and the splits below rank where time goes only roughly. "
         "Anchors: inference fp32, occ-fp16, ort-fp16, modelopt, amp; training fp32, amp and the four "
         "PyTorch variants. An anchor row outside the tolerance does not count as an anchor; campo's "
         "accuracy is judged by its own target.",
@@ -678,7 +681,7 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
               "replayed the same way, and `fp32-graph` shows how much of the gain is the replay rather than the "
               "precision plan.", ""]
     lines += cuda_graph_comparison(rows) + [""]
-    lines += ["## Where a training step's time goes (ORT profiler, graph optimizations off, kernel time per step)", ""]
+    lines += ["## Where a training step's time goes (ORT profiler, graph optimizations off, host time per node and step)", ""]
     lines += breakdown_table(rows) + [""]
     failures = [r for r in rows if r.get("status") != "ok"]
     if failures:
