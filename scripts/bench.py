@@ -10,6 +10,8 @@ Every finished measurement is appended as one JSON line to ``OUT/<name>.jsonl`` 
 until it prints ``everything is done``. Before an item starts, a line goes to
 ``<name>.attempts.jsonl``; an item that was started twice with most of a run ahead of it and never
 finished (the run was killed) is recorded as failed instead of being tried forever.
+After an inference group, the variants measured in the run are timed again side by side
+(``--interleave``: all sessions alive, one block each in rotation) into ``<name>.interleaved.jsonl``.
 ``docs/benchmarks/README.md`` says how to run it on the GPU machine; ``scripts/bench_report.py``
 turns the JSON lines into ``docs/benchmarks/h200.md`` and plots.
 
@@ -122,6 +124,7 @@ class Results:
         self.path = out / f"{name}.jsonl"
         self.attempts_path = out / f"{name}.attempts.jsonl"
         self.runs_path = out / f"{name}.runs.jsonl"
+        self.interleaved_path = out / f"{name}.interleaved.jsonl"
         self.mirror = mirror
         self.rows = read_rows(self.path)
 
@@ -140,6 +143,9 @@ class Results:
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
         self._append(self.path, row)
+
+    def add_interleaved(self, record: dict[str, Any]) -> None:
+        self._append(self.interleaved_path, record)
 
     def attempt(self, item: Item, run: str, left_s: float) -> None:
         self._append(self.attempts_path, {"key": item.key, "run": run, "left_s": round(left_s, 1),
@@ -256,13 +262,26 @@ class Settings:
     train_blocks: int = 5
     train_per_block: int = 10
     sessions: int = 1  # ONNX Runtime sessions per ONNX variant, each timed; the blocks of all count
+    interleave: int = 0  # rounds of the interleaved timing of an inference group (0: none)
 
     @classmethod
-    def make(cls, provider: str, quick: bool, tc: bool, breakdown: tuple[str, ...], sessions: int = 1) -> "Settings":
+    def make(cls, provider: str, quick: bool, tc: bool, breakdown: tuple[str, ...], sessions: int = 1,
+             interleave: int = 0) -> "Settings":
         if quick:
             return cls(provider, quick, tc, breakdown, inference_warmup=2, inference_blocks=5, block_ms=1.0,
-                       train_warmup=1, train_blocks=5, train_per_block=2, sessions=sessions)
-        return cls(provider, quick, tc, breakdown, sessions=sessions)
+                       train_warmup=1, train_blocks=5, train_per_block=2, sessions=sessions, interleave=interleave)
+        return cls(provider, quick, tc, breakdown, sessions=sessions, interleave=interleave)
+
+
+@dataclass
+class Kept:
+    """An inference variant measured in this run, kept on disk for the group's interleaved timing."""
+
+    path: Path
+    tf32: bool
+    cuda_graph: bool
+    per_block: int
+    session_s: float
 
 
 class Group:
@@ -278,6 +297,7 @@ class Group:
         self.step_build_s: float | None = None
         self.step_error: str | None = None
         self._weights: dict | None = None
+        self.kept: dict[str, Kept] = {}  # policy -> its model, for interleave()
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -409,6 +429,7 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
     target = group.work / f"{built.path.stem}-{policy}.onnx"
     with stages("convert"):
         path, info = pol.make_variant(policy, built.path, target, built.feeds, group.shapes, provider=s.provider)
+    keep = False
     try:
         row: dict[str, Any] = {**info, **m.node_counts(onnx.load(str(path), load_external_data=False)),
                                "stage_s": stages.seconds}
@@ -427,6 +448,9 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
             row["runs_per_block"] = per_block
         del runner, session
         gc.collect()
+        if s.interleave > 0:
+            group.kept[policy] = Kept(Path(path), pol.tf32_of(policy), graph, per_block, stages.seconds.get("session", 0.0))
+            keep = True
         def again() -> list[float]:
             runner = m.BoundRunner(m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy),
                                                   cuda_graph=graph), built.feeds, s.provider)
@@ -449,7 +473,74 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
                 row["tc_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
         return row
     finally:
-        pol.cleanup(path, built.path)
+        if not keep:
+            pol.cleanup(path, built.path)
+
+
+def interleave(group: Group) -> dict[str, Any]:
+    """Every variant of an inference group measured in this run, timed again with all their
+    sessions alive: ``rounds`` rounds of one block each, in an order that rotates every round.
+
+    Batch-1 runs wait on the host, and the same graph measured up to 1.4x apart in runs minutes
+    or an hour apart: rows of one group timed one after another compare that drift, not the
+    policies. Blocks in rotation see the same machine state, so their medians compare the graphs.
+    """
+    import bench_measure as m
+
+    s = group.settings
+    runners = {}
+    for policy, kept in group.kept.items():
+        session = m.make_session(kept.path, provider=s.provider, tf32=kept.tf32, cuda_graph=kept.cuda_graph)
+        runners[policy] = m.BoundRunner(session, group.built.feeds, s.provider)
+        for _ in range(1 + s.inference_warmup):
+            runners[policy]()
+    order = list(runners)
+    blocks: dict[str, list[float]] = {policy: [] for policy in order}
+    for turn in range(s.interleave):
+        shift = turn % len(order)
+        for policy in order[shift:] + order[:shift]:
+            blocks[policy] += m.timed_blocks(runners[policy], warmup=0, blocks=1, per_block=group.kept[policy].per_block)
+    return {"key": f"{group.model}|{group.batch}|{group.mode}", "model": group.model, "batch": group.batch,
+            "mode": group.mode, "rounds": s.interleave, "policies": order,
+            "ms": {policy: statistics.median(values) for policy, values in blocks.items()}, "ms_blocks": blocks,
+            "runs_per_block": {policy: kept.per_block for policy, kept in group.kept.items()}}
+
+
+def interleave_estimate_s(group: Group) -> float:
+    """Sessions made again, warm-up and the rounds of blocks, with a margin."""
+    s = group.settings
+    return 5.0 + sum(1.5 * kept.session_s + (s.interleave + 2) * s.block_ms / 1e3 for kept in group.kept.values())
+
+
+def finish_group(group: Group | None, results: "Results", run: str, left_s: float) -> None:
+    """The group's interleaved timing (``--interleave``) when two or more of its inference variants
+    were measured in this run and the budget allows; then its kept model files go."""
+    if group is None or not group.kept:
+        return
+    try:
+        if len(group.kept) >= 2 and group.settings.interleave > 0:
+            need = interleave_estimate_s(group)
+            if left_s < need:
+                print(f"  {group.model}|{group.batch}|{group.mode}: no interleaved timing ({left_s:.0f} s left, "
+                      f"it may take {need:.0f} s)", flush=True)
+            else:
+                try:
+                    record = interleave(group)
+                except Exception as exc:  # noqa: BLE001 - the rows stand without it
+                    record = {"key": f"{group.model}|{group.batch}|{group.mode}", "status": "failed",
+                              "error": f"{exc.__class__.__name__}: {str(exc)[:300]}"}
+                record.update(run=run, time=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                results.add_interleaved(record)
+                if "ms" in record:
+                    shown = " ".join(f"{p} {v:.3f}" for p, v in record["ms"].items())
+                    print(f"  {record['key']} interleaved ({record['rounds']} rounds): {shown}", flush=True)
+                else:
+                    print(f"  {record['key']} interleaved: failed: {record['error'][:150]}", flush=True)
+    finally:
+        for kept in group.kept.values():
+            pol.cleanup(kept.path, group.built.path)
+        group.kept.clear()
+        gc.collect()
 
 
 def training_variant(group: Group, policy: str) -> tuple[Path, dict[str, Any]]:
@@ -600,6 +691,10 @@ def parse_args(argv):
     p.add_argument("--no-tc", action="store_true", help="skip the profiling run for the Tensor Core share")
     p.add_argument("--breakdown-policies", default=",".join(DEFAULT_BREAKDOWN),
                    help="training policies whose step is profiled for the time breakdown")
+    p.add_argument("--interleave", type=int, default=7, metavar="ROUNDS",
+                   help="after an inference group, time every variant measured in this run again with all their "
+                        "sessions alive, one block each in rotation, ROUNDS times (to <name>.interleaved.jsonl; the "
+                        "report prefers these for the group); 0 turns it off (default 7)")
     p.add_argument("--sessions", type=int, default=1,
                    help="time each ONNX variant in this many fresh ONNX Runtime sessions (cuDNN's algorithm search "
                         "can differ between sessions); the blocks of all sessions make the median (default 1)")
@@ -694,8 +789,11 @@ def main(argv=None) -> int:
     if args.sessions < 1:
         print("error: --sessions must be >= 1", file=sys.stderr)
         return 2
+    if args.interleave < 0:
+        print("error: --interleave must be >= 0", file=sys.stderr)
+        return 2
     settings = Settings.make(args.provider, args.quick, not args.no_tc,
-                             tuple(p for p in args.breakdown_policies.split(",") if p), args.sessions)
+                             tuple(p for p in args.breakdown_policies.split(",") if p), args.sessions, args.interleave)
 
     def left_s() -> float:
         return args.budget_s - (time.monotonic() - started)
@@ -724,6 +822,7 @@ def main(argv=None) -> int:
                         status, text = broken[item.group]
                         raise pol.Unavailable(text) if status == "unavailable" else RuntimeError(text)
                     if group is None or (group.model, group.batch, group.mode) != item.group:
+                        finish_group(group, results, run, left_s())
                         group = None
                         gc.collect()
                         try:
@@ -752,6 +851,7 @@ def main(argv=None) -> int:
                 results.add(row)
                 finished += 1
                 _print_row(row)
+            finish_group(group, results, run, left_s())
     except OutOfTime:
         stopped = "hard stop (25 s past the budget, or SIGTERM); the item in flight will be measured again"
     finally:

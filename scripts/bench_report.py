@@ -83,6 +83,51 @@ def read_runs(path: Path) -> list[dict[str, Any]]:
     return sorted(runs.values(), key=lambda r: r.get("start", ""))
 
 
+def read_interleaved(path: Path) -> list[dict[str, Any]]:
+    """The interleaved timings (``bench.py --interleave``) that succeeded, the latest per group."""
+    if not path.is_file():
+        return []
+    records: dict[str, dict[str, Any]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("status", "ok") == "ok" and isinstance(record.get("ms"), dict):
+            records[record["key"]] = record
+    return list(records.values())
+
+
+def apply_interleaved(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
+    """Rows timed side by side take the interleaved median as their ``ms`` (in place); which groups.
+
+    A record counts for the rows of its group measured in the same run (so the same graphs), when
+    at least two are: those rows compare the policies under the same machine state, where rows
+    timed one after another compare host drift at batch 1. The row's own median stays as
+    ``ms_row``; a campo row's ``fp32_ms_paired`` is set aside when fp32 is in the record too (the
+    interleaved fp32 is the fairer pair).
+    """
+    by_key = {row["key"]: row for row in rows}
+    applied = []
+    for record in sorted(records, key=lambda r: r["key"]):
+        timed = {}
+        for policy, ms in record["ms"].items():
+            row = by_key.get(f"{record['key']}|{policy}")
+            if row and row.get("status") == "ok" and row.get("run") == record.get("run") and ms and ms > 0:
+                timed[policy] = (row, ms)
+        if len(timed) < 2:
+            continue
+        for policy, (row, ms) in timed.items():
+            row["ms_row"], row["ms"] = row.get("ms"), ms
+            row["throughput"] = int(row["batch"]) * 1000.0 / ms
+            row["interleaved"] = True
+            if "fp32_ms_paired" in row and "fp32" in timed:
+                row["fp32_ms_paired_row"] = row.pop("fp32_ms_paired")
+        model, batch, _ = record["key"].split("|")
+        applied.append(f"{model} b{batch} ({len(timed)} variants, {record.get('rounds', '?')} rounds)")
+    return applied
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -613,7 +658,8 @@ def _save(plt, fig, path: Path) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[str], raw: str) -> str:
+def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[str], raw: str,
+           interleaved: list[str] | None = None) -> str:
     groups = group_rows(rows)
     ok = sum(r.get("status") == "ok" for r in rows)
     last = runs[-1] if runs else {}
@@ -650,6 +696,17 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
         "PyTorch variants. An anchor row outside the tolerance does not count as an anchor; campo's "
         "accuracy is judged by its own target.",
         "",
+    ]
+    if interleaved:
+        lines += [
+            "Interleaved groups: the inference variants of " + ", ".join(interleaved) + " were measured in one run "
+            "and then timed again with all their sessions alive, one block each in a rotating order per round "
+            "(`bench.py --interleave`); their ms below are the medians of those blocks (each row keeps its own "
+            "as `ms_row`). Rows of one group timed one after another compare the host's drift at batch 1 "
+            "(the same graph measured up to 1.4x apart minutes apart); blocks in rotation compare the graphs.",
+            "",
+        ]
+    lines += [
         "## Targets (issue 6)",
         "",
     ]
@@ -704,6 +761,7 @@ def main(argv=None) -> int:
         print(f"error: no results at {path}", file=sys.stderr)
         return 2
     rows = read_rows(path)
+    interleaved = apply_interleaved(rows, read_interleaved(args.raw / f"{args.name}.interleaved.jsonl"))
     runs_path = args.raw / f"{args.name}.runs.jsonl"
     runs = read_runs(runs_path)
     out = args.out or args.raw.parent / f"{args.name}.md"
@@ -713,7 +771,7 @@ def main(argv=None) -> int:
         raw = str(path.resolve().relative_to(out.parent.resolve()))
     except ValueError:
         raw = str(path)
-    out.write_text(render(rows, runs, plots, raw) + "\n", encoding="utf-8")
+    out.write_text(render(rows, runs, plots, raw, interleaved) + "\n", encoding="utf-8")
     json_path = out.with_name(f"{args.name}.json")
     write_json(json_path, throughput_json(rows, runs, raw))
     print(f"wrote {out}, {json_path.name}" + (f" and {', '.join(plots)}" if plots else ""))

@@ -93,12 +93,50 @@ def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
     assert train["loss_last"] < train["loss_first"]
     assert set(train["breakdown"]["per_step_us"]) == set(bench_measure.CATEGORIES)
     assert by_key["odd_mlp|1|inference|modelopt"]["status"] in ("unavailable", "ok")
+    # each inference group's variants measured in this run, timed again side by side (--interleave 7)
+    records = {r["key"]: r for r in map(json.loads, (out / "cpu.interleaved.jsonl").read_text().splitlines())}
+    assert set(records) == {"odd_mlp|1|inference", "odd_mlp|4|inference"}
+    measured = {r["policy"] for r in rows if r["key"].startswith("odd_mlp|4|inference|") and r["status"] == "ok"}
+    assert set(records["odd_mlp|4|inference"]["ms"]) == measured and len(measured) >= 4
+    assert all(len(blocks) == 7 for blocks in records["odd_mlp|4|inference"]["ms_blocks"].values())
+    assert records["odd_mlp|4|inference"]["run"] == campo["run"]
     assert "everything is done" in capsys.readouterr().out
     assert bench.main(args) == 0
     assert len((out / "cpu.jsonl").read_text().splitlines()) == len(rows)
+    assert len((out / "cpu.interleaved.jsonl").read_text().splitlines()) == 2  # nothing measured: nothing interleaved
     assert "0 measurements left" not in capsys.readouterr().out
     runs = bench_report.read_runs(out / "cpu.runs.jsonl")
     assert [r["finished"] for r in runs] == [len(rows), 0] and runs[0]["versions"]["onnx"]
+
+
+def test_interleave_keeps_variants_until_the_group_ends(tmp_path, monkeypatch, capsys):
+    """Measured inference variants stay on disk until the group ends; then they are timed again
+    side by side (when the budget allows) and removed either way."""
+    monkeypatch.setenv("ONNXCAMPO_BENCH_CACHE", str(tmp_path / "cache"))
+    settings = bench.Settings.make("cpu", True, False, (), interleave=3)
+    results = bench.Results(tmp_path / "raw", "cpu", mirror=None)
+
+    def measured_group(work: Path) -> bench.Group:
+        work.mkdir()
+        group = bench.Group("odd_mlp", 4, "inference", settings, work)
+        for policy in ("fp32", "amp"):
+            assert bench.measure_inference(group, policy)["ms_blocks"]
+        return group
+
+    group = measured_group(tmp_path / "a")
+    amp = group.kept["amp"].path
+    assert set(group.kept) == {"fp32", "amp"} and amp.is_file() and group.kept["fp32"].path == group.built.path
+    bench.finish_group(group, results, "r1", left_s=0.01)
+    assert "no interleaved timing" in capsys.readouterr().out
+    assert not amp.exists() and group.built.path.is_file() and not group.kept
+    assert not results.interleaved_path.exists()
+
+    group = measured_group(tmp_path / "b")
+    bench.finish_group(group, results, "r2", left_s=100.0)
+    (record,) = [json.loads(line) for line in results.interleaved_path.read_text().splitlines()]
+    assert record["key"] == "odd_mlp|4|inference" and record["run"] == "r2" and record["rounds"] == 3
+    assert record["policies"] == ["fp32", "amp"] and all(len(b) == 3 for b in record["ms_blocks"].values())
+    assert all(v > 0 for v in record["ms"].values()) and not group.kept
 
 
 def test_budget_stops_cleanly_and_next_run_continues(tmp_path, capsys):
@@ -587,3 +625,28 @@ def test_a_model_that_cannot_take_the_batch_is_unavailable_not_failed(tmp_path, 
     assert {r["status"] for r in rows} == {"unavailable"} and len(rows) == 4  # quick batches 1 and 4, two policies
     assert all("batch dim is fixed" in r["error"] for r in rows)
     assert calls == [1, 4]  # once per group
+
+
+def test_report_prefers_interleaved_timings_of_the_same_run(tmp_path):
+    """A group's interleaved record replaces the ms (and throughput) of its rows from the same run;
+    rows of other runs keep theirs; a campo row's paired fp32 gives way to the interleaved fp32."""
+    def row(policy, ms, run="r1", **extra):
+        return {"key": f"gpt2|1|inference|{policy}", "model": "gpt2", "batch": 1, "mode": "inference", "policy": policy,
+                "status": "ok", "ms": ms, "throughput": 1000.0 / ms, "run": run, "rel_err_max": 0.001, **extra}
+
+    rows = [row("fp32-notf32", 3.3), row("fp32", 2.9), row("ort-fp16", 2.1, run="r0"), row("campo", 3.5, fp32_ms_paired=3.0)]
+    records = [{"key": "gpt2|1|inference", "run": "r1", "rounds": 7,
+                "ms": {"fp32-notf32": 3.2, "fp32": 2.5, "campo": 2.0, "ort-fp16": 1.0}},
+               {"key": "bert|1|inference", "run": "r1", "rounds": 7, "ms": {"fp32": 1.0, "campo": 0.5}}]
+    path = tmp_path / "h200.interleaved.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n" + '{"key": "x|1|inference", "status": "failed"}\n{torn')
+    read = bench_report.read_interleaved(path)
+    assert [r["key"] for r in read] == ["gpt2|1|inference", "bert|1|inference"]
+    assert bench_report.apply_interleaved(rows, read) == ["gpt2 b1 (3 variants, 7 rounds)"]
+    by = {r["policy"]: r for r in rows}
+    assert by["campo"]["ms"] == 2.0 and by["campo"]["ms_row"] == 3.5 and by["campo"]["throughput"] == 500.0
+    assert "fp32_ms_paired" not in by["campo"] and by["campo"]["fp32_ms_paired_row"] == 3.0
+    assert by["ort-fp16"]["ms"] == 2.1 and "interleaved" not in by["ort-fp16"]  # another run: another graph maybe
+    assert bench_report.vs_fp32(bench_report.group_rows(rows)[("gpt2", 1, "inference")])[0] == 2.5 / 2.0
+    text = bench_report.render(rows, [], [], "raw/h200.jsonl", ["gpt2 b1 (3 variants, 7 rounds)"])
+    assert "Interleaved groups: the inference variants of gpt2 b1 (3 variants, 7 rounds)" in text
