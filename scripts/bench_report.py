@@ -57,44 +57,35 @@ TRAIN_TARGET_OVER_AMP = 1.20
 GEOMEAN_TARGET_OVER_BEST = 1.10
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = {}
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file; blank and torn lines (a run killed mid-write) are skipped."""
+    if not path.is_file():
+        return []
+    records = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            rows[row["key"]] = row  # the last row of a key wins (--retry-failed)
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    rows = {row["key"]: row for row in json_lines(path)}  # the last row of a key wins (--retry-failed)
     return list(rows.values())
 
 
 def read_runs(path: Path) -> list[dict[str, Any]]:
     """One record per run (a run writes one line when it starts and one when it ends; the last wins)."""
-    if not path.is_file():
-        return []
     runs: dict[str, dict[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in json_lines(path):
         runs[record.get("run", "?")] = {**runs.get(record.get("run", "?"), {}), **record}
     return sorted(runs.values(), key=lambda r: r.get("start", ""))
 
 
 def read_interleaved(path: Path) -> list[dict[str, Any]]:
     """The interleaved timings (``bench.py --interleave``) that succeeded, the latest per group."""
-    if not path.is_file():
-        return []
-    records: dict[str, dict[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("status", "ok") == "ok" and isinstance(record.get("ms"), dict):
-            records[record["key"]] = record
+    records = {r["key"]: r for r in json_lines(path) if r.get("status", "ok") == "ok" and isinstance(r.get("ms"), dict)}
     return list(records.values())
 
 
