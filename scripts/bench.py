@@ -448,9 +448,6 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
             row["runs_per_block"] = per_block
         del runner, session
         gc.collect()
-        if s.interleave > 0:
-            group.kept[policy] = Kept(Path(path), pol.tf32_of(policy), graph, per_block, stages.seconds.get("session", 0.0))
-            keep = True
         def again() -> list[float]:
             runner = m.BoundRunner(m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy),
                                                   cuda_graph=graph), built.feeds, s.provider)
@@ -471,6 +468,9 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
                     Path(trace).unlink()
             except Exception as exc:  # noqa: BLE001 - the timing stands without it
                 row["tc_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+        if s.interleave > 0:  # measured: its model waits for the group's interleaved timing
+            group.kept[policy] = Kept(Path(path), pol.tf32_of(policy), graph, per_block, stages.seconds.get("session", 0.0))
+            keep = True
         return row
     finally:
         if not keep:
