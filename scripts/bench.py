@@ -783,8 +783,10 @@ def main(argv=None) -> int:
     killed = killed_items(results.attempts(), results.rows, results.runs(), full_run_s=min(300.0, 0.5 * args.budget_s))
     for item in pending:
         if item.key in killed:
-            results.add(_finish_row(item, None, _failed(item, f"did not finish in {killed[item.key]} runs "
-                                                              "(the run was killed while measuring it)"), run, time.perf_counter()))
+            dead = _finish_row(item, None, _failed(item, f"did not finish in {killed[item.key]} runs "
+                                                       "(the run was killed while measuring it)"), run, time.perf_counter())
+            results.add(dead)
+            _print_row(dead)  # recorded without being started: say so, or "everything is done" misleads
     pending = [i for i in pending if i.key not in killed]
     if args.sessions < 1:
         print("error: --sessions must be >= 1", file=sys.stderr)

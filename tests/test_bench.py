@@ -650,3 +650,20 @@ def test_report_prefers_interleaved_timings_of_the_same_run(tmp_path):
     assert bench_report.vs_fp32(bench_report.group_rows(rows)[("gpt2", 1, "inference")])[0] == 2.5 / 2.0
     text = bench_report.render(rows, [], [], "raw/h200.jsonl", ["gpt2 b1 (3 variants, 7 rounds)"])
     assert "Interleaved groups: the inference variants of gpt2 b1 (3 variants, 7 rounds)" in text
+
+
+def test_an_item_killed_twice_is_recorded_and_shown(tmp_path, capsys):
+    """Two attempts with a full run ahead and no row since: the item is recorded as failed without
+    being started, and the run says so (not only "everything is done")."""
+    out = tmp_path / "raw"
+    out.mkdir()
+    attempts = [{"key": "odd_mlp|1|inference|fp32", "run": r, "left_s": 500.0, "time": f"2026-11-30T1{i}:00:00+00:00"}
+                for i, r in enumerate(("k1", "k2"))]
+    (out / "cpu.attempts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in attempts))
+    args = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "inference", "--policies", "fp32",
+            "--out", str(out), "--budget-s", "120", "--wheels", str(tmp_path / "none"), "--interleave", "0"]
+    assert bench.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "odd_mlp|1|inference|fp32" in printed and "did not finish in 2 runs" in printed
+    rows = {r["key"]: r for r in bench.read_rows(out / "cpu.jsonl")}
+    assert rows["odd_mlp|1|inference|fp32"]["status"] == "failed" and rows["odd_mlp|4|inference|fp32"]["status"] == "ok"
