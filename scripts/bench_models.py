@@ -526,7 +526,8 @@ def onnx_twin(model_path: Path, feeds: dict[str, np.ndarray], labels: np.ndarray
     It converts the file the step graph trains and trains the same weights (``_train_like_step_graph``).
     The module takes the ONNX inputs by name and returns the first output (the logits). onnx2torch
     and torch are imported when the twin is made; missing, or a model they cannot convert, is
-    ``Unavailable`` with the reason, so the row records why.
+    ``Unavailable`` with the reason, so the row records why. Shapes computed in the graph are
+    fixed to the feeds' (``fixed_shapes``), so that ``torch.compile`` can trace the module.
     """
     def make():
         from bench_policies import Unavailable
@@ -553,6 +554,8 @@ def onnx_twin(model_path: Path, feeds: dict[str, np.ndarray], labels: np.ndarray
         _train_like_step_graph(graph_module, model, weights)
         initializers = {t.name for t in model.graph.initializer}
         names = [i.name for i in model.graph.input if i.name not in initializers]
+        inputs = {name: torch.from_numpy(value) for name, value in feeds.items()}
+        fixed_shapes(graph_module, [inputs[name] for name in names])
 
         class Twin(torch.nn.Module):
             def __init__(self):
@@ -563,7 +566,6 @@ def onnx_twin(model_path: Path, feeds: dict[str, np.ndarray], labels: np.ndarray
                 out = self.converted(*(inputs[name] for name in names))  # placeholders in graph-input order
                 return out[0] if isinstance(out, (tuple, list)) else out
 
-        inputs = {name: torch.from_numpy(value) for name, value in feeds.items()}
         return Twin(), inputs, None if labels is None else torch.from_numpy(labels)
     return make
 
@@ -584,6 +586,87 @@ def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
             return SymbolicShapeInference.infer_shapes(model) or model
         except Exception:  # noqa: BLE001 - incomplete (or no sympy): the converter's own inference may do
             return model
+
+
+def fixed_shapes(graph_module, inputs: list) -> None:
+    """Give onnx2torch's shape-reading modules Python ints, so that dynamo can trace them (in place).
+
+    onnx2torch's Reshape, Expand, Squeeze and Slice read the target shape, axes or bounds from
+    tensors at run time (``torch.Size(tensor)``), which dynamo cannot trace ("torch.Size() takes an
+    iterable of 'int' (item 0 is 'FakeTensor')"). The twin's input shapes are pinned, so where that
+    tensor depends on nothing but constants and tensor shapes it has one value: one run on
+    ``inputs`` records it, and the module becomes a call with ints: Reshape and Squeeze a reshape
+    to the shape they produced, Expand an ``expand`` to it (onnx2torch multiplies by ones of that
+    shape: the same values, without the copy), Slice onnx2torch's own indexing with the bounds it
+    computes. The shape subgraphs left unused are removed. A tensor that depends on data or on a
+    parameter is left as it was, and so are the parameters.
+    """
+    import torch
+    from onnx2torch.node_converters.slice import _do_slice, _get_slices
+
+    graph = graph_module.graph
+    constant: set = set()  # nodes whose value is fixed once the input shapes are
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            owner, attr = node.target.rpartition(".")[::2]
+            if not isinstance(getattr(graph_module.get_submodule(owner), attr), torch.nn.Parameter):
+                constant.add(node)
+        elif node.op == "call_module":
+            module = graph_module.get_submodule(node.target)
+            if type(module).__name__ == "OnnxShape" or (
+                    next(module.parameters(), None) is None and all(a in constant for a in node.all_input_nodes)):
+                constant.add(node)
+    kinds = {"OnnxReshape": "reshape", "OnnxSqueezeDynamicAxes": "reshape", "OnnxExpand": "expand",
+             "OnnxSlice": "slice"}
+    targets = {}
+    for node in graph.nodes:
+        kind = kinds.get(type(graph_module.get_submodule(node.target)).__name__) if node.op == "call_module" else None
+        if kind and len(node.args) > 1 and not node.kwargs and all(a in constant for a in node.args[1:]):
+            targets[node] = kind
+    if not targets:
+        return
+    wanted = {a for node in targets for a in node.args[1:]}
+    shapes, values = {}, {}  # the targets' output shapes, their shape arguments' values
+
+    class Record(torch.fx.Interpreter):
+        def run_node(self, node):
+            out = super().run_node(node)
+            if node in targets:
+                shapes[node] = tuple(out.shape)
+            if node in wanted:
+                values[node] = out
+            return out
+
+    training = graph_module.training
+    with torch.no_grad():  # in eval mode: a training-mode BatchNorm would update its running statistics
+        Record(graph_module.eval()).run(*inputs)
+    graph_module.train(training)
+
+    def ints(part):
+        if not isinstance(part, slice):
+            return part
+        return slice(*(None if v is None else int(v) for v in (part.start, part.stop, part.step)))
+
+    calls = {}
+    for node, kind in targets.items():
+        x = node.args[0]
+        if kind == "slice":  # the bounds onnx2torch's OnnxSlice computes, as Python ints
+            flips, pos, neg = _get_slices(*(values[a] for a in node.args[1:]), *[None] * (5 - len(node.args)))
+            calls[node] = ("call_function", _do_slice,
+                           (x, [int(d) for d in flips], tuple(map(ints, pos)), tuple(map(ints, neg))))
+        elif kind == "reshape":
+            calls[node] = ("call_function", torch.reshape, (x, shapes[node]))
+        else:
+            calls[node] = ("call_method", "expand", (x, shapes[node]))
+    for node, call in calls.items():  # all made before any is replaced: a target may feed another
+        with graph.inserting_before(node):
+            calls[node] = graph.create_node(*call)
+    for node, new in calls.items():
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    graph_module.delete_all_unused_submodules()
+    graph_module.recompile()
 
 
 def _add_converters() -> None:

@@ -501,6 +501,69 @@ def test_onnx_twin_computes_the_onnx_model_and_trains_the_step_graphs_weights(tm
         make()
 
 
+def _computed_shapes_model():
+    """x[2, 4, 6] -> Reshape to Concat(Gather(Shape(x), [0]), [1, -1]) -> Squeeze(axes [1]) ->
+    Slice(20:4:-2 on axis 1) -> MatMul w[8, 3] -> Add Expand(b[3], Shape(mm)) -> logits[2, 3]:
+    every shape, axis and bound a tensor, as exporters write them; IR 10, opset 17."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    ints = lambda name, *values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Shape", ["x"], ["x.shape"]),
+        helper.make_node("Gather", ["x.shape", "first"], ["batch"], axis=0),
+        helper.make_node("Concat", ["batch", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Squeeze", ["flat", "axis1"], ["rows"]),
+        helper.make_node("Slice", ["rows", "start", "end", "axis1", "step"], ["part"]),
+        helper.make_node("MatMul", ["part", "w"], ["mm"]),
+        helper.make_node("Shape", ["mm"], ["mm.shape"]),
+        helper.make_node("Expand", ["b", "mm.shape"], ["bias"]),
+        helper.make_node("Add", ["mm", "bias"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "computed_shapes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 6])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3])],
+        [ints("first", 0), ints("rest", 1, -1), ints("axis1", 1), ints("start", 20), ints("end", 4), ints("step", -2),
+         numpy_helper.from_array(rng.standard_normal((8, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_onnx_twin_fixes_computed_shapes_so_dynamo_traces_it(tmp_path, monkeypatch):
+    """onnx2torch's Reshape, Expand, Squeeze and Slice read shapes from tensors, which dynamo cannot
+    trace; the twin has them as Python ints (the shape subgraph gone), computes exactly what the
+    converted module computed, trains the same parameters, and compiles as one graph."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx2torch")
+    import onnx
+    import onnxruntime as ort
+
+    path = tmp_path / "model.onnx"
+    onnx.save(_computed_shapes_model(), str(path))
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 4, 6)).astype(np.float32)}
+    make = bench_models.onnx_twin(path, feeds, np.array([0, 2], np.int64))
+    module, inputs, _ = make()
+    kinds = {type(m).__name__ for m in module.modules()}
+    assert not kinds & {"OnnxShape", "OnnxReshape", "OnnxExpand", "OnnxSqueezeDynamicAxes", "OnnxSlice"}, kinds
+    with monkeypatch.context() as patch:
+        patch.setattr(bench_models, "fixed_shapes", lambda *args: None)
+        converted, *_ = make()
+    with torch.no_grad():
+        got, before = module.eval()(**inputs), converted.eval()(**inputs)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.abs(got.numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+    assert torch.equal(got, before)
+    assert [(n, p.shape) for n, p in module.named_parameters()] == [(n, p.shape) for n, p in converted.named_parameters()]
+    assert sorted(tuple(p.shape) for p in module.parameters()) == [(3,), (8, 3)]
+    compiled = torch.compile(module, fullgraph=True)  # inductor: ~7 s on 2 CPU cores, the first time
+    assert np.abs(compiled(**inputs).detach().numpy() - got.numpy()).max() <= 1e-5 * np.abs(ref).max()
+
+
 def test_cuda_graph_policies_are_unavailable_off_cuda(tmp_path):
     """campo-graph replays campo's step graph as a CUDA graph: on the CPU it is a recorded
     'unavailable' row with the reason, not a crash or a silent fp32 measurement."""
