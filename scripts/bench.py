@@ -635,6 +635,18 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
                 del profiled
         except Exception as exc:  # noqa: BLE001
             row["breakdown_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+        if s.provider == "cuda":  # GPU time per kernel class of the step as users run it (CUPTI)
+            with stages("gpu_kernels"):
+                timed = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider,
+                                     tf32=pol.tf32_of(policy), model=step_model)
+                for _ in range(3):
+                    timed()
+                kernels = m.cupti_kernels(timed, 5)
+                if kernels:
+                    row["gpu"] = m.gpu_split(kernels)
+                del timed
+                gc.collect()
+        row["stage_s"] = stages.seconds
     return row
 
 

@@ -459,3 +459,77 @@ def breakdown(profile_json: str | Path | list, step_model: onnx.ModelProto | str
 
 def median(values) -> float:
     return float(statistics.median(values))
+
+
+# --------------------------------------------------------------------------------------------
+# GPU time per kernel (CUPTI, through torch.profiler)
+# --------------------------------------------------------------------------------------------
+
+# ORT's profiler times nodes on the host (onnxruntime-gpu ships without CUPTI); torch's profiler
+# brings CUPTI and sees every kernel of the process, ORT's included. Kernels are put in classes by
+# name; the first pattern that matches wins (cuDNN's implicit-GEMM convolutions name both, so conv
+# comes before gemm; ORT's Cast is an elementwise kernel templated on OP_Cast).
+KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
+    ("conv", r"cudnn|[Cc]onv|fprop|dgrad|wgrad|winograd|implicit_convolve"),
+    ("gemm", r"gemm|gemv|cutlass|xmma|nvjet|cublas|[Mm]at[Mm]ul"),
+    ("cast", r"Cast"),
+    ("update", r"onnxcampo::|Sgd|AdamW|Unscale|multi_tensor"),
+    ("softmax", r"[Ss]oftmax"),
+    ("norm", r"LayerNorm|layer_norm|BatchNorm|batch_norm|[Bb]n_fw|[Bb]n_bw"),
+    ("reduce", r"[Rr]educ|cub::|[Aa]rg[Mm]ax"),
+    ("transpose", r"[Tt]ranspose"),
+    ("copy", r"Slice|Concat|Gather|Scatter|Expand|Pad|Tile|Split|[Cc]opy|[Mm]emcpy|Fill"),
+    ("memset", r"[Mm]emset"),
+    ("elementwise", r"[Ee]lement[Ww]ise|Unary|Binary|Variadic|Relu|Gelu|Where|Sigmoid|Tanh|Erf|Clip"),
+)
+_KERNEL_CLASS_RE = [(name, re.compile(pattern)) for name, pattern in KERNEL_CLASSES]
+
+
+def kernel_class(name: str) -> str:
+    """The class of a GPU kernel by its (demangled) name: see :data:`KERNEL_CLASSES`; else ``other``."""
+    return next((label for label, pattern in _KERNEL_CLASS_RE if pattern.search(name)), "other")
+
+
+def cupti_kernels(fn, runs: int) -> list[tuple[str, float, float]] | None:
+    """(kernel name, GPU ms per call of ``fn``, launches per call) for ``runs`` calls, largest first,
+    as CUPTI sees them through ``torch.profiler``; None without torch or CUDA (or when the profiler
+    API does not answer: no figure rather than a failure)."""
+    try:
+        import torch
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+    except Exception:  # noqa: BLE001 - torch missing or broken: no CUPTI figures
+        return None
+    if not torch.cuda.is_available():
+        return None
+    try:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(runs):
+                fn()
+            torch.cuda.synchronize()
+        rows = []
+        for entry in prof.key_averages():
+            if entry.device_type == DeviceType.CUDA:  # attribute names changed across torch versions
+                us = getattr(entry, "self_device_time_total", None) or getattr(entry, "self_cuda_time_total", 0.0)
+                rows.append((entry.key, us / 1e3 / runs, entry.count / runs))
+        return sorted(rows, key=lambda r: -r[1]) or None
+    except Exception as exc:  # noqa: BLE001
+        import sys
+
+        print(f"  (CUPTI kernel times unavailable: {exc.__class__.__name__}: {exc})", file=sys.stderr)
+        return None
+
+
+def gpu_split(kernels: list[tuple[str, float, float]], *, top: int = 12) -> dict[str, Any]:
+    """GPU ms per call in all and per kernel class, with the largest kernels (names cut to 120)."""
+    by_class: dict[str, float] = defaultdict(float)
+    launches: dict[str, float] = defaultdict(float)
+    for name, ms, count in kernels:
+        label = kernel_class(name)
+        by_class[label] += ms
+        launches[label] += count
+    return {"total_ms": round(sum(ms for _, ms, _ in kernels), 4),
+            "by_class_ms": {k: round(v, 4) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+            "launches": {k: round(v, 1) for k, v in launches.items()},
+            "top": [(name[:120], round(ms, 4), round(count, 1)) for name, ms, count in kernels[:top]]}

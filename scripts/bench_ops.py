@@ -274,35 +274,10 @@ def copy_bandwidth_gbps(nbytes: int = 1 << 30, runs: int = 20) -> float | None:
 
 def cupti_kernel_ms(fn, runs: int) -> float | None:
     """GPU time of all kernels, memsets and copies per call of ``fn`` as CUPTI sees them."""
-    try:
-        import torch
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-    except Exception:
-        return None
-    try:
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(runs):
-                fn()
-            torch.cuda.synchronize()
-        total = 0.0  # microseconds; attribute names changed across torch versions
-        for entry in prof.key_averages():
-            if entry.device_type == DeviceType.CUDA:
-                total += getattr(entry, "self_device_time_total", None) or getattr(entry, "self_cuda_time_total", 0.0)
-        if total == 0.0:
-            for event in prof.events():
-                if event.device_type == DeviceType.CUDA:
-                    total += getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
-        return total / 1e3 / runs if total else None
-    except Exception as exc:  # profiler API differences: report no figure rather than fail
-        print(f"  (CUPTI kernel time unavailable: {exc})", file=sys.stderr)
-        return None
+    import bench_measure  # scripts/ is on sys.path when this runs as a script
 
-
-# --------------------------------------------------------------------------------------------
-# 1. Correctness on the device
-# --------------------------------------------------------------------------------------------
+    kernels = bench_measure.cupti_kernels(fn, runs)
+    return sum(ms for _, ms, _ in kernels) if kernels else None
 
 
 def max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[float, bool]:

@@ -366,6 +366,24 @@ def breakdown_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def gpu_table(rows: list[dict[str, Any]]) -> list[str]:
+    """GPU ms per step by kernel class (CUPTI through torch.profiler) of the profiled training steps."""
+    from bench_measure import KERNEL_CLASSES
+
+    found = [r for r in rows if r.get("mode") == "training" and r.get("gpu")]
+    if not found:
+        return []
+    classes = [c for c, _ in KERNEL_CLASSES] + ["other"]
+    lines = ["| model | policy | ms/step (wall) | GPU ms/step | " + " | ".join(classes) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(classes)]
+    for r in sorted(found, key=lambda r: (r["model"], r["policy"])):
+        g = r["gpu"]["by_class_ms"]
+        cells = " | ".join(_fmt(g.get(c), ".2f") for c in classes)
+        lines.append(f"| {r['model']} b{r['batch']} | {r['policy']} | {_fmt(r.get('ms'), '.2f')} | "
+                     f"{r['gpu']['total_ms']:.2f} | {cells} |")
+    return lines
+
+
 def torch_comparison(rows: list[dict[str, Any]]) -> list[str]:
     groups = group_rows(rows)
     lines = ["| model | campo ms/step | best PyTorch | its ms/step | campo / best PyTorch throughput | fp32 ORT ms/step |",
@@ -428,9 +446,13 @@ def _where_time_goes(key, campo: dict[str, Any], name: str, best: dict[str, Any]
     """One sentence per model where the ONNX Runtime step is slower than PyTorch: the breakdown's numbers."""
     text = (f"- {key[0]} b{key[1]}: campo's step takes {campo['ms']:.2f} ms, {campo['ms'] / best['ms']:.2f}x "
             f"{name}'s {best['ms']:.2f} ms.")
+    gpu = campo.get("gpu")
+    if gpu:
+        classes = ", ".join(f"{c} {ms:.2f}" for c, ms in list(gpu["by_class_ms"].items())[:6])
+        text += f" GPU kernels (CUPTI, the step as run: {gpu['total_ms']:.2f} ms): {classes} ms."
     b = campo.get("breakdown")
     if not b:
-        return text + " No profile of the campo step was recorded."
+        return text + ("" if gpu else " No profile of the campo step was recorded.")
     parts = sorted(((c, b["per_step_us"][c]) for c in b["per_step_us"]), key=lambda x: -x[1])
     spent = ", ".join(f"{c} {us / 1000:.2f} ms ({100 * b['share'][c]:.0f} %)" for c, us in parts if us > 0)
     top = ", ".join(f"{op} {us / 1000:.2f} ms" for op, us in b.get("top_backward", [])[:4])
@@ -731,6 +753,11 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
     lines += cuda_graph_comparison(rows) + [""]
     lines += ["## Where a training step's time goes (ORT profiler, graph optimizations off, host time per node and step)", ""]
     lines += breakdown_table(rows) + [""]
+    gpu = gpu_table(rows)
+    if gpu:
+        lines += ["GPU time per step by kernel class (CUPTI through `torch.profiler`, the step with ORT's graph "
+                  "optimizations on, 5 steps; kernel names put in classes by `bench_measure.KERNEL_CLASSES`):", ""]
+        lines += gpu + [""]
     failures = [r for r in rows if r.get("status") != "ok"]
     if failures:
         lines += ["## Variants that failed or could not run", "", "| key | status | reason |", "|---|---|---|"]

@@ -262,27 +262,14 @@ def profile(step: onnx.ModelProto, forward: onnx.ModelProto, feeds, *, provider:
             "nodes": len(step.graph.node)}
 
 
-def cupti_by_kernel(bound: BoundStep, runs: int) -> list[tuple[str, float, int]] | None:
-    """(kernel name, GPU ms per step, calls per step) from CUPTI via torch.profiler, top first."""
-    try:
-        import torch
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile as torch_profile
-    except Exception as exc:
-        print(f"  (no CUPTI: {exc})", file=sys.stderr)
-        return None
-    torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            bound.run()
-        bound.binding.synchronize_outputs()
-        torch.cuda.synchronize()
-    rows = []
-    for entry in prof.key_averages():
-        if entry.device_type == DeviceType.CUDA:
-            us = getattr(entry, "self_device_time_total", None) or getattr(entry, "self_cuda_time_total", 0.0)
-            rows.append((entry.key, us / 1e3 / runs, entry.count // runs))
-    return sorted(rows, key=lambda r: -r[1])
+def cupti_by_kernel(bound: BoundStep, runs: int) -> list[tuple[str, float, float]] | None:
+    """(kernel name, GPU ms per step, launches per step) from CUPTI via torch.profiler, top first."""
+    import bench_measure  # scripts/ is on sys.path when this runs as a script
+
+    kernels = bench_measure.cupti_kernels(bound.run, runs)
+    if kernels is None:
+        print("  (no CUPTI: torch with CUDA is needed)", file=sys.stderr)
+    return kernels
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,7 +292,7 @@ def report(label: str, result: dict, top: int) -> str:
     if result.get("kernels"):
         lines.append("  GPU kernels (CUPTI), ms/step, calls/step:")
         for name, ms, calls in result["kernels"][:top]:
-            lines.append(f"    {ms:9.3f}  {calls:5d}  {name[:110]}")
+            lines.append(f"    {ms:9.3f}  {calls:5.0f}  {name[:110]}")
     return "\n".join(lines)
 
 

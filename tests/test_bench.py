@@ -730,3 +730,30 @@ def test_an_item_killed_twice_is_recorded_and_shown(tmp_path, capsys):
     assert "odd_mlp|1|inference|fp32" in printed and "did not finish in 2 runs" in printed
     rows = {r["key"]: r for r in bench.read_rows(out / "cpu.jsonl")}
     assert rows["odd_mlp|1|inference|fp32"]["status"] == "failed" and rows["odd_mlp|4|inference|fp32"]["status"] == "ok"
+
+
+def test_gpu_kernels_are_split_by_class_and_reported():
+    """CUPTI kernel names (ORT's, cuBLAS's, cuDNN's, ours) go to their classes; the split sums to the
+    total; the report shows it per training row and in the 'slower than PyTorch' sentence."""
+    kernels = [("sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nchw", 4.0, 53.0),
+               ("nvjet_tst_128x64_64x4_1x2_h_bz_NNT", 3.0, 60.0),
+               ("void onnxruntime::cuda::_UnaryElementWise<__half, float, onnxruntime::cuda::OP_Cast<__half, float> >", 1.5, 200.0),
+               ("void onnxruntime::cuda::_SliceKernel<false, 4, float>", 1.0, 400.0),
+               ("void onnxcampo::(anonymous namespace)::SgdKernel(onnxcampo::Table<5>)", 0.5, 2.0),
+               ("void onnxruntime::cuda::Transpose3DKernel<float>", 0.25, 10.0),
+               ("Memset (Device)", 0.1, 5.0), ("mystery_kernel", 0.05, 1.0)]
+    assert [bench_measure.kernel_class(k[0]) for k in kernels] == [
+        "conv", "gemm", "cast", "copy", "update", "transpose", "memset", "other"]
+    split = bench_measure.gpu_split(kernels, top=3)
+    assert split["total_ms"] == pytest.approx(10.4) and sum(split["by_class_ms"].values()) == pytest.approx(10.4)
+    assert list(split["by_class_ms"])[:2] == ["conv", "gemm"] and len(split["top"]) == 3
+    assert split["launches"]["copy"] == 400.0
+    row = {"key": "resnet50|64|training|campo", "model": "resnet50", "batch": 64, "mode": "training", "policy": "campo",
+           "status": "ok", "ms": 40.0, "gpu": split}
+    table = bench_report.gpu_table([row])
+    assert table[2].startswith("| resnet50 b64 | campo | 40.00 | 10.40 | 4.00 | 3.00 | 1.50 | 0.50 |")
+    best = {"ms": 15.0}
+    text = bench_report._where_time_goes(("resnet50", 64, "training"), row, "torch-compile", best)
+    assert "GPU kernels (CUPTI, the step as run: 10.40 ms): conv 4.00, gemm 3.00" in text
+    assert "No profile" not in text
+    assert bench_measure.cupti_kernels(lambda: None, 1) is None  # no torch (CI) or no CUDA here
