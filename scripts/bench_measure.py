@@ -36,9 +36,10 @@ class MeasureError(RuntimeError):
 
 def make_session(model: str | Path, *, provider: str, tf32: bool = True, profiling: bool = False,
                  profile_prefix: str | None = None, optimization: str = "all",
-                 cuda_graph: bool = False) -> ort.InferenceSession:
-    """A session on ``provider``; on CUDA with ``use_tf32`` as asked (ORT's default is on) and,
-    with ``cuda_graph``, ORT's CUDA-graph capture and replay."""
+                 cuda_graph: bool = False, cuda_options: Mapping[str, str] | None = None) -> ort.InferenceSession:
+    """A session on ``provider``; on CUDA with ``use_tf32`` as asked (ORT's default is on),
+    with ``cuda_graph`` ORT's CUDA-graph capture and replay, and ``cuda_options`` (more CUDA EP
+    options, e.g. ``{"prefer_nhwc": "1"}``) on top."""
     options = ort.SessionOptions()
     options.graph_optimization_level = _LEVELS[optimization]
     options.enable_profiling = profiling
@@ -51,7 +52,8 @@ def make_session(model: str | Path, *, provider: str, tf32: bool = True, profili
         ops.register(options)
     if provider == "cuda":
         _preload_cuda_dlls()
-        cuda = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})}
+        cuda = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {}),
+                **(cuda_options or {})}
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     else:
         providers = ["CPUExecutionProvider"]
@@ -295,7 +297,8 @@ class StepRunner:
     def __init__(self, step_path: str | Path, *, weights: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],
                  provider: str, lr: float | None = None, tf32: bool = True, profiling: bool = False,
                  profile_prefix: str | None = None, optimization: str = "all",
-                 model: onnx.ModelProto | None = None, cuda_graph: bool = False) -> None:
+                 model: onnx.ModelProto | None = None, cuda_graph: bool = False,
+                 cuda_options: Mapping[str, str] | None = None) -> None:
         # ``cuda_graph``: each of the two bindings is captured into its own CUDA graph (run option
         # gpu_graph_id) and replayed; the loss then stays on the device and is copied back after
         # ``model``: the step graph already loaded (a caller that has it saves reading it again)
@@ -307,7 +310,8 @@ class StepRunner:
         starts = initial_state(model)
         del model
         self.session = make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,
-                                    profile_prefix=profile_prefix, optimization=optimization, cuda_graph=cuda_graph)
+                                    profile_prefix=profile_prefix, optimization=optimization, cuda_graph=cuda_graph,
+                                    cuda_options=cuda_options)
         # copies: on CPU the buffers are updated in place, which must not change the caller's arrays
         initial = {name: np.array(weights[name], dtype=np.float32, order="C", copy=True) for name in self.spec.weights}
         for name in self.spec.state:

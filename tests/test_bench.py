@@ -757,3 +757,25 @@ def test_gpu_kernels_are_split_by_class_and_reported():
     assert "GPU kernels (CUPTI, the step as run: 10.40 ms): conv 4.00, gemm 3.00" in text
     assert "No profile" not in text
     assert bench_measure.cupti_kernels(lambda: None, 1) is None  # no torch (CI) or no CUDA here
+
+
+def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys):
+    """scripts/probe_options.py: every (policy, option set) pair of both modes timed and kept as
+    JSON, ratios to the first set; a bad --options argument is one line and exit 2."""
+    import probe_options
+
+    out = tmp_path / "probe.json"
+    args = ["--model", "odd_mlp", "--batch", "4", "--mode", "inference,training", "--policies", "fp32,campo",
+            "--options", "{}", '{"prefer_nhwc": 1}', "--provider", "cpu", "--quick", "--sessions", "2",
+            "--wheels", str(tmp_path / "none"), "--out", str(out)]
+    assert probe_options.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["options"] == ["default", "prefer_nhwc=1"]
+    for mode in ("inference", "training"):
+        for policy in ("fp32", "campo"):
+            cells = result["modes"][mode][policy]
+            assert cells["default"]["vs_first"] == 1.0 and cells["prefer_nhwc=1"]["ms"] > 0
+            assert len(cells["default"]["ms_blocks"]) == 2 * 5  # two sessions of five quick blocks
+    assert "ignores CUDA EP options" in capsys.readouterr().out
+    assert probe_options.main(args[:-2] + ["--options", "[1]"]) == 2
+    assert "not a JSON object" in capsys.readouterr().err
