@@ -484,32 +484,56 @@ def interleave(group: Group) -> dict[str, Any]:
     Batch-1 runs wait on the host, and the same graph measured up to 1.4x apart in runs minutes
     or an hour apart: rows of one group timed one after another compare that drift, not the
     policies. Blocks in rotation see the same machine state, so their medians compare the graphs.
+    With ``--sessions N`` the whole round robin runs N times, each time with fresh sessions (the
+    rows' blocks came from N sessions too). A variant whose session fails here (memory, with all
+    alive) is left out of the record with its reason; the others stand.
     """
     import bench_measure as m
 
     s = group.settings
-    runners = {}
-    for policy, kept in group.kept.items():
-        session = m.make_session(kept.path, provider=s.provider, tf32=kept.tf32, cuda_graph=kept.cuda_graph)
-        runners[policy] = m.BoundRunner(session, group.built.feeds, s.provider)
-        for _ in range(1 + s.inference_warmup):
-            runners[policy]()
-    order = list(runners)
-    blocks: dict[str, list[float]] = {policy: [] for policy in order}
-    for turn in range(s.interleave):
-        shift = turn % len(order)
-        for policy in order[shift:] + order[:shift]:
-            blocks[policy] += m.timed_blocks(runners[policy], warmup=0, blocks=1, per_block=group.kept[policy].per_block)
+    blocks: dict[str, list[float]] = {policy: [] for policy in group.kept}
+    dropped: dict[str, str] = {}
+    for _ in range(s.sessions):
+        runners = {}
+        for policy, kept in group.kept.items():
+            if policy in dropped:
+                continue
+            try:
+                session = m.make_session(kept.path, provider=s.provider, tf32=kept.tf32, cuda_graph=kept.cuda_graph)
+                runners[policy] = m.BoundRunner(session, group.built.feeds, s.provider)
+                for _ in range(1 + s.inference_warmup):
+                    runners[policy]()
+            except Exception as exc:  # noqa: BLE001 - the others are still comparable
+                runners.pop(policy, None)
+                dropped[policy] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+        order = list(runners)
+        for turn in range(s.interleave):
+            shift = turn % len(order)
+            for policy in order[shift:] + order[:shift]:
+                blocks[policy] += m.timed_blocks(runners[policy], warmup=0, blocks=1,
+                                                 per_block=group.kept[policy].per_block)
+        del runners
+        gc.collect()
+    blocks = {policy: values for policy, values in blocks.items() if values and policy not in dropped}
     return {"key": f"{group.model}|{group.batch}|{group.mode}", "model": group.model, "batch": group.batch,
-            "mode": group.mode, "rounds": s.interleave, "policies": order,
+            "mode": group.mode, "rounds": s.interleave, "sessions": s.sessions, "policies": list(blocks),
             "ms": {policy: statistics.median(values) for policy, values in blocks.items()}, "ms_blocks": blocks,
-            "runs_per_block": {policy: kept.per_block for policy, kept in group.kept.items()}}
+            "runs_per_block": {policy: group.kept[policy].per_block for policy in blocks},
+            **({"dropped": dropped} if dropped else {})}
 
 
 def interleave_estimate_s(group: Group) -> float:
     """Sessions made again, warm-up and the rounds of blocks, with a margin."""
     s = group.settings
-    return 5.0 + sum(1.5 * kept.session_s + (s.interleave + 2) * s.block_ms / 1e3 for kept in group.kept.values())
+    return 5.0 + s.sessions * sum(1.5 * kept.session_s + (s.interleave + 2) * s.block_ms / 1e3
+                                  for kept in group.kept.values())
+
+
+def group_estimate_s(items: list[Item], rows: list[dict[str, Any]], settings: Settings, budget_s: float) -> float:
+    """What an inference group's pending items take, with its interleaved timing (a guess before
+    any is measured: 3 s a variant and session): an interleaved group is started only whole."""
+    measure = sum(estimate_s(item, rows, budget_s) for item in items)
+    return measure + (5.0 + 3.0 * settings.sessions * len(items) if settings.interleave > 0 else 0.0)
 
 
 def finish_group(group: Group | None, results: "Results", run: str, left_s: float) -> None:
@@ -536,6 +560,9 @@ def finish_group(group: Group | None, results: "Results", run: str, left_s: floa
                     print(f"  {record['key']} interleaved ({record['rounds']} rounds): {shown}", flush=True)
                 else:
                     print(f"  {record['key']} interleaved: failed: {record['error'][:150]}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - never the next item's failure (e.g. the mirror copy)
+        print(f"  {group.model}|{group.batch}|{group.mode}: interleaved timing not recorded: "
+              f"{exc.__class__.__name__}: {str(exc)[:150]}", flush=True)
     finally:
         for kept in group.kept.values():
             pol.cleanup(kept.path, group.built.path)
@@ -605,6 +632,14 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
                                           per_block=s.train_per_block)
     row.update(loss_first=runner.losses[0], loss_last=runner.losses[-1], steps=len(runner.losses),
                loss_scale=runner.state("loss_scale"), finite=all(math.isfinite(x) for x in runner.losses))
+    if s.provider == "cuda" and policy in s.breakdown and not graph:  # GPU time per kernel class (CUPTI)
+        try:
+            with stages("gpu_kernels"):
+                kernels = m.cupti_kernels(runner, 5)  # 5 more steps of the timed session (after the loss is read)
+            if kernels:
+                row["gpu"] = m.gpu_split(kernels)
+        except Exception as exc:  # noqa: BLE001 - the timing stands without it
+            row["gpu_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
     del runner
     gc.collect()
     def again() -> list[float]:
@@ -635,18 +670,6 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
                 del profiled
         except Exception as exc:  # noqa: BLE001
             row["breakdown_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
-        if s.provider == "cuda":  # GPU time per kernel class of the step as users run it (CUPTI)
-            with stages("gpu_kernels"):
-                timed = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider,
-                                     tf32=pol.tf32_of(policy), model=step_model)
-                for _ in range(3):
-                    timed()
-                kernels = m.cupti_kernels(timed, 5)
-                if kernels:
-                    row["gpu"] = m.gpu_split(kernels)
-                del timed
-                gc.collect()
-        row["stage_s"] = stages.seconds
     return row
 
 
@@ -824,7 +847,14 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="onnxcampo-bench-") as tmp:
             work = Path(tmp)
             for index, item in enumerate(pending):
+                if group is not None and (group.model, group.batch, group.mode) != item.group:
+                    finish_group(group, results, run, left_s())  # on the group's time, not the next item's
+                    group = None
+                    gc.collect()
                 need = estimate_s(item, results.rows, args.budget_s)
+                if group is None and item.mode == "inference" and settings.interleave > 0 and item.group not in broken:
+                    rest = [i for i in pending[index:] if i.group == item.group]
+                    need = group_estimate_s(rest, results.rows, settings, args.budget_s)
                 if finished and left_s() < need:
                     stopped = f"budget: {left_s():.0f} s left, the next item ({item.key}) may take {need:.0f} s"
                     break
@@ -835,10 +865,7 @@ def main(argv=None) -> int:
                     if item.group in broken:
                         status, text = broken[item.group]
                         raise pol.Unavailable(text) if status == "unavailable" else RuntimeError(text)
-                    if group is None or (group.model, group.batch, group.mode) != item.group:
-                        finish_group(group, results, run, left_s())
-                        group = None
-                        gc.collect()
+                    if group is None:
                         try:
                             group = Group(item.model, item.batch, item.mode, settings, work)
                             new_group = True

@@ -471,20 +471,23 @@ def median(values) -> float:
 
 # ORT's profiler times nodes on the host (onnxruntime-gpu ships without CUPTI); torch's profiler
 # brings CUPTI and sees every kernel of the process, ORT's included. Kernels are put in classes by
-# name; the first pattern that matches wins (cuDNN's implicit-GEMM convolutions name both, so conv
-# comes before gemm; ORT's Cast is an elementwise kernel templated on OP_Cast).
+# name; the first pattern that matches wins: ORT's Cast is an elementwise kernel templated on
+# OP_Cast; cuDNN's BatchNorm, pooling and reductions come before its convolutions, and those
+# (implicit-GEMM kernels name both) before the GEMMs; what else cuDNN runs is "cudnn-other".
 KERNEL_CLASSES: tuple[tuple[str, str], ...] = (
-    ("conv", r"cudnn|[Cc]onv|fprop|dgrad|wgrad|winograd|implicit_convolve"),
-    ("gemm", r"gemm|gemv|cutlass|xmma|nvjet|cublas|[Mm]at[Mm]ul"),
     ("cast", r"Cast"),
-    ("update", r"onnxcampo::|Sgd|AdamW|Unscale|multi_tensor"),
+    ("update", r"onnxcampo::|Sgd|AdamW|Unscale|multi_tensor|IsFinite|IsAllFinite|MixedPrecisionScale"),
     ("softmax", r"[Ss]oftmax"),
     ("norm", r"LayerNorm|layer_norm|BatchNorm|batch_norm|[Bb]n_fw|[Bb]n_bw"),
+    ("pool", r"[Pp]ool"),
     ("reduce", r"[Rr]educ|cub::|[Aa]rg[Mm]ax"),
-    ("transpose", r"[Tt]ranspose"),
+    ("conv", r"fprop|dgrad|wgrad|winograd|implicit_convolve|[Cc]onv(?!ert)"),
+    ("gemm", r"gemm|gemv|cutlass|xmma|nvjet|cublas|[Mm]at[Mm]ul"),
+    ("transpose", r"[Tt]ranspose|nchwToNhwc|nhwcToNchw"),
     ("copy", r"Slice|Concat|Gather|Scatter|Expand|Pad|Tile|Split|[Cc]opy|[Mm]emcpy|Fill"),
     ("memset", r"[Mm]emset"),
-    ("elementwise", r"[Ee]lement[Ww]ise|Unary|Binary|Variadic|Relu|Gelu|Where|Sigmoid|Tanh|Erf|Clip"),
+    ("elementwise", r"[Ee]lement[Ww]ise|Unary|Binary|Variadic|Relu|Gelu|Where|Sigmoid|Tanh|Erf|Clip|[Dd]ropout"),
+    ("cudnn-other", r"cudnn"),
 )
 _KERNEL_CLASS_RE = [(name, re.compile(pattern)) for name, pattern in KERNEL_CLASSES]
 
@@ -517,7 +520,9 @@ def cupti_kernels(fn, runs: int) -> list[tuple[str, float, float]] | None:
             if entry.device_type == DeviceType.CUDA:  # attribute names changed across torch versions
                 us = getattr(entry, "self_device_time_total", None) or getattr(entry, "self_cuda_time_total", 0.0)
                 rows.append((entry.key, us / 1e3 / runs, entry.count / runs))
-        return sorted(rows, key=lambda r: -r[1]) or None
+        if not any(ms for _, ms, _ in rows):  # nothing timed: no figure rather than zeros
+            return None
+        return sorted(rows, key=lambda r: -r[1])
     except Exception as exc:  # noqa: BLE001
         import sys
 

@@ -28,7 +28,9 @@ that model and mode at which some policy ran (``models.<m>.batch.<mode>``; a cor
 batch dimension is fixed fails at the large batch, so its headline is batch 1); ``batches`` has
 every batch tried, failed ones with an empty ``throughput``. A policy whose row failed (status not
 ``ok``, no or a non-finite throughput) is absent; a mode with nothing measured is ``{}`` with batch
-``null``.
+``null``. A batch entry's ``interleaved`` is true when its throughputs are the medians of the
+group's interleaved timing (``bench.py --interleave``: all variants' sessions alive, blocks in
+rotation) rather than of each row's own blocks.
 Rows outside the accuracy tolerance KEEP their throughput and are listed in ``inaccurate``, so a
 "higher is better" comparison can exclude them; rows whose accuracy could not be judged (no
 reference row) are listed in ``unchecked``. PyTorch rows are never judged (another framework's
@@ -84,38 +86,42 @@ def read_runs(path: Path) -> list[dict[str, Any]]:
 
 
 def read_interleaved(path: Path) -> list[dict[str, Any]]:
-    """The interleaved timings (``bench.py --interleave``) that succeeded, the latest per group."""
-    records = {r["key"]: r for r in json_lines(path) if r.get("status", "ok") == "ok" and isinstance(r.get("ms"), dict)}
+    """The interleaved timings (``bench.py --interleave``) that succeeded, one per group and run."""
+    records = {(r["key"], r.get("run")): r for r in json_lines(path)
+               if r.get("status", "ok") == "ok" and isinstance(r.get("ms"), dict)}
     return list(records.values())
 
 
 def apply_interleaved(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
-    """Rows timed side by side take the interleaved median as their ``ms`` (in place); which groups.
+    """Groups timed side by side take the interleaved medians as their rows' ``ms`` (in place).
 
-    A record counts for the rows of its group measured in the same run (so the same graphs), when
-    at least two are: those rows compare the policies under the same machine state, where rows
-    timed one after another compare host drift at batch 1. The row's own median stays as
-    ``ms_row``; a campo row's ``fp32_ms_paired`` is set aside when fp32 is in the record too (the
-    interleaved fp32 is the fairer pair).
+    A record counts only when it covers the whole group: every row of the group that ran (status
+    ok) comes from the record's run (so the same graphs) and is in the record. Then all of the
+    group's comparisons use one method; a group re-measured in part in a later run keeps its rows'
+    own timings (mixing blocks in rotation with rows timed one after another would compare the
+    methods, not the graphs). Each row keeps its own median as ``ms_row`` and is marked
+    ``interleaved``; a campo row's ``fp32_ms_paired`` is set aside (fp32 is in the record, the
+    fairer pair). Returns the groups applied, as text.
     """
-    by_key = {row["key"]: row for row in rows}
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row.get("status") == "ok" and row.get("mode") == "inference":
+            groups[f"{row['model']}|{row['batch']}|{row['mode']}"].append(row)
     applied = []
-    for record in sorted(records, key=lambda r: r["key"]):
-        timed = {}
-        for policy, ms in record["ms"].items():
-            row = by_key.get(f"{record['key']}|{policy}")
-            if row and row.get("status") == "ok" and row.get("run") == record.get("run") and ms and ms > 0:
-                timed[policy] = (row, ms)
-        if len(timed) < 2:
+    for record in sorted(records, key=lambda r: (r["key"], r.get("time", ""))):
+        members = groups.get(record["key"], [])
+        if len(members) < 2 or any(r.get("run") != record.get("run") or not record["ms"].get(r["policy"])
+                                   for r in members):
             continue
-        for policy, (row, ms) in timed.items():
+        for row in members:
+            ms = record["ms"][row["policy"]]
             row["ms_row"], row["ms"] = row.get("ms"), ms
             row["throughput"] = int(row["batch"]) * 1000.0 / ms
             row["interleaved"] = True
-            if "fp32_ms_paired" in row and "fp32" in timed:
+            if "fp32_ms_paired" in row:
                 row["fp32_ms_paired_row"] = row.pop("fp32_ms_paired")
         model, batch, _ = record["key"].split("|")
-        applied.append(f"{model} b{batch} ({len(timed)} variants, {record.get('rounds', '?')} rounds)")
+        applied.append(f"{model} b{batch} ({len(members)} variants, {record.get('rounds', '?')} rounds)")
     return applied
 
 
@@ -528,7 +534,8 @@ def _batch_entry(group: dict[str, dict[str, Any]], mode: str) -> dict[str, Any]:
         throughput[name] = value
         if not accurate(row, group):
             (unchecked if accuracy(row, group) is None else inaccurate).append(name)
-    return {"throughput": throughput, "inaccurate": inaccurate, "unchecked": unchecked}
+    return {"throughput": throughput, "inaccurate": inaccurate, "unchecked": unchecked,
+            "interleaved": any(row.get("interleaved") for row in group.values())}
 
 
 def _distinct(values) -> str | None:

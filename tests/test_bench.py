@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -691,28 +692,38 @@ def test_a_model_that_cannot_take_the_batch_is_unavailable_not_failed(tmp_path, 
 
 
 def test_report_prefers_interleaved_timings_of_the_same_run(tmp_path):
-    """A group's interleaved record replaces the ms (and throughput) of its rows from the same run;
-    rows of other runs keep theirs; a campo row's paired fp32 gives way to the interleaved fp32."""
+    """A group's interleaved record replaces the ms (and throughput) of its rows only when it covers
+    the whole group (every ok row from the record's run and in it): no group mixes the methods; a
+    campo row's paired fp32 gives way to the interleaved fp32."""
     def row(policy, ms, run="r1", **extra):
         return {"key": f"gpt2|1|inference|{policy}", "model": "gpt2", "batch": 1, "mode": "inference", "policy": policy,
                 "status": "ok", "ms": ms, "throughput": 1000.0 / ms, "run": run, "rel_err_max": 0.001, **extra}
 
-    rows = [row("fp32-notf32", 3.3), row("fp32", 2.9), row("ort-fp16", 2.1, run="r0"), row("campo", 3.5, fp32_ms_paired=3.0)]
     records = [{"key": "gpt2|1|inference", "run": "r1", "rounds": 7,
                 "ms": {"fp32-notf32": 3.2, "fp32": 2.5, "campo": 2.0, "ort-fp16": 1.0}},
                {"key": "bert|1|inference", "run": "r1", "rounds": 7, "ms": {"fp32": 1.0, "campo": 0.5}}]
     path = tmp_path / "h200.interleaved.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n" + '{"key": "x|1|inference", "status": "failed"}\n{torn')
     read = bench_report.read_interleaved(path)
-    assert [r["key"] for r in read] == ["gpt2|1|inference", "bert|1|inference"]
-    assert bench_report.apply_interleaved(rows, read) == ["gpt2 b1 (3 variants, 7 rounds)"]
-    by = {r["policy"]: r for r in rows}
+    assert sorted(r["key"] for r in read) == ["bert|1|inference", "gpt2|1|inference"]
+
+    partial = [row("fp32-notf32", 3.3), row("fp32", 2.9), row("ort-fp16", 2.1, run="r0"),
+               row("campo", 3.5, fp32_ms_paired=3.0), row("amp", 9.0, run="r1", status="failed")]
+    assert bench_report.apply_interleaved(partial, read) == []  # ort-fp16 came from another run
+    assert all("interleaved" not in r and r.get("ms") in (3.3, 2.9, 2.1, 3.5, 9.0) for r in partial)
+
+    whole = [row("fp32-notf32", 3.3), row("fp32", 2.9), row("ort-fp16", 2.1), row("campo", 3.5, fp32_ms_paired=3.0),
+             row("amp", 9.0, run="r0", status="failed")]  # a failed row does not count
+    assert bench_report.apply_interleaved(whole, read) == ["gpt2 b1 (4 variants, 7 rounds)"]
+    by = {r["policy"]: r for r in whole}
     assert by["campo"]["ms"] == 2.0 and by["campo"]["ms_row"] == 3.5 and by["campo"]["throughput"] == 500.0
     assert "fp32_ms_paired" not in by["campo"] and by["campo"]["fp32_ms_paired_row"] == 3.0
-    assert by["ort-fp16"]["ms"] == 2.1 and "interleaved" not in by["ort-fp16"]  # another run: another graph maybe
-    assert bench_report.vs_fp32(bench_report.group_rows(rows)[("gpt2", 1, "inference")])[0] == 2.5 / 2.0
-    text = bench_report.render(rows, [], [], "raw/h200.jsonl", ["gpt2 b1 (3 variants, 7 rounds)"])
-    assert "Interleaved groups: the inference variants of gpt2 b1 (3 variants, 7 rounds)" in text
+    assert by["ort-fp16"]["ms"] == 1.0 and by["amp"]["ms"] == 9.0 and "interleaved" not in by["amp"]
+    group = bench_report.group_rows(whole)[("gpt2", 1, "inference")]
+    assert bench_report.vs_fp32(group)[0] == 2.5 / 2.0
+    assert bench_report._batch_entry(group, "inference")["interleaved"] is True
+    text = bench_report.render(whole, [], [], "raw/h200.jsonl", ["gpt2 b1 (4 variants, 7 rounds)"])
+    assert "Interleaved groups: the inference variants of gpt2 b1 (4 variants, 7 rounds)" in text
 
 
 def test_an_item_killed_twice_is_recorded_and_shown(tmp_path, capsys):
@@ -751,7 +762,8 @@ def test_gpu_kernels_are_split_by_class_and_reported():
     row = {"key": "resnet50|64|training|campo", "model": "resnet50", "batch": 64, "mode": "training", "policy": "campo",
            "status": "ok", "ms": 40.0, "gpu": split}
     table = bench_report.gpu_table([row])
-    assert table[2].startswith("| resnet50 b64 | campo | 40.00 | 10.40 | 4.00 | 3.00 | 1.50 | 0.50 |")
+    # columns in KERNEL_CLASSES order: cast, update, softmax, norm, pool, reduce, conv, gemm, transpose, copy, ...
+    assert table[2].startswith("| resnet50 b64 | campo | 40.00 | 10.40 | 1.50 | 0.50 | – | – | – | – | 4.00 | 3.00 |")
     best = {"ms": 15.0}
     text = bench_report._where_time_goes(("resnet50", 64, "training"), row, "torch-compile", best)
     assert "GPU kernels (CUPTI, the step as run: 10.40 ms): conv 4.00, gemm 3.00" in text
@@ -779,3 +791,34 @@ def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys)
     assert "ignores CUDA EP options" in capsys.readouterr().out
     assert probe_options.main(args[:-2] + ["--options", "[1]"]) == 2
     assert "not a JSON object" in capsys.readouterr().err
+
+
+def test_interleaved_groups_are_started_whole_and_timed_on_their_own_time(tmp_path, monkeypatch, capsys):
+    """The interleaved timing runs before the next item's clock starts (its item_s stays its own);
+    an inference group that will not fit with its interleaved timing is left whole for the next
+    run; with --sessions 2 the round robin runs twice, with fresh sessions."""
+    real = bench.interleave
+
+    def slow(group):
+        time.sleep(1.0)
+        return real(group)
+
+    monkeypatch.setattr(bench, "interleave", slow)
+    out = tmp_path / "raw"
+    base = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "inference", "--policies", "fp32,amp",
+            "--out", str(out), "--wheels", str(tmp_path / "none"), "--interleave", "3", "--sessions", "2"]
+    assert bench.main(base + ["--budget-s", "120"]) == 0
+    rows = {r["key"]: r for r in bench.read_rows(out / "cpu.jsonl")}
+    assert rows["odd_mlp|4|inference|fp32"]["item_s"] < 1.0  # b1's interleaved second is not b4's
+    records = [json.loads(line) for line in (out / "cpu.interleaved.jsonl").read_text().splitlines()]
+    assert [r["key"] for r in records] == ["odd_mlp|1|inference", "odd_mlp|4|inference"]
+    assert all(r["sessions"] == 2 and len(r["ms_blocks"]["amp"]) == 2 * 3 for r in records)
+
+    capsys.readouterr()
+    fresh = tmp_path / "raw2"
+    args = [a if a != str(out) else str(fresh) for a in base]
+    assert bench.main(args + ["--budget-s", "12"]) == 0  # b1 fits (the first group always starts), b4 does not
+    printed = capsys.readouterr().out
+    assert "may take" in printed and "odd_mlp|4|inference|fp32" in printed
+    keys = {r["key"] for r in bench.read_rows(fresh / "cpu.jsonl")}
+    assert keys == {"odd_mlp|1|inference|fp32", "odd_mlp|1|inference|amp"}
