@@ -538,11 +538,18 @@ def group_estimate_s(items: list[Item], rows: list[dict[str, Any]], settings: Se
 
 def finish_group(group: Group | None, results: "Results", run: str, left_s: float) -> None:
     """The group's interleaved timing (``--interleave``) when two or more of its inference variants
-    were measured in this run and the budget allows; then its kept model files go."""
+    were measured in this run, every variant of the group that ran was (the report uses a record
+    only for a whole group: with rows of other runs it would be time spent for nothing), and the
+    budget allows; then its kept model files go."""
     if group is None or not group.kept:
         return
     try:
-        if len(group.kept) >= 2 and group.settings.interleave > 0:
+        prefix = f"{group.model}|{group.batch}|{group.mode}|"
+        latest = {r["key"]: r for r in results.rows if r.get("key", "").startswith(prefix)}
+        others = sorted(r["policy"] for r in latest.values() if r.get("status") == "ok" and r.get("run") != run)
+        if others:
+            print(f"  {prefix[:-1]}: no interleaved timing (rows of other runs: {', '.join(others)})", flush=True)
+        elif len(group.kept) >= 2 and group.settings.interleave > 0:
             need = interleave_estimate_s(group)
             if left_s < need:
                 print(f"  {group.model}|{group.batch}|{group.mode}: no interleaved timing ({left_s:.0f} s left, "

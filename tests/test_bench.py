@@ -822,3 +822,17 @@ def test_interleaved_groups_are_started_whole_and_timed_on_their_own_time(tmp_pa
     assert "may take" in printed and "odd_mlp|4|inference|fp32" in printed
     keys = {r["key"] for r in bench.read_rows(fresh / "cpu.jsonl")}
     assert keys == {"odd_mlp|1|inference|fp32", "odd_mlp|1|inference|amp"}
+
+
+def test_no_interleaved_timing_for_a_group_with_rows_of_other_runs(tmp_path, capsys):
+    """Re-measuring part of a group (its other rows are from earlier runs) records no interleaved
+    timing: the report could not use it."""
+    out = tmp_path / "raw"
+    base = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "inference", "--out", str(out),
+            "--wheels", str(tmp_path / "none"), "--interleave", "2", "--budget-s", "120"]
+    assert bench.main(base + ["--policies", "fp32,amp"]) == 0
+    assert len((out / "cpu.interleaved.jsonl").read_text().splitlines()) == 2
+    capsys.readouterr()
+    assert bench.main(base + ["--policies", "fp32,amp,campo,campo-nocost"]) == 0
+    assert "no interleaved timing (rows of other runs: amp, fp32)" in capsys.readouterr().out
+    assert len((out / "cpu.interleaved.jsonl").read_text().splitlines()) == 2
