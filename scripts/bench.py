@@ -507,6 +507,8 @@ def interleave(group: Group) -> dict[str, Any]:
                 runners.pop(policy, None)
                 dropped[policy] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
         order = list(runners)
+        if not order:
+            continue
         for turn in range(s.interleave):
             shift = turn % len(order)
             for policy in order[shift:] + order[:shift]:
@@ -529,6 +531,17 @@ def interleave_estimate_s(group: Group) -> float:
                                   for kept in group.kept.values())
 
 
+def interleave_follows(items: list[Item], rows: list[dict[str, Any]], settings: Settings, prepare_only: bool) -> bool:
+    """Whether measuring ``items`` (the pending items of one inference group) ends in an interleaved
+    timing: two or more of them, and no row of the group that ran stays from another run."""
+    if prepare_only or settings.interleave <= 0 or len(items) < 2 or items[0].mode != "inference":
+        return False
+    pending = {item.key for item in items}
+    prefix = "|".join(map(str, items[0].group)) + "|"
+    latest = {r["key"]: r for r in rows if r.get("key", "").startswith(prefix)}
+    return not any(r.get("status") == "ok" for key, r in latest.items() if key not in pending)
+
+
 def group_estimate_s(items: list[Item], rows: list[dict[str, Any]], settings: Settings, budget_s: float) -> float:
     """What an inference group's pending items take, with its interleaved timing (a guess before
     any is measured: 3 s a variant and session): an interleaved group is started only whole."""
@@ -536,7 +549,7 @@ def group_estimate_s(items: list[Item], rows: list[dict[str, Any]], settings: Se
     return measure + (5.0 + 3.0 * settings.sessions * len(items) if settings.interleave > 0 else 0.0)
 
 
-def finish_group(group: Group | None, results: "Results", run: str, left_s: float) -> None:
+def finish_group(group: Group | None, results: "Results", run: str, left_s: float, *, timed: bool = True) -> None:
     """The group's interleaved timing (``--interleave``) when two or more of its inference variants
     were measured in this run, every variant of the group that ran was (the report uses a record
     only for a whole group: with rows of other runs it would be time spent for nothing), and the
@@ -547,7 +560,9 @@ def finish_group(group: Group | None, results: "Results", run: str, left_s: floa
         prefix = f"{group.model}|{group.batch}|{group.mode}|"
         latest = {r["key"]: r for r in results.rows if r.get("key", "").startswith(prefix)}
         others = sorted(r["policy"] for r in latest.values() if r.get("status") == "ok" and r.get("run") != run)
-        if others:
+        if not timed:
+            print(f"  {prefix[:-1]}: no interleaved timing (the run stops inside the group)", flush=True)
+        elif others:
             print(f"  {prefix[:-1]}: no interleaved timing (rows of other runs: {', '.join(others)})", flush=True)
         elif len(group.kept) >= 2 and group.settings.interleave > 0:
             need = interleave_estimate_s(group)
@@ -639,16 +654,11 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
                                           per_block=s.train_per_block)
     row.update(loss_first=runner.losses[0], loss_last=runner.losses[-1], steps=len(runner.losses),
                loss_scale=runner.state("loss_scale"), finite=all(math.isfinite(x) for x in runner.losses))
-    if s.provider == "cuda" and policy in s.breakdown and not graph:  # GPU time per kernel class (CUPTI)
-        try:
-            with stages("gpu_kernels"):
-                kernels = m.cupti_kernels(runner, 5)  # 5 more steps of the timed session (after the loss is read)
-            if kernels:
-                row["gpu"] = m.gpu_split(kernels)
-        except Exception as exc:  # noqa: BLE001 - the timing stands without it
-            row["gpu_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
-    del runner
-    gc.collect()
+    cupti = s.provider == "cuda" and policy in s.breakdown and not graph
+    if not cupti:
+        del runner
+        gc.collect()
+
     def again() -> list[float]:
         runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy),
                               model=step_model, cuda_graph=graph)
@@ -659,6 +669,16 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
         runner = m.StepRunner(group.step_graph(), weights=weights, batch=batch, provider=s.provider)
         return m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks, per_block=s.train_per_block)
     _paired_fp32(row, policy, fp32, stages)
+    if cupti:  # GPU time per kernel class (CUPTI), after every timing: the profiler may slow what follows
+        try:
+            with stages("gpu_kernels"):
+                kernels = m.cupti_kernels(runner, 5)  # 5 more steps of the timed session (its loss is read)
+            if kernels:
+                row["gpu"] = m.gpu_split(kernels)
+        except Exception as exc:  # noqa: BLE001 - the timing stands without it
+            row["gpu_error"] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+        del runner
+        gc.collect()
     row["stage_s"] = stages.seconds
     if not row["finite"]:
         raise m.MeasureError(f"non-finite loss after {row['steps']} steps (last {row['loss_last']})")
@@ -859,11 +879,15 @@ def main(argv=None) -> int:
                     group = None
                     gc.collect()
                 need = estimate_s(item, results.rows, args.budget_s)
-                if group is None and item.mode == "inference" and settings.interleave > 0 and item.group not in broken:
+                if group is None and item.group not in broken:
                     rest = [i for i in pending[index:] if i.group == item.group]
-                    need = group_estimate_s(rest, results.rows, settings, args.budget_s)
+                    if interleave_follows(rest, results.rows, settings, args.prepare_only):
+                        need = group_estimate_s(rest, results.rows, settings, args.budget_s)
                 if finished and left_s() < need:
                     stopped = f"budget: {left_s():.0f} s left, the next item ({item.key}) may take {need:.0f} s"
+                    if group is not None and item.group == (group.model, group.batch, group.mode):
+                        finish_group(group, results, run, left_s(), timed=False)  # a part of a group: not comparable
+                        group = None
                     break
                 results.attempt(item, run, left_s())
                 t0 = time.perf_counter()

@@ -10,6 +10,7 @@ the median over timed blocks of the mean time per run in the block. TF32 is a se
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import time
@@ -509,6 +510,9 @@ def cupti_kernels(fn, runs: int) -> list[tuple[str, float, float]] | None:
         return None
     if not torch.cuda.is_available():
         return None
+    # detach CUPTI when the profile ends: left attached it slows every later launch of the process
+    # (the benchmark times more sessions after this one)
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     try:
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

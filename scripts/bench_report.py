@@ -118,7 +118,7 @@ def apply_interleaved(rows: list[dict[str, Any]], records: list[dict[str, Any]])
             row["ms_row"], row["ms"] = row.get("ms"), ms
             row["throughput"] = int(row["batch"]) * 1000.0 / ms
             row["interleaved"] = True
-            if "fp32_ms_paired" in row:
+            if "fp32_ms_paired" in row and "fp32" in record["ms"]:
                 row["fp32_ms_paired_row"] = row.pop("fp32_ms_paired")
         model, batch, _ = record["key"].split("|")
         applied.append(f"{model} b{batch} ({len(members)} variants, {record.get('rounds', '?')} rounds)")
@@ -189,14 +189,17 @@ def _ok(row: dict[str, Any] | None) -> bool:
 def vs_fp32(group, campo: str = "campo") -> tuple[float | None, str]:
     """campo's speed over fp32's, and how it is known: "same graph" (campo kept every node fp32 and
     padded nothing: 1 by construction, whatever two runs measured), "paired" (fp32 timed right
-    after campo in the same run: ``fp32_ms_paired``) or "" (the two rows, maybe from runs hours apart)."""
+    after campo in the same run: ``fp32_ms_paired``), "interleaved" (both timed side by side:
+    ``bench.py --interleave``) or "" (the two rows, maybe from runs hours apart)."""
     row = group.get(campo)
     if not _ok(row):
         return None, ""
     if row.get("nodes_fp16") == 0 and not row.get("pads_inserted"):
         return 1.0, "same graph"
-    if row.get("fp32_ms_paired") and row.get("ms"):
-        return row["fp32_ms_paired"] / row["ms"], "paired"
+    if row.get("interleaved") and (group.get("fp32") or {}).get("interleaved"):
+        return _ratio(group, campo, "fp32"), "interleaved"
+    if row.get("fp32_ms_paired") and row.get("ms"):  # an interleaved campo row: its own median is the pair's
+        return row["fp32_ms_paired"] / row.get("ms_row", row["ms"]), "paired"
     return _ratio(group, campo, "fp32"), ""
 
 
@@ -273,9 +276,10 @@ def evaluate_targets(rows: list[dict[str, Any]], campo: str = "campo") -> list[d
         name = f"{key[0]} b{key[1]} {key[2]}"
         if how == "same graph":
             measured = _ratio(group, campo, "fp32")
-            same.append(name + (f" (measured {measured:.2f}x in another run)" if measured and abs(measured - 1) >= 0.02 else ""))
+            where = "side by side" if group[campo].get("interleaved") else "in another run"
+            same.append(name + (f" (measured {measured:.2f}x {where})" if measured and abs(measured - 1) >= 0.02 else ""))
             continue
-        paired += how == "paired"
+        paired += how in ("paired", "interleaved")
         if r < 1.0:
             slower.append(f"{name}: {r:.3f}x")
         elif r < 1.02:
@@ -285,7 +289,8 @@ def evaluate_targets(rows: list[dict[str, Any]], campo: str = "campo") -> list[d
                 "text": (f"slower on {'; '.join(slower)}" if slower else f"not slower on any of {checked}")
                         + (f"; within 2 % of fp32 (noise level): {', '.join(close)}" if close else "")
                         + (f"; the fp32 graph itself (no fp16 node, no pad): {', '.join(same)}" if same else "")
-                        + f"; {paired} of {checked - len(same)} compared with fp32 timed in the same run"})
+                        + (f"; {paired} of {checked - len(same)} compared with fp32 timed in the same run"
+                           if checked > len(same) else "")})
 
     # 4. accuracy
     bad, checked = [], 0

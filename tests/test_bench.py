@@ -720,7 +720,7 @@ def test_report_prefers_interleaved_timings_of_the_same_run(tmp_path):
     assert "fp32_ms_paired" not in by["campo"] and by["campo"]["fp32_ms_paired_row"] == 3.0
     assert by["ort-fp16"]["ms"] == 1.0 and by["amp"]["ms"] == 9.0 and "interleaved" not in by["amp"]
     group = bench_report.group_rows(whole)[("gpt2", 1, "inference")]
-    assert bench_report.vs_fp32(group)[0] == 2.5 / 2.0
+    assert bench_report.vs_fp32(group) == (2.5 / 2.0, "interleaved")
     assert bench_report._batch_entry(group, "inference")["interleaved"] is True
     text = bench_report.render(whole, [], [], "raw/h200.jsonl", ["gpt2 b1 (4 variants, 7 rounds)"])
     assert "Interleaved groups: the inference variants of gpt2 b1 (4 variants, 7 rounds)" in text
@@ -836,3 +836,32 @@ def test_no_interleaved_timing_for_a_group_with_rows_of_other_runs(tmp_path, cap
     assert bench.main(base + ["--policies", "fp32,amp,campo,campo-nocost"]) == 0
     assert "no interleaved timing (rows of other runs: amp, fp32)" in capsys.readouterr().out
     assert len((out / "cpu.interleaved.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_group_cut_by_the_budget_is_not_interleaved_and_dead_sessions_are_dropped(tmp_path, monkeypatch, capsys):
+    """A run that stops inside an inference group times no part of it side by side (the report
+    could not use it); in the interleaved timing a variant whose session fails is left out with
+    its reason instead of failing the record."""
+    real = bench.estimate_s
+    monkeypatch.setattr(bench, "estimate_s", lambda item, rows, budget: 100.0 if item.policy == "campo" else real(item, rows, budget))
+    out = tmp_path / "raw"
+    args = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "inference", "--policies", "fp32,amp,campo",
+            "--out", str(out), "--wheels", str(tmp_path / "none"), "--interleave", "2", "--budget-s", "60"]
+    assert bench.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "no interleaved timing (the run stops inside the group)" in printed
+    assert not (out / "cpu.interleaved.jsonl").exists()
+    assert {r["key"] for r in bench.read_rows(out / "cpu.jsonl")} == {"odd_mlp|1|inference|fp32", "odd_mlp|1|inference|amp"}
+
+    monkeypatch.setattr(bench, "estimate_s", real)
+    settings = bench.Settings.make("cpu", True, False, (), interleave=2)
+    (tmp_path / "w").mkdir()
+    group = bench.Group("odd_mlp", 4, "inference", settings, tmp_path / "w")
+    for policy in ("fp32", "amp"):
+        bench.measure_inference(group, policy)
+    group.kept["amp"].path.write_bytes(b"not onnx")
+    record = bench.interleave(group)
+    assert list(record["ms"]) == ["fp32"] and "amp" in record["dropped"]
+    group.kept["fp32"] = bench.Kept(tmp_path / "missing.onnx", True, False, 5, 0.1)
+    record = bench.interleave(group)  # no session at all: an empty record, not a ZeroDivisionError
+    assert record["ms"] == {} and set(record["dropped"]) == {"fp32", "amp"}
