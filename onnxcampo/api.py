@@ -73,7 +73,7 @@ def optimize(
 
     ``options`` are :class:`OptimizeConfig` fields and override those of ``config``.
     ``inputs``: with ``tune``, the feeds the candidates are timed on (a training step: its
-    batch); random ones by default.
+    batch); with ``activation_limit``, the calibration feeds; random ones by default.
     """
     config = config or OptimizeConfig()
     if options:
@@ -92,8 +92,8 @@ def optimize(
         from onnxcampo.tune import tune
 
         return tune(original, config, optimize, inputs, source)
-    if inputs is not None:
-        raise ConfigError("optimize(inputs=...) feeds tune; without tune it has no use")
+    if inputs is not None and config.activation_limit is None:
+        raise ConfigError("optimize(inputs=...) feeds tune or activation_limit; without either it has no use")
     # read_model gave us our own copy: we name its nodes, and the export reuses it in place.
     graph_io.name_nodes(original)
     training = scaling.is_train_step(original)
@@ -113,6 +113,11 @@ def optimize(
             ctx.loss_scaling = scaling.overhead(original, lambda name: info[name].numel if name in info else None)
             tensors = ctx.graph.tensors()
             ctx.loss_scaling_gradients = [tensors[g] for g in ctx.loss_scaling.gradients_read_as_is if g in tensors]
+    if config.activation_limit is not None:
+        if training:
+            raise ConfigError("--activation-limit calibrates inference models: a training step's activations "
+                              "change as it trains (and its inputs include the weights)")
+        _calibrate(ctx, inputs)
     if config.profile != "predict":
         _measure_fp32_times(ctx)
 
@@ -159,6 +164,12 @@ def optimize(
     results = PassManager(mutating, check_invariants=config.check_invariants).run(ctx)
 
     report = _report(ctx, config, source, plans, times, chosen, notes, results)
+    if config.activation_limit is not None:
+        kept = sorted(n for n, d in ctx.plan.items() if d.reason is Reason.ACTIVATION_RANGE)
+        report["calibration"] = {"inputs": "given" if inputs is not None else "random",
+                                 "activation_limit": config.activation_limit, "tensors": len(ctx.activation_max),
+                                 "largest": max(ctx.activation_max.values(), default=0.0),
+                                 "nodes_kept_fp32": len(kept), "nodes": kept[:50]}
     metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
     # A step graph's starting weights (read by the Trainer, by no node) survive the export.
     starts = [copy.deepcopy(t) for t in original.graph.initializer if t.name.startswith(INITIAL_PREFIX)] if training else []
@@ -210,6 +221,21 @@ def _nothing_to_do(model: onnx.ModelProto) -> str | None:
         if not any(entry.dtype == onnx.TensorProto.FLOAT for entry in info.values()):
             return "it has no float32 tensors"
     return None
+
+
+def _calibrate(ctx: GraphContext, inputs: Mapping[str, np.ndarray] | None) -> None:
+    """``activation_limit``: the largest |value| of every float tensor on the calibration feeds."""
+    from onnxcampo.calibrate import activation_ranges
+    from onnxcampo.runtime import random_inputs
+
+    config = ctx.config
+    feeds = dict(inputs) if inputs is not None else random_inputs(
+        ctx.model, input_shapes=config.input_shapes, dim_values=config.dim_values)
+    ctx.activation_max = activation_ranges(ctx.model, feeds, input_shapes=config.input_shapes,
+                                           dim_values=config.dim_values)
+    beyond = sum(v > config.activation_limit for v in ctx.activation_max.values())
+    log.info("calibration: %d of %d float tensors beyond |x| = %g", beyond, len(ctx.activation_max),
+             config.activation_limit)
 
 
 def _measure_fp32_times(ctx: GraphContext) -> None:

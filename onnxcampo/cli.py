@@ -50,6 +50,11 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tune-tolerance", type=float, default=0.02, metavar="SHARE",
                         help="--tune keeps no inference candidate whose outputs differ from the fp32 plan's by more "
                              "than this share of the largest |output| (default 0.02)")
+    parser.add_argument("--activation-limit", type=float, default=None, metavar="MAX",
+                        help="calibrate: run the fp32 model once (ORT CPU) on random inputs, or (optimize) on "
+                             "--inputs, and keep fp32 every node reading or writing values beyond |MAX| there "
+                             "(fp16 values are 0.5 apart above 512; ModelOpt AutoCast's data_max is 512). "
+                             "Inference models only; off by default")
     parser.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
@@ -77,6 +82,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         int8_avg=args.int8_avg,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance,
+        activation_limit=args.activation_limit,
     )
 
 
@@ -92,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report (per-node plan) as JSON")
     opt.add_argument("--validate", action="store_true", help="run both models on ORT and compare outputs")
     opt.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="provider for --validate")
-    opt.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs for --validate and --tune (default: random)")
+    opt.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                     help="inputs for --validate, --tune and --activation-limit (default: random)")
     opt.add_argument("--rtol", type=float, default=0.02, help="relative tolerance for --validate (default 0.02)")
     opt.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance for --validate (default 1e-3)")
 
@@ -199,7 +206,7 @@ def _optimize(args: argparse.Namespace) -> int:
     if args.report is not None:
         graph_io.check_output_path(args.report, input_path)
     inputs = None
-    if config.tune and args.inputs:
+    if (config.tune or config.activation_limit is not None) and args.inputs:
         from onnxcampo.runtime import load_inputs_npz
         from onnxcampo.training.scaling import is_train_step
         from onnxcampo.training.step import step_spec
@@ -381,6 +388,11 @@ def summary(report: dict, output: Path | None) -> str:
     if predicted:
         parts = ", ".join(f"{name} {t['total_us']:.1f} us ({t['casts']} casts)" for name, t in predicted.items())
         lines.append(f"predicted time ({report['cost_model']['name']}): {parts}")
+    calibration = report.get("calibration")
+    if calibration is not None:
+        lines.append(f"calibration ({calibration['inputs']} inputs): {calibration['nodes_kept_fp32']} nodes kept fp32 "
+                     f"for values beyond |{calibration['activation_limit']:g}| (largest |value| "
+                     f"{calibration['largest']:.4g} over {calibration['tensors']} tensors)")
     int8_avg = report.get("int8_avg")
     if int8_avg is not None:
         skipped = ", ".join(f"{count} {reason}" for reason, count in int8_avg["skipped"].items())

@@ -47,6 +47,11 @@ class OptimizeConfig:
             faster; ``onnxcampo.tune``). Needs the provider on this machine.
         tune_tolerance: with ``tune``, an inference candidate whose outputs differ from the fp32
             plan's by more than this share of the largest |fp32 output| is not kept (0.02).
+        activation_limit: calibrate: run the fp32 model once on ONNX Runtime's CPU provider on the
+            ``inputs`` given to :func:`onnxcampo.optimize` (random ones by default) and keep fp32
+            every node that reads or writes a tensor reaching |x| > this there (fp16's values are
+            0.5 apart above 512, 2 apart above 2048; ModelOpt AutoCast's ``data_max``, 512 by
+            default). ``None`` (the default): no calibration. Inference models only.
         int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
             ``ai.onnxcampo::AvgMatMulInteger`` custom op: 16-bit tree-averaging accumulation
             (``docs/avg-matmul.md``). The written model needs the custom-op library to run.
@@ -70,6 +75,7 @@ class OptimizeConfig:
     int8_avg: bool = False
     tune: str | None = None
     tune_tolerance: float = 0.02
+    activation_limit: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -80,6 +86,8 @@ class OptimizeConfig:
             )
         if self.tune is not None and self.tune not in TUNE_PROVIDERS:
             raise ConfigError(f"unknown tuning provider {self.tune!r}; choose one of {', '.join(TUNE_PROVIDERS)}")
+        if self.activation_limit is not None and not self.activation_limit > 0:
+            raise ConfigError(f"activation_limit must be > 0, got {self.activation_limit}")
         if not self.tune_tolerance > 0:
             raise ConfigError(f"tune_tolerance must be > 0, got {self.tune_tolerance}")
         if not 0 <= self.min_gain < 1:

@@ -69,6 +69,7 @@ class GraphContext:
     unresolved_dims: list[str] = field(default_factory=list)
     padding_enabled: bool = False  # cost estimates count Tensor Core padding (campo plans)
     training_fp32: frozenset[str] = frozenset()  # loss and update nodes of a training step
+    activation_max: dict[str, float] = field(default_factory=dict)  # calibration: tensor -> max |x|
     # a training step: what dynamic loss scaling adds to a plan with fp16 nodes (None: nothing),
     # and the tensors of its gradients_read_as_is
     loss_scaling: ScalingOverhead | None = None

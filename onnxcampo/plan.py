@@ -35,6 +35,7 @@ class Reason(enum.Enum):
     TRAINING_FP32 = "training step: loss, loss gradient, loss scaling or optimizer update"
     CONSTANT_OUT_OF_RANGE = "reads a constant beyond the fp16 range"
     ACCUMULATING_SCATTER = "scatter with a reduction (sums in its output dtype; onnx-ad's backward uses it)"
+    ACTIVATION_RANGE = "reads or writes values beyond --activation-limit on the calibration inputs"
     UNKNOWN_SHAPE = "shapes unknown: cost cannot be predicted"
     POLICY_FP32 = "policy fp32"
     # The four passes.

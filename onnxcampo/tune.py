@@ -102,7 +102,8 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
         if name == "campo-nopad" and not built["campo"].report.get("pads_inserted"):
             continue  # campo padded nothing: the same graph
         log.info("building the %s candidate", name)
-        built[name] = optimize(model, config=candidate)
+        # a calibrating candidate calibrates on the same inputs it is timed on
+        built[name] = optimize(model, config=candidate, inputs=inputs if candidate.activation_limit is not None else None)
         key = built[name].model.graph.SerializeToString(deterministic=True)
         if key in seen:
             same[name] = seen[key]

@@ -19,6 +19,9 @@ Rules, in order (the first that matches decides):
    directly or through data movement (Reshape, Transpose, ...), stay fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
    those values are "infinity" sentinels (|x| >= 1e30, e.g. a -3.4e38 attention mask), which
    Cast insertion clamps to -65504/65504 where -inf would give 0 * -inf = NaN;
+7a. with ``activation_limit`` (calibration, ``onnxcampo.calibrate``), nodes reading or writing a
+   non-constant float tensor whose largest |value| on the calibration inputs exceeds the limit
+   stay fp32 (fp16 holds such values too coarsely: 0.5 apart above 512);
 7b. ScatterND/ScatterElements with a reduction (``add`` sums gradients in onnx-ad's backward
    passes of Gather and MaxPool) stay fp32: they accumulate in their data dtype, and ONNX Runtime's
    CPU provider has no fp16 kernel for them;
@@ -95,6 +98,8 @@ class Classify(PassBase):
             return Precision.FP32, (Reason.NO_FP16_SCHEMA if sig.schema_found else Reason.NO_FLOAT)
         if self._constant_out_of_range(ctx, node):
             return Precision.FP32, Reason.CONSTANT_OUT_OF_RANGE
+        if self._beyond_activation_limit(ctx, node):
+            return Precision.FP32, Reason.ACTIVATION_RANGE
         if node.op in oplists.SCATTER_OPS and node.attrs.get("reduction", "none") not in ("none", b"none"):
             return Precision.FP32, Reason.ACCUMULATING_SCATTER
         if ctx.included_by_user(node):
@@ -116,6 +121,14 @@ class Classify(PassBase):
                 if np.any((magnitude > FP16_MAX) & (magnitude < INFINITY_SENTINEL)):
                     return True
         return False
+
+    @staticmethod
+    def _beyond_activation_limit(ctx: GraphContext, node) -> bool:
+        limit = ctx.config.activation_limit
+        if limit is None or not ctx.activation_max:
+            return False
+        return any(ctx.activation_max.get(t.name, 0.0) > limit
+                   for t in (*ctx.follow_inputs(node), *ctx.follow_outputs(node)) if not ctx.is_constant(t))
 
     @staticmethod
     def _in_qdq(ctx: GraphContext, node) -> bool:
