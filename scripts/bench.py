@@ -399,7 +399,7 @@ def _more_sessions(row: dict[str, Any], sessions: int, measure: Callable[[], lis
 
 
 TUNE_CACHE_TAG = "t2"  # bump when --tune's measurement changes: cached campo-tune step graphs are then rebuilt
-PAIRED = ("campo", "campo-tune")  # policies whose rows also time the fp32 model right after, in the same process
+PAIRED = ("campo", "campo-tune", "campo-calib")  # policies whose rows also time the fp32 model right after, in the same process
 
 
 def _paired_fp32(row: dict[str, Any], policy: str, measure: Callable[[], list[float]], stages: Stages) -> None:

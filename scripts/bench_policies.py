@@ -12,6 +12,9 @@ Inference (ONNX Runtime):
     campo-nopad     campo without Tensor Core padding (ablation)
     campo-nocost    campo's passes with a cost-blind model (ablation): fp16 always 2x faster
                     (4x when Tensor-Core aligned), Casts and Pads free, no plan comparison
+    campo-tune      campo's candidate plans timed on the benchmark's provider and inputs (``tune``)
+    campo-calib     campo with ``activation_limit=512`` calibrated on the benchmark's inputs (nodes
+                    reading or writing values beyond 512 stay fp32: ModelOpt's data_max)
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
     fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost
     torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see bench_torch.py)
@@ -37,7 +40,7 @@ import onnx
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 GRAPH_POLICIES = ("fp32-graph", "campo-graph")
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "modelopt", "amp", "fp16", "campo",
-                      "campo-nopad", "campo-nocost", "campo-tune", "fp32-graph", "campo-graph")
+                      "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "fp32-graph", "campo-graph")
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
                      *GRAPH_POLICIES,
@@ -49,7 +52,9 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-nopad": {"policy": "campo", "pad_tensor_cores": False},
              "campo-nocost": {"policy": "campo", "compare_plans": False, "blind": True},
              # campo's candidate plans timed on the benchmark's provider and inputs (optimize's tune)
-             "campo-tune": {"policy": "campo", "tune": True}}
+             "campo-tune": {"policy": "campo", "tune": True},
+             # campo calibrated on the benchmark's inputs like ModelOpt (inference only)
+             "campo-calib": {"policy": "campo", "activation_limit": 512.0}}
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
@@ -184,14 +189,16 @@ def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tup
     if options.get("tune"):
         options["tune"] = provider
     with _cost_model(blind):
-        result = onnxcampo.optimize(str(source), input_shapes=shapes, inputs=inputs if options.get("tune") else None,
-                                    **options)
+        calibrated = options.get("tune") or options.get("activation_limit") is not None
+        result = onnxcampo.optimize(str(source), input_shapes=shapes, inputs=inputs if calibrated else None, **options)
     _save(result.model, target)
     report = result.report
     return {"chosen_plan": report.get("chosen_plan"), "nodes_fp16": report.get("nodes_fp16"),
             "casts_inserted": report.get("casts_inserted"), "pads_inserted": report.get("pads_inserted"),
             "cost_model": (report.get("cost_model") or {}).get("name"),
-            **({"tuning": report["tuning"]} if "tuning" in report else {})}
+            **({"tuning": report["tuning"]} if "tuning" in report else {}),
+            **({"calibration": {k: v for k, v in report["calibration"].items() if k != "nodes"}}
+               if "calibration" in report else {})}
 
 
 def _toposort(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -742,6 +742,12 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
                   "its own, without padding, amp and fp32, timed on the GPU when optimizing, the fastest kept; fp32 "
                   "unless a mixed plan is measured 2 % faster):", ""]
         lines += [f"- {t['name']}: {_word(t['met'])}. {t['text']}." for t in evaluate_targets(rows, "campo-tune")]
+    if any(r.get("policy") == "campo-calib" for r in rows):
+        lines += ["", "The inference targets for `campo-calib` (`optimize(..., activation_limit=512)` calibrated on "
+                  "the benchmark's inputs: nodes reading or writing values beyond 512 stay fp32, as ModelOpt's "
+                  "`data_max`):", ""]
+        lines += [f"- {t['name']}: {_word(t['met'])}. {t['text']}." for t in evaluate_targets(rows, "campo-calib")
+                  if "training" not in t["name"]]
     lines += ["", "## Headline", ""] + headline(rows) + [""]
     for name in plots:
         lines += [f"![{name}]({name})", ""]

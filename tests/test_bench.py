@@ -865,3 +865,21 @@ def test_a_group_cut_by_the_budget_is_not_interleaved_and_dead_sessions_are_drop
     group.kept["fp32"] = bench.Kept(tmp_path / "missing.onnx", True, False, 5, 0.1)
     record = bench.interleave(group)  # no session at all: an empty record, not a ZeroDivisionError
     assert record["ms"] == {} and set(record["dropped"]) == {"fp32", "amp"}
+
+
+def test_campo_calib_variant_is_calibrated_on_the_benchmark_inputs(tmp_path):
+    """campo-calib: campo with activation_limit=512 on the benchmark's feeds (inference only); its
+    row records the calibration, and the report states its inference targets."""
+    out = tmp_path / "raw"
+    args = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "inference", "--policies",
+            "fp32-notf32,fp32,amp,campo-calib", "--out", str(out), "--wheels", str(tmp_path / "none"), "--budget-s", "120"]
+    assert bench.main(args) == 0
+    rows = {r["key"]: r for r in bench.read_rows(out / "cpu.jsonl")}
+    calib = rows["odd_mlp|4|inference|campo-calib"]
+    assert calib["status"] == "ok" and calib["calibration"]["activation_limit"] == 512.0
+    assert calib["calibration"]["inputs"] == "given" and calib["calibration"]["tensors"] > 0
+    assert "fp32_ms_paired" in calib
+    training = [i.key for i in bench.work_list(["odd_mlp"], None, ["training"], quick=True)]
+    assert "odd_mlp|4|training|campo" in training and "odd_mlp|4|training|campo-calib" not in training
+    text = bench_report.render(list(rows.values()), [], [], "raw/cpu.jsonl")
+    assert "The inference targets for `campo-calib`" in text
