@@ -223,11 +223,13 @@ def work_list(models: list[str], policies: list[str] | None, modes: list[str], *
 _BIG = {"resnet50", "bert", "gpt2"}
 
 
-def estimate_s(item: Item, rows: list[dict[str, Any]], budget_s: float) -> float:
+def estimate_s(item: Item, rows: list[dict[str, Any]], budget_s: float, *, typical: bool = False) -> float:
+    """Seconds ``item`` may take: 1.2x the longest earlier row of the same model, mode and policy
+    (``typical``: the median, for planning whole groups), else a guess by model size and policy."""
     same = [r.get("item_s", 0) for r in rows if r.get("model") == item.model and r.get("mode") == item.mode
             and r.get("policy") == item.policy and r.get("item_s")]
     if same:
-        return float(max(same)) * 1.2
+        return float(statistics.median(same) if typical else max(same)) * 1.2
     big = item.model in _BIG
     if item.mode == "inference":
         guess = 60 if big and item.policy in ("modelopt", "occ-fp16", "ort-fp16") else (30 if big else 10)
@@ -545,7 +547,7 @@ def interleave_follows(items: list[Item], rows: list[dict[str, Any]], settings: 
 def group_estimate_s(items: list[Item], rows: list[dict[str, Any]], settings: Settings, budget_s: float) -> float:
     """What an inference group's pending items take, with its interleaved timing (a guess before
     any is measured: 3 s a variant and session): an interleaved group is started only whole."""
-    measure = sum(estimate_s(item, rows, budget_s) for item in items)
+    measure = sum(estimate_s(item, rows, budget_s, typical=True) for item in items)
     return measure + (5.0 + 3.0 * settings.sessions * len(items) if settings.interleave > 0 else 0.0)
 
 
