@@ -843,7 +843,8 @@ def test_a_group_cut_by_the_budget_is_not_interleaved_and_dead_sessions_are_drop
     could not use it); in the interleaved timing a variant whose session fails is left out with
     its reason instead of failing the record."""
     real = bench.estimate_s
-    monkeypatch.setattr(bench, "estimate_s", lambda item, rows, budget: 100.0 if item.policy == "campo" else real(item, rows, budget))
+    monkeypatch.setattr(bench, "estimate_s", lambda item, rows, budget, **kw: 100.0 if item.policy == "campo"
+                        else real(item, rows, budget, **kw))
     out = tmp_path / "raw"
     args = ["--quick", "--provider", "cpu", "--models", "odd_mlp", "--mode", "inference", "--policies", "fp32,amp,campo",
             "--out", str(out), "--wheels", str(tmp_path / "none"), "--interleave", "2", "--budget-s", "60"]
