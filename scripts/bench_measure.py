@@ -40,13 +40,28 @@ def make_session(model: str | Path, *, provider: str, tf32: bool = True, profili
                  cuda_graph: bool = False, cuda_options: Mapping[str, str] | None = None) -> ort.InferenceSession:
     """A session on ``provider``; on CUDA with ``use_tf32`` as asked (ORT's default is on),
     with ``cuda_graph`` ORT's CUDA-graph capture and replay, and ``cuda_options`` (more CUDA EP
-    options, e.g. ``{"prefer_nhwc": "1"}``) on top."""
+    options, e.g. ``{"prefer_nhwc": "1"}``) on top. A key of ``cuda_options`` starting with
+    ``session.`` is a session setting instead: an attribute of ``SessionOptions``
+    (``session.intra_op_num_threads``) or else a config entry (``session.intra_op.allow_spinning``)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = _LEVELS[optimization]
     options.enable_profiling = profiling
     options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers flood the log
     if profile_prefix:
         options.profile_file_prefix = profile_prefix
+    cuda_options = dict(cuda_options or {})
+    for key in [k for k in cuda_options if k.startswith("session.")]:
+        value, name = cuda_options.pop(key), key[len("session."):]
+        if hasattr(options, name):
+            current = getattr(options, name)
+            if isinstance(current, bool):
+                setattr(options, name, str(value).lower() in ("1", "true"))
+            elif isinstance(current, (int, float, str)):
+                setattr(options, name, type(current)(value))
+            else:
+                raise MeasureError(f"session option {name} ({type(current).__name__}) cannot be set from {value!r}")
+        else:
+            options.add_session_config_entry(key, value)
     from onnxcampo import ops
 
     if ops.available():  # step graphs built with the custom-op library use its fused ops

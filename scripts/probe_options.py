@@ -14,7 +14,9 @@ unknown option, a layout it cannot run) is reported with ORT's message. The opti
 of what the benchmark sets (``use_tf32`` per policy). What is worth probing on the H200:
 ``prefer_nhwc`` (cuDNN's fp16 convolutions run NHWC natively), ``cudnn_conv_algo_search``
 (EXHAUSTIVE by default: the session-to-session variance of conv nets),
-``cudnn_conv_use_max_workspace``, ``enable_skip_layer_norm_strict_mode``.
+``cudnn_conv_use_max_workspace``, ``enable_skip_layer_norm_strict_mode``; and, for the host-bound
+batch-1 runs, session settings given with a ``session.`` prefix: ``session.intra_op_num_threads``
+(a ``SessionOptions`` attribute) or ``session.intra_op.allow_spinning`` (a config entry).
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.provider == "cpu":
-        print("note: the CPU provider ignores CUDA EP options: a smoke test of the script, not a probe")
+        print("note: the CPU provider ignores CUDA EP options (session.* settings apply)")
     pol.install_wheels(args.wheels)
     settings = bench.Settings.make(args.provider, args.quick, False, ())
     policies = [x for x in args.policies.split(",") if x]

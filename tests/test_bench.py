@@ -789,6 +789,15 @@ def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys)
             assert cells["default"]["vs_first"] == 1.0 and cells["prefer_nhwc=1"]["ms"] > 0
             assert len(cells["default"]["ms_blocks"]) == 2 * 5  # two sessions of five quick blocks
     assert "ignores CUDA EP options" in capsys.readouterr().out
+    threads = '{"session.intra_op_num_threads": "1", "session.intra_op.allow_spinning": "0"}'
+    assert probe_options.main([threads if a == '{"prefer_nhwc": 1}' else a for a in args]) == 0  # they apply on CPU too
+    cells = json.loads(out.read_text())["modes"]["inference"]["fp32"]
+    assert cells["session.intra_op_num_threads=1,session.intra_op.allow_spinning=0"]["ms"] > 0
+    session = bench_measure.make_session(bench_models.MODELS["odd_mlp"].build(4, quick=True).path, provider="cpu",
+                                         cuda_options={"session.intra_op_num_threads": "1",
+                                                       "session.enable_mem_pattern": "0"})
+    assert session.get_session_options().intra_op_num_threads == 1
+    assert session.get_session_options().enable_mem_pattern is False
     assert probe_options.main(args[:-2] + ["--options", "[1]"]) == 2
     assert "not a JSON object" in capsys.readouterr().err
 
