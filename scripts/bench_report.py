@@ -99,9 +99,12 @@ def apply_interleaved(rows: list[dict[str, Any]], records: list[dict[str, Any]])
     ok) comes from the record's run (so the same graphs) and is in the record. Then all of the
     group's comparisons use one method; a group re-measured in part in a later run keeps its rows'
     own timings (mixing blocks in rotation with rows timed one after another would compare the
-    methods, not the graphs). Each row keeps its own median as ``ms_row`` and is marked
-    ``interleaved``; a campo row's ``fp32_ms_paired`` is set aside (fp32 is in the record, the
-    fairer pair). Returns the groups applied, as text.
+    methods, not the graphs). The interleaved medians are scaled so that fp32 keeps its own row's
+    time: the ratios between policies come from the rotation, the level from a session alone, as
+    the model will run (sessions side by side can be slower as a whole; the text says by how much).
+    Each row keeps its own median as ``ms_row`` and is marked ``interleaved``; a campo row's
+    ``fp32_ms_paired`` is set aside (fp32 is in the record, the fairer pair). Returns the groups
+    applied, as text.
     """
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -113,15 +116,18 @@ def apply_interleaved(rows: list[dict[str, Any]], records: list[dict[str, Any]])
         if len(members) < 2 or any(r.get("run") != record.get("run") or not record["ms"].get(r["policy"])
                                    for r in members):
             continue
+        fp32 = next((r for r in members if r["policy"] == "fp32"), None)
+        scale = fp32["ms"] / record["ms"]["fp32"] if fp32 is not None and fp32.get("ms") else 1.0
         for row in members:
-            ms = record["ms"][row["policy"]]
+            ms = record["ms"][row["policy"]] * scale
             row["ms_row"], row["ms"] = row.get("ms"), ms
             row["throughput"] = int(row["batch"]) * 1000.0 / ms
             row["interleaved"] = True
             if "fp32_ms_paired" in row and "fp32" in record["ms"]:
                 row["fp32_ms_paired_row"] = row.pop("fp32_ms_paired")
         model, batch, _ = record["key"].split("|")
-        applied.append(f"{model} b{batch} ({len(members)} variants, {record.get('rounds', '?')} rounds)")
+        level = f"; side by side, fp32 ran {1 / scale:.2f}x its own row" if fp32 is not None else ""
+        applied.append(f"{model} b{batch} ({len(members)} variants, {record.get('rounds', '?')} rounds{level})")
     return applied
 
 
@@ -726,8 +732,8 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
         lines += [
             "Interleaved groups: the inference variants of " + ", ".join(interleaved) + " were measured in one run "
             "and then timed again with all their sessions alive, one block each in a rotating order per round "
-            "(`bench.py --interleave`); their ms below are the medians of those blocks (each row keeps its own "
-            "as `ms_row`). Rows of one group timed one after another compare the host's drift at batch 1 "
+            "(`bench.py --interleave`); their ms below are the medians of those blocks, scaled so that fp32 keeps "
+            "its own row's time (each row keeps its own median as `ms_row`). Rows of one group timed one after another compare the host's drift at batch 1 "
             "(the same graph measured up to 1.4x apart minutes apart); blocks in rotation compare the graphs.",
             "",
         ]

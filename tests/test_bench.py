@@ -714,16 +714,21 @@ def test_report_prefers_interleaved_timings_of_the_same_run(tmp_path):
 
     whole = [row("fp32-notf32", 3.3), row("fp32", 2.9), row("ort-fp16", 2.1), row("campo", 3.5, fp32_ms_paired=3.0),
              row("amp", 9.0, run="r0", status="failed")]  # a failed row does not count
-    assert bench_report.apply_interleaved(whole, read) == ["gpt2 b1 (4 variants, 7 rounds)"]
+    # the ratios come from the rotation, the level from fp32's own row (2.9 ms; 2.5 side by side)
+    assert bench_report.apply_interleaved(whole, read) == [
+        "gpt2 b1 (4 variants, 7 rounds; side by side, fp32 ran 0.86x its own row)"]
     by = {r["policy"]: r for r in whole}
-    assert by["campo"]["ms"] == 2.0 and by["campo"]["ms_row"] == 3.5 and by["campo"]["throughput"] == 500.0
+    scale = 2.9 / 2.5
+    assert by["fp32"]["ms"] == pytest.approx(2.9) and by["campo"]["ms"] == pytest.approx(2.0 * scale)
+    assert by["campo"]["ms_row"] == 3.5 and by["campo"]["throughput"] == pytest.approx(1000 / (2.0 * scale))
     assert "fp32_ms_paired" not in by["campo"] and by["campo"]["fp32_ms_paired_row"] == 3.0
-    assert by["ort-fp16"]["ms"] == 1.0 and by["amp"]["ms"] == 9.0 and "interleaved" not in by["amp"]
+    assert by["ort-fp16"]["ms"] == pytest.approx(scale) and by["amp"]["ms"] == 9.0 and "interleaved" not in by["amp"]
     group = bench_report.group_rows(whole)[("gpt2", 1, "inference")]
-    assert bench_report.vs_fp32(group) == (2.5 / 2.0, "interleaved")
+    assert bench_report.vs_fp32(group)[0] == pytest.approx(2.5 / 2.0) and bench_report.vs_fp32(group)[1] == "interleaved"
     assert bench_report._batch_entry(group, "inference")["interleaved"] is True
     text = bench_report.render(whole, [], [], "raw/h200.jsonl", ["gpt2 b1 (4 variants, 7 rounds)"])
     assert "Interleaved groups: the inference variants of gpt2 b1 (4 variants, 7 rounds)" in text
+    assert "scaled so that fp32 keeps its own row's time" in text
 
 
 def test_an_item_killed_twice_is_recorded_and_shown(tmp_path, capsys):
