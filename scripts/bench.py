@@ -265,14 +265,17 @@ class Settings:
     train_per_block: int = 10
     sessions: int = 1  # ONNX Runtime sessions per ONNX variant, each timed; the blocks of all count
     interleave: int = 0  # rounds of the interleaved timing of an inference group (0: none)
+    interleave_fresh: bool = False  # a fresh session per visit (one alive at a time) instead of all alive
 
     @classmethod
     def make(cls, provider: str, quick: bool, tc: bool, breakdown: tuple[str, ...], sessions: int = 1,
-             interleave: int = 0) -> "Settings":
+             interleave: int = 0, interleave_fresh: bool = False) -> "Settings":
         if quick:
             return cls(provider, quick, tc, breakdown, inference_warmup=2, inference_blocks=5, block_ms=1.0,
-                       train_warmup=1, train_blocks=5, train_per_block=2, sessions=sessions, interleave=interleave)
-        return cls(provider, quick, tc, breakdown, sessions=sessions, interleave=interleave)
+                       train_warmup=1, train_blocks=5, train_per_block=2, sessions=sessions, interleave=interleave,
+                       interleave_fresh=interleave_fresh)
+        return cls(provider, quick, tc, breakdown, sessions=sessions, interleave=interleave,
+                   interleave_fresh=interleave_fresh)
 
 
 @dataclass
@@ -480,55 +483,73 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
 
 
 def interleave(group: Group) -> dict[str, Any]:
-    """Every variant of an inference group measured in this run, timed again with all their
-    sessions alive: ``rounds`` rounds of one block each, in an order that rotates every round.
+    """Every variant of an inference group measured in this run, timed again in rotation:
+    ``rounds`` rounds, each visiting every variant once, in an order that rotates every round.
 
     Batch-1 runs wait on the host, and the same graph measured up to 1.4x apart in runs minutes
     or an hour apart: rows of one group timed one after another compare that drift, not the
     policies. Blocks in rotation see the same machine state, so their medians compare the graphs.
-    With ``--sessions N`` the whole round robin runs N times, each time with fresh sessions (the
-    rows' blocks came from N sessions too). A variant whose session fails here (memory, with all
-    alive) is left out of the record with its reason; the others stand.
+    By default all the group's sessions stay alive and a visit is one block; with
+    ``--interleave-fresh`` a visit makes a fresh session (one alive at a time, as the model will
+    run: sessions side by side were up to 60 % slower as a whole for ``--tune`` on the H200), warms
+    it up and times 3 blocks, so session-to-session variance is sampled too, at the cost of a
+    session per visit. With ``--sessions N`` (alive) the whole round robin runs N times with fresh
+    sessions. A variant whose session fails here is left out of the record with its reason.
     """
     import bench_measure as m
 
     s = group.settings
     blocks: dict[str, list[float]] = {policy: [] for policy in group.kept}
     dropped: dict[str, str] = {}
-    for _ in range(s.sessions):
-        runners = {}
-        for policy, kept in group.kept.items():
-            if policy in dropped:
-                continue
-            try:
-                session = m.make_session(kept.path, provider=s.provider, tf32=kept.tf32, cuda_graph=kept.cuda_graph)
-                runners[policy] = m.BoundRunner(session, group.built.feeds, s.provider)
-                for _ in range(1 + s.inference_warmup):
-                    runners[policy]()
-            except Exception as exc:  # noqa: BLE001 - the others are still comparable
-                runners.pop(policy, None)
-                dropped[policy] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
-        order = list(runners)
-        if not order:
-            continue
+
+    def runner_of(policy: str, kept: Kept):
+        try:
+            session = m.make_session(kept.path, provider=s.provider, tf32=kept.tf32, cuda_graph=kept.cuda_graph)
+            runner = m.BoundRunner(session, group.built.feeds, s.provider)
+            for _ in range(1 + s.inference_warmup):
+                runner()
+            return runner
+        except Exception as exc:  # noqa: BLE001 - the others are still comparable
+            dropped[policy] = f"{exc.__class__.__name__}: {str(exc)[:200]}"
+            return None
+
+    def rotation(turn: int, names: list[str]) -> list[str]:
+        shift = turn % len(names)
+        return names[shift:] + names[:shift]
+
+    if s.interleave_fresh:
         for turn in range(s.interleave):
-            shift = turn % len(order)
-            for policy in order[shift:] + order[:shift]:
-                blocks[policy] += m.timed_blocks(runners[policy], warmup=0, blocks=1,
-                                                 per_block=group.kept[policy].per_block)
-        del runners
-        gc.collect()
+            for policy in rotation(turn, list(group.kept)):
+                if policy in dropped:
+                    continue
+                runner = runner_of(policy, group.kept[policy])
+                if runner is not None:
+                    blocks[policy] += m.timed_blocks(runner, warmup=0, blocks=3, per_block=group.kept[policy].per_block)
+                del runner
+                gc.collect()
+    else:
+        for _ in range(s.sessions):
+            runners = {policy: runner_of(policy, kept) for policy, kept in group.kept.items() if policy not in dropped}
+            order = [policy for policy, runner in runners.items() if runner is not None]
+            for turn in range(s.interleave if order else 0):
+                for policy in rotation(turn, order):
+                    blocks[policy] += m.timed_blocks(runners[policy], warmup=0, blocks=1,
+                                                     per_block=group.kept[policy].per_block)
+            del runners
+            gc.collect()
     blocks = {policy: values for policy, values in blocks.items() if values and policy not in dropped}
     return {"key": f"{group.model}|{group.batch}|{group.mode}", "model": group.model, "batch": group.batch,
-            "mode": group.mode, "rounds": s.interleave, "sessions": s.sessions, "policies": list(blocks),
-            "ms": {policy: statistics.median(values) for policy, values in blocks.items()}, "ms_blocks": blocks,
-            "runs_per_block": {policy: group.kept[policy].per_block for policy in blocks},
+            "mode": group.mode, "rounds": s.interleave, "sessions": s.sessions, "fresh": s.interleave_fresh,
+            "policies": list(blocks), "ms": {policy: statistics.median(values) for policy, values in blocks.items()},
+            "ms_blocks": blocks, "runs_per_block": {policy: group.kept[policy].per_block for policy in blocks},
             **({"dropped": dropped} if dropped else {})}
 
 
 def interleave_estimate_s(group: Group) -> float:
     """Sessions made again, warm-up and the rounds of blocks, with a margin."""
     s = group.settings
+    if s.interleave_fresh:  # a session and 3 blocks per visit
+        return 5.0 + s.interleave * sum(1.5 * kept.session_s + 4 * s.block_ms / 1e3 for kept in group.kept.values())
     return 5.0 + s.sessions * sum(1.5 * kept.session_s + (s.interleave + 2) * s.block_ms / 1e3
                                   for kept in group.kept.values())
 
@@ -548,7 +569,10 @@ def group_estimate_s(items: list[Item], rows: list[dict[str, Any]], settings: Se
     """What an inference group's pending items take, with its interleaved timing (a guess before
     any is measured: 3 s a variant and session): an interleaved group is started only whole."""
     measure = sum(estimate_s(item, rows, budget_s, typical=True) for item in items)
-    return measure + (5.0 + 3.0 * settings.sessions * len(items) if settings.interleave > 0 else 0.0)
+    if settings.interleave <= 0:
+        return measure
+    visits = settings.interleave if settings.interleave_fresh else settings.sessions
+    return measure + 5.0 + 3.0 * visits * len(items)
 
 
 def finish_group(group: Group | None, results: "Results", run: str, left_s: float, *, timed: bool = True) -> None:
@@ -759,6 +783,9 @@ def parse_args(argv):
                    help="after an inference group, time every variant measured in this run again with all their "
                         "sessions alive, one block each in rotation, ROUNDS times (to <name>.interleaved.jsonl; the "
                         "report prefers these for the group); 0 turns it off (default 7)")
+    p.add_argument("--interleave-fresh", action="store_true",
+                   help="the interleaved timing makes a fresh session per visit (one alive at a time, 3 blocks) "
+                        "instead of keeping the group's sessions alive: slower, closer to how a model runs alone")
     p.add_argument("--sessions", type=int, default=1,
                    help="time each ONNX variant in this many fresh ONNX Runtime sessions (cuDNN's algorithm search "
                         "can differ between sessions); the blocks of all sessions make the median (default 1)")
@@ -859,7 +886,8 @@ def main(argv=None) -> int:
         print("error: --interleave must be >= 0", file=sys.stderr)
         return 2
     settings = Settings.make(args.provider, args.quick, not args.no_tc,
-                             tuple(p for p in args.breakdown_policies.split(",") if p), args.sessions, args.interleave)
+                             tuple(p for p in args.breakdown_policies.split(",") if p), args.sessions, args.interleave,
+                             args.interleave_fresh)
 
     def left_s() -> float:
         return args.budget_s - (time.monotonic() - started)

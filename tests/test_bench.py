@@ -110,6 +110,24 @@ def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
     assert [r["finished"] for r in runs] == [len(rows), 0] and runs[0]["versions"]["onnx"]
 
 
+def test_interleave_fresh_makes_a_session_per_visit(tmp_path, monkeypatch):
+    """--interleave-fresh: every visit of the rotation makes its own session (one alive at a
+    time) and times 3 blocks; rounds x variants sessions in all."""
+    monkeypatch.setenv("ONNXCAMPO_BENCH_CACHE", str(tmp_path / "cache"))
+    settings = bench.Settings.make("cpu", True, False, (), interleave=2, interleave_fresh=True)
+    (tmp_path / "w").mkdir()
+    group = bench.Group("odd_mlp", 4, "inference", settings, tmp_path / "w")
+    for policy in ("fp32", "amp"):
+        bench.measure_inference(group, policy)
+    made = []
+    real = bench_measure.make_session
+    monkeypatch.setattr(bench_measure, "make_session", lambda *a, **k: made.append(a[0]) or real(*a, **k))
+    record = bench.interleave(group)
+    assert record["fresh"] is True and len(made) == 2 * 2
+    assert all(len(blocks) == 2 * 3 for blocks in record["ms_blocks"].values())
+    assert bench.interleave_estimate_s(group) > 5.0
+
+
 def test_interleave_keeps_variants_until_the_group_ends(tmp_path, monkeypatch, capsys):
     """Measured inference variants stay on disk until the group ends; then they are timed again
     side by side (when the budget allows) and removed either way."""
