@@ -229,6 +229,9 @@ def _calibrate(ctx: GraphContext, inputs: Mapping[str, np.ndarray] | None) -> No
     from onnxcampo.runtime import random_inputs
 
     config = ctx.config
+    if inputs is None:
+        log.warning("calibrating on random inputs (standard-normal floats, integers 0-7): give representative "
+                    "ones with --inputs / optimize(inputs=...) for ranges the model will see")
     feeds = dict(inputs) if inputs is not None else random_inputs(
         ctx.model, input_shapes=config.input_shapes, dim_values=config.dim_values)
     ctx.activation_max = activation_ranges(ctx.model, feeds, input_shapes=config.input_shapes,

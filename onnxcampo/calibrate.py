@@ -1,14 +1,17 @@
 """Activation ranges on calibration inputs: which tensors fp16 would hold too coarsely.
 
 fp16 keeps 11 significant bits: between 512 and 1024 its values are 0.5 apart, between 2048 and
-4096 2 apart. A convolution whose outputs reach thousands (PP-OCR's detector: -3293 on one input)
-loses there what fp32 keeps, however little its op is sensitive otherwise. ModelOpt AutoCast's
+4096 2 apart. A convolution whose outputs reach thousands (silero VAD's first one: -3293 on the
+benchmark's input; PP-OCR's detector: 7689 on random inputs) loses there what fp32 keeps,
+however little its op is sensitive otherwise. ModelOpt AutoCast's
 answer, which users of it expect, is a calibration run: nodes whose inputs or outputs leave
 ``[-data_max, data_max]`` (512 by default) on the calibration data stay fp32. ``optimize(...,
 activation_limit=512)`` does the same: :func:`activation_ranges` runs the fp32 model once on
 ONNX Runtime's CPU provider with every float32 tensor of the graph as an output (graph
 optimizations off, so every tensor exists as the model names it) and returns the largest finite
-|value| of each; pass 0 (``passes/classify.py``, rule 7a) keeps a node fp32 when a float tensor it
+finite |value| of each (below 1e30: larger finite values are "infinity" sentinels, e.g. an
+attention mask's float32 minimum, which the Casts clamp to the fp16 range, as pass 0's rule 7
+allows); pass 0 (``passes/classify.py``, rule 7a) keeps a node fp32 when a float tensor it
 reads or writes goes beyond the limit.
 
 One run holds every intermediate tensor at once: memory grows with the model's activations for
@@ -24,6 +27,7 @@ import numpy as np
 import onnx
 
 from onnxcampo import graph as graph_io
+from onnxcampo.passes.classify import INFINITY_SENTINEL  # larger finite values stand for infinity
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +35,9 @@ log = logging.getLogger(__name__)
 def activation_ranges(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *,
                       input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                       dim_values: Mapping[str, int] | None = None) -> dict[str, float]:
-    """Largest finite |value| of every float32 tensor a node writes (and of the float32 graph
-    inputs) on ``feeds``; a tensor with no finite value maps to 0. The model is not modified."""
+    """Largest finite |value| below the infinity sentinel (1e30) of every float32 tensor a node
+    writes (and of the float32 graph inputs) on ``feeds``; a tensor with no such value maps to 0
+    and is logged. The model is not modified."""
     from onnxcampo.runtime import make_session, run
 
     info, _ = graph_io.infer_tensor_info(model, input_shapes=dict(input_shapes or {}),
@@ -40,8 +45,8 @@ def activation_ranges(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *
     declared = {o.name for o in model.graph.output}
     wanted = []
     for node in model.graph.node:
-        if node.op_type == "Constant":  # weights: their range is pass 0's rule 7 (|x| > 65504)
-            continue
+        if node.op_type == "Constant" and any(a.name in ("value", "sparse_value") for a in node.attribute):
+            continue  # a tensor constant: converted offline, its range is pass 0's rule 7 (|x| > 65504)
         for name in node.output:
             if name and name not in declared and name in info and info[name].dtype == onnx.TensorProto.FLOAT:
                 wanted.append(name)
@@ -56,10 +61,16 @@ def activation_ranges(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *
     for name, value in feeds.items():
         if isinstance(value, np.ndarray) and value.dtype == np.float32:
             ranges[name] = _max_abs(value)
+    empty = sorted(name for name, value in outputs.items() if isinstance(value, np.ndarray) and value.dtype == np.float32
+                   and value.size and not np.any(np.isfinite(value) & (np.abs(value) < INFINITY_SENTINEL)))
+    if empty:
+        log.warning("calibration: %d tensors have no finite value on the calibration inputs (not protected): %s",
+                    len(empty), ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else ""))
     log.info("calibration: ranges of %d float32 tensors", len(ranges))
     return ranges
 
 
 def _max_abs(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(np.abs(finite).max()) if finite.size else 0.0
+    magnitude = np.abs(values[np.isfinite(values)])
+    kept = magnitude[magnitude < INFINITY_SENTINEL]
+    return float(kept.max()) if kept.size else 0.0

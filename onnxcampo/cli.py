@@ -206,6 +206,8 @@ def _optimize(args: argparse.Namespace) -> int:
     if args.report is not None:
         graph_io.check_output_path(args.report, input_path)
     inputs = None
+    if args.inputs and not (config.tune or config.activation_limit is not None or args.validate):
+        raise ConfigError("--inputs feeds --validate, --tune or --activation-limit; none of them is given")
     if (config.tune or config.activation_limit is not None) and args.inputs:
         from onnxcampo.runtime import load_inputs_npz
         from onnxcampo.training.scaling import is_train_step

@@ -126,3 +126,40 @@ def test_tune_calibrates_its_candidates_on_its_inputs():
     result = onnxcampo.optimize(offset_model(), tune="cpu", activation_limit=512, inputs=_x())
     assert result.report["tuning"]["candidates"] and result.report["calibration"]["inputs"] == "given"
     assert result.report["calibration"]["nodes"] == ["add_offset", "sub_offset"]
+
+
+def test_infinity_sentinels_and_scalar_constants(caplog):
+    """An attention mask's float32 minimum is an infinity sentinel, not a range (the Casts clamp
+    it, as pass 0's rule 7 allows); a Constant given by value_float is calibrated like any value;
+    random calibration inputs and tensors with no finite value are said."""
+    mask = numpy_helper.from_array(np.array([0.0, np.finfo(np.float32).min], np.float32), "mask")
+    nodes = [helper.make_node("Add", ["x", "mask"], ["masked"], name="add_mask"),
+             helper.make_node("Softmax", ["masked"], ["p"], name="softmax", axis=-1),
+             helper.make_node("Constant", [], ["big"], name="big_const", value_float=5000.0),
+             helper.make_node("Mul", ["p", "big"], ["scaled"], name="scale"),
+             helper.make_node("Log", ["x"], ["logx"], name="log"),
+             helper.make_node("Sub", ["logx", "logx"], ["nan"], name="nan_sub")]
+    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2])],
+                              [helper.make_tensor_value_info("scaled", TensorProto.FLOAT, [4, 2]),
+                               helper.make_tensor_value_info("nan", TensorProto.FLOAT, [4, 2])], [mask])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    feeds = {"x": -np.ones((4, 2), np.float32)}  # log(-1): NaN everywhere
+    with caplog.at_level("WARNING", logger="onnxcampo"):
+        ranges = activation_ranges(model, feeds)
+    assert ranges["masked"] == 1.0 and ranges["big"] == 5000.0 and ranges["scaled"] == pytest.approx(5000.0)
+    assert ranges["logx"] == 0.0 and "no finite value" in caplog.text and "logx" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="onnxcampo"):
+        result = onnxcampo.optimize(model, policy="fp16", activation_limit=512)
+    assert "calibrating on random inputs" in caplog.text
+    kept = set(result.report["calibration"]["nodes"])
+    assert "add_mask" not in kept and "softmax" not in kept and "scale" in kept
+
+
+def test_cli_inputs_without_a_use_is_an_error(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(offset_model(), src)
+    np.savez(tmp_path / "x.npz", **_x())
+    assert main(["optimize", str(src), str(tmp_path / "o.onnx"), "--inputs", str(tmp_path / "x.npz")]) != 0
+    err = capsys.readouterr().err
+    assert "--inputs feeds --validate, --tune or --activation-limit" in err and not (tmp_path / "o.onnx").exists()
