@@ -91,9 +91,13 @@ def optimize(
     if config.tune is not None:
         from onnxcampo.tune import tune
 
+        if inputs is not None:
+            config = _shapes_from_inputs(original, config, inputs)
         return tune(original, config, optimize, inputs, source)
     if inputs is not None and config.activation_limit is None:
         raise ConfigError("optimize(inputs=...) feeds tune or activation_limit; without either it has no use")
+    if inputs is not None:
+        config = _shapes_from_inputs(original, config, inputs)
     # read_model gave us our own copy: we name its nodes, and the export reuses it in place.
     graph_io.name_nodes(original)
     training = scaling.is_train_step(original)
@@ -221,6 +225,27 @@ def _nothing_to_do(model: onnx.ModelProto) -> str | None:
         if not any(entry.dtype == onnx.TensorProto.FLOAT for entry in info.values()):
             return "it has no float32 tensors"
     return None
+
+
+def _shapes_from_inputs(model: onnx.ModelProto, config: OptimizeConfig,
+                        inputs: Mapping[str, np.ndarray]) -> OptimizeConfig:
+    """Pin the dynamic dims of the inputs given (tune's or the calibration's feeds) to their shapes,
+    where neither ``input_shapes`` nor ``dim_values`` does: the plan could not be costed without
+    them. Pins the user gave win (a calibration batch need not be the batch the plan is for)."""
+    added = {}
+    for vi in graph_io.graph_inputs(model):
+        if vi.name in config.input_shapes or vi.name not in inputs or not vi.type.tensor_type.HasField("shape"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        open_dims = [d for d in dims if not (d.HasField("dim_value") and d.dim_value > 0)
+                     and not (d.HasField("dim_param") and d.dim_param in config.dim_values)]
+        if open_dims and np.ndim(inputs[vi.name]) == len(dims):
+            added[vi.name] = tuple(int(d) for d in np.shape(inputs[vi.name]))
+    if not added:
+        return config
+    log.info("dynamic dims pinned to the given inputs' shapes: %s",
+             ", ".join(f"{name}:{','.join(map(str, dims))}" for name, dims in added.items()))
+    return config.replace(input_shapes={**config.input_shapes, **added})
 
 
 def _calibrate(ctx: GraphContext, inputs: Mapping[str, np.ndarray] | None) -> None:

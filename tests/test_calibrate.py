@@ -163,3 +163,20 @@ def test_cli_inputs_without_a_use_is_an_error(tmp_path, capsys):
     assert main(["optimize", str(src), str(tmp_path / "o.onnx"), "--inputs", str(tmp_path / "x.npz")]) != 0
     err = capsys.readouterr().err
     assert "--inputs feeds --validate, --tune or --activation-limit" in err and not (tmp_path / "o.onnx").exists()
+
+
+def test_dynamic_dims_take_the_given_inputs_shapes_unless_pinned(caplog):
+    """A dynamic batch is pinned to the calibration inputs' shape when nothing else pins it; a
+    --dim or --input-shape the user gave wins."""
+    model = offset_model()
+    for vi in (*model.graph.input, *model.graph.output):
+        vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+    with pytest.raises(onnxcampo.errors.CampoError, match="pin it with"):
+        onnxcampo.optimize(model, activation_limit=512)  # random inputs need the batch
+    with caplog.at_level("INFO", logger="onnxcampo"):
+        result = onnxcampo.optimize(model, activation_limit=512, inputs=_x())
+    assert "pinned to the given inputs' shapes: x:16,32" in caplog.text and result.report["calibration"]["tensors"] == 8
+    pinned = onnxcampo.optimize(model, activation_limit=512, inputs=_x(), dim_values={"batch": 64})
+    assert pinned.report["calibration"]["inputs"] == "given"
+    written = onnxcampo.graph.graph_inputs(pinned.model)[0].type.tensor_type.shape.dim[0]
+    assert written.dim_param == "batch"  # the written model keeps its dynamic dim
