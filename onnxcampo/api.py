@@ -88,16 +88,14 @@ def optimize(
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
         return OptimizeResult(original, PrecisionPlan(), _unchanged_report(config, source, reason), changed=False)
+    if inputs is not None:
+        if config.tune is None and config.activation_limit is None:
+            raise ConfigError("optimize(inputs=...) feeds tune or activation_limit; without either it has no use")
+        config = _shapes_from_inputs(original, config, inputs)
     if config.tune is not None:
         from onnxcampo.tune import tune
 
-        if inputs is not None:
-            config = _shapes_from_inputs(original, config, inputs)
         return tune(original, config, optimize, inputs, source)
-    if inputs is not None and config.activation_limit is None:
-        raise ConfigError("optimize(inputs=...) feeds tune or activation_limit; without either it has no use")
-    if inputs is not None:
-        config = _shapes_from_inputs(original, config, inputs)
     # read_model gave us our own copy: we name its nodes, and the export reuses it in place.
     graph_io.name_nodes(original)
     training = scaling.is_train_step(original)
@@ -259,8 +257,7 @@ def _calibrate(ctx: GraphContext, inputs: Mapping[str, np.ndarray] | None) -> No
                     "ones with --inputs / optimize(inputs=...) for ranges the model will see")
     feeds = dict(inputs) if inputs is not None else random_inputs(
         ctx.model, input_shapes=config.input_shapes, dim_values=config.dim_values)
-    ctx.activation_max = activation_ranges(ctx.model, feeds, input_shapes=config.input_shapes,
-                                           dim_values=config.dim_values)
+    ctx.activation_max = activation_ranges(ctx.model, feeds, info=ctx.info)
     beyond = sum(v > config.activation_limit for v in ctx.activation_max.values())
     log.info("calibration: %d of %d float tensors beyond |x| = %g", beyond, len(ctx.activation_max),
              config.activation_limit)

@@ -9,7 +9,7 @@ answer, which users of it expect, is a calibration run: nodes whose inputs or ou
 activation_limit=512)`` does the same: :func:`activation_ranges` runs the fp32 model once on
 ONNX Runtime's CPU provider with every float32 tensor of the graph as an output (graph
 optimizations off, so every tensor exists as the model names it) and returns the largest finite
-finite |value| of each (below 1e30: larger finite values are "infinity" sentinels, e.g. an
+|value| of each (below 1e30: larger finite values are "infinity" sentinels, e.g. an
 attention mask's float32 minimum, which the Casts clamp to the fp16 range, as pass 0's rule 7
 allows); pass 0 (``passes/classify.py``, rule 7a) keeps a node fp32 when a float tensor it
 reads or writes goes beyond the limit.
@@ -27,21 +27,22 @@ import numpy as np
 import onnx
 
 from onnxcampo import graph as graph_io
+from onnxcampo.graph import TensorInfo
 from onnxcampo.passes.classify import INFINITY_SENTINEL  # larger finite values stand for infinity
 
 log = logging.getLogger(__name__)
 
 
 def activation_ranges(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *,
-                      input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                      dim_values: Mapping[str, int] | None = None) -> dict[str, float]:
+                      info: Mapping[str, TensorInfo] | None = None) -> dict[str, float]:
     """Largest finite |value| below the infinity sentinel (1e30) of every float32 tensor a node
     writes (and of the float32 graph inputs) on ``feeds``; a tensor with no such value maps to 0
-    and is logged. The model is not modified."""
+    and is logged. ``info``: the model's tensor types if known (``optimize`` has them), else one
+    shape-inference run finds them. The model is not modified."""
     from onnxcampo.runtime import make_session, run
 
-    info, _ = graph_io.infer_tensor_info(model, input_shapes=dict(input_shapes or {}),
-                                         dim_values=dict(dim_values or {}))
+    if info is None:
+        info, _ = graph_io.infer_tensor_info(model)
     declared = {o.name for o in model.graph.output}
     wanted = []
     for node in model.graph.node:
@@ -55,22 +56,17 @@ def activation_ranges(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *
     probe.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in wanted)
     session = make_session(probe, provider="cpu", optimization_level="disable")
     del probe
-    outputs = run(session, feeds)
-    ranges = {name: _max_abs(value) for name, value in outputs.items()
-              if isinstance(value, np.ndarray) and value.dtype == np.float32}
-    for name, value in feeds.items():
-        if isinstance(value, np.ndarray) and value.dtype == np.float32:
-            ranges[name] = _max_abs(value)
-    empty = sorted(name for name, value in outputs.items() if isinstance(value, np.ndarray) and value.dtype == np.float32
-                   and value.size and not np.any(np.isfinite(value) & (np.abs(value) < INFINITY_SENTINEL)))
+    ranges, empty = {}, []
+    for name, value in (*run(session, feeds).items(), *feeds.items()):
+        if not isinstance(value, np.ndarray) or value.dtype != np.float32:
+            continue
+        magnitude = np.abs(value[np.isfinite(value)])
+        magnitude = magnitude[magnitude < INFINITY_SENTINEL]
+        ranges[name] = float(magnitude.max()) if magnitude.size else 0.0
+        if value.size and not magnitude.size:
+            empty.append(name)
     if empty:
         log.warning("calibration: %d tensors have no finite value on the calibration inputs (not protected): %s",
-                    len(empty), ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else ""))
+                    len(empty), ", ".join(sorted(empty)[:5]) + (" ..." if len(empty) > 5 else ""))
     log.info("calibration: ranges of %d float32 tensors", len(ranges))
     return ranges
-
-
-def _max_abs(values: np.ndarray) -> float:
-    magnitude = np.abs(values[np.isfinite(values)])
-    kept = magnitude[magnitude < INFINITY_SENTINEL]
-    return float(kept.max()) if kept.size else 0.0

@@ -554,15 +554,24 @@ def interleave_estimate_s(group: Group) -> float:
                                   for kept in group.kept.values())
 
 
-def interleave_follows(items: list[Item], rows: list[dict[str, Any]], settings: Settings, prepare_only: bool) -> bool:
+def rows_of_other_runs(rows: list[dict[str, Any]], group: tuple[str, int, str], run: str,
+                       pending: set[str] = frozenset()) -> list[str]:
+    """Policies of the group whose latest row ran (status ok) in another run than ``run`` and
+    will not be measured again (``pending``): with them, an interleaved timing of the group would
+    be spent for nothing (the report uses a record only for a whole group from its run)."""
+    prefix = "|".join(map(str, group)) + "|"
+    latest = {r["key"]: r for r in rows if r.get("key", "").startswith(prefix)}
+    return sorted(r["policy"] for key, r in latest.items()
+                  if r.get("status") == "ok" and r.get("run") != run and key not in pending)
+
+
+def interleave_follows(items: list[Item], rows: list[dict[str, Any]], run: str, settings: Settings,
+                       prepare_only: bool) -> bool:
     """Whether measuring ``items`` (the pending items of one inference group) ends in an interleaved
     timing: two or more of them, and no row of the group that ran stays from another run."""
     if prepare_only or settings.interleave <= 0 or len(items) < 2 or items[0].mode != "inference":
         return False
-    pending = {item.key for item in items}
-    prefix = "|".join(map(str, items[0].group)) + "|"
-    latest = {r["key"]: r for r in rows if r.get("key", "").startswith(prefix)}
-    return not any(r.get("status") == "ok" for key, r in latest.items() if key not in pending)
+    return not rows_of_other_runs(rows, items[0].group, run, {item.key for item in items})
 
 
 def group_estimate_s(items: list[Item], rows: list[dict[str, Any]], settings: Settings, budget_s: float) -> float:
@@ -583,23 +592,21 @@ def finish_group(group: Group | None, results: "Results", run: str, left_s: floa
     if group is None or not group.kept:
         return
     try:
-        prefix = f"{group.model}|{group.batch}|{group.mode}|"
-        latest = {r["key"]: r for r in results.rows if r.get("key", "").startswith(prefix)}
-        others = sorted(r["policy"] for r in latest.values() if r.get("status") == "ok" and r.get("run") != run)
+        name = f"{group.model}|{group.batch}|{group.mode}"
+        others = rows_of_other_runs(results.rows, (group.model, group.batch, group.mode), run)
         if not timed:
-            print(f"  {prefix[:-1]}: no interleaved timing (the run stops inside the group)", flush=True)
+            print(f"  {name}: no interleaved timing (the run stops inside the group)", flush=True)
         elif others:
-            print(f"  {prefix[:-1]}: no interleaved timing (rows of other runs: {', '.join(others)})", flush=True)
+            print(f"  {name}: no interleaved timing (rows of other runs: {', '.join(others)})", flush=True)
         elif len(group.kept) >= 2 and group.settings.interleave > 0:
             need = interleave_estimate_s(group)
             if left_s < need:
-                print(f"  {group.model}|{group.batch}|{group.mode}: no interleaved timing ({left_s:.0f} s left, "
-                      f"it may take {need:.0f} s)", flush=True)
+                print(f"  {name}: no interleaved timing ({left_s:.0f} s left, it may take {need:.0f} s)", flush=True)
             else:
                 try:
                     record = interleave(group)
                 except Exception as exc:  # noqa: BLE001 - the rows stand without it
-                    record = {"key": f"{group.model}|{group.batch}|{group.mode}", "status": "failed",
+                    record = {"key": name, "status": "failed",
                               "error": f"{exc.__class__.__name__}: {str(exc)[:300]}"}
                 record.update(run=run, time=datetime.now(timezone.utc).isoformat(timespec="seconds"))
                 results.add_interleaved(record)
@@ -911,7 +918,7 @@ def main(argv=None) -> int:
                 need = estimate_s(item, results.rows, args.budget_s)
                 if group is None and item.group not in broken:
                     rest = [i for i in pending[index:] if i.group == item.group]
-                    if interleave_follows(rest, results.rows, settings, args.prepare_only):
+                    if interleave_follows(rest, results.rows, run, settings, args.prepare_only):
                         need = group_estimate_s(rest, results.rows, settings, args.budget_s)
                 if finished and left_s() < need:
                     stopped = f"budget: {left_s():.0f} s left, the next item ({item.key}) may take {need:.0f} s"
