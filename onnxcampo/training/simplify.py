@@ -28,6 +28,16 @@ order, each until nothing matches, then drops nodes nothing reads:
    already has: the input. (onnx-ad ends each weight gradient with Reshape, Identity, Squeeze:
    one Reshape is left.)
 6. **Slice that keeps everything** (starts 0, ends past the end, steps 1): the input.
+7. **ReduceSum as matrix reductions**: ONNX Runtime's CUDA ReduceSum has fast kernels only for
+   axes that form one block at the start or at the end of the shape (a matrix's rows or columns);
+   any other axes go to cuDNN's general reduction, several times slower. A Conv bias gradient
+   reduces ``[N, C, H, W, seed]`` over ``(0, 2, 3)`` (on ResNet-50 b64 the step's 53 such
+   reductions took 12 of its 37.6 GPU ms, CUPTI). With size-1 axes set aside, a ReduceSum whose
+   reduced axes are a leading block, a trailing block or both becomes a Reshape to ``[P, Q, R]``
+   (leading reduced, kept, trailing reduced), a ReduceSum over the last axis, one over the first,
+   and a Reshape to the original output shape (Reshapes copy nothing). Only the order of the
+   additions changes. (It runs after rule 4, so that rule 5 merges its Reshapes with their
+   neighbours.)
 
 A rule never touches a value that is a graph output (its name is the step's interface), and
 every rewrite uses static shapes from one shape inference run at the start; a node whose shapes
@@ -291,6 +301,96 @@ def _emit_weight_gradient(g: _Graph, conv, images, filters, final, dims, kernel,
 
 
 # --------------------------------------------------------------------------------------------
+# rule 7: reductions ORT's CUDA EP runs as matrix reductions
+# --------------------------------------------------------------------------------------------
+
+def _reduce_axes(g: _Graph, node, rank: int) -> list[int] | None:
+    """The normalized axes a ReduceSum reduces (attribute before opset 13, input since), or None
+    when they are not a known constant (or empty: all axes, or none with noop_with_empty_axes)."""
+    if len(node.input) > 1 and node.input[1]:
+        axes = g.constants.get(node.input[1])
+        values = None if axes is None else [int(a) for a in axes.reshape(-1)]
+    else:
+        values = list(_attr(node, "axes", []) or [])
+    if not values or any(not -rank <= a < rank for a in values):
+        return None
+    return sorted({a % rank for a in values})
+
+
+def _matrix_block(shape: tuple[int, ...], axes: list[int]) -> bool:
+    """Whether ORT reduces ``axes`` of ``shape`` as matrix rows or columns already: one contiguous
+    block that starts at axis 0 or ends at the last axis, but not both."""
+    block = axes == list(range(axes[0], axes[-1] + 1))
+    return block and (axes[0] == 0) != (axes[-1] == len(shape) - 1)
+
+
+def _split_sizes(shape: tuple[int, ...], axes: list[int]) -> tuple[int, int, int] | None:
+    """``(P, Q, R)``: the products of the leading reduced, kept and trailing reduced dims when the
+    dims other than 1 fall in that order with some kept (Q > 1), else None."""
+    sizes, part = [1, 1, 1], 0
+    for axis, dim in enumerate(shape):
+        if dim == 1:
+            continue
+        reduced = axis in axes
+        if part == 0 and not reduced:
+            part = 1
+        elif part == 1 and reduced:
+            part = 2
+        elif part == 2 and not reduced:
+            return None
+        sizes[part] *= dim
+    return (sizes[0], sizes[1], sizes[2]) if sizes[1] > 1 else None
+
+
+def matrix_reductions(g: _Graph) -> int:
+    """Rule 7 (see the module docstring); returns how many ReduceSums it rewrote."""
+    count = 0
+    for node in list(g.nodes):
+        if node.op_type != "ReduceSum":
+            continue
+        shape, out = g.static(node.input[0]), g.static(node.output[0])
+        if shape is None or out is None or 0 in shape or 0 in out:
+            continue
+        axes = _reduce_axes(g, node, len(shape))
+        if axes is None or _matrix_block(shape, axes):
+            continue
+        sizes = _split_sizes(shape, axes)
+        if sizes is None or sizes[0] == sizes[2] == 1:  # nothing is added up
+            continue
+        p, q, r = sizes
+        as_input = len(node.input) > 1 and bool(node.input[1])
+        new = []
+
+        def emit(op: str, source: str, result: tuple[int, ...], *, axis: int | None = None, name: str | None = None) -> str:
+            target = name or g.fresh("reduce")
+            if op == "Reshape":
+                new.append(helper.make_node("Reshape", [source, g.const(list(result), "shape")], [target],
+                                            name=g.fresh("reduce_shape")))
+            elif as_input:
+                new.append(helper.make_node("ReduceSum", [source, g.const([axis], "axes")], [target],
+                                            name=g.fresh("reduce_sum"), keepdims=0))
+            else:
+                new.append(helper.make_node("ReduceSum", [source], [target], name=g.fresh("reduce_sum"),
+                                            axes=[axis], keepdims=0))
+            g.shapes[target] = result
+            return target
+
+        matrix = tuple(d for d, part in ((p, 0), (q, 1), (r, 2)) if d > 1 or part == 1)
+        current = emit("Reshape", node.input[0], matrix)
+        if r > 1:  # the trailing block: each row of [P*Q, R] summed (ORT's column reduction)
+            current = emit("ReduceSum", current, matrix[:-1], axis=len(matrix) - 1)
+        if p > 1:  # the leading block: the rows of [P, Q] summed (ORT's row reduction)
+            current = emit("ReduceSum", current, (q,), axis=0)
+        emit("Reshape", current, out, name=node.output[0])
+        index = list(g.nodes).index(node)
+        g.nodes.remove(node)
+        for offset, made in enumerate(new):
+            g.nodes.insert(index + offset, made)
+        count += 1
+    return count
+
+
+# --------------------------------------------------------------------------------------------
 # rules 2-6: data movement that moves nothing
 # --------------------------------------------------------------------------------------------
 
@@ -464,6 +564,7 @@ RULES = (
     ("Identity", identity),
     ("unit-axis Transpose as Reshape", unit_axis_transpose),
     ("Transpose pair", transpose_pairs),
+    ("ReduceSum as matrix reductions", matrix_reductions),
     ("Squeeze/Unsqueeze as Reshape", squeeze_as_reshape),
     ("Reshape chain", reshape_chains),
     ("full Slice", full_slice),

@@ -231,3 +231,86 @@ def test_the_prediction_survives_when_the_forward_model_ends_in_an_identity():
                               and n.name.startswith("loss/"))
     plan = optimize(simple, policy="fp16").plan
     assert all(not plan.is_fp16(n.name) for n in simple.graph.node if n.name.startswith("loss/"))
+
+
+def _reduce_model(shape, axes, keepdims: int, opset: int = 17) -> onnx.ModelProto:
+    """One ReduceSum (axes as an input from opset 13, as an attribute before) feeding a Relu."""
+    if opset >= 13:
+        node = helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=keepdims)
+        inits = [numpy_helper.from_array(np.array(axes, np.int64), "axes")]
+    else:
+        node = helper.make_node("ReduceSum", ["x"], ["s"], keepdims=keepdims, axes=list(axes))
+        inits = []
+    graph = helper.make_graph([node, helper.make_node("Relu", ["s"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _reduced_axes(model: onnx.ModelProto) -> list[tuple[tuple[int, ...], list[int]]]:
+    """(input shape, axes) of every ReduceSum, from shape inference."""
+    from onnxcampo import graph as graph_io
+
+    info, _ = graph_io.infer_tensor_info(model)
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "ReduceSum":
+            axes = consts[node.input[1]] if len(node.input) > 1 else next(
+                helper.get_attribute_value(a) for a in node.attribute if a.name == "axes")
+            rank = len(info[node.input[0]].shape)
+            found.append((tuple(info[node.input[0]].shape), sorted(int(a) % rank for a in np.reshape(axes, -1))))
+    return found
+
+
+def _is_matrix_block(shape, axes) -> bool:
+    """ORT CUDA's fast ReduceSum: one block of axes from the first or to the last axis, not both."""
+    return axes == list(range(axes[0], axes[-1] + 1)) and (axes[0] == 0) != (axes[-1] == len(shape) - 1)
+
+
+@pytest.mark.parametrize("shape, axes, keepdims, opset, expected", [
+    # a Conv bias gradient: [N, C, H, W, seed] over (0, 2, 3) -> rows of [N*C, H*W], then [N, C]
+    ((4, 5, 3, 2, 1), [0, 2, 3], 0, 17, [((4, 5, 6), [2]), ((4, 5), [0])]),
+    ((4, 5, 3, 2, 1), [0, 2, 3], 1, 17, [((4, 5, 6), [2]), ((4, 5), [0])]),
+    ((4, 5, 3, 2, 1), [0, -3, 3], 0, 11, [((4, 5, 6), [2]), ((4, 5), [0])]),   # axes as an attribute
+    ((4, 5, 3, 2, 1), [2, 3], 0, 17, [((20, 6), [1])]),       # only trailing, but the seed axis is last
+    ((1, 6, 1, 7), [0, 3], 1, 17, [((6, 7), [1])]),            # size-1 axes set aside
+    ((3, 6, 7), [0, 2], 0, 17, [((3, 6, 7), [2]), ((3, 6), [0])]),
+])
+def test_reductions_become_matrix_rows_and_columns(shape, axes, keepdims, opset, expected):
+    """A ReduceSum ORT would hand to cuDNN's general reduction becomes the row and column sums it
+    runs fast (rule 7); shapes and values (up to the order of additions) are those of the original."""
+    model = _reduce_model(shape, axes, keepdims, opset)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    want = make_session(model.SerializeToString()).run(None, {"x": x})[0]
+    counts = simplify_backward(model)
+    assert counts["ReduceSum as matrix reductions"] == 1
+    assert _reduced_axes(model) == expected
+    assert all(_is_matrix_block(s, a) for s, a in _reduced_axes(model))
+    got = make_session(model.SerializeToString()).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, np.maximum(x.sum(axis=tuple(axes), keepdims=bool(keepdims)), 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, axes", [
+    ((4, 5, 3), [0]),          # already rows of a matrix
+    ((4, 5, 3), [1, 2]),       # already columns
+    ((4, 5, 3), [1]),          # a middle axis: no matrix without a transpose
+    ((4, 5, 3), [0, 1, 2]),    # everything: nothing kept
+    ((4, 1, 3), [0, 2]),       # nothing kept once size-1 axes are set aside
+])
+def test_reductions_left_alone(shape, axes):
+    model = _reduce_model(shape, axes, 1)
+    before = model.graph.SerializeToString()
+    assert simplify_backward(model)["ReduceSum as matrix reductions"] == 0
+    assert model.graph.SerializeToString() == before
+
+
+def test_every_reduction_of_a_cnn_step_is_a_matrix_reduction():
+    """The Conv bias gradients of a training step ([N, C, H, W, seed] over (0, 2, 3)) and every
+    other ReduceSum of the simplified step run on ORT's row or column kernels."""
+    plain = build_train_step(small_cnn(), loss="cross_entropy", optimizer="sgd", fused=False, simplify=False)
+    simple = build_train_step(small_cnn(), loss="cross_entropy", optimizer="sgd", fused=False)
+    assert sum(not _is_matrix_block(s, a) for s, a in _reduced_axes(plain)) >= 7   # the 7 Conv biases
+    assert all(_is_matrix_block(s, a) for s, a in _reduced_axes(simple))
