@@ -135,10 +135,15 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def group_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, dict[str, Any]]]:
+def group_rows(rows: list[dict[str, Any]], *, measured: bool = True) -> dict[tuple[str, int, str], dict[str, dict[str, Any]]]:
+    """Rows by (model, batch, mode), then policy. With ``measured``, only groups with at least one
+    ok row: a batch nothing ran at (a corpus model's fixed batch dim) is a failure, listed as one,
+    not a row of dashes or a target "not measurable"."""
     groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
         groups[(row["model"], int(row["batch"]), row["mode"])][row["policy"]] = row
+    if measured:
+        return defaultdict(dict, {k: g for k, g in groups.items() if any(_ok(r) for r in g.values())})
     return groups
 
 
@@ -556,7 +561,7 @@ def _distinct(values) -> str | None:
 
 def throughput_json(rows: list[dict[str, Any]], runs: list[dict[str, Any]], raw: str) -> dict[str, Any]:
     """The ``<name>.json`` document (structure in the module docstring); deterministic for given rows."""
-    groups = group_rows(rows)
+    groups = group_rows(rows, measured=False)
     modes = ("inference", "training")
     models: dict[str, Any] = {}
     for model in sorted({key[0] for key in groups}):

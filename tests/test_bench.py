@@ -378,6 +378,10 @@ def test_report_writes_throughput_json(tmp_path):
     assert cls["batch"] == {"inference": 1, "training": None} and cls["training"] == {}
     assert cls["inference"] == {"fp32_notf32": 1000.0, "campo": 2000.0}
     assert cls["batches"]["inference"]["64"]["throughput"] == {}
+    # in the markdown, a batch nothing ran at is a failure, not a row of dashes or "not measurable"
+    markdown = (tmp_path / "h200.md").read_text()
+    assert "ppocr_cls, batch 64" not in markdown and "ppocr_cls b64" not in markdown
+    assert "| ppocr_cls|64|inference|campo | failed | fixed batch |" in markdown
 
     assert bench_report.main([str(raw), "--no-plots"]) == 0
     assert (tmp_path / "h200.json").read_text() == text  # deterministic
