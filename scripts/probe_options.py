@@ -7,7 +7,8 @@
 Builds the model and each policy's variant as ``scripts/bench.py`` does (same cache; training:
 the same step graphs), then times every (policy, option set) pair in ``--sessions`` fresh
 sessions, one session alive at a time, the option sets in a rotating order per round so that
-drift between the first and the last does not favour one: inference the median of 7 blocks of
+drift between the first and the last does not favour one (a line per session as it ends; ``--out``
+is rewritten after each policy, so a run cut short keeps what it measured): inference the median of 7 blocks of
 >= 50 ms (IO binding), training 5 blocks of 10 steps (the Trainer's binding scheme). Prints ms per
 run and the ratio to the first option set; ``--out`` keeps it as JSON. A set ORT rejects (an
 unknown option, a layout it cannot run) is reported with ORT's message. The options come on top
@@ -75,10 +76,15 @@ def _timer(group: bench.Group, policy: str, path: Path, options: dict[str, str])
     return run
 
 
-def probe(group: bench.Group, policies: list[str], sets: list[dict[str, str]], sessions: int) -> dict[str, Any]:
-    """ms per run of every (policy, option set), the median of all blocks of ``sessions`` sessions."""
+def probe(group: bench.Group, policies: list[str], sets: list[dict[str, str]], sessions: int,
+          done=lambda policy, out: None) -> dict[str, Any]:
+    """ms per run of every (policy, option set), the median of all blocks of ``sessions`` sessions.
+    Prints a line per session as it ends; ``done(policy, out)`` is called after each policy (the
+    caller saves what is measured so far: a run cut short keeps it)."""
     out: dict[str, Any] = {}
     for policy in policies:
+        started = time.perf_counter()
+        print(f"  {policy}: building the variant", flush=True)
         entry: dict[str, Any] = {}
         try:
             if group.mode == "inference":
@@ -89,7 +95,9 @@ def probe(group: bench.Group, policies: list[str], sets: list[dict[str, str]], s
                 path, _ = bench.training_variant(group, policy)
         except Exception as exc:  # noqa: BLE001 - a variant that cannot be built is a line of the report
             out[policy] = {"error": f"{exc.__class__.__name__}: {str(exc)[:300]}"}
+            done(policy, out)
             continue
+        print(f"  {policy}: built ({time.perf_counter() - started:.0f} s)", flush=True)
         blocks: dict[str, list[float]] = {_label(o): [] for o in sets}
         errors: dict[str, str] = {}
         for turn in range(sessions):
@@ -98,10 +106,16 @@ def probe(group: bench.Group, policies: list[str], sets: list[dict[str, str]], s
                 label = _label(options)
                 if label in errors:
                     continue
+                began = time.perf_counter()
                 try:
-                    blocks[label] += _timer(group, policy, Path(path), options)()
+                    timed = _timer(group, policy, Path(path), options)()
+                    blocks[label] += timed
+                    shown = f"{statistics.median(timed):.3f} ms"
                 except Exception as exc:  # noqa: BLE001 - ORT rejecting an option is a finding
                     errors[label] = f"{exc.__class__.__name__}: {str(exc)[:300]}"
+                    shown = "failed"
+                print(f"    session {turn + 1}/{sessions} {label}: {shown} ({time.perf_counter() - began:.0f} s)",
+                      flush=True)
                 gc.collect()
         base = statistics.median(blocks[_label(sets[0])]) if blocks[_label(sets[0])] else None
         for options in sets:
@@ -114,6 +128,7 @@ def probe(group: bench.Group, policies: list[str], sets: list[dict[str, str]], s
         out[policy] = entry
         if group.mode == "inference" and Path(path) != group.built.path:
             pol.cleanup(Path(path), group.built.path)
+        done(policy, out)
     return out
 
 
@@ -157,11 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     policies = [x for x in args.policies.split(",") if x]
     result: dict[str, Any] = {"model": args.model, "batch": args.batch, "provider": args.provider,
                               "options": [_label(o) for o in sets], "versions": pol.package_versions(), "modes": {}}
+
+    def save(mode: str, out: dict[str, Any]) -> None:
+        result["modes"][mode] = out
+        if args.out:
+            write_result(args.out, result)
+
     with tempfile.TemporaryDirectory(prefix="onnxcampo-probe-") as tmp:
         for mode in modes:
             started = time.perf_counter()
+            print(f"{args.model} b{args.batch} {mode}: building the model", flush=True)
             group = bench.Group(args.model, args.batch, mode, settings, Path(tmp))
-            result["modes"][mode] = probe(group, policies, sets, args.sessions)
+            result["modes"][mode] = probe(group, policies, sets, args.sessions,
+                                          done=lambda policy, out, mode=mode: save(mode, out))
             print(f"{args.model} b{args.batch} {mode} ({time.perf_counter() - started:.0f} s)")
             for policy, entry in result["modes"][mode].items():
                 if "error" in entry:
@@ -171,10 +194,15 @@ def main(argv: list[str] | None = None) -> int:
                     shown = (f"{cell['ms']:9.3f} ms  {cell['vs_first']:.2f}x" if "ms" in cell
                              else f"failed: {cell['error'][:150]}")
                     print(f"  {policy:14s} {label:40s} {shown}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` as JSON atomically (a run killed mid-write leaves the previous save)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(json.dumps(result, indent=1) + "\n")
+    partial.replace(path)
 
 
 if __name__ == "__main__":

@@ -815,7 +815,9 @@ def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys)
             cells = result["modes"][mode][policy]
             assert cells["default"]["vs_first"] == 1.0 and cells["prefer_nhwc=1"]["ms"] > 0
             assert len(cells["default"]["ms_blocks"]) == 2 * 5  # two sessions of five quick blocks
-    assert "ignores CUDA EP options" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "ignores CUDA EP options" in printed
+    assert "    session 2/2 prefer_nhwc=1: " in printed and "  campo: built (" in printed  # progress as it goes
     threads = '{"session.intra_op_num_threads": "1", "session.intra_op.allow_spinning": "0"}'
     assert probe_options.main([threads if a == '{"prefer_nhwc": 1}' else a for a in args]) == 0  # they apply on CPU too
     cells = json.loads(out.read_text())["modes"]["inference"]["fp32"]
@@ -827,6 +829,27 @@ def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys)
     assert session.get_session_options().enable_mem_pattern is False
     assert probe_options.main(args[:-2] + ["--options", "[1]"]) == 2
     assert "not a JSON object" in capsys.readouterr().err
+
+
+def test_probe_options_keeps_what_it_measured_when_cut_short(tmp_path, monkeypatch):
+    """--out is rewritten after each policy: a run killed during the second keeps the first."""
+    import probe_options
+
+    real = probe_options._timer
+
+    def timer(group, policy, path, options):
+        if policy == "campo":
+            raise KeyboardInterrupt  # the device run's time limit, as far as this process can tell
+        return real(group, policy, path, options)
+
+    monkeypatch.setattr(probe_options, "_timer", timer)
+    out = tmp_path / "probe.json"
+    with pytest.raises(KeyboardInterrupt):
+        probe_options.main(["--model", "odd_mlp", "--batch", "4", "--policies", "fp32,campo", "--provider", "cpu",
+                            "--quick", "--sessions", "1", "--wheels", str(tmp_path / "none"), "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert list(result["modes"]["inference"]) == ["fp32"] and result["modes"]["inference"]["fp32"]["default"]["ms"] > 0
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_interleaved_groups_are_started_whole_and_timed_on_their_own_time(tmp_path, monkeypatch, capsys):
