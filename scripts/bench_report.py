@@ -745,6 +745,9 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
     lines += [
         "## Targets (issue 6)",
         "",
+        "Why a target is missed (from the tables below, written by hand after each measuring session): "
+        "`docs/benchmarks/README.md`, \"Why the targets are missed\".",
+        "",
     ]
     for target in evaluate_targets(rows):
         lines.append(f"- {target['name']}: {_word(target['met'])}. {target['text']}.")
