@@ -111,6 +111,12 @@ def optimize(
     ctx = GraphContext.build(original, source, config, cost, info, unresolved)
     if training:
         ctx.training_fp32 = frozenset(scaling.fp32_nodes(original))
+        if config.policy == "campo" and (config.loss_scaling or scaling.has_loss_scaling(original)):
+            # weight-gradient sums accumulate in fp32 inside ORT's kernels and loss scaling catches
+            # their overflow (scaling.gradient_sums); amp keeps TensorFlow's lists, as the baseline
+            for name in scaling.gradient_sums(original):
+                if ctx.categories.get(name) is oplists.Category.DENY:
+                    ctx.categories[name] = oplists.Category.INFER
         if config.loss_scaling and not scaling.has_loss_scaling(original):
             ctx.loss_scaling = scaling.overhead(original, lambda name: info[name].numel if name in info else None)
             tensors = ctx.graph.tensors()

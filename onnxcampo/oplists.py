@@ -54,7 +54,8 @@ ALLOW = _ops(_TENSOR_CORE, _TENSOR_CORE_MS, _TENSOR_CORE_GRAD_MS)
 _EXPONENTIAL = ("Exp", "Pow", "Softplus", "LogSoftmax")
 # Log of small values and reciprocal-like ops lose all precision near fp16's tiny range.
 _LOGARITHMIC = ("Log",)
-# Sums over many terms: fp16 accumulation overflows or stalls (x + small == x).
+# Sums over many terms: fp16 accumulation overflows or stalls (x + small == x). (A training step's
+# weight-gradient sums may run fp16 under campo with loss scaling: ``training.scaling.gradient_sums``.)
 _SUM_REDUCTIONS = (
     "ReduceSum", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
     "ReduceLogSumExp", "ReduceSumSquare", "CumSum",

@@ -98,6 +98,44 @@ def fp32_nodes(model: onnx.ModelProto) -> set[str]:
     return loss_nodes | update_nodes
 
 
+# ops that only re-shape a tensor: a weight gradient often leaves its ReduceSum through one
+SHAPE_ONLY = ("Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")
+
+
+def gradient_sums(model: onnx.ModelProto) -> set[str]:
+    """Names of the ReduceSum nodes whose result is a weight gradient as it is: the gradient
+    tensor itself, or reached through shape-only ops (:data:`SHAPE_ONLY`) that nothing else reads.
+
+    These are the bias and normalization-scale gradients (a sum of ``dy`` or ``dy * x_hat`` over
+    the batch rows). ReduceSum is on the deny list because a sum in fp16 overflows or stalls; ONNX
+    Runtime's CUDA ReduceSum accumulates fp16 input in fp32 (its row/column kernels and cuDNN's
+    reduction alike) and only rounds the result, and a weight gradient that overflows fp16 is
+    what dynamic loss scaling detects and recovers from (the step is skipped, the scale halved),
+    as with the fp16 weight gradients of PyTorch's AMP. So, with loss scaling, they may read the
+    fp16 ``dy`` directly: the Cast to fp32 is then on the reduced result (a bias's size) instead of
+    on ``dy`` (the activation's size).
+    """
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    outputs = {o.name for o in graph.output}
+    found = set()
+    for weight in step_spec(model).weights:
+        try:
+            node = producer.get(_gradient_source(model, weight))
+        except UnsupportedModelError:
+            continue
+        while node is not None and node.op_type in SHAPE_ONLY:
+            source = node.input[0]
+            node = producer.get(source) if readers.get(source) == 1 and source not in outputs else None
+        if node is not None and node.op_type == "ReduceSum":
+            found.add(node.name)
+    return found
+
+
 @dataclass(frozen=True)
 class ScalingOverhead:
     """What :func:`add_loss_scaling` adds to a step: ``nodes`` launched and ``elements`` moved,

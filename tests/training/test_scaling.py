@@ -185,3 +185,107 @@ def test_overhead_counts_what_loss_scaling_adds_and_plans_pay_it(optimizer, fuse
     assert amp["launched_nodes"] - amp["casts"] - fp32["launched_nodes"] == cost.nodes
     # what the plan comparison counts is what runs (a fused unscale reads fp16 gradients: no Casts)
     assert amp["launched_nodes"] == sum(n.op_type != "Constant" for n in result.model.graph.node)
+
+
+def wide_mlp(rows: int = 256, width: int = 512) -> onnx.ModelProto:
+    """x @ w1 + b1 -> Relu -> @ w2 + b2: big enough that campo's cost model makes the products fp16."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w1 = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    w2 = (rng.standard_normal((width, 64)) / np.sqrt(width)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h2"]),
+         helper.make_node("Relu", ["h2"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["y0"]),
+         helper.make_node("Add", ["y0", "b2"], ["y"])],
+        "wide_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 64])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.full(width, 0.1, np.float32), "b1"),
+         numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(64, np.float32), "b2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def _dtype_read_by(model: onnx.ModelProto, node_name: str) -> int:
+    """The element type of the first input of ``node_name`` in ``model`` (shape inference)."""
+    from onnxcampo import graph as graph_io
+
+    info, _ = graph_io.infer_tensor_info(model)
+    node = next(n for n in model.graph.node if n.name == node_name)
+    return info[node.input[0]].dtype
+
+
+def test_weight_gradient_sums_read_fp16_under_campo_with_loss_scaling():
+    """The bias gradients' ReduceSums (a sum of dy over the batch rows) read campo's fp16 dy as it
+    is, so the Cast to fp32 is on the bias-sized result, not on dy; without loss scaling (nothing
+    would catch an overflow) and under amp (TensorFlow's lists, the baseline) they stay fp32."""
+    from onnx import TensorProto
+
+    from onnxcampo.training.scaling import gradient_sums
+
+    step = build_train_step(wide_mlp(), loss="cross_entropy", optimizer="sgd", fused=False)
+    sums = gradient_sums(step)
+    producers = {o: n for n in step.graph.node for o in n.output}
+    assert len(sums) == 2 and all(producers[o].op_type == "ReduceSum" for n in step.graph.node if n.name in sums
+                                  for o in n.output)
+    # every other ReduceSum of the step is no weight gradient's
+    assert not sums & {n.name for n in step.graph.node if n.op_type != "ReduceSum"}
+
+    # the products fp16 whatever this machine's cost model says (the H200's makes them fp16 on its own)
+    fp16_products = {"include_ops": {"MatMul"}, "pad_tensor_cores": False}
+    campo = optimize(step, policy="campo", **fp16_products)
+    # b2's gradient sums the loss gradient (the logits'): part of the loss, fp32 under every policy
+    loss_side = sums & fp32_nodes(step)
+    assert len(loss_side) == 1 and campo.plan.get(next(iter(loss_side))).reason is Reason.TRAINING_FP32
+    sums -= loss_side
+    for name in sums:  # b1's
+        assert campo.plan.precision(name) is Precision.FP16, name
+        assert _dtype_read_by(campo.model, name) == TensorProto.FLOAT16
+    unscaled = optimize(step, policy="campo", loss_scaling=False, **fp16_products)
+    amp = optimize(step, policy="amp", **fp16_products)
+    for result in (unscaled, amp):
+        for name in sums:
+            assert result.plan.precision(name) is Precision.FP32
+            assert result.plan.get(name).reason is Reason.DENY_LIST
+    # the same plan but for those sums: the Cast to fp32 moved from dy (rows x width) to the result
+    assert _cast_elements(campo.model) == _cast_elements(unscaled.model) - 256 * 512 + 512
+
+
+def _cast_elements(model: onnx.ModelProto) -> int:
+    """Elements all the Casts of ``model`` convert (shape inference)."""
+    from onnxcampo import graph as graph_io
+
+    info, _ = graph_io.infer_tensor_info(model)
+    return sum(info[n.output[0]].numel for n in model.graph.node if n.op_type == "Cast")
+
+
+def test_fp16_weight_gradient_sums_keep_the_gradients():
+    """fp16 numerics (ONNX reference evaluator): the campo step's bias gradients, summed from fp16
+    dy, are within fp16's rounding of the fp32 step's."""
+    forward = wide_mlp(rows=64, width=128)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="sgd", lr=1.0, fused=False)
+    campo = optimize(step, policy="campo", pad_tensor_cores=False, include_ops={"MatMul"})
+    from onnxcampo.training.scaling import gradient_sums
+
+    assert any(campo.plan.precision(n) is Precision.FP16 for n in gradient_sums(step))
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((64, 128)).astype(np.float32)
+    labels = rng.integers(0, 64, 64).astype(np.int64)
+    weights = initial_weights(forward, step)
+    base = {"x": x, "labels": labels, "lr": np.array(1.0, np.float32), **weights}
+    for name in step_spec(step).state:
+        shape = [d.dim_value for i in step.graph.input if i.name == name for d in i.type.tensor_type.shape.dim]
+        base[name] = np.zeros(shape, np.float32)
+    from onnx.reference import ReferenceEvaluator
+
+    def gradients(model, extra):
+        names = [o.name for o in model.graph.output]
+        feeds = {**base, **extra}
+        feeds = {i.name: feeds[i.name] for i in model.graph.input}
+        out = dict(zip(names, ReferenceEvaluator(model).run(None, feeds)))
+        return {w: (base[w] - out[w + ".updated"]) for w in ("b1", "b2")}
+
+    want = gradients(step, {})
+    got = gradients(campo.model, {LOSS_SCALE: np.array(1024.0, np.float32), CLEAN_STEPS: np.array(0.0, np.float32)})
+    for name in want:
+        scale = float(np.abs(want[name]).max())
+        assert np.abs(got[name] - want[name]).max() <= 1e-2 * scale, name
