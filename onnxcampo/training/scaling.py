@@ -104,7 +104,8 @@ SHAPE_ONLY = ("Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")
 
 def gradient_sums(model: onnx.ModelProto) -> set[str]:
     """Names of the ReduceSum nodes whose result is a weight gradient as it is: the gradient
-    tensor itself, or reached through shape-only ops (:data:`SHAPE_ONLY`) that nothing else reads.
+    tensor itself, or reached through shape-only ops (:data:`SHAPE_ONLY`) and further ReduceSums
+    (a sum in stages) that nothing else reads.
 
     These are the bias and normalization-scale gradients (a sum of ``dy`` or ``dy * x_hat`` over
     the batch rows). ReduceSum is on the deny list because a sum in fp16 overflows or stalls; ONNX
@@ -128,11 +129,13 @@ def gradient_sums(model: onnx.ModelProto) -> set[str]:
             node = producer.get(_gradient_source(model, weight))
         except UnsupportedModelError:
             continue
-        while node is not None and node.op_type in SHAPE_ONLY:
+        # back from the gradient through shape-only ops and ReduceSums (a sum split in stages,
+        # simplify's rule 7), each read by nothing else
+        while node is not None and node.op_type in (*SHAPE_ONLY, "ReduceSum"):
+            if node.op_type == "ReduceSum":
+                found.add(node.name)
             source = node.input[0]
             node = producer.get(source) if readers.get(source) == 1 and source not in outputs else None
-        if node is not None and node.op_type == "ReduceSum":
-            found.add(node.name)
     return found
 
 

@@ -289,3 +289,18 @@ def test_fp16_weight_gradient_sums_keep_the_gradients():
     for name in want:
         scale = float(np.abs(want[name]).max())
         assert np.abs(got[name] - want[name]).max() <= 1e-2 * scale, name
+
+
+def test_gradient_sums_in_stages_are_found_whole():
+    """simplify's rule 7 sums a Conv bias gradient in two ReduceSums (columns, then rows): both
+    belong to the weight gradient, so both may read fp16; the loss's own sum does not."""
+    from test_simplify import small_cnn
+
+    from onnxcampo.training.scaling import gradient_sums
+
+    step = build_train_step(small_cnn(), loss="cross_entropy", optimizer="sgd", fused=False)
+    sums = gradient_sums(step)
+    by_name = {n.name: n for n in step.graph.node}
+    staged = [n for n in sums if by_name[n].name.startswith("simplify/reduce_sum")]
+    assert len(staged) >= 2 * 7  # the seven biased Convs, two stages each
+    assert "loss/sum" in by_name and "loss/sum" not in sums
