@@ -304,3 +304,22 @@ def test_gradient_sums_in_stages_are_found_whole():
     staged = [n for n in sums if by_name[n].name.startswith("simplify/reduce_sum")]
     assert len(staged) >= 2 * 7  # the seven biased Convs, two stages each
     assert "loss/sum" in by_name and "loss/sum" not in sums
+
+
+def test_campo_step_with_fp16_gradient_sums_trains_like_fp32(fused):
+    """On ORT (CPU): the campo step whose bias gradients are summed from fp16 dy, with the fused
+    unscale reading them as they are or the standard ops casting them, follows fp32's loss curve."""
+    from onnxcampo.training.scaling import gradient_sums
+
+    forward = wide_mlp(rows=64, width=128)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="sgd", lr=0.05, fused=fused)
+    campo = optimize(step, policy="campo", pad_tensor_cores=False, include_ops={"MatMul"})
+    assert any(campo.plan.precision(n) is Precision.FP16 for n in gradient_sums(step))
+    rng = np.random.default_rng(5)
+    batch = {"x": rng.standard_normal((64, 128)).astype(np.float32), "labels": rng.integers(0, 64, 64).astype(np.int64)}
+    curves = {}
+    for name, model in (("fp32", step), ("campo", campo.model)):
+        trainer = Trainer(model, weights=initial_weights(forward, model))
+        curves[name] = [trainer.step(batch) for _ in range(30)]
+    assert curves["campo"][-1] < 0.5 * curves["campo"][0]
+    assert curves["campo"][-1] == pytest.approx(curves["fp32"][-1], rel=0.02)
