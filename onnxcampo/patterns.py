@@ -6,6 +6,13 @@ here ``x^3`` only feeds ``x + c * x^3`` (same sign as ``x``, so no inf - inf) an
 which saturates: in fp16 ``x^3`` overflows to +-inf for |x| > 40, ``tanh(+-inf) = +-1``, and the
 result is ``x`` or ``0``, which is what GELU gives there. ONNX Runtime fuses the same pattern into
 ``FastGelu``, an infer-list op. Its ``Pow`` is therefore treated as an infer-list op.
+
+The derivative of the exact (erf) GELU, which onnx-ad writes into every BERT backward pass,
+computes the Gaussian ``exp(-u * u)``: ``Exp`` is on the deny list, but its argument here is never
+positive, so the result lies in (0, 1]; in fp16 ``u * u`` overflows to +inf for |u| > 256 and
+``exp(-inf) = 0``, the limit, and ``exp`` of an argument below -17 underflows to 0 where the
+Gaussian factor no longer matters. Such an ``Exp`` (of ``Neg(Mul(u, u))`` or ``Neg(Pow(u, 2))``,
+that ``Pow`` included) is treated as an infer-list op too.
 """
 
 from __future__ import annotations
@@ -50,6 +57,29 @@ def tanh_gelu_powers(ctx) -> set[str]:
             continue
         if _single_consumer(ctx, argument.outputs[0], "Tanh") is not None:
             found.add(node.name)
+    return found
+
+
+def gaussian_exps(ctx) -> set[str]:
+    """Names of ``Exp`` nodes computing ``exp(-u * u)``: ``Exp(Neg(Mul(u, u)))`` or
+    ``Exp(Neg(Pow(u, 2)))``, each intermediate read by the next node only (and of that ``Pow``,
+    also a deny-list op, whose overflow only takes the Gaussian to its limit 0)."""
+    found = set()
+    for node in ctx.nodes:
+        if node.op != "Exp":
+            continue
+        negated = node.inputs[0].inputs[0] if node.inputs[0].inputs else None
+        if negated is None or negated.op != "Neg" or _single_consumer(ctx, negated.outputs[0], "Exp") is not node:
+            continue
+        square = negated.inputs[0].inputs[0] if negated.inputs[0].inputs else None
+        if square is None or _single_consumer(ctx, square.outputs[0], "Neg") is not negated:
+            continue
+        if square.op == "Mul" and len(square.inputs) == 2 and square.inputs[0] is square.inputs[1]:
+            found.add(node.name)
+        elif square.op == "Pow" and len(square.inputs) == 2 and ctx.is_constant(square.inputs[1]):
+            exponent = np.asarray(ctx.constant_array(square.inputs[1]), dtype=np.float64).reshape(-1)
+            if exponent.size == 1 and float(exponent[0]) == 2.0:
+                found |= {node.name, square.name}
     return found
 
 

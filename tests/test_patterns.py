@@ -1,4 +1,5 @@
-"""patterns.py: the tanh-GELU's Pow is not a deny-list op (it saturates), other Pows are."""
+"""patterns.py: the tanh-GELU's Pow and the Gaussian exp(-u*u) of the erf-GELU's derivative are not
+deny-list ops (they saturate), other Pows and Exps are."""
 
 from __future__ import annotations
 
@@ -78,3 +79,49 @@ def test_out_of_range_constant_through_a_reshape_keeps_its_reader_fp32():
     x = np.full((4, 8), 0.01, np.float32)
     (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})
     assert np.isfinite(got).all()
+
+
+IDENTITY8 = ",".join("1" if i == j else "0" for i in range(8) for j in range(8))
+
+GAUSSIAN = """
+g (float[4,8] a) => (float[4,8] y) <float c = {0.70710678}, float two = {2.0},
+                                    float[8,8] w1 = {""" + IDENTITY8 + """}> {
+  [mm1] x = MatMul(a, w1)
+  [scale] u = Mul(x, c)
+  [square] sq = Mul(u, u)
+  [neg] n = Neg(sq)
+  [exp] e = Exp(n)
+  [mulx] g = Mul(e, x)
+  [mm2] y = MatMul(g, w1)
+}
+"""
+
+
+def test_gaussian_exp_runs_fp16_and_saturates_correctly():
+    """exp(-u*u), the erf-GELU derivative's Gaussian (onnx-ad writes one per BERT layer into the
+    backward pass), lies in (0, 1]: under amp the Exp is fp16 like its neighbours; in fp16 u*u
+    overflows for |u| > 256 and exp(-inf) = 0, the limit, and moderate values keep fp16's precision."""
+    result = onnxcampo.optimize(parse(GAUSSIAN), policy="amp")
+    plan = result.report["plan"]
+    assert plan["exp"]["precision"] == "fp16" and plan["mulx"]["precision"] == "fp16"
+    x = np.zeros((4, 8), np.float32)
+    x[0, :] = 1000.0
+    x[1, :] = -1000.0
+    x[2, :] = np.linspace(-3, 3, 8)
+    x[3, :] = np.linspace(-0.1, 0.1, 8)
+    (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})  # w1 is the identity
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got[:2], 0.0)
+    exact = np.exp(-(x[2:] * 0.70710678) ** 2) * x[2:]
+    np.testing.assert_allclose(got[2:], exact, rtol=2e-3, atol=1e-3)
+
+
+def test_gaussian_of_a_power_matches_and_other_exps_stay_denied():
+    """Neg(Pow(u, 2)) is the same Gaussian; exp(-u*v) (no square: may be exp of a positive number)
+    and an Exp whose argument is also read elsewhere stay on the deny list."""
+    power = GAUSSIAN.replace("[square] sq = Mul(u, u)", "[square] sq = Pow(u, two)")
+    assert onnxcampo.optimize(parse(power), policy="amp").report["plan"]["exp"]["precision"] == "fp16"
+    product = GAUSSIAN.replace("[square] sq = Mul(u, u)", "[square] sq = Mul(u, x)")
+    assert onnxcampo.optimize(parse(product), policy="amp").report["plan"]["exp"]["reason"] == "deny_list"
+    shared = GAUSSIAN.replace("(float[4,8] y)", "(float[4,8] y, float[4,8] n)")
+    assert onnxcampo.optimize(parse(shared), policy="amp").report["plan"]["exp"]["reason"] == "deny_list"
