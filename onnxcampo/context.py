@@ -110,7 +110,7 @@ class GraphContext:
                 ctx.implicit_inputs[node.name] = graph_io.outer_scope_names(proto)
                 ctx.subgraph_nodes[node.name] = graph_io.subgraph_node_names(proto)
         ctx.implicit_names = set().union(*ctx.implicit_inputs.values()) if ctx.implicit_inputs else set()
-        for name in patterns.tanh_gelu_powers(ctx) | patterns.gaussian_exps(ctx):
+        for name in patterns.tanh_gelu_powers(ctx) | patterns.gaussian_exps(ctx) | patterns.softmax_gradient_sums(ctx):
             ctx.categories[name] = Category.INFER  # see patterns.py: saturates, overflow-safe
         ctx.chains = patterns.fusion_chains(ctx)
         ctx.chain_nodes = {n.name: n for n in ctx.nodes if n.name in ctx.chains}

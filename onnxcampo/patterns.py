@@ -13,6 +13,12 @@ positive, so the result lies in (0, 1]; in fp16 ``u * u`` overflows to +inf for 
 ``exp(-inf) = 0``, the limit, and ``exp`` of an argument below -17 underflows to 0 where the
 Gaussian factor no longer matters. Such an ``Exp`` (of ``Neg(Mul(u, u))`` or ``Neg(Pow(u, 2))``,
 that ``Pow`` included) is treated as an infer-list op too.
+
+The gradient of ``y = Softmax(x)`` is ``y * (dy - sum(y * dy))`` over the softmax axis: its
+``ReduceSum`` sums ``y_i * dy_i`` with ``y_i >= 0`` and ``sum(y_i) = 1``, a weighted mean of ``dy``,
+bounded by ``max |dy|`` like ReduceMean, and ONNX Runtime's kernels accumulate fp16 in fp32. Such a
+``ReduceSum`` (of ``Mul(y', dy)`` with ``y'`` the Softmax output through shape-only ops, over the
+softmax axis) is an infer-list op.
 """
 
 from __future__ import annotations
@@ -81,6 +87,59 @@ def gaussian_exps(ctx) -> set[str]:
             if exponent.size == 1 and float(exponent[0]) == 2.0:
                 found |= {node.name, square.name}
     return found
+
+
+_SHAPE_ONLY = ("Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")
+
+
+def _through_shape_ops(tensor: gs.Tensor) -> gs.Tensor:
+    while tensor.inputs and tensor.inputs[0].op in _SHAPE_ONLY:
+        tensor = tensor.inputs[0].inputs[0]
+    return tensor
+
+
+def _split(shape, axis: int) -> tuple[int, int, int]:
+    """(product of the dims before ``axis``, the dim, product of the dims after)."""
+    return int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis]), int(np.prod(shape[axis + 1:], dtype=np.int64))
+
+
+def softmax_gradient_sums(ctx) -> set[str]:
+    """Names of ``ReduceSum`` nodes summing ``y * dy`` over the axis of the Softmax that made ``y``
+    (in a row-major layout: the same rows, whatever shape-only ops moved ``y`` in between)."""
+    found = set()
+    for node in ctx.nodes:
+        if node.op != "ReduceSum" or not node.inputs or not node.inputs[0].inputs:
+            continue
+        product = node.inputs[0].inputs[0]
+        if product.op != "Mul" or len(product.inputs) != 2 or _single_consumer(ctx, product.outputs[0], "ReduceSum") is not node:
+            continue
+        shape = _shape(ctx, node.inputs[0])
+        axes = _constant_axes(ctx, node)
+        if shape is None or axes is None or len(axes) != 1 or any(not isinstance(d, int) for d in shape):
+            continue
+        reduced = _split(shape, axes[0] % len(shape))
+        for operand in product.inputs:
+            source = _through_shape_ops(operand)
+            softmax = source.inputs[0] if source.inputs else None
+            if softmax is None or softmax.op != "Softmax":
+                continue
+            y_shape = _shape(ctx, source)
+            if y_shape is None or any(not isinstance(d, int) for d in y_shape):
+                continue
+            axis = int(softmax.attrs.get("axis", -1)) % len(y_shape)
+            if _split(y_shape, axis) == reduced:
+                found.add(node.name)
+                break
+    return found
+
+
+def _constant_axes(ctx, node: gs.Node) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].name:
+        if not ctx.is_constant(node.inputs[1]):
+            return None
+        return [int(a) for a in np.asarray(ctx.constant_array(node.inputs[1])).reshape(-1)]
+    axes = node.attrs.get("axes")
+    return [int(a) for a in axes] if axes else None
 
 
 # --- chains ONNX Runtime may fuse (their measured cost: onnxcampo.costdb.chains) --------------

@@ -125,3 +125,49 @@ def test_gaussian_of_a_power_matches_and_other_exps_stay_denied():
     assert onnxcampo.optimize(parse(product), policy="amp").report["plan"]["exp"]["reason"] == "deny_list"
     shared = GAUSSIAN.replace("(float[4,8] y)", "(float[4,8] y, float[4,8] n)")
     assert onnxcampo.optimize(parse(shared), policy="amp").report["plan"]["exp"]["reason"] == "deny_list"
+
+
+SOFTMAX_GRADIENT = """
+g (float[4,8] a, float[4,8] b) => (float[4,8] y) <int64[3] seeded = {4, 8, 1}, int64[2] flat = {4, 8},
+                                                  int64[1] axes = {1},
+                                                  float[8,8] w1 = {""" + IDENTITY8 + """}> {
+  [mm1] x = MatMul(a, w1)
+  [softmax] p = Softmax <axis = -1> (x)
+  [reshape_p] r = Reshape(p, seeded)
+  [mm2] dy0 = MatMul(b, w1)
+  [reshape_dy] dy = Reshape(dy0, seeded)
+  [mul] m = Mul(r, dy)
+  [sum] s = ReduceSum <keepdims = 1> (m, axes)
+  [sub] d = Sub(dy, s)
+  [mul2] g = Mul(r, d)
+  [reshape_g] g2 = Reshape(g, flat)
+  [mm3] y = MatMul(g2, w1)
+}
+"""
+
+
+def test_softmax_gradient_sum_runs_fp16():
+    """sum(y * dy) over the softmax axis is a weighted mean of dy (y >= 0, sum 1): under amp the
+    ReduceSum of a Softmax's backward pass runs fp16 with its neighbours, and the gradient keeps
+    fp16's precision even for dy in the thousands."""
+    result = onnxcampo.optimize(parse(SOFTMAX_GRADIENT), policy="amp")
+    plan = result.report["plan"]
+    assert plan["sum"]["precision"] == "fp16" and plan["sub"]["precision"] == "fp16"
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 8)).astype(np.float32) * 3
+    b = (rng.standard_normal((4, 8)) * 4000).astype(np.float32)
+    (got,) = ReferenceEvaluator(result.model).run(None, {"a": a, "b": b})
+    p = np.exp(a - a.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    exact = p * (b - (p * b).sum(axis=1, keepdims=True))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, exact, atol=2e-3 * np.abs(exact).max())
+
+
+def test_sums_over_another_axis_stay_denied():
+    """A sum of y * dy over an axis that is not the softmax's (here the batch rows) is no mean."""
+    other = SOFTMAX_GRADIENT.replace("int64[1] axes = {1}", "int64[1] axes = {0}")
+    plan = onnxcampo.optimize(parse(other), policy="amp").report["plan"]
+    assert plan["sum"]["reason"] == "deny_list"
+    no_softmax = SOFTMAX_GRADIENT.replace("[softmax] p = Softmax <axis = -1> (x)", "[softmax] p = Relu(x)")
+    assert onnxcampo.optimize(parse(no_softmax), policy="amp").report["plan"]["sum"]["reason"] == "deny_list"
