@@ -28,16 +28,21 @@ g (float[4,8] a) => (float[4,8] y) <float three = {3.0}, float c1 = {0.044715}, 
 """
 
 
+def _extreme_and_moderate(big: float) -> np.ndarray:
+    """Rows of +big and -big (they overflow fp16 inside the patterns), then moderate values."""
+    x = np.zeros((4, 8), np.float32)
+    x[0, :], x[1, :] = big, -big
+    x[2, :], x[3, :] = np.linspace(-3, 3, 8), np.linspace(-0.1, 0.1, 8)
+    return x
+
+
 def test_tanh_gelu_runs_fp16_and_saturates_correctly():
     """Before: Pow would deny the whole GELU. After: every node fp16 under amp (no deny left),
     and in fp16 the result for |x| = 100 (x^3 overflows) is still x or 0, as GELU gives."""
     result = onnxcampo.optimize(parse(GELU), policy="amp")
     plan = result.report["plan"]
     assert plan["pow"]["precision"] == "fp16" and plan["tanh"]["precision"] == "fp16"
-    x = np.zeros((4, 8), np.float32)
-    x[0, :] = 100.0
-    x[1, :] = -100.0
-    x[2, :] = np.linspace(-3, 3, 8)
+    x = _extreme_and_moderate(100.0)
     (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})  # w1 is the identity
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got[0], 100.0, rtol=1e-3)
@@ -104,11 +109,7 @@ def test_gaussian_exp_runs_fp16_and_saturates_correctly():
     result = onnxcampo.optimize(parse(GAUSSIAN), policy="amp")
     plan = result.report["plan"]
     assert plan["exp"]["precision"] == "fp16" and plan["mulx"]["precision"] == "fp16"
-    x = np.zeros((4, 8), np.float32)
-    x[0, :] = 1000.0
-    x[1, :] = -1000.0
-    x[2, :] = np.linspace(-3, 3, 8)
-    x[3, :] = np.linspace(-0.1, 0.1, 8)
+    x = _extreme_and_moderate(1000.0)
     (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})  # w1 is the identity
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got[:2], 0.0)
