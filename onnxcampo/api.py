@@ -113,7 +113,7 @@ def optimize(
         ctx.training_fp32 = frozenset(scaling.fp32_nodes(original))
         if config.policy == "campo" and (config.loss_scaling or scaling.has_loss_scaling(original)):
             # weight-gradient sums accumulate in fp32 inside ORT's kernels and loss scaling catches
-            # their overflow (scaling.gradient_sums); amp keeps TensorFlow's lists, as the baseline
+            # their overflow (scaling.gradient_sums); amp keeps them on the deny list, as the baseline
             for name in scaling.gradient_sums(original):
                 if ctx.categories.get(name) is oplists.Category.DENY:
                     ctx.categories[name] = oplists.Category.INFER

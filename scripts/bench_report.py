@@ -136,14 +136,16 @@ def geomean(values: list[float]) -> float:
 
 
 def group_rows(rows: list[dict[str, Any]], *, measured: bool = True) -> dict[tuple[str, int, str], dict[str, dict[str, Any]]]:
-    """Rows by (model, batch, mode), then policy. With ``measured``, only groups with at least one
-    ok row: a batch nothing ran at (a corpus model's fixed batch dim) is a failure, listed as one,
-    not a row of dashes or a target "not measurable"."""
+    """Rows by (model, batch, mode), then policy. With ``measured``, groups none of whose rows ran
+    or failed (all ``unavailable``: a batch the model cannot take, such as a corpus model's fixed
+    batch dim) are left out: listed as failures, not as a table of dashes or a target "not
+    measurable". A group whose variants all failed stays (its targets are not measurable)."""
     groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
         groups[(row["model"], int(row["batch"]), row["mode"])][row["policy"]] = row
     if measured:
-        return defaultdict(dict, {k: g for k, g in groups.items() if any(_ok(r) for r in g.values())})
+        return defaultdict(dict, {k: g for k, g in groups.items()
+                                  if any(r.get("status") != "unavailable" for r in g.values())})
     return groups
 
 

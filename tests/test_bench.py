@@ -335,7 +335,10 @@ def test_report_writes_throughput_json(tmp_path):
             {**_row("bert", 32, "training", "torch-compile-amp", 30), "status": "failed", "error": "y"},
             # a corpus model with a fixed batch dim: every policy fails at the large batch
             _row("ppocr_cls", 1, "inference", "fp32-notf32", 1), _row("ppocr_cls", 1, "inference", "campo", 0.5),
-            {**_row("ppocr_cls", 64, "inference", "campo", 1), "status": "failed", "error": "fixed batch"}]
+            {**_row("ppocr_cls", 64, "inference", "campo", 1), "status": "unavailable", "error": "fixed batch"},
+            # a batch where every variant crashed: its targets are "not measurable", not dropped
+            {**_row("magika", 256, "inference", "campo", 1), "status": "failed", "error": "out of memory"},
+            {**_row("magika", 256, "inference", "fp32", 1), "status": "failed", "error": "out of memory"}]
     raw = tmp_path / "raw"
     raw.mkdir()
     (raw / "h200.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -381,7 +384,8 @@ def test_report_writes_throughput_json(tmp_path):
     # in the markdown, a batch nothing ran at is a failure, not a row of dashes or "not measurable"
     markdown = (tmp_path / "h200.md").read_text()
     assert "ppocr_cls, batch 64" not in markdown and "ppocr_cls b64" not in markdown
-    assert "| ppocr_cls|64|inference|campo | failed | fixed batch |" in markdown
+    assert "| ppocr_cls|64|inference|campo | unavailable | fixed batch |" in markdown
+    assert "magika b256 (campo failed or missing)" in markdown
 
     assert bench_report.main([str(raw), "--no-plots"]) == 0
     assert (tmp_path / "h200.json").read_text() == text  # deterministic

@@ -110,7 +110,8 @@ def gradient_sums(model: onnx.ModelProto) -> set[str]:
     These are the bias and normalization-scale gradients (a sum of ``dy`` or ``dy * x_hat`` over
     the batch rows). ReduceSum is on the deny list because a sum in fp16 overflows or stalls; ONNX
     Runtime's CUDA ReduceSum accumulates fp16 input in fp32 (its row/column kernels and cuDNN's
-    reduction alike) and only rounds the result, and a weight gradient that overflows fp16 is
+    reduction alike) and only rounds each result (a sum in stages also rounds its partial sums,
+    which may overflow where the total would not), and a weight gradient that overflows fp16 is
     what dynamic loss scaling detects and recovers from (the step is skipped, the scale halved),
     as with the fp16 weight gradients of PyTorch's AMP. So, with loss scaling, they may read the
     fp16 ``dy`` directly: the Cast to fp32 is then on the reduced result (a bias's size) instead of

@@ -264,8 +264,12 @@ def _reduced_axes(model: onnx.ModelProto) -> list[tuple[tuple[int, ...], list[in
 
 
 def _is_matrix_block(shape, axes) -> bool:
-    """ORT CUDA's fast ReduceSum: one block of axes from the first or to the last axis, not both."""
-    return axes == list(range(axes[0], axes[-1] + 1)) and (axes[0] == 0) != (axes[-1] == len(shape) - 1)
+    """ORT CUDA's fast ReduceSum: size-1 dims set aside, one block of axes from the first or to the
+    last dim, not both (``get_applicable_matrix_reduction``)."""
+    kept = [axis for axis, dim in enumerate(shape) if dim != 1]
+    reduced = [i for i, axis in enumerate(kept) if axis in axes]
+    return not reduced or (reduced == list(range(reduced[0], reduced[-1] + 1))
+                           and (reduced[0] == 0) != (reduced[-1] == len(kept) - 1))
 
 
 @pytest.mark.parametrize("shape, axes, keepdims, opset, expected", [
@@ -273,8 +277,7 @@ def _is_matrix_block(shape, axes) -> bool:
     ((4, 5, 3, 2, 1), [0, 2, 3], 0, 17, [((4, 5, 6), [2]), ((4, 5), [0])]),
     ((4, 5, 3, 2, 1), [0, 2, 3], 1, 17, [((4, 5, 6), [2]), ((4, 5), [0])]),
     ((4, 5, 3, 2, 1), [0, -3, 3], 0, 11, [((4, 5, 6), [2]), ((4, 5), [0])]),   # axes as an attribute
-    ((4, 5, 3, 2, 1), [2, 3], 0, 17, [((20, 6), [1])]),       # only trailing, but the seed axis is last
-    ((1, 6, 1, 7), [0, 3], 1, 17, [((6, 7), [1])]),            # size-1 axes set aside
+    ((1, 4, 1, 5, 3), [1, 4], 1, 17, [((4, 5, 3), [2]), ((4, 5), [0])]),   # size-1 axes set aside
     ((3, 6, 7), [0, 2], 0, 17, [((3, 6, 7), [2]), ((3, 6), [0])]),
 ])
 def test_reductions_become_matrix_rows_and_columns(shape, axes, keepdims, opset, expected):
@@ -299,6 +302,8 @@ def test_reductions_become_matrix_rows_and_columns(shape, axes, keepdims, opset,
     ((4, 5, 3), [1]),          # a middle axis: no matrix without a transpose
     ((4, 5, 3), [0, 1, 2]),    # everything: nothing kept
     ((4, 1, 3), [0, 2]),       # nothing kept once size-1 axes are set aside
+    ((4, 5, 3, 2, 1), [2, 3]),  # columns once the size-1 seed axis is set aside (as ORT does)
+    ((1, 6, 1, 7), [0, 3]),    # the same
 ])
 def test_reductions_left_alone(shape, axes):
     model = _reduce_model(shape, axes, 1)
