@@ -139,6 +139,8 @@ _DATA_MOVEMENT_MS = ("BitmaskDropout", "GatherGrad", "GatherElementsGrad", "Gath
 CLEAR = _ops(_DATA_MOVEMENT, _SELECTION, _DATA_MOVEMENT_MS)
 # Ops that only move values (a constant passed through them is still that constant's values).
 DATA_MOVEMENT = _ops(_DATA_MOVEMENT)
+# data movement that only re-shapes (same elements, same order): patterns look through these
+SHAPE_ONLY = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten"})
 
 # --- NEUTRAL: read any float precision, produce no float -----------------------------------
 # Cast is neutral on its input side only; its float output follows the plan (its `to` changes).

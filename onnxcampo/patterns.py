@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxcampo import oplists
+
 _CUBE = 3.0
 
 
@@ -89,11 +91,8 @@ def gaussian_exps(ctx) -> set[str]:
     return found
 
 
-_SHAPE_ONLY = ("Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")
-
-
 def _through_shape_ops(tensor: gs.Tensor) -> gs.Tensor:
-    while tensor.inputs and tensor.inputs[0].op in _SHAPE_ONLY:
+    while tensor.inputs and tensor.inputs[0].op in oplists.SHAPE_ONLY:
         tensor = tensor.inputs[0].inputs[0]
     return tensor
 

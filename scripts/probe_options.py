@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
 import bench_measure as m  # noqa: E402
 import bench_policies as pol  # noqa: E402
+from onnxcampo import graph as graph_io  # noqa: E402
 
 
 def option_sets(texts: list[str]) -> list[dict[str, str]]:
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     def save(mode: str, out: dict[str, Any]) -> None:
         result["modes"][mode] = out
         if args.out:
-            write_result(args.out, result)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            graph_io.write_text_atomically(args.out, json.dumps(result, indent=1) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="onnxcampo-probe-") as tmp:
         for mode in modes:
@@ -195,14 +197,6 @@ def main(argv: list[str] | None = None) -> int:
                              else f"failed: {cell['error'][:150]}")
                     print(f"  {policy:14s} {label:40s} {shown}")
     return 0
-
-
-def write_result(path: Path, result: dict[str, Any]) -> None:
-    """Write ``result`` as JSON atomically (a run killed mid-write leaves the previous save)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.tmp")
-    partial.write_text(json.dumps(result, indent=1) + "\n")
-    partial.replace(path)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import graph as graph_io
+from onnxcampo import oplists
 from onnxcampo.errors import UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.training.step import FUSED_METADATA as FUSED_KEY
@@ -98,13 +99,9 @@ def fp32_nodes(model: onnx.ModelProto) -> set[str]:
     return loss_nodes | update_nodes
 
 
-# ops that only re-shape a tensor: a weight gradient often leaves its ReduceSum through one
-SHAPE_ONLY = ("Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten")
-
-
 def gradient_sums(model: onnx.ModelProto) -> set[str]:
     """Names of the ReduceSum nodes whose result is a weight gradient as it is: the gradient
-    tensor itself, or reached through shape-only ops (:data:`SHAPE_ONLY`) and further ReduceSums
+    tensor itself, or reached through shape-only ops (``oplists.SHAPE_ONLY``) and further ReduceSums
     (a sum in stages) that nothing else reads.
 
     These are the bias and normalization-scale gradients (a sum of ``dy`` or ``dy * x_hat`` over
@@ -132,7 +129,7 @@ def gradient_sums(model: onnx.ModelProto) -> set[str]:
             continue
         # back from the gradient through shape-only ops and ReduceSums (a sum split in stages,
         # simplify's rule 7), each read by nothing else
-        while node is not None and node.op_type in (*SHAPE_ONLY, "ReduceSum"):
+        while node is not None and (node.op_type in oplists.SHAPE_ONLY or node.op_type == "ReduceSum"):
             if node.op_type == "ReduceSum":
                 found.add(node.name)
             source = node.input[0]

@@ -360,9 +360,9 @@ def matrix_reductions(g: _Graph) -> int:
         if axes is None or _matrix_block(shape, axes):
             continue
         sizes = _split_sizes(shape, axes)
-        if sizes is None or sizes[0] == sizes[2] == 1:  # nothing is added up
+        if sizes is None:  # kept dims on both sides of a reduced one: no matrix without a transpose
             continue
-        p, q, r = sizes
+        p, q, r = sizes  # P > 1 and R > 1: a block at one end only would be a matrix block
         as_input = len(node.input) > 1 and bool(node.input[1])
         new = []
 
@@ -380,12 +380,9 @@ def matrix_reductions(g: _Graph) -> int:
             g.shapes[target] = result
             return target
 
-        matrix = tuple(d for d, part in ((p, 0), (q, 1), (r, 2)) if d > 1 or part == 1)
-        current = emit("Reshape", node.input[0], matrix)
-        if r > 1:  # the trailing block: each row of [P*Q, R] summed (ORT's column reduction)
-            current = emit("ReduceSum", current, matrix[:-1], axis=len(matrix) - 1)
-        if p > 1:  # the leading block: the rows of [P, Q] summed (ORT's row reduction)
-            current = emit("ReduceSum", current, (q,), axis=0)
+        current = emit("Reshape", node.input[0], (p, q, r))
+        current = emit("ReduceSum", current, (p, q), axis=2)  # each row of [P*Q, R] (ORT's column reduction)
+        current = emit("ReduceSum", current, (q,), axis=0)    # the rows of [P, Q] (ORT's row reduction)
         emit("Reshape", current, out, name=node.output[0])
         index = list(g.nodes).index(node)
         g.nodes.remove(node)
