@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from onnxcampo import __version__
-from onnxcampo.config import POLICIES, PROFILE_MODES, TUNE_PROVIDERS, OptimizeConfig, parse_dim_value, parse_input_shape
+from onnxcampo.config import (EXECUTION_MODES, FUSE_MODES, POLICIES, PROFILE_MODES, TUNE_PROVIDERS,
+                              OptimizeConfig, parse_dim_value, parse_input_shape)
 from onnxcampo.errors import CampoError, ConfigError, ValidationError
 
 log = logging.getLogger("onnxcampo")
@@ -55,6 +56,17 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "--inputs, and keep fp32 every node reading or writing values beyond |MAX| there "
                              "(fp16 values are 0.5 apart above 512; ModelOpt AutoCast's data_max is 512). "
                              "Inference models only; off by default")
+    parser.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
+                        help="how ORT will run the model, which plans are costed, tuned and validated for: plain "
+                             "(node by node, default) or cuda-graph (captured once and replayed: no per-node host "
+                             "time; needs static shapes and every node on the CUDA EP)")
+    parser.add_argument("--fuse", choices=FUSE_MODES, default="auto",
+                        help="run ORT's transformers optimizer first: auto (default) fuses BERT- and GPT-2-like "
+                             "models, bert/gpt2 force the model type, none never fuses")
+    parser.add_argument("--num-heads", type=int, default=0, metavar="N",
+                        help="attention heads for --fuse (default 0: detected)")
+    parser.add_argument("--hidden-size", type=int, default=0, metavar="N",
+                        help="hidden size for --fuse (default 0: detected)")
     parser.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
@@ -83,6 +95,10 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         tune=args.tune,
         tune_tolerance=args.tune_tolerance,
         activation_limit=args.activation_limit,
+        execution=args.execution,
+        fuse=args.fuse,
+        num_heads=args.num_heads,
+        hidden_size=args.hidden_size,
     )
 
 

@@ -12,6 +12,8 @@ from onnxcampo.errors import ConfigError
 POLICIES = ("campo", "amp", "fp16", "fp32")
 PROFILE_MODES = ("predict", "cpu", "cuda")
 TUNE_PROVIDERS = ("cuda", "cpu")
+EXECUTION_MODES = ("plain", "cuda-graph")
+FUSE_MODES = ("auto", "bert", "gpt2", "none")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,17 @@ class OptimizeConfig:
             every node that reads or writes a tensor reaching |x| > this there (fp16's values are
             0.5 apart above 512, 2 apart above 2048; ModelOpt AutoCast's ``data_max``, 512 by
             default). ``None`` (the default): no calibration. Inference models only.
+        execution: how ONNX Runtime will run the model, which the plans are costed (and ``tune``
+            and validation run) for: ``plain`` (the CUDA EP launches node by node: every launched
+            node costs host time) or ``cuda-graph`` (the run is captured once and replayed:
+            ``enable_cuda_graph``; no per-node host dispatch, one replay overhead, a Cast costs
+            only its kernel).
+        fuse: run ONNX Runtime's transformers optimizer (``onnxruntime.transformers.optimizer``,
+            GPU options) before planning: ``bert`` or ``gpt2`` force the model type, ``auto``
+            (the default) fuses models recognised as BERT- or GPT-2-like transformers and leaves
+            others as they are, ``none`` never fuses.
+        num_heads / hidden_size: attention heads and hidden size for ``fuse`` (0: detected from
+            the graph).
         int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
             ``ai.onnxcampo::AvgMatMulInteger`` custom op: 16-bit tree-averaging accumulation
             (``docs/avg-matmul.md``). The written model needs the custom-op library to run.
@@ -76,6 +89,10 @@ class OptimizeConfig:
     tune: str | None = None
     tune_tolerance: float = 0.02
     activation_limit: float | None = None
+    execution: str = "plain"
+    fuse: str = "auto"
+    num_heads: int = 0
+    hidden_size: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -86,6 +103,14 @@ class OptimizeConfig:
             )
         if self.tune is not None and self.tune not in TUNE_PROVIDERS:
             raise ConfigError(f"unknown tuning provider {self.tune!r}; choose one of {', '.join(TUNE_PROVIDERS)}")
+        if self.execution not in EXECUTION_MODES:
+            raise ConfigError(f"unknown execution mode {self.execution!r}; choose one of {', '.join(EXECUTION_MODES)}")
+        if self.fuse not in FUSE_MODES:
+            raise ConfigError(f"unknown fuse mode {self.fuse!r}; choose one of {', '.join(FUSE_MODES)}")
+        for name in ("num_heads", "hidden_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be an integer >= 0 (0: detect), got {value!r}")
         if self.activation_limit is not None and not self.activation_limit > 0:
             raise ConfigError(f"activation_limit must be > 0, got {self.activation_limit}")
         if not self.tune_tolerance > 0:
