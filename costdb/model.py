@@ -42,6 +42,12 @@ class CostModel(abc.ABC):
         0 for models whose node times include it."""
         return 0.0
 
+    def launch_us(self, op_class: str = "other", training: bool = False) -> float:
+        """Host time of one launch of a node of ``op_class`` ("conv": convolutions, whose cuDNN
+        calls cost the host more; "other"), fitted from whole-model runs where the database has
+        it (``host_launch``), else :meth:`dispatch_us`."""
+        return self.dispatch_us(training)
+
     def run_us(self) -> float:
         """Fixed cost of one run whatever its nodes (the call, the launch, the synchronisation):
         the same for every plan of a model, it makes the predicted totals, and with them the

@@ -167,6 +167,13 @@ class RegressionCostModel(CostModel):
         whole = self.database.get("dispatch_step" if training else "dispatch_model", {}).get("us")
         return max(single, float(whole)) if isinstance(whole, (int, float)) and whole > 0 else single
 
+    def launch_us(self, op_class: str = "other", training: bool = False) -> float:
+        """``host_launch[mode][op_class]`` fitted from whole-model runs (``costdb.fit.fit_host_launch``),
+        else the per-node figure of :meth:`dispatch_us`."""
+        fitted = self.database.get("host_launch", {}).get("training" if training else "inference", {})
+        value = fitted.get(op_class, fitted.get("other"))
+        return float(value) if isinstance(value, (int, float)) and value > 0 else self.dispatch_us(training)
+
     def run_us(self) -> float:
         """``run_overhead`` fitted from benchmark rows (``costdb fit-step-dispatch``), else 0."""
         value = self.database.get("run_overhead", {}).get("us")

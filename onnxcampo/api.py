@@ -121,6 +121,8 @@ def optimize(
             ctx.loss_scaling = scaling.overhead(original, lambda name: info[name].numel if name in info else None)
             tensors = ctx.graph.tensors()
             ctx.loss_scaling_gradients = [tensors[g] for g in ctx.loss_scaling.gradients_read_as_is if g in tensors]
+    if config.cost_graph == "ort":
+        _read_executed_graph(ctx)
     if config.activation_limit is not None:
         if training:
             raise ConfigError("--activation-limit calibrates inference models: a training step's activations "
@@ -269,6 +271,42 @@ def _calibrate(ctx: GraphContext, inputs: Mapping[str, np.ndarray] | None) -> No
              config.activation_limit)
 
 
+def _read_executed_graph(ctx: GraphContext) -> None:
+    """Which nodes ORT runs as they are (``cost_graph="ort"``): read from the graph its
+    optimizations leave of the model, input shapes pinned as the plan's (shape-dependent fusions
+    such as MatMul + Add on 3-D inputs need them). A model ORT cannot load here is costed node by
+    node, with a log line."""
+    from onnxcampo.errors import CampoError
+    from onnxcampo.runtime.optimized import executed_graph
+
+    model = onnx.ModelProto()
+    model.CopyFrom(ctx.model)
+    try:
+        graph_io.pin_input_shapes(model, ctx.config.input_shapes, ctx.config.dim_values, require_static=False)
+        executed = executed_graph(model)
+    except CampoError as exc:
+        log.info("costing every ONNX node: ONNX Runtime's optimized graph is not available (%s)",
+                 str(exc).splitlines()[0])
+        return
+    ctx.ort_status = executed.node_status(ctx.model)
+    ctx.ort_nodes = executed.nodes
+    if ctx.loss_scaling is not None:
+        # a mixed step gets loss scaling, which makes the loss gradient's seed read the scale: ORT
+        # no longer folds that chain. A node counts as fused only where it is so in both graphs.
+        scaled = onnx.ModelProto()
+        scaled.CopyFrom(model)
+        scaling.add_loss_scaling(scaled)
+        try:
+            with_scaling = executed_graph(scaled).node_status(scaled)
+        except CampoError:
+            with_scaling = {}
+        ctx.ort_status_fp32 = ctx.ort_status  # an all-fp32 step gets no scaling (estimate.plan_time)
+        ctx.ort_status = {name: status for name, status in ctx.ort_status.items() if with_scaling.get(name) == status}
+    log.info("ONNX Runtime runs %d of the %d nodes (%d absorbed, %d fused)", executed.nodes, len(ctx.nodes),
+             sum(s == "absorbed" for s in ctx.ort_status.values()),
+             sum(s != "absorbed" for s in ctx.ort_status.values()))
+
+
 def _measure_fp32_times(ctx: GraphContext) -> None:
     from onnxcampo.profile import measure_node_times
     from onnxcampo.runtime import random_inputs
@@ -294,7 +332,10 @@ def _report(ctx, config, source, plans, times, chosen, notes, results) -> dict:
         "chosen_plan": chosen,
         "cost_model": ctx.cost.describe(),
         "profile": config.profile,
+        "execution": config.execution,
+        "cost_graph": "ort" if ctx.ort_nodes is not None else "onnx",
         "nodes": len(ctx.model.graph.node),
+        "ort_nodes": ctx.ort_nodes,
         "nodes_fp16": counts.get("fp16", 0),
         "nodes_fp32": counts.get("fp32", 0),
         "reasons": plan.reasons(),

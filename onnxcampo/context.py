@@ -77,6 +77,12 @@ class GraphContext:
     # Chains ONNX Runtime may fuse: {node name: (pattern, member nodes)} (patterns.fusion_chains).
     chains: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     chain_nodes: dict[str, gs.Node] = field(default_factory=dict)
+    # Nodes ONNX Runtime does not run as they are (``runtime.optimized.ExecutedGraph.node_status``:
+    # "absorbed", "fused", "carried"); empty when ORT's graph was not read (``cost_graph="onnx"``).
+    ort_status: dict[str, str] = field(default_factory=dict)
+    ort_nodes: int | None = None  # nodes ORT runs of the fp32 graph
+    # a training step: ORT's statuses without the loss scaling a mixed plan brings (None: the same)
+    ort_status_fp32: dict[str, str] | None = None
     # While only analysis runs the graph does not change: consumer lists are cached.
     topology_frozen: bool = False
     _uses_cache: dict[str, list[Use]] = field(default_factory=dict)

@@ -1,9 +1,19 @@
-"""Predicted time of a plan: node times plus the Casts its precision boundaries need.
+"""Predicted time of a plan: node times plus the Casts its precision boundaries need, on the graph
+ONNX Runtime executes, in the mode it executes.
 
 Casts are counted the way Cast insertion makes them: one per (tensor, dtype) whatever the number
 of consumers; constants are converted offline (free); graph inputs and outputs keep their dtype
 when ``keep_io_types``. Passes use :func:`delta` for local decisions; the pipeline uses
 :func:`plan_time` to compare whole plans.
+
+What ORT runs (``GraphContext.ort_status``, read from ORT's own optimized graph): an aliased op
+(``oplists.ALIASED``) costs nothing; a node ORT absorbed into a fused neighbour costs no launch,
+and no time unless it is the Tensor Core product whose work the fused node does; a Cast the plan
+puts on one of its tensors breaks the fusion, and the node costs what it costs alone.
+``execution="cuda-graph"``: the run is replayed, so no node costs host time; the plan costs its GPU
+work plus one replay (``CostModel.run_us``). ``plain``: the larger of the GPU's work and the host's
+launches (``CostModel.launch_us`` per launch; cuDNN's layout transforms around fp16 NCHW
+convolutions are launches too).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from dataclasses import dataclass
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
+from onnxcampo import oplists
 from onnxcampo.context import GraphContext, Use
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
@@ -36,12 +47,13 @@ class PlanTime:
     dispatch_us: float = 0.0
     launched: int = 0
     run_us: float = 0.0
+    execution: str = "plain"
 
     def to_json(self) -> dict:
         return {"total_us": round(self.total_us, 3), "nodes_us": round(self.nodes_us, 3),
                 "casts_us": round(self.casts_us, 3), "casts": self.casts,
                 "dispatch_us": round(self.dispatch_us, 3), "launched_nodes": self.launched,
-                "run_us": round(self.run_us, 3)}
+                "run_us": round(self.run_us, 3), "execution": self.execution}
 
 
 def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_of: PrecisionOf | None = None) -> float:
@@ -49,7 +61,10 @@ def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_
 
     With ``precision_of`` (the plan), a member of a fusable chain whose members all run in
     ``precision`` costs its time times the chain's measured factor (``CostModel.chain_factor``).
+    A node ORT runs no kernel of its own for costs nothing (:func:`runs_alone`).
     """
+    if not _costs_time(ctx, node, precision_of):
+        return 0.0
     time = _alone_time(ctx, node, precision)
     chain = ctx.chains.get(node.name)
     if chain is None or precision_of is None:
@@ -58,6 +73,63 @@ def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_
     if all(precision_of(m) is precision for m in members if m != node.name):
         time *= ctx.cost.chain_factor(pattern, precision.value)
     return time
+
+
+def _aliased(node: gs.Node) -> bool:
+    return node.op in oplists.ALIASED and (node.domain or "") in oplists.DEFAULT_DOMAINS
+
+
+def _fusion_broken(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | None) -> bool:
+    """Whether the plan puts a Cast between the node and a neighbour ORT fused it with (ORT's
+    fusions do not look through a Cast; Casts on the fused group's edges leave it whole): an
+    absorbed node's outputs, and the inputs a node reads from absorbed producers. Local
+    decisions (no plan) take the fusion to hold."""
+    if precision_of is None:
+        return False
+    if ctx.ort_status.get(node.name) == "absorbed":
+        inner = list(node.outputs)
+    else:
+        inner = [t for t in node.inputs if (p := ctx.producer(t)) is not None and ctx.ort_status.get(p.name) == "absorbed"]
+    return any(tensor_casts(ctx, t, precision_of) for t in inner)
+
+
+def _product(ctx: GraphContext, node: gs.Node) -> bool:
+    return ctx.categories.get(node.name) is oplists.Category.ALLOW
+
+
+def runs_alone(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | None = None) -> bool:
+    """Whether the node costs a launch of its own under the plan: not an aliased op, and not
+    fused into a neighbour unless a Cast breaks the fusion. A fused group launches once, counted
+    on its Tensor Core product when it has one (a Conv that absorbed a BatchNormalization), else
+    on the node ORT keeps."""
+    if _aliased(node):
+        return False
+    status = ctx.ort_status.get(node.name)
+    if status == "carried" or (status == "absorbed" and not _product(ctx, node)):
+        return _fusion_broken(ctx, node, precision_of)
+    return True
+
+
+def _costs_time(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | None) -> bool:
+    """An absorbed Tensor Core product still does its work inside the fused node; the element-wise
+    ops absorbed with it, and those whose output the product now makes (``carried``), do not."""
+    if _aliased(node):
+        return False
+    status = ctx.ort_status.get(node.name)
+    if status == "absorbed" and _product(ctx, node):
+        return True
+    return status not in ("absorbed", "carried") or _fusion_broken(ctx, node, precision_of)
+
+
+def host_launches(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf) -> tuple[int, int]:
+    """(convolution launches, other launches) the node costs the host under the plan."""
+    fp16_conv = node.op in oplists.NCHW_FP16_LAYOUT_OPS and precision_of(node.name) is Precision.FP16
+    layout = oplists.NCHW_FP16_LAYOUT_LAUNCHES if fp16_conv else 0
+    if not runs_alone(ctx, node, precision_of):
+        return 0, layout
+    if node.op in oplists.NCHW_FP16_LAYOUT_OPS:
+        return 1, layout
+    return 0, 1 + layout
 
 
 def _alone_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float:
@@ -144,26 +216,46 @@ def precision_function(plan: PrecisionPlan, overrides: dict[str, Precision] | No
 
 
 def plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
+    if ctx.ort_status_fp32 is not None and not any(plan.precision(n.name) is Precision.FP16 for n in ctx.nodes):
+        # an all-fp32 training step gets no loss scaling: ORT folds what scaling would keep live
+        mixed, ctx.ort_status = ctx.ort_status, ctx.ort_status_fp32
+        try:
+            return _plan_time(ctx, plan)
+        finally:
+            ctx.ort_status = mixed
+    return _plan_time(ctx, plan)
+
+
+def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     precision_of = plan.precision
     nodes_us = sum(node_time(ctx, n, precision_of(n.name), precision_of) for n in ctx.nodes)
     # Only a tensor touching an fp16 node can need a Cast.
     tensors = {id(t): t for n in ctx.nodes if precision_of(n.name) is Precision.FP16 for t in (*n.inputs, *n.outputs)}
     cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
-    launched = sum(1 for n in ctx.nodes if n.op != "Constant") + casts + _pad_nodes(ctx, precision_of)
+    conv_launches, other_launches = 0, casts + _pad_nodes(ctx, precision_of)
+    for node in ctx.nodes:
+        conv, other = host_launches(ctx, node, precision_of)
+        conv_launches, other_launches = conv_launches + conv, other_launches + other
+    training = bool(ctx.training_fp32)
     if ctx.loss_scaling is not None and any(precision_of(n.name) is Precision.FP16 for n in ctx.nodes):
         # a mixed training step gets dynamic loss scaling: its nodes, and a pass over the gradients;
         # a fused unscale reads fp16 gradients itself, so their Casts to fp32 are not made
-        launched += ctx.loss_scaling.nodes
+        other_launches += ctx.loss_scaling.nodes
         # the gradient pass, plus the fixed cost of each further (small or scalar) kernel
         nodes_us += ctx.cost.cast_time(ctx.loss_scaling.elements) + (ctx.loss_scaling.nodes - 1) * ctx.cost.cast_time(0)
         for gradient in ctx.loss_scaling_gradients:
             producer = ctx.producer(gradient)
             if producer is not None and precision_of(producer.name) is Precision.FP16:
-                casts, launched = casts - 1, launched - 1
+                casts, other_launches = casts - 1, other_launches - 1
                 cast_us -= ctx.cost.cast_time(ctx.numel(gradient))
-    # a training step's nodes cost the host more than single ops do (CostModel.dispatch_us)
-    dispatch = ctx.cost.dispatch_us(training=bool(ctx.training_fp32)) * launched
+    launched = conv_launches + other_launches
     run = ctx.cost.run_us()
+    if ctx.config.execution == "cuda-graph":
+        # replayed: the launches were recorded once; what is left is the GPU's work and one replay
+        return PlanTime(nodes_us + cast_us + run, nodes_us, cast_us, casts, 0.0, launched, run, "cuda-graph")
+    # a training step's nodes cost the host more than single ops do (CostModel.launch_us)
+    dispatch = (ctx.cost.launch_us("conv", training=training) * conv_launches
+                + ctx.cost.launch_us("other", training=training) * other_launches)
     return PlanTime(max(nodes_us + cast_us, dispatch) + run, nodes_us, cast_us, casts, dispatch, launched, run)
 
 

@@ -2,7 +2,8 @@
 pay for the change of their own time.
 
 In the fake cost model of these tests the data-movement ops (Reshape, Transpose, Concat) take
-1 us in fp32 and ``1 / clear_speedup`` us in fp16; a Cast costs ``cast_us``.
+1 us in fp32 and ``1 / clear_speedup`` us in fp16, but Reshape costs nothing (ONNX Runtime aliases
+its output: ``oplists.ALIASED``); a Cast costs ``cast_us``.
 """
 
 from __future__ import annotations
@@ -42,18 +43,19 @@ def clear(text, pre, *, greedy=False, cast_us=1.0, clear_speedup=1.0, **options)
 def test_group_saving_a_cast_goes_fp16():
     """Rule 2: Reshape, Transpose and Concat form one group touching fp16 MatMuls; as fast in
     fp16 as in fp32, it saves one 1 us Cast: the whole group goes fp16 (CLEAR_PAYS), every
-    member with the group's numbers."""
+    member with the group's numbers (the aliased Reshape costs nothing)."""
     ctx = clear(MERGE, {"mm1": "fp16", "mm2": "fp16"})
     assert {n: reasons(ctx)[n] for n in ("rs", "tr", "cat")} == dict.fromkeys(("rs", "tr", "cat"), "CLEAR_PAYS")
     numbers = ctx.plan.get("rs").numbers
-    assert numbers == {"fp32_us": 3.0, "fp16_us": 3.0, "cast_us": -1.0, "gain_us": 1.0}
+    assert numbers == {"fp32_us": 2.0, "fp16_us": 2.0, "cast_us": -1.0, "gain_us": 1.0}
     assert ctx.plan.get("tr").numbers == ctx.plan.get("cat").numbers == numbers
 
 
-@pytest.mark.parametrize("cast_us, expected", [(4.0, "fp16"), (2.0, "fp32"), (3.0, "fp32")])
+@pytest.mark.parametrize("cast_us, expected", [(3.0, "fp16"), (1.5, "fp32"), (2.0, "fp32")])
 def test_group_goes_fp16_iff_saved_casts_pay(cast_us, expected):
-    """Rule 2: the group is 3 us slower in fp16 (1 -> 2 us each) and saves one Cast: fp16 iff
-    the Cast costs more than 3 us (strictly)."""
+    """Rule 2: the group is 2 us slower in fp16 (Transpose and Concat 1 -> 2 us each; the
+    aliased Reshape costs nothing) and saves one Cast: fp16 iff the Cast costs more than 2 us
+    (strictly)."""
     ctx = clear(MERGE, {"mm1": "fp16", "mm2": "fp16"}, cast_us=cast_us, clear_speedup=0.5)
     assert {precisions(ctx)[n] for n in ("rs", "tr", "cat")} == {expected}
     reason = "CLEAR_PAYS" if expected == "fp16" else "CLEAR_DOES_NOT_PAY"

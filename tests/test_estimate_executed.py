@@ -1,0 +1,171 @@
+"""Plans are costed on the graph ONNX Runtime executes, in the mode it executes (issue 15).
+
+ORT's own optimized graph (CPU provider, extended level) says which nodes it absorbs into fused
+neighbours; aliased ops (Reshape, ...) cost nothing; a Cast between two fused nodes breaks the
+fusion; under CUDA-graph replay no launch costs host time. Times come from a fake cost model
+(10 us a node, 1 us a Cast, 5 us host time a launch, 20 us a run) so each expected total can be
+read off the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from helpers import W_INIT, FakeCost, build_context, decide, make_model, parse, tensor_vi, weight
+from onnx import helper
+
+from onnxcampo import api, estimate, optimize
+from onnxcampo.plan import PrecisionPlan
+from onnxcampo.runtime.optimized import executed_graph
+
+
+class HostCost(FakeCost):
+    """FakeCost plus host time: 5 us a launch (10 us for a convolution), 20 us a run."""
+
+    def launch_us(self, op_class: str = "other", training: bool = False) -> float:
+        return 10.0 if op_class == "conv" else 5.0
+
+    def run_us(self) -> float:
+        return 20.0
+
+
+def conv_bn() -> onnx.ModelProto:
+    """Conv -> BatchNormalization -> Abs: ORT folds the BatchNormalization into the Conv (Abs is
+    no activation ORT fuses into a Conv)."""
+    rng = np.random.default_rng(0)
+    inits = [weight("w", (8, 8, 3, 3)),
+             *(onnx.numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), name)
+               for name in ("scale", "bias", "mean", "var"))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"], name="bn"),
+             helper.make_node("Abs", ["b"], ["y"], name="abs")]
+    return make_model(nodes, [tensor_vi("x", (2, 8, 16, 16))], [tensor_vi("y", (2, 8, 16, 16))], inits)
+
+
+MATMUL_BIAS = f"""
+g (float[8,8] x) => (float[8,8] y) <{W_INIT}, float[8] b = {{0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}}, int64[2] shp = {{8,8}}> {{
+  [mm] m = MatMul(x, w)
+  [bias] a = Add(m, b)
+  [rs] r = Reshape(a, shp)
+  [act] y = Tanh(r)
+}}
+"""
+
+
+def context(model, **options):
+    ctx = build_context(model, cost=HostCost(), **options)
+    api._read_executed_graph(ctx)
+    return ctx
+
+
+def plan_of(ctx, **precisions) -> PrecisionPlan:
+    """A plan deciding every node: fp32 unless named."""
+    ctx.plan = PrecisionPlan()
+    decide(ctx, **{node.name: precisions.get(node.name, "fp32") for node in ctx.nodes})
+    return ctx.plan
+
+
+def test_ort_folds_the_batch_norm_into_the_conv():
+    """The executed graph: the Conv is absorbed (its output is gone), the BatchNormalization's
+    output is made by the fused Conv (carried); ORT runs 2 of the 3 nodes."""
+    model = conv_bn()
+    onnx.checker.check_model(model)
+    executed = executed_graph(model)
+    assert executed.node_status(model) == {"conv": "absorbed", "bn": "carried"}
+    assert executed.nodes == 2
+
+
+def test_fused_conv_costs_one_launch_and_the_conv_time():
+    """fp32 plan: the Conv's 10 us (its work is the fused node's), nothing for the folded
+    BatchNormalization, 10 us for Abs; launches: the fused conv (10 us host) and Abs (5 us)."""
+    ctx = context(conv_bn())
+    time = estimate.plan_time(ctx, plan_of(ctx))
+    assert (time.nodes_us, time.launched, time.dispatch_us) == (20.0, 2, 15.0)
+    assert time.total_us == 20.0 + 20.0  # max(GPU 20, host 15) + the run
+
+
+def test_a_cast_breaks_the_fusion():
+    """MatMul fp16, its bias Add fp32: the Cast between them keeps ORT from fusing them into a
+    Gemm, so the Add costs its own 10 us and launch again."""
+    ctx = context(parse(MATMUL_BIAS))
+    assert ctx.ort_status == {"mm": "absorbed", "bias": "carried"}
+    fused = estimate.plan_time(ctx, plan_of(ctx))
+    broken = estimate.plan_time(ctx, plan_of(ctx, mm="fp16"))
+    assert fused.nodes_us == 10.0 + 10.0  # the Gemm (MatMul's time) and Tanh; Reshape is aliased
+    assert broken.nodes_us == 5.0 + 10.0 + 10.0  # fp16 MatMul, the Add alone, Tanh
+    assert (fused.launched, broken.launched) == (2, 3 + broken.casts)
+
+
+def test_aliased_ops_cost_nothing_even_unfused():
+    """cost_graph="onnx" (no ORT graph): MatMul and Add are separate kernels, the Reshape is
+    still free (ORT aliases it whatever the fusions)."""
+    ctx = build_context(parse(MATMUL_BIAS), cost=HostCost(), cost_graph="onnx")
+    time = estimate.plan_time(ctx, plan_of(ctx))
+    assert (time.nodes_us, time.launched) == (30.0, 3)
+
+
+def test_cuda_graph_replay_has_no_host_term():
+    """Replayed, a plan costs its GPU work plus one run: 3 launches of 5 us no longer bound it."""
+    text = """
+    g (float[2,2] x) => (float[2,2] y) {
+      [a] t1 = Tanh(x)
+      [b] t2 = Tanh(t1)
+      [c] y = Tanh(t2)
+    }
+    """
+    cost = HostCost(default_us=1.0)
+    plain = build_context(parse(text), cost=cost)
+    replayed = build_context(parse(text), cost=cost, execution="cuda-graph")
+    plain_time = estimate.plan_time(plain, plan_of(plain))
+    replay_time = estimate.plan_time(replayed, plan_of(replayed))
+    assert (plain_time.total_us, plain_time.dispatch_us) == (15.0 + 20.0, 15.0)
+    assert (replay_time.total_us, replay_time.dispatch_us, replay_time.execution) == (3.0 + 20.0, 0.0, "cuda-graph")
+
+
+def test_fp16_conv_launches_cudnn_layout_transforms():
+    """An fp16 NCHW Conv costs the host two more launches (cuDNN's layout transforms) besides
+    its own; the fp32 Conv does not."""
+    ctx = context(conv_bn())
+    fp32 = estimate.plan_time(ctx, plan_of(ctx))
+    fp16 = estimate.plan_time(ctx, plan_of(ctx, conv="fp16", bn="fp16", abs="fp16"))
+    assert fp16.launched - fp16.casts == fp32.launched + 2
+
+
+def test_report_names_the_execution_and_the_cost_graph():
+    result = optimize(parse(MATMUL_BIAS), execution="cuda-graph")
+    assert (result.report["execution"], result.report["cost_graph"], result.report["ort_nodes"]) == ("cuda-graph", "ort", 3)
+    assert {plan["execution"] for plan in result.report["predicted_us"].values()} == {"cuda-graph"}
+    onnx_costed = optimize(parse(MATMUL_BIAS), cost_graph="onnx")
+    assert (onnx_costed.report["cost_graph"], onnx_costed.report["ort_nodes"]) == ("onnx", None)
+
+
+def test_a_model_ort_cannot_load_is_costed_node_by_node(caplog):
+    """A node of an unknown domain: ORT cannot build its graph here; the plan is costed on every
+    ONNX node, with a log line saying why."""
+    text = """
+    <ir_version: 10, opset_import: ["" : 17, "x.unknown" : 1]>
+    g (float[4,4] x) => (float[4,4] y) {
+      [t] a = Tanh(x)
+      [u] y = x.unknown.Mystery(a)
+    }
+    """
+    model = onnx.parser.parse_model(text)
+    with caplog.at_level(logging.INFO, logger="onnxcampo.api"):
+        ctx = context(model)
+    assert ctx.ort_status == {} and ctx.ort_nodes is None
+    assert "costing every ONNX node" in caplog.text
+
+
+@pytest.mark.parametrize("execution", ["plain", "cuda-graph"])
+def test_config_rejects_unknown_modes(execution):
+    from onnxcampo.config import OptimizeConfig
+    from onnxcampo.errors import ConfigError
+
+    OptimizeConfig(execution=execution)
+    with pytest.raises(ConfigError, match="unknown execution mode"):
+        OptimizeConfig(execution=execution + "x")
+    with pytest.raises(ConfigError, match="unknown cost graph"):
+        OptimizeConfig(cost_graph="tensorrt")
