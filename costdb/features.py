@@ -13,8 +13,11 @@ from dataclasses import dataclass
 Shape = tuple[int | None, ...] | None
 
 TENSOR_CORE_MULTIPLE = 8
-_GEMM_OPS = frozenset({"MatMul", "FusedMatMul", "Gemm"})
+_GEMM_OPS = frozenset({"MatMul", "FusedMatMul", "Gemm", "FusedGemm", "GemmFastGelu"})
 _CONV_OPS = frozenset({"Conv", "FusedConv", "ConvTranspose"})
+_ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention"})
+# Inputs an op reads at the rows it gathers (B x S of them, the size of its output), not whole.
+_GATHERED_TABLES = {"EmbedLayerNormalization": (2, 3, 4)}  # word, position, segment embeddings
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,9 @@ def op_features(
 ) -> OpFeatures:
     """Features from the shapes of a node's float inputs and outputs (others are ignored)."""
     attrs = attrs or {}
+    if op_type in _GATHERED_TABLES and output_shapes and output_shapes[0] is not None:
+        rows = _GATHERED_TABLES[op_type]
+        input_shapes = [output_shapes[0] if i in rows and s is not None else s for i, s in enumerate(input_shapes)]
     float_inputs = float_inputs if float_inputs is not None else [True] * len(input_shapes)
     float_outputs = float_outputs if float_outputs is not None else [True] * len(output_shapes)
     ins = [s for s, f in zip(input_shapes, float_inputs) if f]
@@ -112,7 +118,10 @@ def op_features(
     elements_out = sum(counts_out)
     elements = sum(counts_in) + elements_out
     gemm, kernel = _gemm_dims(op_type, input_shapes, output_shapes, attrs)
-    if gemm is not None:
+    attention = _attention_dims(op_type, input_shapes, output_shapes, attrs) if op_type in _ATTENTION_OPS else None
+    if attention is not None:
+        gemm, flops = attention
+    elif gemm is not None:
         batch, m, k, n = gemm
         flops = 2.0 * batch * m * k * n
     else:
@@ -173,3 +182,38 @@ def _gemm_dims(op_type, input_shapes, output_shapes, attrs) -> tuple[tuple[int, 
     except (TypeError, IndexError, ValueError):
         return None, 1
     return None, 1
+
+
+def _attention_dims(op_type, input_shapes, output_shapes, attrs) -> tuple[tuple[int, int, int, int], float] | None:
+    """The GEMM that stands for an attention op, and the FLOPs of all its products.
+
+    ``Attention`` (input [B, S, D], weights [D, Dq + Dk + Dv], past [2, B, N, P, H]): the QKV
+    projection, which is its GEMM, then Q K^T and softmax(.) V over L = P + S keys. ``MultiHeadAttention``
+    (query [B, S, Dq] or packed [B, S, N, 3, H]; key [B, L, Dk], [B, N, L, H] or packed [B, L, N, 2, H]):
+    the two batched products alone, Q K^T of one head as its GEMM ([B x N, S, Dq / N, L]).
+    """
+    def shape(index):
+        return input_shapes[index] if index < len(input_shapes) else None
+
+    try:
+        if op_type == "Attention":
+            (batch, seq, hidden), (_, width) = shape(0), shape(1)
+            q, _, v = attrs.get("qkv_hidden_sizes") or (width // 3,) * 3
+            past = shape(4)
+            keys = seq + (past[3] if past is not None and len(past) == 5 else 0)
+            flops = 2.0 * batch * seq * (hidden * width + keys * (int(q) + int(v)))
+            return (int(batch), int(seq), int(hidden), int(width)), flops
+        heads = int(attrs["num_heads"])
+        query, key, past = shape(0), shape(1), shape(6)
+        if len(query) == 5:  # packed QKV
+            batch, seq, _, _, head = query
+            keys, q = seq, heads * head
+        else:
+            (batch, seq, q), keys = query, key[2] if len(key) == 4 else key[1]
+        if past is not None and len(past) == 4 and key is not None and len(key) == 3:
+            keys += past[2]
+        v = output_shapes[0][-1]
+        flops = 2.0 * batch * seq * keys * (q + v)
+        return (int(batch * heads), int(seq), int(q // heads), int(keys)), flops
+    except (KeyError, TypeError, IndexError, ValueError):
+        return None

@@ -44,10 +44,13 @@ def _ops(*groups: tuple[str, ...]) -> frozenset[str]:
 # --- ALLOW: Tensor Core math, fp32 accumulation in cuBLAS/cuDNN -------------------------------
 _TENSOR_CORE = ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum")
 _TENSOR_CORE_MS = ("FusedMatMul", "FusedConv", "Attention", "MultiHeadAttention", "FusedGemm")
+# ORT's fused attention (flash / memory-efficient kernels keep the softmax in fp32) and its GEMM with
+# a FastGelu epilogue.
+_TENSOR_CORE_FUSED_MS = ("GroupQueryAttention", "GemmFastGelu")
 # Backward ops of the above in ORT training graphs: same kernels, same safety.
 _TENSOR_CORE_GRAD_MS = ("ConvGrad", "ConvTransposeGrad", "FusedMatMulGrad", "GemmGrad")
 
-ALLOW = _ops(_TENSOR_CORE, _TENSOR_CORE_MS, _TENSOR_CORE_GRAD_MS)
+ALLOW = _ops(_TENSOR_CORE, _TENSOR_CORE_MS, _TENSOR_CORE_FUSED_MS, _TENSOR_CORE_GRAD_MS)
 
 # --- DENY ---------------------------------------------------------------------------------
 # |f(x)| >> |x|: overflow in fp16 (max 65504) for moderate inputs.
@@ -90,7 +93,9 @@ _ACTIVATIONS = (
     "Sigmoid", "HardSigmoid", "Tanh", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Gelu",
     "HardSwish", "Softsign", "Mish", "ThresholdedRelu", "Sin", "Cos",
 )
-_ACTIVATIONS_MS = ("FastGelu", "BiasGelu", "QuickGelu", "BiasAdd")
+_ACTIVATIONS_MS = ("FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "BiasSplitGelu")
+# A rotation of pairs of elements by the cos/sin caches: |y| = |x| pair by pair, nothing grows.
+_ROTATIONS_MS = ("RotaryEmbedding",)
 # ORT's fp16 kernels for these keep mean and variance in fp32 (cuDNN for BatchNormalization).
 _NORMALIZATIONS = (
     "BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization",
@@ -118,7 +123,7 @@ _FP32_ACCUMULATING_MS = ("BiasSoftmax",)
 
 INFER = _ops(
     _FP32_ACCUMULATING, _FP32_ACCUMULATING_MS,
-    _ARITHMETIC, _ACTIVATIONS, _ACTIVATIONS_MS, _NORMALIZATIONS, _NORMALIZATIONS_MS,
+    _ARITHMETIC, _ACTIVATIONS, _ACTIVATIONS_MS, _ROTATIONS_MS, _NORMALIZATIONS, _NORMALIZATIONS_MS,
     _ELEMENTWISE_GRAD_MS,
 )
 
@@ -156,6 +161,25 @@ IN_PLACE_STATE = _ops(_IN_PLACE_STATE_MS)
 # have none there) in fp32 between Casts of its own, on a new output tensor with no declared
 # shape: onnxruntime-training-cpu 1.19.2 then crashes creating the session.
 DECLARED_OUTPUT_SHAPE = frozenset({"MaxPoolGrad", "AveragePoolGrad"})
+
+# --- ONNX Runtime's CUDA kernels for com.microsoft ops --------------------------------------
+# A contrib schema that allows fp16 does not mean the CUDA EP can run the op in fp16: ORT registers
+# its kernels type by type. Read from onnxruntime/contrib_ops/cuda/cuda_contrib_kernels.cc (for the
+# untyped registrations of BiasGelu and BiasSoftmax, contrib_ops/cuda/math/bias_gelu.cc and
+# bias_softmax.cc) of microsoft/onnxruntime at commit 004b79eda305 (main, with the contrib op set
+# of the onnxruntime 1.32 installed here). These have an MLFloat16 CUDA kernel (GroupQueryAttention
+# has only fp16 and bf16 ones):
+CUDA_FP16_KERNELS_MS = frozenset({
+    "Attention", "MultiHeadAttention", "GroupQueryAttention", "FusedMatMul",
+    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization",
+    "BiasGelu", "FastGelu", "Gelu", "QuickGelu", "BiasSplitGelu", "BiasAdd", "BiasSoftmax",
+    "RotaryEmbedding",
+})
+# These have none: FusedConv is registered for float only; FusedGemm (a CPU kernel) and GemmFastGelu
+# (ROCm) have no CUDA kernel at all. In fp16 the CUDA EP would run them on the CPU between copies or
+# find no kernel, so they stay fp32 under every policy, user inclusions too. (ORT registers
+# SimplifiedLayerNormalization in the ONNX domain, with fp16 CUDA kernels.)
+CUDA_NO_FP16_KERNEL_MS = frozenset({"FusedConv", "FusedGemm", "GemmFastGelu"})
 
 # --- ONNX Runtime training ops in the default domain ---------------------------------------
 # The training build registers these in the ONNX domain although ONNX defines no such op
@@ -233,6 +257,11 @@ def needs_declared_output_shape(op_type: str, domain: str = "") -> bool:
     return domain in DEFAULT_DOMAINS and op_type in DECLARED_OUTPUT_SHAPE
 
 
+def lacks_cuda_fp16_kernel(op_type: str, domain: str = "") -> bool:
+    """Whether ONNX Runtime's CUDA EP has no fp16 kernel for the op, whatever its schema allows."""
+    return domain == MS_DOMAIN and op_type in CUDA_NO_FP16_KERNEL_MS
+
+
 def overlaps() -> dict[tuple[str, str], frozenset[str]]:
     """Pairs of lists sharing an op (must be empty; checked by a test)."""
     items = list(_LISTS.items())
@@ -244,5 +273,16 @@ def overlaps() -> dict[tuple[str, str], frozenset[str]]:
                 found[(cat_a.value, cat_b.value)] = common
     return found
 
+
+# ONNX Runtime runs no kernel for these: Constant is folded into an initializer; Identity, Reshape,
+# Squeeze, Unsqueeze and Flatten alias their output to their input's buffer (their CUDA kernels
+# declare the alias; a run launches nothing for them and a CUDA graph captures nothing). They
+# cost nothing in a plan's time (onnxcampo.estimate).
+ALIASED = frozenset({"Constant", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+# cuDNN runs an fp16 NCHW convolution between layout transforms (nchwToNhwc, nhwcToNchw): CUPTI saw
+# 135 of them next to 51 convolution kernels in ResNet-50's training step on the H200. The extra
+# launches cost host time that the single-op database does not count.
+NCHW_FP16_LAYOUT_OPS = frozenset({"Conv", "ConvTranspose", "FusedConv"})
+NCHW_FP16_LAYOUT_LAUNCHES = 2
 
 SCATTER_OPS = frozenset({"ScatterND", "ScatterElements"})  # reduction != none: accumulating (classify 7b)

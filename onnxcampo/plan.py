@@ -28,6 +28,7 @@ class Reason(enum.Enum):
     UNKNOWN_OP = "op in no list (no known fp16 behaviour)"
     CUSTOM_DOMAIN = "op of a custom domain"
     NO_FP16_SCHEMA = "no fp16 type in the op's schema at this opset"
+    NO_FP16_KERNEL = "no fp16 kernel in ONNX Runtime's CUDA EP: fp32 under every policy"
     QUANTIZED = "part of a quantized (QDQ / integer) pattern"
     CONTROL_FLOW = "control-flow op (If/Loop/Scan): body kept fp32"
     IN_SUBGRAPH = "inside an If/Loop/Scan body"

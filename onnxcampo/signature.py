@@ -41,7 +41,8 @@ class Signature:
 
 @functools.lru_cache(maxsize=1)
 def _contrib_schemas() -> dict[tuple[str, str], object]:
-    """com.microsoft schemas known to the installed ONNX Runtime (latest version of each)."""
+    """Schemas known to the installed ONNX Runtime (latest version of each): com.microsoft's, and
+    the ONNX-domain ones including the ops ORT adds there."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
@@ -61,7 +62,9 @@ def _schema(op_type: str, domain: str, opset: int):
         try:
             return onnx.defs.get_schema(op_type, opset, "")
         except onnx.defs.SchemaError:
-            return None
+            # ORT registers a few ops of its own in the ONNX domain (SimplifiedLayerNormalization)
+            schema = _contrib_schemas().get(("", op_type))
+            return schema if schema is not None and schema.since_version <= opset else None
     return _contrib_schemas().get((domain, op_type))
 
 

@@ -14,7 +14,9 @@ Rules, in order (the first that matches decides):
    (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
 5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32, and so do the loss, its
    gradient and the optimizer update of a training step (``onnxcampo.training.scaling``);
-6. ops of custom domains and ops without an fp16 type at the model's opset stay fp32;
+6. ops of custom domains and ops without an fp16 type at the model's opset stay fp32, and so do
+   com.microsoft ops that ONNX Runtime's CUDA EP has no fp16 kernel for (FusedConv is registered
+   for float only), user inclusions too;
 7. nodes reading a float constant with finite values beyond the fp16 range (|x| > 65504),
    directly or through data movement (Reshape, Transpose, ...), stay fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
    those values are "infinity" sentinels (|x| >= 1e30, e.g. a -3.4e38 attention mask), which
@@ -96,6 +98,8 @@ class Classify(PassBase):
             return Precision.FP32, Reason.CUSTOM_DOMAIN
         if not sig.has_fp16 or not any(ctx.is_float32(t) for t in following):
             return Precision.FP32, (Reason.NO_FP16_SCHEMA if sig.schema_found else Reason.NO_FLOAT)
+        if oplists.lacks_cuda_fp16_kernel(node.op, domain):
+            return Precision.FP32, Reason.NO_FP16_KERNEL
         if self._constant_out_of_range(ctx, node):
             return Precision.FP32, Reason.CONSTANT_OUT_OF_RANGE
         if self._beyond_activation_limit(ctx, node):
