@@ -634,6 +634,53 @@ def fit_step_dispatch(rows: Iterable[dict], mode: str = "training", run_us: floa
                     "faster as a CUDA graph"}
 
 
+def fit_host_launch(rows: Iterable[dict], run_us: float = 0.0) -> dict | None:
+    """Host time per kernel launch by class (``conv``, ``other``) from whole inference runs
+    (``CostModel.launch_us``), fitted where the host bounded the run: a model whose fp32 run was
+    at least ``STEP_DISPATCH_MIN_GAIN`` times faster replayed (``fp32-graph``) took ``plain ms -
+    run_us`` of host time for the launches ORT made (``ort_launches``: its own optimized graph on
+    the benchmark's provider). Non-negative least squares over the models; the leave-one-model-out
+    error of each model says how far the fit carries to a model it has not seen. None without such
+    rows."""
+    from scipy.optimize import nnls
+
+    runs: dict[tuple, dict[str, dict]] = {}
+    for row in rows:
+        if row.get("mode") == "inference" and row.get("status") == "ok" and isinstance(row.get("ms"), (int, float)):
+            runs.setdefault((row.get("model"), row.get("batch")), {})[row.get("policy")] = row
+    samples = []
+    for (model, batch), policies in sorted(runs.items(), key=str):
+        plain, graph = policies.get("fp32"), policies.get("fp32-graph")
+        launches = (plain or {}).get("ort_launches")
+        if plain and graph and launches and plain["ms"] >= STEP_DISPATCH_MIN_GAIN * graph["ms"]:
+            samples.append((f"{model} b{batch}", model, (launches.get("conv", 0), launches.get("other", 0)),
+                            max(1e3 * plain["ms"] - run_us, 0.0)))
+    if not samples:
+        return None
+
+    def fit(chosen) -> tuple[float, float]:
+        design = np.array([x for _, _, x, _ in chosen], dtype=float)
+        target = np.array([y for *_, y in chosen], dtype=float)
+        if not design[:, 0].any():  # no convolutions: one per-launch figure for both classes
+            other = float(nnls(design[:, 1:], target)[0][0])
+            return other, other
+        conv, other = nnls(design, target)[0]
+        return float(conv), float(other)
+
+    conv, other = fit(samples)
+    held_out = {}
+    for key, model, (n_conv, n_other), host in samples:
+        rest = [s for s in samples if s[1] != model]
+        if rest and host > 0:
+            c, o = fit(rest)
+            held_out[key] = round((c * n_conv + o * n_other) / host - 1, 4)
+    return {"conv": round(conv, 3), "other": round(other, 3), "samples": len(samples),
+            "per_model_us": {key: round(host, 1) for key, _, _, host in samples},
+            "leave_one_model_out_error": held_out,
+            "rule": f"non-negative least squares of fp32 inference ms - run_us over ORT's launches by class, models "
+                    f"that ran >= {STEP_DISPATCH_MIN_GAIN}x faster as a CUDA graph"}
+
+
 def fit_run_overhead(rows: Iterable[dict]) -> dict | None:
     """Fixed cost of a run (``CostModel.run_us``): the fastest inference run replayed as a CUDA
     graph (``fp32-graph``, one launch: what is left is the call, the launch, the synchronisation
@@ -655,6 +702,9 @@ def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path) ->
     overhead = fit_run_overhead(rows)
     run_us = overhead["us"] if overhead else 0.0
     fitted = {key: entry for mode, key in DISPATCH_KEYS.items() if (entry := fit_step_dispatch(rows, mode, run_us))}
+    launch = fit_host_launch(rows, run_us)
+    if launch:
+        fitted["host_launch"] = {"inference": launch}
     if fitted and overhead:
         fitted["run_overhead"] = overhead
     if not fitted:

@@ -421,6 +421,20 @@ def _paired_fp32(row: dict[str, Any], policy: str, measure: Callable[[], list[fl
     gc.collect()
 
 
+def ort_launches(path: Path, provider: str) -> dict[str, Any]:
+    """The kernels ORT launches in one run of the fp32 model on ``provider`` (its own optimized
+    graph, ``onnxcampo.runtime.optimized``), by class: what ``costdb fit-step-dispatch`` fits the
+    per-launch host time from. On the CPU provider of a GPU benchmark nothing is recorded."""
+    from onnxcampo.errors import CampoError
+    from onnxcampo.runtime.optimized import executed_graph
+
+    try:
+        executed = executed_graph(onnx.load(str(path)), provider=provider, level="all")
+    except CampoError as exc:
+        return {"ort_launches_error": str(exc)[:200]}
+    return {"ort_launches": executed.launches(), "ort_nodes": executed.nodes, "ort_provider": provider}
+
+
 def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) -> dict[str, Any]:
     import bench_measure as m
     import onnx
@@ -438,6 +452,8 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
     try:
         row: dict[str, Any] = {**info, **m.node_counts(onnx.load(str(path), load_external_data=False)),
                                "stage_s": stages.seconds}
+        if pol.graph_base(policy) == "fp32":
+            row.update(ort_launches(path, s.provider))
         with stages("session"):
             session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy), cuda_graph=graph)
             runner = m.BoundRunner(session, built.feeds, s.provider)

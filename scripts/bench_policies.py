@@ -38,14 +38,16 @@ import numpy as np
 import onnx
 
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
-GRAPH_POLICIES = ("fp32-graph", "campo-graph")
-INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "modelopt", "amp", "fp16", "campo",
-                      "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "fp32-graph", "campo-graph")
+# (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
+GRAPH_POLICIES = ("fp32-graph", "fp16-graph", "campo-graph")
+INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
+                      "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "fp32-graph", "fp16-graph",
+                      "campo-graph")
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
                      *GRAPH_POLICIES,
                      *TORCH_POLICIES)
-INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "modelopt", "amp")
+INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp")
 TRAINING_ANCHORS = ("fp32", "amp", *TORCH_POLICIES)
 REFERENCE = "fp32-notf32"  # outputs and losses are compared with fp32 without TF32
 ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"policy": "campo"},
@@ -54,7 +56,10 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # campo's candidate plans timed on the benchmark's provider and inputs (optimize's tune)
              "campo-tune": {"policy": "campo", "tune": True},
              # campo calibrated on the benchmark's inputs like ModelOpt (inference only)
-             "campo-calib": {"policy": "campo", "activation_limit": 512.0}}
+             "campo-calib": {"policy": "campo", "activation_limit": 512.0},
+             # planned for CUDA-graph replay, and replayed (GRAPH_POLICIES)
+             "fp16-graph": {"policy": "fp16", "execution": "cuda-graph"},
+             "campo-graph": {"policy": "campo", "execution": "cuda-graph"}}
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
@@ -69,8 +74,9 @@ def tf32_of(policy: str) -> bool:
 
 
 def graph_base(policy: str) -> str:
-    """The policy whose step graph a ``-graph`` policy replays (``campo-graph`` -> ``campo``)."""
-    return policy.removesuffix("-graph")
+    """The policy whose model or step graph a ``-graph`` policy replays (``fp32-graph`` ->
+    ``fp32``); onnxcampo's own -graph policies are made for the replay (``ONNXCAMPO``)."""
+    return policy if policy in ONNXCAMPO else policy.removesuffix("-graph")
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,6 +200,10 @@ def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tup
     _save(result.model, target)
     report = result.report
     return {"chosen_plan": report.get("chosen_plan"), "nodes_fp16": report.get("nodes_fp16"),
+            # the cost model's prediction of every plan it compared, for the prediction metrics
+            "execution": report.get("execution"), "cost_graph": report.get("cost_graph"),
+            "ort_nodes": report.get("ort_nodes"), "fuse": report.get("fuse"),
+            "predicted_us": {plan: entry.get("total_us") for plan, entry in (report.get("predicted_us") or {}).items()},
             "casts_inserted": report.get("casts_inserted"), "pads_inserted": report.get("pads_inserted"),
             "cost_model": (report.get("cost_model") or {}).get("name"),
             **({"tuning": report["tuning"]} if "tuning" in report else {}),
@@ -234,6 +244,28 @@ def run_ort_fp16(source: Path, target: Path) -> dict[str, Any]:
     return {"note": "toposorted with onnx-graphsurgeon"}
 
 
+def run_ortopt_fp16(source: Path, target: Path) -> dict[str, Any]:
+    """What ORT users run for transformers on the GPU: the transformers optimizer (GPU options,
+    model type, heads and hidden size as onnxcampo's --fuse detects them) and its fp16 conversion
+    (keep_io_types). Only for BERT- and GPT-2-like models."""
+    try:
+        from onnxruntime.transformers.optimizer import optimize_model
+    except ImportError as exc:
+        raise Unavailable(f"onnxruntime.transformers not importable: {exc}") from None
+    from onnxcampo.fuse import detect
+
+    model = onnx.load(str(source))
+    found = detect(model)
+    if found.model_type is None:
+        raise Unavailable(f"ortopt-fp16 is for BERT- and GPT-2-like models: {found.reason}")
+    optimized = optimize_model(model, model_type=found.model_type, num_heads=found.num_heads,
+                               hidden_size=found.hidden_size, use_gpu=True, opt_level=0)
+    optimized.convert_float_to_float16(keep_io_types=True)
+    fused = {op: count for op, count in optimized.get_fused_operator_statistics().items() if count}
+    _save(_toposort(optimized.model), target)
+    return {"note": f"{found.model_type}, {found.num_heads} heads, hidden {found.hidden_size}; fused {fused}"}
+
+
 def run_modelopt(source: Path, target: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
     try:
         from modelopt.onnx.autocast import convert_to_mixed_precision
@@ -260,6 +292,8 @@ def make_variant(policy: str, source: Path, target: Path, feeds: dict[str, np.nd
         info = run_occ(source, target)
     elif policy == "ort-fp16":
         info = run_ort_fp16(source, target)
+    elif policy == "ortopt-fp16":
+        info = run_ortopt_fp16(source, target)
     elif policy == "modelopt":
         info = run_modelopt(source, target, feeds)
     else:

@@ -39,6 +39,19 @@ class ExecutedGraph:
     def nodes(self) -> int:
         return sum(self.op_counts.values())
 
+    def launches(self) -> dict[str, int]:
+        """Kernel launches of one run by class (``CostModel.launch_us``): ``conv`` (convolutions,
+        whose cuDNN calls cost the host more) and ``other``; aliased ops launch nothing."""
+        from onnxcampo import oplists
+
+        counts = {"conv": 0, "other": 0}
+        for op, count in self.op_counts.items():
+            op_type, domain = _op_and_domain(op)
+            if domain in oplists.DEFAULT_DOMAINS and op_type in oplists.ALIASED:
+                continue
+            counts["conv" if op_type in oplists.NCHW_FP16_LAYOUT_OPS else "other"] += count
+        return counts
+
     def node_status(self, model: onnx.ModelProto) -> dict[str, str]:
         """For each top-level node of ``model`` (its nodes must be named, as ``optimize`` names
         them) that ORT does not run as it is: ``"absorbed"`` when every output it makes is gone
