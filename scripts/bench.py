@@ -424,7 +424,9 @@ def _paired_fp32(row: dict[str, Any], policy: str, measure: Callable[[], list[fl
 def ort_launches(path: Path, provider: str) -> dict[str, Any]:
     """The kernels ORT launches in one run of the fp32 model on ``provider`` (its own optimized
     graph, ``onnxcampo.runtime.optimized``), by class: what ``costdb fit-step-dispatch`` fits the
-    per-launch host time from. On the CPU provider of a GPU benchmark nothing is recorded."""
+    per-launch host time from."""
+    import onnx
+
     from onnxcampo.errors import CampoError
     from onnxcampo.runtime.optimized import executed_graph
 
