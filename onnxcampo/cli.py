@@ -1,4 +1,4 @@
-"""Command line: ``onnxcampo optimize | inspect``.
+"""Command line: ``onnxcampo optimize | inspect | bench | train-graph | train | costdb``.
 
 User errors print one line on stderr and exit 2 (validation failures exit 1); no traceback
 unless ``--debug``.
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from onnxcampo import __version__
-from onnxcampo.config import (EXECUTION_MODES, FUSE_MODES, POLICIES, PROFILE_MODES, TUNE_PROVIDERS,
+from onnxcampo.config import (COST_GRAPHS, EXECUTION_MODES, FUSE_MODES, POLICIES, PROFILE_MODES, TUNE_PROVIDERS,
                               OptimizeConfig, parse_dim_value, parse_input_shape)
 from onnxcampo.errors import CampoError, ConfigError, ValidationError
 
@@ -45,12 +45,13 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compare-plans", action="store_true",
                         help="keep campo's plan even if the fp32 or amp plan is predicted faster")
     parser.add_argument("--tune", choices=TUNE_PROVIDERS, metavar="PROVIDER",
-                        help="time campo's candidate plans (its own, without padding, amp, fp32) on this ONNX "
-                             "Runtime provider (cuda or cpu) and keep the fastest; inputs random, or (optimize) "
-                             "from --inputs (a training step: its batch and labels)")
-    parser.add_argument("--tune-tolerance", type=float, default=0.02, metavar="SHARE",
+                        help="time campo's candidate plans (all-fp16, its own, without padding, amp, fp32) on this "
+                             "ONNX Runtime provider (cuda or cpu) in the --execution mode and keep the fastest; inputs "
+                             "random, or (optimize) from --inputs (a training step: its batch and labels)")
+    parser.add_argument("--tune-tolerance", type=float, default=0.02, metavar="REL_L2",
                         help="--tune keeps no inference candidate whose outputs differ from the fp32 plan's by more "
-                             "than this share of the largest |output| (default 0.02)")
+                             "than this relative L2 error, ||out - ref|| / ||ref|| (integer outputs: the share of "
+                             "elements that differ), the worst over the outputs (default 0.02; the --validate measure)")
     parser.add_argument("--activation-limit", type=float, default=None, metavar="MAX",
                         help="calibrate: run the fp32 model once (ORT CPU) on random inputs, or (optimize) on "
                              "--inputs, and keep fp32 every node reading or writing values beyond |MAX| there "
@@ -60,6 +61,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="how ORT will run the model, which plans are costed, tuned and validated for: plain "
                              "(node by node, default) or cuda-graph (captured once and replayed: no per-node host "
                              "time; needs static shapes and every node on the CUDA EP)")
+    parser.add_argument("--cost-graph", choices=COST_GRAPHS, default="ort",
+                        help="cost plans on the nodes ORT will run (ort, default: its fusions and aliases read from "
+                             "its own optimized graph) or on every ONNX node (onnx)")
     parser.add_argument("--fuse", choices=FUSE_MODES, default="auto",
                         help="run ORT's transformers optimizer first: auto (default) fuses BERT- and GPT-2-like "
                              "models, bert/gpt2 force the model type, none never fuses")
@@ -97,6 +101,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         activation_limit=args.activation_limit,
         execution=args.execution,
         fuse=args.fuse,
+        cost_graph=args.cost_graph,
         num_heads=args.num_heads,
         hidden_size=args.hidden_size,
     )
@@ -112,12 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("output", type=Path, help="where to write the optimized model (written atomically)")
     _add_plan_options(opt)
     opt.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report (per-node plan) as JSON")
-    opt.add_argument("--validate", action="store_true", help="run both models on ORT and compare outputs")
+    opt.add_argument("--validate", action="store_true",
+                     help="run both models on ORT (provider cuda: in the --execution mode) and compare outputs: "
+                          "the relative L2 error per output, ||out - ref|| / ||ref|| (integer outputs: the share of "
+                          "elements that differ), must be <= --tolerance")
     opt.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="provider for --validate")
     opt.add_argument("--inputs", type=Path, metavar="FILE.npz",
                      help="inputs for --validate, --tune and --activation-limit (default: random)")
-    opt.add_argument("--rtol", type=float, default=0.02, help="relative tolerance for --validate (default 0.02)")
-    opt.add_argument("--atol", type=float, default=1e-3, help="absolute tolerance for --validate (default 1e-3)")
+    opt.add_argument("--tolerance", type=float, default=0.02, metavar="REL_L2",
+                     help="--validate fails an output whose relative L2 error exceeds this (default 0.02, as --tune)")
+    opt.add_argument("--rtol", type=float, default=None,
+                     help="--validate also checks every element, |out - ref| <= atol + rtol * |ref|, and fails "
+                          "where one does not (off unless --rtol or --atol is given; the other then defaults to "
+                          "0.02 / 1e-3)")
+    opt.add_argument("--atol", type=float, default=None, help="absolute tolerance of that element-wise check")
 
     ins = sub.add_parser("inspect", help="print the precision plan without writing a model")
     ins.add_argument("input", type=Path, help="fp32 ONNX model")
@@ -155,6 +168,26 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
     tr.add_argument("--out", type=Path, help="write the forward model with the trained weights")
 
+    bn = sub.add_parser("bench", help="optimize a model under several policies and time them side by side on ORT")
+    bn.add_argument("input", type=Path, help="fp32 ONNX model")
+    bn.add_argument("--policies", default="fp32,fp16,amp,campo", metavar="P1,P2,...",
+                    help=f"comma-separated policies of {', '.join(POLICIES)} (default fp32,fp16,amp,campo; fp32 is "
+                         "always timed: it is the reference)")
+    bn.add_argument("--provider", choices=("cuda", "cpu"), default="cuda", help="ONNX Runtime provider (default cuda)")
+    bn.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
+                    help="plain (node by node, default) or cuda-graph (captured once and replayed; --provider cuda); "
+                         "the plans are costed for it too")
+    bn.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
+                    help="pin a dynamic input's shape (repeatable)")
+    bn.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                    help="pin a named dynamic dim wherever it occurs (repeatable)")
+    bn.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs to run on (default: random)")
+    bn.add_argument("--json", type=Path, metavar="FILE.json", help="write the results as JSON (atomically)")
+    bn.add_argument("--rounds", type=int, default=10, metavar="N",
+                    help="rotation rounds: each times one block of every policy (default 10)")
+    bn.add_argument("--block-ms", type=float, default=20.0, metavar="MS",
+                    help="a timed block lasts at least this long (default 20)")
+
     cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
     cost_sub = cost.add_subparsers(dest="costdb_command", required=True)
     measure = cost_sub.add_parser("measure", help="time single-op models on ONNX Runtime (appends, resumable)")
@@ -179,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--report", type=Path, help="markdown report to write")
     evaluate.add_argument("--png", type=Path, help="predicted-vs-measured plot to write (needs matplotlib)")
 
-    for p in (opt, ins, measure, fit, step_dispatch, evaluate, tg, tr):
+    for p in (opt, ins, bn, measure, fit, step_dispatch, evaluate, tg, tr):
         p.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per pass; -vv: debug")
         p.add_argument("--debug", action="store_true", help="check graph invariants after every pass; tracebacks")
     return parser
@@ -192,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
     # timing candidates takes a while: show its progress (and only then)
     logging.getLogger("onnxcampo.tune").setLevel(min(level, logging.INFO) if getattr(args, "tune", None) else logging.NOTSET)
+    for name in ("onnxcampo.bench", "onnxcampo.runtime.timing"):  # so does a bench
+        logging.getLogger(name).setLevel(min(level, logging.INFO) if args.command == "bench" else logging.NOTSET)
     try:
         if args.command == "optimize":
             return _optimize(args)
@@ -201,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train_graph(args)
         if args.command == "train":
             return _train(args)
+        if args.command == "bench":
+            return _bench(args)
         return _inspect(args)
     except CampoError as exc:
         print(f"onnxcampo: error: {exc}", file=sys.stderr)
@@ -237,11 +274,12 @@ def _optimize(args: argparse.Namespace) -> int:
     report = result.report
     if args.validate:
         report["validation"] = _validate(args, result)
-    failed = [d["name"] for d in report.get("validation", []) if not d["ok"]]
+    failed = [_failure(row) for row in report.get("validation", []) if not row["ok"]]
     if failed:
         raise ValidationError(
-            f"outputs {', '.join(failed)} differ beyond rtol={args.rtol}, atol={args.atol}; "
-            f"nothing written (loosen the tolerance or --exclude-op the culprits)"
+            f"outputs differ beyond the tolerance: {'; '.join(failed)}; "
+            f"nothing written (loosen --tolerance{' or --rtol/--atol' if args.rtol is not None or args.atol is not None else ''} "
+            f"or --exclude-op the culprits)"
         )
     result.save(output)
     if args.report:
@@ -251,21 +289,60 @@ def _optimize(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace, result) -> list[dict]:
+    """Run both models, print one line per output (the measure against the tolerance), return
+    the report's rows."""
     import onnx
 
     from onnxcampo.runtime import load_inputs_npz, validate
 
+    if not args.tolerance > 0:
+        raise ConfigError(f"--tolerance must be > 0, got {args.tolerance}")
     original = onnx.load(str(args.input))
     feeds = load_inputs_npz(args.inputs, original) if args.inputs else None
     config = _config(args)
-    diffs = validate(original, result.model, feeds=feeds, provider=args.provider, rtol=args.rtol, atol=args.atol,
-                     input_shapes=config.input_shapes, dim_values=config.dim_values)
+    checks = validate(original, result.model, feeds=feeds, provider=args.provider, tolerance=args.tolerance,
+                      rtol=args.rtol, atol=args.atol, input_shapes=config.input_shapes,
+                      dim_values=config.dim_values, execution=config.execution)
     rows = []
-    for diff in diffs:
-        rows.append({"name": diff.name, "max_abs_err": float(diff.max_abs_err), "max_rel_err": float(diff.max_rel_err), "ok": bool(diff.ok)})
-        print(f"  validate {diff.name}: max abs {diff.max_abs_err:.3g}, max rel {diff.max_rel_err:.3g} "
-              f"{'ok' if diff.ok else 'FAIL'}", file=sys.stderr)
+    for check in checks:
+        rows.append(check.to_json())
+        measure = _MEASURES[check.measure]
+        error = "n/a (no finite reference value)" if check.error is None else f"{check.error:.3g}"
+        line = f"  validate {check.name}: {measure} {error} (tolerance {check.tolerance:g})"
+        if check.elementwise:
+            line += (f", max abs {check.max_abs_err:.3g}, max rel {check.max_rel_err:.3g} "
+                     f"{'within' if check.diff.ok else 'beyond'} rtol/atol")
+        if check.note:
+            line += f" [{check.note}]"
+        print(f"{line} {'ok' if check.ok else 'FAIL'}", file=sys.stderr)
     return rows
+
+
+_MEASURES = {"rel_l2": "rel L2", "mismatch": "share differing"}
+
+
+def _failure(row: dict) -> str:
+    """A failed validation row in a few words."""
+    if row["error"] is not None and row["error"] > row["tolerance"]:
+        return f"{row['name']} ({_MEASURES[row['measure']]} {row['error']:.3g} > {row['tolerance']:g})"
+    return f"{row['name']} (elements beyond rtol/atol: max abs {row['max_abs_err']:.3g})"
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from onnxcampo import graph as graph_io
+    from onnxcampo.bench import bench, write_json
+
+    if args.json is not None:
+        graph_io.check_output_path(args.json, args.input if args.input.exists() else None)
+    result = bench(args.input, policies=args.policies, provider=args.provider, execution=args.execution,
+                   input_shapes=dict(parse_input_shape(text) for text in args.input_shape),
+                   dim_values=dict(parse_dim_value(text) for text in args.dim), inputs=args.inputs,
+                   rounds=args.rounds, block_ms=args.block_ms)
+    print(result.table())
+    if args.json is not None:
+        write_json(result, args.json)
+        print(f"onnxcampo: wrote {args.json}", file=sys.stderr)
+    return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -417,6 +494,10 @@ def summary(report: dict, output: Path | None) -> str:
         lines.append(f"int8-avg: {int8_avg['replaced']} MatMulInteger -> AvgMatMulInteger"
                      + (f" ({int8_avg['reshaped']} with A flattened)" if int8_avg["reshaped"] else "")
                      + (f"; kept: {skipped}" if skipped else ""))
+    fused = report.get("fuse") or {}
+    if fused.get("model_type"):
+        lines.append(f"fused as {fused['model_type']} by ONNX Runtime's transformers optimizer before planning (--fuse "
+                     f"{fused['mode']}): " + ", ".join(f"{count} {op}" for op, count in fused["ops"].items()))
     for note in report.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

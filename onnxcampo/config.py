@@ -14,6 +14,7 @@ PROFILE_MODES = ("predict", "cpu", "cuda")
 TUNE_PROVIDERS = ("cuda", "cpu")
 EXECUTION_MODES = ("plain", "cuda-graph")
 FUSE_MODES = ("auto", "bert", "gpt2", "none")
+COST_GRAPHS = ("ort", "onnx")
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,14 @@ class OptimizeConfig:
         loss_scaling: in a training-step graph (from ``train-graph``) whose plan has fp16 nodes,
             insert dynamic loss scaling (see ``onnxcampo.training.scaling``).
         tune: ``None`` (decide from predicted times) or an ONNX Runtime provider (``cuda``,
-            ``cpu``): build campo's candidate plans (campo's own, without padding, amp, fp32), time
-            each on that provider and keep the fastest (fp32 unless a mixed one is ``min_gain``
-            faster; ``onnxcampo.tune``). Needs the provider on this machine.
+            ``cpu``): build campo's candidate plans (all-fp16, campo's own, without padding, amp,
+            fp32), time each on that provider in the ``execution`` mode and keep the fastest (fp32
+            unless a mixed one is ``min_gain`` faster; ``onnxcampo.tune``). Needs the provider on
+            this machine; ``execution="cuda-graph"`` needs ``cuda``.
         tune_tolerance: with ``tune``, an inference candidate whose outputs differ from the fp32
-            plan's by more than this share of the largest |fp32 output| is not kept (0.02).
+            plan's by more than this relative L2 error (||out - ref|| / ||ref||, the worst over the
+            outputs; integer outputs: the share of elements that differ;
+            ``onnxcampo.runtime.compare``, as ``--validate`` measures) is not kept (0.02).
         activation_limit: calibrate: run the fp32 model once on ONNX Runtime's CPU provider on the
             ``inputs`` given to :func:`onnxcampo.optimize` (random ones by default) and keep fp32
             every node that reads or writes a tensor reaching |x| > this there (fp16's values are
@@ -63,6 +67,11 @@ class OptimizeConfig:
             GPU options) before planning: ``bert`` or ``gpt2`` force the model type, ``auto``
             (the default) fuses models recognised as BERT- or GPT-2-like transformers and leaves
             others as they are, ``none`` never fuses.
+        cost_graph: which node set plans are costed on: ``ort`` (the default) asks ONNX Runtime
+            which nodes it will run (its graph optimizations at the extended level on the CPU
+            provider, as the CUDA EP fuses them): aliased and absorbed nodes cost nothing, fused
+            ones one launch; ``onnx`` costs every ONNX node as a kernel (faster on huge graphs;
+            also what happens when ORT cannot load the model).
         num_heads / hidden_size: attention heads and hidden size for ``fuse`` (0: detected from
             the graph).
         int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
@@ -91,6 +100,7 @@ class OptimizeConfig:
     activation_limit: float | None = None
     execution: str = "plain"
     fuse: str = "auto"
+    cost_graph: str = "ort"
     num_heads: int = 0
     hidden_size: int = 0
 
@@ -105,6 +115,8 @@ class OptimizeConfig:
             raise ConfigError(f"unknown tuning provider {self.tune!r}; choose one of {', '.join(TUNE_PROVIDERS)}")
         if self.execution not in EXECUTION_MODES:
             raise ConfigError(f"unknown execution mode {self.execution!r}; choose one of {', '.join(EXECUTION_MODES)}")
+        if self.cost_graph not in COST_GRAPHS:
+            raise ConfigError(f"unknown cost graph {self.cost_graph!r}; choose one of {', '.join(COST_GRAPHS)}")
         if self.fuse not in FUSE_MODES:
             raise ConfigError(f"unknown fuse mode {self.fuse!r}; choose one of {', '.join(FUSE_MODES)}")
         for name in ("num_heads", "hidden_size"):

@@ -13,7 +13,6 @@ import json
 import logging
 import statistics
 import tempfile
-import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +24,9 @@ import onnx
 import onnxruntime as ort
 
 from onnxcampo.errors import CampoError, ConfigError
-from onnxcampo.runtime import _ORT_ERRORS, make_session
+from onnxcampo.runtime import make_session
+# BoundRunner and check_feeds live in onnxcampo.runtime.timing now; imported from here as before
+from onnxcampo.runtime.timing import BoundRunner, bound_runner, check_feeds
 
 logger = logging.getLogger(__name__)
 
@@ -67,67 +68,6 @@ def _node_names(model: onnx.ModelProto) -> list[str]:
     if duplicates:
         raise CampoError(f"measure_node_times needs unique node names; duplicated: {duplicates}")
     return names
-
-
-class BoundRunner:
-    """Runs a session through IO binding so host<->device copies stay out of the timings.
-
-    Inputs are copied to the device once. Outputs are allocated on the device by the first run
-    and those buffers are bound for the following runs, so per-run output allocation is not
-    timed either (DESIGN.md: host copies of GPT-2's logits tripled the node sum).
-    """
-
-    def __init__(self, session: ort.InferenceSession, feeds: Mapping[str, np.ndarray],
-                 device: str) -> None:
-        self._session = session
-        self._binding = session.io_binding()
-        self._device = device
-        # Keep the OrtValues alive: on CPU they borrow the numpy buffers.
-        self._inputs = {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array),
-                                                               device, 0)
-                        for name, array in feeds.items()}
-        for name, value in self._inputs.items():
-            self._binding.bind_ortvalue_input(name, value)
-        self._output_names = [o.name for o in session.get_outputs()]
-        for name in self._output_names:
-            self._binding.bind_output(name, device)
-        self._outputs: list[ort.OrtValue] | None = None
-
-    def __call__(self) -> float:
-        """One run; returns its wall time in seconds."""
-        start = time.perf_counter()
-        try:
-            self._session.run_with_iobinding(self._binding)
-            self._binding.synchronize_outputs()
-        except _ORT_ERRORS as exc:
-            raise CampoError(f"ONNX Runtime failed to run the model: {exc}") from exc
-        elapsed = time.perf_counter() - start
-        if self._outputs is None:
-            self._preallocate_outputs()
-        return elapsed
-
-    def outputs(self) -> dict[str, np.ndarray]:
-        """The last run's outputs, copied to the host (after at least one run)."""
-        values = self._outputs if self._outputs is not None else self._binding.get_outputs()
-        return {name: value.numpy() for name, value in zip(self._output_names, values)}
-
-    def _preallocate_outputs(self) -> None:
-        """Bind the first run's output buffers so later runs write into them."""
-        self._outputs = self._binding.get_outputs()
-        for name, value in zip(self._output_names, self._outputs):
-            self._binding.bind_ortvalue_output(name, value)
-
-
-def check_feeds(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> None:
-    """IO binding gives poor errors for missing or unknown feeds, so check them first."""
-    expected = {i.name for i in session.get_inputs()}
-    overridable = {i.name for i in session.get_overridable_initializers()}
-    missing = sorted(expected - set(feeds))
-    unknown = sorted(set(feeds) - expected - overridable)
-    if missing or unknown:
-        raise ConfigError(
-            f"feeds do not match the model inputs: missing {missing}, unknown {unknown}"
-        )
 
 
 def _load_trace(path: str) -> list[dict[str, Any]]:
@@ -273,12 +213,12 @@ def measure_latency(
     feeds: Mapping[str, np.ndarray],
     warmup: int = 10,
     runs: int = 50,
+    execution: str = "plain",
 ) -> Latency:
     """Median wall time of ``runs`` runs after ``warmup`` runs, with all graph optimizations
-    on (what a user gets), inputs bound on the device once and outputs pre-allocated."""
-    session = make_session(model, provider=provider)
-    check_feeds(session, feeds)
-    runner = BoundRunner(session, feeds, "cuda" if provider == "cuda" else "cpu")
+    on (what a user gets), inputs bound on the device once and outputs pre-allocated;
+    ``execution="cuda-graph"`` (provider cuda): replayed from a CUDA graph."""
+    runner = bound_runner(model, feeds, provider=provider, execution=execution)
     for _ in range(warmup):
         runner()
     times = np.array([runner() for _ in range(runs)]) * 1e3

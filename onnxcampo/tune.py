@@ -3,9 +3,12 @@
 Campo's plan comes from predicted node times; where the prediction is off (batch-1 models whose
 runs are bound by host dispatch, kernels the database has few samples of) the predicted
 comparison with fp32 and amp can pick the slower plan. With ``tune`` set, ``optimize`` builds
-the candidate plans (campo's own, campo's without Tensor Core padding when it padded, the greedy
-amp plan, fp32), runs each on ONNX Runtime with that provider and keeps the fastest, as
-TensorRT's builder times its tactics. Identical candidates are timed once.
+the candidate plans (all-fp16: every op that may run fp16, campo's own, campo's without Tensor
+Core padding when it padded, the greedy amp plan, fp32), runs each on ONNX Runtime with that
+provider and keeps the fastest, as TensorRT's builder times its tactics. Identical candidates
+are timed once. Each runs as ``config.execution`` says the model will: ``cuda-graph`` sessions
+capture the run once and replay it (:class:`~onnxcampo.runtime.timing.BoundRunner`; provider
+cuda only).
 
 Timing: each candidate runs in its own session, one session alive at a time (as the model will
 run; sessions side by side in one process slowed host-bound runs by up to 60 % on the H200): a
@@ -18,8 +21,9 @@ graph's starting weights, on one batch, as ``onnxcampo train`` runs them.
 
 Dropped: a candidate whose outputs (inference) or loss (training) are not finite where fp32's
 are, and (inference only) one whose outputs differ from the fp32 plan's on the same inputs by
-more than ``tune_tolerance``: of the largest |fp32 output| for float outputs (default 0.02: the
-benchmark's accuracy tolerance), as the share of differing elements for integer ones. Training
+more than ``tune_tolerance`` (default 0.02) as :mod:`onnxcampo.runtime.compare` measures it, the
+measure ``--validate`` uses: the relative L2 error ||out - ref|| / ||ref|| for float outputs, the
+share of differing elements for integer ones, the worst over the outputs. Training
 candidates are judged by a finite loss only: their losses come after different numbers of steps. fp32 is kept unless a mixed candidate is measured at least ``min_gain`` faster: the
 same rule the predicted comparison follows, now on measured times.
 """
@@ -40,6 +44,8 @@ import onnx
 from onnxcampo import graph as graph_io
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, ConfigError
+from onnxcampo.runtime.compare import worst_error
+from onnxcampo.runtime.timing import bound_runner, runs_per_block, time_block, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +65,7 @@ class Timing:
     blocks_ms: list[float] | None = None
     runs_per_block: int = 0
     finite: bool = True
-    max_rel_err: float | None = None  # inference: against fp32's outputs on the same inputs
+    rel_err: float | None = None  # inference: compare.worst_error against fp32's outputs on the same inputs
     loss: float | None = None  # training: the loss of the last timed step (not compared: the
     # candidates ran different numbers of steps; a non-finite loss drops the candidate)
     same_as: str | None = None  # an identical candidate timed in its place
@@ -74,10 +80,13 @@ class Timing:
 def candidate_configs(config: OptimizeConfig) -> dict[str, OptimizeConfig]:
     """The plans ``tune`` times, as configurations of an untuned ``optimize``."""
     base = config.replace(tune=None)
+    # fp32 first: its outputs are the others' reference. fp16 last: a graph it shares with amp or
+    # campo is timed (and chosen) under their name. It keeps keep_io_types as given (Casts at the I/O).
     candidates = {"fp32": base.replace(policy="fp32"), "amp": base.replace(policy="amp"),
                   "campo": base.replace(compare_plans=False)}
     if config.pad_tensor_cores:
         candidates["campo-nopad"] = base.replace(compare_plans=False, pad_tensor_cores=False)
+    candidates["fp16"] = base.replace(policy="fp16")
     return candidates
 
 
@@ -90,6 +99,8 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
 
     if config.policy != "campo":
         raise ConfigError(f"--tune chooses among campo's candidate plans; it does not apply to --policy {config.policy}")
+    if config.execution == "cuda-graph" and config.tune != "cuda":
+        raise ConfigError(f"--execution cuda-graph replays on the CUDA EP: tune with --tune cuda, not {config.tune}")
     _providers(config.tune)  # no GPU, no onnxruntime-gpu: say so before building anything
     if inputs is not None:
         _check_inputs(model, inputs)
@@ -124,7 +135,8 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     report["policy"] = "campo"
     report["chosen_plan"] = chosen
     report["tuning"] = {
-        "provider": config.tune, "chosen": chosen, "tolerance": config.tune_tolerance,
+        "provider": config.tune, "execution": config.execution, "chosen": chosen,
+        "tolerance": config.tune_tolerance, "error_measure": "relative L2 (integer outputs: share differing)",
         "block_ms": BLOCK_MS, "blocks": BLOCKS, "passes": PASSES,
         "candidates": {name: {**t.to_json(), **({"predicted_us": predicted[name]["total_us"]} if name in predicted else {})}
                        for name, t in timings.items()},
@@ -132,7 +144,9 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     report["predicted_us"] = predicted
     report["plans"] = built["campo"].report.get("plans", report.get("plans"))
     report["input"] = str(source) if source else report.get("input")
-    report.setdefault("notes", []).append(f"tuned on {config.tune}: {describe(timings, config.tune_tolerance)}; keeping {chosen}")
+    mode = "" if config.execution == "plain" else f" ({config.execution})"
+    report.setdefault("notes", []).append(f"tuned on {config.tune}{mode}: {describe(timings, config.tune_tolerance)}; "
+                                          f"keeping {chosen}")
     return result
 
 
@@ -154,7 +168,7 @@ def choose(timings: Mapping[str, Timing], min_gain: float, tolerance: float = ma
     """The fastest usable candidate (timed, finite, within ``tolerance`` of fp32's outputs); fp32
     unless a mixed one is at least ``min_gain`` faster."""
     usable = {name: t.ms for name, t in timings.items()
-              if t.ms is not None and t.finite and t.error is None and (t.max_rel_err or 0.0) <= tolerance}
+              if t.ms is not None and t.finite and t.error is None and (t.rel_err or 0.0) <= tolerance}
     if "fp32" not in usable:
         raise CampoError(f"--tune could not time the fp32 model: {timings['fp32'].error or 'non-finite outputs'}")
     fastest = min(usable, key=usable.get)
@@ -173,9 +187,9 @@ def describe(timings: Mapping[str, Timing], tolerance: float = math.inf) -> str:
         elif t.ms is None:
             parts.append(f"{name} not timed")
         else:
-            off = t.max_rel_err is not None and t.max_rel_err > tolerance
+            off = t.rel_err is not None and t.rel_err > tolerance
             parts.append(f"{name} {t.ms:.3f} ms" + ("" if t.finite else " (non-finite)")
-                         + (f" (error {t.max_rel_err:.2g} > {tolerance:g})" if off else ""))
+                         + (f" (error {t.rel_err:.2g} > {tolerance:g})" if off else ""))
     return ", ".join(parts)
 
 
@@ -227,40 +241,27 @@ def _measure(results: Mapping, config: OptimizeConfig, inputs: Mapping[str, np.n
 
 
 def _warm_up(runner) -> None:
-    deadline, runs = time.perf_counter() + WARMUP_S, 0
-    while runs < WARMUP_RUNS or time.perf_counter() < deadline:
-        runner.run()
-        runs += 1
+    warm_up(runner.run, seconds=WARMUP_S, runs=WARMUP_RUNS)
 
 
 def _blocks(runner, count: int) -> list[float]:
-    blocks = []
-    for _ in range(BLOCKS):
-        start = time.perf_counter()
-        for _ in range(count):
-            runner.run()
-        blocks.append((time.perf_counter() - start) * 1e3 / count)
-    return blocks
+    return [time_block(runner.run, count) for _ in range(BLOCKS)]
 
 
 def _runs_per_block(runner) -> int:
     start = time.perf_counter()
     runner.run()
-    once_ms = (time.perf_counter() - start) * 1e3
-    return max(1, math.ceil(BLOCK_MS / max(once_ms, 1e-3)))
+    return runs_per_block(time.perf_counter() - start, BLOCK_MS)
 
 
 class _InferenceRun:
     def __init__(self, model: onnx.ModelProto, config: OptimizeConfig, inputs) -> None:
-        from onnxcampo.profile import BoundRunner, check_feeds
-        from onnxcampo.runtime import feeds_for, make_session, random_inputs
+        from onnxcampo.runtime import feeds_for, random_inputs
 
         # given inputs are fp32 where the model was; a candidate with fp16 inputs gets them cast
         feeds = feeds_for(model, inputs) if inputs is not None else random_inputs(
             model, input_shapes=config.input_shapes, dim_values=config.dim_values)
-        session = make_session(model, provider=config.tune)
-        check_feeds(session, feeds)
-        self.runner = BoundRunner(session, feeds, "cuda" if config.tune == "cuda" else "cpu")
+        self.runner = bound_runner(model, feeds, provider=config.tune, execution=config.execution)
 
     def run(self) -> None:
         self.runner()
@@ -271,34 +272,12 @@ class _InferenceRun:
     def judge(self, timing: Timing, reference: dict[str, np.ndarray] | None) -> None:
         if reference is None:  # fp32 itself
             return
-        timing.max_rel_err = output_error(reference, self.result())
-        timing.finite = timing.max_rel_err is None or math.isfinite(timing.max_rel_err)
+        timing.rel_err = output_error(reference, self.result())
+        timing.finite = timing.rel_err is None or math.isfinite(timing.rel_err)
 
 
-def output_error(reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> float | None:
-    """The largest error over the outputs: float outputs ``max |out - ref| / max |ref|`` where the
-    reference is finite (``inf`` if the output is not finite there); integer and bool outputs the
-    share of elements that differ (an arg-max that moved). None when nothing could be compared."""
-    worst = None
-    for name, ref in reference.items():
-        out = np.asarray(outputs[name])
-        if np.issubdtype(ref.dtype, np.floating):
-            kept = np.isfinite(ref)
-            if not kept.any():
-                continue
-            ref_kept, out_kept = ref[kept].astype(np.float64), out[kept].astype(np.float64)
-            if not np.isfinite(out_kept).all():
-                return math.inf
-            error = float(np.abs(out_kept - ref_kept).max()) / (float(np.abs(ref_kept).max()) or 1.0)
-        elif ref.size:
-            error = float(np.mean(out != ref))
-        else:
-            continue
-        worst = error if worst is None else max(worst, error)
-    if worst is None:
-        log.warning("no output could be compared with fp32's (all non-finite or empty)")
-        return None
-    return round(worst, 6)
+# the one output comparison (--validate's and bench's too): relative L2, integer outputs the share differing
+output_error = worst_error
 
 
 class _TrainingRun:
@@ -307,7 +286,7 @@ class _TrainingRun:
         from onnxcampo.training.step import LABELS
         from onnxcampo.training.trainer import Trainer
 
-        self.trainer = Trainer(model, provider=config.tune)
+        self.trainer = Trainer(model, provider=config.tune, cuda_graph=config.execution == "cuda-graph")
         if inputs is None:
             inputs = random_inputs(model, input_shapes=config.input_shapes, dim_values=config.dim_values,
                                    only=self.trainer.spec.batch)

@@ -3,18 +3,18 @@
 Everything that touches ``onnxruntime`` goes through here so that the rest of onnxcampo sees
 one error family (:mod:`onnxcampo.errors`) instead of ORT's pybind exceptions, and so that the
 quirks of ORT (silent CUDA fallback to CPU, the 2 GB protobuf limit, exceptions that do not
-derive from ``RuntimeError``) are handled once.
+derive from ``RuntimeError``) are handled once. :mod:`onnxcampo.runtime.timing` runs sessions
+the fast way (IO binding, CUDA-graph replay) and times variants in rotation;
+:mod:`onnxcampo.runtime.compare` holds the one output comparison (relative L2 error).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import tempfile
 import zipfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,8 @@ from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
 from onnxcampo import ops
 from onnxcampo.graph import exceeds_protobuf_limit, graph_inputs
+from onnxcampo.runtime.compare import (DEFAULT_TOLERANCE, OutputCheck, OutputDiff, check_outputs, compare_outputs,
+                                       output_error, worst_error)
 from onnxcampo.errors import (
     CampoError,
     ConfigError,
@@ -36,8 +38,19 @@ from onnxcampo.errors import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_TOLERANCE",
+    "OutputCheck",
     "OutputDiff",
+    "check_outputs",
     "compare_outputs",
+    "output_error",
+    "worst_error",
+    "BlockTimes",
+    "BoundRunner",
+    "bound_runner",
+    "check_feeds",
+    "run_once",
+    "time_in_rotation",
     "graph_inputs",
     "load_inputs_npz",
     "make_session",
@@ -75,6 +88,7 @@ _INT_HIGH = 8
 _OPT_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 }
 _PROVIDERS = ("cpu", "cuda")
@@ -484,87 +498,6 @@ def _overridable(session: ort.InferenceSession) -> set[str]:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OutputDiff:
-    """How far one candidate output is from the reference.
-
-    ``max_abs_err`` is max |c - r|. ``max_rel_err`` is max |c - r| / max(|r|, tiny) taken only
-    over elements with |r| > atol, so that near-zero references (where atol governs) do not
-    blow it up; it is 0.0 when no element qualifies. Both are inf when shapes differ, the
-    output is missing, or a non-finite value is not matched by the same value. ``ok`` means
-    every element satisfies |c - r| <= atol + rtol * |r| (computed in float64), with identical
-    non-finite values (NaN vs NaN, inf vs inf) accepted. ``shape`` and ``dtype`` are the
-    reference's; ``note`` says what else went wrong (shape or dtype change, missing output).
-    """
-
-    name: str
-    max_abs_err: float
-    max_rel_err: float
-    ok: bool
-    shape: tuple[int, ...]
-    dtype: str
-    note: str = ""
-
-
-def _errors(ref: np.ndarray, cand: np.ndarray, rtol: float,
-            atol: float) -> tuple[float, float, bool]:
-    """(max abs error, max relative error, ok) of two same-shaped arrays, in float64."""
-    r = ref.astype(np.float64)
-    c = cand.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        same = (c == r) | (np.isnan(c) & np.isnan(r))
-        abs_err = np.where(same, 0.0, np.abs(c - r))
-        abs_err = np.where(np.isnan(abs_err), np.inf, abs_err)
-        finite = np.isfinite(c) & np.isfinite(r)
-        ok = bool(np.all(same | (finite & (abs_err <= atol + rtol * np.abs(r)))))
-        tiny = np.finfo(np.float64).tiny
-        rel = abs_err / np.maximum(np.abs(r), tiny)
-        rel = np.where(same, 0.0, np.where(np.isnan(rel), np.inf, rel))
-        rel_mask = ~(np.abs(r) <= atol)  # NaN references count: they cannot be "small"
-    max_abs = float(abs_err.max()) if abs_err.size else 0.0
-    max_rel = float(rel[rel_mask].max()) if rel_mask.any() else 0.0
-    return max_abs, max_rel, ok
-
-
-def _compare_one(name: str, ref: np.ndarray, cand: np.ndarray | None,
-                 rtol: float, atol: float) -> OutputDiff:
-    """OutputDiff for one output name."""
-    ref = np.asarray(ref)
-    shape, dtype = tuple(ref.shape), str(ref.dtype)
-    if cand is None:
-        return OutputDiff(name, math.inf, math.inf, False, shape, dtype, "missing from candidate")
-    cand = np.asarray(cand)
-    if cand.shape != ref.shape:
-        return OutputDiff(name, math.inf, math.inf, False, shape, dtype,
-                          f"shape {tuple(cand.shape)} instead of {shape}")
-    if ref.dtype.kind not in "biuf" or cand.dtype.kind not in "biuf":
-        equal = bool(np.array_equal(ref, cand))
-        err = 0.0 if equal else math.inf
-        return OutputDiff(name, err, err, equal, shape, dtype, "" if equal else "values differ")
-    max_abs, max_rel, ok = _errors(ref, cand, rtol, atol)
-    note = "" if cand.dtype == ref.dtype else f"dtype {cand.dtype} instead of {ref.dtype}"
-    return OutputDiff(name, max_abs, max_rel, ok, shape, dtype, note)
-
-
-def compare_outputs(
-    reference: Mapping[str, np.ndarray],
-    candidate: Mapping[str, np.ndarray],
-    *,
-    rtol: float,
-    atol: float,
-) -> list[OutputDiff]:
-    """One OutputDiff per reference output, in the reference's order (see OutputDiff).
-
-    Candidate outputs the reference lacks are ignored with a warning: an optimizer may expose
-    extra values, but it must not lose or change the original ones.
-    """
-    extra = sorted(set(candidate) - set(reference))
-    if extra:
-        logger.warning("candidate has outputs the reference lacks, ignored: %s", extra)
-    return [_compare_one(name, ref, candidate.get(name), rtol, atol)
-            for name, ref in reference.items()]
-
-
 def feeds_for(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Feeds for the optimized model: same names, cast where it changed a float input type.
 
@@ -597,23 +530,40 @@ def validate(
     *,
     feeds: Mapping[str, np.ndarray] | None = None,
     provider: str = "cpu",
-    rtol: float = 0.02,
-    atol: float = 1e-3,
+    tolerance: float = DEFAULT_TOLERANCE,
+    rtol: float | None = None,
+    atol: float | None = None,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     dim_values: Mapping[str, int] | None = None,
     seed: int = 0,
-) -> list[OutputDiff]:
-    """Run both models on the same feeds and compare the optimized outputs to the original's.
+    execution: str = "plain",
+) -> list[OutputCheck]:
+    """Run both models on the same feeds and judge the optimized outputs against the original's
+    with :func:`~onnxcampo.runtime.compare.check_outputs` (relative L2 error <= ``tolerance``;
+    with ``rtol``/``atol`` also element-wise).
 
-    Feeds default to :func:`random_inputs` of the original. Returns the diffs; the caller
-    decides whether a failure raises ValidationError (it knows the user's tolerance intent).
+    Feeds default to :func:`random_inputs` of the original. ``execution``: ``cuda-graph`` with
+    provider "cuda" runs both models as they will run there, captured and replayed from bound
+    device buffers (:func:`onnxcampo.runtime.timing.run_once`); on the CPU runs are plain.
+    Returns the checks; the caller decides whether a failure raises ValidationError (it knows
+    the user's tolerance intent).
     """
+    from onnxcampo.runtime.timing import run_once
+
     if feeds is None:
         feeds = random_inputs(original, input_shapes=input_shapes, dim_values=dim_values,
                               seed=seed)
-    reference = run(make_session(original, provider=provider), feeds)
-    candidate = run(make_session(optimized, provider=provider), feeds_for(optimized, feeds))
-    diffs = compare_outputs(reference, candidate, rtol=rtol, atol=atol)
-    for diff in diffs:
-        logger.debug("validate %s", diff)
-    return diffs
+    if execution != "plain" and provider != "cuda":
+        logger.info("validating on %s: plain runs (CUDA graphs replay on the CUDA EP only)", provider)
+        execution = "plain"
+    reference = run_once(original, feeds, provider=provider, execution=execution)
+    candidate = run_once(optimized, feeds_for(optimized, feeds), provider=provider, execution=execution)
+    checks = check_outputs(reference, candidate, tolerance=tolerance, rtol=rtol, atol=atol)
+    for check in checks:
+        logger.debug("validate %s", check)
+    return checks
+
+
+# The fast way to run a model (bound, replayed) and the rotation timing build on the sessions above.
+from onnxcampo.runtime.timing import (BlockTimes, BoundRunner, bound_runner, check_feeds, run_once,  # noqa: E402
+                                      time_in_rotation)
