@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from onnxcampo import __version__
-from onnxcampo import estimate, oplists
+from onnxcampo import estimate, fuse, oplists
 from onnxcampo import graph as graph_io
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext
@@ -59,7 +59,8 @@ class OptimizeResult:
     passes: list[PassResult] = field(default_factory=list)
 
     def save(self, path: str | os.PathLike) -> None:
-        graph_io.save_model(self.model, Path(path))
+        # ONNX Runtime test-loads what onnxcampo changed; an unchanged model is the input's business
+        graph_io.save_model(self.model, Path(path), check_loads=self.changed)
 
 
 def optimize(
@@ -98,6 +99,7 @@ def optimize(
         return tune(original, config, optimize, inputs, source)
     # read_model gave us our own copy: we name its nodes, and the export reuses it in place.
     graph_io.name_nodes(original)
+    original, fused = fuse.fuse_transformer(original, config)  # ORT's transformer fusions, before planning
     training = scaling.is_train_step(original)
     if training and not config.keep_io_types:
         log.warning("a training step keeps its input/output types (fp32 master weights and state)")
@@ -174,6 +176,7 @@ def optimize(
     results = PassManager(mutating, check_invariants=config.check_invariants).run(ctx)
 
     report = _report(ctx, config, source, plans, times, chosen, notes, results)
+    report["fuse"] = fused
     if config.activation_limit is not None:
         kept = sorted(n for n, d in ctx.plan.items() if d.reason is Reason.ACTIVATION_RANGE)
         report["calibration"] = {"inputs": "given" if inputs is not None else "random",
@@ -184,6 +187,7 @@ def optimize(
     # A step graph's starting weights (read by the Trainer, by no node) survive the export.
     starts = [copy.deepcopy(t) for t in original.graph.initializer if t.name.startswith(INITIAL_PREFIX)] if training else []
     out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
+    fuse.clean_export(out)  # no planning-only shapes; no tensor names that ORT's fusions generate at load
     known = {t.name for t in out.graph.initializer}
     out.graph.initializer.extend(t for t in starts if t.name not in known)
     if config.int8_avg:

@@ -46,3 +46,11 @@ class ValidationError(CampoError):
 class OpsLibraryError(CampoError):
     """The custom-op library (onnxcampo_ops) is missing or cannot be loaded; the message says
     how to build it."""
+
+
+class WrittenModelLoadError(ModelLoadError):
+    """ONNX Runtime cannot load a model onnxcampo was about to write (``graph.save_model``
+    test-loads it first), so nothing was written. A bug of onnxcampo or of ONNX Runtime, not of
+    the input: the message names the execution provider and ORT's cause."""
+
+    exit_code = 3

@@ -338,7 +338,8 @@ def infer_tensor_info(
     require_static: bool = False,
 ) -> tuple[dict[str, TensorInfo], list[str]]:
     """Types and shapes of every top-level tensor, from one run of ONNX shape inference on a
-    copy whose dynamic input dims are pinned. Also returns the input dims left dynamic."""
+    copy whose dynamic input dims are pinned, completed by ORT's symbolic inference where that
+    leaves float shapes unknown (:mod:`onnxcampo.shapes`). Also returns the input dims left dynamic."""
     skeleton = _skeleton(model)
     symbols = _pinned_symbols(skeleton, input_shapes or {}, dim_values or {})
     unresolved = pin_input_shapes(skeleton, input_shapes or {}, dim_values or {}, require_static=require_static)
@@ -361,6 +362,9 @@ def infer_tensor_info(
                 if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
                     info[node.output[0]] = TensorInfo(attr.t.data_type, tuple(int(d) for d in attr.t.dims))
     _propagate_dtypes(graph, info, default_opset(model))
+    from onnxcampo import shapes  # it imports this module
+
+    shapes.fill_unknown_shapes(skeleton, info, symbols)  # where ONNX left float shapes unknown
     return info, unresolved
 
 
@@ -606,19 +610,26 @@ def check_output_path(output: str | os.PathLike, input_path: Path | None) -> Pat
     return out
 
 
-def save_model(model: onnx.ModelProto, output: Path) -> None:
+def save_model(model: onnx.ModelProto, output: Path, *, check_loads: bool = True) -> None:
     """Write atomically: a temporary file in the same folder, then a rename.
 
     Models over protobuf's 2 GB limit get their tensors in ``<output>.data`` next to them.
+    With ``check_loads`` ONNX Runtime first loads the temporary file (and its data, under their
+    temporary names; :func:`onnxcampo.runtime.check.check_loads`): a model it cannot load raises
+    :class:`WrittenModelLoadError` and nothing is written, an existing output stays as it was.
+    Callers that write what this onnxruntime need not load may pass ``check_loads=False``.
     """
     output = Path(output)
     directory = output.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     tmp = Path(tmp_name)
+    tmp_data = None
     try:
         if not exceeds_protobuf_limit(model):
             tmp.write_bytes(model.SerializeToString())
+            if check_loads:
+                _check_loads(tmp, model, output)
         else:
             data_name = f"{output.name}.data"
             tmp_data = directory / f".{data_name}.tmp"
@@ -629,6 +640,8 @@ def save_model(model: onnx.ModelProto, output: Path) -> None:
                 model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                 location=tmp_data.name, size_threshold=1024,
             )
+            if check_loads:  # before the data replaces an existing <output>.data
+                _check_loads(tmp, model, output)
             # The model names its data file: rewrite the location to the final name.
             saved = onnx.load(str(tmp), load_external_data=False)
             for tensor in _all_tensors(saved):
@@ -641,7 +654,19 @@ def save_model(model: onnx.ModelProto, output: Path) -> None:
         os.replace(tmp, output)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        if tmp_data is not None:
+            tmp_data.unlink(missing_ok=True)
         raise
+
+
+def _check_loads(path: Path, model: onnx.ModelProto, output: Path) -> None:
+    from onnxcampo.errors import WrittenModelLoadError
+    from onnxcampo.runtime.check import check_loads  # the runtime imports this module
+
+    try:
+        check_loads(path, model=model, label=str(output))
+    except WrittenModelLoadError as exc:
+        raise WrittenModelLoadError(f"{exc}; nothing was written") from exc.__cause__
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:

@@ -1,0 +1,221 @@
+"""Test-load a model in ONNX Runtime before it is kept (``graph.save_model`` calls
+:func:`check_loads` on the temporary file, before the rename).
+
+onnx.checker does not see what ONNX Runtime does at session creation: its graph optimizations
+run then, and their fusions can fail on a graph the checker accepts (they name new initializers
+without looking at the tensors already there: ``onnxcampo.fuse.ORT_GENERATED_NAMES``). A written
+model that ORT cannot load must not replace anything. The check, case by case:
+
+1. a session is created on the CPU EP at ``ORT_ENABLE_ALL``, and on the CUDA EP at
+   ``ORT_ENABLE_ALL`` too when this onnxruntime has ``CUDAExecutionProvider`` (the EPs fuse
+   differently);
+2. a file is loaded by its path, so a model over 2 GB reads its external data where it lies,
+   never through protobuf; the session is kept cheap (one thread, no weight prepacking) and ORT's
+   own error log is silenced: the error is reported once, by us;
+3. onnxcampo's custom-op library is registered when the library loads; a model that uses
+   ``ai.onnxcampo`` without it, or ops no session of this onnxruntime can run on that EP (ORT's
+   training ops in an inference build, other custom domains, CUDA-only contrib ops on the CPU
+   EP: no CPU kernel; on the CUDA EP, which falls back to CPU kernels and whose own this
+   onnxruntime does not list: no schema), is not test-loaded there, with a warning: no session
+   here can load it, and the build that will run it must;
+4. a failure raises :class:`WrittenModelLoadError` with one line: the model, the EP and ORT's
+   cause without its source locations.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import tempfile
+
+import onnx
+import onnx.defs
+import onnxruntime as ort
+
+from onnxcampo import ops
+from onnxcampo.errors import WrittenModelLoadError
+from onnxcampo.graph import exceeds_protobuf_limit
+
+log = logging.getLogger(__name__)
+
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_FATAL_ONLY = 4  # ORT log severity: nothing below FATAL
+_ORT_ERROR_HEADER = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_SOURCE_LOCATION = re.compile(r"^(?:Exception during initialization: )?\S+\.(?:cc|cpp|h):\d+ ")
+_SIGNATURE = re.compile(r"[^()\s]*::[^()]*\(")
+_MAX_CAUSE = 400
+_cuda_preloaded = False
+
+
+def check_loads(source: str | os.PathLike | onnx.ModelProto, *, model: onnx.ModelProto | None = None,
+                label: str | None = None) -> list[str]:
+    """Create an ONNX Runtime session of ``source`` (a file, or a ModelProto) on every EP of
+    rule 1; raise :class:`WrittenModelLoadError` if one fails. ``model``: the proto of a file
+    source when the caller has it (its graph is read for rule 3); ``label`` names the model in the
+    message (default: the file). Returns the EPs it loaded on."""
+    if model is None:
+        model = source if isinstance(source, onnx.ModelProto) else onnx.load(str(source), load_external_data=False)
+    label = label or (str(source) if not isinstance(source, onnx.ModelProto) else "the model")
+    uses_ops = ops.uses_ops(model)
+    if uses_ops and not ops.available():
+        log.warning("%s: not test-loaded in ONNX Runtime: it uses %s ops and the custom-op library is not built (%s)",
+                    label, ops.DOMAIN, ops.BUILD_COMMAND)
+        return []
+    loaded = []
+    for provider in (CPU, CUDA) if CUDA in ort.get_available_providers() else (CPU,):
+        missing = _ops_without_kernels(model, provider)
+        if missing:
+            log.warning("%s: not test-loaded on the %s: this onnxruntime %s has no kernel for %s", label,
+                        _short(provider), ort.__version__, ", ".join(missing[:5]))
+            continue
+        if _load(source, provider, label, uses_ops):
+            loaded.append(provider)
+    return loaded
+
+
+def _load(source: str | os.PathLike | onnx.ModelProto, provider: str, label: str, uses_ops: bool) -> bool:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = _FATAL_ONLY
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    if uses_ops:
+        ops.register(options)
+    providers = [CPU] if provider == CPU else [(CUDA, {"use_tf32": "1"}), CPU]
+    if provider == CUDA:
+        _preload_cuda_dlls()
+    try:
+        if isinstance(source, onnx.ModelProto):
+            session = _session_from_proto(source, options, providers)
+        else:
+            session = ort.InferenceSession(str(source), sess_options=options, providers=providers)
+    except Exception as exc:  # noqa: BLE001 - ORT's pybind errors derive from Exception only
+        cause = _cause(exc, str(source) if not isinstance(source, onnx.ModelProto) else None, label)
+        raise WrittenModelLoadError(
+            f"{label}: ONNX Runtime {ort.__version__} cannot load the model on the {_short(provider)} "
+            f"(ORT_ENABLE_ALL): {cause}") from exc
+    if provider == CUDA and CUDA not in session.get_providers():
+        log.warning("%s: not test-loaded on the CUDA EP: it did not initialise (ONNX Runtime fell back to the CPU)",
+                    label)
+        return False
+    return True
+
+
+def _session_from_proto(model: onnx.ModelProto, options: ort.SessionOptions, providers) -> ort.InferenceSession:
+    if not exceeds_protobuf_limit(model):
+        return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
+    copy = onnx.ModelProto()  # save_model(save_as_external_data=True) strips the proto it is given
+    copy.CopyFrom(model)
+    with tempfile.TemporaryDirectory(prefix="onnxcampo-check-") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="model.onnx.data")
+        del copy
+        return ort.InferenceSession(path, sess_options=options, providers=providers)
+
+
+def _cause(exc: Exception, path: str | None, label: str) -> str:
+    """ORT's message on one line: its last ``[ONNXRuntimeError] : code : NAME :`` part, without
+    the source location; the temporary file's path replaced by the model's name."""
+    text = " ".join(str(exc).split()) or exc.__class__.__name__
+    cause = _ORT_ERROR_HEADER.split(text)[-1].strip() or text
+    cause = _without_signature(_SOURCE_LOCATION.sub("", cause))
+    if path:
+        cause = cause.replace(path, label)
+    return cause if len(cause) <= _MAX_CAUSE else cause[:_MAX_CAUSE] + " ..."
+
+
+def _without_signature(text: str) -> str:
+    """An ORT_ENFORCE message without the C++ signature it starts with (``ns::Type ns::f(args) cond
+    was false. why``)."""
+    start = _SIGNATURE.match(text)
+    if start is None:
+        return text
+    depth = 0
+    for index in range(start.end() - 1, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[index], 0)
+        if depth == 0:
+            return text[index + 1:].strip() or text
+    return text
+
+
+def _short(provider: str) -> str:
+    return "CUDA EP" if provider == CUDA else "CPU EP"
+
+
+def _ops_without_kernels(model: onnx.ModelProto, provider: str) -> list[str]:
+    """``domain::op`` of the nodes (subgraphs included) no session of this onnxruntime can run on
+    ``provider``. On the CPU EP: no CPU kernel (where this onnxruntime lists them); on the CUDA EP,
+    which falls back to CPU kernels and whose own kernels it does not list: no schema in ORT or
+    ONNX. Model-local functions, and ONNX ops (ORT expands the function body of an ONNX op it has
+    no kernel for), always count as runnable."""
+    kernels = _cpu_kernels() if provider == CPU else None
+    known = kernels if kernels is not None else _schemas()
+    functions = {(f.domain, f.name) for f in model.functions}
+    missing: set[str] = set()
+    for node in _all_nodes(model.graph):
+        domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
+        if domain == ops.DOMAIN or (domain, node.op_type) in known or (node.domain, node.op_type) in functions:
+            continue
+        if onnx.defs.has(node.op_type, domain):
+            continue
+        missing.add(f"{domain or 'ai.onnx'}::{node.op_type}")
+    return sorted(missing)
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _all_nodes(sub)
+
+
+def _pairs(entries, name: str) -> frozenset[tuple[str, str]]:
+    return frozenset(("" if e.domain in _DEFAULT_DOMAINS else e.domain, getattr(e, name)) for e in entries)
+
+
+@functools.cache
+def _cpu_kernels() -> frozenset[tuple[str, str]] | None:
+    """The CPU EP's kernels, or None where this onnxruntime cannot list them safely:
+    ``get_all_opkernel_def`` loads every provider library of a GPU build and segfaults when one
+    of them (TensorRT's) cannot load (onnxruntime-gpu 1.31.1 on the H200)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    if hasattr(state, "get_registered_ep_kernel_defs"):
+        try:
+            return _pairs(state.get_registered_ep_kernel_defs(CPU), "op_name")
+        except Exception:  # noqa: BLE001 - not listed there in this version
+            pass
+    if ort.get_available_providers() == [CPU]:
+        return _pairs(state.get_all_opkernel_def(), "op_name")
+    return None
+
+
+@functools.cache
+def _schemas() -> frozenset[tuple[str, str]]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return _pairs(state.get_all_operator_schema(), "name")
+
+
+def _preload_cuda_dlls() -> None:
+    """Let onnxruntime-gpu find pip-installed CUDA/cuDNN libraries (ORT >= 1.21), once."""
+    global _cuda_preloaded
+    if _cuda_preloaded or not hasattr(ort, "preload_dlls"):
+        return
+    _cuda_preloaded = True
+    try:
+        ort.preload_dlls()
+    except Exception as exc:  # noqa: BLE001 - best effort: the libraries may be on the system path
+        log.warning("onnxruntime.preload_dlls() failed: %s", exc)
+
+
+__all__ = ["check_loads"]
