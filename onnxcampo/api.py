@@ -285,6 +285,7 @@ def _read_executed_graph(ctx: GraphContext) -> None:
 
     model = onnx.ModelProto()
     model.CopyFrom(ctx.model)
+    fuse.rename_ort_generated_names(model)  # names ORT's own fusions would collide with at load
     try:
         graph_io.pin_input_shapes(model, ctx.config.input_shapes, ctx.config.dim_values, require_static=False)
         executed = executed_graph(model)
