@@ -330,9 +330,6 @@ def preload_cuda_dlls() -> None:
     _dlls_preloaded = True
 
 
-_preload_cuda_dlls = preload_cuda_dlls  # the old private name, until scripts/bench_measure.py stops importing it
-
-
 def available_providers() -> list[str]:
     """The execution providers this onnxruntime build offers (for reports and early checks)."""
     return list(ort.get_available_providers())
