@@ -3,7 +3,9 @@
 Everything that touches ``onnxruntime`` goes through here so that the rest of onnxcampo sees
 one error family (:mod:`onnxcampo.errors`) instead of ORT's pybind exceptions, and so that the
 quirks of ORT (silent CUDA fallback to CPU, the 2 GB protobuf limit, exceptions that do not
-derive from ``RuntimeError``) are handled once. :mod:`onnxcampo.runtime.timing` runs sessions
+derive from ``RuntimeError``) are handled once. :func:`make_session` is the only maker of
+sessions, for the cost database's measurements and the benchmark scripts too
+(``tests/test_runtime_door.py`` checks it). :mod:`onnxcampo.runtime.timing` runs sessions
 the fast way (IO binding, CUDA-graph replay) and times variants in rotation;
 :mod:`onnxcampo.runtime.compare` holds the one output comparison (relative L2 error).
 """
