@@ -35,7 +35,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo.costdb.chains import ChainCase, build_chain, chain_cases
-from onnxcampo import ops
 
 log = logging.getLogger(__name__)
 
@@ -296,59 +295,37 @@ def sample_key(case: Case, precision: str, tf32: bool) -> str:
 # --- timing ------------------------------------------------------------------------------------
 
 class Timer:
-    """Sessions on one provider; times a model's runs through IO binding."""
+    """Sessions on one provider (:func:`onnxcampo.runtime.make_session`); times a model's runs
+    through IO binding (:class:`onnxcampo.runtime.timing.BoundRunner`)."""
 
     def __init__(self, provider: str, *, warmup: int = 5, runs: int = 30, min_seconds: float = 0.05) -> None:
-        import onnxruntime as ort
+        from onnxcampo import runtime
 
-        self.ort = ort
         self.provider = provider
         self.warmup, self.runs, self.min_seconds = warmup, runs, min_seconds
-        if provider == "cuda" and hasattr(ort, "preload_dlls"):
-            ort.preload_dlls()
+        if provider == "cuda":
+            runtime.preload_cuda_dlls()  # before torch's profiler (the kernel clock) loads its CUDA libraries
         self.kernel_clock = _cupti_clock() if provider == "cuda" else None
         self.baseline_us = self._empty_model_us()
 
-    def _session(self, model: onnx.ModelProto, tf32: bool):
-        options = self.ort.SessionOptions()
-        options.log_severity_level = 3
-        if ops.uses_ops(model):  # single-op models of ai.onnxcampo ops
-            ops.register(options)
-        if self.provider == "cuda":
-            providers = [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"})]
-        else:
-            providers = ["CPUExecutionProvider"]
-        return self.ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-
     def time_us(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, tf32: bool = True) -> dict[str, float]:
-        session = self._session(model, tf32)
-        device = "cuda" if self.provider == "cuda" else "cpu"
-        binding = session.io_binding()
-        values = {n: self.ort.OrtValue.ortvalue_from_numpy(a, device, 0) for n, a in feeds.items()}
-        for name, value in values.items():
-            binding.bind_ortvalue_input(name, value)
-        for out in session.get_outputs():
-            binding.bind_output(out.name, device)
-        session.run_with_iobinding(binding)
-        binding.synchronize_outputs()
-        outputs = binding.get_outputs()
-        for out, value in zip(session.get_outputs(), outputs):
-            binding.bind_ortvalue_output(out.name, value)
+        from onnxcampo.runtime import make_session
+        from onnxcampo.runtime.timing import BoundRunner
+
+        session = make_session(model, provider=self.provider, tf32=tf32, log_severity=3)
+        runner = BoundRunner(session, feeds, self.provider)
+        runner()  # allocates the outputs, bound from then on
         for _ in range(self.warmup):
-            session.run_with_iobinding(binding)
-            binding.synchronize_outputs()
+            runner()
         times = []
         start = time.perf_counter()
         while len(times) < self.runs or (time.perf_counter() - start < self.min_seconds and len(times) < 20 * self.runs):
-            t0 = time.perf_counter()
-            session.run_with_iobinding(binding)
-            binding.synchronize_outputs()
-            times.append((time.perf_counter() - t0) * 1e6)
+            times.append(runner() * 1e6)
         array = np.array(times)
         result = {"wall_us": float(np.median(array)), "p10_us": float(np.percentile(array, 10)),
                   "p90_us": float(np.percentile(array, 90)), "runs": len(times)}
         if self.kernel_clock is not None:
-            result.update(self.kernel_clock(lambda: (session.run_with_iobinding(binding), binding.synchronize_outputs())))
+            result.update(self.kernel_clock(runner))
         return result
 
     def _empty_model_us(self) -> float:

@@ -1,7 +1,9 @@
 """``onnxcampo bench MODEL.onnx``: the precision policies side by side on ONNX Runtime.
 
 1. the model is optimized under each policy (:func:`onnxcampo.optimize` with ``policy``,
-   ``execution`` and the shape pins), fp32 always among them: it is the reference;
+   ``execution`` and the shape pins on top of ``config``: the cost database, padding, the cost
+   graph and ORT fusion are the same for every policy), fp32 always among them: it is the
+   reference;
 2. each optimized model gets a session and a :class:`~onnxcampo.runtime.timing.BoundRunner` on
    the same inputs (``inputs``, else random ones), in the ``execution`` mode (``cuda-graph``:
    captured once and replayed; provider cuda only);
@@ -28,7 +30,7 @@ import numpy as np
 import onnx
 
 from onnxcampo import graph as graph_io
-from onnxcampo.config import EXECUTION_MODES, POLICIES
+from onnxcampo.config import EXECUTION_MODES, POLICIES, OptimizeConfig
 from onnxcampo.errors import CampoError, ConfigError
 from onnxcampo.runtime.compare import DEFAULT_TOLERANCE, worst_error
 from onnxcampo.runtime.timing import BLOCK_MS, ROUNDS, BlockTimes, bound_runner, time_in_rotation
@@ -86,6 +88,7 @@ class BenchResult:
     dim_values: dict[str, int] = field(default_factory=dict)
     policies: dict[str, PolicyResult] = field(default_factory=dict)
     tolerance: float = DEFAULT_TOLERANCE
+    config: OptimizeConfig = field(default_factory=OptimizeConfig)  # what every policy was optimized with
 
     def to_json(self) -> dict:
         import onnxruntime as ort
@@ -99,6 +102,9 @@ class BenchResult:
             "rounds": self.rounds, "block_ms": self.block_ms, "inputs": self.inputs,
             "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
             "dim_values": dict(self.dim_values), "reference": REFERENCE, "tolerance": self.tolerance,
+            "plan_options": {"device_db": str(self.config.device_db) if self.config.device_db else None,
+                             "pad_tensor_cores": self.config.pad_tensor_cores, "cost_graph": self.config.cost_graph,
+                             "fuse": self.config.fuse},
             "error_measure": "relative L2 against fp32's outputs (integer outputs: share differing), worst output",
             "policies": {name: p.to_json(reference, self.tolerance) for name, p in self.policies.items()},
         }
@@ -171,11 +177,14 @@ def bench(
     rounds: int = ROUNDS,
     block_ms: float = BLOCK_MS,
     tolerance: float = DEFAULT_TOLERANCE,
+    config: OptimizeConfig | None = None,
 ) -> BenchResult:
     """Optimize ``model`` under each of ``policies``, time the results side by side in rotation
     on ``provider`` in the ``execution`` mode and compare their outputs with fp32's (see the
     module's numbered steps). ``inputs``: an ``.npz`` path or arrays (default: random, from the
-    shapes and pins). ``tolerance`` only marks the policies whose error exceeds it."""
+    shapes and pins). ``tolerance`` only marks the policies whose error exceeds it. ``config``:
+    the options every policy is optimized with (``device_db``, ``pad_tensor_cores``,
+    ``cost_graph``, ``fuse``, ...); its policy, execution and pins are replaced by the bench's."""
     from onnxcampo.api import optimize
     from onnxcampo.runtime import _providers, feeds_for, load_inputs_npz, random_inputs
 
@@ -190,6 +199,7 @@ def bench(
     if rounds < 1 or not block_ms > 0:
         raise ConfigError(f"need --rounds >= 1 and --block-ms > 0, got {rounds} and {block_ms}")
     _providers(provider)  # no GPU, no onnxruntime-gpu: say so before optimizing anything
+    config = config or OptimizeConfig()
     original, source = graph_io.read_model(model)
     input_shapes, dim_values = dict(input_shapes or {}), dict(dim_values or {})
     if inputs is None:
@@ -206,7 +216,7 @@ def bench(
         result = results[name]
         try:
             log.info("optimizing under %s", name)
-            built = optimize(original, policy=name, execution=execution, input_shapes=input_shapes,
+            built = optimize(original, config=config, policy=name, execution=execution, input_shapes=input_shapes,
                              dim_values=dim_values)
             report = built.report
             result.casts, result.nodes_fp16 = report.get("casts_inserted"), report.get("nodes_fp16")
@@ -232,7 +242,7 @@ def bench(
         result.rel_err = 0.0 if name == REFERENCE else worst_error(reference, runners[name].outputs())
     return BenchResult(model=str(source) if source else None, provider=provider, execution=execution, rounds=rounds,
                        block_ms=block_ms, inputs=described, input_shapes=input_shapes, dim_values=dim_values,
-                       policies=results, tolerance=tolerance)
+                       policies=results, tolerance=tolerance, config=config)
 
 
 def write_json(result: BenchResult, path: str | os.PathLike) -> None:

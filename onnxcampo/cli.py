@@ -32,10 +32,8 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--include-op", action="append", default=[], metavar="OP", help="op type forced fp16 (repeatable)")
     parser.add_argument("--exclude-node", action="append", default=[], metavar="REGEX", help="node names kept fp32 (repeatable)")
     parser.add_argument("--include-node", action="append", default=[], metavar="REGEX", help="node names forced fp16 (repeatable)")
-    parser.add_argument("--device-db", type=Path, help="cost database JSON (default: the analytic H200 model)")
     parser.add_argument("--profile", choices=PROFILE_MODES, default="predict",
                         help="fp32 node times: predicted by the cost model (default) or measured on ORT cpu/cuda")
-    parser.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
     parser.add_argument("--min-gain", type=float, default=0.02, metavar="SHARE",
                         help="campo keeps fp32 unless a mixed plan is predicted at least this share faster "
                              "(default 0.02: 2 %%)")
@@ -61,6 +59,17 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="how ORT will run the model, which plans are costed, tuned and validated for: plain "
                              "(node by node, default) or cuda-graph (captured once and replayed: no per-node host "
                              "time; needs static shapes and every node on the CUDA EP)")
+    _add_cost_options(parser)
+    parser.add_argument("--int8-avg", action="store_true",
+                        help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
+                             "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
+
+
+def _add_cost_options(parser: argparse.ArgumentParser) -> None:
+    """How plans are costed and what the graph looks like before planning: options of
+    ``optimize`` and ``inspect`` that ``bench`` passes to every policy too."""
+    parser.add_argument("--device-db", type=Path, help="cost database JSON (default: the analytic H200 model)")
+    parser.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
     parser.add_argument("--cost-graph", choices=COST_GRAPHS, default="ort",
                         help="cost plans on the nodes ORT will run (ort, default: its fusions and aliases read from "
                              "its own optimized graph) or on every ONNX node (onnx)")
@@ -71,9 +80,12 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="attention heads for --fuse (default 0: detected)")
     parser.add_argument("--hidden-size", type=int, default=0, metavar="N",
                         help="hidden size for --fuse (default 0: detected)")
-    parser.add_argument("--int8-avg", action="store_true",
-                        help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
-                             "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
+
+
+def _cost_fields(args: argparse.Namespace) -> dict:
+    """The OptimizeConfig fields of :func:`_add_cost_options`."""
+    return dict(device_db=args.device_db, pad_tensor_cores=not args.no_pad, cost_graph=args.cost_graph,
+                fuse=args.fuse, num_heads=args.num_heads, hidden_size=args.hidden_size)
 
 
 def _config(args: argparse.Namespace) -> OptimizeConfig:
@@ -88,9 +100,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         include_ops=frozenset(args.include_op),
         exclude_nodes=tuple(args.exclude_node),
         include_nodes=tuple(args.include_node),
-        device_db=args.device_db,
         profile=args.profile,
-        pad_tensor_cores=not args.no_pad,
         compare_plans=not args.no_compare_plans,
         min_gain=args.min_gain,
         check_invariants=args.debug,
@@ -100,10 +110,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         tune_tolerance=args.tune_tolerance,
         activation_limit=args.activation_limit,
         execution=args.execution,
-        fuse=args.fuse,
-        cost_graph=args.cost_graph,
-        num_heads=args.num_heads,
-        hidden_size=args.hidden_size,
+        **_cost_fields(args),
     )
 
 
@@ -187,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rotation rounds: each times one block of every policy (default 10)")
     bn.add_argument("--block-ms", type=float, default=20.0, metavar="MS",
                     help="a timed block lasts at least this long (default 20)")
+    _add_cost_options(bn)  # every policy is optimized with them
 
     cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
     cost_sub = cost.add_subparsers(dest="costdb_command", required=True)
@@ -337,7 +345,8 @@ def _bench(args: argparse.Namespace) -> int:
     result = bench(args.input, policies=args.policies, provider=args.provider, execution=args.execution,
                    input_shapes=dict(parse_input_shape(text) for text in args.input_shape),
                    dim_values=dict(parse_dim_value(text) for text in args.dim), inputs=args.inputs,
-                   rounds=args.rounds, block_ms=args.block_ms)
+                   rounds=args.rounds, block_ms=args.block_ms,
+                   config=OptimizeConfig(**_cost_fields(args), check_invariants=args.debug))
     print(result.table())
     if args.json is not None:
         write_json(result, args.json)

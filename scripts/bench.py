@@ -313,8 +313,7 @@ class Group:
         if self._reference is None:
             import bench_measure as m
 
-            session = m.make_session(self.built.path, provider=self.settings.provider, tf32=False)
-            runner = m.BoundRunner(session, self.built.feeds, self.settings.provider)
+            runner = m.bound(self.built.path, self.built.feeds, provider=self.settings.provider, tf32=False)
             runner()
             self._reference = runner.outputs()
         return self._reference
@@ -457,8 +456,7 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
         if pol.graph_base(policy) == "fp32":
             row.update(ort_launches(path, s.provider))
         with stages("session"):
-            session = m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy), cuda_graph=graph)
-            runner = m.BoundRunner(session, built.feeds, s.provider)
+            runner = m.bound(path, built.feeds, provider=s.provider, tf32=pol.tf32_of(policy), cuda_graph=graph)
         if prepare_only:
             return row
         with stages("measure"):
@@ -469,17 +467,16 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
             per_block = _per_block(runner, s.block_ms)
             row["ms_blocks"] = m.timed_blocks(runner, warmup=0, blocks=s.inference_blocks, per_block=per_block)
             row["runs_per_block"] = per_block
-        del runner, session
+        del runner
         gc.collect()
         def again() -> list[float]:
-            runner = m.BoundRunner(m.make_session(path, provider=s.provider, tf32=pol.tf32_of(policy),
-                                                  cuda_graph=graph), built.feeds, s.provider)
+            runner = m.bound(path, built.feeds, provider=s.provider, tf32=pol.tf32_of(policy), cuda_graph=graph)
             return m.timed_blocks(runner, warmup=1 + s.inference_warmup, blocks=s.inference_blocks,
                                   per_block=per_block)
         _more_sessions(row, s.sessions, again, stages)
 
         def fp32() -> list[float]:
-            runner = m.BoundRunner(m.make_session(built.path, provider=s.provider), built.feeds, s.provider)
+            runner = m.bound(built.path, built.feeds, provider=s.provider)
             return m.timed_blocks(runner, warmup=1 + s.inference_warmup, blocks=s.inference_blocks, per_block=per_block)
         _paired_fp32(row, policy, fp32, stages)
         if s.tc and not graph:  # the profile of a replayed graph is its base policy's
@@ -522,8 +519,8 @@ def interleave(group: Group) -> dict[str, Any]:
 
     def runner_of(policy: str, kept: Kept):
         try:
-            session = m.make_session(kept.path, provider=s.provider, tf32=kept.tf32, cuda_graph=kept.cuda_graph)
-            runner = m.BoundRunner(session, group.built.feeds, s.provider)
+            runner = m.bound(kept.path, group.built.feeds, provider=s.provider, tf32=kept.tf32,
+                             cuda_graph=kept.cuda_graph)
             for _ in range(1 + s.inference_warmup):
                 runner()
             return runner
@@ -780,7 +777,9 @@ def _failed(item: Item, reason: str, status: str = "failed") -> dict[str, Any]:
 def _check_provider(provider: str) -> str | None:
     import onnxruntime as ort
 
-    if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+    from onnxcampo.runtime import available_providers
+
+    if provider == "cuda" and "CUDAExecutionProvider" not in available_providers():
         return ("onnxruntime has no CUDAExecutionProvider: install onnxruntime-gpu as ../shared/device/README.md "
                 f"says and put /tmp/ortgpu first on PYTHONPATH (found onnxruntime {ort.__version__} at "
                 f"{Path(ort.__file__).parent})")

@@ -27,6 +27,7 @@ from onnx import TensorProto, helper
 
 from onnxcampo import ops
 from onnxcampo.ops import nodes
+from onnxcampo.runtime import make_session
 
 ROOT = Path(__file__).resolve().parents[1]
 CUBES = [64, 128, 256, 512, 1024]
@@ -49,10 +50,8 @@ def model(kind: str) -> onnx.ModelProto:
 
 
 def session(kind: str, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    ops.register(options)
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(model(kind).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    """A CPU session of the one-node model (onnxcampo's library registered), ``threads`` intra-op threads (0: ORT's default)."""
+    return make_session(model(kind), provider="cpu", intra_op_threads=threads)
 
 
 def time_ms(sess: ort.InferenceSession, feeds: dict, budget_s: float) -> float:

@@ -1,10 +1,14 @@
-"""How the benchmark measures: sessions, timed blocks, output error, node counts, the share of
-GEMM/Conv time that is Tensor-Core eligible, training steps, and where a training step's time goes.
+"""How the benchmark measures: timed blocks, output error, node counts, the share of GEMM/Conv
+time that is Tensor-Core eligible, training steps, and where a training step's time goes.
 
 Timing follows ``../shared/device/README.md``: inputs copied to the device once and bound
 (IO binding), outputs allocated by the first run and bound for the later ones, warm-up runs, then
 the median over timed blocks of the mean time per run in the block. TF32 is a session option
-(``use_tf32``), so fp32 is measured both ways.
+(``use_tf32``), so fp32 is measured both ways. Sessions come from
+:func:`onnxcampo.runtime.make_session` and inference runs through
+:class:`onnxcampo.runtime.timing.BoundRunner`; outputs are compared by
+:mod:`onnxcampo.runtime.compare`. What stays here is the benchmark's own: the training step's
+runner, profiles and their breakdown.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import json
 import os
 import re
 import statistics
-import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,62 +27,17 @@ import onnx
 import onnxruntime as ort
 
 from onnxcampo import graph as graph_io
-from onnxcampo.runtime import _preload_cuda_dlls
+from onnxcampo import runtime
+from onnxcampo.runtime.compare import check_outputs, worst_error
+from onnxcampo.runtime.timing import BoundRunner, time_block
 from onnxcampo.training.scaling import initial_state
 from onnxcampo.training.step import LOSS, LR, UPDATED, step_spec
 
-_LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+ORT_LOG = 3  # ORT's log severity in benchmark sessions: errors only (its warnings about unused initializers flood the log)
 
 
 class MeasureError(RuntimeError):
-    """A variant that cannot be measured (ORT rejects it, it fails to run, non-finite output)."""
-
-
-def make_session(model: str | Path, *, provider: str, tf32: bool = True, profiling: bool = False,
-                 profile_prefix: str | None = None, optimization: str = "all",
-                 cuda_graph: bool = False, cuda_options: Mapping[str, str] | None = None) -> ort.InferenceSession:
-    """A session on ``provider``; on CUDA with ``use_tf32`` as asked (ORT's default is on),
-    with ``cuda_graph`` ORT's CUDA-graph capture and replay, and ``cuda_options`` (more CUDA EP
-    options, e.g. ``{"prefer_nhwc": "1"}``) on top. A key of ``cuda_options`` starting with
-    ``session.`` is a session setting instead: an attribute of ``SessionOptions``
-    (``session.intra_op_num_threads``) or else a config entry (``session.intra_op.allow_spinning``)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = _LEVELS[optimization]
-    options.enable_profiling = profiling
-    options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers flood the log
-    if profile_prefix:
-        options.profile_file_prefix = profile_prefix
-    cuda_options = dict(cuda_options or {})
-    for key in [k for k in cuda_options if k.startswith("session.")]:
-        value, name = cuda_options.pop(key), key[len("session."):]
-        if hasattr(options, name):
-            current = getattr(options, name)
-            if isinstance(current, bool):
-                setattr(options, name, str(value).lower() in ("1", "true"))
-            elif isinstance(current, (int, float, str)):
-                setattr(options, name, type(current)(value))
-            else:
-                raise MeasureError(f"session option {name} ({type(current).__name__}) cannot be set from {value!r}")
-        else:
-            options.add_session_config_entry(key, value)
-    from onnxcampo import ops
-
-    if ops.available():  # step graphs built with the custom-op library use its fused ops
-        ops.register(options)
-    if provider == "cuda":
-        _preload_cuda_dlls()
-        cuda = {"use_tf32": "1" if tf32 else "0", **({"enable_cuda_graph": "1"} if cuda_graph else {}),
-                **(cuda_options or {})}
-        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
-    else:
-        providers = ["CPUExecutionProvider"]
-    try:
-        session = ort.InferenceSession(str(model), sess_options=options, providers=providers)
-    except Exception as exc:  # noqa: BLE001 - ORT's pybind errors do not share a base class
-        raise MeasureError(f"ONNX Runtime rejected the model: {_short(exc)}") from None
-    if provider == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
-        raise MeasureError("ONNX Runtime fell back to CPU (CUDAExecutionProvider did not initialise)")
-    return session
+    """A variant that cannot be measured (it fails to run, non-finite output or loss)."""
 
 
 def _short(exc: BaseException, limit: int = 400) -> str:
@@ -87,87 +45,45 @@ def _short(exc: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def _device(provider: str) -> str:
-    return "cuda" if provider == "cuda" else "cpu"
-
-
-class BoundRunner:
-    """One session run through IO binding; outputs of the first run are bound for later runs."""
-
-    def __init__(self, session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], provider: str) -> None:
-        self.session = session
-        self.binding = session.io_binding()
-        device = _device(provider)
-        expected = {i.name for i in session.get_inputs()}
-        if set(feeds) != expected:
-            raise MeasureError(f"feeds {sorted(feeds)} do not match the model inputs {sorted(expected)}")
-        # on CPU an OrtValue borrows the numpy buffer: keep the arrays alive as long as the values
-        self._arrays = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
-        self._inputs = {name: ort.OrtValue.ortvalue_from_numpy(value, device, 0) for name, value in self._arrays.items()}
-        for name, value in self._inputs.items():
-            self.binding.bind_ortvalue_input(name, value)
-        self.names = [o.name for o in session.get_outputs()]
-        for name in self.names:
-            self.binding.bind_output(name, device)
-        self._bound = False
-
-    def __call__(self) -> None:
-        try:
-            self.session.run_with_iobinding(self.binding)
-        except Exception as exc:  # noqa: BLE001
-            raise MeasureError(f"ONNX Runtime failed to run the model: {_short(exc)}") from None
-        self.binding.synchronize_outputs()
-        if not self._bound:
-            outputs = self.binding.get_outputs()
-            for name, value in zip(self.names, outputs):
-                self.binding.bind_ortvalue_output(name, value)
-            self._outputs = outputs
-            self._bound = True
-
-    def outputs(self) -> dict[str, np.ndarray]:
-        return {name: value.numpy() for name, value in zip(self.names, self.binding.get_outputs())}
+def bound(model: str | Path, feeds: Mapping[str, np.ndarray], *, provider: str, tf32: bool = True,
+          cuda_graph: bool = False, cuda_options: Mapping[str, str] | None = None,
+          session_config: Mapping[str, str] | None = None) -> BoundRunner:
+    """A session of ``model`` run through IO binding: :func:`onnxcampo.runtime.make_session` with
+    ``use_tf32`` as asked, with ``cuda_graph`` ORT's capture and replay, ``cuda_options`` (more
+    CUDA EP options, e.g. ``{"prefer_nhwc": "1"}``) and ``session_config`` (``session.*``
+    settings) on top; ORT logs errors only."""
+    session = runtime.make_session(model, provider=provider, tf32=tf32, cuda_graph=cuda_graph,
+                                   cuda_options=cuda_options, session_config=session_config, log_severity=ORT_LOG)
+    return BoundRunner(session, feeds, provider, cuda_graph=cuda_graph)
 
 
 def timed_blocks(step, *, warmup: int, blocks: int, per_block: int) -> list[float]:
     """Call ``step()`` ``warmup`` times, then ``blocks`` blocks of ``per_block`` calls; ms per call of each block."""
     for _ in range(warmup):
         step()
-    out = []
-    for _ in range(blocks):
-        start = time.perf_counter()
-        for _ in range(per_block):
-            step()
-        out.append((time.perf_counter() - start) * 1e3 / per_block)
-    return out
+    return [time_block(step, per_block) for _ in range(blocks)]
 
 
 def output_error(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Worst over the float outputs of max|c - r| / max|r| and of mean|c - r| / mean|r|.
+    """A row's accuracy, all from :mod:`onnxcampo.runtime.compare`: ``rel_err_max`` and
+    ``rel_err_mean``, the worst over the float outputs of max|c - r| / max|r| and of
+    mean|c - r| / mean|r| (what the report judges; integer outputs: the share of elements that
+    differ), and ``output_error``, the one criterion of ``--validate``, ``--tune`` and
+    ``onnxcampo bench`` (relative L2, :func:`~onnxcampo.runtime.compare.worst_error`).
 
-    Non-finite candidate values where the reference is finite raise MeasureError (a NaN or
-    overflow is a failed conversion, not a large error).
+    A missing output, a changed shape, or non-finite values where the reference is finite raise
+    MeasureError (a NaN or overflow is a failed conversion, not a large error).
     """
     worst_max, worst_mean = 0.0, 0.0
-    for name, ref in reference.items():
-        if name not in candidate:
-            raise MeasureError(f"output {name} missing")
-        r = np.asarray(ref, np.float64)
-        c = np.asarray(candidate[name], np.float64)
-        if r.shape != c.shape:
-            raise MeasureError(f"output {name} has shape {c.shape}, expected {r.shape}")
-        if np.asarray(ref).dtype.kind != "f":
-            if not np.array_equal(r, c):
-                worst_max = max(worst_max, float(np.mean(r != c)))  # share of differing ints
+    for check in check_outputs(reference, candidate):
+        if check.error is not None and not np.isfinite(check.error):
+            raise MeasureError(f"output {check.name}: {check.note or 'non-finite values (fp16 overflow?)'}")
+        if check.measure == "mismatch":
+            worst_max = max(worst_max, check.error or 0.0)  # share of differing ints
             continue
-        bad = ~np.isfinite(c) & np.isfinite(r)
-        if bad.any():
-            raise MeasureError(f"output {name}: {int(bad.sum())} non-finite values (fp16 overflow?)")
-        diff = np.abs(c - r)
-        scale = float(np.max(np.abs(r))) or 1.0
-        worst_max = max(worst_max, float(diff.max()) / scale if diff.size else 0.0)
-        mean_ref = float(np.mean(np.abs(r))) or 1.0
-        worst_mean = max(worst_mean, float(diff.mean()) / mean_ref if diff.size else 0.0)
-    return {"rel_err_max": worst_max, "rel_err_mean": worst_mean}
+        worst_max = max(worst_max, check.diff.scaled_max_err)
+        worst_mean = max(worst_mean, check.diff.scaled_mean_err)
+    return {"rel_err_max": worst_max, "rel_err_mean": worst_mean, "output_error": worst_error(reference, candidate)}
 
 
 def node_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -287,8 +203,8 @@ def tensor_core_share(profile: str | Path | list, *, skip_runs: int = 1) -> dict
 def profile_runs(model: str | Path, feeds: Mapping[str, np.ndarray], *, provider: str, directory: Path,
                  runs: int = 10, optimization: str = "all", tf32: bool = True) -> str:
     """Run ``model`` 1 + ``runs`` times under ORT's profiler; the trace's path (first run = warm-up)."""
-    session = make_session(model, provider=provider, tf32=tf32, profiling=True, optimization=optimization,
-                           profile_prefix=str(directory / "ort_profile"))
+    session = runtime.make_session(model, provider=provider, tf32=tf32, profiling=True, optimization_level=optimization,
+                                   profile_file_prefix=str(directory / "ort_profile"), log_severity=ORT_LOG)
     runner = BoundRunner(session, feeds, provider)
     for _ in range(1 + runs):
         runner()
@@ -306,28 +222,32 @@ class StepRunner:
     Same binding scheme as the Trainer (weights and optimizer state in two device buffer sets,
     swapped every step; the loss is the one value copied back), with two differences a benchmark
     needs: the batch is copied to the device once and stays bound (the PyTorch baselines keep
-    theirs on the GPU too), and session options are ours (TF32 on or off, profiling,
-    optimization level). ``tests/test_bench.py`` checks that it computes the Trainer's losses.
+    theirs on the GPU too), and the session options are the benchmark's (TF32 on or off,
+    profiling, optimization level, CUDA EP options) where the Trainer takes the defaults; both
+    sessions come from :func:`onnxcampo.runtime.make_session`, so ``use_tf32`` and
+    ``enable_cuda_graph`` are set the same way. ``tests/test_bench.py`` checks that it computes
+    the Trainer's losses.
     """
 
     def __init__(self, step_path: str | Path, *, weights: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray],
                  provider: str, lr: float | None = None, tf32: bool = True, profiling: bool = False,
                  profile_prefix: str | None = None, optimization: str = "all",
                  model: onnx.ModelProto | None = None, cuda_graph: bool = False,
-                 cuda_options: Mapping[str, str] | None = None) -> None:
+                 cuda_options: Mapping[str, str] | None = None, session_config: Mapping[str, str] | None = None) -> None:
         # ``cuda_graph``: each of the two bindings is captured into its own CUDA graph (run option
         # gpu_graph_id) and replayed; the loss then stays on the device and is copied back after
         # ``model``: the step graph already loaded (a caller that has it saves reading it again)
         model = model if model is not None else onnx.load(str(step_path), load_external_data=False)
         self.spec = step_spec(model)
-        self.device = _device(provider)
+        self.device = "cuda" if provider == "cuda" else "cpu"
         lr = lr if lr is not None else float(graph_io.metadata(model, "onnxcampo.lr", "0.01"))
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         starts = initial_state(model)
         del model
-        self.session = make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,
-                                    profile_prefix=profile_prefix, optimization=optimization, cuda_graph=cuda_graph,
-                                    cuda_options=cuda_options)
+        self.session = runtime.make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,
+                                            profile_file_prefix=profile_prefix, optimization_level=optimization,
+                                            cuda_graph=cuda_graph, cuda_options=cuda_options,
+                                            session_config=session_config, log_severity=ORT_LOG)
         # copies: on CPU the buffers are updated in place, which must not change the caller's arrays
         initial = {name: np.array(weights[name], dtype=np.float32, order="C", copy=True) for name in self.spec.weights}
         for name in self.spec.state:

@@ -804,11 +804,9 @@ def _output_shape(model: onnx.ModelProto, path: Path, feeds: dict[str, np.ndarra
     shape = info[name].shape if name in info else None
     if shape and None not in shape and all(d > 0 for d in shape):
         return list(shape)
-    import onnxruntime as ort
+    from onnxcampo.runtime import make_session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    session = make_session(path, provider="cpu", log_severity=3)
     return list(session.run([name], feeds)[0].shape)
 
 

@@ -51,7 +51,7 @@ import onnxruntime as ort  # noqa: E402
 import onnxcampo  # noqa: E402
 from onnxcampo import ops  # noqa: E402
 from onnxcampo.ops import nodes  # noqa: E402
-from onnxcampo.runtime import make_session  # noqa: E402
+from onnxcampo.runtime import available_providers, make_session, preload_cuda_dlls  # noqa: E402
 from onnxcampo.training import Trainer, build_train_step, initial_weights  # noqa: E402
 from onnxcampo.training.step import _add_update  # noqa: E402  (the exact update train-graph emits)
 
@@ -573,12 +573,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     budget_end = started + args.budget_s
-    if args.provider == "cuda" and hasattr(ort, "preload_dlls"):
-        ort.preload_dlls()
+    if args.provider == "cuda":
+        preload_cuda_dlls()
     rng = np.random.default_rng(0)
     result = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "onnxruntime": ort.__version__, "providers": ort.get_available_providers(), "host": platform.node(),
+        "onnxruntime": ort.__version__, "providers": available_providers(), "host": platform.node(),
         "library": ops.library_path(), "library_build": ops.build_info(), "provider": args.provider,
         "timing": "wall ms per run, IO binding, outputs pre-bound, median of blocks after warm-up; kernel ms: "
                   "CUPTI via torch.profiler (all GPU activity per run); TF32 on",

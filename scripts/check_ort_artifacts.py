@@ -16,6 +16,11 @@ venv (onnxcampo itself needs a newer onnx than the training build accepts)::
 
 Prints a table, writes ``docs/training/ort-artifacts.md`` and ``ort-artifacts.json`` next to it
 (``--out``), and exits 1 if any check fails.
+
+It makes its own ``onnxruntime.InferenceSession`` (:func:`fp16_nodes_at_run_time`) instead of
+going through ``onnxcampo.runtime.make_session``, the only script that may: it runs in the
+onnxruntime-training venv, where onnxcampo is not installed (it calls onnxcampo's command line in
+the project venv). ``tests/test_runtime_door.py`` exempts it.
 """
 
 from __future__ import annotations

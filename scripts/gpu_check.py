@@ -23,7 +23,7 @@ import onnx
 
 import onnxcampo
 from onnxcampo.profile import measure_latency
-from onnxcampo.runtime import compare_outputs, make_session, run
+from onnxcampo.runtime import available_providers, compare_outputs, make_session, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import export_hf  # noqa: E402  (shared with scripts/bench.py)
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     import onnxruntime as ort
 
     rows: list[dict] = []
-    meta = {"onnxruntime": ort.__version__, "providers": ort.get_available_providers(), "tf32": True}
+    meta = {"onnxruntime": ort.__version__, "providers": available_providers(), "tf32": True}
     try:
         import torch
 

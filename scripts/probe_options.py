@@ -55,14 +55,23 @@ def _label(options: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in options.items()) or "default"
 
 
+def _split(options: dict[str, str], provider: str) -> tuple[dict[str, str] | None, dict[str, str]]:
+    """(CUDA EP options, session settings) of an option set: ``session.*`` keys are session
+    settings; the CPU provider gets no CUDA EP options (main says it ignores them)."""
+    session = {k: v for k, v in options.items() if k.startswith("session.")}
+    cuda = {k: v for k, v in options.items() if not k.startswith("session.")}
+    return (cuda if provider == "cuda" else None), session
+
+
 def _timer(group: bench.Group, policy: str, path: Path, options: dict[str, str]):
     """A function that makes one session of the variant with ``options`` and returns its blocks."""
     s = group.settings
     tf32 = pol.tf32_of(policy)
+    cuda_options, session_config = _split(options, s.provider)
     if group.mode == "inference":
         def run() -> list[float]:
-            session = m.make_session(path, provider=s.provider, tf32=tf32, cuda_options=options)
-            runner = m.BoundRunner(session, group.built.feeds, s.provider)
+            runner = m.bound(path, group.built.feeds, provider=s.provider, tf32=tf32, cuda_options=cuda_options,
+                             session_config=session_config)
             runner()
             per_block = bench._per_block(runner, s.block_ms)
             return m.timed_blocks(runner, warmup=s.inference_warmup, blocks=s.inference_blocks, per_block=per_block)
@@ -72,7 +81,7 @@ def _timer(group: bench.Group, policy: str, path: Path, options: dict[str, str])
 
         def run() -> list[float]:
             runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=tf32,
-                                  cuda_options=options)
+                                  cuda_options=cuda_options, session_config=session_config)
             return m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks, per_block=s.train_per_block)
     return run
 

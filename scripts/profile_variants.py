@@ -47,7 +47,7 @@ def profile(model: str, batch: int, policies: list[str], provider: str, director
         target = directory / f"{built.path.stem}-{policy}.onnx"
         try:
             path, info = pol.make_variant(policy, built.path, target, built.feeds, built.input_shapes, provider=provider)
-            runner = m.BoundRunner(m.make_session(path, provider=provider, tf32=pol.tf32_of(policy)), built.feeds, provider)
+            runner = m.bound(path, built.feeds, provider=provider, tf32=pol.tf32_of(policy))
             blocks = m.timed_blocks(runner, warmup=10, blocks=7, per_block=20)
             us, count = op_times(m.profile_runs(path, built.feeds, provider=provider, directory=directory,
                                                 tf32=pol.tf32_of(policy)))

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
+
+from onnxcampo.runtime import make_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -34,7 +35,6 @@ FP16_MAX = 65504.0
 FP16_TINY = 2.0**-24  # smallest fp16 subnormal; nonzero magnitudes below it flush to 0
 LOW_PRECISION = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 SUBGRAPH_OPS = ("If", "Loop", "Scan")
-CPU = ["CPUExecutionProvider"]
 
 
 def _dtype(t: int) -> str:
@@ -105,15 +105,19 @@ def _checker(proto) -> str:
         return f"fails: {str(e).splitlines()[0][:80]}"
 
 
+def _session(proto):
+    """A CPU session that logs errors only."""
+    return make_session(proto, provider="cpu", log_severity=3)
+
+
 def _run(m, proto) -> dict:
     feeds = corpus.make_inputs(m, proto=proto)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
     try:
-        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=CPU)
+        sess = _session(proto)
         outs = sess.run(None, feeds)
     except Exception as e:  # noqa: BLE001
-        return {"ok": False, "error": str(e).splitlines()[0][:200]}
+        # ORT's own message (make_session's error wraps it), as the survey has always shown it
+        return {"ok": False, "error": str(e.__cause__ or e).splitlines()[0][:200]}
     res = {"ok": True, "outputs": []}
     declared = {o.name: o for o in proto.graph.output}
     for o, r in zip(sess.get_outputs(), outs):
@@ -124,13 +128,13 @@ def _run(m, proto) -> dict:
         mx = float(np.abs(r).max()) if r.size and r.dtype.kind == "f" else None
         res["outputs"].append((o.name, r.shape, r.dtype.name, mx, mismatch, dims))
     try:
-        res["activations"] = _activations(proto, feeds, so)
+        res["activations"] = _activations(proto, feeds)
     except Exception:  # noqa: BLE001 - the probe is best effort
         res["activations"] = None
     return res
 
 
-def _activations(proto, feeds, so) -> tuple[float, str, int, int] | None:
+def _activations(proto, feeds) -> tuple[float, str, int, int] | None:
     """max |a| of top-level float node outputs, its op, #tensors over the fp16 max, #tensors."""
     probe = onnx.ModelProto()
     probe.CopyFrom(proto)
@@ -144,7 +148,7 @@ def _activations(proto, feeds, so) -> tuple[float, str, int, int] | None:
                 probe.graph.output.append(onnx.ValueInfoProto(name=name))
                 have.add(name)
             producer[name] = n.op_type
-    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=CPU)
+    sess = _session(probe)
     names = [o.name for o in sess.get_outputs()]
     best, best_op, over, n = 0.0, "", 0, 0
     for name, r in zip(names, sess.run(None, feeds)):

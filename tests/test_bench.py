@@ -119,9 +119,11 @@ def test_interleave_fresh_makes_a_session_per_visit(tmp_path, monkeypatch):
     group = bench.Group("odd_mlp", 4, "inference", settings, tmp_path / "w")
     for policy in ("fp32", "amp"):
         bench.measure_inference(group, policy)
+    from onnxcampo import runtime
+
     made = []
-    real = bench_measure.make_session
-    monkeypatch.setattr(bench_measure, "make_session", lambda *a, **k: made.append(a[0]) or real(*a, **k))
+    real = runtime.make_session
+    monkeypatch.setattr(runtime, "make_session", lambda *a, **k: made.append(a[0]) or real(*a, **k))
     record = bench.interleave(group)
     assert record["fresh"] is True and len(made) == 2 * 2
     assert all(len(blocks) == 2 * 3 for blocks in record["ms_blocks"].values())
@@ -304,6 +306,24 @@ def test_breakdown_of_a_profiled_step(tmp_path):
     assert sum(result["per_step_us"].values()) == pytest.approx(result["total_us"])
     assert result["nodes"]["forward"] == len([n for n in forward.graph.node if n.op_type != "Identity"]) or \
         result["nodes"]["forward"] <= len(forward.graph.node)
+
+
+def test_output_error_keeps_the_rows_measures_and_adds_the_one_criterion():
+    """rel_err_max / rel_err_mean (what bench_report judges) and output_error (relative L2, as
+    --validate has it) come from onnxcampo.runtime.compare; a lost, reshaped or overflowing output
+    fails the row."""
+    from onnxcampo.runtime.compare import worst_error
+
+    reference = {"y": np.array([1.0, -4.0, 2.0], np.float32), "ids": np.array([1, 2, 3, 4])}
+    candidate = {"y": np.array([1.5, -4.0, 2.0], np.float16), "ids": np.array([1, 2, 3, 0])}
+    row = bench_measure.output_error(reference, candidate)
+    assert row == {"rel_err_max": pytest.approx(0.25), "rel_err_mean": pytest.approx(0.5 / 7.0),
+                   "output_error": worst_error(reference, candidate)}
+    assert row["output_error"] == pytest.approx(0.25)  # the share of differing ids; y's L2 error is 0.11
+    for broken, message in (({"y": candidate["y"]}, "missing"), ({**candidate, "y": np.ones(2, np.float32)}, "shape"),
+                            ({**candidate, "y": np.array([1.0, np.inf, 2.0], np.float32)}, "non-finite")):
+        with pytest.raises(bench_measure.MeasureError, match=message):
+            bench_measure.output_error(reference, broken)
 
 
 def test_tensor_core_rule():
@@ -828,9 +848,13 @@ def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys)
     assert probe_options.main([threads if a == '{"prefer_nhwc": 1}' else a for a in args]) == 0  # they apply on CPU too
     cells = json.loads(out.read_text())["modes"]["inference"]["fp32"]
     assert cells["session.intra_op_num_threads=1,session.intra_op.allow_spinning=0"]["ms"] > 0
-    session = bench_measure.make_session(bench_models.MODELS["odd_mlp"].build(4, quick=True).path, provider="cpu",
-                                         cuda_options={"session.intra_op_num_threads": "1",
-                                                       "session.enable_mem_pattern": "0"})
+    cuda_options, session_config = probe_options._split(
+        {"prefer_nhwc": "1", "session.intra_op_num_threads": "1", "session.enable_mem_pattern": "0"}, "cpu")
+    assert cuda_options is None
+    from onnxcampo.runtime import make_session
+
+    session = make_session(bench_models.MODELS["odd_mlp"].build(4, quick=True).path, provider="cpu",
+                           session_config=session_config)
     assert session.get_session_options().intra_op_num_threads == 1
     assert session.get_session_options().enable_mem_pattern is False
     assert probe_options.main(args[:-2] + ["--options", "[1]"]) == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -135,3 +136,50 @@ def test_dynamic_dims_left_open_and_bad_numbers_are_one_line(model_path, capsys)
     code, _, err = run_cli(capsys, "bench", model_path, "--dim", "batch=2", "--provider", "cpu", "--rounds", "0")
     assert code == 2
     assert_one_line_error(err, "--rounds >= 1")
+
+
+def test_plan_options_reach_every_policys_optimize(model_path, tmp_path, capsys, monkeypatch):
+    """--device-db, --no-pad, --cost-graph and --fuse are optimize's options: every policy is
+    optimized with them (fp32, the reference, too), and the JSON says which were used."""
+    import onnxcampo.api
+
+    real, seen = onnxcampo.api.optimize, {}
+
+    def spy(model, *, config=None, **options):
+        result = real(model, config=config, **options)
+        seen[options["policy"]] = (config.replace(**options), result.report)
+        return result
+
+    monkeypatch.setattr(onnxcampo.api, "optimize", spy)
+    database = Path(onnxcampo.api.__file__).parents[1] / "costdb" / "data" / "nvidia-h200.json"
+    out = tmp_path / "bench.json"
+    code, _, err = run_cli(capsys, "bench", model_path, "--policies", "fp16,amp,campo", "--dim", "batch=8",
+                           "--device-db", database, "--no-pad", "--cost-graph", "onnx", "--fuse", "none",
+                           "--json", out, *FAST)
+    assert code == 0, err
+    assert list(seen) == ["fp32", "fp16", "amp", "campo"]
+    for policy, (config, report) in seen.items():
+        assert (config.device_db, config.pad_tensor_cores, config.cost_graph, config.fuse) == (
+            database, False, "onnx", "none"), policy
+        assert report["cost_model"]["kind"] == "regression" and report["cost_graph"] == "onnx", policy
+    assert json.loads(out.read_text())["plan_options"] == {
+        "device_db": str(database), "pad_tensor_cores": False, "cost_graph": "onnx", "fuse": "none"}
+
+
+def test_plan_options_default_as_optimize_has_them(model_path, capsys, monkeypatch):
+    import onnxcampo.api
+
+    real, seen = onnxcampo.api.optimize, []
+    monkeypatch.setattr(onnxcampo.api, "optimize",
+                        lambda model, *, config=None, **options: seen.append(config.replace(**options))
+                        or real(model, config=config, **options))
+    code, _, err = run_cli(capsys, "bench", model_path, "--policies", "fp16", "--dim", "batch=2", *FAST)
+    assert code == 0, err
+    assert [(c.device_db, c.pad_tensor_cores, c.cost_graph, c.fuse) for c in seen] == [(None, True, "ort", "auto")] * 2
+
+
+def test_a_missing_device_db_is_one_line(model_path, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "bench", model_path, "--dim", "batch=2", "--device-db", tmp_path / "none.json",
+                             *FAST)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "none.json")

@@ -80,6 +80,20 @@ def test_check_outputs_judges_each_output_against_the_tolerance():
     assert "elementwise_ok" in check_outputs(ref, ref, atol=1e-3)[0].to_json()
 
 
+def test_the_element_wise_report_carries_the_benchmarks_scaled_errors():
+    """OutputDiff.scaled_max_err = max|c - r| / max|r|, scaled_mean_err = mean|c - r| / mean|r|,
+    over the finite reference elements (scripts/bench.py's rel_err_max / rel_err_mean)."""
+    ref = np.array([1.0, -4.0, 2.0, np.inf], np.float32)
+    (diff,) = runtime.compare_outputs({"y": ref}, {"y": np.array([1.5, -4.0, 2.0, 0.0], np.float32)}, rtol=0.02, atol=1e-3)
+    assert diff.scaled_max_err == pytest.approx(0.5 / 4.0) and diff.scaled_mean_err == pytest.approx((0.5 / 3) / (7.0 / 3))
+    (zeros,) = runtime.compare_outputs({"y": np.zeros(2, np.float32)}, {"y": np.array([0.1, 0.0], np.float32)},
+                                       rtol=0.02, atol=1e-3)
+    assert zeros.scaled_max_err == pytest.approx(0.1) and zeros.scaled_mean_err == pytest.approx(0.05)  # scale 1
+    overflow, missing = runtime.compare_outputs({"y": ref, "z": ref}, {"y": np.full(4, np.inf, np.float32)},
+                                                rtol=0.02, atol=1e-3)
+    assert overflow.scaled_max_err == math.inf and missing.scaled_mean_err == math.inf
+
+
 def test_the_runtime_package_exports_the_comparison():
     assert runtime.check_outputs is check_outputs and runtime.OutputCheck is OutputCheck
     assert runtime.worst_error is worst_error

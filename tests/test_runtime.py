@@ -209,6 +209,47 @@ def test_make_session_cuda_unavailable_is_clear(monkeypatch):
         make_session(mlp(), provider="cuda")
 
 
+def test_make_session_session_config_sets_attributes_and_config_entries():
+    """``session.<attribute>`` of SessionOptions is set as that attribute (booleans as 0/1), any
+    other key is a config entry; log_severity is ORT's log level."""
+    session = make_session(mlp(), session_config={"session.intra_op_num_threads": "1",
+                                                  "session.enable_mem_pattern": "0",
+                                                  "session.intra_op.allow_spinning": "0"}, log_severity=3)
+    options = session.get_session_options()
+    assert options.intra_op_num_threads == 1 and options.enable_mem_pattern is False
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.log_severity_level == 3
+    assert make_session(mlp(), intra_op_threads=2,
+                        session_config={"session.intra_op_num_threads": 1}).get_session_options().intra_op_num_threads == 1
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"session_config": {"session.enable_mem_pattern": "maybe"}}, "enable_mem_pattern"),
+    ({"session_config": {"session.intra_op_num_threads": "many"}}, "intra_op_num_threads"),
+    ({"session_config": {"session.graph_optimization_level": "1"}}, "not set from text"),
+    ({"log_severity": 7}, "log severity"),
+    ({"cuda_options": {"prefer_nhwc": "1"}}, "need provider 'cuda'"),
+])
+def test_make_session_option_errors(kwargs, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        make_session(mlp(), **kwargs)
+
+
+def test_cuda_provider_options_tf32_graphs_and_extras(monkeypatch):
+    """The CUDA EP's options: use_tf32 from tf32 (on by default), enable_cuda_graph from
+    cuda_graph, cuda_options on top; the two own keys cannot come through cuda_options."""
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(runtime, "_dlls_preloaded", True)
+    assert runtime._providers("cuda") == [("CUDAExecutionProvider", {"use_tf32": "1"}), "CPUExecutionProvider"]
+    cuda, cpu = runtime._providers("cuda", True, tf32=False, cuda_options={"prefer_nhwc": 1,
+                                                                         "cudnn_conv_algo_search": "HEURISTIC"})
+    assert cuda == ("CUDAExecutionProvider", {"use_tf32": "0", "enable_cuda_graph": "1", "prefer_nhwc": "1",
+                                              "cudnn_conv_algo_search": "HEURISTIC"})
+    for key, parameter in (("use_tf32", "tf32="), ("enable_cuda_graph", "cuda_graph=")):
+        with pytest.raises(ConfigError, match=parameter):
+            runtime._providers("cuda", cuda_options={key: "1"})
+
+
 def test_run_bad_feeds():
     session = make_session(mlp())
     with pytest.raises(ConfigError, match=r"missing \['x'\]"):

@@ -3,7 +3,9 @@
 Everything that touches ``onnxruntime`` goes through here so that the rest of onnxcampo sees
 one error family (:mod:`onnxcampo.errors`) instead of ORT's pybind exceptions, and so that the
 quirks of ORT (silent CUDA fallback to CPU, the 2 GB protobuf limit, exceptions that do not
-derive from ``RuntimeError``) are handled once. :mod:`onnxcampo.runtime.timing` runs sessions
+derive from ``RuntimeError``) are handled once. :func:`make_session` is the only maker of
+sessions, for the cost database's measurements and the benchmark scripts too
+(``tests/test_runtime_door.py`` checks it). :mod:`onnxcampo.runtime.timing` runs sessions
 the fast way (IO binding, CUDA-graph replay) and times variants in rotation;
 :mod:`onnxcampo.runtime.compare` holds the one output comparison (relative L2 error).
 """
@@ -51,9 +53,11 @@ __all__ = [
     "check_feeds",
     "run_once",
     "time_in_rotation",
+    "available_providers",
     "graph_inputs",
     "load_inputs_npz",
     "make_session",
+    "preload_cuda_dlls",
     "random_inputs",
     "run",
     "validate",
@@ -313,8 +317,11 @@ def load_inputs_npz(path: str | os.PathLike[str], model: onnx.ModelProto,
 # --------------------------------------------------------------------------------------------
 
 
-def _preload_cuda_dlls() -> None:
-    """Let onnxruntime-gpu find pip-installed CUDA/cuDNN libraries (ORT >= 1.21), once."""
+def preload_cuda_dlls() -> None:
+    """Let onnxruntime-gpu find pip-installed CUDA/cuDNN libraries (ORT >= 1.21), once.
+
+    :func:`make_session` calls it for provider "cuda"; call it yourself only where the CUDA
+    libraries must be loaded before something else (e.g. before torch's profiler starts)."""
     global _dlls_preloaded
     if _dlls_preloaded or not hasattr(ort, "preload_dlls"):
         return
@@ -325,31 +332,53 @@ def _preload_cuda_dlls() -> None:
     _dlls_preloaded = True
 
 
-def _providers(provider: str, cuda_graph: bool = False) -> list[str | tuple[str, dict[str, str]]]:
-    """Execution providers for a provider key; CUDA keeps TF32 on, as users get by default.
-    ``cuda_graph``: the CUDA EP captures the run into a CUDA graph and replays it (CUDA only)."""
+def available_providers() -> list[str]:
+    """The execution providers this onnxruntime build offers (for reports and early checks)."""
+    return list(ort.get_available_providers())
+
+
+# CUDA EP options that make_session's own parameters set: cuda_options must not set them too.
+_CUDA_OPTION_PARAMS = {"use_tf32": "tf32", "enable_cuda_graph": "cuda_graph"}
+
+
+def _providers(provider: str, cuda_graph: bool = False, *, tf32: bool = True,
+               cuda_options: Mapping[str, object] | None = None) -> list[str | tuple[str, dict[str, str]]]:
+    """Execution providers for a provider key; CUDA keeps TF32 on unless ``tf32=False``, as users
+    get by default. ``cuda_graph``: the CUDA EP captures the run into a CUDA graph and replays
+    it (CUDA only); ``cuda_options``: more CUDA EP options (values as strings; CUDA only)."""
     if provider not in _PROVIDERS:
         raise ConfigError(f"unknown provider '{provider}'; choose one of {list(_PROVIDERS)}")
     if provider == "cpu":
+        if cuda_options:
+            raise ConfigError(f"CUDA EP options {sorted(cuda_options)} need provider 'cuda', not 'cpu'")
         return ["CPUExecutionProvider"]
-    _preload_cuda_dlls()
-    available = ort.get_available_providers()
+    preload_cuda_dlls()
+    available = available_providers()
     if "CUDAExecutionProvider" not in available:
         raise CampoError(
             "provider 'cuda' needs onnxruntime-gpu with CUDAExecutionProvider, but this "
             f"onnxruntime {ort.__version__} offers only {available}; install onnxruntime-gpu "
             "(and uninstall onnxruntime) or choose the cpu provider"
         )
-    options = {"use_tf32": "1"}
+    options = {"use_tf32": "1" if tf32 else "0"}
     if cuda_graph:
         options["enable_cuda_graph"] = "1"
+    for key, value in (cuda_options or {}).items():
+        if key in _CUDA_OPTION_PARAMS:
+            raise ConfigError(f"CUDA EP option {key} is make_session's {_CUDA_OPTION_PARAMS[key]}=; "
+                              "set it there, not in cuda_options")
+        options[str(key)] = str(value)
     return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
 
 
 def _session_options(*, profiling: bool, optimization_level: str,
                      custom_ops_library: str | None, intra_op_threads: int | None,
-                     profile_file_prefix: str | None) -> ort.SessionOptions:
-    """Translate onnxcampo's options into ORT SessionOptions, rejecting bad values early."""
+                     profile_file_prefix: str | None,
+                     session_config: Mapping[str, object] | None = None,
+                     log_severity: int | None = None) -> ort.SessionOptions:
+    """Translate onnxcampo's options into ORT SessionOptions, rejecting bad values early.
+
+    ``session_config`` is applied last (see :func:`make_session`)."""
     if optimization_level not in _OPT_LEVELS:
         raise ConfigError(
             f"unknown optimization level '{optimization_level}'; choose one of "
@@ -360,6 +389,10 @@ def _session_options(*, profiling: bool, optimization_level: str,
     options.enable_profiling = profiling
     if profile_file_prefix is not None:
         options.profile_file_prefix = profile_file_prefix
+    if log_severity is not None:
+        if log_severity not in range(5):
+            raise ConfigError(f"log severity must be 0 (verbose) to 4 (fatal), got {log_severity}")
+        options.log_severity_level = log_severity
     if intra_op_threads is not None:
         if intra_op_threads < 0:
             raise ConfigError(
@@ -379,7 +412,34 @@ def _session_options(*, profiling: bool, optimization_level: str,
     # that needs them without it fails in make_session with OpsLibraryError.
     if ops.available() and not _same_file(custom_ops_library, ops.library_path()):
         ops.register(options)
+    for key, value in (session_config or {}).items():
+        _configure(options, str(key), value)
     return options
+
+
+def _configure(options: ort.SessionOptions, key: str, value: object) -> None:
+    """One ``session_config`` entry: ``session.<attribute>`` of SessionOptions, else a config entry."""
+    name = key[len("session."):] if key.startswith("session.") else ""
+    current = getattr(options, name, None) if name and not name.startswith("_") else None
+    if current is not None and not callable(current):
+        text = str(value).strip().lower()
+        try:
+            if isinstance(current, bool):
+                if text not in ("0", "1", "false", "true"):
+                    raise ValueError("not one of 0, 1, false, true")
+                setattr(options, name, text in ("1", "true"))
+            elif isinstance(current, (int, float, str)):
+                setattr(options, name, type(current)(value))
+            else:
+                raise ValueError(f"a {type(current).__name__} is not set from text (make_session's own "
+                                 "parameters set the optimization level)")
+        except (*_ORT_ERRORS, TypeError) as exc:
+            raise ConfigError(f"session option {key}={value!r}: {exc}") from exc
+        return
+    try:
+        options.add_session_config_entry(key, str(value))
+    except _ORT_ERRORS as exc:
+        raise ConfigError(f"session config entry {key}={value!r}: {exc}") from exc
 
 
 def _same_file(a: str | None, b: str) -> bool:
@@ -428,12 +488,26 @@ def make_session(
     intra_op_threads: int | None = None,
     profile_file_prefix: str | None = None,
     cuda_graph: bool = False,
+    tf32: bool = True,
+    cuda_options: Mapping[str, object] | None = None,
+    session_config: Mapping[str, object] | None = None,
+    log_severity: int | None = None,
 ) -> ort.InferenceSession:
-    """An InferenceSession on ``provider`` ("cpu" or "cuda").
+    """An InferenceSession on ``provider`` ("cpu" or "cuda"): the one place onnxcampo (and its
+    scripts) make ORT sessions.
 
     ``cuda_graph`` (CUDA only): ORT captures a run into a CUDA graph and replays it, which
     removes the host's per-node launch cost; every input and output must then be bound with
     IO binding to device buffers that keep their addresses (see ``training.Trainer``).
+    ``tf32``: the CUDA EP's ``use_tf32`` (on by default, as ORT has it; no effect on the CPU).
+    ``cuda_options``: more CUDA EP options, values as strings (e.g. ``{"prefer_nhwc": "1",
+    "cudnn_conv_algo_search": "HEURISTIC"}``); a ConfigError on the CPU provider, and for
+    ``use_tf32`` / ``enable_cuda_graph`` (the parameters above set those).
+    ``session_config``: ``session.<name>`` sets the SessionOptions attribute ``name`` when there
+    is one (``session.intra_op_num_threads``, ``session.enable_mem_pattern``: booleans as 0/1),
+    every other key is an ORT config entry (``session.intra_op.allow_spinning``,
+    ``session.disable_prepacking``); applied after the other options, so they win over them.
+    ``log_severity``: ORT's log level for the session (0 verbose ... 3 errors only, 4 fatal).
 
     ``model`` may be a ModelProto, serialized bytes or a path (paths keep external data
     working). ``optimization_level`` is "all", "basic" or "disable"; profiling needs
@@ -443,13 +517,14 @@ def make_session(
     """
     if cuda_graph and provider != "cuda":
         raise ConfigError(f"CUDA graphs need provider 'cuda', not '{provider}'")
-    providers = _providers(provider, cuda_graph)
+    providers = _providers(provider, cuda_graph, tf32=tf32, cuda_options=cuda_options)
     if isinstance(model, onnx.ModelProto) and ops.uses_ops(model):
         ops.require()  # OpsLibraryError saying how to build the library, before ORT's own message
     options = _session_options(
         profiling=profiling, optimization_level=optimization_level,
         custom_ops_library=custom_ops_library, intra_op_threads=intra_op_threads,
-        profile_file_prefix=profile_file_prefix,
+        profile_file_prefix=profile_file_prefix, session_config=session_config,
+        log_severity=log_severity,
     )
     if isinstance(model, onnx.ModelProto):
         session = _create_from_proto(model, options, providers)

@@ -174,6 +174,11 @@ class OutputDiff:
     every element satisfies |c - r| <= atol + rtol * |r| (computed in float64), with identical
     non-finite values (NaN vs NaN, inf vs inf) accepted. ``shape`` and ``dtype`` are the
     reference's; ``note`` says what else went wrong (shape or dtype change, missing output).
+
+    ``scaled_max_err`` (max |c - r| / max |r|) and ``scaled_mean_err`` (mean |c - r| / mean
+    |r|) are taken over the elements where the reference is finite (a reference of zeros: scale
+    1): the numbers scripts/bench.py reports as ``rel_err_max`` / ``rel_err_mean``; inf like the
+    others, and when the candidate is not finite at such an element.
     """
 
     name: str
@@ -183,6 +188,8 @@ class OutputDiff:
     shape: tuple[int, ...]
     dtype: str
     note: str = ""
+    scaled_max_err: float = 0.0
+    scaled_mean_err: float = 0.0
 
 
 def _errors(ref: np.ndarray, cand: np.ndarray, rtol: float,
@@ -205,24 +212,40 @@ def _errors(ref: np.ndarray, cand: np.ndarray, rtol: float,
     return max_abs, max_rel, ok
 
 
+def _scaled(ref: np.ndarray, cand: np.ndarray) -> tuple[float, float]:
+    """(max |c - r| / max |r|, mean |c - r| / mean |r|) where ``ref`` is finite, in float64."""
+    kept = np.isfinite(ref.astype(np.float64))
+    r = ref[kept].astype(np.float64)
+    c = cand[kept].astype(np.float64)
+    if r.size == 0:
+        return 0.0, 0.0
+    if not np.isfinite(c).all():
+        return math.inf, math.inf
+    diff = np.abs(c - r)
+    peak = float(np.max(np.abs(r))) or 1.0
+    mean = float(np.mean(np.abs(r))) or 1.0
+    return float(diff.max()) / peak, float(diff.mean()) / mean
+
+
 def _compare_one(name: str, ref: np.ndarray, cand: np.ndarray | None,
                  rtol: float, atol: float) -> OutputDiff:
     """OutputDiff for one output name."""
     ref = np.asarray(ref)
     shape, dtype = tuple(ref.shape), str(ref.dtype)
+    inf = (math.inf, math.inf)
     if cand is None:
-        return OutputDiff(name, math.inf, math.inf, False, shape, dtype, "missing from candidate")
+        return OutputDiff(name, math.inf, math.inf, False, shape, dtype, "missing from candidate", *inf)
     cand = np.asarray(cand)
     if cand.shape != ref.shape:
         return OutputDiff(name, math.inf, math.inf, False, shape, dtype,
-                          f"shape {tuple(cand.shape)} instead of {shape}")
+                          f"shape {tuple(cand.shape)} instead of {shape}", *inf)
     if ref.dtype.kind not in "biuf" or cand.dtype.kind not in "biuf":
         equal = bool(np.array_equal(ref, cand))
         err = 0.0 if equal else math.inf
-        return OutputDiff(name, err, err, equal, shape, dtype, "" if equal else "values differ")
+        return OutputDiff(name, err, err, equal, shape, dtype, "" if equal else "values differ", err, err)
     max_abs, max_rel, ok = _errors(ref, cand, rtol, atol)
     note = "" if cand.dtype == ref.dtype else f"dtype {cand.dtype} instead of {ref.dtype}"
-    return OutputDiff(name, max_abs, max_rel, ok, shape, dtype, note)
+    return OutputDiff(name, max_abs, max_rel, ok, shape, dtype, note, *_scaled(ref, cand))
 
 
 def compare_outputs(

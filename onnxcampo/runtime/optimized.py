@@ -95,18 +95,17 @@ def executed_graph(model: onnx.ModelProto, *, provider: str = "cpu", level: str 
     Raises what :func:`onnxcampo.runtime.make_session` raises when ORT cannot load the model
     (callers that only want better costs catch :class:`onnxcampo.errors.CampoError`).
     """
-    from onnxcampo.runtime import _create_from_proto, _providers, _session_options
+    from onnxcampo.runtime import make_session
 
-    options = _session_options(profiling=False, optimization_level=level, custom_ops_library=None,
-                               intra_op_threads=1, profile_file_prefix=None)
-    options.log_severity_level = 3  # ORT's warnings on unused initializers are not the user's business
     with tempfile.TemporaryDirectory(prefix="onnxcampo-ort-") as tmp:
         path = Path(tmp) / _OPTIMIZED
-        options.optimized_model_filepath = str(path)
+        # log errors only: ORT's warnings on unused initializers are not the user's business; the
         # weights go to a side file ORT writes and we never read: only the node list matters
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", _OPTIMIZED_DATA)
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "64")
-        session = _create_from_proto(model, options, _providers(provider))
+        session = make_session(model, provider=provider, optimization_level=level, intra_op_threads=1, log_severity=3,
+                               session_config={
+                                   "session.optimized_model_filepath": str(path),
+                                   "session.optimized_model_external_initializers_file_name": _OPTIMIZED_DATA,
+                                   "session.optimized_model_external_initializers_min_size_in_bytes": "64"})
         del session
         optimized = onnx.load(str(path), load_external_data=False)
     producers = {name: f"{node.domain or 'ai.onnx'}:{node.op_type}"
