@@ -147,6 +147,9 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig) -> tuple[on
     model_type = detection.model_type if mode == "auto" else mode
     num_heads = config.num_heads or detection.num_heads
     hidden_size = config.hidden_size or detection.hidden_size
+    if not (num_heads and hidden_size and hidden_size % num_heads == 0):
+        # ORT's optimizer asserts both or neither (and heads dividing the size): let it detect both
+        num_heads = hidden_size = 0
     start = time.perf_counter()
     try:
         fused = _run_optimizer(model, model_type, num_heads, hidden_size)

@@ -258,12 +258,16 @@ def run_ortopt_fp16(source: Path, target: Path) -> dict[str, Any]:
     found = detect(model)
     if found.model_type is None:
         raise Unavailable(f"ortopt-fp16 is for BERT- and GPT-2-like models: {found.reason}")
-    optimized = optimize_model(model, model_type=found.model_type, num_heads=found.num_heads,
-                               hidden_size=found.hidden_size, use_gpu=True, opt_level=0)
+    heads, hidden = found.num_heads, found.hidden_size
+    if not (heads and hidden and hidden % heads == 0):
+        heads = hidden = 0  # ORT's optimizer asserts both or neither: it detects them itself
+    model_type = "gpt2" if "gpt2" in source.name else found.model_type  # the benchmark knows its model
+    optimized = optimize_model(model, model_type=model_type, num_heads=heads, hidden_size=hidden,
+                               use_gpu=True, opt_level=0)
     optimized.convert_float_to_float16(keep_io_types=True)
     fused = {op: count for op, count in optimized.get_fused_operator_statistics().items() if count}
     _save(_toposort(optimized.model), target)
-    return {"note": f"{found.model_type}, {found.num_heads} heads, hidden {found.hidden_size}; fused {fused}"}
+    return {"note": f"{model_type}, {heads or 'ORT-detected'} heads, hidden {hidden or 'ORT-detected'}; fused {fused}"}
 
 
 def run_modelopt(source: Path, target: Path, feeds: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -447,9 +447,13 @@ def _same_file(a: str | None, b: str) -> bool:
 
 
 def _create(source: str | bytes, options: ort.SessionOptions,
-            providers: list[str | tuple[str, dict[str, str]]]) -> ort.InferenceSession:
+            providers: list[str | tuple[str, dict[str, str]]],
+            disabled_optimizers: tuple[str, ...] = ()) -> ort.InferenceSession:
     """Create the session, turning ORT's exceptions into ModelLoadError."""
     try:
+        if disabled_optimizers:
+            return ort.InferenceSession(source, sess_options=options, providers=providers,
+                                        disabled_optimizers=list(disabled_optimizers))
         return ort.InferenceSession(source, sess_options=options, providers=providers)
     except _ORT_ERRORS as exc:
         if ops.DOMAIN in str(exc) and not ops.available():
@@ -458,7 +462,8 @@ def _create(source: str | bytes, options: ort.SessionOptions,
 
 
 def _create_from_proto(model: onnx.ModelProto, options: ort.SessionOptions,
-                       providers: list[str | tuple[str, dict[str, str]]]) -> ort.InferenceSession:
+                       providers: list[str | tuple[str, dict[str, str]]],
+                       disabled_optimizers: tuple[str, ...] = ()) -> ort.InferenceSession:
     """Load a ModelProto; over 2 GiB go through a temp file with external data.
 
     The proto is copied first because ``onnx.save_model(save_as_external_data=True)`` strips
@@ -466,7 +471,7 @@ def _create_from_proto(model: onnx.ModelProto, options: ort.SessionOptions,
     read (or, on Linux, mapped) the data by then, and an unlinked mapped file stays valid.
     """
     if not exceeds_protobuf_limit(model):
-        return _create(model.SerializeToString(), options, providers)
+        return _create(model.SerializeToString(), options, providers, disabled_optimizers)
     logger.info("model is over protobuf's 2 GB limit: loading it through external data")
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -475,7 +480,7 @@ def _create_from_proto(model: onnx.ModelProto, options: ort.SessionOptions,
         onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True,
                         location="model.onnx.data")
         del copy
-        return _create(path, options, providers)
+        return _create(path, options, providers, disabled_optimizers)
 
 
 def make_session(
@@ -492,6 +497,7 @@ def make_session(
     cuda_options: Mapping[str, object] | None = None,
     session_config: Mapping[str, object] | None = None,
     log_severity: int | None = None,
+    disabled_optimizers: tuple[str, ...] = (),
 ) -> ort.InferenceSession:
     """An InferenceSession on ``provider`` ("cpu" or "cuda"): the one place onnxcampo (and its
     scripts) make ORT sessions.
@@ -508,6 +514,8 @@ def make_session(
     every other key is an ORT config entry (``session.intra_op.allow_spinning``,
     ``session.disable_prepacking``); applied after the other options, so they win over them.
     ``log_severity``: ORT's log level for the session (0 verbose ... 3 errors only, 4 fatal).
+    ``disabled_optimizers``: ORT graph transformers not to run (by name, e.g.
+    ``ConvActivationFusion``).
 
     ``model`` may be a ModelProto, serialized bytes or a path (paths keep external data
     working). ``optimization_level`` is "all", "basic" or "disable"; profiling needs
@@ -527,14 +535,14 @@ def make_session(
         log_severity=log_severity,
     )
     if isinstance(model, onnx.ModelProto):
-        session = _create_from_proto(model, options, providers)
+        session = _create_from_proto(model, options, providers, disabled_optimizers)
     elif isinstance(model, bytes):
-        session = _create(model, options, providers)
+        session = _create(model, options, providers, disabled_optimizers)
     else:
         path = Path(model)
         if not path.is_file():
             raise ModelLoadError(f"model file {path} does not exist")
-        session = _create(str(path), options, providers)
+        session = _create(str(path), options, providers, disabled_optimizers)
     if provider == "cuda" and "CUDAExecutionProvider" not in session.get_providers():
         raise CampoError(
             "ONNX Runtime fell back to CPU: CUDAExecutionProvider failed to initialise "

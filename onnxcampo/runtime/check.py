@@ -28,15 +28,13 @@ import functools
 import logging
 import os
 import re
-import tempfile
 
 import onnx
 import onnx.defs
 import onnxruntime as ort
 
 from onnxcampo import ops
-from onnxcampo.errors import WrittenModelLoadError
-from onnxcampo.graph import exceeds_protobuf_limit
+from onnxcampo.errors import CampoError, ModelLoadError, WrittenModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +45,6 @@ _ORT_ERROR_HEADER = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : ")
 _SOURCE_LOCATION = re.compile(r"^(?:Exception during initialization: )?\S+\.(?:cc|cpp|h):\d+ ")
 _SIGNATURE = re.compile(r"[^()\s]*::[^()]*\(")
 _MAX_CAUSE = 400
-_cuda_preloaded = False
 
 
 def check_loads(source: str | os.PathLike | onnx.ModelProto, *, model: onnx.ModelProto | None = None,
@@ -77,45 +74,23 @@ def check_loads(source: str | os.PathLike | onnx.ModelProto, *, model: onnx.Mode
 
 
 def _load(source: str | os.PathLike | onnx.ModelProto, provider: str, label: str, uses_ops: bool) -> bool:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = _FATAL_ONLY
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.disable_prepacking", "1")
-    if uses_ops:
-        ops.register(options)
-    providers = [CPU] if provider == CPU else [(CUDA, {"use_tf32": "1"}), CPU]
-    if provider == CUDA:
-        _preload_cuda_dlls()
+    from onnxcampo.runtime import make_session  # this package's door (the custom-op library included)
+
     try:
-        if isinstance(source, onnx.ModelProto):
-            session = _session_from_proto(source, options, providers)
-        else:
-            session = ort.InferenceSession(str(source), sess_options=options, providers=providers)
-    except Exception as exc:  # noqa: BLE001 - ORT's pybind errors derive from Exception only
-        cause = _cause(exc, str(source) if not isinstance(source, onnx.ModelProto) else None, label)
+        make_session(source if isinstance(source, onnx.ModelProto) else str(source),
+                     provider="cpu" if provider == CPU else "cuda", optimization_level="all", intra_op_threads=1,
+                     log_severity=_FATAL_ONLY,
+                     session_config={"session.inter_op_num_threads": 1, "session.disable_prepacking": "1"})
+    except ModelLoadError as exc:
+        error = exc.__cause__ or exc
+        cause = _cause(error, str(source) if not isinstance(source, onnx.ModelProto) else None, label)
         raise WrittenModelLoadError(
             f"{label}: ONNX Runtime {ort.__version__} cannot load the model on the {_short(provider)} "
             f"(ORT_ENABLE_ALL): {cause}") from exc
-    if provider == CUDA and CUDA not in session.get_providers():
-        log.warning("%s: not test-loaded on the CUDA EP: it did not initialise (ONNX Runtime fell back to the CPU)",
-                    label)
+    except CampoError as exc:  # the CUDA EP did not initialise: ORT fell back to the CPU
+        log.warning("%s: not test-loaded on the %s: %s", label, _short(provider), str(exc).splitlines()[0])
         return False
     return True
-
-
-def _session_from_proto(model: onnx.ModelProto, options: ort.SessionOptions, providers) -> ort.InferenceSession:
-    if not exceeds_protobuf_limit(model):
-        return ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=providers)
-    copy = onnx.ModelProto()  # save_model(save_as_external_data=True) strips the proto it is given
-    copy.CopyFrom(model)
-    with tempfile.TemporaryDirectory(prefix="onnxcampo-check-") as tmp:
-        path = os.path.join(tmp, "model.onnx")
-        onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location="model.onnx.data")
-        del copy
-        return ort.InferenceSession(path, sess_options=options, providers=providers)
 
 
 def _cause(exc: Exception, path: str | None, label: str) -> str:
@@ -204,18 +179,6 @@ def _schemas() -> frozenset[tuple[str, str]]:
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
     return _pairs(state.get_all_operator_schema(), "name")
-
-
-def _preload_cuda_dlls() -> None:
-    """Let onnxruntime-gpu find pip-installed CUDA/cuDNN libraries (ORT >= 1.21), once."""
-    global _cuda_preloaded
-    if _cuda_preloaded or not hasattr(ort, "preload_dlls"):
-        return
-    _cuda_preloaded = True
-    try:
-        ort.preload_dlls()
-    except Exception as exc:  # noqa: BLE001 - best effort: the libraries may be on the system path
-        log.warning("onnxruntime.preload_dlls() failed: %s", exc)
 
 
 __all__ = ["check_loads"]
