@@ -48,6 +48,11 @@ class CostModel(abc.ABC):
         it (``host_launch``), else :meth:`dispatch_us`."""
         return self.dispatch_us(training)
 
+    def host_adds(self, training: bool = False) -> bool:
+        """Whether the host's launches add to the GPU's work (``True``: a run costs both) or hide
+        behind it (``False``: the larger of the two, the default)."""
+        return False
+
     def run_us(self) -> float:
         """Fixed cost of one run whatever its nodes (the call, the launch, the synchronisation):
         the same for every plan of a model, it makes the predicted totals, and with them the

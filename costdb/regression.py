@@ -174,6 +174,11 @@ class RegressionCostModel(CostModel):
         value = fitted.get(op_class, fitted.get("other"))
         return float(value) if isinstance(value, (int, float)) and value > 0 else self.dispatch_us(training)
 
+    def host_adds(self, training: bool = False) -> bool:
+        """True where ``host_launch`` was fitted additive from whole runs (``fit_host_launch``)."""
+        fitted = self.database.get("host_launch", {}).get("training" if training else "inference", {})
+        return fitted.get("host") == "additive"
+
     def run_us(self) -> float:
         """``run_overhead`` fitted from benchmark rows (``costdb fit-step-dispatch``), else 0."""
         value = self.database.get("run_overhead", {}).get("us")

@@ -459,6 +459,11 @@ def _costdb(args: argparse.Namespace) -> int:
             if key == "run_overhead":
                 print(f"onnxcampo: wrote {args.database}: {key} {entry['us']} us per run (the fastest of "
                       f"{entry['samples']} replayed runs: {entry['model']})", file=sys.stderr)
+            elif key == "host_launch":
+                launch = entry["inference"]
+                print(f"onnxcampo: wrote {args.database}: {key} {launch['conv']} us a conv launch, {launch['other']} "
+                      f"us any other, {launch['host']} (from {launch['samples']} models; leave-one-model-out error "
+                      f"of the plain runs: {launch['leave_one_model_out_error']})", file=sys.stderr)
             else:
                 print(f"onnxcampo: wrote {args.database}: {key} {entry['us']} us per node "
                       f"(from {entry['samples']} models: {entry['per_model_us']})", file=sys.stderr)

@@ -11,9 +11,10 @@ What ORT runs (``GraphContext.ort_status``, read from ORT's own optimized graph)
 and no time unless it is the Tensor Core product whose work the fused node does; a Cast the plan
 puts on one of its tensors breaks the fusion, and the node costs what it costs alone.
 ``execution="cuda-graph"``: the run is replayed, so no node costs host time; the plan costs its GPU
-work plus one replay (``CostModel.run_us``). ``plain``: the larger of the GPU's work and the host's
-launches (``CostModel.launch_us`` per launch; cuDNN's layout transforms around fp16 NCHW
-convolutions are launches too).
+work plus one replay (``CostModel.run_us``). ``plain``: the GPU's work and the host's launches
+(``CostModel.launch_us`` per launch; cuDNN's layout transforms around fp16 NCHW convolutions are
+launches too), added where the database says so (``CostModel.host_adds``: fitted from whole runs,
+where every launch cost 2.3-4.4 us on top of the replayed run), else the larger of the two.
 """
 
 from __future__ import annotations
@@ -256,7 +257,10 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     # a training step's nodes cost the host more than single ops do (CostModel.launch_us)
     dispatch = (ctx.cost.launch_us("conv", training=training) * conv_launches
                 + ctx.cost.launch_us("other", training=training) * other_launches)
-    return PlanTime(max(nodes_us + cast_us, dispatch) + run, nodes_us, cast_us, casts, dispatch, launched, run)
+    gpu = nodes_us + cast_us
+    # launches that add to the GPU's work (fitted so from whole runs), or hide behind it
+    total = gpu + dispatch if ctx.cost.host_adds(training=training) else max(gpu, dispatch)
+    return PlanTime(total + run, nodes_us, cast_us, casts, dispatch, launched, run)
 
 
 def _pad_nodes(ctx: GraphContext, precision_of: PrecisionOf) -> int:

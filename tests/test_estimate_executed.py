@@ -180,3 +180,15 @@ def test_the_cpu_stand_in_leaves_conv_and_relu_apart_as_the_cuda_ep_does():
     model = make_model(nodes, [tensor_vi("x", (1, 8, 8, 8))], [tensor_vi("y", (1, 8, 8, 8))], [weight("w", (8, 8, 3, 3))])
     executed = executed_graph(model)
     assert executed.node_status(model) == {} and executed.launches() == {"conv": 1, "other": 1}
+
+
+def test_launches_add_to_the_gpu_work_where_the_database_says_so():
+    """host_adds (fitted from whole H200 runs: each launch costs on top of the replayed run): the
+    plain total is the GPU's work plus the launches plus the run, not the larger of the two."""
+    class AddingCost(HostCost):
+        def host_adds(self, training: bool = False) -> bool:
+            return True
+
+    ctx = build_context(parse(MATMUL_BIAS), cost=AddingCost(), cost_graph="onnx")
+    time = estimate.plan_time(ctx, plan_of(ctx))
+    assert (time.nodes_us, time.dispatch_us, time.total_us) == (30.0, 15.0, 30.0 + 15.0 + 20.0)

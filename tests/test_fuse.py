@@ -211,6 +211,14 @@ def test_forced_mode_takes_the_given_sizes():
     assert (report["mode"], report["model_type"], report["num_heads"], report["hidden_size"]) == ("bert", "bert", 4, 64)
 
 
+def test_sizes_that_do_not_go_together_are_left_to_ort_to_detect():
+    """ORT's optimizer asserts heads and hidden size both given (heads dividing the size) or
+    neither: a hidden size without heads (what detection found on the H200's BERT export, whose
+    head split is computed) goes as neither, and the graph is still fused."""
+    _, report = fuse.fuse_transformer(bert_layer(), OptimizeConfig(fuse="bert", num_heads=3, hidden_size=64))
+    assert (report["num_heads"], report["hidden_size"]) == (0, 0) and report["ops"]
+
+
 def test_fused_ops_get_shapes_for_planning_only():
     """ONNX inference stops at com.microsoft ops: the fused outputs get marked value infos,
     which clean_export drops."""

@@ -281,20 +281,20 @@ def test_run_overhead_is_the_fastest_replayed_inference_run():
     assert fit_run_overhead(rows[2:]) is None
 
 
-def test_host_launch_is_fitted_per_class_from_host_bound_runs():
-    """fit_host_launch: runs that replayed >= 1.1x faster were host-bound; 40 us a conv launch and
-    5 us any other reproduce them, and a model left out is predicted from the others."""
+def test_host_launch_is_fitted_per_class_from_plain_and_replayed_runs():
+    """fit_host_launch: a plain run took its replayed time plus 4 us a conv launch and 2 us any
+    other; the fit finds both, and a model left out is predicted from the others."""
     from onnxcampo.costdb.fit import fit_host_launch
 
     def group(model, conv, other, graph_ms):
-        plain_ms = (40.0 * conv + 5.0 * other + 20.0) / 1e3
+        plain_ms = graph_ms + (4.0 * conv + 2.0 * other) / 1e3
         return [{"model": model, "batch": 1, "mode": "inference", "status": "ok", "policy": "fp32", "ms": plain_ms,
                  "ort_launches": {"conv": conv, "other": other}},
                 {"model": model, "batch": 1, "mode": "inference", "status": "ok", "policy": "fp32-graph", "ms": graph_ms}]
 
     rows = [*group("cnn", 50, 40, 0.5), *group("bert", 0, 400, 1.0), *group("mixed", 20, 200, 0.4),
-            *group("gpu_bound", 10, 10, 10.0)]  # not host-bound: left out
-    fitted = fit_host_launch(rows, run_us=20.0)
-    assert (fitted["conv"], fitted["other"], fitted["samples"]) == (40.0, 5.0, 3)
+            *group("big", 10, 10, 10.0)]
+    fitted = fit_host_launch(rows)
+    assert (fitted["conv"], fitted["other"], fitted["samples"], fitted["host"]) == (4.0, 2.0, 4, "additive")
     assert all(abs(error) < 1e-6 for error in fitted["leave_one_model_out_error"].values())
-    assert fit_host_launch(rows[-2:], run_us=20.0) is None
+    assert fit_host_launch([r for r in rows if r["policy"] == "fp32"]) is None  # no replayed twin
