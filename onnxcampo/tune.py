@@ -108,8 +108,12 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
             if name in inputs and tuple(np.shape(inputs[name])) != tuple(dims):
                 log.warning("the tuning input %s has shape %s, the plans were costed for %s: the candidates are "
                             "timed on the given shape", name, list(np.shape(inputs[name])), list(dims))
+    from onnxcampo import fuse
+
+    # ORT's transformer fusions once, not once per candidate: every candidate plans the fused graph
+    model, fused = fuse.fuse_transformer(model, config)
     built, results, same, seen = {}, {}, {}, {}
-    for name, candidate in candidate_configs(config).items():
+    for name, candidate in candidate_configs(config.replace(fuse="none")).items():
         if name == "campo-nopad" and not built["campo"].report.get("pads_inserted"):
             continue  # campo padded nothing: the same graph
         log.info("building the %s candidate", name)
@@ -134,6 +138,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     predicted = built["campo"].report.get("predicted_us", {})
     report["policy"] = "campo"
     report["chosen_plan"] = chosen
+    report["fuse"] = fused
     report["tuning"] = {
         "provider": config.tune, "execution": config.execution, "chosen": chosen,
         "tolerance": config.tune_tolerance, "error_measure": "relative L2 (integer outputs: share differing)",

@@ -296,3 +296,13 @@ def test_optimize_plans_the_fused_graph_and_writes_a_model_ort_loads(tmp_path):
     expected = run(make_session(model), inputs)["hidden_states"]
     got = run(make_session(out), inputs)["hidden_states"]
     np.testing.assert_allclose(got, expected, rtol=0.05, atol=0.05)
+
+
+def test_tune_fuses_once_and_every_candidate_plans_the_fused_graph(monkeypatch):
+    """--tune runs ORT's optimizer once (not once per candidate) and reports its fusion."""
+    calls = []
+    original = fuse._run_optimizer
+    monkeypatch.setattr(fuse, "_run_optimizer", lambda *args: calls.append(args) or original(*args))
+    result = onnxcampo.optimize(bert_layer(), tune="cpu")
+    assert len(calls) == 1 and result.report["fuse"]["ops"]
+    assert set(result.report["tuning"]["candidates"]) >= {"fp32", "amp", "campo", "fp16"}
