@@ -524,23 +524,7 @@ def _add_planning_shapes(model: onnx.ModelProto, config: OptimizeConfig) -> int:
 def _weightless(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy for shape inference: float weights become graph inputs of their type and dims
     (inference needs no weight values; integer and small tensors stay, for shape arithmetic)."""
-    skeleton = onnx.ModelProto()
-    skeleton.ir_version = model.ir_version
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    source, graph = model.graph, skeleton.graph
-    graph.name = source.name
-    graph.node.extend(source.node)
-    graph.input.extend(source.input)
-    graph.output.extend(source.output)
-    graph.value_info.extend(source.value_info)
-    inputs = {vi.name for vi in source.input}
-    for tensor in source.initializer:
-        if tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) or math.prod(tensor.dims) <= 64:
-            graph.initializer.append(tensor)
-        elif tensor.name not in inputs:
-            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
-    return skeleton
+    return graph_io.skeleton(model, weights_as_inputs=True)
 
 
 # --- export -------------------------------------------------------------------------------------

@@ -283,28 +283,35 @@ def _pinned_symbols(
     return symbols
 
 
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+def skeleton(model: onnx.ModelProto, *, weights_as_inputs: bool = False) -> onnx.ModelProto:
     """A copy for inference whose large float initializers keep type and dims but no data
-    (inference needs no weights; small and integer ones stay for data propagation)."""
-    skeleton = onnx.ModelProto()
-    skeleton.ir_version = model.ir_version
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    source, graph = model.graph, skeleton.graph
+    (inference needs no weights; small and integer ones stay for data propagation); with
+    ``weights_as_inputs`` they become graph inputs of their type and dims instead (ORT's symbolic
+    inference reads initializer values)."""
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    source, graph = model.graph, out.graph
     graph.name = source.name
     graph.node.extend(source.node)
     graph.input.extend(source.input)
     graph.output.extend(source.output)
     graph.value_info.extend(source.value_info)
     graph.sparse_initializer.extend(source.sparse_initializer)
+    declared = {vi.name for vi in source.input}
     for tensor in source.initializer:
         if tensor.data_type in (TensorProto.INT64, TensorProto.INT32) or _tensor_bytes(tensor) <= _SKELETON_BYTES:
             graph.initializer.append(tensor)
             continue
+        if weights_as_inputs:
+            if tensor.name not in declared:
+                graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+            continue
         slim = graph.initializer.add()
         slim.name, slim.data_type = tensor.name, tensor.data_type
         slim.dims.extend(tensor.dims)
-    return skeleton
+    return out
 
 
 def _tensor_bytes(tensor: onnx.TensorProto) -> int:
@@ -340,14 +347,14 @@ def infer_tensor_info(
     """Types and shapes of every top-level tensor, from one run of ONNX shape inference on a
     copy whose dynamic input dims are pinned, completed by ORT's symbolic inference where that
     leaves float shapes unknown (:mod:`onnxcampo.shapes`). Also returns the input dims left dynamic."""
-    skeleton = _skeleton(model)
-    symbols = _pinned_symbols(skeleton, input_shapes or {}, dim_values or {})
-    unresolved = pin_input_shapes(skeleton, input_shapes or {}, dim_values or {}, require_static=require_static)
+    working = skeleton(model)
+    symbols = _pinned_symbols(working, input_shapes or {}, dim_values or {})
+    unresolved = pin_input_shapes(working, input_shapes or {}, dim_values or {}, require_static=require_static)
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(working, check_type=False, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError) as exc:
         log.warning("shape inference failed (%s); continuing with declared types only", str(exc).splitlines()[0])
-        inferred = skeleton
+        inferred = working
     graph = inferred.graph
     info: dict[str, TensorInfo] = {}
     for tensor in graph.initializer:
@@ -364,7 +371,7 @@ def infer_tensor_info(
     _propagate_dtypes(graph, info, default_opset(model))
     from onnxcampo import shapes  # it imports this module
 
-    shapes.fill_unknown_shapes(skeleton, info, symbols)  # where ONNX left float shapes unknown
+    shapes.fill_unknown_shapes(working, info, symbols)  # where ONNX left float shapes unknown
     return info, unresolved
 
 

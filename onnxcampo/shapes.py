@@ -93,7 +93,7 @@ def _has_values(tensor: onnx.TensorProto) -> bool:
 
 
 def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its data-less initializers (``graph._skeleton`` keeps large float weights'
+    """The model with its data-less initializers (``graph.skeleton`` keeps large float weights'
     type and dims only) as graph inputs: ORT's symbolic inference reads initializer values and
     fails on an empty one ("cannot reshape array of size 0"), a graph input it only types."""
     empty = [t for t in model.graph.initializer if not _has_values(t) and math.prod(t.dims) > 0]
