@@ -18,6 +18,13 @@ For each op case (measured in both precisions, see :func:`onnxcampo.costdb.fit.c
    (cases the models never saw). Op types the database lacks (analytic fallback) are evaluated on
    all their cases and reported apart (``fallback``), not in ``overall``.
 
+5. The boundary decision (``boundary``, next to the per-op one above): in a graph a Cast sits only
+   where an fp16 region meets an fp32 one, and a Tensor Core product inside an fp16 region pays
+   none; so for allow-list ops (``oplists.ALLOW``) the decision is fp16 when ``t16 < t32`` (the
+   cast-free side, predicted ``pred16 < t32``), and the metric is time-weighted: the time the wrong
+   decisions lose (``|t16 - t32|``) over the fp32 time of all the cases (``lost_share``), besides
+   the count.
+
 Targets (Campo: 5.8 % mean error): fp16 MAPE <= 6 %, wrong decisions <= 1.5 %.
 """
 
@@ -94,6 +101,7 @@ def evaluate_cases(database: dict, data: SampleSet, *, noise: float = 0.05, hold
             "wrong_decision_rate": _verdict(overall["wrong_rate"], TARGET_WRONG_DECISIONS),
         },
         "overall": overall,
+        "boundary": _boundary_aggregate([r for r in records if r["fitted"]]),
         "fallback": _aggregate(fallback_records) if fallback_records else None,
         "ops": ops,
         "cast": _size_model_errors(model.cast_time, [(e, t) for _, e, t in data.cast_rows]),
@@ -140,7 +148,35 @@ def _record(model: RegressionCostModel, case, fitted: bool, noise: float) -> dic
         "wrong": predicted_fp16 != measured_fp16 and gap > noise,
         "wrong_predicted_t32": blind_fp16 != measured_fp16 and gap > noise,
         "lost_us": abs(measured16 - case.t32) if predicted_fp16 != measured_fp16 else 0.0,
+        **_boundary(case, pred16, noise),
     }
+
+
+def _boundary(case, pred16: float, noise: float) -> dict:
+    """The decision inside an fp16 region (no Cast) for allow-list ops: ``boundary_wrong`` and the
+    time it loses; None for other ops."""
+    from onnxcampo import oplists
+
+    if oplists.category_of(case.op_type) is not oplists.Category.ALLOW:
+        return {"boundary_wrong": None, "boundary_lost_us": 0.0}
+    measured = case.t16 < case.t32
+    predicted = pred16 < case.t32
+    gap = abs(case.t16 - case.t32) / min(case.t16, case.t32)
+    wrong = predicted != measured and gap > noise
+    return {"boundary_wrong": wrong, "boundary_lost_us": abs(case.t16 - case.t32) if wrong else 0.0}
+
+
+def _boundary_aggregate(records: Sequence[dict]) -> dict | None:
+    chosen = [r for r in records if r.get("boundary_wrong") is not None]
+    if not chosen:
+        return None
+    wrong = sum(r["boundary_wrong"] for r in chosen)
+    lost = sum(r["boundary_lost_us"] for r in chosen)
+    total = sum(r["t32"] for r in chosen)
+    return {"cases": len(chosen), "wrong": wrong, "wrong_rate": wrong / len(chosen),
+            "lost_us": float(lost), "lost_share": float(lost / total) if total else None,
+            "per_op_wrong_rate": (sum(r["wrong"] for r in chosen) / len(chosen)),
+            "per_op_lost_share": (float(sum(r["lost_us"] for r in chosen if r["wrong"]) / total) if total else None)}
 
 
 def _aggregate(records: Sequence[dict]) -> dict:
@@ -243,6 +279,18 @@ def markdown(result: dict) -> str:
         f"(no profiling) {overall['wrong_predicted_t32']}/{overall['cases']} "
         f"({_pct(overall['wrong_rate_predicted_t32'])}). fp16 pays in {overall['fp16_pays']} of them.",
     ]
+    boundary = result.get("boundary")
+    if boundary:
+        lines += ["", "## The decision at region boundaries (allow-list ops)", "",
+                  "In a graph a Cast sits only where an fp16 region meets an fp32 one; a product inside an fp16 "
+                  "region pays none. So the decision is also judged cast-free, fp16 when fp16 < fp32, and by the "
+                  "time it loses (wrong decisions' |fp16 - fp32| over the cases' fp32 time), next to the per-op "
+                  "decision above that charges every input and output a Cast:", "",
+                  "| decision | cases | wrong | time lost |", "|---|---:|---:|---:|",
+                  f"| per op (a Cast on every activation input and output) | {boundary['cases']} | "
+                  f"{_pct(boundary['per_op_wrong_rate'])} | {_pct(boundary['per_op_lost_share'])} |",
+                  f"| at region boundaries (inside an fp16 region: no Cast) | {boundary['cases']} | "
+                  f"{boundary['wrong']} ({_pct(boundary['wrong_rate'])}) | {_pct(boundary['lost_share'])} |"]
     if result.get("holdout_missing"):
         lines += ["", f"{result['holdout_missing']} held-out cases of the database are missing from these samples."]
     lines += ["", "## Per op", "",

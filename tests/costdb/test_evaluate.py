@@ -102,6 +102,27 @@ def test_decision_counts_casts_of_activations_only(predicted16, measured16, wron
     assert result["overall"]["wrong"] == int(wrong)
 
 
+@pytest.mark.parametrize(
+    ("predicted16", "measured16", "per_op_wrong", "boundary_wrong"),
+    [
+        (95.0, 80.0, True, False),  # fp16 inside a region: both 80/95 < 100; per op 105 > 100 predicted fp32, measured 90
+        (80.0, 97.0, True, False),  # cast-free 97 < 100 is fp16 too; per op 107 > 100
+        (90.0, 110.0, False, True),  # cast-free: predicted fp16 (90), measured fp32 (110 > 100, 10 % apart)
+    ],
+)
+def test_boundary_decision_is_cast_free_and_time_weighted(predicted16, measured16, per_op_wrong, boundary_wrong):
+    """The boundary decision charges no Cast (a product inside an fp16 region); its time lost is
+    |t16 - t32| of the wrong decisions over the cases' fp32 time."""
+    rows = pair_rows("MatMul", [[64, 64], [64, 64]], [[64, 64]], 100.0, measured16)
+    result = evaluate(_one_case_database(predicted16), rows + cast_samples(count=2), holdout_only=False)
+    record = result["cases"][0]
+    assert (record["wrong"], record["boundary_wrong"]) == (per_op_wrong, boundary_wrong)
+    boundary = result["boundary"]
+    assert boundary["wrong"] == int(boundary_wrong)
+    assert boundary["lost_share"] == pytest.approx(abs(measured16 - 100.0) / 100.0 if boundary_wrong else 0.0)
+    assert "at region boundaries" in markdown(result)
+
+
 def test_markdown_states_targets_and_worst_cases(clean, tmp_path):
     rows, database = clean
     wrong = copy.deepcopy(database)
