@@ -146,6 +146,9 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
         "candidates": {name: {**t.to_json(), **({"predicted_us": predicted[name]["total_us"]} if name in predicted else {})}
                        for name, t in timings.items()},
     }
+    host = _host_on_this_machine(results["fp32"].model, timings["fp32"], config, inputs, report)
+    if host is not None:
+        report["tuning"]["host"] = host
     report["predicted_us"] = predicted
     report["plans"] = built["campo"].report.get("plans", report.get("plans"))
     report["input"] = str(source) if source else report.get("input")
@@ -153,6 +156,56 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     report.setdefault("notes", []).append(f"tuned on {config.tune}{mode}: {describe(timings, config.tune_tolerance)}; "
                                           f"keeping {chosen}")
     return result
+
+
+HOST_DRIFT = 0.25  # a measured per-launch host time this far from the database's is worth a warning
+
+
+def host_per_launch(plain_ms: float, replayed_ms: float, launches: int) -> float | None:
+    """Host time per kernel launch (us) of this machine: what a run node by node costs over the
+    same kernels replayed as a CUDA graph, over the launches ORT makes (``costdb.fit.fit_host_launch``
+    fits the database's figure the same way from benchmark rows)."""
+    if launches <= 0 or not plain_ms > 0 or not replayed_ms > 0:
+        return None
+    return max(1e3 * (plain_ms - replayed_ms), 0.0) / launches
+
+
+def _host_on_this_machine(model: onnx.ModelProto, fp32: Timing, config: OptimizeConfig, inputs,
+                          report: dict) -> dict | None:
+    """The host term measured again where the model will run (issue 15: host speed differs ~40 %
+    between two H200 machines): inference on CUDA, plain execution only; the fp32 candidate is
+    timed once more replayed as a CUDA graph. None where that does not apply or fails (a model
+    CUDA graphs cannot capture, e.g. with CPU-placed nodes)."""
+    from onnxcampo.costdb.select import load_cost_model
+    from onnxcampo.errors import CampoError
+    from onnxcampo.runtime.optimized import executed_graph
+    from onnxcampo.training.scaling import is_train_step
+
+    if config.tune != "cuda" or config.execution != "plain" or fp32.ms is None or is_train_step(model):
+        return None
+    runner = None
+    try:
+        runner = _InferenceRun(model, config.replace(execution="cuda-graph"), inputs)
+        _warm_up(runner)
+        replayed_ms = statistics.median(_blocks(runner, _runs_per_block(runner)))
+        launches = sum(executed_graph(model, provider="cuda", level="all").launches().values())
+    except CampoError as exc:
+        log.info("host time per launch not measured: %s", str(exc).splitlines()[0])
+        return None
+    finally:
+        runner = None
+        gc.collect()
+    measured = host_per_launch(fp32.ms, replayed_ms, launches)
+    if measured is None:
+        return None
+    database = load_cost_model(config.device_db).launch_us("other")
+    host = {"fp32_ms": fp32.ms, "fp32_replayed_ms": round(replayed_ms, 4), "launches": launches,
+            "us_per_launch": round(measured, 3), "database_us_per_launch": round(database, 3)}
+    if database > 0 and abs(measured / database - 1) > HOST_DRIFT:
+        report.setdefault("notes", []).append(
+            f"this machine's host takes {measured:.2f} us a launch, the cost database {database:.2f} us: predicted "
+            "times of plans with many launches (batch 1) are off by that much; the tuned choice is measured")
+    return host
 
 
 def _check_inputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> None:

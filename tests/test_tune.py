@@ -304,3 +304,19 @@ def test_tune_with_cuda_graphs_needs_the_cuda_provider(capsys, tmp_path):
     onnx.save(odd_mlp(batch=8), source)
     assert main(["optimize", str(source), str(tmp_path / "out.onnx"), "--tune", "cpu", "--execution", "cuda-graph"]) == 2
     assert "tune with --tune cuda" in capsys.readouterr().err
+
+
+def test_host_per_launch_is_the_plain_runs_excess_over_the_replay():
+    """What --tune measures where the model runs (CUDA, plain): 2.0 ms node by node against
+    1.2 ms replayed over 200 launches is 4 us a launch; nothing without launches or times."""
+    from onnxcampo.tune import host_per_launch
+
+    assert host_per_launch(2.0, 1.2, 200) == pytest.approx(4.0)
+    assert host_per_launch(1.0, 1.1, 10) == 0.0  # replay noise above the plain run: no negative host time
+    assert host_per_launch(2.0, 1.2, 0) is None and host_per_launch(0.0, 1.2, 5) is None
+
+
+def test_host_is_not_remeasured_off_cuda():
+    """--tune cpu: no CUDA graph to compare with, the report has no host entry."""
+    result = onnxcampo.optimize(odd_mlp(batch=8), tune="cpu")
+    assert "host" not in result.report["tuning"]
