@@ -293,18 +293,21 @@ def _read_executed_graph(ctx: GraphContext) -> None:
         log.info("costing every ONNX node: ONNX Runtime's optimized graph is not available (%s)",
                  str(exc).splitlines()[0])
         return
-    ctx.ort_status = executed.node_status(ctx.model)
+    # the copy's tensor names are those of the executed graph (renamed); its node names are ours
+    ctx.ort_status = executed.node_status(model)
     ctx.ort_nodes = executed.nodes
     if ctx.loss_scaling is not None:
         # a mixed step gets loss scaling, which makes the loss gradient's seed read the scale: ORT
         # no longer folds that chain. A node counts as fused only where it is so in both graphs.
         scaled = onnx.ModelProto()
         scaled.CopyFrom(model)
-        scaling.add_loss_scaling(scaled)
         try:
+            scaling.add_loss_scaling(scaled)
             with_scaling = executed_graph(scaled).node_status(scaled)
-        except CampoError:
-            with_scaling = {}
+        except CampoError as exc:  # one status set for every plan, so neither kind gains from it
+            log.info("ORT's graph of the loss-scaled step not read (%s): its plans are costed on the step's",
+                     str(exc).splitlines()[0])
+            return
         ctx.ort_status_fp32 = ctx.ort_status  # an all-fp32 step gets no scaling (estimate.plan_time)
         ctx.ort_status = {name: status for name, status in ctx.ort_status.items() if with_scaling.get(name) == status}
     log.info("ONNX Runtime runs %d of the %d nodes (%d absorbed, %d fused)", executed.nodes, len(ctx.nodes),

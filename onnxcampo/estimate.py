@@ -62,18 +62,19 @@ def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_
 
     With ``precision_of`` (the plan), a member of a fusable chain whose members all run in
     ``precision`` costs its time times the chain's measured factor (``CostModel.chain_factor``).
-    A node ORT runs no kernel of its own for costs nothing (:func:`runs_alone`).
+    Otherwise a node ORT runs no kernel of its own for costs nothing (:func:`runs_alone`).
     """
+    chain = ctx.chains.get(node.name)
+    if chain is not None and precision_of is not None:
+        pattern, members = chain
+        factor = ctx.cost.chain_factor(pattern, precision.value)
+        if factor != 1.0 and all(precision_of(m) is precision for m in members if m != node.name):
+            # a measured chain factor prices the chain as ORT ran it, fused or not: every member
+            # its alone time times the factor (ORT's statuses decide the launches only)
+            return _alone_time(ctx, node, precision) * factor
     if not _costs_time(ctx, node, precision_of):
         return 0.0
-    time = _alone_time(ctx, node, precision)
-    chain = ctx.chains.get(node.name)
-    if chain is None or precision_of is None:
-        return time
-    pattern, members = chain
-    if all(precision_of(m) is precision for m in members if m != node.name):
-        time *= ctx.cost.chain_factor(pattern, precision.value)
-    return time
+    return _alone_time(ctx, node, precision)
 
 
 def _aliased(node: gs.Node) -> bool:
@@ -85,13 +86,21 @@ def _fusion_broken(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf |
     fusions do not look through a Cast; Casts on the fused group's edges leave it whole): an
     absorbed node's outputs, and the inputs a node reads from absorbed producers. Local
     decisions (no plan) take the fusion to hold."""
-    if precision_of is None:
+    if precision_of is None or _eliminated(ctx, node):
         return False
     if ctx.ort_status.get(node.name) == "absorbed":
         inner = list(node.outputs)
     else:
         inner = [t for t in node.inputs if (p := ctx.producer(t)) is not None and ctx.ort_status.get(p.name) == "absorbed"]
     return any(tensor_casts(ctx, t, precision_of) for t in inner)
+
+
+def _eliminated(ctx: GraphContext, node: gs.Node) -> bool:
+    """An absorbed node ORT removes whatever its neighbours' precision (Dropout and Identity at
+    inference, nodes of constants only, which it folds): no Cast brings it back."""
+    if ctx.ort_status.get(node.name) != "absorbed":
+        return False
+    return node.op in oplists.ELIMINATED or all(ctx.is_constant(t) for t in node.inputs if t.name)
 
 
 def _product(ctx: GraphContext, node: gs.Node) -> bool:
@@ -106,7 +115,7 @@ def runs_alone(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | Non
     if _aliased(node):
         return False
     status = ctx.ort_status.get(node.name)
-    if status == "carried" or (status == "absorbed" and not _product(ctx, node)):
+    if status == "carried" or (status == "absorbed" and (not _product(ctx, node) or _eliminated(ctx, node))):
         return _fusion_broken(ctx, node, precision_of)
     return True
 
@@ -117,7 +126,7 @@ def _costs_time(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | No
     if _aliased(node):
         return False
     status = ctx.ort_status.get(node.name)
-    if status == "absorbed" and _product(ctx, node):
+    if status == "absorbed" and _product(ctx, node) and not _eliminated(ctx, node):
         return True
     return status not in ("absorbed", "carried") or _fusion_broken(ctx, node, precision_of)
 

@@ -169,6 +169,12 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig) -> tuple[on
     _restore_model_fields(fused, model)
     graph_io.name_nodes(fused)
     toposort_model(fused)
+    invalid = _checker_problem(fused)
+    if invalid:
+        if mode != "auto":
+            raise UnsupportedModelError(f"--fuse {mode}: {invalid}; --fuse none plans the graph unfused")
+        log.warning("fuse: %s as %s; the graph is planned unfused", invalid, model_type)
+        return model, _left_alone(mode, invalid)
     shaped = _add_planning_shapes(fused, config)
     seconds = time.perf_counter() - start
     log.info("fuse: %s (%s heads, hidden size %s): %s; %d fused outputs shaped for planning (%.1f s)", model_type,
@@ -176,6 +182,18 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig) -> tuple[on
              ", ".join(f"{count} {op}" for op, count in ops.items()), shaped, seconds)
     return fused, {"mode": mode, "model_type": model_type, "num_heads": num_heads, "hidden_size": hidden_size,
                    "ops": ops, "seconds": round(seconds, 3)}
+
+
+def _checker_problem(fused: onnx.ModelProto) -> str | None:
+    """Why the fused graph is no valid ONNX model, or None: ORT's optimizer writes
+    LayerNormalization in the default domain, which ONNX defines from opset 17 only (an opset-14
+    export fused so loads in ORT but is refused by the checker, and so by onnxcampo itself)."""
+    try:
+        graph_io.check_model(fused)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        return f"ONNX Runtime's transformers optimizer wrote an invalid ONNX graph ({first})"
+    return None
 
 
 def _left_alone(mode: str, reason: str) -> dict:

@@ -279,6 +279,9 @@ def overlaps() -> dict[tuple[str, str], frozenset[str]]:
 # declare the alias; a run launches nothing for them and a CUDA graph captures nothing). They
 # cost nothing in a plan's time (onnxcampo.estimate).
 ALIASED = frozenset({"Constant", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+# ONNX Runtime removes these from an inference graph whatever surrounds them (a Cast after one reads
+# its input instead): a plan's Casts never bring them back.
+ELIMINATED = frozenset({"Dropout", "Identity"})
 # cuDNN runs an fp16 NCHW convolution between layout transforms (nchwToNhwc, nhwcToNchw): CUPTI saw
 # 135 of them next to 51 convolution kernels in ResNet-50's training step on the H200. The extra
 # launches cost host time that the single-op database does not count.

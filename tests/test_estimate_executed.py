@@ -192,3 +192,66 @@ def test_launches_add_to_the_gpu_work_where_the_database_says_so():
     ctx = build_context(parse(MATMUL_BIAS), cost=AddingCost(), cost_graph="onnx")
     time = estimate.plan_time(ctx, plan_of(ctx))
     assert (time.nodes_us, time.dispatch_us, time.total_us) == (30.0, 15.0, 30.0 + 15.0 + 20.0)
+
+
+def test_cpu_only_gemm_activation_fusion_is_not_taken_for_the_cuda_eps():
+    """ORT fuses MatMul + bias + Sigmoid into FusedGemm on its CPU provider only (no CUDA kernel):
+    the stand-in leaves the Sigmoid a kernel of its own, as the CUDA EP runs it."""
+    text = MATMUL_BIAS.replace("[act] y = Tanh(r)", "[act] y = Sigmoid(r)")
+    ctx = context(parse(text))
+    assert ctx.ort_status == {"mm": "absorbed", "bias": "carried"}
+    assert estimate.plan_time(ctx, plan_of(ctx)).launched == 2  # the Gemm and the Sigmoid
+
+
+def test_a_3d_bias_add_passed_on_by_a_reshape_is_the_gemms():
+    """MatMul + Add on 3-D inputs: ORT writes Reshape -> Gemm -> Reshape, so the Add's output is
+    made by a Reshape passing on the Gemm's: the Add is carried by the product, not a kernel."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+             helper.make_node("Tanh", ["a"], ["y"], name="act")]
+    bias = onnx.numpy_helper.from_array(np.full(16, 0.5, np.float32), "b")
+    model = make_model(nodes, [tensor_vi("x", (2, 4, 8))], [tensor_vi("y", (2, 4, 16))], [weight("w", (8, 16)), bias])
+    assert executed_graph(model).node_status(model) == {"mm": "absorbed", "add": "carried"}
+
+
+def test_a_cast_does_not_bring_back_a_node_ort_eliminates():
+    """Dropout at inference is removed whatever follows it: an fp16 MatMul after it (a Cast on
+    the Dropout's output) leaves it free."""
+    text = f"""
+    g (float[8,8] x) => (float[8,8] y) <{W_INIT}> {{
+      [act] e = Tanh(x)
+      [drop] d = Dropout(e)
+      [mm] y = MatMul(d, w)
+    }}
+    """
+    ctx = context(parse(text))
+    assert ctx.ort_status.get("drop") == "absorbed"
+    time = estimate.plan_time(ctx, plan_of(ctx, mm="fp16"))
+    assert time.nodes_us == 10.0 + 5.0  # Tanh and the fp16 MatMul; the Dropout is gone
+    assert time.launched == 2 + time.casts
+
+
+def test_ort_generated_tensor_names_do_not_make_a_node_look_absorbed():
+    """A Sigmoid whose output is named like ORT's fusions name theirs (``splits``): the executed
+    graph is read from a renamed copy, and the Sigmoid still runs."""
+    text = f"""
+    g (float[8,8] x) => (float[8,8] y) <{W_INIT}> {{
+      [sig] splits = Sigmoid(x)
+      [mm] y = MatMul(splits, w)
+    }}
+    """
+    ctx = context(parse(text))
+    assert "sig" not in ctx.ort_status and estimate.plan_time(ctx, plan_of(ctx)).launched == 2
+
+
+def test_a_measured_chain_factor_prices_the_fused_chain():
+    """A chain the database measured (matmul_bias at 0.5 of its parts) costs its members' alone
+    times times the factor, fused or not; the launches follow ORT's graph (one Gemm)."""
+    class ChainCost(HostCost):
+        def chain_factor(self, pattern: str, precision: str) -> float:
+            return 0.5 if pattern == "matmul_bias" else 1.0
+
+    ctx = build_context(parse(MATMUL_BIAS), cost=ChainCost())
+    api._read_executed_graph(ctx)
+    time = estimate.plan_time(ctx, plan_of(ctx))
+    assert (time.nodes_us, time.launched) == (0.5 * (10.0 + 10.0) + 10.0, 2)

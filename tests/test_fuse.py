@@ -310,3 +310,16 @@ def test_tune_fuses_once_and_every_candidate_plans_the_fused_graph(monkeypatch):
     result = onnxcampo.optimize(bert_layer(), tune="cpu")
     assert len(calls) == 1 and result.report["fuse"]["ops"]
     assert set(result.report["tuning"]["candidates"]) >= {"fp32", "amp", "campo", "fp16"}
+
+
+def test_a_fused_graph_onnx_refuses_is_not_kept():
+    """At opset 14 ORT's optimizer writes LayerNormalization in the default domain (ONNX's from
+    opset 17): auto leaves the graph unfused with the reason; a forced mode says so."""
+    model = bert_layer()
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = 14
+    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    assert report["model_type"] is None and "invalid ONNX graph" in report["reason"] and fused is model
+    with pytest.raises(UnsupportedModelError, match="invalid ONNX graph"):
+        fuse.fuse_transformer(model, OptimizeConfig(fuse="bert"))

@@ -200,3 +200,28 @@ def test_renaming_reaches_subgraphs_and_token_suffixes_and_spares_graph_outputs(
     assert [o.name for o in model.graph.output] == ["gemm_output_shape", "y"]
     outputs = run(make_session(model), {"x": np.arange(8, dtype=np.float32), "c": np.array(True)})
     assert outputs["y"].shape == (4, 2)
+
+
+def test_a_device_failure_on_the_cuda_ep_is_a_warning_not_a_refusal(monkeypatch, caplog):
+    """CUDA out of memory while test-loading (the CPU session loaded the same file): the model is
+    kept with a warning; a graph error on the CUDA EP still refuses it."""
+    import logging
+
+    from onnxcampo.errors import ModelLoadError, WrittenModelLoadError
+    from onnxcampo.runtime import check
+
+    def failing(message):
+        def make_session(*args, **kwargs):
+            raise ModelLoadError("ONNX Runtime could not load the model") from RuntimeError(message)
+        return make_session
+
+    import onnxcampo.runtime as runtime
+
+    model = onnx.parser.parse_model('<ir_version: 10, opset_import: ["" : 17]> g (float[2] x) => (float[2] y) { y = Relu(x) }')
+    monkeypatch.setattr(runtime, "make_session", failing("CUDA failure 2: out of memory ; GPU=0"))
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.runtime.check"):
+        assert check._load(model, check.CUDA, "m.onnx", False) is False
+    assert "device failed" in caplog.text
+    monkeypatch.setattr(runtime, "make_session", failing("Attempt to replace the existing tensor gemm_input_shape"))
+    with pytest.raises(WrittenModelLoadError, match="replace the existing tensor"):
+        check._load(model, check.CUDA, "m.onnx", False)

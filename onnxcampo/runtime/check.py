@@ -45,6 +45,9 @@ _ORT_ERROR_HEADER = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : ")
 _SOURCE_LOCATION = re.compile(r"^(?:Exception during initialization: )?\S+\.(?:cc|cpp|h):\d+ ")
 _SIGNATURE = re.compile(r"[^()\s]*::[^()]*\(")
 _MAX_CAUSE = 400
+# failures of the device (memory, driver, cuDNN's own state), not of the model
+_DEVICE_TROUBLE = re.compile(r"out of memory|CUDA failure|cudaError|CUDNN_STATUS_(?!BAD_PARAM)|CUBLAS_STATUS|"
+                             r"no CUDA-capable device|driver version", re.IGNORECASE)
 
 
 def check_loads(source: str | os.PathLike | onnx.ModelProto, *, model: onnx.ModelProto | None = None,
@@ -84,6 +87,10 @@ def _load(source: str | os.PathLike | onnx.ModelProto, provider: str, label: str
     except ModelLoadError as exc:
         error = exc.__cause__ or exc
         cause = _cause(error, str(source) if not isinstance(source, onnx.ModelProto) else None, label)
+        if provider == CUDA and _DEVICE_TROUBLE.search(cause):
+            # the GPU, not the graph (the CPU session of the same file loaded): say so, keep the model
+            log.warning("%s: not test-loaded on the CUDA EP: the device failed (%s)", label, cause)
+            return False
         raise WrittenModelLoadError(
             f"{label}: ONNX Runtime {ort.__version__} cannot load the model on the {_short(provider)} "
             f"(ORT_ENABLE_ALL): {cause}") from exc

@@ -26,8 +26,13 @@ import onnx
 log = logging.getLogger(__name__)
 
 _OPTIMIZED = "optimized.onnx"
-# ORT graph transformers the CPU provider runs and the CUDA EP does not (checked on the H200)
-CPU_ONLY_FUSIONS = ("ConvActivationFusion",)
+_ALIASING = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})  # oplists.ALIASED less Constant
+# ORT graph transformers the CPU provider runs and the CUDA EP does not: ConvActivationFusion
+# (checked on the H200: the CUDA EP keeps ResNet-50's Conv and Relu apart), and those ORT registers
+# for the CPU provider alone (graph_transformer_utils.cc: GemmActivationFusion makes FusedGemm, which
+# has no CUDA kernel; the integer-MatMul fusions)
+CPU_ONLY_FUSIONS = ("ConvActivationFusion", "GemmActivationFusion", "MatMulIntegerToFloatFusion",
+                    "DynamicQuantizeMatMulFusion")
 _OPTIMIZED_DATA = "optimized.onnx.data"
 
 
@@ -39,6 +44,15 @@ class ExecutedGraph:
     op_counts: Counter = field(default_factory=Counter)  # "domain:op" -> nodes ORT runs
     provider: str = "cpu"
     level: str = "extended"
+    aliases: dict[str, str] = field(default_factory=dict)  # output of an aliasing node -> its input
+
+    def computed_by(self, name: str) -> str | None:
+        """The op that computes a tensor, through the aliasing nodes (Reshape, ...) that pass it on."""
+        seen = set()
+        while name in self.aliases and name not in seen:
+            seen.add(name)
+            name = self.aliases[name]
+        return self.producers.get(name)
 
     @property
     def nodes(self) -> int:
@@ -80,7 +94,10 @@ class ExecutedGraph:
                     status[node.name] = "absorbed"
                 continue
             own = f"{node.domain or 'ai.onnx'}:{node.op_type}"
-            others = {self.producers[name] for name in kept} - {own}
+            if node.op_type in _ALIASING:
+                others = {self.producers[name] for name in kept} - {own}
+            else:  # a bias Add whose output a Reshape after the fused Gemm passes on is the Gemm's
+                others = {self.computed_by(name) or self.producers[name] for name in kept} - {own}
             if others:
                 products = [op for op in others if oplists.category_of(*_op_and_domain(op)) is oplists.Category.ALLOW]
                 status[node.name] = "carried" if products and oplists.category_of(
@@ -118,6 +135,9 @@ def executed_graph(model: onnx.ModelProto, *, provider: str = "cpu", level: str 
         optimized = onnx.load(str(path), load_external_data=False)
     producers = {name: f"{node.domain or 'ai.onnx'}:{node.op_type}"
                  for node in optimized.graph.node for name in node.output if name}
+    # what an aliasing node (MatMulAddFusion's Reshape -> Gemm -> Reshape on 3-D inputs) passes on
+    aliases = {node.output[0]: node.input[0] for node in optimized.graph.node
+               if node.op_type in _ALIASING and (node.domain or "") in ("", "ai.onnx") and node.input and node.output}
     counts = Counter(f"{node.domain or 'ai.onnx'}:{node.op_type}" for node in optimized.graph.node)
     log.debug("ORT (%s, %s level) runs %d of %d nodes", provider, level, sum(counts.values()), len(model.graph.node))
-    return ExecutedGraph(producers, counts, provider, level)
+    return ExecutedGraph(producers, counts, provider, level, aliases)
