@@ -699,10 +699,28 @@ def fit_run_overhead(rows: Iterable[dict]) -> dict | None:
             "rule": "smallest fp32-graph inference ms: a replayed run of almost no GPU work"}
 
 
-def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path) -> dict[str, dict]:
-    """Fit ``dispatch_step`` (training), ``dispatch_model`` (inference) and ``run_overhead`` from a
-    benchmark's rows into an existing database file (atomically); returns the entries fitted."""
+def with_launches(rows: list[dict], launches: Iterable[dict]) -> list[dict]:
+    """``rows`` whose fp32 inference rows lack ``ort_launches`` take them from ``launches``
+    (``{"model", "batch", "ort_launches"}`` lines: ORT's CPU stand-in counted them where the row
+    was measured before the benchmark recorded them; ``scripts/graph_factors.py --launches-out``)."""
+    known = {(entry["model"], entry["batch"]): entry for entry in launches}
+    out = []
+    for row in rows:
+        entry = known.get((row.get("model"), row.get("batch")))
+        if entry and row.get("policy") == "fp32" and row.get("mode") == "inference" and not row.get("ort_launches"):
+            row = {**row, "ort_launches": entry["ort_launches"], "ort_provider": entry.get("ort_provider")}
+        out.append(row)
+    return out
+
+
+def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path,
+                      launches_path: str | Path | None = None) -> dict[str, dict]:
+    """Fit ``dispatch_step`` (training), ``dispatch_model`` (inference), ``host_launch`` and
+    ``run_overhead`` from a benchmark's rows into an existing database file (atomically); returns
+    the entries fitted. ``launches_path``: launch counts for rows that have none (:func:`with_launches`)."""
     rows = load_samples(bench_rows_path)
+    if launches_path is not None:
+        rows = with_launches(rows, load_samples(launches_path))
     overhead = fit_run_overhead(rows)
     run_us = overhead["us"] if overhead else 0.0
     fitted = {key: entry for mode, key in DISPATCH_KEYS.items() if (entry := fit_step_dispatch(rows, mode, run_us))}

@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   "rows (fp32 against fp32-graph), to a database")
     step_dispatch.add_argument("bench_rows", type=Path, help="scripts/bench.py rows (e.g. docs/benchmarks/raw/h200.jsonl)")
     step_dispatch.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
+    step_dispatch.add_argument("--launches", type=Path, metavar="FILE.jsonl",
+                               help="ORT launch counts for fp32 rows measured before the benchmark recorded them "
+                                    "(scripts/graph_factors.py --launches-out)")
     evaluate = cost_sub.add_parser("eval", help="accuracy of a database on its held-out samples")
     evaluate.add_argument("database", type=Path)
     evaluate.add_argument("samples", type=Path)
@@ -455,7 +458,7 @@ def _costdb(args: argparse.Namespace) -> int:
     if args.costdb_command == "fit-step-dispatch":
         from onnxcampo.costdb.fit import add_step_dispatch
 
-        for key, entry in add_step_dispatch(args.bench_rows, args.database).items():
+        for key, entry in add_step_dispatch(args.bench_rows, args.database, args.launches).items():
             if key == "run_overhead":
                 print(f"onnxcampo: wrote {args.database}: {key} {entry['us']} us per run (the fastest of "
                       f"{entry['samples']} replayed runs: {entry['model']})", file=sys.stderr)

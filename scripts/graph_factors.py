@@ -66,6 +66,8 @@ def predicted_by_class(path: Path, database: Path) -> dict[str, float]:
     plain = estimate.plan_time(ctx, plan)
     totals["plain_us"] = plain.total_us
     totals["launches"] = plain.launched
+    conv = sum(estimate.host_launches(ctx, node, plan.precision)[0] for node in ctx.nodes)
+    totals["launch_classes"] = {"conv": conv, "other": plain.launched - conv}
     return totals
 
 
@@ -87,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus-dir", type=Path, default=Path(".benchcorpus"))
     parser.add_argument("--database", type=Path, default=Path("costdb/data/nvidia-h200.json"))
     parser.add_argument("--out", type=Path, required=True, help="output stem: STEM.md and STEM.json")
+    parser.add_argument("--launches-out", type=Path,
+                        help="also write each model's launches by class (ORT's CPU stand-in) as JSON lines, for "
+                             "`onnxcampo costdb fit-step-dispatch --launches`")
     args = parser.parse_args(argv)
     import os
 
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                         "plain_measured_ms": round(plain["ms"], 4) if plain else None,
                         "plain_predicted_ms": round(predicted["plain_us"] / 1e3, 4),
                         "plain_error": round(predicted["plain_us"] / 1e3 / plain["ms"] - 1, 4) if plain else None,
-                        "launches": predicted["launches"],
+                        "launches": predicted["launches"], "launch_classes": predicted["launch_classes"],
                         "host_us_per_launch": round(1e3 * (plain["ms"] - row["ms"]) / predicted["launches"], 3)
                         if plain and predicted["launches"] else None})
         print(f"{model} b{batch}: replayed {row['ms']:.3f} ms, predicted GPU "
@@ -162,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
                  if s["plain_error"] is not None else "- | - | - | - | -")
         lines.append(f"| {s['model']} | {s['measured_ms']:.3f} | {p['conv']:.0f} | {p['product']:.0f} | {p['other']:.0f} | "
                      f"{100 * s['error_unscaled']:+.1f} % | {100 * s['error_left_out']:+.1f} % | {plain} |")
+    if args.launches_out:
+        write_text_atomically(args.launches_out, "".join(
+            json.dumps({"model": s["model"].rsplit(" b", 1)[0], "batch": int(s["model"].rsplit(" b", 1)[1]),
+                        "ort_launches": s["launch_classes"], "ort_provider": "cpu stand-in (onnxcampo.runtime.optimized)"})
+            + "\n" for s in samples))
     write_text_atomically(args.out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
     write_text_atomically(args.out.with_suffix(".md"), "\n".join(lines) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}))

@@ -298,3 +298,18 @@ def test_host_launch_is_fitted_per_class_from_plain_and_replayed_runs():
     assert (fitted["conv"], fitted["other"], fitted["samples"], fitted["host"]) == (4.0, 2.0, 4, "additive")
     assert all(abs(error) < 1e-6 for error in fitted["leave_one_model_out_error"].values())
     assert fit_host_launch([r for r in rows if r["policy"] == "fp32"]) is None  # no replayed twin
+
+
+def test_rows_without_launch_counts_take_them_from_a_launches_file():
+    """with_launches: an fp32 inference row measured before the benchmark recorded ORT's launches
+    takes them from the given lines; rows that have them, or of other policies, keep theirs."""
+    from onnxcampo.costdb.fit import with_launches
+
+    rows = [{"model": "m", "batch": 1, "mode": "inference", "policy": "fp32", "ms": 1.0},
+            {"model": "m", "batch": 1, "mode": "inference", "policy": "fp32-graph", "ms": 0.5},
+            {"model": "n", "batch": 1, "mode": "inference", "policy": "fp32", "ms": 1.0, "ort_launches": {"conv": 0, "other": 9}}]
+    lines = [{"model": "m", "batch": 1, "ort_launches": {"conv": 2, "other": 3}},
+             {"model": "n", "batch": 1, "ort_launches": {"conv": 5, "other": 5}}]
+    merged = with_launches(rows, lines)
+    assert merged[0]["ort_launches"] == {"conv": 2, "other": 3} and "ort_launches" not in merged[1]
+    assert merged[2]["ort_launches"] == {"conv": 0, "other": 9} and "ort_launches" not in rows[0]
