@@ -186,7 +186,7 @@ def bench(
     the options every policy is optimized with (``device_db``, ``pad_tensor_cores``,
     ``cost_graph``, ``fuse``, ...); its policy, execution and pins are replaced by the bench's."""
     from onnxcampo.api import optimize
-    from onnxcampo.runtime import _providers, feeds_for, load_inputs_npz, random_inputs
+    from onnxcampo.runtime import feeds_for, load_inputs_npz, random_inputs, require_provider
 
     names = parse_policies(policies)
     if provider not in PROVIDERS:
@@ -198,7 +198,7 @@ def bench(
                           f"not on {provider}")
     if rounds < 1 or not block_ms > 0:
         raise ConfigError(f"need --rounds >= 1 and --block-ms > 0, got {rounds} and {block_ms}")
-    _providers(provider)  # no GPU, no onnxruntime-gpu: say so before optimizing anything
+    require_provider(provider)  # no GPU, no onnxruntime-gpu: say so before optimizing anything
     config = config or OptimizeConfig()
     original, source = graph_io.read_model(model)
     input_shapes, dim_values = dict(input_shapes or {}), dict(dim_values or {})

@@ -95,13 +95,13 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
     """Build the candidates with ``optimize`` (the untuned one), time them on ``config.tune``,
     and return the fastest one's result, its report extended with ``tuning``. ``source``: the
     input model's path, for the report."""
-    from onnxcampo.runtime import _providers
+    from onnxcampo.runtime import require_provider
 
     if config.policy != "campo":
         raise ConfigError(f"--tune chooses among campo's candidate plans; it does not apply to --policy {config.policy}")
     if config.execution == "cuda-graph" and config.tune != "cuda":
         raise ConfigError(f"--execution cuda-graph replays on the CUDA EP: tune with --tune cuda, not {config.tune}")
-    _providers(config.tune)  # no GPU, no onnxruntime-gpu: say so before building anything
+    require_provider(config.tune)  # no GPU, no onnxruntime-gpu: say so before building anything
     if inputs is not None:
         _check_inputs(model, inputs)
         for name, dims in config.input_shapes.items():

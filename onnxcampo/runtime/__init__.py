@@ -40,6 +40,7 @@ from onnxcampo.errors import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "require_provider",
     "DEFAULT_TOLERANCE",
     "OutputCheck",
     "OutputDiff",
@@ -335,6 +336,12 @@ def preload_cuda_dlls() -> None:
 def available_providers() -> list[str]:
     """The execution providers this onnxruntime build offers (for reports and early checks)."""
     return list(ort.get_available_providers())
+
+
+def require_provider(provider: str) -> None:
+    """Say now, before any work, that ``provider`` ("cpu", "cuda") cannot run here: a ConfigError
+    for an unknown name, a CampoError naming what to install when the CUDA EP is missing."""
+    _providers(provider)
 
 
 # CUDA EP options that make_session's own parameters set: cuda_options must not set them too.
