@@ -82,17 +82,48 @@ def _aliased(node: gs.Node) -> bool:
 
 
 def _fusion_broken(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | None) -> bool:
-    """Whether the plan puts a Cast between the node and a neighbour ORT fused it with (ORT's
-    fusions do not look through a Cast; Casts on the fused group's edges leave it whole): an
-    absorbed node's outputs, and the inputs a node reads from absorbed producers. Local
-    decisions (no plan) take the fusion to hold."""
+    """Whether the plan puts a Cast inside the fused group the node belongs to (ORT's fusions do
+    not look through a Cast, and a group broken anywhere runs as its nodes; Casts on the group's
+    edges leave it whole). Local decisions (no plan) take the fusion to hold."""
     if precision_of is None or _eliminated(ctx, node):
         return False
-    if ctx.ort_status.get(node.name) == "absorbed":
-        inner = list(node.outputs)
-    else:
-        inner = [t for t in node.inputs if (p := ctx.producer(t)) is not None and ctx.ort_status.get(p.name) == "absorbed"]
-    return any(tensor_casts(ctx, t, precision_of) for t in inner)
+    group = _fusion_groups(ctx).get(node.name)
+    return group is not None and any(tensor_casts(ctx, t, precision_of) for t in group)
+
+
+def _fusion_groups(ctx: GraphContext) -> dict[str, tuple[gs.Tensor, ...]]:
+    """node name -> the tensors inside its fused group: ORT's statuses joined through the outputs
+    of absorbed nodes (gone from ORT's graph) into their consumers that ORT does not run as they
+    are. Cached per status set (a training step swaps two)."""
+    cache = ctx.__dict__.setdefault("_fusion_groups", {})
+    key = id(ctx.ort_status)
+    if key in cache:
+        return cache[key]
+    parent: dict[str, str] = {}
+
+    def find(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    inner: list[tuple[str, gs.Tensor]] = []
+    for node in ctx.nodes:
+        if ctx.ort_status.get(node.name) != "absorbed" or _eliminated(ctx, node):
+            continue
+        find(node.name)
+        for tensor in node.outputs:
+            members = [c for c in tensor.outputs if c.name in ctx.ort_status and not _eliminated(ctx, c)]
+            for consumer in members:
+                parent[find(consumer.name)] = find(node.name)
+            if members:
+                inner.append((node.name, tensor))
+    tensors: dict[str, list[gs.Tensor]] = {}
+    for owner, tensor in inner:
+        tensors.setdefault(find(owner), []).append(tensor)
+    groups = {name: tuple(tensors.get(find(name), ())) for name in parent}
+    cache[key] = groups
+    return groups
 
 
 def _eliminated(ctx: GraphContext, node: gs.Node) -> bool:

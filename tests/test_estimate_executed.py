@@ -255,3 +255,34 @@ def test_a_measured_chain_factor_prices_the_fused_chain():
     api._read_executed_graph(ctx)
     time = estimate.plan_time(ctx, plan_of(ctx))
     assert (time.nodes_us, time.launched) == (0.5 * (10.0 + 10.0) + 10.0, 2)
+
+
+LAYER_NORM = """
+g (float[4,8] x) => (float[4,8] y) <float[8] scale = {1.0,1.0,1.0,1.0,1.0,1.0,1.0,1.0},
+                                    float[8] bias = {0.0,0.0,0.0,0.0,0.0,0.0,0.0,0.0},
+                                    float two = {2.0}, float eps = {0.00001}> {
+  [mean] m = ReduceMean<axes=[-1]>(x)
+  [sub] d = Sub(x, m)
+  [pow] p = Pow(d, two)
+  [var] v = ReduceMean<axes=[-1]>(p)
+  [add_eps] e = Add(v, eps)
+  [sqrt] r = Sqrt(e)
+  [div] n = Div(d, r)
+  [mul] s = Mul(n, scale)
+  [add] y = Add(s, bias)
+}
+"""
+
+
+def test_a_cast_anywhere_in_a_fused_group_breaks_the_whole_group():
+    """The LayerNorm sub-graph ORT fuses into one LayerNormalization: fused, it launches once; a
+    plan that keeps Pow fp32 among fp16 neighbours puts Casts inside it, and all nine nodes run as
+    they are (not only the two next to the Casts)."""
+    ctx = context(parse(LAYER_NORM))
+    assert len(ctx.ort_status) == 9
+    fused = estimate.plan_time(ctx, plan_of(ctx))
+    assert (fused.launched, fused.nodes_us) == (1, 10.0)  # the node carrying the fused kernel
+    fp16 = {n.name: "fp16" for n in ctx.nodes if n.name != "pow"}
+    broken = estimate.plan_time(ctx, plan_of(ctx, **fp16))
+    assert broken.launched - broken.casts == 9
+    assert broken.nodes_us == 10.0 + 8 * 5.0  # Pow fp32, the other eight fp16 (2x faster)
