@@ -87,14 +87,14 @@ def _fusion_broken(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf |
     edges leave it whole). Local decisions (no plan) take the fusion to hold."""
     if precision_of is None or _eliminated(ctx, node):
         return False
-    group = _fusion_groups(ctx).get(node.name)
+    group = _fusion_groups(ctx)[0].get(node.name)
     return group is not None and any(tensor_casts(ctx, t, precision_of) for t in group)
 
 
-def _fusion_groups(ctx: GraphContext) -> dict[str, tuple[gs.Tensor, ...]]:
-    """node name -> the tensors inside its fused group: ORT's statuses joined through the outputs
-    of absorbed nodes (gone from ORT's graph) into their consumers that ORT does not run as they
-    are. Cached per status set (a training step swaps two)."""
+def _fusion_groups(ctx: GraphContext) -> tuple[dict[str, tuple[gs.Tensor, ...]], dict[str, frozenset[str]]]:
+    """node name -> the tensors inside its fused group, and -> the op types of the group's nodes:
+    ORT's statuses joined through the outputs of absorbed nodes (gone from ORT's graph) into their
+    consumers that ORT does not run as they are. Cached per status set (a training step swaps two)."""
     cache = ctx.__dict__.setdefault("_fusion_groups", {})
     key = id(ctx.ort_status)
     if key in cache:
@@ -121,7 +121,12 @@ def _fusion_groups(ctx: GraphContext) -> dict[str, tuple[gs.Tensor, ...]]:
     tensors: dict[str, list[gs.Tensor]] = {}
     for owner, tensor in inner:
         tensors.setdefault(find(owner), []).append(tensor)
-    groups = {name: tuple(tensors.get(find(name), ())) for name in parent}
+    ops_of = {node.name: node.op for node in ctx.nodes}
+    kinds: dict[str, set[str]] = {}
+    for name in parent:
+        kinds.setdefault(find(name), set()).add(ops_of.get(name, ""))
+    groups = ({name: tuple(tensors.get(find(name), ())) for name in parent},
+              {name: frozenset(kinds[find(name)]) for name in parent})
     cache[key] = groups
     return groups
 
@@ -140,14 +145,13 @@ def _product(ctx: GraphContext, node: gs.Node) -> bool:
 
 def runs_alone(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | None = None) -> bool:
     """Whether the node costs a launch of its own under the plan: not an aliased op, and not
-    fused into a neighbour unless a Cast breaks the fusion. A fused group launches once, counted
-    on its Tensor Core product when it has one (a Conv that absorbed a BatchNormalization), else
-    on the node ORT keeps."""
+    absorbed into a fused group unless a Cast breaks the group. A fused group launches once per
+    node ORT keeps of it (the BatchNormalization's output a Conv makes, the LayerNorm sub-graph's
+    last Add, the Attention node of its many products)."""
     if _aliased(node):
         return False
-    status = ctx.ort_status.get(node.name)
-    if status == "carried" or (status == "absorbed" and (not _product(ctx, node) or _eliminated(ctx, node))):
-        return _fusion_broken(ctx, node, precision_of)
+    if ctx.ort_status.get(node.name) == "absorbed":
+        return _fusion_broken(ctx, node, precision_of)  # the group's node that ORT keeps launches it
     return True
 
 
@@ -168,9 +172,10 @@ def host_launches(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf) -
     layout = oplists.NCHW_FP16_LAYOUT_LAUNCHES if fp16_conv else 0
     if not runs_alone(ctx, node, precision_of):
         return 0, layout
-    if node.op in oplists.NCHW_FP16_LAYOUT_OPS:
-        return 1, layout
-    return 0, 1 + layout
+    convolution = node.op in oplists.NCHW_FP16_LAYOUT_OPS or (
+        ctx.ort_status.get(node.name) in ("carried", "fused") and not _fusion_broken(ctx, node, precision_of)
+        and _fusion_groups(ctx)[1].get(node.name, frozenset()) & oplists.NCHW_FP16_LAYOUT_OPS)
+    return (1, layout) if convolution else (0, 1 + layout)
 
 
 def _alone_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float:
