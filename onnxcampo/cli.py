@@ -20,14 +20,18 @@ from onnxcampo.errors import CampoError, ConfigError, ValidationError
 log = logging.getLogger("onnxcampo")
 
 
+def _add_shape_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
+                        help="pin a dynamic input's shape for cost estimation and runs (repeatable)")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                        help="pin a named dynamic dim (e.g. batch=8) wherever it occurs (repeatable)")
+
+
 def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=POLICIES, default="campo",
                         help="campo: cost-aware four passes (default); amp: greedy TF-AMP painting; "
                              "fp16: every op that may be fp16; fp32: nothing converted")
-    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
-                        help="pin a dynamic input's shape for cost estimation (repeatable)")
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
-                        help="pin a named dynamic dim (e.g. batch=8) wherever it occurs (repeatable)")
+    _add_shape_options(parser)
     parser.add_argument("--exclude-op", action="append", default=[], metavar="OP", help="op type kept fp32 (repeatable)")
     parser.add_argument("--include-op", action="append", default=[], metavar="OP", help="op type forced fp16 (repeatable)")
     parser.add_argument("--exclude-node", action="append", default=[], metavar="REGEX", help="node names kept fp32 (repeatable)")
@@ -184,10 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
                     help="plain (node by node, default) or cuda-graph (captured once and replayed; --provider cuda); "
                          "the plans are costed for it too")
-    bn.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
-                    help="pin a dynamic input's shape (repeatable)")
-    bn.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
-                    help="pin a named dynamic dim wherever it occurs (repeatable)")
+    _add_shape_options(bn)
     bn.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs to run on (default: random)")
     bn.add_argument("--json", type=Path, metavar="FILE.json", help="write the results as JSON (atomically)")
     bn.add_argument("--rounds", type=int, default=10, metavar="N",

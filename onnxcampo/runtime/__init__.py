@@ -39,29 +39,13 @@ from onnxcampo.errors import (
 
 logger = logging.getLogger(__name__)
 
+# this module's names, and those of compare (the output comparison) and timing (bound runs,
+# rotation), which it re-exports
 __all__ = [
-    "require_provider",
-    "DEFAULT_TOLERANCE",
-    "OutputCheck",
-    "OutputDiff",
-    "check_outputs",
-    "compare_outputs",
-    "output_error",
-    "worst_error",
-    "BlockTimes",
-    "BoundRunner",
-    "bound_runner",
-    "check_feeds",
-    "run_once",
-    "time_in_rotation",
-    "available_providers",
-    "graph_inputs",
-    "load_inputs_npz",
-    "make_session",
-    "preload_cuda_dlls",
-    "random_inputs",
-    "run",
-    "validate",
+    "require_provider", "available_providers", "graph_inputs", "load_inputs_npz", "make_session",
+    "preload_cuda_dlls", "random_inputs", "run", "validate",
+    "DEFAULT_TOLERANCE", "OutputCheck", "OutputDiff", "check_outputs", "compare_outputs", "output_error", "worst_error",
+    "BlockTimes", "BoundRunner", "bound_runner", "check_feeds", "run_once", "time_in_rotation",
 ]
 
 # ORT's pybind exceptions derive straight from Exception (not RuntimeError), so collect them.
