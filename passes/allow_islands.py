@@ -13,8 +13,8 @@ Rules, after pass 2 (so no deny-downstream op is ever reopened):
    nodes in fp16 (node times plus every Cast that appears or disappears), its fp32 allow nodes
    are switched to fp16 (pass 3 then fills the between nodes);
 4. otherwise each of its fp32 allow nodes, in topological order, is priced together with each
-   allow node it reaches through open infer/clear nodes (and the nodes between the two), and
-   joins the one with the largest gain, if any gains;
+   of the nearest allow nodes it reaches through open infer/clear nodes (``MAX_PARTNERS`` within
+   ``MAX_HOPS``; the nodes between the two), and joins the one with the largest gain, if any;
 5. an allow node that reaches no other (its island is itself) is priced together with its
    *tail*: the open infer/clear nodes downstream of it, up to decided nodes (a deny-list op, the
    graph's end). A GEMM whose bias and activation chain runs up to a LayerNorm's reduction pays
@@ -34,6 +34,12 @@ from onnxcampo.plan import Precision, Reason
 from onnxcampo.passes.manager import PassBase, PassResult
 
 _THROUGH = (Category.INFER, Category.CLEAR)
+# Rule 4 looks for partners near a rejected node: within this many open nodes, the nearest few.
+# In a residual stream every allow node reaches every other through open Adds, and pricing all
+# pairs with the whole stream between them made the pass cubic in the graph's size (a 400-block
+# MLP: 17 s, a 20k-node one: hours); partners farther apart pay less anyway (more nodes between).
+MAX_HOPS = 12
+MAX_PARTNERS = 6
 
 
 class AllowIslands(PassBase):
@@ -91,30 +97,35 @@ class AllowIslands(PassBase):
         return switched
 
     def _allow_neighbours(self, ctx: GraphContext, start, allow_names: set[str]):
-        """Allow nodes reached from ``start`` through open infer/clear nodes only."""
-        found, seen, queue = {}, {start.name}, deque([start])
-        while queue:
-            node = queue.popleft()
+        """The nearest ``MAX_PARTNERS`` allow nodes reached from ``start`` through at most
+        ``MAX_HOPS`` open infer/clear nodes, nearest first."""
+        found, seen, queue = {}, {start.name}, deque([(start, 0)])
+        while queue and len(found) < MAX_PARTNERS:
+            node, hops = queue.popleft()
             for neighbour in (*ctx.upstream(node), *ctx.downstream(node)):
                 if neighbour.name in seen:
                     continue
                 seen.add(neighbour.name)
                 if neighbour.name in allow_names:
                     found[neighbour.name] = neighbour
-                elif self._open(ctx, neighbour):
-                    queue.append(neighbour)
-        return list(found.values())
+                elif hops < MAX_HOPS and self._open(ctx, neighbour):
+                    queue.append((neighbour, hops + 1))
+        return list(found.values())[:MAX_PARTNERS]
 
     def _between(self, ctx: GraphContext, ends) -> list:
+        """The open nodes on paths between ``ends`` (within ``MAX_HOPS`` of one of them)."""
         passage = {}
         for end in ends:
             for step in (ctx.upstream, ctx.downstream):
-                queue = deque([end])
+                queue = deque([(end, 0)])
                 while queue:
-                    for neighbour in step(queue.popleft()):
+                    node, hops = queue.popleft()
+                    if hops >= MAX_HOPS:
+                        continue
+                    for neighbour in step(node):
                         if neighbour.name not in passage and self._open(ctx, neighbour):
                             passage[neighbour.name] = neighbour
-                            queue.append(neighbour)
+                            queue.append((neighbour, hops + 1))
         below = self._reach(ctx, ends, ctx.downstream, passage)
         above = self._reach(ctx, ends, ctx.upstream, passage)
         return [passage[name] for name in passage if name in below and name in above]
