@@ -149,3 +149,25 @@ def test_island_that_does_not_pay_whole_still_switches_a_pair_that_does():
     run_passes(ctx, Classify(), AllowByCost(), DenyPropagation(), AllowIslands(), FillInferClear())
     assert precisions(ctx) == {"mm1": "fp16", "relu1": "fp16", "mm2": "fp16", "mm3": "fp32"}
     assert reasons(ctx)["mm1"] == "ALLOW_ISLAND_PAYS" and reasons(ctx)["mm3"] == "ALLOW_DOES_NOT_PAY"
+
+
+def test_rule_4_looks_only_at_near_partners_in_a_residual_stream(monkeypatch):
+    """A residual stream joins every MatMul to every other through open Adds: rule 4 prices each
+    rejected MatMul with its nearest MAX_PARTNERS partners only, so the work grows with the graph,
+    not with its square (the pairs priced are counted, not timed)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from bench_tool import generated_model
+
+    from onnxcampo.passes import allow_islands
+
+    calls = []
+    original = AllowIslands._between
+    monkeypatch.setattr(AllowIslands, "_between", lambda self, ctx, ends: calls.append(1) or original(self, ctx, ends))
+    # fp16 no faster than fp32: nothing pays alone, the stream as a whole neither, so rule 4 runs
+    ctx = build_context(generated_model(300), cost=FakeCost(cast_us=30.0, speedup=1.0))
+    run_passes(ctx, Classify(), AllowByCost(), DenyPropagation(), AllowIslands())
+    matmuls = sum(node.op == "MatMul" for node in ctx.nodes)
+    assert 0 < len(calls) <= matmuls * allow_islands.MAX_PARTNERS
