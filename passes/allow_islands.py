@@ -38,8 +38,8 @@ _THROUGH = (Category.INFER, Category.CLEAR)
 # In a residual stream every allow node reaches every other through open Adds, and pricing all
 # pairs with the whole stream between them made the pass cubic in the graph's size (a 400-block
 # MLP: 17 s, a 20k-node one: hours); partners farther apart pay less anyway (more nodes between).
-MAX_HOPS = 12
-MAX_PARTNERS = 6
+MAX_HOPS = 8
+MAX_PARTNERS = 4
 
 
 class AllowIslands(PassBase):
