@@ -1,7 +1,7 @@
-"""Turn the benchmark's JSON lines into ``docs/benchmarks/h200.md``, plots and the README's table.
+"""Turn the benchmark's JSON lines into ``docs/benchmarks/h200.md``, plots and the headline table.
 
     python scripts/bench_report.py docs/benchmarks/raw            # writes docs/benchmarks/h200.md, .json + PNGs
-    python scripts/bench_report.py docs/benchmarks/raw --headline # also prints the README's table
+    python scripts/bench_report.py docs/benchmarks/raw --headline # also prints the headline table
 
 Nothing here measures or invents a number: every figure comes from a row of ``<name>.jsonl``.
 Targets (issue 6) are evaluated on the rows present and each is stated as met, not met, or not
