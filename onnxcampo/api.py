@@ -124,7 +124,7 @@ def optimize(
             tensors = ctx.graph.tensors()
             ctx.loss_scaling_gradients = [tensors[g] for g in ctx.loss_scaling.gradients_read_as_is if g in tensors]
     if config.cost_graph == "ort":
-        _read_executed_graph(ctx)
+        read_executed_graph(ctx)
     if config.activation_limit is not None:
         if training:
             raise ConfigError("--activation-limit calibrates inference models: a training step's activations "
@@ -275,7 +275,7 @@ def _calibrate(ctx: GraphContext, inputs: Mapping[str, np.ndarray] | None) -> No
              config.activation_limit)
 
 
-def _read_executed_graph(ctx: GraphContext) -> None:
+def read_executed_graph(ctx: GraphContext) -> None:
     """Which nodes ORT runs as they are (``cost_graph="ort"``): read from the graph its
     optimizations leave of the model, input shapes pinned as the plan's (shape-dependent fusions
     such as MatMul + Add on 3-D inputs need them). A model ORT cannot load here is costed node by

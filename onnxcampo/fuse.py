@@ -513,7 +513,7 @@ def _add_planning_shapes(model: onnx.ModelProto, config: OptimizeConfig) -> int:
               for name in node.output if name and name not in declared]
     if not wanted:
         return 0
-    skeleton = _weightless(model)
+    skeleton = graph_io.skeleton(model, weights_as_inputs=True)
     with contextlib.suppress(CampoError):  # a bad pin: shape inference at load reports it
         graph_io.pin_input_shapes(skeleton, config.input_shapes, config.dim_values, require_static=False)
     try:
@@ -537,12 +537,6 @@ def _add_planning_shapes(model: onnx.ModelProto, config: OptimizeConfig) -> int:
         graph.value_info.append(value_info)
         added += 1
     return added
-
-
-def _weightless(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy for shape inference: float weights become graph inputs of their type and dims
-    (inference needs no weight values; integer and small tensors stay, for shape arithmetic)."""
-    return graph_io.skeleton(model, weights_as_inputs=True)
 
 
 # --- export -------------------------------------------------------------------------------------

@@ -20,11 +20,10 @@ Rules (:func:`fill_unknown_shapes`, called by ``graph.infer_tensor_info`` after 
 from __future__ import annotations
 
 import logging
-import math
 
 import onnx
 
-from onnxcampo.graph import TensorInfo, _value_info_to_info
+from onnxcampo.graph import TensorInfo, _value_info_to_info, skeleton
 
 log = logging.getLogger(__name__)
 
@@ -79,33 +78,11 @@ def _symbolic_value_info(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProt
     # end: when some shape stays incomplete it writes sym_shape_infer_temp.onnx into the working
     # directory and raises, dropping every shape it did find.
     engine = SymbolicShapeInference(2**31 - 1, True, True, 0)
-    engine._preprocess(_weights_as_inputs(model))  # copies the model
+    # ORT's symbolic inference reads initializer values: the skeleton's data-less weights go in as
+    # graph inputs (it fails on an empty initializer: "cannot reshape array of size 0")
+    engine._preprocess(skeleton(model, weights_as_inputs=True))
     while engine.run_:
         engine._infer_impl()
     engine._update_output_from_vi()
     graph = engine.out_mp_.graph
     return {vi.name: vi for vi in (*graph.value_info, *graph.output)}
-
-
-def _has_values(tensor: onnx.TensorProto) -> bool:
-    return bool(tensor.raw_data or tensor.float_data or tensor.int32_data or tensor.int64_data or tensor.double_data
-                or tensor.string_data or tensor.uint64_data or tensor.external_data)
-
-
-def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its data-less initializers (``graph.skeleton`` keeps large float weights'
-    type and dims only) as graph inputs: ORT's symbolic inference reads initializer values and
-    fails on an empty one ("cannot reshape array of size 0"), a graph input it only types."""
-    empty = [t for t in model.graph.initializer if not _has_values(t) and math.prod(t.dims) > 0]
-    if not empty:
-        return model
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    names = {t.name for t in empty}
-    kept = [t for t in copy.graph.initializer if t.name not in names]
-    del copy.graph.initializer[:]
-    copy.graph.initializer.extend(kept)
-    declared = {vi.name for vi in copy.graph.input}
-    copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                            for t in empty if t.name not in declared)
-    return copy

@@ -54,7 +54,7 @@ def predicted_by_class(path: Path, database: Path) -> dict[str, float]:
     config = OptimizeConfig(device_db=database, execution="cuda-graph")
     info, unresolved = graph_io.infer_tensor_info(model)
     ctx = GraphContext.build(model, path, config, load_cost_model(database), info, unresolved)
-    api._read_executed_graph(ctx)
+    api.read_executed_graph(ctx)
     plan = PrecisionPlan()
     for node in ctx.nodes:
         plan.decide(node.name, Precision.FP32, Reason.POLICY_FP32)

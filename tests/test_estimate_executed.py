@@ -57,7 +57,7 @@ g (float[8,8] x) => (float[8,8] y) <{W_INIT}, float[8] b = {{0.5, 0.5, 0.5, 0.5,
 
 def context(model, **options):
     ctx = build_context(model, cost=HostCost(), **options)
-    api._read_executed_graph(ctx)
+    api.read_executed_graph(ctx)
     return ctx
 
 
@@ -252,7 +252,7 @@ def test_a_measured_chain_factor_prices_the_fused_chain():
             return 0.5 if pattern == "matmul_bias" else 1.0
 
     ctx = build_context(parse(MATMUL_BIAS), cost=ChainCost())
-    api._read_executed_graph(ctx)
+    api.read_executed_graph(ctx)
     time = estimate.plan_time(ctx, plan_of(ctx))
     assert (time.nodes_us, time.launched) == (0.5 * (10.0 + 10.0) + 10.0, 2)
 

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import onnx
 
+from onnxcampo import oplists
+
 log = logging.getLogger(__name__)
 
 _OPTIMIZED = "optimized.onnx"
-_ALIASING = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})  # oplists.ALIASED less Constant
+_ALIASING = oplists.ALIASED - {"Constant"}  # ops ORT keeps as nodes that pass their input on
 # ORT graph transformers the CPU provider runs and the CUDA EP does not: ConvActivationFusion
 # (checked on the H200: the CUDA EP keeps ResNet-50's Conv and Relu apart), and those ORT registers
 # for the CPU provider alone (graph_transformer_utils.cc: GemmActivationFusion makes FusedGemm, which
@@ -61,8 +63,6 @@ class ExecutedGraph:
     def launches(self) -> dict[str, int]:
         """Kernel launches of one run by class (``CostModel.launch_us``): ``conv`` (convolutions,
         whose cuDNN calls cost the host more) and ``other``; aliased ops launch nothing."""
-        from onnxcampo import oplists
-
         counts = {"conv": 0, "other": 0}
         for op, count in self.op_counts.items():
             op_type, domain = _op_and_domain(op)
@@ -80,8 +80,6 @@ class ExecutedGraph:
         a Tensor Core product that absorbed the node's work (a BatchNormalization's output made by
         the Conv it was folded into; the Conv itself is ``"absorbed"``, its time is the fused
         node's). Nodes ORT runs unchanged are left out. Graph outputs always survive."""
-        from onnxcampo import oplists
-
         outputs = {o.name for o in model.graph.output}
         status = {}
         for node in model.graph.node:

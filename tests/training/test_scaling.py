@@ -187,11 +187,11 @@ def test_overhead_counts_what_loss_scaling_adds_and_plans_pay_it(optimizer, fuse
     # besides its own nodes, scaling keeps live the loss gradient's seed, which ORT folds in fp32
     from helpers import build_context
 
-    from onnxcampo.api import _read_executed_graph
+    from onnxcampo.api import read_executed_graph
 
     ctx = build_context(step)
     ctx.loss_scaling = cost
-    _read_executed_graph(ctx)
+    read_executed_graph(ctx)
     from onnxcampo.oplists import ALIASED
 
     ops = {node.name: node.op_type for node in step.graph.node}
