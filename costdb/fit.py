@@ -752,7 +752,7 @@ def fit_file(samples_path: str | Path, out_path: str | Path, **kw) -> dict:
             old = json.loads(previous.read_text())
         except (OSError, ValueError):
             old = {}
-        for key in (*DISPATCH_KEYS.values(), "run_overhead"):
+        for key in (*DISPATCH_KEYS.values(), "run_overhead", "host_launch"):
             if old.get(key):
                 database[key] = old[key]
     write_json(database, out_path)

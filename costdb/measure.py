@@ -27,7 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +50,13 @@ class Case:
     input_shapes: tuple[tuple[int, ...], ...]
     attrs: tuple[tuple[str, object], ...] = ()
     weights: tuple[int, ...] = ()
-    int_inputs: dict[int, tuple[int, ...]] = field(default_factory=dict, hash=False, compare=False)
     tag: str = ""
+    domain: str = ""
+    # Integer inputs (index -> the value every element holds: ids, lengths), int32 as ORT's
+    # contrib ops take them; the features count float tensors only.
+    int_inputs: tuple[tuple[int, int], ...] = ()
+    # (shape, is_float) of each output where ONNX shape inference knows no schema (com.microsoft).
+    outputs: tuple[tuple[tuple[int, ...], bool], ...] = ()
 
     @property
     def key(self) -> str:
@@ -168,6 +173,63 @@ def _padded_twin(op: str, shapes, attrs) -> tuple[tuple[int, ...], ...] | None:
     return None
 
 
+# The com.microsoft ops of fused transformer graphs (ORT's transformers optimizer, ORT's CUDA
+# graph transformers), at the token counts and widths of the models they come from: BERT-base and
+# GPT-2 (768), MiniLM (384), BERT-large (1024). (batch, sequence) pairs of the attention cases.
+_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_ATTENTION_BS = ((1, 128), (8, 128), (32, 128), (64, 128), (1, 256), (2, 256), (8, 256), (16, 256),
+                 (1, 512), (4, 512))
+MS = "com.microsoft"
+
+
+def _ms(op: str, shapes, *, weights=(), attrs=(), ints=(), outputs=None, tag="fused") -> Case:
+    """A com.microsoft case whose first output has the shape of its first input unless given."""
+    outputs = outputs if outputs is not None else ((tuple(shapes[0]), True),)
+    return Case(op, tuple(tuple(s) for s in shapes), tuple(attrs), weights=tuple(weights), tag=tag, domain=MS,
+                int_inputs=tuple(ints), outputs=tuple(outputs))
+
+
+def fused_cases() -> list[Case]:
+    """Cases of the fused ops, which the regression fits like any op type (and the ``measured``
+    table holds at exactly these shapes)."""
+    cases = []
+    widths = [(t, 768) for t in _TOKENS] + [(t, 384) for t in (2048, 8192)] + [(t, 1024) for t in (512, 4096)]
+    for tokens, hidden in widths:
+        x = (tokens // 128, 128, hidden)
+        h = (hidden,)
+        eps = (("epsilon", 1e-12),)
+        cases.append(_ms("SkipLayerNormalization", [x, x, h, h, h], weights=(2, 3, 4), attrs=eps))
+        cases.append(_ms("SkipSimplifiedLayerNormalization", [x, x, h], weights=(2,), attrs=eps))
+        wide = (tokens // 128, 128, 4 * hidden)
+        cases.append(_ms("BiasGelu", [wide, (4 * hidden,)], weights=(1,)))
+        cases.append(_ms("FastGelu", [wide, (4 * hidden,)], weights=(1,)))
+        cases.append(_ms("Gelu", [wide]))
+        cases.append(_ms("QuickGelu", [wide], attrs=(("alpha", 1.702),)))
+        cases.append(_ms("FusedMatMul", [x, (hidden, hidden)], weights=(1,), attrs=(("alpha", 1.0),),
+                         outputs=((x, True),)))
+    for batch, seq in _ATTENTION_BS:
+        for hidden, heads in ((768, 12), (384, 12), (1024, 16)):
+            if hidden != 768 and (batch, seq) not in ((32, 128), (64, 128), (8, 256)):
+                continue
+            x, dim = (batch, seq, hidden), hidden // heads
+            bert = _ms("Attention", [x, (hidden, 3 * hidden), (3 * hidden,), (batch,)], weights=(1, 2),
+                       attrs=(("num_heads", heads),), ints=((3, seq),), outputs=((x, True),))
+            gpt2 = _ms("Attention", [x, (hidden, 3 * hidden), (3 * hidden,)], weights=(1, 2),
+                       attrs=(("num_heads", heads), ("unidirectional", 1)), outputs=((x, True),), tag="fused-causal")
+            mha = _ms("MultiHeadAttention", [x, x, x], attrs=(("num_heads", heads),), outputs=((x, True),))
+            scores = (batch, heads, seq, seq)
+            qk = _ms("FusedMatMul", [(batch, heads, seq, dim), (batch, heads, seq, dim)],
+                     attrs=(("alpha", dim ** -0.5), ("transB", 1)), outputs=((scores, True),))
+            cases += [bert, gpt2, mha, qk]
+        hidden = 768
+        out = (batch, seq, hidden)
+        cases.append(_ms("EmbedLayerNormalization",
+                         [(batch, seq), (batch, seq), (30522, hidden), (512, hidden), (2, hidden), (hidden,), (hidden,)],
+                         weights=(2, 3, 4, 5, 6), attrs=(("epsilon", 1e-12),), ints=((0, 1), (1, 0)),
+                         outputs=((out, True), ((batch,), False))))
+    return cases
+
+
 def default_grid(seed: int = 0) -> list[Case]:
     """Every case the database is fitted on (deterministic for a seed)."""
     rng = np.random.default_rng(seed)
@@ -193,6 +255,7 @@ def default_grid(seed: int = 0) -> list[Case]:
         cases.append(Case("Cast", ((elements,),), tag="to_fp32"))
         cases.append(Case("Pad", ((max(1, elements // 1001), 1001),), tag="pad_to_1008"))
         cases.append(Case("Slice", ((max(1, elements // 1008), 1008),), tag="slice_to_1001"))
+    cases += fused_cases()
     known = {c.key for c in cases}
     cases += [c for c in harvested_cases() if c.key not in known]
     return cases
@@ -230,9 +293,18 @@ def build_model(case: Case, precision: str) -> tuple[onnx.ModelProto, dict[str, 
     elem = _onnx_dtype(precision)
     np_dtype = _np_dtype(precision)
     inputs, initializers, feeds, names = [], [], {}, []
+    int_values = dict(case.int_inputs)
     for index, shape in enumerate(case.input_shapes):
         name = f"in{index}"
         names.append(name)
+        if index in int_values:
+            data = np.full(shape, int_values[index], np.int32)
+            if index in case.weights:
+                initializers.append(numpy_helper.from_array(data, name))
+            else:
+                inputs.append(helper.make_tensor_value_info(name, TensorProto.INT32, list(shape)))
+                feeds[name] = data
+            continue
         data = _values(shape, np_dtype)
         if index in case.weights:
             initializers.append(numpy_helper.from_array(data, name))
@@ -255,6 +327,14 @@ def build_model(case: Case, precision: str) -> tuple[onnx.ModelProto, dict[str, 
             names.append(name)
     if case.op_type == "ReduceMean" and "axes" in attrs:  # opset 17: axes is an attribute
         pass
+    if case.outputs:  # a schema ONNX shape inference does not know: the case declares its outputs
+        outs = [f"out{i}" if i else "out" for i in range(len(case.outputs))]
+        node = helper.make_node(case.op_type, names, outs, name="op", domain=case.domain or None, **attrs)
+        values = [helper.make_tensor_value_info(name, elem if is_float else TensorProto.INT32, list(shape))
+                  for name, (shape, is_float) in zip(outs, case.outputs)]
+        graph = helper.make_graph([node], case.op_type, inputs, values, initializers)
+        opsets = [helper.make_opsetid("", _OPSET)] + ([helper.make_opsetid(case.domain, 1)] if case.domain else [])
+        return helper.make_model(graph, opset_imports=opsets, ir_version=_IR), feeds
     node = helper.make_node(case.op_type, names, ["out"], name="op", **attrs)
     graph = helper.make_graph([node], case.op_type, inputs,
                               [helper.make_tensor_value_info("out", out_elem, None)], initializers)
@@ -413,11 +493,12 @@ def iter_samples(cases: list[Case], timer: Timer, facts: dict, done: set[str]) -
                 continue
             elements = math.prod(case.input_shapes[0]) if case.op_type in ("Cast",) else None
             sample = {
-                "key": key, "case": case.key, "op_type": case.op_type, "domain": "",
+                "key": key, "case": case.key, "op_type": case.op_type, "domain": case.domain,
                 "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in case.attrs},
                 "input_shapes": [list(s) for s in case.input_shapes],
                 "output_shapes": output_shapes(model),
-                "float_inputs": [True] * len(case.input_shapes),
+                "float_inputs": [i not in dict(case.int_inputs) for i in range(len(case.input_shapes))],
+                "float_outputs": [is_float for _, is_float in case.outputs] if case.outputs else [True],
                 "weights": list(case.weights),
                 "precision": case.tag if case.op_type == "Cast" else precision, "tf32": tf32,
                 "padded": case.op_type in ("Pad", "Slice"),

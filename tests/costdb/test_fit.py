@@ -264,6 +264,13 @@ def test_step_dispatch_from_benchmark_rows(tmp_path, spread_db):
     # the fastest replayed inference run is the fixed cost of a run (upper bound), kept by a refit too
     assert refit["run_overhead"]["us"] == 500.0 and refit["run_overhead"]["model"] == "a b8"
     assert RegressionCostModel.load(db_path).run_us() == 500.0
+    # and the host term fitted from whole models (`fit-step-dispatch --launches`), which the
+    # samples cannot give: a refit that dropped it made plain runs as fast as replayed ones
+    launch = {"inference": {"other": 3.4, "conv": 8.1, "host": "additive"}}
+    db_path.write_text(json.dumps({**refit, "host_launch": launch}))
+    fit_file(samples, db_path)
+    assert json.loads(db_path.read_text())["host_launch"] == launch
+    assert RegressionCostModel.load(db_path).launch_us("conv") == 8.1
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(CostModelError, match="no training step"):
         add_step_dispatch(tmp_path / "empty.jsonl", db_path)

@@ -58,3 +58,44 @@ def test_measure_appends_resumes_and_fits(tmp_path):
     assert 0 < database["cast"]["r"] and database["cast"]["C_I"] > -1
     model = RegressionCostModel(database)
     assert model.cast_time(10**6) > model.cast_time(10**3)
+
+
+def smallest_fused_cases():
+    """The smallest case of each fused op (and attention variant) of the grid."""
+    chosen = {}
+    for case in sorted(measure.fused_cases(), key=lambda c: sum(math.prod(s) for s in c.input_shapes)):
+        chosen.setdefault((case.op_type, case.tag), case)
+    return list(chosen.values())
+
+
+def test_fused_op_cases_run_on_ort_cpu_with_their_declared_outputs_and_fit(tmp_path):
+    # Wiring on ORT CPU (times there say nothing of the GPU): every com.microsoft op of the grid
+    # builds, runs in both precisions, gives the shapes its case declares, and its samples have
+    # known features, so the fit gives each op type an entry like any other.
+    cases = smallest_fused_cases()
+    assert {c.op_type for c in cases} >= {"Attention", "MultiHeadAttention", "SkipLayerNormalization",
+                                          "BiasGelu", "FastGelu", "FusedMatMul", "EmbedLayerNormalization"}
+    out = tmp_path / "fused.jsonl"
+    assert measure.measure(out, provider="cpu", budget_s=300, cases=cases, chains=[]) == 2 * len(cases)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert not [r["key"] for r in rows if "error" in r]
+    for row in rows:
+        case = next(c for c in cases if c.key == row["case"])
+        assert row["domain"] == "com.microsoft"
+        assert row["output_shapes"] == [list(s) for s, _ in case.outputs]
+    embed = next(r for r in rows if r["op_type"] == "EmbedLayerNormalization")
+    assert embed["float_inputs"][:2] == [False, False] and embed["float_outputs"] == [True, False]
+    from onnxcampo.costdb.fit import collect
+
+    paired = collect(rows)
+    assert sorted(c.op_type for c in paired.cases) == sorted(c.op_type for c in cases)
+    assert all(c.features.known and c.features.flops > 0 for c in paired.cases)
+    assert {c.op_type for c in paired.cases if c.features.gemm} == {"Attention", "MultiHeadAttention", "FusedMatMul"}
+
+
+def test_the_grid_has_enough_cases_of_each_fused_op_for_an_entry():
+    counts = {}
+    for case in measure.default_grid():
+        if case.domain == "com.microsoft":
+            counts[case.op_type] = counts.get(case.op_type, 0) + 1
+    assert min(counts.values()) >= 8 and len(counts) == 10, counts  # fit_database min_samples
