@@ -98,6 +98,11 @@ TIME_FLOOR_US = 0.5
 MIN_GAIN = 0.05  # forward selection: a feature must cut the leave-one-out error by 5 %
 TIE = 0.02  # forward selection: LOO errors within 2 % of the best count as tied
 MIN_GAIN_ABS = 1e-4  # ... and by 0.01 points (exact fits must not grow features from rounding)
+# forward selection: a candidate that the chosen columns explain this well on the training cases
+# adds no information there, only two large opposed coefficients that blow up off the grid
+# (SkipLayerNormalization's elements are 3 x its FLOPs + 2 x 768 on a grid of one width: its
+# fp16 model took both and predicted 1.2 ms for a 10 us node with a second output)
+COLLINEAR_R2 = 0.9999
 CAST_OP = "Cast"
 PAD_OPS = frozenset({"Pad", "Slice"})
 # Input positions that hold constant weights (converted offline, never cast at run time) when a
@@ -352,7 +357,8 @@ def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "a
     current = weighted_fit(design(chosen), target)
     max_params = max(len(cases) - 2, 1)
     while True:
-        remaining = [n for n in candidates if n not in chosen]
+        base = design(chosen)
+        remaining = [n for n in candidates if n not in chosen and not _collinear(columns[n], base)]
         if not remaining or len(chosen) + 1 + (2 if fp16 else 1) > max_params:
             break
         trials = {n: weighted_fit(design(chosen + [n]), target) for n in remaining}
@@ -379,6 +385,19 @@ def fit_model(cases: Sequence[Case], *, fp16: bool, rho: float, fit_on: str = "a
     model["loo_mape"] = None if math.isinf(current.loo_mape) else round(current.loo_mape, 6)
     model["rho"] = {n: round(rhos[n], 4) for n in candidates}
     return model
+
+
+def _collinear(column: np.ndarray, design: np.ndarray) -> bool:
+    """Whether ``column`` is all but a linear combination of ``design``'s columns (R^2 above
+    :data:`COLLINEAR_R2`, scale-free: columns are scaled to their largest value first)."""
+    spread = float(np.sum((column - column.mean()) ** 2))
+    if spread == 0:
+        return True  # constant: the intercept has it
+    scale = np.abs(design).max(axis=0)
+    scale[scale == 0] = 1.0
+    solution, *_ = np.linalg.lstsq(design / scale, column, rcond=None)
+    residual = column - (design / scale) @ solution
+    return 1.0 - float(np.sum(residual ** 2)) / spread > COLLINEAR_R2
 
 
 def _even_split(unaligned: Sequence[Case], pooled: dict, *, rho: float, min_samples: int) -> tuple[dict, dict] | None:
@@ -545,6 +564,8 @@ def fit_database(samples: list[dict], *, holdout: float = 0.2, seed: int = 0, mi
         if regimes is not None:
             entry["regimes"] = regimes
         entry["samples"] = len(cases)
+        ratios = [c.t16 / c.t32 for c in cases if c.t32 > 0]
+        entry["fp16_ratio"] = [round(min(ratios), 4), round(max(ratios), 4)]
         entry["holdout"] = len(held)
         ops[op_type] = entry
         holdout_keys += [c.key for c in held]

@@ -55,8 +55,9 @@ class Case:
     # Integer inputs (index -> the value every element holds: ids, lengths), int32 as ORT's
     # contrib ops take them; the features count float tensors only.
     int_inputs: tuple[tuple[int, int], ...] = ()
-    # (shape, is_float) of each output where ONNX shape inference knows no schema (com.microsoft).
-    outputs: tuple[tuple[tuple[int, ...], bool], ...] = ()
+    # (shape, is_float) of each output where ONNX shape inference knows no schema (com.microsoft);
+    # None: an optional output left out.
+    outputs: tuple[tuple[tuple[int, ...], bool] | None, ...] = ()
 
     @property
     def key(self) -> str:
@@ -198,8 +199,12 @@ def fused_cases() -> list[Case]:
         x = (tokens // 128, 128, hidden)
         h = (hidden,)
         eps = (("epsilon", 1e-12),)
-        cases.append(_ms("SkipLayerNormalization", [x, x, h, h, h], weights=(2, 3, 4), attrs=eps))
-        cases.append(_ms("SkipSimplifiedLayerNormalization", [x, x, h], weights=(2,), attrs=eps))
+        # alone, and passing on the sum (output 3) as the residual stream, as ORT's fusions leave them
+        for outputs, tag in ((None, "fused"), (((x, True), None, None, (x, True)), "fused-sum")):
+            cases.append(_ms("SkipLayerNormalization", [x, x, h, h, h], weights=(2, 3, 4), attrs=eps,
+                             outputs=outputs, tag=tag))
+            cases.append(_ms("SkipSimplifiedLayerNormalization", [x, x, h], weights=(2,), attrs=eps,
+                             outputs=outputs, tag=tag))
         wide = (tokens // 128, 128, 4 * hidden)
         cases.append(_ms("BiasGelu", [wide, (4 * hidden,)], weights=(1,)))
         cases.append(_ms("FastGelu", [wide, (4 * hidden,)], weights=(1,)))
@@ -328,10 +333,10 @@ def build_model(case: Case, precision: str) -> tuple[onnx.ModelProto, dict[str, 
     if case.op_type == "ReduceMean" and "axes" in attrs:  # opset 17: axes is an attribute
         pass
     if case.outputs:  # a schema ONNX shape inference does not know: the case declares its outputs
-        outs = [f"out{i}" if i else "out" for i in range(len(case.outputs))]
+        outs = [("out" if i == 0 else f"out{i}") if o is not None else "" for i, o in enumerate(case.outputs)]
         node = helper.make_node(case.op_type, names, outs, name="op", domain=case.domain or None, **attrs)
-        values = [helper.make_tensor_value_info(name, elem if is_float else TensorProto.INT32, list(shape))
-                  for name, (shape, is_float) in zip(outs, case.outputs)]
+        values = [helper.make_tensor_value_info(name, elem if o[1] else TensorProto.INT32, list(o[0]))
+                  for name, o in zip(outs, case.outputs) if o is not None]
         graph = helper.make_graph([node], case.op_type, inputs, values, initializers)
         opsets = [helper.make_opsetid("", _OPSET)] + ([helper.make_opsetid(case.domain, 1)] if case.domain else [])
         return helper.make_model(graph, opset_imports=opsets, ir_version=_IR), feeds
@@ -498,7 +503,7 @@ def iter_samples(cases: list[Case], timer: Timer, facts: dict, done: set[str]) -
                 "input_shapes": [list(s) for s in case.input_shapes],
                 "output_shapes": output_shapes(model),
                 "float_inputs": [i not in dict(case.int_inputs) for i in range(len(case.input_shapes))],
-                "float_outputs": [is_float for _, is_float in case.outputs] if case.outputs else [True],
+                "float_outputs": [o[1] for o in case.outputs if o is not None] if case.outputs else [True],
                 "weights": list(case.weights),
                 "precision": case.tag if case.op_type == "Cast" else precision, "tf32": tf32,
                 "padded": case.op_type in ("Pad", "Slice"),

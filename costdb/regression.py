@@ -9,6 +9,8 @@ Schema (``schema_version`` 1)::
              "Pad": {"C_I", "r"}, "Slice": {"C_I", "r"}},      # and per op when fitted
      "ops": {"MatMul": {"fp32": MODEL, "fp16": MODEL, "fp16_tc": MODEL,   # fp16_tc optional
                         "fp16_even": MODEL,                                # optional, see fp16_model
+                        "fp16_ratio": [lo, hi],     # optional: fp16/fp32 over the measured cases,
+                                                    # which bounds every fp16 prediction
                         "samples": n, "holdout_mape": x}, ...},
      "summary": {"holdout_mape", "wrong_decision_rate", "samples"}}
 
@@ -146,7 +148,11 @@ class RegressionCostModel(CostModel):
         if entry is None or not features.known:
             return self.fallback.fp16_time(features, fp32_time)
         model = fp16_model(regime_entry(entry, features), features)
-        return _linear(model, feature_vector(features, fp32_time), fp32_time)
+        predicted = _linear(model, feature_vector(features, fp32_time), fp32_time)
+        bounds = entry.get("fp16_ratio")
+        if bounds and fp32_time > 0:  # a linear model off its grid: no further than the op ever measured
+            predicted = min(max(predicted, bounds[0] * fp32_time), bounds[1] * fp32_time)
+        return predicted
 
     def cast_time(self, elements: int) -> float:
         cast = self.database["cast"]
