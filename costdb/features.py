@@ -6,6 +6,7 @@ regression database and the measurement harness that builds it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,24 @@ class OpFeatures:
             kernel=self.kernel,
             stride=self.stride,
         )
+
+
+def cost_key(op_type: str, domain: str = "") -> str:
+    """The name a cost model knows an op by: its type, qualified by its domain where another
+    domain's op has the same name (com.microsoft's Gelu and Attention against ONNX's Gelu-20 and
+    Attention-23: ORT runs them with other kernels, and the H200 measured contrib Gelu's fp16 no
+    faster than its fp32)."""
+    if not domain or domain == "ai.onnx":
+        return op_type
+    import onnx
+
+    return f"{domain}.{op_type}" if onnx.defs.has(op_type) else op_type
+
+
+def keyed(features: OpFeatures, domain: str) -> OpFeatures:
+    """``features`` under :func:`cost_key` (the same sizes; only the name the models look up)."""
+    key = cost_key(features.op_type, domain)
+    return features if key == features.op_type else dataclasses.replace(features, op_type=key)
 
 
 def _numel(shape: Shape) -> int | None:

@@ -87,7 +87,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxcampo.costdb.chains import fit_chains
-from onnxcampo.costdb.features import OpFeatures, op_features
+from onnxcampo.costdb.features import OpFeatures, keyed, op_features
 from onnxcampo.costdb.regression import (FP32_RUN_FEATURES, REGIME_RULES, SHAPE_FEATURES, SCHEMA_VERSION, feature_vector, shape_key,
                                          validate_database)
 from onnxcampo.errors import ConfigError, CostModelError
@@ -253,9 +253,10 @@ def collect(samples: Iterable[dict]) -> SampleSet:
             continue
         row = fp32[0][1]
         op_type = row["op_type"]
-        features = op_features(op_type, _shapes(row.get("input_shapes")), _shapes(row.get("output_shapes")),
-                               row.get("attrs") or {}, float_inputs=row.get("float_inputs"),
-                               float_outputs=row.get("float_outputs"))
+        features = keyed(op_features(op_type, _shapes(row.get("input_shapes")), _shapes(row.get("output_shapes")),
+                                     row.get("attrs") or {}, float_inputs=row.get("float_inputs"),
+                                     float_outputs=row.get("float_outputs")), row.get("domain") or "")
+        op_type = features.op_type
         if not features.known:
             skipped["unknown shapes"] += len(fp32) + len(fp16)
             continue

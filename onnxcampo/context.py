@@ -21,7 +21,7 @@ from onnx import TensorProto
 from onnxcampo import graph as graph_io
 from onnxcampo import oplists, patterns
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.costdb.features import OpFeatures, op_features
+from onnxcampo.costdb.features import OpFeatures, keyed, op_features
 from onnxcampo.costdb.model import CostModel
 from onnxcampo.graph import TensorInfo
 from onnxcampo.oplists import Category
@@ -133,14 +133,14 @@ class GraphContext:
         for node in self.nodes:
             ins = [self.info.get(t.name) for t in node.inputs]
             outs = [self.info.get(t.name) for t in node.outputs]
-            self.features[node.name] = op_features(
+            self.features[node.name] = keyed(op_features(
                 node.op,
                 [i.shape if i else None for i in ins],
                 [o.shape if o else None for o in outs],
                 node.attrs,
                 float_inputs=[bool(i and i.is_float) for i in ins],
                 float_outputs=[bool(o and o.is_float) for o in outs],
-            )
+            ), node.domain or "")
             self.fp32_us[node.name] = self.cost.fp32_time(self.features[node.name])
 
     # --- tensors ------------------------------------------------------------------------

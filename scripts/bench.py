@@ -220,7 +220,7 @@ def work_list(models: list[str], policies: list[str] | None, modes: list[str], *
 
 
 # default seconds an item may take when no earlier row says better (first run of the suite)
-_BIG = {"resnet50", "bert", "gpt2"}
+_BIG = {"resnet50", "bert", "gpt2", "minilm"}
 
 
 def estimate_s(item: Item, rows: list[dict[str, Any]], budget_s: float, *, typical: bool = False) -> float:

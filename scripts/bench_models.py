@@ -385,7 +385,9 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
     with its LM head (logits over the unaligned vocabulary 50257), random weights, eager attention,
     dropout off (eval mode, as the ONNX export and the onnx-ad step graph compute)."""
     small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128) if quick else {}
-    if key == "bert":
+    if key == "minilm":  # MiniLM-L3-H384 (all-MiniLM-L6-v2's family, cut to 3 layers): a BERT of width 384
+        small = small or dict(num_hidden_layers=3, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
+    if key in ("bert", "minilm"):
         seq, vocab = (16 if quick else 128), 30522
 
         def module():
@@ -422,7 +424,7 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
         export_torch(module(), (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])),
                      path, ["input_ids", "attention_mask"], ["logits" if (training or key == "gpt2") else "hidden"])
 
-    purpose = "train" if training and key == "bert" else "fwd"
+    purpose = "train" if training and key in ("bert", "minilm") else "fwd"
     path, seconds = _cached(f"{key}-b{batch}-s{seq}-{purpose}{'-quick' if quick else ''}.onnx", make)
 
     def twin():
@@ -436,6 +438,10 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
 
 def _bert(batch: int, *, training: bool = False, quick: bool = False) -> Built:
     return _hf_model("bert", batch, training, quick)
+
+
+def _minilm(batch: int, *, training: bool = False, quick: bool = False) -> Built:
+    return _hf_model("minilm", batch, training, quick)
 
 
 def _gpt2(batch: int, *, training: bool = False, quick: bool = False) -> Built:
@@ -822,6 +828,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("resnet50", (1, 64), 64, _resnet50, needs_torch=True, description="torchvision ResNet-50, 224x224"),
         ModelSpec("bert", (1, 32), 32, _bert, needs_torch=True, description="BERT-base, s128 (transformers, random init)"),
         ModelSpec("gpt2", (1, 8), 8, _gpt2, needs_torch=True, description="GPT-2 small + LM head (vocab 50257), s256"),
+        ModelSpec("minilm", (1, 64), None, _minilm, needs_torch=True,
+                  description="MiniLM-L3-H384-shaped BERT, s128 (transformers, random init)"),
         *(ModelSpec(key, batches, train, _corpus(key), description=f"corpus: {key}")
           for key, (batches, train) in CORPUS_BENCH.items()),
     )

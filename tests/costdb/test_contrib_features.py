@@ -83,3 +83,16 @@ def test_embed_layer_normalization_reads_the_rows_it_gathers_not_whole_tables():
     features = op_features("EmbedLayerNormalization", inputs, [(B, S, H), (B,)],
                            float_inputs=[False, False, True, True, True, True, True], float_outputs=[True, False])
     assert features.elements == 3 * B * S * H + 2 * H + B * S * H
+
+
+def test_contrib_ops_named_like_onnx_ops_are_costed_under_their_domain():
+    from onnxcampo.costdb.features import cost_key, keyed
+
+    # com.microsoft's Gelu (its fp16 kernel measured no faster than fp32 on the H200) must not
+    # price ONNX's Gelu-20, nor contrib Attention ONNX's Attention-23; unique names stay bare
+    assert cost_key("Gelu", "com.microsoft") == "com.microsoft.Gelu" and cost_key("Gelu", "") == "Gelu"
+    assert cost_key("Attention", "com.microsoft") == "com.microsoft.Attention"
+    assert cost_key("SkipLayerNormalization", "com.microsoft") == "SkipLayerNormalization"
+    features = op_features("Gelu", [(4, 8)], [(4, 8)])
+    assert keyed(features, "com.microsoft").op_type == "com.microsoft.Gelu"
+    assert keyed(features, "com.microsoft").flops == features.flops and keyed(features, "") is features
