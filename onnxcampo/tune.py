@@ -35,13 +35,14 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
 from onnxcampo import graph as graph_io
+from onnxcampo import pipeline
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, ConfigError
 from onnxcampo.runtime.compare import worst_error
@@ -90,9 +91,9 @@ def candidate_configs(config: OptimizeConfig) -> dict[str, OptimizeConfig]:
     return candidates
 
 
-def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
+def tune(model: onnx.ModelProto, config: OptimizeConfig,
          inputs: Mapping[str, np.ndarray] | None = None, source=None):
-    """Build the candidates with ``optimize`` (the untuned one), time them on ``config.tune``,
+    """Build the candidates with the untuned pipeline (``pipeline.run``), time them on ``config.tune``,
     and return the fastest one's result, its report extended with ``tuning``. ``source``: the
     input model's path, for the report."""
     from onnxcampo.runtime import require_provider
@@ -118,7 +119,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig, optimize: Callable,
             continue  # campo padded nothing: the same graph
         log.info("building the %s candidate", name)
         # a calibrating candidate calibrates on the same inputs it is timed on
-        built[name] = optimize(model, config=candidate, inputs=inputs if candidate.activation_limit is not None else None)
+        built[name] = pipeline.run(model, candidate, inputs if candidate.activation_limit is not None else None)
         key = built[name].model.graph.SerializeToString(deterministic=True)
         if key in seen:
             same[name] = seen[key]

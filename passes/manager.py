@@ -1,4 +1,4 @@
-"""Pass infrastructure: one entry point per pass, a manager that runs a tuple of them.
+"""Pass infrastructure: one entry point per pass, a manager (itself a pass) that runs a tuple of them.
 
 A pass declares whether it mutates the graph. Analysis passes may only write the plan; with
 ``check_invariants`` the manager verifies that (the graph's fingerprint is unchanged) and, after
@@ -59,31 +59,79 @@ class PassBase(abc.ABC):
         return PassResult(result.name, result.changed, result.counts, time.perf_counter() - start)
 
 
-class PassManager:
-    def __init__(self, passes: Sequence[PassBase], *, check_invariants: bool = False) -> None:
+class PassError(InvariantError):
+    """A pass raised: re-raised naming the pass and the passes before it (the cause chained)."""
+
+
+class PassManager(PassBase):
+    """Runs ``passes`` in order; a pass itself, so managers compose.
+
+    ``steps``: rounds over the sequence, stopping after a round in which no pass changed anything
+    (``steps=1``: once; a large ``steps``: to a fixpoint). ``run`` returns the combined
+    :class:`PassResult` (counts summed); :attr:`results` holds every pass's result of the last
+    run, nested managers' passes included. An exception inside a pass is re-raised as
+    :class:`PassError` naming the pass and the passes before it. With ``check_invariants`` (the
+    operand must be a :class:`GraphContext`) analysis passes must leave the graph's fingerprint
+    unchanged and every mutating pass must leave a sound graph (:func:`check_graph`).
+    """
+
+    def __init__(self, passes: Sequence[PassBase], *, check_invariants: bool = False, steps: int = 1,
+                 name: str = "pipeline", log_level: int = logging.INFO) -> None:
+        if steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
         self.passes = tuple(passes)
         self.check_invariants = check_invariants
+        self.steps = steps
+        self.name = name
+        self.log_level = log_level
+        self.mutates = any(p.mutates for p in self.passes)
+        self.results: list[PassResult] = []
 
-    def run(self, ctx: GraphContext) -> list[PassResult]:
-        results: list[PassResult] = []
-        for index, pass_ in enumerate(self.passes):
-            before = fingerprint(ctx) if self.check_invariants and not pass_.mutates else None
+    def run(self, ctx) -> PassResult:
+        self.results = []
+        history: list[str] = []
+        changed, counts = False, {}
+        for _ in range(self.steps):
+            changed_now = False
+            for pass_ in self.passes:
+                history.append(pass_.name)
+                result = self._run_one(pass_, ctx, history)
+                changed_now |= result.changed
+                for key, value in result.counts.items():
+                    counts[key] = counts.get(key, 0) + value
+            changed |= changed_now
+            if not changed_now:
+                break
+        return PassResult(self.name, changed, counts)
+
+    def _run_one(self, pass_: PassBase, ctx, history: list[str]) -> PassResult:
+        before = fingerprint(ctx) if self.check_invariants and not pass_.mutates else None
+        try:
             result = pass_(ctx)
-            results.append(result)
+        except PassError:
+            raise  # an inner manager named it already
+        except Exception as exc:
+            from onnxcampo.errors import CampoError
+
+            if isinstance(exc, CampoError):
+                raise  # the user's problem, worded for the user
+            raise PassError(f"pass {pass_.name} failed (passes: {' -> '.join(history)}): "
+                            f"{type(exc).__name__}: {exc}") from exc
+        if isinstance(pass_, PassManager):
+            self.results.extend(pass_.results)
+        else:
+            self.results.append(result)
             counts = ", ".join(f"{k}={v}" for k, v in result.counts.items()) or "no change"
-            log.info("%s: %s (%.2f s)", pass_.name, counts, result.seconds)
-            if not self.check_invariants:
-                continue
-            history = " -> ".join(p.name for p in self.passes[: index + 1])
+            log.log(self.log_level, "%s: %s (%.2f s)", pass_.name, counts, result.seconds)
+        if self.check_invariants:
+            trail = " -> ".join(history)
             if before is not None and fingerprint(ctx) != before:
-                raise InvariantError(f"analysis pass {pass_.name} changed the graph (passes: {history})")
+                raise InvariantError(f"analysis pass {pass_.name} changed the graph (passes: {trail})")
             if pass_.mutates:
                 problems = check_graph(ctx)
                 if problems:
-                    raise InvariantError(
-                        f"after pass {pass_.name} (passes: {history}): " + "; ".join(problems[:5])
-                    )
-        return results
+                    raise InvariantError(f"after pass {pass_.name} (passes: {trail}): " + "; ".join(problems[:5]))
+        return result
 
 
 def fingerprint(ctx: GraphContext) -> tuple:

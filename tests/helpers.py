@@ -114,7 +114,9 @@ def build_context(model: onnx.ModelProto, *, cost: CostModel | None = None,
 
 
 def run_passes(ctx: GraphContext, *passes, check_invariants: bool = True):
-    return PassManager(passes, check_invariants=check_invariants).run(ctx)
+    manager = PassManager(passes, check_invariants=check_invariants)
+    manager.run(ctx)
+    return manager.results
 
 
 def precisions(ctx: GraphContext) -> dict[str, str]:

@@ -179,7 +179,7 @@ def test_optimize_properties(policy, case, pin_by_name, use_tf32):
     model, run_batch, cost_batch = case
     config = _config(policy, model, cost_batch, pin_by_name)
     before = model.SerializeToString()
-    with mock.patch("onnxcampo.api.load_cost_model", lambda device_db=None: AnalyticCostModel(use_tf32=use_tf32)):
+    with mock.patch("onnxcampo.pipeline.load_cost_model", lambda device_db=None: AnalyticCostModel(use_tf32=use_tf32)):
         result = optimize(model, config=config)
         again = optimize(result.model, config=config)
     out = result.model

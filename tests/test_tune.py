@@ -41,9 +41,9 @@ def odd_mlp(batch: int = 64, widths=(1001, 1000, 1001)) -> onnx.ModelProto:
 def padding_pays(monkeypatch):
     """A cost model under which campo converts the odd MLP to fp16 and pads it (unaligned fp16
     GEMMs gain nothing, Pads and Casts are cheap), whatever the machine."""
-    import onnxcampo.api as api
+    import onnxcampo.pipeline as pipeline
 
-    monkeypatch.setattr(api, "load_cost_model",
+    monkeypatch.setattr(pipeline, "load_cost_model",
                         lambda device_db=None: FakeCost(speedup=2.0, unaligned_speedup=1.0, pad_us=0.1, cast_us=0.1))
 
 

@@ -48,6 +48,7 @@ the order of floating-point additions in rule 1.
 from __future__ import annotations
 
 import logging
+import sys
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -58,6 +59,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxcampo import graph as graph_io
+from onnxcampo.passes.manager import PassBase, PassManager, PassResult
 
 log = logging.getLogger(__name__)
 
@@ -560,6 +562,21 @@ def drop_dead(g: _Graph) -> int:
     return removed
 
 
+class _Rule(PassBase):
+    """One rewrite rule as a pass over the step graph: ``fn(g)`` returns how often it fired."""
+
+    mutates = True
+
+    def __init__(self, name: str, fn) -> None:
+        self.name, self.fn = name, fn
+
+    def run(self, g: _Graph) -> PassResult:
+        fired = self.fn(g)
+        return PassResult(self.name, bool(fired), {self.name: fired})
+
+
+UNTIL_FIXED = sys.maxsize  # PassManager steps: rounds until a rule fires no more
+
 RULES = (
     ("conv weight gradient as Gemm", conv_weight_gradient),
     ("same-shape Expand", same_shape_expand),
@@ -594,17 +611,11 @@ def simplify_backward(model: onnx.ModelProto, *, keep: Iterable[str] = (), rules
     if unknown:
         raise ValueError(f"unknown simplify rules {sorted(unknown)}")
     before = len(g.nodes)
-    counts = {}
-    for name, rule in RULES:
-        if chosen is not None and name not in chosen:
-            continue
-        total = 0
-        while True:
-            fired = rule(g)
-            total += fired
-            if not fired:
-                break
-        counts[name] = total
+    # each rule to its own fixpoint, in order: one manager per rule inside the manager of all
+    rules_run = [PassManager([_Rule(name, rule)], steps=UNTIL_FIXED, name=name, log_level=logging.DEBUG)
+                 for name, rule in RULES if chosen is None or name in chosen]
+    PassManager(rules_run, name="simplify_backward", log_level=logging.DEBUG).run(g)
+    counts = {manager.name: sum(r.counts.get(manager.name, 0) for r in manager.results) for manager in rules_run}
     counts["dead nodes dropped"] = drop_dead(g)
     log.info("simplify_backward: %d -> %d nodes (%s)", before, len(g.nodes),
              ", ".join(f"{k} {v}" for k, v in counts.items() if v))

@@ -88,7 +88,9 @@ def ctx():
 
 def test_sound_graph_has_no_problems():
     assert check_graph(ctx()) == []
-    assert [r.name for r in PassManager([Noop()], check_invariants=True).run(ctx())] == ["noop"]
+    manager = PassManager([Noop()], check_invariants=True)
+    assert manager.run(ctx()) == PassResult("pipeline", False, {})
+    assert [r.name for r in manager.results] == ["noop"]
 
 
 def test_analysis_pass_changing_the_graph_is_caught():
@@ -115,3 +117,69 @@ def test_pass_must_return_a_result_and_may_refuse_to_run():
         PassManager([NotAResult()]).run(ctx())
     with pytest.raises(InvariantError, match="needs_something cannot run: it needs something"):
         PassManager([NeedsSomething()]).run(ctx())
+
+
+class CountDown(PassBase):
+    """Fires (changes) while its counter is above zero: a rule that needs several rounds."""
+
+    name = "count_down"
+
+    def __init__(self, fires: int) -> None:
+        self.left = fires
+
+    def run(self, ctx):
+        fired = self.left > 0
+        self.left -= fired
+        return PassResult(self.name, fired, {"fired": int(fired)})
+
+
+class Boom(PassBase):
+    name = "boom"
+
+    def run(self, ctx):
+        raise KeyError("no such tensor")
+
+
+def test_the_manager_is_a_pass_that_runs_to_a_fixpoint_within_its_steps():
+    once = PassManager([CountDown(3)]).run(ctx())
+    assert (once.changed, once.counts) == (True, {"fired": 1})
+    fixpoint = PassManager([CountDown(3)], steps=10, name="rules")
+    result = fixpoint.run(ctx())
+    # three rounds that fire and a fourth that finds nothing to do
+    assert (result.name, result.changed, result.counts) == ("rules", True, {"fired": 3})
+    assert [r.changed for r in fixpoint.results] == [True, True, True, False]
+    bounded = PassManager([CountDown(5)], steps=2)
+    assert bounded.run(ctx()).counts == {"fired": 2}
+
+
+def test_managers_compose_and_an_inner_manager_reports_its_passes():
+    inner = PassManager([CountDown(2)], steps=5, name="inner")
+    outer = PassManager([Noop(), inner, Noop()], check_invariants=True, name="outer")
+    result = outer.run(ctx())
+    assert result.counts == {"fired": 2} and result.changed
+    assert [r.name for r in outer.results] == ["noop", "count_down", "count_down", "count_down", "noop"]
+    assert not outer.mutates and PassManager([BadMutation()]).mutates
+
+
+def test_an_exception_in_a_pass_names_the_pass_and_the_passes_before_it():
+    from onnxcampo.passes.manager import PassError
+
+    inner = PassManager([Noop(), Boom()], name="inner")
+    with pytest.raises(PassError, match=r"pass boom failed \(passes: noop -> boom\): KeyError") as caught:
+        PassManager([Noop(), inner]).run(ctx())
+    assert isinstance(caught.value.__cause__, KeyError)
+    with pytest.raises(ValueError, match="steps"):
+        PassManager([Noop()], steps=0)
+
+
+def test_a_users_error_raised_in_a_pass_stays_the_users_error():
+    from onnxcampo.errors import UnsupportedModelError
+
+    class Refuses(PassBase):
+        name = "refuses"
+
+        def run(self, ctx):
+            raise UnsupportedModelError("model: an op this pass cannot plan")
+
+    with pytest.raises(UnsupportedModelError, match="cannot plan"):
+        PassManager([Refuses()]).run(ctx())
