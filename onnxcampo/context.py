@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,7 +64,6 @@ class GraphContext:
     implicit_names: set[str] = field(default_factory=set)
     original_inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     plan: PrecisionPlan = field(default_factory=PrecisionPlan)
-    stats: Counter = field(default_factory=Counter)
     unresolved_dims: list[str] = field(default_factory=list)
     padding_enabled: bool = False  # cost estimates count Tensor Core padding (campo plans)
     training_fp32: frozenset[str] = frozenset()  # loss and update nodes of a training step

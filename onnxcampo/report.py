@@ -25,10 +25,10 @@ def build_report(ctx, source, plans, times, chosen, notes, results) -> dict:
         "nodes_fp16": counts.get("fp16", 0),
         "nodes_fp32": counts.get("fp32", 0),
         "reasons": plan.reasons(),
-        "casts_inserted": ctx.stats["casts_inserted"],
-        "pads_inserted": ctx.stats["pads_inserted"],
-        "initializers_converted": ctx.stats["initializers_converted"],
-        "initializer_values_clamped": ctx.stats["initializer_values_clamped"],
+        "casts_inserted": _counted(results, "insert_casts", "casts"),
+        "pads_inserted": _counted(results, "pad_tensor_cores", "pad_slice_nodes"),
+        "initializers_converted": _counted(results, "insert_casts", "constants"),
+        "initializer_values_clamped": _counted(results, "insert_casts", "clamped"),
         "predicted_us": {name: t.to_json() for name, t in times.items()},
         "plans": {name: {"nodes_fp16": p.counts().get("fp16", 0), "casts": times[name].casts} for name, p in plans.items()},
         "unresolved_dims": ctx.unresolved_dims,
@@ -46,3 +46,8 @@ def unchanged_report(config: OptimizeConfig, source, reason: str) -> dict:
         "initializers_converted": 0, "initializer_values_clamped": 0, "notes": [f"nothing to optimize: {reason}"],
         "plan": {},
     }
+
+
+def _counted(results, pass_name: str, key: str) -> int:
+    """A count the mutating passes reported (``PassResult.counts``), summed over their runs."""
+    return sum(r.counts.get(key, 0) for r in results if r.name == pass_name)

@@ -61,9 +61,6 @@ class InsertCasts(PassBase):
             self._retype_graph_inputs()
         toposort(ctx.graph)
         ctx.nodes = list(ctx.graph.nodes)
-        ctx.stats["casts_inserted"] += self.casts
-        ctx.stats["initializers_converted"] += self.converted
-        ctx.stats["initializer_values_clamped"] += self.clamped
         counts = {"casts": self.casts, "retyped": self.retyped, "constants": self.converted, "clamped": self.clamped}
         return PassResult(self.name, bool(self.casts or self.retyped or self.converted), counts)
 

@@ -48,8 +48,6 @@ class PadTensorCores(PassBase):
         if padded:
             toposort(ctx.graph)
             ctx.nodes = list(ctx.graph.nodes)
-        ctx.stats["pads_inserted"] += inserted
-        ctx.stats["nodes_padded"] += padded
         return PassResult(self.name, bool(padded), {"nodes": padded, "pad_slice_nodes": inserted})
 
     # --- applying -----------------------------------------------------------------------

@@ -42,11 +42,17 @@ W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
 
 def apply(text, plan, **options):
     """Classify, then the given decisions, every other node fp32, then InsertCasts."""
+    ctx, model, _ = apply_counted(text, plan, **options)
+    return ctx, model
+
+
+def apply_counted(text, plan, **options):
+    """:func:`apply`, and the counts InsertCasts reported."""
     ctx = build_context(parse(text), **options)
     run_passes(ctx, Classify())
     decide(ctx, **{k: v for k, v in plan.items() if not ctx.plan.is_decided(k)})
-    run_passes(ctx, UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32), InsertCasts())
-    return ctx, export(ctx)
+    results = run_passes(ctx, UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32), InsertCasts())
+    return ctx, export(ctx), results[-1].counts
 
 
 def assert_graph(model, expected):
@@ -143,7 +149,7 @@ def test_cast_planned_fp32_stays_and_a_cast_is_added():
 def test_one_cast_per_tensor_and_dtype_shared_by_consumers():
     """Rule 3: x is read by three fp16 nodes and one fp32 node: one Cast ``x -> x/fp16``
     feeds all three fp16 consumers; the fp32 Exp reads x."""
-    ctx, model = apply("""
+    ctx, model, counts = apply_counted("""
     g (float[4,8] x) => (float[4,8] a, float[4,8] b, float[4,8] c, float[4,8] d) {
       [relu] a = Relu(x)
       [sig] b = Sigmoid(x)
@@ -155,7 +161,7 @@ def test_one_cast_per_tensor_and_dtype_shared_by_consumers():
     assert len(to_half) == 1 and list(to_half[0].output) == ["x/fp16"]
     assert sorted(n.name for n in consumers(model, "x/fp16")) == ["relu", "sig", "tanh"]
     assert node(model, "exp").input[0] == "x"
-    assert ctx.stats["casts_inserted"] == 4  # x -> fp16, and a, b, c back to fp32
+    assert counts["casts"] == 4  # x -> fp16, and a, b, c back to fp32
 
 
 def test_one_cast_back_to_fp32_shared_by_fp32_consumers():
@@ -208,7 +214,7 @@ def test_initializer_used_by_fp16_and_fp32_is_duplicated_and_fp16_only_converted
     """Rule 4: ``w`` feeds an fp16 and an fp32 MatMul: it stays fp32 and an fp16 copy
     ``w/fp16`` is added for the fp16 one. ``b`` feeds only fp16 Adds: converted in place
     (same name, fp16, no copy)."""
-    ctx, model = apply(f"""
+    ctx, model, counts = apply_counted(f"""
     g (float[4,8] x) => (float[4,8] y1, float[4,8] y2, float[4,8] y3, float[4,8] y4)
       <{W_INIT}, float[8] b = {{1,2,3,4,5,6,7,8}}> {{
       [mm16] y1 = MatMul(x, w)
@@ -225,7 +231,7 @@ def test_initializer_used_by_fp16_and_fp32_is_duplicated_and_fp16_only_converted
     assert list(node(model, "mm16").input) == ["x/fp16", "w/fp16"]
     assert list(node(model, "mm32").input) == ["x", "w"]
     assert list(node(model, "add1").input) == list(node(model, "add2").input) == ["x/fp16", "b"]
-    assert ctx.stats["initializers_converted"] == 2
+    assert counts["constants"] == 2
     assert not [c for c in casts(model) if c.input[0] in ("w", "b")]  # constants: never cast at run time
 
 
@@ -260,8 +266,8 @@ def test_values_beyond_fp16_range_are_clamped_and_counted():
       [add2] y = Add(s, minf)
     }
     """
-    ctx, model = apply(text, {"add": "fp16", "add2": "fp16"})
-    assert ctx.stats["initializer_values_clamped"] == 2
+    ctx, model, counts = apply_counted(text, {"add": "fp16", "add2": "fp16"})
+    assert counts["clamped"] == 2
     np.testing.assert_array_equal(initializer(model, "mask"), np.array([-65504, 0, 65504, 0], np.float16))
     assert np.isneginf(initializer(model, "minf")[3])
 

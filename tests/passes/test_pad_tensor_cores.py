@@ -82,7 +82,6 @@ def test_matmul_k_and_n_padded_and_identical():
     model, w = matmul_model(16, 1001, 1001)
     ctx, padded, result = run(model)
     assert result.counts == {"nodes": 1, "pad_slice_nodes": 2}
-    assert ctx.stats["pads_inserted"] == 2
     assert ops(padded) == ["Cast", "Pad", "MatMul", "Slice", "Cast"]
     mm = node(padded, "mm")
     weight = initializer(padded, mm.input[1])
@@ -131,7 +130,7 @@ def test_aligned_shapes_never_padded(k, n):
     """Rule 3: K and N multiples of 8 are never touched, even with free Pads."""
     model, w = matmul_model(16, k, n)
     ctx, padded, result = run(model, pad_us=0.0)
-    assert not result.changed and ctx.stats["pads_inserted"] == 0
+    assert not result.changed and result.counts["pad_slice_nodes"] == 0
     assert ops(padded) == ["Cast", "MatMul", "Cast"]
     assert initializer(padded, "w").shape == (k, n)
 
@@ -142,7 +141,6 @@ def test_not_padded_when_it_does_not_pay():
     ctx, padded, result = run(model, pad_us=50.0)
     assert result.counts == {"nodes": 0, "pad_slice_nodes": 0}
     assert ops(padded) == ["Cast", "MatMul", "Cast"]
-    assert ctx.stats["pads_inserted"] == 0
     assert initializer(padded, "w").shape == (1001, 1001)
 
 
