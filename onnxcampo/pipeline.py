@@ -250,24 +250,86 @@ def apply(ctx: GraphContext) -> list[PassResult]:
 
 
 def export(ctx: GraphContext, original: onnx.ModelProto, training: bool, report: dict) -> onnx.ModelProto:
-    """The written model: the edited graph, then the steps on the model file (starting weights of a
-    step graph, ``--int8-avg``, dynamic loss scaling), each recorded in ``report``."""
+    """The written model: the edited graph as a model file, then the :data:`FINISHING` passes on
+    it (each recorded in ``report``; with ``check_invariants`` the ONNX checker after each)."""
     config = ctx.config
     metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
-    # A step graph's starting weights (read by the Trainer, by no node) survive the export.
+    # read before the export, which reuses the planned model in place
     starts = [copy.deepcopy(t) for t in original.graph.initializer if t.name.startswith(INITIAL_PREFIX)] if training else []
     out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
     fuse.clean_export(out)  # no planning-only shapes; no tensor names that ORT's fusions generate at load
-    known = {t.name for t in out.graph.initializer}
-    out.graph.initializer.extend(t for t in starts if t.name not in known)
-    if config.int8_avg:
-        report["int8_avg"] = _replace_matmul_integer(out)
-    report["loss_scaling"] = False
-    if training and config.loss_scaling and ctx.plan.counts().get("fp16", 0) and not scaling.has_loss_scaling(out):
+    exported = Exported(out, ctx, training, report, starts)
+    PassManager(FINISHING, check_invariants=config.check_invariants, checker=_check_exported, name="finish").run(exported)
+    return out
+
+
+@dataclass
+class Exported:
+    """What the finishing passes work on: the model file as written, and what they read."""
+
+    model: onnx.ModelProto
+    ctx: GraphContext
+    training: bool
+    report: dict
+    starting_weights: list[onnx.TensorProto]
+
+
+class KeepStartingWeights(PassBase):
+    """A step graph's starting weights (read by the Trainer, by no node) survive the export."""
+
+    name = "starting_weights"
+    mutates = True
+
+    def run(self, exported: Exported) -> PassResult:
+        known = {t.name for t in exported.model.graph.initializer}
+        kept = [t for t in exported.starting_weights if t.name not in known]
+        exported.model.graph.initializer.extend(kept)
+        return PassResult(self.name, bool(kept), {"kept": len(kept)})
+
+
+class Int8Avg(PassBase):
+    """``--int8-avg``: MatMulInteger as ai.onnxcampo's AvgMatMulInteger (the precision passes
+    never see the custom op)."""
+
+    name = "int8_avg"
+    mutates = True
+
+    def run(self, exported: Exported) -> PassResult:
+        if not exported.ctx.config.int8_avg:
+            return PassResult(self.name, False)
+        exported.report["int8_avg"] = summary = _replace_matmul_integer(exported.model)
+        replaced = int(summary.get("replaced", 0) or 0)
+        return PassResult(self.name, bool(replaced), {"replaced": replaced})
+
+
+class AddLossScaling(PassBase):
+    """A training step with fp16 nodes gets dynamic loss scaling (inputs ``loss_scale``,
+    ``loss_scale_clean_steps``), unless asked not to or already there."""
+
+    name = "loss_scaling"
+    mutates = True
+
+    def run(self, exported: Exported) -> PassResult:
+        ctx, out, report = exported.ctx, exported.model, exported.report
+        report["loss_scaling"] = False
+        if not (exported.training and ctx.config.loss_scaling and ctx.plan.counts().get("fp16", 0)
+                and not scaling.has_loss_scaling(out)):
+            return PassResult(self.name, False)
         scaling.add_loss_scaling(out, dtypes=ctx.dtypes)
         report["loss_scaling"] = True
         report["notes"].append("dynamic loss scaling inserted (inputs loss_scale, loss_scale_clean_steps)")
-    return out
+        return PassResult(self.name, True, {"inserted": 1})
+
+
+FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling())
+
+
+def _check_exported(exported: Exported) -> list[str]:
+    try:
+        graph_io.check_model(exported.model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        return [f"onnx.checker: {str(exc).splitlines()[0]}"]
+    return []
 
 
 # --- helpers -----------------------------------------------------------------------------------

@@ -70,17 +70,19 @@ class PassManager(PassBase):
     (``steps=1``: once; a large ``steps``: to a fixpoint). ``run`` returns the combined
     :class:`PassResult` (counts summed); :attr:`results` holds every pass's result of the last
     run, nested managers' passes included. An exception inside a pass is re-raised as
-    :class:`PassError` naming the pass and the passes before it. With ``check_invariants`` (the
-    operand must be a :class:`GraphContext`) analysis passes must leave the graph's fingerprint
-    unchanged and every mutating pass must leave a sound graph (:func:`check_graph`).
+    :class:`PassError` naming the pass and the passes before it. With ``check_invariants``
+    analysis passes must leave the graph's fingerprint unchanged (the operand a
+    :class:`GraphContext`) and every mutating pass must leave a sound graph: ``checker(operand)``
+    returns the problems, :func:`check_graph` by default.
     """
 
     def __init__(self, passes: Sequence[PassBase], *, check_invariants: bool = False, steps: int = 1,
-                 name: str = "pipeline", log_level: int = logging.INFO) -> None:
+                 name: str = "pipeline", log_level: int = logging.INFO, checker=None) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, got {steps}")
         self.passes = tuple(passes)
         self.check_invariants = check_invariants
+        self.checker = checker or check_graph  # what "a sound graph" means for this operand
         self.steps = steps
         self.name = name
         self.log_level = log_level
@@ -128,7 +130,7 @@ class PassManager(PassBase):
             if before is not None and fingerprint(ctx) != before:
                 raise InvariantError(f"analysis pass {pass_.name} changed the graph (passes: {trail})")
             if pass_.mutates:
-                problems = check_graph(ctx)
+                problems = self.checker(ctx)
                 if problems:
                     raise InvariantError(f"after pass {pass_.name} (passes: {trail}): " + "; ".join(problems[:5]))
         return result

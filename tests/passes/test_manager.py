@@ -183,3 +183,29 @@ def test_a_users_error_raised_in_a_pass_stays_the_users_error():
 
     with pytest.raises(UnsupportedModelError, match="cannot plan"):
         PassManager([Refuses()]).run(ctx())
+
+
+def test_a_manager_checks_another_operand_with_its_checker():
+    # the finishing passes work on the written model file, not the context: their manager is
+    # given what "sound" means for it
+    class Breaks(PassBase):
+        name = "breaks"
+        mutates = True
+
+        def run(self, operand):
+            operand["broken"] = True
+            return PassResult(self.name, True)
+
+    def checker(operand):
+        return ["broken on purpose"] if operand.get("broken") else []
+
+    with pytest.raises(InvariantError, match=r"after pass breaks \(passes: breaks\): broken on purpose"):
+        PassManager([Breaks()], check_invariants=True, checker=checker).run({})
+    PassManager([Breaks()], checker=checker).run({})  # unchecked: runs
+
+
+def test_the_finishing_passes_are_data():
+    from onnxcampo.pipeline import FINISHING
+
+    assert [p.name for p in FINISHING] == ["starting_weights", "int8_avg", "loss_scaling"]
+    assert all(p.mutates for p in FINISHING)
