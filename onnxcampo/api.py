@@ -14,7 +14,7 @@ import onnx
 
 from onnxcampo import __version__
 from onnxcampo import estimate, fuse, oplists
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext
 from onnxcampo.errors import ConfigError

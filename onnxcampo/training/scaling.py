@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir
 from onnxcampo import oplists
 from onnxcampo.errors import UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
@@ -61,7 +61,7 @@ def has_loss_scaling(model: onnx.ModelProto) -> bool:
 
 def initial_state(model: onnx.ModelProto) -> dict[str, float]:
     """Initial values of scalar state that does not start at zero (``loss_scale``)."""
-    text = graph_io.metadata(model, STATE_KEY)
+    text = ir.metadata(model, STATE_KEY)
     return {name: float(value) for name, value in json.loads(text).items()} if text else {}
 
 
@@ -77,8 +77,8 @@ def fp32_nodes(model: onnx.ModelProto) -> set[str]:
     graph = model.graph
     constants = {t.name for t in graph.initializer}
     constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    prediction = graph_io.metadata(model, PREDICTION_KEY)
-    seed = graph_io.metadata(model, SEED_KEY)
+    prediction = ir.metadata(model, PREDICTION_KEY)
+    seed = ir.metadata(model, SEED_KEY)
     if prediction is None or seed is None:
         raise UnsupportedModelError(
             "the training-step graph lacks onnxcampo's loss metadata; rebuild it with `onnxcampo train-graph`")
@@ -160,7 +160,7 @@ def overhead(model: onnx.ModelProto, numel: Callable[[str], int | None]) -> Scal
     weights = sum(numel(w) or 0 for w in spec.weights)
     state = sum(numel(s) or 0 for s in spec.state)
     nodes, elements, read_as_is = SCALE_UPDATE_NODES, 0, ()
-    if graph_io.metadata(model, FUSED_KEY) == "1":
+    if ir.metadata(model, FUSED_KEY) == "1":
         nodes, elements = nodes + 1, elements + weights  # one UnscaleCheckFinite over every gradient
         read_as_is = tuple(f"{w}/grad" for w in spec.weights)
     else:  # Mul and ReduceSum per gradient, then Sum, Mul, IsNaN
@@ -210,14 +210,14 @@ def add_loss_scaling(
     if init_scale <= 0 or growth_interval < 1:
         raise ValueError("init_scale must be > 0 and growth_interval >= 1")
     graph = model.graph
-    seed = graph_io.metadata(model, SEED_KEY)
+    seed = ir.metadata(model, SEED_KEY)
     seed_init = next((t for t in graph.initializer if t.name == seed), None)
     if seed_init is None:
         raise UnsupportedModelError(
             "the training-step graph lacks its backward seed; rebuild it with `onnxcampo train-graph`")
     spec = step_spec(model)
     if dtypes is None:
-        info, _ = graph_io.infer_tensor_info(model)
+        info, _ = ir.infer_tensor_info(model)
         dtypes = {name: entry.dtype for name, entry in info.items()}
     nodes: list[onnx.NodeProto] = []
     consts: list[onnx.TensorProto] = []
@@ -239,7 +239,7 @@ def add_loss_scaling(
     inv = node("Reciprocal", [LOSS_SCALE], f"{LOSS_SCALE}/inverse")
     zero = const("zero", 0.0)
     producers = {o: n for n in graph.node for o in n.output}
-    if graph_io.metadata(model, FUSED_KEY) == "1":
+    if ir.metadata(model, FUSED_KEY) == "1":
         found = _fused_unscale(model, spec.weights, producers, dtypes, inv, nodes)
     else:
         sums = []
@@ -301,8 +301,8 @@ def add_loss_scaling(
     _toposort(graph)
     state = initial_state(model)
     state[LOSS_SCALE] = float(init_scale)
-    graph_io.set_metadata(model, STATE_KEY, json.dumps(state))
-    graph_io.set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
+    ir.set_metadata(model, STATE_KEY, json.dumps(state))
+    ir.set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
 
 
 def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: dict[str, onnx.NodeProto],

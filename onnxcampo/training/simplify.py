@@ -57,7 +57,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 
 log = logging.getLogger(__name__)
 
