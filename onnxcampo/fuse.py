@@ -58,6 +58,7 @@ from onnxcampo import ir
 from onnxcampo import oplists
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, UnsupportedModelError
+from onnxcampo.ir.topology import toposort_model
 from onnxcampo.training import scaling
 
 log = logging.getLogger(__name__)
@@ -479,28 +480,6 @@ def _restore_model_fields(fused: onnx.ModelProto, model: onnx.ModelProto) -> Non
     declared = {entry.domain for entry in fused.opset_import}
     for domain in sorted({n.domain for n in fused.graph.node} - declared - set(oplists.DEFAULT_DOMAINS)):
         fused.opset_import.add(domain=domain, version=1)
-
-
-def toposort_model(model: onnx.ModelProto) -> bool:
-    """Sort the top-level nodes topologically (stable) where they are not; True if it had to.
-    Node names must be unique (:func:`onnxcampo.ir.name_nodes`)."""
-    graph = model.graph
-    known = {""} | {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
-    known |= {t.values.name for t in graph.sparse_initializer}
-    for node in graph.node:
-        needed = [*node.input, *(ir.outer_scope_names(node) if ir.has_subgraph(node) else ())]
-        if any(name not in known for name in needed):
-            break
-        known.update(node.output)
-    else:
-        return False
-    surgeon = ir.to_graphsurgeon(model)
-    ir.toposort(surgeon)
-    position = {node.name: index for index, node in enumerate(surgeon.nodes)}
-    nodes = sorted(graph.node, key=lambda node: position[node.name])
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return True
 
 
 def _add_planning_shapes(model: onnx.ModelProto, config: OptimizeConfig) -> int:

@@ -4,7 +4,7 @@
   2 GB, test-loaded by ONNX Runtime before the rename);
 - :mod:`onnxcampo.ir.shapes`: input dims pinned, shape/type inference once at load into the
   :class:`TensorInfo` table, ORT's symbolic inference where ONNX's leaves float shapes unknown;
-- :mod:`onnxcampo.ir.topology`: the topological sort, and what If/Loop/Scan bodies read;
+- :mod:`onnxcampo.ir.topology`: the one topological sort, and what If/Loop/Scan bodies read;
 - :mod:`onnxcampo.ir.export`: the onnx-graphsurgeon graph the passes edit, and the output model
   built from it.
 
@@ -36,6 +36,7 @@ from onnxcampo.ir.topology import (
     outer_scope_names,
     subgraph_node_names,
     toposort,
+    toposort_model,
 )
 from onnxcampo.ir.export import export_model, to_graphsurgeon
 
@@ -44,5 +45,5 @@ __all__ = [
     "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
     "outer_scope_names", "pin_input_shapes", "read_model", "save_model", "set_metadata", "skeleton",
-    "subgraph_node_names", "to_graphsurgeon", "toposort", "write_text_atomically",
+    "subgraph_node_names", "to_graphsurgeon", "toposort", "toposort_model", "write_text_atomically",
 ]

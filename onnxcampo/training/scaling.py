@@ -23,7 +23,6 @@ paired with ``<name>.updated`` outputs; their initial values are stored as metad
 
 from __future__ import annotations
 
-import heapq
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -298,7 +297,10 @@ def add_loss_scaling(
     body = list(graph.node)
     del graph.node[:]
     graph.node.extend([seeded, *body, *nodes])
-    _toposort(graph)
+    try:
+        ir.toposort_model(model)
+    except UnsupportedModelError:
+        raise UnsupportedModelError("loss scaling left the training-step graph with a cycle") from None
     state = initial_state(model)
     state[LOSS_SCALE] = float(init_scale)
     ir.set_metadata(model, STATE_KEY, json.dumps(state))
@@ -345,32 +347,6 @@ def _fp32_gradient(model: onnx.ModelProto, weight: str, producers: dict[str, onn
     if len(casts) != 1:
         raise UnsupportedModelError(f"the gradient {gradient!r} is not fp32 and has no single Cast to fp32")
     return casts[0].output[0]
-
-
-def _toposort(graph: onnx.GraphProto) -> None:
-    """Kahn's algorithm over the node list, stable for nodes already in order."""
-    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
-    waiting = [0] * len(graph.node)
-    readers: dict[int, list[int]] = {}
-    for index, n in enumerate(graph.node):
-        for source in {producer[t] for t in n.input if t in producer}:
-            waiting[index] += 1
-            readers.setdefault(source, []).append(index)
-    ready = [i for i, count in enumerate(waiting) if count == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        index = heapq.heappop(ready)
-        order.append(index)
-        for reader in readers.get(index, ()):
-            waiting[reader] -= 1
-            if waiting[reader] == 0:
-                heapq.heappush(ready, reader)
-    if len(order) != len(graph.node):
-        raise UnsupportedModelError("loss scaling left the training-step graph with a cycle")
-    nodes = [graph.node[i] for i in order]
-    del graph.node[:]
-    graph.node.extend(nodes)
 
 
 __all__ = [
