@@ -29,7 +29,14 @@ from onnxcampo.ir.io import (
     set_metadata,
     write_text_atomically,
 )
-from onnxcampo.ir.shapes import FLOAT_TYPES, TensorInfo, fill_unknown_shapes, infer_tensor_info, pin_input_shapes, skeleton
+from onnxcampo.ir.shapes import (
+    FLOAT_TYPES,
+    TensorInfo,
+    fill_unknown_shapes,
+    infer_tensor_info,
+    pin_input_shapes,
+    skeleton,
+)
 from onnxcampo.ir.topology import (
     CONTROL_FLOW_ATTRS,
     has_subgraph,
