@@ -782,7 +782,7 @@ def fit_file(samples_path: str | Path, out_path: str | Path, **kw) -> dict:
 
 
 def write_json(data: dict, out_path: str | Path) -> None:
-    from onnxcampo.graph import write_text_atomically
+    from onnxcampo.ir.io import write_text_atomically
 
     out_path = Path(out_path)
     if not out_path.parent.is_dir():

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir
 from onnxcampo.config import EXECUTION_MODES, POLICIES, OptimizeConfig
 from onnxcampo.errors import CampoError, ConfigError
 from onnxcampo.runtime.compare import DEFAULT_TOLERANCE, worst_error
@@ -154,7 +154,7 @@ def _pins_from_inputs(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[i
                       dim_values: Mapping[str, int], inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
     """Pin the dynamic dims of the given inputs to their shapes, where no pin of the user does."""
     pins = dict(input_shapes)
-    for vi in graph_io.graph_inputs(model):
+    for vi in ir.graph_inputs(model):
         if vi.name in pins or vi.name not in inputs or not vi.type.tensor_type.HasField("shape"):
             continue
         dims = vi.type.tensor_type.shape.dim
@@ -200,7 +200,7 @@ def bench(
         raise ConfigError(f"need --rounds >= 1 and --block-ms > 0, got {rounds} and {block_ms}")
     require_provider(provider)  # no GPU, no onnxruntime-gpu: say so before optimizing anything
     config = config or OptimizeConfig()
-    original, source = graph_io.read_model(model)
+    original, source = ir.read_model(model)
     input_shapes, dim_values = dict(input_shapes or {}), dict(dim_values or {})
     if inputs is None:
         feeds, described = random_inputs(original, input_shapes=input_shapes, dim_values=dim_values), "random"
@@ -249,4 +249,4 @@ def write_json(result: BenchResult, path: str | os.PathLike) -> None:
     """The bench's JSON, written atomically."""
     import json
 
-    graph_io.write_text_atomically(Path(path), json.dumps(result.to_json(), indent=1) + "\n")
+    ir.write_text_atomically(Path(path), json.dumps(result.to_json(), indent=1) + "\n")

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from onnxcampo import graph as graph_io
-from onnxcampo.graph import TensorInfo
+from onnxcampo import ir
+from onnxcampo.ir import TensorInfo
 from onnxcampo.passes.classify import INFINITY_SENTINEL  # larger finite values stand for infinity
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def activation_ranges(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *
     from onnxcampo.runtime import make_session, run
 
     if info is None:
-        info, _ = graph_io.infer_tensor_info(model)
+        info, _ = ir.infer_tensor_info(model)
     declared = {o.name for o in model.graph.output}
     wanted = []
     for node in model.graph.node:

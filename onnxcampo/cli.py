@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from onnxcampo import graph as graph_io
+    from onnxcampo import ir as graph_io
     from onnxcampo.api import optimize
 
     config = _config(args)
@@ -341,7 +341,7 @@ def _failure(row: dict) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from onnxcampo import graph as graph_io
+    from onnxcampo import ir as graph_io
     from onnxcampo.bench import bench, write_json
 
     if args.json is not None:
@@ -371,7 +371,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _train_graph(args: argparse.Namespace) -> int:
-    from onnxcampo import graph as graph_io
+    from onnxcampo import ir as graph_io
     from onnxcampo import ops
     from onnxcampo.training import build_train_step, step_spec
 
@@ -397,7 +397,7 @@ MAX_SKIPPED_STEPS = 20  # non-finite losses in a row tolerated while the loss sc
 def _train(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from onnxcampo import graph as graph_io
+    from onnxcampo import ir as graph_io
     from onnxcampo.training import Trainer, initial_weights
 
     if not args.data.is_file():

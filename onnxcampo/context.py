@@ -17,12 +17,12 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo import oplists, patterns
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.costdb.features import OpFeatures, keyed, op_features
 from onnxcampo.costdb.model import CostModel
-from onnxcampo.graph import TensorInfo
+from onnxcampo.ir import TensorInfo
 from onnxcampo.oplists import Category
 from onnxcampo.plan import PrecisionPlan
 from onnxcampo.signature import Signature, Slot, signature

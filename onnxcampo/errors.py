@@ -49,7 +49,7 @@ class OpsLibraryError(CampoError):
 
 
 class WrittenModelLoadError(ModelLoadError):
-    """ONNX Runtime cannot load a model onnxcampo was about to write (``graph.save_model``
+    """ONNX Runtime cannot load a model onnxcampo was about to write (``ir.save_model``
     test-loads it first), so nothing was written. A bug of onnxcampo or of ONNX Runtime, not of
     the input: the message names the execution provider and ORT's cause."""
 

@@ -54,10 +54,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir
 from onnxcampo import oplists
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, UnsupportedModelError
+from onnxcampo.ir.topology import toposort_model
 from onnxcampo.training import scaling
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig) -> tuple[on
         log.warning("fuse: %s as %s; the graph is planned unfused", problem, model_type)
         return model, _left_alone(mode, problem)
     _restore_model_fields(fused, model)
-    graph_io.name_nodes(fused)
+    ir.name_nodes(fused)
     toposort_model(fused)
     invalid = _checker_problem(fused)
     if invalid:
@@ -189,7 +190,7 @@ def _checker_problem(fused: onnx.ModelProto) -> str | None:
     LayerNormalization in the default domain, which ONNX defines from opset 17 only (an opset-14
     export fused so loads in ORT but is refused by the checker, and so by onnxcampo itself)."""
     try:
-        graph_io.check_model(fused)
+        ir.check_model(fused)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         return f"ONNX Runtime's transformers optimizer wrote an invalid ONNX graph ({first})"
@@ -449,7 +450,7 @@ def _run_optimizer(model: onnx.ModelProto, model_type: str, num_heads: int, hidd
 
 
 def _interface(model: onnx.ModelProto) -> list[tuple[str, str, int]]:
-    entries = [("input", vi.name, vi.type.tensor_type.elem_type) for vi in graph_io.graph_inputs(model)]
+    entries = [("input", vi.name, vi.type.tensor_type.elem_type) for vi in ir.graph_inputs(model)]
     return entries + [("output", vi.name, vi.type.tensor_type.elem_type) for vi in model.graph.output]
 
 
@@ -481,28 +482,6 @@ def _restore_model_fields(fused: onnx.ModelProto, model: onnx.ModelProto) -> Non
         fused.opset_import.add(domain=domain, version=1)
 
 
-def toposort_model(model: onnx.ModelProto) -> bool:
-    """Sort the top-level nodes topologically (stable) where they are not; True if it had to.
-    Node names must be unique (:func:`onnxcampo.graph.name_nodes`)."""
-    graph = model.graph
-    known = {""} | {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
-    known |= {t.values.name for t in graph.sparse_initializer}
-    for node in graph.node:
-        needed = [*node.input, *(graph_io.outer_scope_names(node) if graph_io.has_subgraph(node) else ())]
-        if any(name not in known for name in needed):
-            break
-        known.update(node.output)
-    else:
-        return False
-    surgeon = graph_io.to_graphsurgeon(model)
-    graph_io.toposort(surgeon)
-    position = {node.name: index for index, node in enumerate(surgeon.nodes)}
-    nodes = sorted(graph.node, key=lambda node: position[node.name])
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return True
-
-
 def _add_planning_shapes(model: onnx.ModelProto, config: OptimizeConfig) -> int:
     """Rule 7: value infos (marked :data:`PLANNING_SHAPE`) for the outputs of ops that ONNX
     shape inference cannot see through, from ORT's symbolic shape inference on a weightless copy
@@ -513,9 +492,9 @@ def _add_planning_shapes(model: onnx.ModelProto, config: OptimizeConfig) -> int:
               for name in node.output if name and name not in declared]
     if not wanted:
         return 0
-    skeleton = graph_io.skeleton(model, weights_as_inputs=True)
+    skeleton = ir.skeleton(model, weights_as_inputs=True)
     with contextlib.suppress(CampoError):  # a bad pin: shape inference at load reports it
-        graph_io.pin_input_shapes(skeleton, config.input_shapes, config.dim_values, require_static=False)
+        ir.pin_input_shapes(skeleton, config.input_shapes, config.dim_values, require_static=False)
     try:
         with _ort_transformers_logs():
             from onnxruntime.transformers.shape_infer_helper import SymbolicShapeInferenceHelper
@@ -565,7 +544,7 @@ def rename_ort_generated_names(model: onnx.ModelProto) -> dict[str, str]:
     optionally ``_token_<n>``) a name of ours, everywhere it appears (subgraphs included); graph
     inputs and outputs keep theirs (callers bind them by name). Returns old -> new."""
     graph = model.graph
-    interface = {vi.name for vi in graph_io.graph_inputs(model)} | {vi.name for vi in graph.output}
+    interface = {vi.name for vi in ir.graph_inputs(model)} | {vi.name for vi in graph.output}
     names = _tensor_names(graph)
     mapping: dict[str, str] = {}
     for name in sorted(names):

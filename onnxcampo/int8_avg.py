@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir
 from onnxcampo import oplists
 from onnxcampo.ops import nodes
 
@@ -70,7 +70,7 @@ def replace_matmul_integer(model: onnx.ModelProto) -> Int8AvgResult:
 
 def _find(model: onnx.ModelProto, result: Int8AvgResult) -> list[_Candidate]:
     graph = model.graph
-    info, _ = graph_io.infer_tensor_info(model)
+    info, _ = ir.infer_tensor_info(model)
     constants = {t.name: t for t in graph.initializer}
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":

@@ -21,7 +21,7 @@ import onnx
 
 from onnxcampo import __version__
 from onnxcampo import estimate, fuse, oplists
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext
 from onnxcampo.costdb.select import load_cost_model

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo import pipeline
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, ConfigError

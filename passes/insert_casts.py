@@ -26,7 +26,7 @@ from onnx import TensorProto
 from onnxcampo import estimate
 from onnxcampo.context import GraphContext
 from onnxcampo.editing import GraphEditor
-from onnxcampo.graph import toposort
+from onnxcampo.ir.topology import toposort
 from onnxcampo.plan import Precision
 from onnxcampo.signature import Slot
 

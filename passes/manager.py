@@ -146,7 +146,7 @@ def fingerprint(ctx: GraphContext) -> tuple:
 
 def check_graph(ctx: GraphContext) -> list[str]:
     """Invariant violations of the current graph (empty when it is sound)."""
-    from onnxcampo.graph import check_model, export_model
+    from onnxcampo.ir import check_model, export_model
 
     problems: list[str] = []
     graph = ctx.graph

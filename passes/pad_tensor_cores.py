@@ -22,7 +22,7 @@ import onnx_graphsurgeon as gs
 
 from onnxcampo.context import GraphContext
 from onnxcampo.editing import GraphEditor
-from onnxcampo.graph import toposort
+from onnxcampo.ir.topology import toposort
 from onnxcampo.padding import PadPlan, pad_plan
 from onnxcampo.plan import Precision
 

@@ -328,7 +328,7 @@ class Group:
             lr = "" if self.built.lr == 0.01 else f"-lr{self.built.lr:g}"
             path = bench_models.cache_dir() / f"step-{self.built.path.stem}{lr}{_ops_tag()}.onnx"
             if not path.is_file():
-                from onnxcampo import graph as graph_io
+                from onnxcampo import ir as graph_io
                 from onnxcampo.training import build_train_step
 
                 start = time.perf_counter()

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo import runtime
 from onnxcampo.runtime.compare import check_outputs, worst_error
 from onnxcampo.runtime.timing import BoundRunner, time_block

@@ -803,7 +803,7 @@ def logits_before_softmax(model: onnx.ModelProto) -> str | None:
 def _output_shape(model: onnx.ModelProto, path: Path, feeds: dict[str, np.ndarray]) -> list[int]:
     """The static shape of the first output: from shape inference with data propagation, else one
     CPU run (graph outputs often keep symbolic dims that inference does not overwrite)."""
-    from onnxcampo import graph as graph_io
+    from onnxcampo import ir as graph_io
 
     name = model.graph.output[0].name
     info, _ = graph_io.infer_tensor_info(model)

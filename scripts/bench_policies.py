@@ -132,7 +132,7 @@ def package_versions() -> dict[str, str]:
 def _save(model: onnx.ModelProto, path: Path) -> None:
     """Write a converter's output; IR version at most 10, since converters that build a new model
     with onnx 1.23 write IR 14, which ONNX Runtime 1.31 rejects (DESIGN.md)."""
-    from onnxcampo import graph as graph_io
+    from onnxcampo import ir as graph_io
 
     if model.ir_version > 10:
         model.ir_version = 10

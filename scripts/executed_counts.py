@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from onnxcampo.errors import CampoError
-from onnxcampo.graph import write_text_atomically
+from onnxcampo.ir.io import write_text_atomically
 from onnxcampo.runtime.optimized import executed_graph
 
 

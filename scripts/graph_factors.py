@@ -43,7 +43,7 @@ def predicted_by_class(path: Path, database: Path) -> dict[str, float]:
     import onnx
 
     from onnxcampo import api, estimate
-    from onnxcampo import graph as graph_io
+    from onnxcampo import ir as graph_io
     from onnxcampo.config import OptimizeConfig
     from onnxcampo.context import GraphContext
     from onnxcampo.costdb.select import load_cost_model
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["ONNXCAMPO_CACHE"] = str(args.corpus_dir.resolve())  # as scripts/bench.py --corpus-dir
     import bench_models
 
-    from onnxcampo.graph import write_text_atomically
+    from onnxcampo.ir.io import write_text_atomically
 
     rows, plain_rows = {}, {}
     for line in args.rows.read_text().splitlines():

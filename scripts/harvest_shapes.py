@@ -20,7 +20,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from onnxcampo import graph as graph_io  # noqa: E402
+from onnxcampo import ir as graph_io  # noqa: E402
 from onnxcampo.costdb.measure import HARVEST_OPS, HARVESTED  # noqa: E402
 
 MAX_ELEMENTS = 1 << 27  # what one sample may allocate on the GPU, per input

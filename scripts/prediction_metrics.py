@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from onnxcampo.graph import write_text_atomically  # noqa: E402
+from onnxcampo.ir.io import write_text_atomically  # noqa: E402
 
 # the measured policy of a plan, by the mode the prediction was made for
 MEASURED = {"plain": {"fp32": "fp32", "fp16": "fp16", "campo": "campo", "amp": "amp"},

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
 import bench_measure as m  # noqa: E402
 import bench_policies as pol  # noqa: E402
-from onnxcampo import graph as graph_io  # noqa: E402
+from onnxcampo import ir as graph_io  # noqa: E402
 
 
 def option_sets(texts: list[str]) -> list[dict[str, str]]:

@@ -16,7 +16,7 @@ import onnx
 import onnx.parser
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext
 from onnxcampo.costdb.features import OpFeatures

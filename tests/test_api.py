@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
 from onnxcampo import OptimizeConfig
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo.errors import ConfigError, CostModelError
 from onnxcampo.runtime import make_session, run
 
@@ -76,7 +76,7 @@ def test_external_data_round_trip(tmp_path):
                     all_tensors_to_one_file=True, location="in.onnx.data", size_threshold=0)
     result = onnxcampo.optimize(source, input_shapes={})
     out = tmp_path / "out.onnx"
-    import onnxcampo.graph as g
+    import onnxcampo.ir.io as g
 
     limit = g._PROTOBUF_LIMIT
     g._PROTOBUF_LIMIT = 1024

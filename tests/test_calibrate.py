@@ -178,5 +178,5 @@ def test_dynamic_dims_take_the_given_inputs_shapes_unless_pinned(caplog):
     assert "pinned to the given inputs' shapes: x:16,32" in caplog.text and result.report["calibration"]["tensors"] == 8
     pinned = onnxcampo.optimize(model, activation_limit=512, inputs=_x(), dim_values={"batch": 64})
     assert pinned.report["calibration"]["inputs"] == "given"
-    written = onnxcampo.graph.graph_inputs(pinned.model)[0].type.tensor_type.shape.dim[0]
+    written = onnxcampo.ir.graph_inputs(pinned.model)[0].type.tensor_type.shape.dim[0]
     assert written.dim_param == "batch"  # the written model keeps its dynamic dim

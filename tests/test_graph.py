@@ -11,7 +11,7 @@ import pytest
 from helpers import FLOAT, make_model, tensor_vi
 from onnx import TensorProto, helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo.errors import ModelLoadError
 
 MS = "com.microsoft"

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import runtime
-import onnxcampo.graph as graph_io
+import onnxcampo.ir.io as graph_io
 from onnxcampo.errors import CampoError, ConfigError, ModelLoadError, ShapeError
 from onnxcampo.runtime import (
     OutputDiff,

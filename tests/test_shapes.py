@@ -1,5 +1,5 @@
 """ORT's symbolic shape inference completes the float shapes ONNX inference leaves unknown
-(``onnxcampo.shapes``, run by ``graph.infer_tensor_info``)."""
+(``onnxcampo.ir.shapes``, run by ``infer_tensor_info``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 from helpers import MM_ADD_RELU_MM, FakeCost, build_context, parse, reasons, run_passes
 
-from onnxcampo import graph as graph_io
-from onnxcampo import optimize, shapes
-from onnxcampo.graph import TensorInfo
+from onnxcampo import ir as graph_io
+from onnxcampo import optimize
+from onnxcampo.ir import shapes
+from onnxcampo.ir.shapes import TensorInfo
 from onnxcampo.passes.allow_by_cost import AllowByCost
 from onnxcampo.passes.classify import Classify
 
@@ -126,10 +127,10 @@ def test_symbolic_inference_runs_only_when_a_float_shape_is_unknown(monkeypatch)
 
 
 def test_a_failing_symbolic_inference_logs_one_line_and_keeps_onnx_shapes(without_symbolic, caplog):
-    with caplog.at_level(logging.DEBUG, logger="onnxcampo.shapes"):
+    with caplog.at_level(logging.DEBUG, logger="onnxcampo.ir.shapes"):
         found, _ = _shapes(_skip_ln_matmul())
     assert found["mm"] is None and found["w"] == (64, 256)
-    records = [r for r in caplog.records if r.name == "onnxcampo.shapes"]
+    records = [r for r in caplog.records if r.name == "onnxcampo.ir.shapes"]
     assert len(records) == 1 and "symbolic shape inference failed" in records[0].getMessage()
 
 

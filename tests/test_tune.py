@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo import tune as tune_mod
 from onnxcampo.cli import main
 from onnxcampo.config import OptimizeConfig

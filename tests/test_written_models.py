@@ -1,6 +1,6 @@
 """What onnxcampo writes loads in ONNX Runtime.
 
-* ``graph.save_model`` test-loads the temporary file (``onnxcampo.runtime.check``) before the
+* ``ir.save_model`` test-loads the temporary file (``onnxcampo.runtime.check``) before the
   rename: a model ORT rejects leaves nothing behind, and an existing output stays as it was;
 * the exported model carries no tensor named like the initializers ORT's own fusions generate
   (``fuse.clean_export``): ORT names them without looking at the tensors already in the graph.
@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
 from onnxcampo import fuse
-from onnxcampo import graph as graph_io
+from onnxcampo.ir import io as graph_io
 from onnxcampo.cli import main
 from onnxcampo.errors import WrittenModelLoadError
 from onnxcampo.runtime import make_session, run

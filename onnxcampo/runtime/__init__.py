@@ -25,7 +25,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
 from onnxcampo import ops
-from onnxcampo.graph import exceeds_protobuf_limit, graph_inputs
+from onnxcampo.ir.io import exceeds_protobuf_limit, graph_inputs
 from onnxcampo.runtime.compare import (DEFAULT_TOLERANCE, OutputCheck, OutputDiff, check_outputs, compare_outputs,
                                        output_error, worst_error)
 from onnxcampo.errors import (

@@ -1,4 +1,4 @@
-"""Test-load a model in ONNX Runtime before it is kept (``graph.save_model`` calls
+"""Test-load a model in ONNX Runtime before it is kept (``ir.save_model`` calls
 :func:`check_loads` on the temporary file, before the rename).
 
 onnx.checker does not see what ONNX Runtime does at session creation: its graph optimizations

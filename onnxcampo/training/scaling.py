@@ -23,7 +23,6 @@ paired with ``<name>.updated`` outputs; their initial values are stored as metad
 
 from __future__ import annotations
 
-import heapq
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir
 from onnxcampo import oplists
 from onnxcampo.errors import UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
@@ -61,7 +60,7 @@ def has_loss_scaling(model: onnx.ModelProto) -> bool:
 
 def initial_state(model: onnx.ModelProto) -> dict[str, float]:
     """Initial values of scalar state that does not start at zero (``loss_scale``)."""
-    text = graph_io.metadata(model, STATE_KEY)
+    text = ir.metadata(model, STATE_KEY)
     return {name: float(value) for name, value in json.loads(text).items()} if text else {}
 
 
@@ -77,8 +76,8 @@ def fp32_nodes(model: onnx.ModelProto) -> set[str]:
     graph = model.graph
     constants = {t.name for t in graph.initializer}
     constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    prediction = graph_io.metadata(model, PREDICTION_KEY)
-    seed = graph_io.metadata(model, SEED_KEY)
+    prediction = ir.metadata(model, PREDICTION_KEY)
+    seed = ir.metadata(model, SEED_KEY)
     if prediction is None or seed is None:
         raise UnsupportedModelError(
             "the training-step graph lacks onnxcampo's loss metadata; rebuild it with `onnxcampo train-graph`")
@@ -160,7 +159,7 @@ def overhead(model: onnx.ModelProto, numel: Callable[[str], int | None]) -> Scal
     weights = sum(numel(w) or 0 for w in spec.weights)
     state = sum(numel(s) or 0 for s in spec.state)
     nodes, elements, read_as_is = SCALE_UPDATE_NODES, 0, ()
-    if graph_io.metadata(model, FUSED_KEY) == "1":
+    if ir.metadata(model, FUSED_KEY) == "1":
         nodes, elements = nodes + 1, elements + weights  # one UnscaleCheckFinite over every gradient
         read_as_is = tuple(f"{w}/grad" for w in spec.weights)
     else:  # Mul and ReduceSum per gradient, then Sum, Mul, IsNaN
@@ -210,14 +209,14 @@ def add_loss_scaling(
     if init_scale <= 0 or growth_interval < 1:
         raise ValueError("init_scale must be > 0 and growth_interval >= 1")
     graph = model.graph
-    seed = graph_io.metadata(model, SEED_KEY)
+    seed = ir.metadata(model, SEED_KEY)
     seed_init = next((t for t in graph.initializer if t.name == seed), None)
     if seed_init is None:
         raise UnsupportedModelError(
             "the training-step graph lacks its backward seed; rebuild it with `onnxcampo train-graph`")
     spec = step_spec(model)
     if dtypes is None:
-        info, _ = graph_io.infer_tensor_info(model)
+        info, _ = ir.infer_tensor_info(model)
         dtypes = {name: entry.dtype for name, entry in info.items()}
     nodes: list[onnx.NodeProto] = []
     consts: list[onnx.TensorProto] = []
@@ -239,7 +238,7 @@ def add_loss_scaling(
     inv = node("Reciprocal", [LOSS_SCALE], f"{LOSS_SCALE}/inverse")
     zero = const("zero", 0.0)
     producers = {o: n for n in graph.node for o in n.output}
-    if graph_io.metadata(model, FUSED_KEY) == "1":
+    if ir.metadata(model, FUSED_KEY) == "1":
         found = _fused_unscale(model, spec.weights, producers, dtypes, inv, nodes)
     else:
         sums = []
@@ -298,11 +297,14 @@ def add_loss_scaling(
     body = list(graph.node)
     del graph.node[:]
     graph.node.extend([seeded, *body, *nodes])
-    _toposort(graph)
+    try:
+        ir.toposort_model(model)
+    except UnsupportedModelError:
+        raise UnsupportedModelError("loss scaling left the training-step graph with a cycle") from None
     state = initial_state(model)
     state[LOSS_SCALE] = float(init_scale)
-    graph_io.set_metadata(model, STATE_KEY, json.dumps(state))
-    graph_io.set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
+    ir.set_metadata(model, STATE_KEY, json.dumps(state))
+    ir.set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
 
 
 def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: dict[str, onnx.NodeProto],
@@ -345,32 +347,6 @@ def _fp32_gradient(model: onnx.ModelProto, weight: str, producers: dict[str, onn
     if len(casts) != 1:
         raise UnsupportedModelError(f"the gradient {gradient!r} is not fp32 and has no single Cast to fp32")
     return casts[0].output[0]
-
-
-def _toposort(graph: onnx.GraphProto) -> None:
-    """Kahn's algorithm over the node list, stable for nodes already in order."""
-    producer = {o: i for i, n in enumerate(graph.node) for o in n.output}
-    waiting = [0] * len(graph.node)
-    readers: dict[int, list[int]] = {}
-    for index, n in enumerate(graph.node):
-        for source in {producer[t] for t in n.input if t in producer}:
-            waiting[index] += 1
-            readers.setdefault(source, []).append(index)
-    ready = [i for i, count in enumerate(waiting) if count == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        index = heapq.heappop(ready)
-        order.append(index)
-        for reader in readers.get(index, ()):
-            waiting[reader] -= 1
-            if waiting[reader] == 0:
-                heapq.heappush(ready, reader)
-    if len(order) != len(graph.node):
-        raise UnsupportedModelError("loss scaling left the training-step graph with a cycle")
-    nodes = [graph.node[i] for i in order]
-    del graph.node[:]
-    graph.node.extend(nodes)
 
 
 __all__ = [

@@ -58,7 +58,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo.passes.manager import PassBase, PassManager, PassResult
 
 log = logging.getLogger(__name__)

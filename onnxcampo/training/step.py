@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir
 from onnxcampo import ops
 from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
@@ -88,7 +88,7 @@ def build_train_step(
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     model, weights, initial = _prepare(forward, freeze=freeze, input_shapes=input_shapes or {})
     prediction = model.graph.output[0].name
-    info, _ = graph_io.infer_tensor_info(model)
+    info, _ = ir.infer_tensor_info(model)
     shape = info[prediction].shape if prediction in info else None
     if shape is None or None in shape:
         raise UnsupportedModelError(
@@ -113,7 +113,7 @@ def build_train_step(
     gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))
     gradients.metadata_props.add(key="onnxcampo.prediction", value=prediction)  # where the loss starts
     gradients.metadata_props.add(key="onnxcampo.loss_seed", value=seed)  # d loss / d loss, 1 until scaled
-    graph_io.name_nodes(gradients)  # onnx-ad leaves backward nodes unnamed; plans and reports need names
+    ir.name_nodes(gradients)  # onnx-ad leaves backward nodes unnamed; plans and reports need names
     for tensor in initial:  # read by the Trainer; no node reads them (ORT drops them from sessions)
         tensor.name = INITIAL_PREFIX + tensor.name
     gradients.graph.initializer.extend(initial)
@@ -128,7 +128,7 @@ def step_spec(step: onnx.ModelProto) -> StepSpec:
     weights = tuple(n for n in updated if not re.search(r"\.(momentum|adam_m|adam_v)$", n) and n not in SCALARS)
     state = tuple(n for n in updated if n not in weights)
     batch = tuple(n for n in inputs if n not in updated and n != LR)
-    kind = graph_io.metadata(step, "onnxcampo.train_step", "mse,sgd")
+    kind = ir.metadata(step, "onnxcampo.train_step", "mse,sgd")
     loss, optimizer = kind.split(",")
     return StepSpec(weights, state, batch, optimizer, loss)
 
@@ -145,13 +145,13 @@ def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, 
     """
     from onnx_ad.fold import fold_constants  # onnx-ad is pinned; its folder is what reverse() uses
 
-    model, _ = graph_io.read_model(forward)
-    if graph_io.default_opset(model) < 17:
+    model, _ = ir.read_model(forward)
+    if ir.default_opset(model) < 17:
         try:
             model = onnx.version_converter.convert_version(model, 17)
         except Exception as exc:  # the converter raises bare RuntimeErrors/ValueErrors per op
             raise UnsupportedModelError(
-                f"cannot upgrade opset {graph_io.default_opset(model)} to 17 for onnx-ad: {str(exc).splitlines()[0]}") from None
+                f"cannot upgrade opset {ir.default_opset(model)} to 17 for onnx-ad: {str(exc).splitlines()[0]}") from None
     _pin_inputs(model, input_shapes)
     check_trainable(model)
     constants_to_initializers(model)
@@ -168,7 +168,7 @@ def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, 
 
 def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
     if shapes:
-        graph_io.pin_input_shapes(model, shapes, {}, require_static=False)
+        ir.pin_input_shapes(model, shapes, {}, require_static=False)
 
 
 def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> tuple[list[str], list[onnx.TensorProto]]:
@@ -379,7 +379,7 @@ def initial_weights(forward: str | os.PathLike | onnx.ModelProto | None, step: o
             raise ConfigError(f"the step graph carries no starting values for {missing[:5]}; "
                               "pass the weights (initial_weights(forward_model, step))")
         return {w: numpy_helper.to_array(stored[w]).astype(np.float32) for w in step_spec(step).weights}
-    model, _ = graph_io.read_model(forward)
+    model, _ = ir.read_model(forward)
     spec = step_spec(step)
     values = forward_values(model)  # initializers, and Constant nodes (Paddle exports)
     missing = [w for w in spec.weights if w not in values]

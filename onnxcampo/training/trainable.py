@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import onnx
 from onnx import TensorProto, helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir
 from onnxcampo.errors import ConfigError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
@@ -227,8 +227,8 @@ def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, i
         for slot, name in enumerate(node.input):
             if name:
                 out.setdefault(name, []).append((node, slot))
-        if graph_io.has_subgraph(node):
-            for name in graph_io.outer_scope_names(node):
+        if ir.has_subgraph(node):
+            for name in ir.outer_scope_names(node):
                 out.setdefault(name, []).append((node, -1))
     return out
 
@@ -247,8 +247,8 @@ def _reaching(graph: onnx.GraphProto, prediction: str) -> set[str]:
             continue
         blocked = INDEX_SLOTS.get(node.op_type, frozenset())
         names = [name for slot, name in enumerate(node.input) if name and slot not in blocked]
-        if graph_io.has_subgraph(node):
-            names.extend(graph_io.outer_scope_names(node))
+        if ir.has_subgraph(node):
+            names.extend(ir.outer_scope_names(node))
         for name in names:
             if name not in reach:
                 reach.add(name)

@@ -20,7 +20,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from onnxcampo import graph as graph_io
+from onnxcampo import ir
 from onnxcampo.errors import ConfigError
 from onnxcampo.runtime import make_session
 from onnxcampo.training.scaling import LOSS_SCALE, initial_state
@@ -40,7 +40,7 @@ class Trainer:
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
                  weights: Mapping[str, np.ndarray] | None = None, lr: float | None = None,
                  cuda_graph: bool = False) -> None:
-        self.model, _ = graph_io.read_model(step_model)
+        self.model, _ = ir.read_model(step_model)
         self.spec = step_spec(self.model)
         if weights is None:
             weights = initial_weights(None, self.model)
@@ -50,7 +50,7 @@ class Trainer:
         missing = [w for w in self.spec.weights if w not in weights]
         if missing:
             raise ConfigError(f"initial values missing for weights {missing[:5]}")
-        self.lr = lr if lr is not None else float(graph_io.metadata(self.model, "onnxcampo.lr", "0.01"))
+        self.lr = lr if lr is not None else float(ir.metadata(self.model, "onnxcampo.lr", "0.01"))
         self.device = "cuda" if provider == "cuda" else "cpu"
         self.session = make_session(self.model, provider=provider, cuda_graph=cuda_graph)
         self.cuda_graph = cuda_graph
@@ -142,7 +142,7 @@ class Trainer:
 
     def export(self, forward: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
         """The forward (inference) model with the trained weights."""
-        model, _ = graph_io.read_model(forward)
+        model, _ = ir.read_model(forward)
         state = self.state_dict()
         for index, tensor in enumerate(model.graph.initializer):
             if tensor.name in self.spec.weights:

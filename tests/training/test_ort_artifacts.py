@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto
 
 import onnxcampo
-from onnxcampo import graph as graph_io
+from onnxcampo import ir as graph_io
 from onnxcampo.cli import main
 from onnxcampo.errors import ConfigError
 

@@ -1,0 +1,56 @@
+"""The model as onnxcampo reads, edits and writes it, one module per job:
+
+- :mod:`onnxcampo.ir.io`: read and check a model, metadata, atomic writes (external data past
+  2 GB, test-loaded by ONNX Runtime before the rename);
+- :mod:`onnxcampo.ir.shapes`: input dims pinned, shape/type inference once at load into the
+  :class:`TensorInfo` table, ORT's symbolic inference where ONNX's leaves float shapes unknown;
+- :mod:`onnxcampo.ir.topology`: the one topological sort, and what If/Loop/Scan bodies read;
+- :mod:`onnxcampo.ir.export`: the onnx-graphsurgeon graph the passes edit, and the output model
+  built from it.
+
+The names below are the public ones of the four modules, importable from here
+(``from onnxcampo import ir``; ``ir.read_model(...)``).
+"""
+
+from __future__ import annotations
+
+from onnxcampo.ir.io import (
+    MIN_OPSET,
+    check_model,
+    check_output_path,
+    default_opset,
+    exceeds_protobuf_limit,
+    graph_inputs,
+    metadata,
+    name_nodes,
+    ort_default_domain_nodes,
+    read_model,
+    save_model,
+    set_metadata,
+    write_text_atomically,
+)
+from onnxcampo.ir.shapes import (
+    FLOAT_TYPES,
+    TensorInfo,
+    fill_unknown_shapes,
+    infer_tensor_info,
+    pin_input_shapes,
+    skeleton,
+)
+from onnxcampo.ir.topology import (
+    CONTROL_FLOW_ATTRS,
+    has_subgraph,
+    outer_scope_names,
+    subgraph_node_names,
+    toposort,
+    toposort_model,
+)
+from onnxcampo.ir.export import export_model, to_graphsurgeon
+
+__all__ = [
+    "CONTROL_FLOW_ATTRS", "FLOAT_TYPES", "MIN_OPSET", "TensorInfo", "check_model", "check_output_path",
+    "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs",
+    "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
+    "outer_scope_names", "pin_input_shapes", "read_model", "save_model", "set_metadata", "skeleton",
+    "subgraph_node_names", "to_graphsurgeon", "toposort", "toposort_model", "write_text_atomically",
+]
