@@ -47,6 +47,7 @@ class Reason(enum.Enum):
     ALLOW_ISLAND_PAYS = "pass 2b: fp16 pays together with the allow-list ops it is chained to"
     DENY_LIST = "pass 2: deny list"
     DENY_DOWNSTREAM = "pass 2: downstream of a deny-list op"
+    DENY_TOWARD_INFER = "deny propagation (TensorFlow AMP): downstream of a deny-list op, on a path to an infer/deny op"
     BETWEEN_FP16 = "pass 3: infer/clear op between fp16 ops"
     CLEAR_PAYS = "pass 4: clear op whose casts saved outweigh its cost"
     CLEAR_GREEDY = "clear op next to fp16 ops (greedy)"
