@@ -19,7 +19,15 @@ Rules:
 
 So under amp ``Exp -> Transpose -> Transpose -> MatMul`` keeps only Exp fp32 (the Transposes feed
 no infer/deny op), while ``Exp -> Transpose -> Add`` keeps all three fp32. Campo keeps its
-stricter rule (``deny_propagation``): its cost passes may convert what the lists leave open.
+stricter rule (``deny_propagation``).
+
+Where the ONNX graph differs from TensorFlow's, the mapping is: TensorFlow's later passes are
+``fill_infer_clear`` (``AddClearAndInferToAllowIfBetweenAllow``) and ``clear_by_cost`` with
+``greedy`` (``PropagateAllowThroughClear``); ops without an fp16 kernel or schema were fixed fp32
+by ``classify`` (``RemoveAllowsetWithFp32``); If/Loop/Scan bodies stay fp32 (TensorFlow paints
+while-loop bodies and matches the colours of their recurrent edges and tensor lists); a float ->
+float Cast is a clear op here, where TensorFlow turns an existing Cast fp16 only when all its
+consumers are (``MakeCastsAllowIfAllOutputsAllow``).
 """
 
 from __future__ import annotations
