@@ -235,3 +235,30 @@ def test_report_in_a_missing_folder_is_refused_before_any_work(tmp_path, capsys)
     assert code == 2
     assert_one_line_error(err, "does not exist")
     assert not out.exists()
+
+
+# Fields whose flag is not ``--<field-name>`` (config.OptimizeConfig's docstring lists them).
+RENAMED_FLAGS = {
+    "keep_io_types": "--no-keep-io-types", "input_shapes": "--input-shape", "dim_values": "--dim",
+    "exclude_ops": "--exclude-op", "include_ops": "--include-op", "exclude_nodes": "--exclude-node",
+    "include_nodes": "--include-node", "pad_tensor_cores": "--no-pad", "compare_plans": "--no-compare-plans",
+    "loss_scaling": "--no-loss-scaling", "check_invariants": "--debug",
+}
+
+
+def test_every_config_field_has_an_optimize_flag_as_the_config_docstring_says():
+    """Every OptimizeConfig field has a flag of ``onnxcampo optimize``: its own name, or the one
+    the docstring names for it."""
+    import dataclasses
+
+    from onnxcampo.cli import build_parser
+    from onnxcampo.config import OptimizeConfig
+
+    optimize = build_parser()._subparsers._group_actions[0].choices["optimize"]
+    flags = {flag for action in optimize._actions for flag in action.option_strings}
+    doc = OptimizeConfig.__doc__
+    for f in dataclasses.fields(OptimizeConfig):
+        flag = RENAMED_FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
+        assert flag in flags, f.name
+        if f.name in RENAMED_FLAGS:
+            assert f"``{f.name}``" in doc and f"``{flag}" in doc, f.name
