@@ -113,6 +113,9 @@ def test_candidates_run_one_session_at_a_time(monkeypatch):
 
 
 def test_tune_times_every_distinct_candidate_and_returns_the_chosen_one(padding_pays):
+    """Tuning on ORT CPU times each distinct candidate and returns the chosen one as the untuned
+    optimize builds it; its outputs stay close to the fp32 model's there (a wiring check: ORT's
+    CPU provider hides fp16 rounding)."""
     model = odd_mlp(batch=64)
     result = onnxcampo.optimize(model, tune="cpu")
     tuning = result.report["tuning"]

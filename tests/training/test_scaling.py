@@ -137,7 +137,9 @@ def test_fp32_policy_and_opt_out_add_no_loss_scaling():
 
 
 def test_amp_step_trains_like_fp32_with_loss_scaling(fused):
-    """An amp step (fp16 forward/backward, scaled) lowers the loss like the fp32 step."""
+    """An amp step (fp16 forward/backward, scaled) lowers the loss like the fp32 step on ORT CPU:
+    a wiring check of the scaled step (ORT's CPU provider hides fp16 rounding; fp16 numerics are
+    checked with the reference evaluator in ``test_fp16_weight_gradient_sums_keep_the_gradients``)."""
     forward = mlp()
     step = build_train_step(forward, loss="cross_entropy", optimizer="adamw", lr=0.01, fused=fused)
     amp = optimize(step, policy="amp").model
@@ -334,7 +336,9 @@ def test_gradient_sums_in_stages_are_found_whole():
 
 def test_campo_step_with_fp16_gradient_sums_trains_like_fp32(fused):
     """On ORT (CPU): the campo step whose bias gradients are summed from fp16 dy, with the fused
-    unscale reading them as they are or the standard ops casting them, follows fp32's loss curve."""
+    unscale reading them as they are or the standard ops casting them, follows fp32's loss curve.
+    A wiring check (ORT's CPU provider hides fp16 rounding): the sums' fp16 numerics are checked
+    with the reference evaluator in ``test_fp16_weight_gradient_sums_keep_the_gradients``."""
     from onnxcampo.training.scaling import gradient_sums
 
     forward = wide_mlp(rows=64, width=128)

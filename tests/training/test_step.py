@@ -204,7 +204,7 @@ def test_trainer_starts_from_the_weights_the_step_graph_carries(tmp_path):
     expected = [reference.step({"x": X, "labels": TARGET}) for _ in range(3)]
     carried = Trainer(step)
     assert [carried.step({"x": X, "labels": TARGET}) for _ in range(3)] == expected
-    amp = Trainer(path, provider="cpu")  # fp16 forward/backward: close, not equal
+    amp = Trainer(path, provider="cpu")  # wiring: ORT CPU runs most fp16 nodes in fp32 (close, not equal)
     assert [amp.step({"x": X, "labels": TARGET}) for _ in range(3)] == pytest.approx(expected, rel=1e-2)
     np.testing.assert_array_equal(initial_weights(None, step)["w1"], W1)
 
