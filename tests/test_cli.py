@@ -51,6 +51,7 @@ def tiny_model(opset: int = 17, dtype: int = TensorProto.FLOAT, dims=("batch", 1
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8 if opset < 11 else 10)
 
 
+@pytest.mark.slow
 def test_optimize_example_writes_model_and_report(tmp_path, capsys):
     out, report_path = tmp_path / "out.onnx", tmp_path / "report.json"
     code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN, "--report", report_path, "--validate")
@@ -79,6 +80,7 @@ def test_optimizing_twice_changes_nothing(tmp_path, capsys):
     assert [n.op_type for n in onnx.load(str(second)).graph.node] == [n.op_type for n in onnx.load(str(first)).graph.node]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["campo", "amp", "fp16", "fp32"])
 def test_every_policy_gives_a_valid_model(tmp_path, capsys, policy):
     out = tmp_path / f"{policy}.onnx"
@@ -95,6 +97,7 @@ def test_inspect_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert set(tmp_path.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_validation_failure_exits_1_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out.onnx"
     code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN, "--validate", "--rtol", "0", "--atol", "0")
@@ -215,6 +218,7 @@ def test_nothing_to_do_writes_model_unchanged(tmp_path, capsys, model, message):
     onnx.checker.check_model(written, full_check=True)
 
 
+@pytest.mark.slow
 def test_console_script_and_module(tmp_path):
     script = Path(sys.executable).with_name("onnxcampo")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "onnxcampo"]

@@ -171,6 +171,7 @@ def _config(policy: str, model: onnx.ModelProto, cost_batch: int, pin_by_name: b
     return OptimizeConfig(policy=policy, check_invariants=True, **pins)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["campo", "amp", "fp16", "fp32"])
 # derandomize: the same examples on every run, so CI does not depend on what a random search finds
 @settings(max_examples=40, deadline=None, derandomize=True,

@@ -191,6 +191,7 @@ def test_trainer_leaves_the_initial_weights_alone():
     assert Trainer(step, weights=weights).step({"x": X, "labels": TARGET}) == pytest.approx(losses[0], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_trainer_starts_from_the_weights_the_step_graph_carries(tmp_path):
     """Trainer(step_model_or_path, provider="cpu"): build_train_step stores the starting weights
     (initializers onnxcampo.initial/<w>, read by no node), and optimize keeps them."""
