@@ -22,6 +22,7 @@ from onnxcampo.costdb.select import load_cost_model
 from onnxcampo.passes.allow_by_cost import AllowByCost
 from onnxcampo.passes.amp_deny_propagation import AmpDenyPropagation
 from onnxcampo.passes.allow_islands import AllowIslands
+from onnxcampo.passes.amp_casts import AmpCasts
 from onnxcampo.passes.classify import Classify
 from onnxcampo.passes.clear_by_cost import ClearByCost
 from onnxcampo.passes.deny_propagation import DenyPropagation
@@ -44,7 +45,8 @@ _DEFAULT = UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32)
 ANALYSIS = {
     "campo": (AllowByCost(), DenyPropagation(), AllowIslands(), FillInferClear(), ClearByCost(),
               ClearByCost(infer=True), _DEFAULT),
-    "amp": (AllowByCost(greedy=True), AmpDenyPropagation(), FillInferClear(), ClearByCost(greedy=True), _DEFAULT),
+    "amp": (AllowByCost(greedy=True), AmpDenyPropagation(), FillInferClear(casts=False), ClearByCost(greedy=True),
+            AmpCasts(), _DEFAULT),
     "fp16": (UniformPrecision(Precision.FP16, Reason.POLICY_FP16),),
     "fp32": (UniformPrecision(Precision.FP32, Reason.POLICY_FP32),),
 }

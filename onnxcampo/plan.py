@@ -51,6 +51,7 @@ class Reason(enum.Enum):
     BETWEEN_FP16 = "infer/clear op between fp16 ops"
     CLEAR_PAYS = "clear by cost: clear op whose casts saved outweigh its cost"
     CLEAR_GREEDY = "clear op next to fp16 ops (greedy)"
+    CAST_FOLLOWS_CONSUMERS = "existing Cast whose readers all run fp16 (TensorFlow AMP)"
     CLEAR_DOES_NOT_PAY = "clear by cost: clear op, fp16 does not pay"
     POLICY_FP16 = "policy fp16"
     DEFAULT_FP32 = "left fp32 after the four passes"

@@ -11,7 +11,7 @@ Rules:
 1. every undecided deny-list node goes fp32;
 2. the *infer-bound* nodes are the infer-list and deny-list nodes, and every clear-list node from
    which one of them can be reached going downstream through clear-list nodes only (by op lists,
-   whatever was decided for them);
+   whatever was decided for them; an existing Cast is in no TensorFlow list, never infer-bound);
 3. from every deny-list node planned fp32, walk downstream along precision-following float edges
    through infer-bound nodes; each undecided one reached goes fp32. Nodes already planned fp32
    pass the walk on; nodes planned fp16, allow-list nodes and clear-list nodes that lead to no
@@ -23,17 +23,20 @@ stricter rule (``deny_propagation``).
 
 Where the ONNX graph differs from TensorFlow's, the mapping is: TensorFlow's later passes are
 ``fill_infer_clear`` (``AddClearAndInferToAllowIfBetweenAllow``) and ``clear_by_cost`` with
-``greedy`` (``PropagateAllowThroughClear``); ops without an fp16 kernel or schema were fixed fp32
-by ``classify`` (``RemoveAllowsetWithFp32``); If/Loop/Scan bodies stay fp32 (TensorFlow paints
-while-loop bodies and matches the colours of their recurrent edges and tensor lists); a float ->
-float Cast is a clear op here, where TensorFlow turns an existing Cast fp16 only when all its
-consumers are (``MakeCastsAllowIfAllOutputsAllow``).
+``greedy`` (``PropagateAllowThroughClear``), both with existing Casts left out, then
+``amp_casts`` (``MakeCastsAllowIfAllOutputsAllow``); ``AddInferToAllowIfFollowAllow`` runs only
+in TensorFlow's bf16 (oneDNN) mode, not for fp16 on the GPU. Ops without an fp16 kernel or schema
+were fixed fp32 by ``classify`` (``RemoveAllowsetWithFp32``). If/Loop/Scan bodies stay fp32 (where
+TensorFlow paints while-loop bodies and matches the colours of their recurrent edges); ONNX
+sequence ops are in no list, so they all stay fp32 (one colour, as TensorFlow's tensor-list
+clusters must have).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from onnxcampo import oplists
 from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
@@ -80,6 +83,8 @@ class AmpDenyPropagation(PassBase):
             for producer in ctx.upstream(queue.popleft()):
                 if producer.name in bound or ctx.categories[producer.name] is not Category.CLEAR:
                     continue
+                if producer.op == oplists.CAST:
+                    continue  # in no TensorFlow list: left to amp_casts
                 bound.add(producer.name)
                 queue.append(producer)
         return bound
