@@ -1,4 +1,5 @@
-"""Command line: ``onnxcampo optimize | inspect | bench | train-graph | train | costdb``.
+"""Command line: ``onnxcampo optimize | inspect | bench | train-graph | train | costdb
+{measure | fit | fit-step-dispatch | eval}``.
 
 User errors print one line on stderr and exit 2 (validation failures exit 1); no traceback
 unless ``--debug``.
@@ -72,7 +73,8 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
 def _add_cost_options(parser: argparse.ArgumentParser) -> None:
     """How plans are costed and what the graph looks like before planning: options of
     ``optimize`` and ``inspect`` that ``bench`` passes to every policy too."""
-    parser.add_argument("--device-db", type=Path, help="cost database JSON (default: the analytic H200 model)")
+    parser.add_argument("--device-db", type=Path, help="cost database JSON (default: the one shipped for the detected GPU, "
+                             "costdb/data/<gpu>.json, else the analytic H200 model)")
     parser.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
     parser.add_argument("--cost-graph", choices=COST_GRAPHS, default="ort",
                         help="cost plans on the nodes ORT will run (ort, default: its fusions and aliases read from "

@@ -19,7 +19,15 @@ COST_GRAPHS = ("ort", "onnx")
 
 @dataclass(frozen=True)
 class OptimizeConfig:
-    """Options of :func:`onnxcampo.optimize`; every field has a command-line flag of the same name.
+    """Options of :func:`onnxcampo.optimize`, shared with ``onnxcampo optimize`` and ``inspect``.
+
+    Most fields have a command-line flag of the same name (``min_gain``: ``--min-gain``). These
+    do not: ``keep_io_types`` (``--no-keep-io-types``), ``input_shapes`` (``--input-shape``,
+    repeatable), ``dim_values`` (``--dim``, repeatable), ``exclude_ops`` (``--exclude-op``),
+    ``include_ops`` (``--include-op``), ``exclude_nodes`` (``--exclude-node``), ``include_nodes``
+    (``--include-node``) (one value a flag, repeatable), ``pad_tensor_cores`` (``--no-pad``),
+    ``compare_plans`` (``--no-compare-plans``), ``loss_scaling`` (``--no-loss-scaling``) and
+    ``check_invariants`` (``--debug``, which also shows tracebacks).
 
     Attributes:
         policy: ``campo`` (cost-aware four passes, the default), ``amp`` (greedy TensorFlow-AMP
@@ -32,8 +40,9 @@ class OptimizeConfig:
         exclude_ops / include_ops: op types forced to fp32 / allowed in fp16 whatever the lists say
             (an included op still needs an fp16 schema).
         exclude_nodes / include_nodes: regular expressions on node names, same meaning.
-        device_db: a cost database JSON; ``None`` uses the one shipped for the running GPU, if
-            any, else the analytic H200 model.
+        device_db: a cost database JSON; ``None`` uses the one shipped for the GPU ``nvidia-smi``
+            names (``costdb/data/<gpu>.json``; ``ONNXCAMPO_DEVICE`` overrides the detection), if
+            any, else the analytic H200 model (``onnxcampo.costdb.select``).
         profile: ``predict`` takes fp32 node times from the cost model; ``cpu`` / ``cuda`` measure
             them with one ONNX Runtime profiling run on that provider.
         pad_tensor_cores: zero-pad MatMul/Gemm/Conv dims to multiples of 8 where it pays.

@@ -6,7 +6,8 @@ to ONNX and to the com.microsoft ops ONNX Runtime emits:
 * ``ALLOW``  - numerically safe in fp16 and worth converting: Tensor Core math with fp32
   accumulation. Campo's pass 1 converts them only when the cost model says it pays.
 * ``DENY``   - |f(x)| can be much larger than |x|, or the op sums many terms without an fp32
-  accumulator: these stay fp32, and so does what is downstream of them through INFER/CLEAR ops.
+  accumulator: these stay fp32, and so does what is downstream of them through INFER/CLEAR ops
+  (under ``amp``, as in TensorFlow: only along paths that lead to an INFER/DENY op).
 * ``INFER``  - safe in fp16 unless fed by a DENY op (element-wise arithmetic, activations,
   normalizations whose ONNX Runtime kernels keep mean/variance in fp32).
 * ``CLEAR``  - no numerical effect (data movement, max/min): run in whatever precision saves casts.

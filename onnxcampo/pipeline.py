@@ -28,6 +28,8 @@ from onnxcampo.costdb.select import load_cost_model
 from onnxcampo.errors import ConfigError
 from onnxcampo.passes.allow_by_cost import AllowByCost
 from onnxcampo.passes.allow_islands import AllowIslands
+from onnxcampo.passes.amp_casts import AmpCasts
+from onnxcampo.passes.amp_deny_propagation import AmpDenyPropagation
 from onnxcampo.passes.classify import Classify
 from onnxcampo.passes.clear_by_cost import ClearByCost
 from onnxcampo.passes.deny_propagation import DenyPropagation
@@ -48,12 +50,14 @@ METADATA_KEY = "onnxcampo.policy"
 _DEFAULT = UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32)
 
 # --- the pipelines ---------------------------------------------------------------------------
-# Every plan starts from the decisions of ``Classify`` (made once), then runs its policy's passes.
+# Every plan starts from the decisions of ``Classify`` (made once), then runs its policy's passes;
+# amp's are TensorFlow's auto_mixed_precision (passes/amp_deny_propagation.py, amp_casts.py).
 CLASSIFY = (Classify(),)
 ANALYSIS: dict[str, tuple[PassBase, ...]] = {
     "campo": (AllowByCost(), DenyPropagation(), AllowIslands(), FillInferClear(), ClearByCost(),
               ClearByCost(infer=True), _DEFAULT),
-    "amp": (AllowByCost(greedy=True), DenyPropagation(), FillInferClear(), ClearByCost(greedy=True), _DEFAULT),
+    "amp": (AllowByCost(greedy=True), AmpDenyPropagation(), FillInferClear(casts=False), ClearByCost(greedy=True),
+            AmpCasts(), _DEFAULT),
     "fp16": (UniformPrecision(Precision.FP16, Reason.POLICY_FP16),),
     "fp32": (UniformPrecision(Precision.FP32, Reason.POLICY_FP32),),
 }

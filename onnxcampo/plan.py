@@ -18,7 +18,7 @@ class Precision(enum.Enum):
 
 
 class Reason(enum.Enum):
-    # Fixed before the four passes (pass 0, "classify").
+    # Fixed before the four passes (the "classify" pass).
     NO_FLOAT = "no float32 tensors"
     CONSTANT = "constant (converted offline for fp16 consumers)"
     ALREADY_FP16 = "already runs in fp16"
@@ -40,23 +40,25 @@ class Reason(enum.Enum):
     UNKNOWN_SHAPE = "shapes unknown: cost cannot be predicted"
     POLICY_FP32 = "policy fp32"
     # The four passes.
-    ALLOW_PAYS = "pass 1: fp16 time + casts < fp32 time"
-    ALLOW_DOES_NOT_PAY = "pass 1: fp16 time + casts >= fp32 time"
+    ALLOW_PAYS = "allow by cost: fp16 time + casts < fp32 time"
+    ALLOW_DOES_NOT_PAY = "allow by cost: fp16 time + casts >= fp32 time"
     ALLOW_GREEDY = "allow list (greedy)"
     USER_INCLUDED = "included by the user"
-    ALLOW_ISLAND_PAYS = "pass 2b: fp16 pays together with the allow-list ops it is chained to"
-    DENY_LIST = "pass 2: deny list"
-    DENY_DOWNSTREAM = "pass 2: downstream of a deny-list op"
-    BETWEEN_FP16 = "pass 3: infer/clear op between fp16 ops"
-    CLEAR_PAYS = "pass 4: clear op whose casts saved outweigh its cost"
+    ALLOW_ISLAND_PAYS = "allow island: fp16 pays together with the allow-list ops it is chained to"
+    DENY_LIST = "deny list"
+    DENY_DOWNSTREAM = "deny propagation: downstream of a deny-list op"
+    DENY_TOWARD_INFER = "deny propagation (TensorFlow AMP): downstream of a deny-list op, on a path to an infer/deny op"
+    BETWEEN_FP16 = "infer/clear op between fp16 ops"
+    CLEAR_PAYS = "clear by cost: clear op whose casts saved outweigh its cost"
     CLEAR_GREEDY = "clear op next to fp16 ops (greedy)"
-    CLEAR_DOES_NOT_PAY = "pass 4: clear op, fp16 does not pay"
+    CAST_FOLLOWS_CONSUMERS = "existing Cast whose readers all run fp16 (TensorFlow AMP)"
+    CLEAR_DOES_NOT_PAY = "clear by cost: clear op, fp16 does not pay"
     POLICY_FP16 = "policy fp16"
     DEFAULT_FP32 = "left fp32 after the four passes"
-    # Our extension of pass 4: infer-list ops that are not between fp16 ops but next to them
+    # Our extension of "clear by cost": infer-list ops that are not between fp16 ops but next to them
     # (a bias and activation chain after a GEMM, up to a deny-list op).
-    EDGE_PAYS = "pass 4b: infer op next to fp16 ops whose fp16 run (and the Casts it moves) pays"
-    EDGE_DOES_NOT_PAY = "pass 4b: infer op next to fp16 ops, fp16 does not pay"
+    EDGE_PAYS = "edge by cost: infer op next to fp16 ops whose fp16 run (and the Casts it moves) pays"
+    EDGE_DOES_NOT_PAY = "edge by cost: infer op next to fp16 ops, fp16 does not pay"
 
 
 @dataclass(frozen=True)

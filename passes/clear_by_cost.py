@@ -5,13 +5,14 @@ Rules:
    to each other;
 2. a group touching at least one fp16 node goes fp16 as a whole when the cost model predicts a
    gain (node time change plus Cast time change, over all tensors the group touches); with
-   ``greedy`` (the ``amp`` policy) it goes fp16 without asking, as TensorFlow AMP does;
+   ``greedy`` (the ``amp`` policy) it goes fp16 without asking, as TensorFlow AMP does (whose
+   clear list holds no Cast: with ``greedy`` existing Casts are left to ``amp_casts``);
 3. other groups are left for the final default (fp32).
 """
 
 from __future__ import annotations
 
-from onnxcampo import estimate
+from onnxcampo import estimate, oplists
 from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
@@ -37,6 +38,7 @@ class ClearByCost(PassBase):
             n.name: n
             for n in ctx.nodes
             if not ctx.plan.is_decided(n.name) and ctx.categories[n.name] in self.categories
+            and not (self.greedy and n.op == oplists.CAST)
         }
         fp16 = fp32 = 0
         seen: set[str] = set()

@@ -4,12 +4,15 @@ Rule: an undecided infer-list or clear-list node goes fp16 when it can be reache
 node going downstream through undecided infer/clear nodes, *and* an fp16 node can be reached
 from it the same way. Such a node sits on an fp16 path: running it fp32 would need a Cast on
 each side. (Deny-downstream nodes were decided by pass 2, so this never reopens them.)
+With ``casts=False`` (the ``amp`` policy, as TensorFlow AMP, whose lists hold no Cast) existing
+Casts are neither filled nor walked through; ``amp_casts`` decides them.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from onnxcampo import oplists
 from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
@@ -22,6 +25,9 @@ _FILLABLE = (Category.INFER, Category.CLEAR)
 class FillInferClear(PassBase):
     name = "fill_infer_clear"
 
+    def __init__(self, *, casts: bool = True) -> None:
+        self.casts = casts
+
     def run(self, ctx: GraphContext) -> PassResult:
         fp16_nodes = [n for n in ctx.nodes if ctx.plan.is_fp16(n.name)]
         below = self._reach(ctx, fp16_nodes, ctx.downstream)
@@ -33,8 +39,7 @@ class FillInferClear(PassBase):
                 filled += 1
         return PassResult(self.name, False, {"fp16": filled})
 
-    @staticmethod
-    def _reach(ctx: GraphContext, sources, step) -> set[str]:
+    def _reach(self, ctx: GraphContext, sources, step) -> set[str]:
         reached: set[str] = set()
         queue = deque(sources)
         while queue:
@@ -42,6 +47,8 @@ class FillInferClear(PassBase):
                 if neighbour.name in reached or ctx.plan.is_decided(neighbour.name):
                     continue
                 if ctx.categories[neighbour.name] not in _FILLABLE:
+                    continue
+                if not self.casts and neighbour.op == oplists.CAST:
                     continue
                 reached.add(neighbour.name)
                 queue.append(neighbour)

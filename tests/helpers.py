@@ -227,6 +227,7 @@ def reference_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs from ORT's CPU provider: a wiring check only (it runs most fp16 ops in fp32)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

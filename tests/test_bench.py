@@ -29,6 +29,7 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXCAMPO_DEVICE", "none")
 
 
+@pytest.mark.slow
 def test_scripts_import_without_torch():
     """The device-only parts import torch lazily: the scripts load on a machine without it."""
     code = ("import sys; sys.path.insert(0, %r); import bench, bench_report, bench_measure, bench_models, "
@@ -76,6 +77,7 @@ def test_killed_items_count_only_attempts_after_the_last_row():
     assert bench.killed_items(killed_twice, [dict(r, time=r["time"][:19]) for r in rows], runs, full_run_s=270) == {"k": 2}
 
 
+@pytest.mark.slow
 def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
     """--quick --provider cpu on the onnx.helper odd MLP: every variant gives a row; a second run
     does nothing; anchors whose packages are missing are rows with the reason, not crashes."""
@@ -110,6 +112,7 @@ def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
     assert [r["finished"] for r in runs] == [len(rows), 0] and runs[0]["versions"]["onnx"]
 
 
+@pytest.mark.slow
 def test_interleave_fresh_makes_a_session_per_visit(tmp_path, monkeypatch):
     """--interleave-fresh: every visit of the rotation makes its own session (one alive at a
     time) and times 3 blocks; rounds x variants sessions in all."""
@@ -130,6 +133,7 @@ def test_interleave_fresh_makes_a_session_per_visit(tmp_path, monkeypatch):
     assert bench.interleave_estimate_s(group) > 5.0
 
 
+@pytest.mark.slow
 def test_interleave_keeps_variants_until_the_group_ends(tmp_path, monkeypatch, capsys):
     """Measured inference variants stay on disk until the group ends; then they are timed again
     side by side (when the budget allows) and removed either way."""
@@ -160,6 +164,7 @@ def test_interleave_keeps_variants_until_the_group_ends(tmp_path, monkeypatch, c
     assert all(v > 0 for v in record["ms"].values()) and not group.kept
 
 
+@pytest.mark.slow
 def test_budget_stops_cleanly_and_next_run_continues(tmp_path, capsys):
     """With no budget left a run still finishes one item, records it and says what is left."""
     out = tmp_path / "raw"
@@ -183,6 +188,7 @@ def _row(model, batch, mode, policy, ms, **extra):
     return row
 
 
+@pytest.mark.slow
 def test_report_states_targets_met(tmp_path):
     """campo 1.25x amp in training, faster than every anchor and fp32, within tolerance: all met."""
     rows = []
@@ -287,6 +293,7 @@ def test_step_runner_computes_the_trainers_losses(tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_breakdown_of_a_profiled_step(tmp_path):
     """An all-fp16 step graph (Casts, loss scaling) profiled on CPU: every part gets time, the
     parts add up to the total, and the node counts match the classified graph."""
@@ -411,6 +418,7 @@ def test_report_writes_throughput_json(tmp_path):
     assert (tmp_path / "h200.json").read_text() == text  # deterministic
 
 
+@pytest.mark.slow
 def test_prepare_only_times_stages_and_records_no_results(tmp_path, capsys):
     """--prepare-only builds the step graph and each policy's graph and session, writes their stage
     times to <name>.prepare.jsonl, and leaves the results (and so the next real run's work) alone;
@@ -656,6 +664,7 @@ def test_report_compares_cuda_graph_replays():
     assert bench_report.cuda_graph_comparison(rows[7:9]) == ["Nothing was replayed as a CUDA graph yet."]
 
 
+@pytest.mark.slow
 def test_sessions_time_each_variant_in_several_sessions(tmp_path):
     """--sessions 2: every ONNX row holds the per-session medians and the blocks of both sessions."""
     out = tmp_path / "raw"
@@ -669,6 +678,7 @@ def test_sessions_time_each_variant_in_several_sessions(tmp_path):
     assert bench.main(["--out", str(out), "--sessions", "0", "--provider", "cpu", "--quick"]) == 2
 
 
+@pytest.mark.slow
 def test_campo_tune_times_the_candidates_on_the_benchmark_inputs(tmp_path):
     """campo-tune: optimize(..., tune=<the benchmark's provider>) on the benchmark's feeds (a step
     graph: its batch); the row keeps the measured candidates and the plan kept."""
@@ -779,6 +789,7 @@ def test_report_prefers_interleaved_timings_of_the_same_run(tmp_path):
     assert "scaled so that fp32 keeps its own row's time" in text
 
 
+@pytest.mark.slow
 def test_an_item_killed_twice_is_recorded_and_shown(tmp_path, capsys):
     """Two attempts with a full run ahead and no row since: the item is recorded as failed without
     being started, and the run says so (not only "everything is done")."""
@@ -824,6 +835,7 @@ def test_gpu_kernels_are_split_by_class_and_reported():
     assert bench_measure.cupti_kernels(lambda: None, 1) is None  # no torch (CI) or no CUDA here
 
 
+@pytest.mark.slow
 def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys):
     """scripts/probe_options.py: every (policy, option set) pair of both modes timed and kept as
     JSON, ratios to the first set; a bad --options argument is one line and exit 2."""
@@ -861,6 +873,7 @@ def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys)
     assert "not a JSON object" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_probe_options_keeps_what_it_measured_when_cut_short(tmp_path, monkeypatch):
     """--out is rewritten after each policy: a run killed during the second keeps the first."""
     import probe_options
@@ -882,6 +895,7 @@ def test_probe_options_keeps_what_it_measured_when_cut_short(tmp_path, monkeypat
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_interleaved_groups_are_started_whole_and_timed_on_their_own_time(tmp_path, monkeypatch, capsys):
     """The interleaved timing runs before the next item's clock starts (its item_s stays its own);
     an inference group that will not fit with its interleaved timing is left whole for the next
@@ -913,6 +927,7 @@ def test_interleaved_groups_are_started_whole_and_timed_on_their_own_time(tmp_pa
     assert keys == {"odd_mlp|1|inference|fp32", "odd_mlp|1|inference|amp"}
 
 
+@pytest.mark.slow
 def test_no_interleaved_timing_for_a_group_with_rows_of_other_runs(tmp_path, capsys):
     """Re-measuring part of a group (its other rows are from earlier runs) records no interleaved
     timing: the report could not use it."""
@@ -927,6 +942,7 @@ def test_no_interleaved_timing_for_a_group_with_rows_of_other_runs(tmp_path, cap
     assert len((out / "cpu.interleaved.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_a_group_cut_by_the_budget_is_not_interleaved_and_dead_sessions_are_dropped(tmp_path, monkeypatch, capsys):
     """A run that stops inside an inference group times no part of it side by side (the report
     could not use it); in the interleaved timing a variant whose session fails is left out with
@@ -957,6 +973,7 @@ def test_a_group_cut_by_the_budget_is_not_interleaved_and_dead_sessions_are_drop
     assert record["ms"] == {} and set(record["dropped"]) == {"fp32", "amp"}
 
 
+@pytest.mark.slow
 def test_campo_calib_variant_is_calibrated_on_the_benchmark_inputs(tmp_path):
     """campo-calib: campo with activation_limit=512 on the benchmark's feeds (inference only); its
     row records the calibration, and the report states its inference targets."""

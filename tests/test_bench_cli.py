@@ -62,6 +62,7 @@ def assert_one_line_error(err: str, *fragments: str) -> None:
         assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_bench_two_policies_prints_the_table_and_writes_the_json(model_path, tmp_path, capsys):
     out = tmp_path / "bench.json"
     code, table, err = run_cli(capsys, "bench", model_path, "--policies", "fp32,fp16", "--dim", "batch=8",
@@ -93,6 +94,7 @@ def test_fp32_is_always_timed_as_the_reference():
         parse_policies(" , ")
 
 
+@pytest.mark.slow
 def test_bench_from_python_on_given_inputs_pins_their_shapes():
     x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
     result = bench(mlp(), policies=["campo"], provider="cpu", inputs={"x": x}, rounds=1, block_ms=1.0)
@@ -101,6 +103,7 @@ def test_bench_from_python_on_given_inputs_pins_their_shapes():
     assert result.to_json()["policies"]["campo"]["chosen_plan"] in ("campo", "fp32", "amp")
 
 
+@pytest.mark.slow
 def test_bench_inputs_from_an_npz(model_path, tmp_path, capsys):
     np.savez(tmp_path / "x.npz", x=np.ones((3, 32), np.float32))
     out = tmp_path / "b.json"
@@ -138,6 +141,7 @@ def test_dynamic_dims_left_open_and_bad_numbers_are_one_line(model_path, capsys)
     assert_one_line_error(err, "--rounds >= 1")
 
 
+@pytest.mark.slow
 def test_plan_options_reach_every_policys_optimize(model_path, tmp_path, capsys, monkeypatch):
     """--device-db, --no-pad, --cost-graph and --fuse are optimize's options: every policy is
     optimized with them (fp32, the reference, too), and the JSON says which were used."""
@@ -166,6 +170,7 @@ def test_plan_options_reach_every_policys_optimize(model_path, tmp_path, capsys,
         "device_db": str(database), "pad_tensor_cores": False, "cost_graph": "onnx", "fuse": "none"}
 
 
+@pytest.mark.slow
 def test_plan_options_default_as_optimize_has_them(model_path, capsys, monkeypatch):
     import onnxcampo.api
 

@@ -121,6 +121,7 @@ def test_cli_activation_limit_with_inputs(tmp_path, capsys):
     assert "activation_limit must be > 0" in err and "Traceback" not in err and not (tmp_path / "p.onnx").exists()
 
 
+@pytest.mark.slow
 def test_tune_calibrates_its_candidates_on_its_inputs():
     """With --tune, every candidate plan is built with the calibration (on the inputs it is timed on)."""
     result = onnxcampo.optimize(offset_model(), tune="cpu", activation_limit=512, inputs=_x())

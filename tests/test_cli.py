@@ -51,6 +51,7 @@ def tiny_model(opset: int = 17, dtype: int = TensorProto.FLOAT, dims=("batch", 1
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8 if opset < 11 else 10)
 
 
+@pytest.mark.slow
 def test_optimize_example_writes_model_and_report(tmp_path, capsys):
     out, report_path = tmp_path / "out.onnx", tmp_path / "report.json"
     code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN, "--report", report_path, "--validate")
@@ -79,6 +80,7 @@ def test_optimizing_twice_changes_nothing(tmp_path, capsys):
     assert [n.op_type for n in onnx.load(str(second)).graph.node] == [n.op_type for n in onnx.load(str(first)).graph.node]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["campo", "amp", "fp16", "fp32"])
 def test_every_policy_gives_a_valid_model(tmp_path, capsys, policy):
     out = tmp_path / f"{policy}.onnx"
@@ -95,6 +97,7 @@ def test_inspect_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert set(tmp_path.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_validation_failure_exits_1_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out.onnx"
     code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN, "--validate", "--rtol", "0", "--atol", "0")
@@ -215,6 +218,7 @@ def test_nothing_to_do_writes_model_unchanged(tmp_path, capsys, model, message):
     onnx.checker.check_model(written, full_check=True)
 
 
+@pytest.mark.slow
 def test_console_script_and_module(tmp_path):
     script = Path(sys.executable).with_name("onnxcampo")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "onnxcampo"]
@@ -235,3 +239,30 @@ def test_report_in_a_missing_folder_is_refused_before_any_work(tmp_path, capsys)
     assert code == 2
     assert_one_line_error(err, "does not exist")
     assert not out.exists()
+
+
+# Fields whose flag is not ``--<field-name>`` (config.OptimizeConfig's docstring lists them).
+RENAMED_FLAGS = {
+    "keep_io_types": "--no-keep-io-types", "input_shapes": "--input-shape", "dim_values": "--dim",
+    "exclude_ops": "--exclude-op", "include_ops": "--include-op", "exclude_nodes": "--exclude-node",
+    "include_nodes": "--include-node", "pad_tensor_cores": "--no-pad", "compare_plans": "--no-compare-plans",
+    "loss_scaling": "--no-loss-scaling", "check_invariants": "--debug",
+}
+
+
+def test_every_config_field_has_an_optimize_flag_as_the_config_docstring_says():
+    """Every OptimizeConfig field has a flag of ``onnxcampo optimize``: its own name, or the one
+    the docstring names for it."""
+    import dataclasses
+
+    from onnxcampo.cli import build_parser
+    from onnxcampo.config import OptimizeConfig
+
+    optimize = build_parser()._subparsers._group_actions[0].choices["optimize"]
+    flags = {flag for action in optimize._actions for flag in action.option_strings}
+    doc = OptimizeConfig.__doc__
+    for f in dataclasses.fields(OptimizeConfig):
+        flag = RENAMED_FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
+        assert flag in flags, f.name
+        if f.name in RENAMED_FLAGS:
+            assert f"``{f.name}``" in doc and f"``{flag}" in doc, f.name

@@ -150,6 +150,7 @@ def _ops_without_fp16_kernel() -> onnx.ModelProto:
     return _model(nodes, [_vi("x", [64, 64, 16, 16])], [_vi("y", [64, 256])], initializers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["campo", "amp", "fp16"])
 def test_ops_without_an_fp16_cuda_kernel_stay_fp32_under_every_policy(policy):
     """FusedConv (float-only CUDA kernel), FusedGemm and GemmFastGelu (no CUDA kernel) stay fp32
@@ -164,6 +165,7 @@ def test_ops_without_an_fp16_cuda_kernel_stay_fp32_under_every_policy(policy):
             assert {types[t] for t in (*node.input, *node.output)} == {FLOAT}, node.name
 
 
+@pytest.mark.slow
 def test_an_inclusion_does_not_send_an_op_without_fp16_kernel_to_fp16():
     result = optimize(_ops_without_fp16_kernel(), policy="campo", include_ops=frozenset({"FusedConv"}))
     assert _reasons(result)["conv"] == "no_fp16_kernel"

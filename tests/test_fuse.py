@@ -280,6 +280,7 @@ def test_fuse_none_plans_the_graph_as_it_is():
     assert not {domain for domain, _ in ops_of(result.model)} - {""}
 
 
+@pytest.mark.slow
 def test_optimize_plans_the_fused_graph_and_writes_a_model_ort_loads(tmp_path):
     """optimize() end to end on a layer big enough for fp16 to pay: campo plans the fused ops
     with their sizes (none is 'unknown shape'), and the written model loads and computes the
@@ -302,6 +303,7 @@ def test_optimize_plans_the_fused_graph_and_writes_a_model_ort_loads(tmp_path):
     np.testing.assert_allclose(got, expected, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
 def test_tune_fuses_once_and_every_candidate_plans_the_fused_graph(monkeypatch):
     """--tune runs ORT's optimizer once (not once per candidate) and reports its fusion."""
     calls = []

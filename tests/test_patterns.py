@@ -59,10 +59,13 @@ def test_pow_read_elsewhere_stays_denied():
 
 
 def test_square_is_not_the_pattern():
+    """x ** 2 is no tanh-GELU cube: the Pow stays deny-list, and under amp the infer-list ops it
+    feeds (the Tanh among them) are denied by TensorFlow's rule (DENY_TOWARD_INFER: deny follows
+    paths of infer-list ops), as they were by the stricter rule before it."""
     text = GELU.replace("three = {3.0}", "three = {2.0}")
     plan = onnxcampo.optimize(parse(text), policy="amp").report["plan"]
     assert plan["pow"]["reason"] == "deny_list"
-    assert plan["tanh"]["reason"] == "deny_downstream"
+    assert plan["tanh"]["reason"] == "deny_toward_infer"
 
 
 def test_out_of_range_constant_through_a_reshape_keeps_its_reader_fp32():

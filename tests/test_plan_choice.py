@@ -27,6 +27,7 @@ def _db(tmp_path, *, cast_ci=0.5, fp16_share=0.9, dispatch=None):
     return path
 
 
+@pytest.mark.slow
 def test_a_small_predicted_gain_keeps_fp32(tmp_path):
     """The fp16 plan is predicted 3.5 % faster: under a 5 % margin fp32 stays (with a note);
     --min-gain 0 takes the 3.5 %."""
@@ -40,6 +41,7 @@ def test_a_small_predicted_gain_keeps_fp32(tmp_path):
     assert taken.report["chosen_plan"] != "fp32" and taken.report["nodes_fp16"] > 0
 
 
+@pytest.mark.slow
 def test_a_clear_predicted_gain_goes_fp16(tmp_path):
     result = onnxcampo.optimize(mlp(), device_db=_db(tmp_path, fp16_share=0.5))
     assert result.report["chosen_plan"] == "campo" and result.report["nodes_fp16"] == 3

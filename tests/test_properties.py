@@ -13,7 +13,8 @@ For each graph and policy, with the analytic H200 model as shipped or with TF32 
 on CUDA cores, where campo converts much more), and ``N`` pinned for costing (sometimes to large
 values so that fp16 pays; the written model keeps ``N`` dynamic and runs with a small batch): the
 result passes the full ONNX check, keeps graph I/O dtypes, runs on ORT CPU close to
-the original, has no Cast round trip, is a fixed point of ``optimize``, has as many Casts as
+the original (a wiring check: ORT's CPU provider runs most fp16 nodes through fp32 and hides fp16
+rounding), has no Cast round trip, is a fixed point of ``optimize``, has as many Casts as
 the estimate predicted, and campo's predicted time is no worse than the fp32 and amp plans'.
 The input model is never modified.
 """
@@ -170,6 +171,7 @@ def _config(policy: str, model: onnx.ModelProto, cost_batch: int, pin_by_name: b
     return OptimizeConfig(policy=policy, check_invariants=True, **pins)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["campo", "amp", "fp16", "fp32"])
 # derandomize: the same examples on every run, so CI does not depend on what a random search finds
 @settings(max_examples=40, deadline=None, derandomize=True,
@@ -193,7 +195,7 @@ def test_optimize_properties(policy, case, pin_by_name, use_tf32):
     # No Cast whose input is a Cast going back to the original dtype.
     assert cast_round_trips(out) == []
 
-    # Runs on ORT CPU, within an fp16 tolerance of the original.
+    # Runs on ORT CPU, within an fp16 tolerance of the original: wiring (ORT CPU hides fp16 rounding).
     width = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
     x = np.random.default_rng(run_batch).uniform(-1, 1, (run_batch, width)).astype(np.float32)
     want = ort_run(model, {"x": x})

@@ -91,6 +91,7 @@ def test_choose_drops_candidates_outside_the_tolerance():
     assert choose(found, 0.02) == "amp"  # no tolerance given: speed alone
 
 
+@pytest.mark.slow
 def test_candidates_run_one_session_at_a_time(monkeypatch):
     """Sessions side by side slowed host-bound runs on the GPU: each candidate's runner is gone
     before the next one starts, and every candidate gets PASSES fresh runners."""
@@ -112,7 +113,11 @@ def test_candidates_run_one_session_at_a_time(monkeypatch):
     assert most[0] == 1 and len(made) == tune_mod.PASSES * len(timed)
 
 
+@pytest.mark.slow
 def test_tune_times_every_distinct_candidate_and_returns_the_chosen_one(padding_pays):
+    """Tuning on ORT CPU times each distinct candidate and returns the chosen one as the untuned
+    optimize builds it; its outputs stay close to the fp32 model's there (a wiring check: ORT's
+    CPU provider hides fp16 rounding)."""
     model = odd_mlp(batch=64)
     result = onnxcampo.optimize(model, tune="cpu")
     tuning = result.report["tuning"]
@@ -143,6 +148,7 @@ def test_tune_times_every_distinct_candidate_and_returns_the_chosen_one(padding_
     np.testing.assert_allclose(out["a1"], ref["a1"], rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
 def test_tune_keeps_the_measured_fastest(monkeypatch, padding_pays):
     """Whatever the cost model predicts, the measured times decide (here: amp measured fastest)."""
     def fake_measure(results, config, inputs):
@@ -158,6 +164,7 @@ def test_tune_keeps_the_measured_fastest(monkeypatch, padding_pays):
     assert result.report["tuning"]["candidates"]["amp"]["ms"] == 4.0
 
 
+@pytest.mark.slow
 def test_tune_uses_the_given_inputs_and_reports_bad_ones():
     model = odd_mlp(batch=8)
     x = np.ones((8, 1001), np.float32)
@@ -167,6 +174,7 @@ def test_tune_uses_the_given_inputs_and_reports_bad_ones():
         onnxcampo.optimize(model, tune="cpu", inputs={"y": x})
 
 
+@pytest.mark.slow
 def test_tune_a_training_step_runs_it_in_the_trainer():
     step = build_train_step(small_mlp(), loss="cross_entropy", optimizer="momentum", lr=0.05)
     result = onnxcampo.optimize(step, tune="cpu")
@@ -193,6 +201,7 @@ def test_tune_applies_to_campo_only():
         OptimizeConfig(tune="tpu")
 
 
+@pytest.mark.slow
 def test_cli_tune_writes_the_tuned_model_and_reports_the_times(tmp_path, capsys):
     source, output, report = tmp_path / "odd.onnx", tmp_path / "out.onnx", tmp_path / "report.json"
     onnx.save(odd_mlp(batch=64), source)
@@ -224,6 +233,7 @@ def test_output_error_compares_where_fp32_is_finite_and_counts_moved_integers():
     assert tune_mod.output_error({"y": np.full(2, np.nan, np.float32)}, {"y": np.zeros(2, np.float32)}) is None
 
 
+@pytest.mark.slow
 def test_fp16_inputs_of_a_candidate_get_the_given_fp32_inputs_cast():
     """--no-keep-io-types: the mixed candidates take fp16 inputs; the given fp32 inputs are cast
     for them instead of failing them."""
@@ -239,6 +249,7 @@ def test_inputs_without_tune_are_refused():
         onnxcampo.optimize(odd_mlp(), inputs={"x": np.zeros((64, 1001), np.float32)})
 
 
+@pytest.mark.slow
 def test_tuned_report_names_its_input_and_campos_plans(tmp_path, monkeypatch, padding_pays):
     def fake_measure(results, config, inputs):
         return {name: Timing(name, ms={"fp32": 10.0}.get(name, 4.0 if name == "amp" else 7.0)) for name in results}
@@ -251,6 +262,7 @@ def test_tuned_report_names_its_input_and_campos_plans(tmp_path, monkeypatch, pa
     assert set(report["plans"]) == {"campo", "fp32", "amp"}  # campo's comparison, not the amp build's
 
 
+@pytest.mark.slow
 def test_cli_tune_inputs_of_a_training_step_are_its_batch(tmp_path, capsys):
     from training.test_step import CLASSES, X
 
@@ -284,6 +296,7 @@ def test_nothing_is_timed_when_every_candidate_is_the_fp32_graph(monkeypatch):
     assert "fp32 not timed" in result.report["notes"][-1]
 
 
+@pytest.mark.slow
 def test_the_all_fp16_plan_is_a_candidate_of_its_own_where_it_converts_more():
     """A MatMul feeding Softplus (a deny-list op): amp keeps Softplus fp32, the all-fp16 plan does
     not, so fp16 is timed under its own name (CPU: wiring only, ORT CPU hides fp16 rounding)."""
@@ -316,6 +329,7 @@ def test_host_per_launch_is_the_plain_runs_excess_over_the_replay():
     assert host_per_launch(2.0, 1.2, 0) is None and host_per_launch(0.0, 1.2, 5) is None
 
 
+@pytest.mark.slow
 def test_host_is_not_remeasured_off_cuda():
     """--tune cpu: no CUDA graph to compare with, the report has no host entry."""
     result = onnxcampo.optimize(odd_mlp(batch=8), tune="cpu")

@@ -164,7 +164,8 @@ def test_cli_exits_nonzero_with_one_line_and_keeps_the_old_output(tmp_path, caps
 
 # --- the renaming at export -------------------------------------------------------------------
 def test_the_exported_model_renames_ort_generated_names_and_loads(tmp_path):
-    """Fails without ``fuse.clean_export``: the written model would collide at load."""
+    """Fails without ``fuse.clean_export``: the written model would collide at load. The outputs
+    on ORT CPU are compared as a wiring check (ORT's CPU provider hides fp16 rounding)."""
     model = colliding(tmp_path)
     result = onnxcampo.optimize(model)
     names = {t.name for t in result.model.graph.initializer}

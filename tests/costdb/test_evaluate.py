@@ -18,6 +18,7 @@ from onnxcampo.costdb.fit import fit_database
 from onnxcampo.errors import CostModelError
 
 
+# Fitting this database takes seconds: the tests that use it are marked slow.
 @pytest.fixture(scope="module")
 def clean():
     """Noise-free samples whose formulas the models can represent exactly."""
@@ -26,6 +27,7 @@ def clean():
     return rows, fit_database(rows)
 
 
+@pytest.mark.slow
 def test_noise_free_data_gives_zero_error(clean):
     rows, database = clean
     result = evaluate(database, rows)
@@ -40,6 +42,7 @@ def test_noise_free_data_gives_zero_error(clean):
     assert database["ops"]["MatMul"]["holdout_mape_fp32"] == result["ops"]["MatMul"]["mape_fp32"]
 
 
+@pytest.mark.slow
 def test_wrong_database_shows_higher_error_and_wrong_decisions(clean):
     rows, database = clean
     wrong = copy.deepcopy(database)
@@ -56,6 +59,7 @@ def test_wrong_database_shows_higher_error_and_wrong_decisions(clean):
                for r in bad["cases"] if r["wrong"])  # a slower fp16 prediction only loses fp16 wins
 
 
+@pytest.mark.slow
 def test_holdout_only_evaluates_held_out_cases_of_fitted_ops(clean):
     rows, database = clean
     held = evaluate(database, rows)
@@ -123,6 +127,7 @@ def test_boundary_decision_is_cast_free_and_time_weighted(predicted16, measured1
     assert "at region boundaries" in markdown(result)
 
 
+@pytest.mark.slow
 def test_markdown_states_targets_and_worst_cases(clean, tmp_path):
     rows, database = clean
     wrong = copy.deepcopy(database)
@@ -139,6 +144,7 @@ def test_markdown_states_targets_and_worst_cases(clean, tmp_path):
     assert "| met |" in good
 
 
+@pytest.mark.slow
 def test_write_report_with_png(clean, tmp_path):
     pytest.importorskip("matplotlib")
     rows, database = clean
@@ -148,6 +154,7 @@ def test_write_report_with_png(clean, tmp_path):
     assert "fit.png" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_write_report_without_matplotlib(clean, tmp_path, monkeypatch):
     rows, database = clean
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError

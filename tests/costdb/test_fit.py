@@ -102,6 +102,7 @@ def test_cast_and_pad_fits_recover_c_i_and_r(spread_db):
     assert close(database["pad"]["C_I"], 10.0, 0.03) and close(database["pad"]["r"], 1.5e-6, 0.03)
 
 
+@pytest.mark.slow
 def test_pad_is_omitted_without_rows():
     database = fit_database(matmul_samples(n_cases=20) + cast_samples())
     assert "pad" not in database
@@ -158,6 +159,7 @@ def test_device_block_and_summary(spread_db):
     assert set(summary) >= {"holdout_mape", "holdout_mape_fp32", "wrong_decision_rate", "samples", "cases"}
 
 
+@pytest.mark.slow
 def test_holdout_is_by_case_and_deterministic(spread_db):
     rows, database = spread_db
     held = database["holdout_cases"]
@@ -232,6 +234,7 @@ def test_bad_inputs_raise_clear_errors(spread_db):
         fit_database(rows + [{**rows[0], "precision": "bf16"}])
 
 
+@pytest.mark.slow
 def test_step_dispatch_from_benchmark_rows(tmp_path, spread_db):
     """Training steps whose CUDA-graph replay ran clearly faster were host-bound: their fp32 time
     over their nodes is a per-node host time; the smallest is stored as dispatch_step, which the

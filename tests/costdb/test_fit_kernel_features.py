@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 from synthetic_samples import cast_samples, matmul_samples, pair_rows
 
 from onnxcampo.costdb.features import op_features
@@ -39,6 +40,7 @@ def test_wave_features_of_a_gemm():
     assert feature_vector(f, 10.0)["t32_log_flops"] == 10.0 * v["log_flops"]
 
 
+@pytest.mark.slow
 def test_planted_wave_quantization_is_recovered():
     # fp32 and fp16 both take a fixed time per wave of 128 x 128 tiles (plus a per-case factor
     # in fp32 the features cannot see): a GEMM one tile over a wave boundary costs a whole wave.
@@ -98,6 +100,7 @@ def _conv_rows(kernel: int, count: int, ratio: float, rng) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_conv_regimes_split_1x1_from_spatial_kernels():
     rng = np.random.default_rng(6)
     rows = _conv_rows(1, 60, 0.5, rng) + _conv_rows(3, 60, 0.95, rng)
@@ -114,6 +117,7 @@ def test_conv_regimes_split_1x1_from_spatial_kernels():
     RegressionCostModel(pooled)
 
 
+@pytest.mark.slow
 def test_no_regimes_when_they_do_not_pay():
     rng = np.random.default_rng(7)
     rows = _conv_rows(1, 60, 0.7, rng) + _conv_rows(3, 60, 0.7, rng)
@@ -147,6 +151,7 @@ def test_shipped_database_is_valid_and_uses_known_features():
     assert used <= set(FEATURES)
 
 
+@pytest.mark.slow
 def test_fit_is_deterministic():
     rows = matmul_samples(n_cases=80) + cast_samples()
     assert json.dumps(fit_database(rows)) == json.dumps(fit_database(rows))

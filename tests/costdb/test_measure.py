@@ -6,6 +6,7 @@ import json
 import math
 
 import onnx
+import pytest
 
 from onnxcampo.costdb import measure
 from onnxcampo.costdb.chains import ChainCase
@@ -25,6 +26,7 @@ def tiny_grid():
     return cases
 
 
+@pytest.mark.slow
 def test_every_grid_model_is_valid():
     small = [c for c in measure.default_grid() if max(math.prod(s) for s in c.input_shapes) <= 1 << 20]
     for case in small[::3]:
@@ -35,6 +37,7 @@ def test_every_grid_model_is_valid():
             assert set(feeds) == {i.name for i in model.graph.input}
 
 
+@pytest.mark.slow
 def test_measure_appends_resumes_and_fits(tmp_path):
     out = tmp_path / "samples.jsonl"
     grid = tiny_grid()
@@ -69,6 +72,7 @@ def smallest_fused_cases():
     return list(chosen.values())
 
 
+@pytest.mark.slow
 def test_fused_op_cases_run_on_ort_cpu_with_their_declared_outputs_and_fit(tmp_path):
     # Wiring on ORT CPU (times there say nothing of the GPU): every com.microsoft op of the grid
     # builds, runs in both precisions, gives the shapes its case declares, and its samples have

@@ -57,6 +57,7 @@ def test_shipped_database_interface():
     assert {"holdout_mape", "wrong_decision_rate", "samples"} <= set(database["summary"])
 
 
+@pytest.mark.slow
 def test_measured_shapes_give_measured_times_but_not_to_the_evaluation():
     """The shipped database answers a measured shape with its measurement (scaled by the node's
     fp32 time); the evaluation ignores that table, so held-out errors are the models' own."""

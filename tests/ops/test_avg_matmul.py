@@ -115,6 +115,7 @@ def test_exact_op_equals_onnxruntime_matmulinteger(library, sessions):
         np.testing.assert_array_equal(_run(sessions["ExactMatMulInteger"]["scalar"], feeds), _run(standard, feeds))
 
 
+@pytest.mark.slow
 def test_scalar_fallback_equals_reference(library, tmp_path):
     """$ONNXCAMPO_AVG_MATMUL_SCALAR=1 picks the portable kernel; it gives the same bits."""
     script = tmp_path / "scalar.py"

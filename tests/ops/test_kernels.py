@@ -215,6 +215,7 @@ def assert_bits_equal(a, b, seed):
                                   b.view(np.uint32 if b.dtype == np.float32 else np.uint8), err_msg=seed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [2, 4])
 def test_outputs_do_not_depend_on_the_intra_op_thread_count(library, rng, threads):
     """The kernels split the elements of all tensors into chunks run on ORT's intra-op pool;

@@ -73,6 +73,7 @@ def test_build_is_idempotent(library):
     assert os.stat(library).st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_header_download_failure_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv(ops_build.INCLUDE_ENV, raising=False)

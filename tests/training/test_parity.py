@@ -26,6 +26,7 @@ def parity():
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_amp_and_campo_train_like_fp32(parity, name):
     steps = 24

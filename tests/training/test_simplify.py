@@ -111,6 +111,7 @@ def _assert_same(got: dict, expected: dict, tolerance: float) -> None:
         assert np.abs(got[name] - value).max() <= tolerance * scale, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, classes", [(mlp, 3), (small_cnn, 5)], ids=["mlp", "cnn"])
 def test_same_loss_and_gradients_from_fewer_nodes(model, classes):
     forward = model()
@@ -130,6 +131,7 @@ def test_same_loss_and_gradients_from_fewer_nodes(model, classes):
         assert taps >= 49 and any(n.name.startswith("simplify/im2col_part") for n in simple.graph.node)
 
 
+@pytest.mark.slow
 def test_every_conv_weight_gradient_becomes_a_gemm():
     """Before: one extra Conv per trainable Conv weight (the swapped-operand weight gradient).
     After: only the forward Convs are left, and one Gemm per Conv weight (plus the fc's adjoint
@@ -144,6 +146,7 @@ def test_every_conv_weight_gradient_becomes_a_gemm():
     onnx.checker.check_model(simple)
 
 
+@pytest.mark.slow
 def test_training_with_simplified_steps_follows_the_same_curve():
     """Ten AdamW steps on the CNN: the two loss curves agree (the update reads the gradients
     through Adam's normalisation, so float-level differences stay float-level)."""
@@ -193,6 +196,7 @@ def test_unit_axis_transposes_become_reshapes_and_pairs_compose():
     assert [n.op_type for n in model.graph.node] == ["Reshape", "Relu"]
     np.testing.assert_array_equal(make_session(model.SerializeToString()).run(None, {"x": x})[0], expected)
 
+@pytest.mark.slow
 def test_second_pass_names_are_fresh_and_the_seed_survives():
     """The alias pass after the update is added runs on a graph the first pass already named
     into: its names must not collide, and the seed (an initializer loss scaling replaces) stays."""
@@ -209,6 +213,7 @@ def test_second_pass_names_are_fresh_and_the_seed_survives():
         simplify_backward(step, rules=["no such rule"])
 
 
+@pytest.mark.slow
 def test_the_prediction_survives_when_the_forward_model_ends_in_an_identity():
     """The loss region (kept fp32 by optimize) is found from the prediction's name: a forward
     model that ends in Identity (exporters write one; the benchmark's cut classifiers do) must
@@ -312,6 +317,7 @@ def test_reductions_left_alone(shape, axes):
     assert model.graph.SerializeToString() == before
 
 
+@pytest.mark.slow
 def test_every_reduction_of_a_cnn_step_is_a_matrix_reduction():
     """The Conv bias gradients of a training step ([N, C, H, W, seed] over (0, 2, 3)) and every
     other ReduceSum of the simplified step run on ORT's row or column kernels."""

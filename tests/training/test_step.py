@@ -191,6 +191,7 @@ def test_trainer_leaves_the_initial_weights_alone():
     assert Trainer(step, weights=weights).step({"x": X, "labels": TARGET}) == pytest.approx(losses[0], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_trainer_starts_from_the_weights_the_step_graph_carries(tmp_path):
     """Trainer(step_model_or_path, provider="cpu"): build_train_step stores the starting weights
     (initializers onnxcampo.initial/<w>, read by no node), and optimize keeps them."""
@@ -204,7 +205,7 @@ def test_trainer_starts_from_the_weights_the_step_graph_carries(tmp_path):
     expected = [reference.step({"x": X, "labels": TARGET}) for _ in range(3)]
     carried = Trainer(step)
     assert [carried.step({"x": X, "labels": TARGET}) for _ in range(3)] == expected
-    amp = Trainer(path, provider="cpu")  # fp16 forward/backward: close, not equal
+    amp = Trainer(path, provider="cpu")  # wiring: ORT CPU runs most fp16 nodes in fp32 (close, not equal)
     assert [amp.step({"x": X, "labels": TARGET}) for _ in range(3)] == pytest.approx(expected, rel=1e-2)
     np.testing.assert_array_equal(initial_weights(None, step)["w1"], W1)
 
