@@ -41,6 +41,7 @@ from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
 
+from onnxcampo.passes.deny_propagation import deny_sources
 from onnxcampo.passes.manager import PassBase, PassResult
 
 _BOUND_ENDS = (Category.INFER, Category.DENY)
@@ -50,15 +51,8 @@ class AmpDenyPropagation(PassBase):
     name = "amp_deny_propagation"
 
     def run(self, ctx: GraphContext) -> PassResult:
-        queue = deque()
-        denied = downstream = 0
-        for node in ctx.nodes:
-            if ctx.categories[node.name] is Category.DENY:
-                if not ctx.plan.is_decided(node.name):
-                    ctx.plan.decide(node.name, Precision.FP32, Reason.DENY_LIST)
-                    denied += 1
-                if ctx.plan.precision(node.name) is Precision.FP32:
-                    queue.append(node)
+        queue, denied = deny_sources(ctx)
+        downstream = 0
         bound = self._infer_bound(ctx)
         walked = {n.name for n in queue}
         while queue:

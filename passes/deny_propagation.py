@@ -24,15 +24,8 @@ class DenyPropagation(PassBase):
     name = "deny_propagation"
 
     def run(self, ctx: GraphContext) -> PassResult:
-        queue = deque()
-        denied = downstream = 0
-        for node in ctx.nodes:
-            if ctx.categories[node.name] is Category.DENY:
-                if not ctx.plan.is_decided(node.name):
-                    ctx.plan.decide(node.name, Precision.FP32, Reason.DENY_LIST)
-                    denied += 1
-                if ctx.plan.precision(node.name) is Precision.FP32:
-                    queue.append(node)
+        queue, denied = deny_sources(ctx)
+        downstream = 0
         while queue:
             for consumer in ctx.downstream(queue.popleft()):
                 if ctx.plan.is_decided(consumer.name) or ctx.categories[consumer.name] not in _PASS_THROUGH:
@@ -41,3 +34,17 @@ class DenyPropagation(PassBase):
                 downstream += 1
                 queue.append(consumer)
         return PassResult(self.name, False, {"deny": denied, "downstream": downstream})
+
+
+def deny_sources(ctx: GraphContext) -> tuple[deque, int]:
+    """Rule 1 (shared with ``amp_deny_propagation``): every undecided deny-list node goes fp32;
+    returns the deny-list nodes planned fp32 (the walks start there) and how many were decided."""
+    queue, denied = deque(), 0
+    for node in ctx.nodes:
+        if ctx.categories[node.name] is Category.DENY:
+            if not ctx.plan.is_decided(node.name):
+                ctx.plan.decide(node.name, Precision.FP32, Reason.DENY_LIST)
+                denied += 1
+            if ctx.plan.precision(node.name) is Precision.FP32:
+                queue.append(node)
+    return queue, denied
