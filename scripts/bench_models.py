@@ -16,7 +16,6 @@ Everything here is importable without torch; torch is imported inside the builde
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -469,8 +468,7 @@ CORPUS_LR = {"ppocr_rec": float(os.environ.get("BENCH_PPOCR_LR", "0.0001"))}
 
 
 def corpus_module():
-    sys.path.insert(0, str(ROOT / "tests"))
-    import corpus  # noqa: E402
+    from onnxcampo import corpus
 
     return corpus
 
