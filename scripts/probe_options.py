@@ -32,12 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench  # noqa: E402
-import bench_measure as m  # noqa: E402
-import bench_policies as pol  # noqa: E402
-from onnxcampo import graph as graph_io  # noqa: E402
+from benchkit import measure as m
+from benchkit import policies as pol
+from benchkit import runner as bench
+from onnxcampo import graph as graph_io
 
 
 def option_sets(texts: list[str]) -> list[dict[str, str]]:

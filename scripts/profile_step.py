@@ -45,14 +45,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import onnxruntime as ort  # noqa: E402
+import onnxruntime as ort
 
-from onnxcampo.runtime import make_session  # noqa: E402
-from onnxcampo.training import build_train_step, initial_weights, step_spec  # noqa: E402
-from onnxcampo.training.step import LOSS, LR, UPDATED  # noqa: E402
+from onnxcampo.runtime import make_session
+from onnxcampo.training import build_train_step, initial_weights, step_spec
+from onnxcampo.training.step import LOSS, LR, UPDATED
 
 KERNEL = "_kernel_time"
 DEPTHS = {"resnet50": ((3, 4, 6, 3), True), "resnet18": ((2, 2, 2, 2), False), "resnet-mini": ((1, 1, 1, 1), True)}
@@ -264,7 +262,7 @@ def profile(step: onnx.ModelProto, forward: onnx.ModelProto, feeds, *, provider:
 
 def cupti_by_kernel(bound: BoundStep, runs: int) -> list[tuple[str, float, float]] | None:
     """(kernel name, GPU ms per step, launches per step) from CUPTI via torch.profiler, top first."""
-    import bench_measure  # scripts/ is on sys.path when this runs as a script
+    from benchkit import measure as bench_measure
 
     kernels = bench_measure.cupti_kernels(bound.run, runs)
     if kernels is None:
