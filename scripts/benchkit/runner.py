@@ -785,7 +785,7 @@ def _check_provider(provider: str) -> str | None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=_program(), description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "raw", help="results folder")
     p.add_argument("--name", default=None, help="results file stem (default h200 on cuda, cpu on cpu)")
     p.add_argument("--budget-s", type=float, default=540.0, help="stop starting work after this many seconds")
