@@ -250,15 +250,21 @@ def time_in_rotation(
     block_ms: float = BLOCK_MS,
     warmup_s: float = WARMUP_S,
     warmup_runs: int = WARMUP_RUNS,
+    per_block: Mapping[str, int] | None = None,
 ) -> dict[str, BlockTimes]:
     """Time every variant of ``runs`` (name -> one run; e.g. a :class:`BoundRunner`) in blocks,
     in rotation, all alive at once (see the module's numbered steps). A variant whose run raises
-    is dropped with its error (logged); the others go on."""
+    is dropped with its error (logged); the others go on.
+
+    ``per_block``: runs per block of the variants it names, fixed by the caller (the benchmark
+    keeps each variant's from its own measurement) instead of set from the warm-up in step 2;
+    with ``warmup_runs=0`` and ``warmup_s=0`` such a variant is not run before its first block."""
     if rounds < 1 or not block_ms > 0:
         raise ConfigError(f"need rounds >= 1 and block_ms > 0, got rounds={rounds} block_ms={block_ms}")
     names = list(runs)
     blocks: dict[str, list[float]] = {name: [] for name in names}
-    per_block: dict[str, int] = {}
+    fixed = dict(per_block or {})
+    per_block = {}
     errors: dict[str, str] = {}
 
     def attempt(name: str, work: Callable[[], None]) -> None:
@@ -273,6 +279,9 @@ def time_in_rotation(
 
         def warm(name: str = name) -> None:
             times = warm_up(runs[name], seconds=warmup_s, runs=warmup_runs)
+            if name in fixed:
+                per_block[name] = fixed[name]
+                return
             # the first run may include a capture or an algorithm search: not a run's time
             per_block[name] = runs_per_block(statistics.median(times[1:] or times), block_ms)
 

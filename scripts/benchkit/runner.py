@@ -510,6 +510,8 @@ def interleave(group: Group) -> dict[str, Any]:
     sessions. A variant whose session fails here is left out of the record with its reason.
     """
     from benchkit import measure as m
+    from onnxcampo.errors import CampoError
+    from onnxcampo.runtime.timing import time_in_rotation
 
     s = group.settings
     blocks: dict[str, list[float]] = {policy: [] for policy in group.kept}
@@ -543,12 +545,17 @@ def interleave(group: Group) -> dict[str, Any]:
     else:
         for _ in range(s.sessions):
             runners = {policy: runner_of(policy, kept) for policy, kept in group.kept.items() if policy not in dropped}
-            order = [policy for policy, runner in runners.items() if runner is not None]
-            for turn in range(s.interleave if order else 0):
-                for policy in rotation(turn, order):
-                    blocks[policy] += m.timed_blocks(runners[policy], warmup=0, blocks=1,
-                                                     per_block=group.kept[policy].per_block)
-            del runners
+            alive = {policy: runner for policy, runner in runners.items() if runner is not None}
+            if alive and s.interleave:
+                # warmed up by runner_of; each block as long as the variant's own row's blocks
+                timed = time_in_rotation(alive, rounds=s.interleave, warmup_s=0.0, warmup_runs=0,
+                                         per_block={policy: group.kept[policy].per_block for policy in alive})
+                failed = next((times.error for times in timed.values() if times.error is not None), None)
+                if failed is not None:  # a variant failing in a round fails the record, as a failed row would
+                    raise CampoError(failed)
+                for policy, times in timed.items():
+                    blocks[policy] += list(times.blocks_ms)
+            del runners, alive
             gc.collect()
     blocks = {policy: values for policy, values in blocks.items() if values and policy not in dropped}
     return {"key": f"{group.model}|{group.batch}|{group.mode}", "model": group.model, "batch": group.batch,
