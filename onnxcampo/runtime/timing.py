@@ -112,6 +112,20 @@ class BoundRunner:
             self._preallocate_outputs()
         return elapsed
 
+    def launch(self) -> None:
+        """One run without waiting for its outputs, for a block of runs timed as a whole: call
+        :meth:`synchronize` after the block (``__call__`` waits after every run)."""
+        try:
+            self._session.run_with_iobinding(self._binding)
+        except _ORT_ERRORS as exc:
+            raise CampoError(f"ONNX Runtime failed to run the model: {exc}") from exc
+        if self._outputs is None:
+            self._preallocate_outputs()
+
+    def synchronize(self) -> None:
+        """Wait for the bound outputs of the runs launched so far."""
+        self._binding.synchronize_outputs()
+
     def update(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Copy new values into the bound input buffers (some or all inputs); each keeps the
         dtype and shape it was bound with (a CUDA graph replays fixed buffers)."""

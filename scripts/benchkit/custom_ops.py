@@ -47,6 +47,7 @@ import onnxcampo
 from onnxcampo import ops
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import available_providers, make_session, preload_cuda_dlls
+from onnxcampo.runtime.timing import BoundRunner
 from onnxcampo.training import Trainer, build_train_step, initial_weights
 from onnxcampo.training.step import add_update  # the exact update train-graph emits
 
@@ -203,42 +204,31 @@ def feeds_for(model: onnx.ModelProto, rng: np.random.Generator, grads: list[np.n
     return feeds
 
 
-class Bound:
-    """A session with every input and output bound once on the device."""
+def bound(model: onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str) -> BoundRunner:
+    """A session of ``model`` with its inputs and outputs bound on the device (onnxcampo.runtime)."""
+    return BoundRunner(make_session(model, provider=provider), feeds, "cuda" if provider == "cuda" else "cpu")
 
-    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str):
-        self.device = "cuda" if provider == "cuda" else "cpu"
-        self.session = make_session(model, provider=provider)
-        self.binding = self.session.io_binding()
-        self.inputs = {n: ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for n, a in feeds.items()}
-        for name, value in self.inputs.items():
-            self.binding.bind_ortvalue_input(name, value)
-        self.outputs = {}
-        for out in model.graph.output:
-            shape = [d.dim_value for d in out.type.tensor_type.shape.dim]
-            dtype = NP_TYPES[out.type.tensor_type.elem_type]
-            self.outputs[out.name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device, 0)
-            self.binding.bind_ortvalue_output(out.name, self.outputs[out.name])
 
-    def run(self) -> None:
-        self.session.run_with_iobinding(self.binding)
+def results(runner: BoundRunner) -> dict[str, np.ndarray]:
+    """The last run's outputs on the host."""
+    runner.synchronize()
+    return runner.outputs()
 
-    def results(self) -> dict[str, np.ndarray]:
-        self.binding.synchronize_outputs()
-        return {name: value.numpy() for name, value in self.outputs.items()}
 
-    def wall_ms(self, warmup: int, runs: int, blocks: int) -> float:
-        for _ in range(warmup):
-            self.run()
-        self.binding.synchronize_outputs()
-        times = []
-        for _ in range(blocks):
-            start = time.perf_counter()
-            for _ in range(runs):
-                self.run()
-            self.binding.synchronize_outputs()
-            times.append((time.perf_counter() - start) * 1e3 / runs)
-        return statistics.median(times)
+def wall_ms(runner: BoundRunner, warmup: int, runs: int, blocks: int) -> float:
+    """Median over ``blocks`` blocks of ms per run, a block being ``runs`` runs launched back to
+    back and waited for once (the update ops are short: a wait per run would be timed too)."""
+    for _ in range(warmup):
+        runner.launch()
+    runner.synchronize()
+    times = []
+    for _ in range(blocks):
+        start = time.perf_counter()
+        for _ in range(runs):
+            runner.launch()
+        runner.synchronize()
+        times.append((time.perf_counter() - start) * 1e3 / runs)
+    return statistics.median(times)
 
 
 def copy_bandwidth_gbps(nbytes: int = 1 << 30, runs: int = 20) -> float | None:
@@ -313,12 +303,12 @@ def device_checks(provider: str, rng: np.random.Generator, quick: bool) -> list[
     rows = []
     for name, model, grads, found_inf in cases:
         feeds = feeds_for(model, rng, grads, found_inf)
-        reference = Bound(model, feeds, "cpu")
-        reference.run()
-        expected = reference.results()
-        device = Bound(model, feeds, provider)
-        device.run()
-        worst, same = max_diff(device.results(), expected)
+        reference = bound(model, feeds, "cpu")
+        reference.launch()
+        expected = results(reference)
+        device = bound(model, feeds, provider)
+        device.launch()
+        worst, same = max_diff(results(device), expected)
         if found_inf:  # every output equals its input
             unchanged = all(np.array_equal(expected[n], feeds[n[:-len(".updated")]])
                             for n in expected if n.endswith(".updated"))
@@ -330,12 +320,11 @@ def device_checks(provider: str, rng: np.random.Generator, quick: bool) -> list[
         shapes = shrink(resnet50_shapes(), 4)
         grads = random_set(rng, shapes, F32)
         fused, standard = update_model(shapes, optimizer, True), update_model(shapes, optimizer, False)
-        a, b = Bound(fused, feeds_for(fused, rng, grads), provider), None
-        feeds = {n: v.numpy() for n, v in a.inputs.items()}
-        b = Bound(standard, {n: feeds[n] for n in feeds}, provider)
-        a.run()
-        b.run()
-        worst, same = max_diff(a.results(), b.results())
+        feeds = feeds_for(fused, rng, grads)
+        a, b = bound(fused, feeds, provider), bound(standard, feeds, provider)
+        a.launch()
+        b.launch()
+        worst, same = max_diff(results(a), results(b))
         ok = same and worst <= 1e-4
         rows.append({"check": f"{provider}: fused {optimizer} vs standard-op update", "max_rel_diff": worst, "ok": ok})
         print(f"  {'ok  ' if ok else 'FAIL'} {rows[-1]['check']}: max rel diff {worst:.2e}", file=sys.stderr)
@@ -374,11 +363,11 @@ def kernel_bench(provider: str, rng: np.random.Generator, quick: bool, budget_en
             row = {"set": set_name, "tensors": len(shapes), "params": params, "what": what}
             for variant, fused in (("standard", False), ("fused", True)):
                 model = build(fused)
-                bound = Bound(model, feeds_for(model, rng, grads), provider)
+                runner = bound(model, feeds_for(model, rng, grads), provider)
                 row[f"{variant}_nodes"] = len(model.graph.node)
-                row[f"{variant}_wall_ms"] = bound.wall_ms(warmup, runs, blocks)
-                row[f"{variant}_kernel_ms"] = cupti_kernel_ms(bound.run, runs) if provider == "cuda" else None
-                del bound
+                row[f"{variant}_wall_ms"] = wall_ms(runner, warmup, runs, blocks)
+                row[f"{variant}_kernel_ms"] = cupti_kernel_ms(runner.launch, runs) if provider == "cuda" else None
+                del runner
             row["wall_speedup"] = row["standard_wall_ms"] / row["fused_wall_ms"]
             if row["standard_kernel_ms"] and row["fused_kernel_ms"]:
                 row["kernel_speedup"] = row["standard_kernel_ms"] / row["fused_kernel_ms"]
