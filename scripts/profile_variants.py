@@ -31,7 +31,7 @@ def op_times(trace: str) -> tuple[dict[str, float], dict[str, int]]:
     us, count = defaultdict(float), defaultdict(int)
     for event in events:
         args = event.get("args", {})
-        first = m._first_shape(args.get("input_type_shape"))
+        first = m.first_shape(args.get("input_type_shape"))
         key = f"{args.get('op_name', '?')} {first[0] if first else ''}".strip()
         us[key] += float(event.get("dur", 0)) / runs
         count[key] += 1

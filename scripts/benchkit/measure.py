@@ -143,7 +143,8 @@ def kernel_events(profile: str | Path | list, *, skip_runs: int = 1) -> tuple[li
     return events, len(kept)
 
 
-def _first_shape(entries) -> tuple[str, list[int]] | None:
+def first_shape(entries) -> tuple[str, list[int]] | None:
+    """(dtype, shape) of the first entry of a profiler event's ``input_type_shape``/``output_type_shape``."""
     for entry in entries or ():
         for dtype, shape in entry.items():
             return dtype, list(shape)
@@ -161,7 +162,7 @@ def tensor_core_eligible(op: str, inputs, outputs) -> bool:
     output's last dim (GEMMs), channels are dim 1 of input and output (Conv). Attention ops count
     when fp16 with a hidden size that is a multiple of 8.
     """
-    first_in, first_out = _first_shape(inputs), _first_shape(outputs)
+    first_in, first_out = first_shape(inputs), first_shape(outputs)
     if first_in is None or first_out is None:
         return False
     dtype, x = first_in

@@ -378,7 +378,8 @@ class Stages:
         return timer()
 
 
-def _per_block(run_once, block_ms: float) -> int:
+def runs_for_block(run_once, block_ms: float) -> int:
+    """Runs per block of ``block_ms`` from one timed run of ``run_once`` (at least 5, at most 200)."""
     start = time.perf_counter()
     run_once()
     ms = (time.perf_counter() - start) * 1e3
@@ -462,7 +463,7 @@ def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) 
             row.update(m.output_error(group.reference(), runner.outputs()))
             for _ in range(s.inference_warmup):
                 runner()
-            per_block = _per_block(runner, s.block_ms)
+            per_block = runs_for_block(runner, s.block_ms)
             row["ms_blocks"] = m.timed_blocks(runner, warmup=0, blocks=s.inference_blocks, per_block=per_block)
             row["runs_per_block"] = per_block
         del runner
@@ -779,7 +780,8 @@ def _failed(item: Item, reason: str, status: str = "failed") -> dict[str, Any]:
     return {"status": status, "error": reason}
 
 
-def _check_provider(provider: str) -> str | None:
+def check_provider(provider: str) -> str | None:
+    """Why ``provider`` cannot run here (one line), or None."""
     import onnxruntime as ort
 
     from onnxcampo.runtime import available_providers
@@ -883,7 +885,7 @@ def main(argv=None) -> int:
         return 0
     if args.prepare_only:  # what is prepared (with stage times) goes to its own file; the results stay as they are
         results = Results(args.out, f"{name}.prepare", args.mirror)
-    problem = _check_provider(args.provider)
+    problem = check_provider(args.provider)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
