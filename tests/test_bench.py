@@ -41,13 +41,12 @@ def test_scripts_import_without_torch():
 def test_launchers_run_from_the_root_and_as_a_module():
     """``python3 scripts/bench.py`` from the repository root (scripts/ first on the path, so the
     installed onnxcampo is not shadowed by ./onnxcampo) and ``python -m benchkit`` from scripts/."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    root = SCRIPTS.parent
+    root = SCRIPTS.parent  # the children inherit this process's environment, not pytest's pythonpath
     for script in ("bench.py", "bench_report.py", "bench_ops.py"):
-        done = subprocess.run([sys.executable, f"scripts/{script}", "--help"], cwd=root, env=env, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, f"scripts/{script}", "--help"], cwd=root, capture_output=True, text=True)
         assert done.returncode == 0 and "usage:" in done.stdout, (script, done.stderr[-500:])
     for module in ("benchkit", "benchkit.report", "benchkit.custom_ops"):
-        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=SCRIPTS, env=env, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=SCRIPTS, capture_output=True, text=True)
         assert done.returncode == 0 and "usage:" in done.stdout, (module, done.stderr[-500:])
 
 
