@@ -104,6 +104,8 @@ def install_wheels(wheel_dir: Path, target: Path = PACKAGE_DIR) -> str:
         if done.returncode != 0:
             return f"pip install of {len(fitting)} wheels failed: {done.stderr.strip()[-300:]}"
         marker.write_text("\n".join(w.name for w in wheels))
+    # the one sys.path change of the harness, on purpose: the anchors' optional packages, installed
+    # at run time on the GPU machine, go last so that nothing already installed is shadowed
     if str(target) not in sys.path:
         sys.path.append(str(target))
     return f"{len(wheels)} wheels in {target}"
