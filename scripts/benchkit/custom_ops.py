@@ -39,16 +39,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
-
 import onnxruntime as ort
+from onnx import TensorProto, helper
 
 import onnxcampo
 from onnxcampo import ops
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import available_providers, make_session, preload_cuda_dlls
 from onnxcampo.runtime.timing import BoundRunner
-from onnxcampo.training import Trainer, build_train_step, initial_weights
+from onnxcampo.training import Trainer, build_train_step
 from onnxcampo.training.step import add_update  # the exact update train-graph emits
 
 F32, F16 = np.float32, np.float16
