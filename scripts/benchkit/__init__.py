@@ -1,7 +1,8 @@
 """The benchmark harness: onnxcampo's policies against the anchors, inference and training.
 
 Modules:
-    runner       the suite: work list, resume, budgets, interleaving, rows (``scripts/bench.py``)
+    runner       the suite: work list, budgets, measuring groups, interleaving (``scripts/bench.py``)
+    results      keys, the JSON-lines files, resuming and killed items
     models       the benchmarked models (built in code, exported from torch, or from the corpus)
     policies     the variants compared and how each model file is made; extra wheels
     measure      timing, output errors, traces, the training-step breakdown (through onnxcampo.runtime)
