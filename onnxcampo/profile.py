@@ -9,7 +9,6 @@ with the wall time of a run so the caller can see that the node times add up to 
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 import statistics
 import tempfile
@@ -24,7 +23,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxcampo.errors import CampoError, ConfigError
-from onnxcampo.runtime import make_session
+from onnxcampo.runtime import make_session, trace
 # BoundRunner and check_feeds live in onnxcampo.runtime.timing now; imported from here as before
 from onnxcampo.runtime.timing import BoundRunner, bound_runner, check_feeds
 
@@ -32,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BoundRunner", "check_feeds", "Latency", "MeasuredProfile", "measure_latency", "measure_node_times"]
 
-_KERNEL_SUFFIX = "_kernel_time"
 _DEVICES = {"cpu": "cpu", "cuda": "cuda"}
 
 
@@ -70,31 +68,16 @@ def _node_names(model: onnx.ModelProto) -> list[str]:
     return names
 
 
-def _load_trace(path: str) -> list[dict[str, Any]]:
-    """The profiler's events; ORT writes a bare JSON list (Chrome trace format)."""
-    with open(path, encoding="utf-8") as f:
-        trace = json.load(f)
-    if isinstance(trace, dict):
-        trace = trace.get("traceEvents", [])
-    return trace
-
-
 def _run_windows(events: list[dict[str, Any]], warmup: int, runs: int) -> list[tuple[int, int]]:
-    """(start, end) in trace us of the timed runs, from the Session/model_run events.
-
-    ORT writes each event when it ends, so a run's node events precede its model_run event in
-    the file; runs are therefore found by time window, not by file order.
-    """
-    model_runs = sorted((e for e in events
-                         if e.get("cat") == "Session" and e.get("name") == "model_run"),
-                        key=lambda e: e["ts"])
-    if len(model_runs) < warmup + runs:
+    """(start, end) in trace us of the timed runs (:func:`onnxcampo.runtime.trace.run_windows`
+    after the warm-up)."""
+    windows = trace.run_windows(events)
+    if len(windows) < warmup + runs:
         raise CampoError(
-            f"the profiler recorded {len(model_runs)} runs, expected {warmup + runs}; "
+            f"the profiler recorded {len(windows)} runs, expected {warmup + runs}; "
             "the trace may have hit ORT's event limit (use fewer runs)"
         )
-    timed = model_runs[warmup:warmup + runs]
-    return [(int(e["ts"]), int(e["ts"]) + int(e["dur"])) for e in timed]
+    return windows[warmup:warmup + runs]
 
 
 def _per_run_times(events: list[dict[str, Any]],
@@ -104,15 +87,15 @@ def _per_run_times(events: list[dict[str, Any]],
     per_run: list[dict[str, float]] = [defaultdict(float) for _ in windows]
     outside = 0
     for event in events:
-        name = event.get("name", "")
-        if event.get("cat") != "Node" or not name.endswith(_KERNEL_SUFFIX):
+        if not trace.is_kernel_event(event):
             continue
+        name = event["name"]
         ts = int(event["ts"])
         index = bisect.bisect_right(starts, ts) - 1
         if index < 0 or ts > windows[index][1]:
             outside += 1  # warm-up runs, or events outside any run
             continue
-        per_run[index][name[: -len(_KERNEL_SUFFIX)]] += float(event["dur"])
+        per_run[index][name[: -len(trace.KERNEL_SUFFIX)]] += float(event["dur"])
     logger.debug("%d kernel events outside the timed runs (warm-up) dropped", outside)
     return per_run
 
@@ -133,7 +116,7 @@ def _profile(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], dev
         walls = [runner() for _ in range(runs)]
     finally:
         trace_path = session.end_profiling()
-    return walls, _load_trace(trace_path)
+    return walls, trace.read_events(trace_path)
 
 
 def measure_node_times(

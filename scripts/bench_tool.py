@@ -24,7 +24,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 LARGEST_CORPUS = ("layout_cdla", "ppocr_rec", "ppocr_det", "ddddocr_det", "smart_turn")
 
@@ -100,11 +99,12 @@ def measure_one(path: str, shapes_json: str) -> dict:
 
 
 def run_child(path: Path, shapes: dict) -> dict:
-    code = (
-        "import json,sys; sys.path.insert(0, %r); from bench_tool import measure_one; "
-        "print(json.dumps(measure_one(%r, %r)))" % (str(ROOT / "scripts"), str(path), json.dumps(shapes))
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    code = "import json; from bench_tool import measure_one; print(json.dumps(measure_one(%r, %r)))" % (
+        str(path), json.dumps(shapes))
+    # the child finds this file through PYTHONPATH (scripts/ first); no empty entry, which would mean the cwd
+    path_entries = [str(ROOT / "scripts"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path_entries)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if not args.skip_corpus:
-        import corpus
+        from onnxcampo import corpus
 
         for key in LARGEST_CORPUS:
             entry = corpus.get(key)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Downloads the wheels the benchmark's anchors need on the GPU machine (Python 3.12, x86_64, no
-# network there) into the git-ignored .benchwheels/ of the checkout. scripts/bench.py installs the
+# network there) into the git-ignored .benchwheels/ of the checkout. scripts/bench.py (benchkit/policies.py) installs the
 # ones that fit the running Python into /tmp/benchpkgs with `pip install --no-deps --no-index
 # --target` and appends that folder to sys.path (packages already installed there win).
 #

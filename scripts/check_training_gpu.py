@@ -7,15 +7,12 @@ loss curves (run on the GPU machine):
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "training"))
-
-import onnxcampo  # noqa: E402
-from onnxcampo.training import Trainer, build_train_step, initial_weights  # noqa: E402
-from test_step import CLASSES, X, mlp  # noqa: E402
+import onnxcampo
+from onnxcampo.examples.training_mlp import CLASSES, X, mlp
+from onnxcampo.training import Trainer, build_train_step, initial_weights
 
 
 def main() -> int:

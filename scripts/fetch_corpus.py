@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Fetch the real-model corpus (tests/corpus.py) into the cache and describe each model.
+"""Fetch the real-model corpus (onnxcampo/corpus.py) into the cache and describe each model.
 
     python scripts/fetch_corpus.py            # fetch all, print path, size, opset, nodes, ops
     python scripts/fetch_corpus.py --list     # list the entries, no network
@@ -16,9 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import corpus  # noqa: E402
+from onnxcampo import corpus
 
 
 def _list(models) -> None:

@@ -25,8 +25,7 @@ import onnxcampo
 from onnxcampo.profile import measure_latency
 from onnxcampo.runtime import available_providers, compare_outputs, make_session, run
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_models import export_hf  # noqa: E402  (shared with scripts/bench.py)
+from benchkit.models import export_hf  # shared with scripts/bench.py
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("fp32", "amp", "fp16", "campo")

@@ -25,8 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 CLASSES = ("conv", "product", "other")
 
 
@@ -96,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ["ONNXCAMPO_CACHE"] = str(args.corpus_dir.resolve())  # as scripts/bench.py --corpus-dir
-    import bench_models
+    from benchkit import models as bench_models
 
     from onnxcampo.ir.io import write_text_atomically
 

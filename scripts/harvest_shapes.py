@@ -1,6 +1,6 @@
 """Harvest the op shapes of real models into the cost-database grid.
 
-Runs shape inference on the corpus models (tests/corpus.py, pinned shapes) and on BERT-base /
+Runs shape inference on the corpus models (onnxcampo/corpus.py, pinned shapes) and on BERT-base /
 GPT-2 exports when given, and writes every distinct (op, input shapes, attributes) of the op
 types the harness measures to ``costdb/data/raw/harvested-cases.json`` (committed: the GPU machine
 has no network and no corpus). ``costdb.measure.default_grid`` adds them, each unaligned GEMM
@@ -18,10 +18,8 @@ from pathlib import Path
 import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from onnxcampo import ir as graph_io  # noqa: E402
-from onnxcampo.costdb.measure import HARVEST_OPS, HARVESTED  # noqa: E402
+from onnxcampo import ir as graph_io
+from onnxcampo.costdb.measure import HARVEST_OPS, HARVESTED
 
 MAX_ELEMENTS = 1 << 27  # what one sample may allocate on the GPU, per input
 
@@ -48,7 +46,7 @@ def harvest(model: onnx.ModelProto, shapes: dict) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    import corpus
+    from onnxcampo import corpus
 
     cases: dict[str, dict] = {}
     sources = [(entry.key, corpus.load(entry), dict(entry.input_shapes)) for entry in corpus.CORPUS]

@@ -26,9 +26,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from onnxcampo.ir.io import write_text_atomically  # noqa: E402
+from onnxcampo.ir.io import write_text_atomically
 
 # the measured policy of a plan, by the mode the prediction was made for
 MEASURED = {"plain": {"fp32": "fp32", "fp16": "fp16", "campo": "campo", "amp": "amp"},

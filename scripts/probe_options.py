@@ -32,12 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench  # noqa: E402
-import bench_measure as m  # noqa: E402
-import bench_policies as pol  # noqa: E402
-from onnxcampo import ir as graph_io  # noqa: E402
+from benchkit import measure as m
+from benchkit import policies as pol
+from benchkit import runner as bench
+from onnxcampo import ir as graph_io
 
 
 def option_sets(texts: list[str]) -> list[dict[str, str]]:
@@ -73,7 +71,7 @@ def _timer(group: bench.Group, policy: str, path: Path, options: dict[str, str])
             runner = m.bound(path, group.built.feeds, provider=s.provider, tf32=tf32, cuda_options=cuda_options,
                              session_config=session_config)
             runner()
-            per_block = bench._per_block(runner, s.block_ms)
+            per_block = bench.runs_for_block(runner, s.block_ms)
             return m.timed_blocks(runner, warmup=s.inference_warmup, blocks=s.inference_blocks, per_block=per_block)
     else:
         weights = group.step_weights()
@@ -171,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ["ONNXCAMPO_CACHE"] = str(args.corpus_dir.resolve())
         os.environ["ONNXCAMPO_CORPUS_OFFLINE"] = "1"
-    problem = bench._check_provider(args.provider)
+    problem = bench.check_provider(args.provider)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

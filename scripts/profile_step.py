@@ -45,16 +45,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-import onnxruntime as ort  # noqa: E402
+import onnxruntime as ort
 
-from onnxcampo.runtime import make_session  # noqa: E402
-from onnxcampo.training import build_train_step, initial_weights, step_spec  # noqa: E402
-from onnxcampo.training.step import LOSS, LR, UPDATED  # noqa: E402
+from onnxcampo.runtime import make_session
+from onnxcampo.runtime import trace as ort_trace
+from onnxcampo.training import build_train_step, initial_weights, step_spec
+from onnxcampo.training.step import LOSS, LR, UPDATED
 
-KERNEL = "_kernel_time"
 DEPTHS = {"resnet50": ((3, 4, 6, 3), True), "resnet18": ((2, 2, 2, 2), False), "resnet-mini": ((1, 1, 1, 1), True)}
 
 
@@ -238,21 +236,17 @@ def profile(step: onnx.ModelProto, forward: onnx.ModelProto, feeds, *, provider:
     for _ in range(runs + 1):
         bound.run()
     bound.binding.synchronize_outputs()
-    trace_path = bound.session.end_profiling()
-    with open(trace_path, encoding="utf-8") as f:
-        trace = json.load(f)
-    trace = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    events = ort_trace.read_events(bound.session.end_profiling())
     table = phases(step)
     ordered = sorted(table, key=len, reverse=True)
-    runs_seen = sorted((e for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"])
-    windows = [(e["ts"], e["ts"] + e["dur"]) for e in runs_seen[1:]]
+    windows = ort_trace.run_windows(events)[1:]  # the first run is the warm-up
     per = defaultdict(float)
-    for e in trace:
-        if e.get("cat") != "Node" or not e.get("name", "").endswith(KERNEL):
+    for e in events:
+        if not ort_trace.is_kernel_event(e):
             continue
         if not any(a <= e["ts"] <= b for a, b in windows):
             continue
-        name = e["name"][: -len(KERNEL)]
+        name = e["name"][: -len(ort_trace.KERNEL_SUFFIX)]
         op = e.get("args", {}).get("op_name", "?")
         per[(phase_of(name, table, ordered), op)] += e["dur"] / 1e3 / len(windows)
     counts = defaultdict(int)
@@ -264,7 +258,7 @@ def profile(step: onnx.ModelProto, forward: onnx.ModelProto, feeds, *, provider:
 
 def cupti_by_kernel(bound: BoundStep, runs: int) -> list[tuple[str, float, float]] | None:
     """(kernel name, GPU ms per step, launches per step) from CUPTI via torch.profiler, top first."""
-    import bench_measure  # scripts/ is on sys.path when this runs as a script
+    from benchkit import measure as bench_measure
 
     kernels = bench_measure.cupti_kernels(bound.run, runs)
     if kernels is None:

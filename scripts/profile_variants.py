@@ -20,11 +20,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_measure as m  # noqa: E402
-import bench_models  # noqa: E402
-import bench_policies as pol  # noqa: E402
+from benchkit import measure as m
+from benchkit import models as bench_models
+from benchkit import policies as pol
 
 
 def op_times(trace: str) -> tuple[dict[str, float], dict[str, int]]:
@@ -33,7 +31,7 @@ def op_times(trace: str) -> tuple[dict[str, float], dict[str, int]]:
     us, count = defaultdict(float), defaultdict(int)
     for event in events:
         args = event.get("args", {})
-        first = m._first_shape(args.get("input_type_shape"))
+        first = m.first_shape(args.get("input_type_shape"))
         key = f"{args.get('op_name', '?')} {first[0] if first else ''}".strip()
         us[key] += float(event.get("dur", 0)) / runs
         count[key] += 1

@@ -38,13 +38,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-import corpus  # noqa: E402
-
-import onnxcampo  # noqa: E402
-from onnxcampo.runtime import make_session, run  # noqa: E402
-from onnxcampo.training import Trainer, build_train_step, initial_weights  # noqa: E402
+import onnxcampo
+from onnxcampo import corpus
+from onnxcampo.runtime import make_session, run
+from onnxcampo.training import Trainer, build_train_step, initial_weights
 
 log = logging.getLogger("train_parity")
 

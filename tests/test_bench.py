@@ -1,9 +1,11 @@
 """The benchmark suite's own logic, on CPU: keys and resuming, the report's target wording, the
-training-step time breakdown, and a ``--quick --provider cpu`` run end to end (scripts/bench.py)."""
+training-step time breakdown, and a ``--quick --provider cpu`` run end to end (scripts/bench.py,
+the harness package scripts/benchkit/, on the import path through pytest's ``pythonpath``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import sys
@@ -11,15 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchkit import measure as bench_measure
+from benchkit import models as bench_models
+from benchkit import policies as bench_policies
+from benchkit import report as bench_report
+from benchkit import runner as bench
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import bench  # noqa: E402
-import bench_measure  # noqa: E402
-import bench_models  # noqa: E402
-import bench_policies  # noqa: E402
-import bench_report  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -32,9 +32,23 @@ def _isolated(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_scripts_import_without_torch():
     """The device-only parts import torch lazily: the scripts load on a machine without it."""
-    code = ("import sys; sys.path.insert(0, %r); import bench, bench_report, bench_measure, bench_models, "
-            "bench_policies, bench_torch; assert 'torch' not in sys.modules, 'torch imported'" % str(SCRIPTS))
-    subprocess.run([sys.executable, "-c", code], check=True)
+    code = ("import sys, benchkit.runner, benchkit.results, benchkit.report, benchkit.measure, benchkit.models, "
+            "benchkit.policies, benchkit.torch_twins, benchkit.custom_ops; assert 'torch' not in sys.modules, 'torch imported'")
+    # scripts/ on the child's path the way a launcher has it (first); no empty entry, which is the cwd
+    path = [str(SCRIPTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
+
+
+def test_launchers_run_from_the_root_and_as_a_module():
+    """``python3 scripts/bench.py`` from the repository root (scripts/ first on the path, so the
+    installed onnxcampo is not shadowed by ./onnxcampo) and ``python -m benchkit`` from scripts/."""
+    root = SCRIPTS.parent  # the children inherit this process's environment, not pytest's pythonpath
+    for script in ("bench.py", "bench_report.py", "bench_ops.py"):
+        done = subprocess.run([sys.executable, f"scripts/{script}", "--help"], cwd=root, capture_output=True, text=True)
+        assert done.returncode == 0 and "usage:" in done.stdout, (script, done.stderr[-500:])
+    for module in ("benchkit", "benchkit.report", "benchkit.custom_ops"):
+        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=SCRIPTS, capture_output=True, text=True)
+        assert done.returncode == 0 and "usage:" in done.stdout, (module, done.stderr[-500:])
 
 
 def test_keys_resume_and_killed_items(tmp_path):
@@ -536,7 +550,7 @@ def test_onnx_twin_computes_the_onnx_model_and_trains_the_step_graphs_weights(tm
     pytest.importorskip("onnx2torch")
     import onnxruntime as ort
 
-    import bench_torch
+    from benchkit import torch_twins as bench_torch
 
     path, feeds, labels, make = _twin_of(_convertible_classifier(), tmp_path)
     module, inputs, torch_labels = make()

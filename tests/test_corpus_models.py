@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import pytest
 
-import corpus
 import onnxcampo
+from onnxcampo import corpus
 from onnxcampo.runtime import make_session, run
 
 pytestmark = pytest.mark.corpus

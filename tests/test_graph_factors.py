@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import graph_factors
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import graph_factors  # noqa: E402
 
 
 def sample(conv, product, other, k=(2.0, 1.0, 0.5)):

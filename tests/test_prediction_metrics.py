@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import prediction_metrics as pm  # noqa: E402
+import prediction_metrics as pm
 
 
 def row(policy, ms, batch=1, execution=None, predicted=None, time="2026-12-01T12:00"):

@@ -104,6 +104,24 @@ def test_rotation_times_every_variant_each_round_in_a_rotated_order():
         assert result.min_ms <= result.median_ms <= result.max_ms
 
 
+def test_fixed_runs_per_block_are_kept_and_need_no_warm_up():
+    """per_block fixes the runs per block of the variants it names (the benchmark's rows set them);
+    with no warm-up asked those variants run only in their blocks; the others are set as before."""
+    calls = {"a": 0, "b": 0}
+
+    def variant(name: str):
+        def once() -> None:
+            calls[name] += 1
+        return once
+
+    timed = time_in_rotation({"a": variant("a"), "b": variant("b")}, rounds=2, block_ms=0.5, warmup_s=0.0,
+                             warmup_runs=1, per_block={"a": 7})
+    assert timed["a"].runs_per_block == 7 and calls["a"] == 1 + 2 * 7
+    assert timed["b"].runs_per_block >= 1 and len(timed["b"].blocks_ms) == 2
+    timed = time_in_rotation({"a": variant("a")}, rounds=1, warmup_s=0.0, warmup_runs=0, per_block={"a": 3})
+    assert calls["a"] == 1 + 2 * 7 + 3 and timed["a"].blocks_ms
+
+
 def test_a_failing_variant_is_dropped_with_its_error_and_the_others_go_on():
     state = {"runs": 0}
 

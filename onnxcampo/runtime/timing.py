@@ -112,6 +112,20 @@ class BoundRunner:
             self._preallocate_outputs()
         return elapsed
 
+    def launch(self) -> None:
+        """One run without waiting for its outputs, for a block of runs timed as a whole: call
+        :meth:`synchronize` after the block (``__call__`` waits after every run)."""
+        try:
+            self._session.run_with_iobinding(self._binding)
+        except _ORT_ERRORS as exc:
+            raise CampoError(f"ONNX Runtime failed to run the model: {exc}") from exc
+        if self._outputs is None:
+            self._preallocate_outputs()
+
+    def synchronize(self) -> None:
+        """Wait for the bound outputs of the runs launched so far."""
+        self._binding.synchronize_outputs()
+
     def update(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Copy new values into the bound input buffers (some or all inputs); each keeps the
         dtype and shape it was bound with (a CUDA graph replays fixed buffers)."""
@@ -250,15 +264,21 @@ def time_in_rotation(
     block_ms: float = BLOCK_MS,
     warmup_s: float = WARMUP_S,
     warmup_runs: int = WARMUP_RUNS,
+    per_block: Mapping[str, int] | None = None,
 ) -> dict[str, BlockTimes]:
     """Time every variant of ``runs`` (name -> one run; e.g. a :class:`BoundRunner`) in blocks,
     in rotation, all alive at once (see the module's numbered steps). A variant whose run raises
-    is dropped with its error (logged); the others go on."""
+    is dropped with its error (logged); the others go on.
+
+    ``per_block``: runs per block of the variants it names, fixed by the caller (the benchmark
+    keeps each variant's from its own measurement) instead of set from the warm-up in step 2;
+    with ``warmup_runs=0`` and ``warmup_s=0`` such a variant is not run before its first block."""
     if rounds < 1 or not block_ms > 0:
         raise ConfigError(f"need rounds >= 1 and block_ms > 0, got rounds={rounds} block_ms={block_ms}")
     names = list(runs)
     blocks: dict[str, list[float]] = {name: [] for name in names}
-    per_block: dict[str, int] = {}
+    fixed = dict(per_block or {})
+    per_block = {}
     errors: dict[str, str] = {}
 
     def attempt(name: str, work: Callable[[], None]) -> None:
@@ -273,6 +293,9 @@ def time_in_rotation(
 
         def warm(name: str = name) -> None:
             times = warm_up(runs[name], seconds=warmup_s, runs=warmup_runs)
+            if name in fixed:
+                per_block[name] = fixed[name]
+                return
             # the first run may include a capture or an algorithm search: not a run's time
             per_block[name] = runs_per_block(statistics.median(times[1:] or times), block_ms)
 

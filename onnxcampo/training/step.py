@@ -104,7 +104,7 @@ def build_train_step(
         # the prediction names where the loss starts (metadata onnxcampo.prediction): kept by name
         simplify_backward(gradients, keep=[prediction])
     fused = ops.available() if fused is None else fused
-    _add_update(gradients, weights, optimizer, fused=fused, momentum=momentum, betas=betas, eps=eps,
+    add_update(gradients, weights, optimizer, fused=fused, momentum=momentum, betas=betas, eps=eps,
                 weight_decay=weight_decay)
     if simplify:  # the gradients' Reshape -> Identity -> Squeeze (seed axis off) become one Reshape
         simplify_backward(gradients, keep=[seed, prediction, *(f"{w}/grad" for w in weights)], rules=ALIAS_RULES)
@@ -236,7 +236,7 @@ def _pin_seed(step: onnx.ModelProto, seed: str) -> None:
     dims.add().dim_value = 1
 
 
-def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, *, fused: bool = False, **hyper) -> None:
+def add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, *, fused: bool = False, **hyper) -> None:
     graph = step.graph
     seed = next(i for i in graph.input if i.name.startswith("grad_"))
     graph.input.remove(seed)
@@ -324,7 +324,7 @@ def _add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, *, fu
 
 def _add_fused_update(step: onnx.ModelProto, weights: list[str], grads: dict[str, str],
                       shapes: dict[str, list[int]], optimizer: str, **hyper) -> None:
-    """The update of :func:`_add_update` as one multi-tensor op; graph inputs and outputs are
+    """The update of :func:`add_update` as one multi-tensor op; graph inputs and outputs are
     named and ordered as in the standard-op graph. Its ``found_inf`` input is the initializer
     ``update/found_inf`` (False), for loss scaling to rewire to a real flag."""
     graph = step.graph

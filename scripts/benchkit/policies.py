@@ -17,7 +17,7 @@ Inference (ONNX Runtime):
                     reading or writing values beyond 512 stay fp32: ModelOpt's data_max)
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
     fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost
-    torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see bench_torch.py)
+    torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see torch_twins.py)
 
 Anchors, what a user picks today and what campo must beat: fp32 (TF32), occ-fp16, ort-fp16,
 modelopt and amp (greedy, cast-blind; TensorFlow AMP's painting) for inference; fp32, amp and the
@@ -104,6 +104,8 @@ def install_wheels(wheel_dir: Path, target: Path = PACKAGE_DIR) -> str:
         if done.returncode != 0:
             return f"pip install of {len(fitting)} wheels failed: {done.stderr.strip()[-300:]}"
         marker.write_text("\n".join(w.name for w in wheels))
+    # the one sys.path change of the harness, on purpose: the anchors' optional packages, installed
+    # at run time on the GPU machine, go last so that nothing already installed is shadowed
     if str(target) not in sys.path:
         sys.path.append(str(target))
     return f"{len(wheels)} wheels in {target}"

@@ -16,7 +16,6 @@ Everything here is importable without torch; torch is imported inside the builde
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -25,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPSET = 17
 IR_VERSION = 10  # ORT 1.31 accepts <= 13; onnx 1.23 would write 14 (DESIGN.md)
 
@@ -469,8 +468,7 @@ CORPUS_LR = {"ppocr_rec": float(os.environ.get("BENCH_PPOCR_LR", "0.0001"))}
 
 
 def corpus_module():
-    sys.path.insert(0, str(ROOT / "tests"))
-    import corpus  # noqa: E402
+    from onnxcampo import corpus
 
     return corpus
 
@@ -501,7 +499,7 @@ def _corpus(key: str):
             dynamic = [vi.name for vi in original.graph.input if vi.name in shapes and shapes[vi.name]
                        and not vi.type.tensor_type.shape.dim[0].dim_value]
             if not dynamic:
-                from bench_policies import Unavailable
+                from benchkit.policies import Unavailable
 
                 raise Unavailable(f"corpus model {key}: its batch dim is fixed; no input has a dynamic one to set to {batch}")
             shapes = {name: (batch, *dims[1:]) if name in dynamic else dims for name, dims in shapes.items()}
@@ -536,7 +534,7 @@ def onnx_twin(model_path: Path, feeds: dict[str, np.ndarray], labels: np.ndarray
     fixed to the feeds' (``fixed_shapes``), so that ``torch.compile`` can trace the module.
     """
     def make():
-        from bench_policies import Unavailable
+        from benchkit.policies import Unavailable
 
         try:
             import onnx2torch
@@ -721,7 +719,7 @@ def _train_like_step_graph(graph_module, model: onnx.ModelProto, weights: set[st
     import math
 
     import torch
-    from bench_policies import Unavailable
+    from benchkit.policies import Unavailable
 
     producers = {out: node for node in model.graph.node for out in node.output}
     sizes = {t.name: math.prod(t.dims) for t in model.graph.initializer}

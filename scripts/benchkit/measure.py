@@ -13,7 +13,6 @@ runner, profiles and their breakdown.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -28,6 +27,7 @@ import onnxruntime as ort
 
 from onnxcampo import ir as graph_io
 from onnxcampo import runtime
+from onnxcampo.runtime import trace
 from onnxcampo.runtime.compare import check_outputs, worst_error
 from onnxcampo.runtime.timing import BoundRunner, time_block
 from onnxcampo.training.scaling import initial_state
@@ -106,19 +106,10 @@ def node_counts(model: onnx.ModelProto) -> dict[str, int]:
 # ORT profiler traces
 # --------------------------------------------------------------------------------------------
 
-_KERNEL = "_kernel_time"
 GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedGemm", "FusedMatMul", "Conv", "FusedConv", "ConvTranspose",
                       "Attention", "MultiHeadAttention", "GroupQueryAttention", "MatMulInteger", "ConvInteger"})
 _HALF = frozenset({"float16", "bfloat16"})
 _CONV_OPS = frozenset({"Conv", "FusedConv", "ConvTranspose", "ConvInteger"})
-
-
-def load_trace(profile: str | Path | list) -> list[dict[str, Any]]:
-    if isinstance(profile, list):
-        return profile
-    with open(profile, encoding="utf-8") as f:
-        trace = json.load(f)
-    return trace.get("traceEvents", []) if isinstance(trace, dict) else trace
 
 
 def kernel_events(profile: str | Path | list, *, skip_runs: int = 1) -> tuple[list[dict[str, Any]], int]:
@@ -127,23 +118,18 @@ def kernel_events(profile: str | Path | list, *, skip_runs: int = 1) -> tuple[li
     ORT writes an event when it ends, so runs are found by time window (the Session/model_run
     events), not by file order.
     """
-    trace = load_trace(profile)
-    runs = sorted((e for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"])
-    kept = runs[skip_runs:]
+    events = trace.read_events(profile)
+    windows = trace.run_windows(events)
+    kept = windows[skip_runs:]
     if not kept:
-        raise MeasureError(f"the profile has {len(runs)} runs, none left after skipping {skip_runs}")
-    windows = [(int(e["ts"]), int(e["ts"]) + int(e["dur"])) for e in kept]
-    events = []
-    for e in trace:
-        if e.get("cat") != "Node" or not e.get("name", "").endswith(_KERNEL):
-            continue
-        ts = int(e["ts"])
-        if any(start <= ts <= end for start, end in windows):
-            events.append(e)
-    return events, len(kept)
+        raise MeasureError(f"the profile has {len(windows)} runs, none left after skipping {skip_runs}")
+    kernels = [e for e in events
+               if trace.is_kernel_event(e) and any(start <= int(e["ts"]) <= end for start, end in kept)]
+    return kernels, len(kept)
 
 
-def _first_shape(entries) -> tuple[str, list[int]] | None:
+def first_shape(entries) -> tuple[str, list[int]] | None:
+    """(dtype, shape) of the first entry of a profiler event's ``input_type_shape``/``output_type_shape``."""
     for entry in entries or ():
         for dtype, shape in entry.items():
             return dtype, list(shape)
@@ -161,7 +147,7 @@ def tensor_core_eligible(op: str, inputs, outputs) -> bool:
     output's last dim (GEMMs), channels are dim 1 of input and output (Conv). Attention ops count
     when fp16 with a hidden size that is a multiple of 8.
     """
-    first_in, first_out = _first_shape(inputs), _first_shape(outputs)
+    first_in, first_out = first_shape(inputs), first_shape(outputs)
     if first_in is None or first_out is None:
         return False
     dtype, x = first_in
@@ -378,7 +364,7 @@ def breakdown(profile_json: str | Path | list, step_model: onnx.ModelProto | str
     nodes: dict[str, set] = defaultdict(set)
     backward_ops: Counter = Counter()
     for e in events:
-        name = e["name"][: -len(_KERNEL)]
+        name = e["name"][: -len(trace.KERNEL_SUFFIX)]
         op = e.get("args", {}).get("op_name", "")
         part = classify_node(name, op, forward=forward_names, weights=spec.weights, state=spec.state)
         dur = float(e.get("dur", 0))
