@@ -3,12 +3,10 @@ sums to the infer list under campo with loss scaling, loss scaling's overhead co
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
 import pytest
-from helpers import build_context, init, run_passes
-from onnx import TensorProto, helper
+from helpers import build_context, run_passes
 
+from onnxcampo.examples.training_mlp import wide_mlp
 from onnxcampo.oplists import Category
 from onnxcampo.passes.manager import InvariantError
 from onnxcampo.passes.training_rules import TrainingRules
@@ -16,18 +14,8 @@ from onnxcampo.training import build_train_step
 from onnxcampo.training.scaling import fp32_nodes, gradient_sums
 
 
-def mlp(rows: int = 32, width: int = 64) -> onnx.ModelProto:
-    """x @ w1 + b1 -> Relu -> @ w2 + b2 (b1's gradient is a weight-gradient sum, b2's the loss's)."""
-    rng = np.random.default_rng(3)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h2"]),
-         helper.make_node("Relu", ["h2"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["y0"]),
-         helper.make_node("Add", ["y0", "b2"], ["y"])],
-        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 8])],
-        [init("w1", rng.standard_normal((width, width)).astype(np.float32) / 8), init("b1", np.zeros(width, np.float32)),
-         init("w2", rng.standard_normal((width, 8)).astype(np.float32) / 8), init("b2", np.zeros(8, np.float32))])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+def mlp():
+    return wide_mlp(rows=32, width=64)
 
 
 @pytest.fixture(scope="module")

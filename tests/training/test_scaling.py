@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from onnxcampo.api import optimize
+from onnxcampo.examples.training_mlp import wide_mlp
 from onnxcampo.cli import main
 from onnxcampo.plan import Precision, Reason
 from onnxcampo.runtime import make_session, run
@@ -214,24 +215,6 @@ def test_overhead_counts_what_loss_scaling_adds_and_plans_pay_it(optimizer, fuse
     executed = executed_graph(written)
     kernels = sum(count for op, count in executed.op_counts.items() if op.partition(":")[2] not in ALIASED)
     assert fp32["launched_nodes"] == kernels
-
-
-def wide_mlp(rows: int = 256, width: int = 512) -> onnx.ModelProto:
-    """x @ w1 + b1 -> Relu -> @ w2 + b2: big enough that campo's cost model makes the products fp16."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(3)
-    w1 = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-    w2 = (rng.standard_normal((width, 64)) / np.sqrt(width)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h2"]),
-         helper.make_node("Relu", ["h2"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["y0"]),
-         helper.make_node("Add", ["y0", "b2"], ["y"])],
-        "wide_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 64])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.full(width, 0.1, np.float32), "b1"),
-         numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(64, np.float32), "b2")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def _dtype_read_by(model: onnx.ModelProto, node_name: str) -> int:
