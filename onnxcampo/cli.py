@@ -25,7 +25,7 @@ def _add_shape_options(parser: argparse.ArgumentParser, inputs_pin: str) -> None
     """``inputs_pin``: when the inputs of ``--inputs`` pin the dims no option pins."""
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
                         help="pin a dynamic input's shape for cost estimation and runs (repeatable); campo needs "
-                             "the sizes. The written model keeps its dynamic shapes. " + inputs_pin)
+                             "the sizes. " + inputs_pin)
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
                         help="pin a named dynamic dim (e.g. batch=8) wherever it occurs (repeatable)")
 
@@ -35,8 +35,8 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="campo (default): cost-aware, the four passes; amp: TensorFlow-AMP-style greedy "
                              "painting with a Cast at every boundary (the paper's baseline); fp16: every op that may "
                              "run fp16; fp32: nothing converted")
-    _add_shape_options(parser, "With --tune or --activation-limit, the inputs of --inputs (optimize) pin the "
-                               "dynamic dims nothing else pins")
+    _add_shape_options(parser, "The written model keeps its dynamic shapes. With --tune or --activation-limit, "
+                               "the inputs of --inputs (optimize) pin the dynamic dims nothing else pins")
     parser.add_argument("--exclude-op", action="append", default=[], metavar="OP", help="op type kept fp32 (repeatable)")
     parser.add_argument("--include-op", action="append", default=[], metavar="OP",
                         help="op type forced fp16 where it has an fp16 schema (repeatable)")
@@ -204,9 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
-    tr.add_argument("--forward", type=Path, help="the forward model: initial weights (default: those the step "
+    tr.add_argument("--forward", type=Path, metavar="FWD.onnx", help="the forward model: initial weights (default: those the step "
                     "graph carries) and, with --out, the model the trained weights are written into")
-    tr.add_argument("--data", type=Path, required=True,
+    tr.add_argument("--data", type=Path, required=True, metavar="FILE.npz",
                     help=".npz with the batch inputs and 'labels' (an extra leading axis = one batch per step, cycled)")
     tr.add_argument("--steps", type=int, default=100, metavar="N", help="training steps to run (default 100)")
     tr.add_argument("--lr", type=float, help="learning rate (default: the one the graph was built with)")
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replay each step as a CUDA graph (provider cuda; every batch keeps the first one's shapes): "
                          "removes the host's per-node launch cost")
     tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
-    tr.add_argument("--out", type=Path, help="write the forward model with the trained weights")
+    tr.add_argument("--out", type=Path, metavar="OUT.onnx", help="write the forward model with the trained weights")
 
     bn = sub.add_parser("bench", help="optimize a model under several policies and time them side by side on ORT")
     bn.add_argument("input", type=Path, help="fp32 ONNX model")
@@ -241,12 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
     cost_sub = cost.add_subparsers(dest="costdb_command", required=True)
     measure = cost_sub.add_parser("measure", help="time single-op models on ONNX Runtime (appends, resumable)")
-    measure.add_argument("--out", type=Path, required=True, help="samples file (JSON lines); existing samples are kept")
+    measure.add_argument("--out", type=Path, required=True, metavar="SAMPLES.jsonl", help="samples file (JSON lines); existing samples are kept")
     measure.add_argument("--provider", choices=("cuda", "cpu"), default="cuda", help="ONNX Runtime provider (default cuda)")
     measure.add_argument("--budget-s", type=float, default=540.0, metavar="S",
                          help="stop after this many seconds (default 540); the next run resumes")
     measure.add_argument("--limit", type=int, metavar="N", help="measure at most this many samples")
-    measure.add_argument("--seed", type=int, default=0, help="seed of the random part of the shape grid (default 0)")
+    measure.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random part of the shape grid (default 0)")
     fit = cost_sub.add_parser("fit", help="fit a database from samples")
     fit.add_argument("samples", type=Path, help="samples file (JSON lines, from costdb measure)")
     fit.add_argument("out", type=Path, help="database JSON to write (e.g. costdb/data/nvidia-h200.json)")
@@ -266,13 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = cost_sub.add_parser("eval", help="accuracy of a database on its held-out samples")
     evaluate.add_argument("database", type=Path, help="database JSON (from costdb fit)")
     evaluate.add_argument("samples", type=Path, help="the samples file it was fitted from (its held-out cases are used)")
-    evaluate.add_argument("--report", type=Path, help="markdown report to write")
-    evaluate.add_argument("--png", type=Path, help="predicted-vs-measured plot to write (needs matplotlib)")
+    evaluate.add_argument("--report", type=Path, metavar="FILE.md", help="markdown report to write")
+    evaluate.add_argument("--png", type=Path, metavar="FILE.png", help="predicted-vs-measured plot to write (needs matplotlib)")
 
     for p in (opt, ins, bn, measure, fit, step_dispatch, evaluate, tg, tr):
-        p.add_argument("-v", "--verbose", action="count", default=0, help="-v: a log line per pass; -vv: debug lines")
+        p.add_argument("-v", "--verbose", action="count", default=0, help="-v: info lines (optimizing: one per pass); -vv: debug lines")
         p.add_argument("--debug", action="store_true",
-                       help="check graph invariants after every pass; show tracebacks of errors")
+                       help="check graph invariants after every pass (optimizing); show tracebacks instead of "
+                            "one-line errors")
     return parser
 
 
