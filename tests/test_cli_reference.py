@@ -60,6 +60,17 @@ def test_every_option_has_a_help_text_and_repeatable_ones_say_so():
                 assert "repeatable" in action.help, f"{line} {name} is repeatable; its help does not say so"
 
 
+def test_no_other_doc_repeats_an_option_table():
+    """An option is described in its help text and rendered into the reference, nowhere else at
+    length: no other markdown table has a row per option."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    offenders = [f"{path.relative_to(ROOT)}: {row[:60]}"
+                 for path in docs if path != REFERENCE
+                 for row in path.read_text(encoding="utf-8").splitlines()
+                 if re.match(r"^\|\s*`--?[a-z]", row)]
+    assert not offenders, offenders
+
+
 def test_check_mode_says_whether_the_file_is_current(tmp_path, capsys):
     stale = tmp_path / "cli-reference.md"
     stale.write_text("old\n", encoding="utf-8")
