@@ -3,6 +3,10 @@
 
 User errors print one line on stderr and exit 2 (validation failures exit 1); no traceback
 unless ``--debug``.
+
+Every option is described once, in its help text here: ``docs/guide/cli-reference.md`` is
+rendered from :func:`build_parser` (``python -m onnxcampo.cli_reference``), and a test fails when
+it is out of date.
 """
 
 from __future__ import annotations

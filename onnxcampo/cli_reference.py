@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", type=Path, default=REFERENCE, help="where the reference lives")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is not current")
     args = parser.parse_args(argv)
+    if not args.path.parent.is_dir():
+        parser.error(f"{args.path.parent} does not exist: run it in a source checkout, or give the path")
     text = render()
     current = args.path.read_text(encoding="utf-8") if args.path.exists() else None
     if args.check:
