@@ -3,6 +3,10 @@
 
 User errors print one line on stderr and exit 2 (validation failures exit 1); no traceback
 unless ``--debug``.
+
+Every option is described once, in its help text here: ``docs/guide/cli-reference.md`` is
+rendered from :func:`build_parser` (``python -m onnxcampo.cli_reference``), and a test fails when
+it is out of date.
 """
 
 from __future__ import annotations
@@ -21,49 +25,62 @@ from onnxcampo.errors import CampoError, ConfigError, ValidationError
 log = logging.getLogger("onnxcampo")
 
 
-def _add_shape_options(parser: argparse.ArgumentParser) -> None:
+def _add_shape_options(parser: argparse.ArgumentParser, inputs_pin: str) -> None:
+    """``inputs_pin``: when the inputs of ``--inputs`` pin the dims no option pins."""
     parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
-                        help="pin a dynamic input's shape for cost estimation and runs (repeatable)")
+                        help="pin a dynamic input's shape for cost estimation and runs (repeatable); campo needs "
+                             "the sizes. " + inputs_pin)
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
                         help="pin a named dynamic dim (e.g. batch=8) wherever it occurs (repeatable)")
 
 
 def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=POLICIES, default="campo",
-                        help="campo: cost-aware four passes (default); amp: greedy TF-AMP painting; "
-                             "fp16: every op that may be fp16; fp32: nothing converted")
-    _add_shape_options(parser)
+                        help="campo (default): cost-aware, the four passes; amp: TensorFlow-AMP-style greedy "
+                             "painting with a Cast at every boundary (the paper's baseline); fp16: every op that may "
+                             "run fp16; fp32: nothing converted")
+    _add_shape_options(parser, "The written model keeps its dynamic shapes. With --tune or --activation-limit, "
+                               "the inputs of --inputs (optimize) pin the dynamic dims nothing else pins")
     parser.add_argument("--exclude-op", action="append", default=[], metavar="OP", help="op type kept fp32 (repeatable)")
-    parser.add_argument("--include-op", action="append", default=[], metavar="OP", help="op type forced fp16 (repeatable)")
-    parser.add_argument("--exclude-node", action="append", default=[], metavar="REGEX", help="node names kept fp32 (repeatable)")
-    parser.add_argument("--include-node", action="append", default=[], metavar="REGEX", help="node names forced fp16 (repeatable)")
+    parser.add_argument("--include-op", action="append", default=[], metavar="OP",
+                        help="op type forced fp16 where it has an fp16 schema (repeatable)")
+    parser.add_argument("--exclude-node", action="append", default=[], metavar="REGEX",
+                        help="nodes whose names match kept fp32 (repeatable)")
+    parser.add_argument("--include-node", action="append", default=[], metavar="REGEX",
+                        help="nodes whose names match forced fp16 where they have an fp16 schema (repeatable)")
     parser.add_argument("--profile", choices=PROFILE_MODES, default="predict",
-                        help="fp32 node times: predicted by the cost model (default) or measured on ORT cpu/cuda")
+                        help="fp32 node times: predicted by the cost model (predict, default) or measured by one "
+                             "ONNX Runtime profiling run on cpu or cuda")
     parser.add_argument("--min-gain", type=float, default=0.02, metavar="SHARE",
                         help="campo keeps fp32 unless a mixed plan is predicted at least this share faster "
-                             "(default 0.02: 2 %%)")
-    parser.add_argument("--no-keep-io-types", action="store_true", help="let graph inputs/outputs become fp16")
+                             "(default 0.02: 2 %%; smaller predicted gains are within the cost model's error)")
+    parser.add_argument("--no-keep-io-types", action="store_true",
+                        help="let graph inputs/outputs become fp16 (a training step keeps its own, with a warning; "
+                             "refused for ONNX Runtime training artifacts, bound by name and dtype to their checkpoint)")
     parser.add_argument("--no-loss-scaling", action="store_true",
                         help="training steps: do not insert dynamic loss scaling (on by default when fp16 is used)")
     parser.add_argument("--no-compare-plans", action="store_true",
                         help="keep campo's plan even if the fp32 or amp plan is predicted faster")
     parser.add_argument("--tune", choices=TUNE_PROVIDERS, metavar="PROVIDER",
                         help="time campo's candidate plans (all-fp16, its own, without padding, amp, fp32) on this "
-                             "ONNX Runtime provider (cuda or cpu) in the --execution mode and keep the fastest; inputs "
-                             "random, or (optimize) from --inputs (a training step: its batch and labels)")
+                             "ONNX Runtime provider (cuda or cpu) in the --execution mode and keep the fastest (fp32 "
+                             "unless a mixed plan is --min-gain faster); inputs random, or (optimize) from --inputs "
+                             "(a training step: its batch and labels). Needs the provider here: onnxruntime-gpu and a "
+                             "GPU for cuda; --execution cuda-graph needs cuda")
     parser.add_argument("--tune-tolerance", type=float, default=0.02, metavar="REL_L2",
                         help="--tune keeps no inference candidate whose outputs differ from the fp32 plan's by more "
-                             "than this relative L2 error, ||out - ref|| / ||ref|| (integer outputs: the share of "
-                             "elements that differ), the worst over the outputs (default 0.02; the --validate measure)")
+                             "than this relative L2 error, ||out - ref|| / ||ref|| over the reference's finite elements "
+                             "(integer outputs: the share of elements that differ), the worst over the outputs (default 0.02; the --validate measure)")
     parser.add_argument("--activation-limit", type=float, default=None, metavar="MAX",
-                        help="calibrate: run the fp32 model once (ORT CPU) on random inputs, or (optimize) on "
-                             "--inputs, and keep fp32 every node reading or writing values beyond |MAX| there "
-                             "(fp16 values are 0.5 apart above 512; ModelOpt AutoCast's data_max is 512). "
-                             "Inference models only; off by default")
+                        help="calibrate: run the fp32 model once on ORT's CPU provider on random inputs, or "
+                             "(optimize) on --inputs, and keep fp32 every node reading or writing values beyond |MAX| "
+                             "there (reason 'reads or writes values beyond --activation-limit'; the report's "
+                             "calibration entry lists the nodes). fp16 values are 0.5 apart above 512 and 2 apart "
+                             "above 2048; ModelOpt AutoCast's data_max is 512. Inference models only; off by default")
     parser.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
                         help="how ORT will run the model, which plans are costed, tuned and validated for: plain "
-                             "(node by node, default) or cuda-graph (captured once and replayed: no per-node host "
-                             "time; needs static shapes and every node on the CUDA EP)")
+                             "(node by node, default) or cuda-graph (captured once and replayed as a CUDA graph: no "
+                             "per-node host time; needs static shapes and every node on the CUDA EP)")
     _add_cost_options(parser)
     parser.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
@@ -73,19 +90,28 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
 def _add_cost_options(parser: argparse.ArgumentParser) -> None:
     """How plans are costed and what the graph looks like before planning: options of
     ``optimize`` and ``inspect`` that ``bench`` passes to every policy too."""
-    parser.add_argument("--device-db", type=Path, help="cost database JSON (default: the one shipped for the detected GPU, "
-                             "costdb/data/<gpu>.json, else the analytic H200 model)")
+    parser.add_argument("--device-db", type=Path, metavar="DB.json",
+                        help="regression cost database (JSON, schema in costdb/regression.py; default: the one shipped "
+                             "for the GPU nvidia-smi names, costdb/data/<gpu>.json, else the analytic H200 model; "
+                             "$ONNXCAMPO_DEVICE, a GPU name or none for the analytic model, overrides the detection)")
     parser.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
     parser.add_argument("--cost-graph", choices=COST_GRAPHS, default="ort",
-                        help="cost plans on the nodes ORT will run (ort, default: its fusions and aliases read from "
-                             "its own optimized graph) or on every ONNX node (onnx)")
+                        help="cost plans on the nodes ORT will run (ort, default: its own optimized graph, read on "
+                             "the CPU provider without its CPU-only fusions; aliased ops free, a fused group one "
+                             "launch, a Cast inside a group breaks it) or on every ONNX node (onnx)")
     parser.add_argument("--fuse", choices=FUSE_MODES, default="auto",
-                        help="run ORT's transformers optimizer first: auto (default) fuses BERT- and GPT-2-like "
-                             "models, bert/gpt2 force the model type, none never fuses")
+                        help="before planning, run ONNX Runtime's transformers optimizer (its Python fusions: "
+                             "SkipLayerNormalization, Attention, BiasGelu, EmbedLayerNormalization, ...), so that "
+                             "the graph ORT users run on the GPU is planned: auto (default) fuses graphs it "
+                             "recognises as BERT-like (layer norm, attention Softmax, Gelu, no causal mask) or "
+                             "GPT-2-like (with a causal mask) and leaves any other as it is; bert/gpt2 force the "
+                             "model type; none never fuses. Training steps, quantized graphs (under auto) and graphs "
+                             "already fused are left alone; the report's fuse entry counts the fused ops, or says "
+                             "why nothing was fused")
     parser.add_argument("--num-heads", type=int, default=0, metavar="N",
-                        help="attention heads for --fuse (default 0: detected)")
+                        help="attention heads for --fuse (default 0: detected from the graph, else by ORT's optimizer)")
     parser.add_argument("--hidden-size", type=int, default=0, metavar="N",
-                        help="hidden size for --fuse (default 0: detected)")
+                        help="hidden size for --fuse (default 0: detected from the graph, else by ORT's optimizer)")
 
 
 def _cost_fields(args: argparse.Namespace) -> dict:
@@ -129,36 +155,50 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("input", type=Path, help="fp32 ONNX model")
     opt.add_argument("output", type=Path, help="where to write the optimized model (written atomically)")
     _add_plan_options(opt)
-    opt.add_argument("--report", type=Path, metavar="FILE.json", help="write the full report (per-node plan) as JSON")
+    opt.add_argument("--report", type=Path, metavar="FILE.json",
+                     help="write the full report as JSON: counts by reason, Casts, Pads, the predicted times of every "
+                          "plan, the per-node plan (precision, reason, numbers)")
     opt.add_argument("--validate", action="store_true",
-                     help="run both models on ORT (provider cuda: in the --execution mode) and compare outputs: "
-                          "the relative L2 error per output, ||out - ref|| / ||ref|| (integer outputs: the share of "
-                          "elements that differ), must be <= --tolerance")
-    opt.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="provider for --validate")
+                     help="run both models on ORT (provider cuda: in the --execution mode) and compare outputs, one "
+                          "line per output: the relative L2 error, ||out - ref|| / ||ref|| (integer outputs: the "
+                          "share of elements that differ), must be <= --tolerance; beyond it exit 1 and write nothing")
+    opt.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
+                     help="ONNX Runtime provider for --validate (default cpu)")
     opt.add_argument("--inputs", type=Path, metavar="FILE.npz",
                      help="inputs for --validate, --tune and --activation-limit (default: random)")
     opt.add_argument("--tolerance", type=float, default=0.02, metavar="REL_L2",
-                     help="--validate fails an output whose relative L2 error exceeds this (default 0.02, as --tune)")
-    opt.add_argument("--rtol", type=float, default=None,
+                     help="--validate fails an output whose relative L2 error exceeds this (default 0.02, as "
+                          "--tune-tolerance)")
+    opt.add_argument("--rtol", type=float, default=None, metavar="R",
                      help="--validate also checks every element, |out - ref| <= atol + rtol * |ref|, and fails "
                           "where one does not (off unless --rtol or --atol is given; the other then defaults to "
                           "0.02 / 1e-3)")
-    opt.add_argument("--atol", type=float, default=None, help="absolute tolerance of that element-wise check")
+    opt.add_argument("--atol", type=float, default=None, metavar="A",
+                     help="absolute tolerance of --rtol's element-wise check")
 
     ins = sub.add_parser("inspect", help="print the precision plan without writing a model")
     ins.add_argument("input", type=Path, help="fp32 ONNX model")
     _add_plan_options(ins)
-    ins.add_argument("--nodes", action="store_true", help="print one line per node")
+    ins.add_argument("--nodes", action="store_true",
+                     help="print one line per node: precision, name, reason and the numbers behind it")
 
     tg = sub.add_parser("train-graph", help="build a training-step graph (forward + loss + backward + update)")
     tg.add_argument("forward", type=Path, help="forward (inference) model; its float initializers are trained")
     tg.add_argument("output", type=Path, help="training-step model to write")
-    tg.add_argument("--loss", choices=("mse", "cross_entropy"), default="mse")
-    tg.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"), default="sgd")
-    tg.add_argument("--lr", type=float, default=0.01, help="default learning rate (an input of the graph)")
+    tg.add_argument("--loss", choices=("mse", "cross_entropy"), default="mse",
+                    help="loss on the model's first output against the batch input labels: mse (default; float "
+                         "targets of the prediction's shape) or cross_entropy (int64 class indices, softmax over "
+                         "the last axis)")
+    tg.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"), default="sgd",
+                    help="weight update (default sgd): sgd, momentum (0.9) or adamw (betas 0.9/0.999, eps 1e-8, "
+                         "weight decay 0.01); its state is graph inputs paired with <name>.updated outputs")
+    tg.add_argument("--lr", type=float, default=0.01,
+                    help="default learning rate (default 0.01; lr is an input of the graph, so schedules need no "
+                         "new graph)")
     tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant (besides BatchNorm statistics, "
                     "Resize scales, formula constants and grouped Conv/ConvTranspose weights, frozen automatically)")
-    tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...")
+    tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
+                    help="pin a dynamic input's shape (repeatable); the shape arithmetic it makes constant is folded")
     tg.add_argument("--no-simplify", dest="simplify", action="store_false",
                     help="keep onnx-ad's backward graph as emitted (default: Conv weight gradients as one GEMM "
                          "over an im2col, seed-axis Transposes and no-op copies removed; same math)")
@@ -168,18 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
-    tr.add_argument("--forward", type=Path, help="the forward model: initial weights (default: those the step "
+    tr.add_argument("--forward", type=Path, metavar="FWD.onnx", help="the forward model: initial weights (default: those the step "
                     "graph carries) and, with --out, the model the trained weights are written into")
-    tr.add_argument("--data", type=Path, required=True,
+    tr.add_argument("--data", type=Path, required=True, metavar="FILE.npz",
                     help=".npz with the batch inputs and 'labels' (an extra leading axis = one batch per step, cycled)")
-    tr.add_argument("--steps", type=int, default=100)
+    tr.add_argument("--steps", type=int, default=100, metavar="N", help="training steps to run (default 100)")
     tr.add_argument("--lr", type=float, help="learning rate (default: the one the graph was built with)")
-    tr.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
+    tr.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider (default cpu)")
     tr.add_argument("--cuda-graph", action="store_true",
                     help="replay each step as a CUDA graph (provider cuda; every batch keeps the first one's shapes): "
                          "removes the host's per-node launch cost")
     tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
-    tr.add_argument("--out", type=Path, help="write the forward model with the trained weights")
+    tr.add_argument("--out", type=Path, metavar="OUT.onnx", help="write the forward model with the trained weights")
 
     bn = sub.add_parser("bench", help="optimize a model under several policies and time them side by side on ORT")
     bn.add_argument("input", type=Path, help="fp32 ONNX model")
@@ -190,11 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
                     help="plain (node by node, default) or cuda-graph (captured once and replayed; --provider cuda); "
                          "the plans are costed for it too")
-    _add_shape_options(bn)
+    _add_shape_options(bn, "The inputs of --inputs pin the dynamic dims nothing else pins")
     bn.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs to run on (default: random)")
-    bn.add_argument("--json", type=Path, metavar="FILE.json", help="write the results as JSON (atomically)")
+    bn.add_argument("--json", type=Path, metavar="FILE.json",
+                    help='write the results as JSON (atomically): {"policies": {name: {"ms", "min_ms", "max_ms", '
+                         '"q1_ms", "q3_ms", "blocks_ms", "speedup", "rel_err", "casts", ...}}, "provider", '
+                         '"execution", "plan_options", ...}')
     bn.add_argument("--rounds", type=int, default=10, metavar="N",
-                    help="rotation rounds: each times one block of every policy (default 10)")
+                    help="rotation rounds: each times one block of every policy, in a rotated order (default 10)")
     bn.add_argument("--block-ms", type=float, default=20.0, metavar="MS",
                     help="a timed block lasts at least this long (default 20)")
     _add_cost_options(bn)  # every policy is optimized with them
@@ -202,16 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
     cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
     cost_sub = cost.add_subparsers(dest="costdb_command", required=True)
     measure = cost_sub.add_parser("measure", help="time single-op models on ONNX Runtime (appends, resumable)")
-    measure.add_argument("--out", type=Path, required=True, help="samples file (JSON lines); existing samples are kept")
-    measure.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
-    measure.add_argument("--budget-s", type=float, default=540.0, help="stop after this many seconds (default 540)")
-    measure.add_argument("--limit", type=int, help="measure at most this many samples")
-    measure.add_argument("--seed", type=int, default=0, help="seed of the random part of the shape grid")
+    measure.add_argument("--out", type=Path, required=True, metavar="SAMPLES.jsonl", help="samples file (JSON lines); existing samples are kept")
+    measure.add_argument("--provider", choices=("cuda", "cpu"), default="cuda", help="ONNX Runtime provider (default cuda)")
+    measure.add_argument("--budget-s", type=float, default=540.0, metavar="S",
+                         help="stop after this many seconds (default 540); the next run resumes")
+    measure.add_argument("--limit", type=int, metavar="N", help="measure at most this many samples")
+    measure.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random part of the shape grid (default 0)")
     fit = cost_sub.add_parser("fit", help="fit a database from samples")
-    fit.add_argument("samples", type=Path)
+    fit.add_argument("samples", type=Path, help="samples file (JSON lines, from costdb measure)")
     fit.add_argument("out", type=Path, help="database JSON to write (e.g. costdb/data/nvidia-h200.json)")
-    fit.add_argument("--holdout", type=float, default=0.2)
-    fit.add_argument("--min-samples", type=int, default=8)
+    fit.add_argument("--holdout", type=float, default=0.2, metavar="SHARE",
+                     help="share of each op type's cases held out of the fit and measured (default 0.2)")
+    fit.add_argument("--min-samples", type=int, default=8, metavar="N",
+                     help="op types with fewer paired fp32/fp16 cases are not fitted: the analytic model predicts "
+                          "them (default 8)")
     step_dispatch = cost_sub.add_parser(
         "fit-step-dispatch", help="add the per-node host time of whole models and training steps, from benchmark "
                                   "rows (fp32 against fp32-graph), to a database")
@@ -221,14 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
                                help="ORT launch counts for fp32 rows measured before the benchmark recorded them "
                                     "(scripts/graph_factors.py --launches-out)")
     evaluate = cost_sub.add_parser("eval", help="accuracy of a database on its held-out samples")
-    evaluate.add_argument("database", type=Path)
-    evaluate.add_argument("samples", type=Path)
-    evaluate.add_argument("--report", type=Path, help="markdown report to write")
-    evaluate.add_argument("--png", type=Path, help="predicted-vs-measured plot to write (needs matplotlib)")
+    evaluate.add_argument("database", type=Path, help="database JSON (from costdb fit)")
+    evaluate.add_argument("samples", type=Path, help="the samples file it was fitted from (its held-out cases are used)")
+    evaluate.add_argument("--report", type=Path, metavar="FILE.md", help="markdown report to write")
+    evaluate.add_argument("--png", type=Path, metavar="FILE.png", help="predicted-vs-measured plot to write (needs matplotlib)")
 
     for p in (opt, ins, bn, measure, fit, step_dispatch, evaluate, tg, tr):
-        p.add_argument("-v", "--verbose", action="count", default=0, help="-v: a line per pass; -vv: debug")
-        p.add_argument("--debug", action="store_true", help="check graph invariants after every pass; tracebacks")
+        p.add_argument("-v", "--verbose", action="count", default=0, help="-v: info lines (optimizing: one per pass); -vv: debug lines")
+        p.add_argument("--debug", action="store_true",
+                       help="check graph invariants after every pass (optimizing); show tracebacks instead of "
+                            "one-line errors")
     return parser
 
 
