@@ -1,4 +1,4 @@
-"""Pass 0: fix the nodes the four passes must not touch, and why.
+"""classify: fix the nodes the four passes must not touch, and why.
 
 Rules, in order (the first that matches decides):
 1. control-flow nodes (If/Loop/Scan) run fp32, and so does every node of their bodies;
