@@ -10,9 +10,9 @@ activation_limit=512)`` does the same: :func:`activation_ranges` runs the fp32 m
 ONNX Runtime's CPU provider with every float32 tensor of the graph as an output (graph
 optimizations off, so every tensor exists as the model names it) and returns the largest finite
 |value| of each (below 1e30: larger finite values are "infinity" sentinels, e.g. an
-attention mask's float32 minimum, which the Casts clamp to the fp16 range, as pass 0's rule 7
-allows); pass 0 (``passes/classify.py``, rule 7a) keeps a node fp32 when a float tensor it
-reads or writes goes beyond the limit.
+attention mask's float32 minimum, which the Casts clamp to the fp16 range, as ``classify``'s
+rule 7 allows); ``classify`` (``passes/classify.py``, rule 7a) keeps a node fp32 when a float
+tensor it reads or writes goes beyond the limit.
 
 One run holds every intermediate tensor at once: memory grows with the model's activations for
 the calibration batch (use a small batch; ranges rarely depend on it).
@@ -47,7 +47,7 @@ def activation_ranges(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *
     wanted = []
     for node in model.graph.node:
         if node.op_type == "Constant" and any(a.name in ("value", "sparse_value") for a in node.attribute):
-            continue  # a tensor constant: converted offline, its range is pass 0's rule 7 (|x| > 65504)
+            continue  # a tensor constant: converted offline, its range is classify's rule 7 (|x| > 65504)
         for name in node.output:
             if name and name not in declared and name in info and info[name].dtype == onnx.TensorProto.FLOAT:
                 wanted.append(name)

@@ -17,7 +17,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo import oplists, patterns
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.costdb.features import OpFeatures, keyed, op_features
@@ -96,8 +96,8 @@ class GraphContext:
         info: dict[str, TensorInfo],
         unresolved_dims: list[str],
     ) -> "GraphContext":
-        graph = graph_io.to_graphsurgeon(model)
-        ctx = cls(model, source, config, cost, graph, info, graph_io.default_opset(model))
+        graph = ir.to_graphsurgeon(model)
+        ctx = cls(model, source, config, cost, graph, info, ir.default_opset(model))
         ctx.unresolved_dims = unresolved_dims
         ctx.dtypes = {name: entry.dtype for name, entry in info.items()}
         ctx.graph_inputs = {t.name for t in graph.inputs}
@@ -110,9 +110,9 @@ class GraphContext:
             ctx.categories[node.name] = ctx._category(node)
             ctx.original_inputs[node.name] = tuple(t.name for t in node.inputs)
             proto = by_name.get(node.name)
-            if proto is not None and graph_io.has_subgraph(proto):
-                ctx.implicit_inputs[node.name] = graph_io.outer_scope_names(proto)
-                ctx.subgraph_nodes[node.name] = graph_io.subgraph_node_names(proto)
+            if proto is not None and ir.has_subgraph(proto):
+                ctx.implicit_inputs[node.name] = ir.outer_scope_names(proto)
+                ctx.subgraph_nodes[node.name] = ir.subgraph_node_names(proto)
         ctx.implicit_names = set().union(*ctx.implicit_inputs.values()) if ctx.implicit_inputs else set()
         for name in patterns.tanh_gelu_powers(ctx) | patterns.gaussian_exps(ctx) | patterns.softmax_gradient_sums(ctx):
             ctx.categories[name] = Category.INFER  # see patterns.py: saturates, overflow-safe
@@ -123,7 +123,7 @@ class GraphContext:
 
     def _category(self, node: gs.Node) -> Category:
         category = oplists.category_of(node.op, node.domain or "")
-        if node.op == oplists.CAST and int(node.attrs.get("to", 0)) in graph_io.FLOAT_TYPES:
+        if node.op == oplists.CAST and int(node.attrs.get("to", 0)) in ir.FLOAT_TYPES:
             return Category.CLEAR  # its `to` can follow the plan like any data movement
         return category
 
@@ -153,7 +153,7 @@ class GraphContext:
         return self.dtype(tensor) == TensorProto.FLOAT
 
     def is_float(self, tensor: gs.Tensor) -> bool:
-        return self.dtype(tensor) in graph_io.FLOAT_TYPES
+        return self.dtype(tensor) in ir.FLOAT_TYPES
 
     def is_constant(self, tensor: gs.Tensor) -> bool:
         """Initializers and Constant-node outputs: converted offline, never cast at run time."""

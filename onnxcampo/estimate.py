@@ -1,9 +1,8 @@
 """Predicted time of a plan: node times plus the Casts its precision boundaries need, on the graph
 ONNX Runtime executes, in the mode it executes.
 
-Casts are counted the way Cast insertion makes them: one per (tensor, dtype) whatever the number
-of consumers; constants are converted offline (free); graph inputs and outputs keep their dtype
-when ``keep_io_types``. Passes use :func:`delta` for local decisions; the pipeline uses
+Casts are counted the way Cast insertion makes them (the rules of ``onnxcampo.casting``), each
+costing ``CostModel.cast_time`` of its tensor. Passes use :func:`delta` for local decisions; the pipeline uses
 :func:`plan_time` to compare whole plans.
 
 What ORT runs (``GraphContext.ort_status``, read from ORT's own optimized graph): an aliased op
@@ -19,19 +18,16 @@ where every launch cost 2.3-4.4 us on top of the replayed run), else the larger 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
-from onnx import TensorProto
 
 from onnxcampo import oplists
-from onnxcampo.context import GraphContext, Use
+from onnxcampo.casting import PrecisionOf, tensor_casts
+from onnxcampo.context import GraphContext
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
-from onnxcampo.signature import Slot
-
-PrecisionOf = Callable[[str], Precision]
 
 
 @dataclass(frozen=True)
@@ -187,62 +183,6 @@ def _alone_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float
         if plan is not None:
             return plan.padded_us
     return ctx.cost.fp16_time(ctx.features[node.name], fp32)
-
-
-def produced_dtype(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> int | None:
-    """dtype the tensor has under the plan; None when it may take any (constants, and graph
-    inputs when I/O types may change)."""
-    original = ctx.original_dtype(tensor)
-    if ctx.is_constant(tensor):
-        return None
-    producer = ctx.producer(tensor)
-    if producer is None:
-        return original if ctx.config.keep_io_types else None
-    sig = ctx.signatures.get(producer.name)
-    index = next(i for i, out in enumerate(producer.outputs) if out is tensor)
-    if sig is not None and sig.outputs[index] is Slot.FOLLOW and precision_of(producer.name) is Precision.FP16:
-        return TensorProto.FLOAT16
-    return original
-
-
-def use_dtype(ctx: GraphContext, tensor: gs.Tensor, use: Use, precision_of: PrecisionOf) -> int | None:
-    """dtype one consumer slot needs under the plan; None when it takes any float."""
-    if use.slot is Slot.ANY:
-        return None
-    if use.slot is Slot.FOLLOW and precision_of(use.node.name) is Precision.FP16:
-        return TensorProto.FLOAT16
-    return ctx.original_dtype(tensor)
-
-
-def pinned_dtype(ctx: GraphContext, tensor: gs.Tensor) -> int | None:
-    """The dtype a tensor's *name* must keep: graph outputs (with ``keep_io_types``) and names
-    read implicitly by If/Loop/Scan bodies."""
-    if (tensor.name in ctx.graph_outputs and ctx.config.keep_io_types) or tensor.name in ctx.implicit_names:
-        return ctx.original_dtype(tensor)
-    return None
-
-
-def _required_dtypes(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> set[int]:
-    needed = {use_dtype(ctx, tensor, use, precision_of) for use in ctx.uses(tensor)}
-    needed.add(pinned_dtype(ctx, tensor))
-    needed.discard(None)
-    return needed
-
-
-def tensor_casts(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> int:
-    if not ctx.is_float(tensor):
-        return 0
-    produced = produced_dtype(ctx, tensor, precision_of)
-    if produced is None and ctx.is_constant(tensor):
-        return 0  # converted offline
-    needed = _required_dtypes(ctx, tensor, precision_of)
-    if produced is None:
-        # A graph input whose type may change: it becomes fp16 only if every reader wants fp16
-        # (Cast insertion rule 5); otherwise it stays as it is and fp16 readers get a Cast.
-        if needed == {TensorProto.FLOAT16}:
-            return 0
-        produced = ctx.original_dtype(tensor)
-    return len(needed - {produced})
 
 
 def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: PrecisionOf) -> tuple[float, int]:

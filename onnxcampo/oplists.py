@@ -4,7 +4,8 @@ The four lists follow TensorFlow's auto-mixed-precision (the colour sets Campo e
 to ONNX and to the com.microsoft ops ONNX Runtime emits:
 
 * ``ALLOW``  - numerically safe in fp16 and worth converting: Tensor Core math with fp32
-  accumulation. Campo's pass 1 converts them only when the cost model says it pays.
+  accumulation. The paper's pass 1 (``allow_by_cost``) converts them only when the cost model
+  says it pays.
 * ``DENY``   - |f(x)| can be much larger than |x|, or the op sums many terms without an fp32
   accumulator: these stay fp32, and so does what is downstream of them through INFER/CLEAR ops
   (under ``amp``, as in TensorFlow: only along paths that lead to an INFER/DENY op).

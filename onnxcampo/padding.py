@@ -1,7 +1,7 @@
 """Whether zero-padding a node's GEMM dims to multiples of 8 pays (analysis only).
 
 Shared by the cost estimate (an fp16 node's time is the better of padded and unpadded, as
-Campo's pass 1 weighs "fp16 on CUDA cores or on Tensor Cores") and by the padding pass that
+the paper's pass 1 weighs "fp16 on CUDA cores or on Tensor Cores") and by the padding pass that
 applies it. See ``passes/pad_tensor_cores.py`` for the rules.
 """
 

@@ -21,7 +21,7 @@ import onnx
 
 from onnxcampo import __version__
 from onnxcampo import estimate, fuse, oplists
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext
 from onnxcampo.costdb.select import load_cost_model
@@ -82,7 +82,7 @@ class OptimizeResult:
 
     def save(self, path: str | os.PathLike) -> None:
         # ONNX Runtime test-loads what onnxcampo changed; an unchanged model is the input's business
-        graph_io.save_model(self.model, Path(path), check_loads=self.changed)
+        ir.save_model(self.model, Path(path), check_loads=self.changed)
 
 
 @dataclass
@@ -115,7 +115,7 @@ class Plans:
 
 def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None) -> Loaded | OptimizeResult:
     """Read the model and check the request; an :class:`OptimizeResult` when there is nothing to do."""
-    original, source = graph_io.read_model(model)
+    original, source = ir.read_model(model)
     if not config.keep_io_types and any(oplists.updates_state_in_place(n.op_type, n.domain) for n in original.graph.node):
         raise ConfigError(
             f"{source or 'model'}: --no-keep-io-types cannot apply to an ONNX Runtime training graph: its "
@@ -163,7 +163,7 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
     the training step's rules, the graph ORT executes, calibration and profiling."""
     config, source = loaded.config, loaded.source
     # load gave us our own copy: we name its nodes, and the export reuses it in place.
-    graph_io.name_nodes(loaded.model)
+    ir.name_nodes(loaded.model)
     original, fused = fuse.fuse_transformer(loaded.model, config)  # ORT's transformer fusions, before planning
     loaded.model = original
     training = scaling.is_train_step(original)
@@ -171,7 +171,7 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
         log.warning("a training step keeps its input/output types (fp32 master weights and state)")
         config = config.replace(keep_io_types=True)
     needs_sizes = config.policy == "campo" or config.profile != "predict"
-    info, unresolved = graph_io.infer_tensor_info(
+    info, unresolved = ir.infer_tensor_info(
         original, input_shapes=config.input_shapes, dim_values=config.dim_values, require_static=needs_sizes
     )
     cost = load_cost_model(config.device_db)
@@ -260,7 +260,7 @@ def export(ctx: GraphContext, original: onnx.ModelProto, training: bool, report:
     metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
     # read before the export, which reuses the planned model in place
     starts = [copy.deepcopy(t) for t in original.graph.initializer if t.name.startswith(INITIAL_PREFIX)] if training else []
-    out = graph_io.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
+    out = ir.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
     fuse.clean_export(out)  # no planning-only shapes; no tensor names that ORT's fusions generate at load
     exported = Exported(out, ctx, training, report, starts)
     PassManager(FINISHING, check_invariants=config.check_invariants, checker=_check_exported, name="finish").run(exported)
@@ -330,7 +330,7 @@ FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling())
 
 def _check_exported(exported: Exported) -> list[str]:
     try:
-        graph_io.check_model(exported.model, full_check=True)
+        ir.check_model(exported.model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         return [f"onnx.checker: {str(exc).splitlines()[0]}"]
     return []
@@ -363,7 +363,7 @@ def _nothing_to_do(model: onnx.ModelProto) -> str | None:
         n.op_type == "Constant" and any(a.t.data_type == onnx.TensorProto.FLOAT for a in n.attribute) for n in graph.node
     )
     if not float32 and not has_constant_float:
-        info, _ = graph_io.infer_tensor_info(model)
+        info, _ = ir.infer_tensor_info(model)
         if not any(entry.dtype == onnx.TensorProto.FLOAT for entry in info.values()):
             return "it has no float32 tensors"
     return None
@@ -375,7 +375,7 @@ def _shapes_from_inputs(model: onnx.ModelProto, config: OptimizeConfig,
     where neither ``input_shapes`` nor ``dim_values`` does: the plan could not be costed without
     them. Pins the user gave win (a calibration batch need not be the batch the plan is for)."""
     added = {}
-    for vi in graph_io.graph_inputs(model):
+    for vi in ir.graph_inputs(model):
         if vi.name in config.input_shapes or vi.name not in inputs or not vi.type.tensor_type.HasField("shape"):
             continue
         dims = vi.type.tensor_type.shape.dim
@@ -419,7 +419,7 @@ def read_executed_graph(ctx: GraphContext) -> None:
     model.CopyFrom(ctx.model)
     fuse.rename_ort_generated_names(model)  # names ORT's own fusions would collide with at load
     try:
-        graph_io.pin_input_shapes(model, ctx.config.input_shapes, ctx.config.dim_values, require_static=False)
+        ir.pin_input_shapes(model, ctx.config.input_shapes, ctx.config.dim_values, require_static=False)
         executed = executed_graph(model)
     except CampoError as exc:
         log.info("costing every ONNX node: ONNX Runtime's optimized graph is not available (%s)",

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo import pipeline
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, ConfigError
@@ -134,7 +134,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig,
     timings = {name: timed.get(name) or Timing(name, same_as=same[name]) for name in built}
     chosen = "fp32" if len(results) == 1 else choose(timings, config.min_gain, config.tune_tolerance)
     result = results[chosen]
-    graph_io.set_metadata(result.model, "onnxcampo.policy", "campo")
+    ir.set_metadata(result.model, "onnxcampo.policy", "campo")
     report = result.report
     predicted = built["campo"].report.get("predicted_us", {})
     report["policy"] = "campo"

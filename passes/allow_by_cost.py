@@ -1,4 +1,4 @@
-"""Pass 1: allow-list ops go fp16 only where it pays.
+"""allow_by_cost: allow-list ops go fp16 only where it pays.
 
 Rules, per undecided allow-list node in topological order:
 1. with ``greedy`` (the ``amp`` policy), it goes fp16 (TensorFlow AMP's allow list);

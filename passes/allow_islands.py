@@ -1,25 +1,26 @@
-"""Pass 2b (our extension of Campo): allow-list ops that only pay together go fp16 together.
+"""allow_islands (our extension of Campo): allow-list ops that only pay together go fp16 together.
 
-Campo's pass 1 prices an allow-list op alone, with a Cast on every input and output. In a chain
-``MatMul -> Add -> Gelu -> MatMul`` each MatMul alone may lose to its Casts while the chain in
-fp16 needs Casts only at its two ends. This pass prices such chains as a whole.
+The paper's pass 1 (``allow_by_cost``) prices an allow-list op alone, with a Cast on every
+input and output. In a chain ``MatMul -> Add -> Gelu -> MatMul`` each MatMul alone may lose to
+its Casts while the chain in fp16 needs Casts only at its two ends. This pass prices such
+chains as a whole.
 
-Rules, after pass 2 (so no deny-downstream op is ever reopened):
+Rules, after ``deny_propagation`` (so no deny-downstream op is ever reopened):
 1. an island is a set of allow-list nodes connected through undecided infer/clear nodes, with at
-   least one node pass 1 left fp32 because it did not pay alone;
+   least one node ``allow_by_cost`` left fp32 because it did not pay alone;
 2. its *between* nodes are the undecided infer/clear nodes on paths from one of its allow nodes
-   to another (the ones pass 3 would fill);
+   to another (the ones ``fill_infer_clear`` would fill);
 3. when the cost model predicts a gain for running the island's fp32 allow nodes and its between
    nodes in fp16 (node times plus every Cast that appears or disappears), its fp32 allow nodes
-   are switched to fp16 (pass 3 then fills the between nodes);
+   are switched to fp16 (``fill_infer_clear`` then fills the between nodes);
 4. otherwise each of its fp32 allow nodes, in topological order, is priced together with each
    of the nearest allow nodes it reaches through open infer/clear nodes (``MAX_PARTNERS`` within
    ``MAX_HOPS``; the nodes between the two), and joins the one with the largest gain, if any;
 5. an allow node that reaches no other (its island is itself) is priced together with its
    *tail*: the open infer/clear nodes downstream of it, up to decided nodes (a deny-list op, the
    graph's end). A GEMM whose bias and activation chain runs up to a LayerNorm's reduction pays
-   in fp16 with that chain, its output Cast moved to the chain's end; pass 4b then prices and
-   paints the tail itself.
+   in fp16 with that chain, its output Cast moved to the chain's end; ``edge_by_cost`` then
+   prices and paints the tail itself.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pass 0: fix the nodes the four passes must not touch, and why.
+"""classify: fix the nodes the four passes must not touch, and why.
 
 Rules, in order (the first that matches decides):
 1. control-flow nodes (If/Loop/Scan) run fp32, and so does every node of their bodies;
@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from onnxcampo import estimate, oplists
+from onnxcampo import casting, oplists
 from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
@@ -81,7 +81,7 @@ class Classify(PassBase):
             return Precision.FP32, Reason.NO_FLOAT
         if following and all(ctx.dtype(t) == TensorProto.FLOAT16 for t in following):
             return Precision.FP16, Reason.ALREADY_FP16
-        if node.op == oplists.CAST and any(estimate.pinned_dtype(ctx, t) for t in node.outputs):
+        if node.op == oplists.CAST and any(casting.pinned_dtype(ctx, t) for t in node.outputs):
             return Precision.FP32, Reason.PINNED_CAST
         if oplists.updates_state_in_place(node.op, node.domain or ""):
             return Precision.FP32, Reason.TRAINING_STATE

@@ -1,4 +1,4 @@
-"""Pass 4: clear-list ops next to fp16 ops go fp16 when the Casts saved outweigh the cost.
+"""clear_by_cost: clear-list ops next to fp16 ops go fp16 when the Casts saved outweigh the cost.
 
 Rules:
 1. undecided clear-list nodes form groups: connected through precision-following float edges

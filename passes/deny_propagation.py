@@ -1,4 +1,4 @@
-"""Pass 2: deny-list ops, and what they feed through infer/clear ops, stay fp32.
+"""deny_propagation: deny-list ops, and what they feed through infer/clear ops, stay fp32.
 
 Rules:
 1. every undecided deny-list node goes fp32;

@@ -1,9 +1,9 @@
-"""Pass 3: infer/clear ops between fp16 ops go fp16 (their Casts would be pure overhead).
+"""fill_infer_clear: infer/clear ops between fp16 ops go fp16 (their Casts would be pure overhead).
 
 Rule: an undecided infer-list or clear-list node goes fp16 when it can be reached from an fp16
 node going downstream through undecided infer/clear nodes, *and* an fp16 node can be reached
 from it the same way. Such a node sits on an fp16 path: running it fp32 would need a Cast on
-each side. (Deny-downstream nodes were decided by pass 2, so this never reopens them.)
+each side. (Deny-downstream nodes were decided by ``deny_propagation``, so this never reopens them.)
 With ``casts=False`` (the ``amp`` policy, as TensorFlow AMP, whose lists hold no Cast) existing
 Casts are neither filled nor walked through; ``amp_casts`` decides them.
 """

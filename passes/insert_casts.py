@@ -14,7 +14,8 @@ Rules:
    duplicated;
 5. with ``keep_io_types`` off, a graph input read only in fp16 becomes an fp16 input, and graph
    outputs take the dtype their producer gives them.
-The graph is topologically sorted at the end.
+The graph is topologically sorted at the end. Which dtype a tensor has and each use needs, and
+which names are pinned, are the rules of ``onnxcampo.casting``, which the estimate counts too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from onnxcampo import estimate
+from onnxcampo import casting
 from onnxcampo.context import GraphContext
 from onnxcampo.editing import GraphEditor
 from onnxcampo.ir.topology import toposort
@@ -69,11 +70,13 @@ class InsertCasts(PassBase):
         ctx = self.ctx
         if node.op == "Cast" and int(node.attrs.get("to", 0)) == TensorProto.FLOAT:
             node.attrs["to"] = TensorProto.FLOAT16
+        # casting.produced_dtype's rule, walked per fp16 node over its signature; that function
+        # also says None (any dtype) for a constant's output, which classify never lets run fp16.
         sig = ctx.signatures[node.name]
         for index, (tensor, slot) in enumerate(zip(list(node.outputs), sig.outputs)):
             if slot is not Slot.FOLLOW or ctx.dtype(tensor) != TensorProto.FLOAT:
                 continue
-            if estimate.pinned_dtype(ctx, tensor) == TensorProto.FLOAT:
+            if casting.pinned_dtype(ctx, tensor) == TensorProto.FLOAT:
                 half = self.edit.variable(f"{tensor.name}/fp16", TensorProto.FLOAT16)
                 node.outputs[index] = half
                 self._cast(half, TensorProto.FLOAT, output=tensor)
@@ -98,11 +101,13 @@ class InsertCasts(PassBase):
 
     def _feed_consumers(self, tensor: gs.Tensor, precision_of) -> None:
         ctx = self.ctx
+        # casting.required_dtypes over the uses, except those of nodes with no signature: the
+        # Casts this pass has added, which read the tensor in the dtype it has.
         uses = [u for u in ctx.uses(tensor) if u.node.name in ctx.signatures]
-        wanted = {id(u): estimate.use_dtype(ctx, tensor, u, precision_of) for u in uses}
+        wanted = {id(u): casting.use_dtype(ctx, tensor, u, precision_of) for u in uses}
         needed = {d for d in wanted.values() if d is not None}
         if ctx.is_constant(tensor) and needed == {TensorProto.FLOAT16} and ctx.dtype(tensor) == TensorProto.FLOAT \
-                and estimate.pinned_dtype(ctx, tensor) is None and tensor.name not in ctx.graph_inputs:
+                and casting.pinned_dtype(ctx, tensor) is None and tensor.name not in ctx.graph_inputs:
             self._convert_in_place(tensor)
             return
         for use in uses:
@@ -153,6 +158,11 @@ class InsertCasts(PassBase):
 
     # --- rule 5 -------------------------------------------------------------------------
     def _retype_graph_inputs(self) -> None:
+        # The rule casting.tensor_casts counts for a graph input (fp16 when every reader wants
+        # fp16), read here off the Casts made: the input's only readers are Casts to its fp16
+        # version. It differs where a reader takes any dtype (Shape): tensor_casts ignores that
+        # reader and counts no Cast, while here the input keeps its dtype and the fp16 readers'
+        # Cast stays (the estimate is one Cast short; left as is, a behaviour change to settle).
         ctx = self.ctx
         for tensor in ctx.graph.inputs:
             if ctx.dtype(tensor) != TensorProto.FLOAT:

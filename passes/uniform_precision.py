@@ -2,8 +2,8 @@
 that closes every pipeline (nodes the four passes left open run fp32).
 
 Rules:
-1. ``fp16``: every undecided node goes fp16 (only nodes pass 0 left open get here: they have an
-   fp16 schema and a known list);
+1. ``fp16``: every undecided node goes fp16 (only nodes ``classify`` left open get here: they
+   have an fp16 schema and a known list);
 2. ``fp32`` / default: every undecided node goes fp32.
 """
 

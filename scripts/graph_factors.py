@@ -41,16 +41,16 @@ def predicted_by_class(path: Path, database: Path) -> dict[str, float]:
     import onnx
 
     from onnxcampo import api, estimate
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
     from onnxcampo.config import OptimizeConfig
     from onnxcampo.context import GraphContext
     from onnxcampo.costdb.select import load_cost_model
     from onnxcampo.plan import Precision, PrecisionPlan, Reason
 
     model = onnx.load(str(path))
-    graph_io.name_nodes(model)
+    ir.name_nodes(model)
     config = OptimizeConfig(device_db=database, execution="cuda-graph")
-    info, unresolved = graph_io.infer_tensor_info(model)
+    info, unresolved = ir.infer_tensor_info(model)
     ctx = GraphContext.build(model, path, config, load_cost_model(database), info, unresolved)
     api.read_executed_graph(ctx)
     plan = PrecisionPlan()

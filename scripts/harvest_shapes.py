@@ -18,14 +18,14 @@ from pathlib import Path
 import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo.costdb.measure import HARVEST_OPS, HARVESTED
 
 MAX_ELEMENTS = 1 << 27  # what one sample may allocate on the GPU, per input
 
 
 def harvest(model: onnx.ModelProto, shapes: dict) -> list[dict]:
-    info, _ = graph_io.infer_tensor_info(model, input_shapes=shapes)
+    info, _ = ir.infer_tensor_info(model, input_shapes=shapes)
     constants = {t.name for t in model.graph.initializer}
     found = []
     for node in model.graph.node:

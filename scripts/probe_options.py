@@ -35,7 +35,7 @@ from typing import Any
 from benchkit import measure as m
 from benchkit import policies as pol
 from benchkit import runner as bench
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 
 
 def option_sets(texts: list[str]) -> list[dict[str, str]]:
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         result["modes"][mode] = out
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            graph_io.write_text_atomically(args.out, json.dumps(result, indent=1) + "\n")
+            ir.write_text_atomically(args.out, json.dumps(result, indent=1) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="onnxcampo-probe-") as tmp:
         for mode in modes:

@@ -16,7 +16,7 @@ import onnx
 import onnx.parser
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext
 from onnxcampo.costdb.features import OpFeatures
@@ -103,9 +103,9 @@ def build_context(model: onnx.ModelProto, *, cost: CostModel | None = None,
                   config: OptimizeConfig | None = None, **options) -> GraphContext:
     """The context ``optimize`` builds, with a fresh plan (the input model is not modified)."""
     config = (config or OptimizeConfig()).replace(**options) if options else (config or OptimizeConfig())
-    working, source = graph_io.read_model(model)
-    graph_io.name_nodes(working)
-    info, unresolved = graph_io.infer_tensor_info(
+    working, source = ir.read_model(model)
+    ir.name_nodes(working)
+    info, unresolved = ir.infer_tensor_info(
         working, input_shapes=config.input_shapes, dim_values=config.dim_values, require_static=False
     )
     ctx = GraphContext.build(working, source, config, cost or FakeCost(), info, unresolved)
@@ -141,7 +141,7 @@ def decide(ctx: GraphContext, **precisions_by_node: str) -> None:
 
 def export(ctx: GraphContext) -> onnx.ModelProto:
     """The context's current graph as a model (as ``optimize`` exports it)."""
-    return graph_io.export_model(ctx.graph.copy(), ctx.model, ctx.dtypes, {})
+    return ir.export_model(ctx.graph.copy(), ctx.model, ctx.dtypes, {})
 
 
 # --- inspecting results ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
 from onnxcampo import OptimizeConfig
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo.errors import ConfigError, CostModelError
 from onnxcampo.runtime import make_session, run
 
@@ -69,7 +69,7 @@ def test_opsets_11_and_newer(opset):
     model = mlp(batch=2048, opset=opset)
     result = onnxcampo.optimize(model, check_invariants=True)
     onnx.checker.check_model(result.model, full_check=True)
-    assert graph_io.default_opset(result.model) == opset
+    assert ir.default_opset(result.model) == opset
 
 
 def test_external_data_round_trip(tmp_path):

@@ -131,7 +131,7 @@ def test_tune_calibrates_its_candidates_on_its_inputs():
 
 def test_infinity_sentinels_and_scalar_constants(caplog):
     """An attention mask's float32 minimum is an infinity sentinel, not a range (the Casts clamp
-    it, as pass 0's rule 7 allows); a Constant given by value_float is calibrated like any value;
+    it, as classify's rule 7 allows); a Constant given by value_float is calibrated like any value;
     random calibration inputs and tensors with no finite value are said."""
     mask = numpy_helper.from_array(np.array([0.0, np.finfo(np.float32).min], np.float32), "mask")
     nodes = [helper.make_node("Add", ["x", "mask"], ["masked"], name="add_mask"),

@@ -9,8 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import runtime
-import onnxcampo.ir.io as graph_io
+from onnxcampo import ir, runtime
 from onnxcampo.errors import CampoError, ConfigError, ModelLoadError, ShapeError
 from onnxcampo.runtime import (
     OutputDiff,
@@ -178,14 +177,14 @@ def test_make_session_large_model_goes_through_external_data(monkeypatch, caplog
     model.graph.node.append(helper.make_node("ReduceSum", ["big"], ["big_sum"], name="rs"))
     model.graph.output.append(helper.make_tensor_value_info("big_sum", TensorProto.FLOAT, [1, 1]))
     before = model.SerializeToString()
-    monkeypatch.setattr(graph_io, "_PROTOBUF_LIMIT", 10)
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 10)
     with caplog.at_level(logging.INFO, logger="onnxcampo.runtime"):
         session = make_session(model)
     assert "external data" in caplog.text
     assert model.SerializeToString() == before  # caller's proto left intact
     out = run(session, {"x": np.ones((1, 4), np.float32)})
     assert out["big_sum"].item() == 512.0
-    monkeypatch.setattr(graph_io, "_PROTOBUF_LIMIT", 2**31 - 1)
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 2**31 - 1)
     ref = run(make_session(model), {"x": np.ones((1, 4), np.float32)})
     np.testing.assert_array_equal(out["y"], ref["y"])
 

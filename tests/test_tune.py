@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo import tune as tune_mod
 from onnxcampo.cli import main
 from onnxcampo.config import OptimizeConfig
@@ -139,7 +139,7 @@ def test_tune_times_every_distinct_candidate_and_returns_the_chosen_one(padding_
     chosen = tuning["chosen"]
     alone = onnxcampo.optimize(model, config=candidate_configs(OptimizeConfig(tune="cpu"))[chosen])
     assert result.model.graph.SerializeToString(deterministic=True) == alone.model.graph.SerializeToString(deterministic=True)
-    assert graph_io.metadata(result.model, "onnxcampo.policy") == "campo"
+    assert ir.metadata(result.model, "onnxcampo.policy") == "campo"
     assert result.report["policy"] == "campo" and result.report["chosen_plan"] == chosen
     assert any(note.startswith("tuned on cpu:") for note in result.report["notes"])
     x = np.random.default_rng(1).standard_normal((64, 1001)).astype(np.float32)
@@ -160,7 +160,7 @@ def test_tune_keeps_the_measured_fastest(monkeypatch, padding_pays):
     assert result.report["chosen_plan"] == "amp"
     amp = onnxcampo.optimize(odd_mlp(batch=64), policy="amp")
     assert result.model.graph.SerializeToString(deterministic=True) == amp.model.graph.SerializeToString(deterministic=True)
-    assert graph_io.metadata(result.model, "onnxcampo.policy") == "campo"
+    assert ir.metadata(result.model, "onnxcampo.policy") == "campo"
     assert result.report["tuning"]["candidates"]["amp"]["ms"] == 4.0
 
 
@@ -211,7 +211,7 @@ def test_cli_tune_writes_the_tuned_model_and_reports_the_times(tmp_path, capsys)
     assert "tune: building the amp candidate" in err and "tune: timing fp32 (session 2 of 2)" in err  # progress
     written = json.loads(report.read_text())
     assert written["tuning"]["provider"] == "cpu" and written["chosen_plan"] == written["tuning"]["chosen"]
-    assert graph_io.metadata(onnx.load(output), "onnxcampo.policy") == "campo"
+    assert ir.metadata(onnx.load(output), "onnxcampo.policy") == "campo"
     assert main(["optimize", str(source), str(output), "--tune", "cpu", "--tune-tolerance", "1e-12", "--report",
                  str(report)]) == 0  # nothing mixed is that close to fp32: fp32 is kept
     written = json.loads(report.read_text())

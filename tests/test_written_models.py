@@ -23,8 +23,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
-from onnxcampo import fuse
-from onnxcampo.ir import io as graph_io
+from onnxcampo import fuse, ir
 from onnxcampo.cli import main
 from onnxcampo.errors import WrittenModelLoadError
 from onnxcampo.runtime import make_session, run
@@ -94,37 +93,37 @@ def test_a_model_ort_rejects_is_not_written_and_an_old_output_stays(tmp_path):
     out.write_bytes(b"old model")
     model = colliding(tmp_path)
     with pytest.raises(WrittenModelLoadError) as caught:
-        graph_io.save_model(model, out)
+        ir.save_model(model, out)
     message = str(caught.value)
     assert message == (f"{out}: ONNX Runtime {ort.__version__} cannot load the model on the CPU EP (ORT_ENABLE_ALL): "
                        f"AddInitializedOrtValue {COLLISION}; nothing was written")
     assert caught.value.exit_code == 3
     assert out.read_bytes() == b"old model"
     with pytest.raises(WrittenModelLoadError):
-        graph_io.save_model(model, out.parent / "new.onnx")
+        ir.save_model(model, out.parent / "new.onnx")
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx"]  # no temporary file left
 
 
 def test_the_check_can_be_skipped(tmp_path):
     out = tmp_path / "model.onnx"
-    graph_io.save_model(colliding(tmp_path), out, check_loads=False)
+    ir.save_model(colliding(tmp_path), out, check_loads=False)
     assert onnx.load(str(out)).graph.output[0].name == "z"
 
 
 def test_an_external_data_model_is_checked_before_its_data_replaces_the_old(tmp_path, monkeypatch):
     """Over protobuf's limit (lowered here) the model is loaded from the temporary file with its
     data under the temporary name: a rejected model leaves the old <output>.data alone."""
-    monkeypatch.setattr(graph_io, "_PROTOBUF_LIMIT", 1024)
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 1024)
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     data = out.parent / "model.onnx.data"
     out.write_bytes(b"old model")
     data.write_bytes(b"old data")
     with pytest.raises(WrittenModelLoadError, match=COLLISION):
-        graph_io.save_model(colliding(tmp_path), out)
+        ir.save_model(colliding(tmp_path), out)
     assert (out.read_bytes(), data.read_bytes()) == (b"old model", b"old data")
     assert leftovers(out.parent) == []
-    graph_io.save_model(ort_optimized(tmp_path), out)
+    ir.save_model(ort_optimized(tmp_path), out)
     assert data.stat().st_size > 1024
     x = np.ones((2, 8, 16), dtype=np.float32)
     assert run(make_session(out), {"x": x})["y"].shape == (2, 8, 32)
@@ -139,7 +138,7 @@ def test_ops_no_session_here_can_run_are_written_with_a_warning(tmp_path, caplog
     model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
     out = tmp_path / "custom.onnx"
     with caplog.at_level(logging.WARNING, logger="onnxcampo.runtime.check"):
-        graph_io.save_model(model, out)
+        ir.save_model(model, out)
     assert out.exists()
     assert f"not test-loaded on the CPU EP: this onnxruntime {ort.__version__} has no kernel for " \
            "example.custom::Frobnicate" in caplog.text

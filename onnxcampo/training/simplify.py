@@ -58,7 +58,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo.passes.manager import PassBase, PassManager, PassResult
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def _load(model: onnx.ModelProto, fold: bool = True) -> _Graph:
         folded = fold_constants(model)  # the seed count and sizes that MaxPool's adjoint computes at run time
         if folded is not model:
             model.CopyFrom(folded)
-    info, _ = graph_io.infer_tensor_info(model)
+    info, _ = ir.infer_tensor_info(model)
     shapes = {name: tuple(entry.shape) for name, entry in info.items() if entry.shape is not None}
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
                  if t.data_type == onnx.TensorProto.INT64}
@@ -151,8 +151,8 @@ def _load(model: onnx.ModelProto, fold: bool = True) -> _Graph:
     protected = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
     # names If/Loop/Scan bodies read from the outer graph: no rule sees those readers
     for node in model.graph.node:
-        if graph_io.has_subgraph(node):
-            protected |= graph_io.outer_scope_names(node)
+        if ir.has_subgraph(node):
+            protected |= ir.outer_scope_names(node)
     return _Graph(model, shapes, constants, protected)
 
 

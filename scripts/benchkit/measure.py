@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo import runtime
 from onnxcampo.runtime import trace
 from onnxcampo.runtime.compare import check_outputs, worst_error
@@ -226,7 +226,7 @@ class StepRunner:
         model = model if model is not None else onnx.load(str(step_path), load_external_data=False)
         self.spec = step_spec(model)
         self.device = "cuda" if provider == "cuda" else "cpu"
-        lr = lr if lr is not None else float(graph_io.metadata(model, "onnxcampo.lr", "0.01"))
+        lr = lr if lr is not None else float(ir.metadata(model, "onnxcampo.lr", "0.01"))
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         starts = initial_state(model)
         del model

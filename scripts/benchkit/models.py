@@ -801,10 +801,10 @@ def logits_before_softmax(model: onnx.ModelProto) -> str | None:
 def _output_shape(model: onnx.ModelProto, path: Path, feeds: dict[str, np.ndarray]) -> list[int]:
     """The static shape of the first output: from shape inference with data propagation, else one
     CPU run (graph outputs often keep symbolic dims that inference does not overwrite)."""
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
 
     name = model.graph.output[0].name
-    info, _ = graph_io.infer_tensor_info(model)
+    info, _ = ir.infer_tensor_info(model)
     shape = info[name].shape if name in info else None
     if shape and None not in shape and all(d > 0 for d in shape):
         return list(shape)

@@ -134,11 +134,11 @@ def package_versions() -> dict[str, str]:
 def _save(model: onnx.ModelProto, path: Path) -> None:
     """Write a converter's output; IR version at most 10, since converters that build a new model
     with onnx 1.23 write IR 14, which ONNX Runtime 1.31 rejects (DESIGN.md)."""
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
 
     if model.ir_version > 10:
         model.ir_version = 10
-    graph_io.save_model(model, path)
+    ir.save_model(model, path)
 
 
 class BlindCostModel:

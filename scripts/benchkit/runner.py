@@ -181,7 +181,7 @@ class Group:
             lr = "" if self.built.lr == 0.01 else f"-lr{self.built.lr:g}"
             path = bench_models.cache_dir() / f"step-{self.built.path.stem}{lr}{_ops_tag()}.onnx"
             if not path.is_file():
-                from onnxcampo import ir as graph_io
+                from onnxcampo import ir
                 from onnxcampo.training import build_train_step
 
                 start = time.perf_counter()
@@ -191,7 +191,7 @@ class Group:
                 except Exception as exc:  # noqa: BLE001 - onnx-ad's limits: record why
                     self.step_error = f"build_train_step failed: {exc.__class__.__name__}: {str(exc)[:300]}"
                     raise pol.Unavailable(self.step_error) from None
-                graph_io.save_model(step, path)
+                ir.save_model(step, path)
                 self.step_build_s = round(time.perf_counter() - start, 1)
             self._step = path
         return self._step

@@ -1,4 +1,4 @@
-"""Pass 1 (``allow_by_cost``): allow-list ops go fp16 only where the cost model says it pays.
+"""``allow_by_cost``: allow-list ops go fp16 only where the cost model says it pays.
 
 The fake cost model: every node takes 10 us in fp32 and 5 us in fp16 (2x), every Cast costs
 ``cast_us`` (chosen per test); constants are converted offline and never cost a Cast.
@@ -135,8 +135,8 @@ def test_decided_fp16_neighbour_makes_the_cast_free():
 
 
 def test_only_undecided_allow_list_nodes_are_decided():
-    """Pass 1 touches only undecided allow-list nodes: the Relu (infer list) and Exp (deny list)
-    stay open; a MatMul excluded by the user keeps its pass-0 decision."""
+    """allow_by_cost touches only undecided allow-list nodes: the Relu (infer list) and Exp (deny list)
+    stay open; a MatMul excluded by the user keeps its classify decision."""
     text = f"""
     g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
       [keep] a = MatMul(x, w)

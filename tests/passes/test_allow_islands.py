@@ -1,4 +1,4 @@
-"""Pass 2b (``allow_islands``): allow-list ops that only pay together go fp16 together.
+"""``allow_islands``: allow-list ops that only pay together go fp16 together.
 
 Fake cost model: every node takes 10 us in fp32 and 5 us in fp16; a Cast costs ``cast_us``.
 A lone MatMul between fp32 neighbours needs two Casts, so with 3 us Casts it does not pay
@@ -30,7 +30,8 @@ def islands(text, *, cast_us, fill=False, **options):
 def test_chain_that_pays_only_as_a_whole_goes_fp16():
     """Rules 1-3: alone, each MatMul loses (5 + 2 x 3 > 10: ALLOW_DOES_NOT_PAY). Together with
     the Add and Relu between them, 4 nodes save 20 us and need 2 Casts (6 us): both MatMuls
-    switch to fp16 (ALLOW_ISLAND_PAYS); the Add and Relu are left for pass 3, which fills them."""
+    switch to fp16 (ALLOW_ISLAND_PAYS); the Add and Relu are left for fill_infer_clear, which
+    fills them."""
     ctx, results = islands(MM_ADD_RELU_MM, cast_us=3.0)
     assert reasons(ctx) == {"mm1": "ALLOW_ISLAND_PAYS", "mm2": "ALLOW_ISLAND_PAYS"}
     assert ctx.plan.get("mm1").numbers == {"fp32_us": 40.0, "fp16_us": 20.0, "cast_us": 6.0, "gain_us": 14.0}
@@ -96,7 +97,7 @@ def test_island_through_clear_ops():
 
 
 def test_deny_downstream_cuts_the_island():
-    """Rules run after pass 2: an Add downstream of an Exp is fp32 (DENY_DOWNSTREAM) and is no
+    """Rules run after deny_propagation: an Add downstream of an Exp is fp32 (DENY_DOWNSTREAM) and is no
     passage, so the two MatMuls it connects form no island and stay fp32."""
     text = EXP_BETWEEN_MATMULS
     ctx, _ = islands(text, cast_us=3.0)
@@ -104,8 +105,8 @@ def test_deny_downstream_cuts_the_island():
     assert reasons(ctx)["mm1"] == reasons(ctx)["mm2"] == "ALLOW_DOES_NOT_PAY"
 
 
-def test_only_pass_1_decisions_join_an_island():
-    """Rule 1: an allow node fixed by pass 0 (user exclusion) is no member: the other MatMul is
+def test_only_allow_by_cost_decisions_join_an_island():
+    """Rule 1: an allow node fixed by classify (user exclusion) is no member: the other MatMul is
     alone and priced with its tail only (rule 5: itself, the Add and the Relu, 30 us in fp32;
     not the excluded MatMul)."""
     ctx, _ = islands(MM_ADD_RELU_MM, cast_us=3.0, exclude_nodes=("^mm2$",))

@@ -1,4 +1,4 @@
-"""Pass 0 (``classify``): the nodes the four passes must not touch, each with its reason.
+"""``classify``: the nodes the four passes must not touch, each with its reason.
 
 Every test runs Classify alone on a fresh plan and states which nodes it decides (and how) and
 which it leaves open for the four passes.

@@ -1,4 +1,4 @@
-"""Pass 4 (``clear_by_cost``): clear-list groups next to fp16 ops go fp16 when the Casts saved
+"""``clear_by_cost``: clear-list groups next to fp16 ops go fp16 when the Casts saved
 pay for the change of their own time.
 
 In the fake cost model of these tests the data-movement ops (Reshape, Transpose, Concat) take
@@ -130,7 +130,7 @@ def test_groups_are_split_by_decided_and_non_clear_nodes():
 
 
 def test_only_clear_nodes_are_decided():
-    """Pass 4 leaves undecided infer-list and allow-list nodes alone."""
+    """``clear_by_cost`` leaves undecided infer-list and allow-list nodes alone."""
     text = f"""
     g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
       [mm] a = MatMul(x, w)
@@ -147,7 +147,7 @@ def test_pass_names():
     assert ClearByCost(greedy=True).name == "clear_greedy"
 
 
-# Pass 4b (``ClearByCost(infer=True)``): an fp16 MatMul feeds a bias Add and a Tanh that end at
+# ``edge_by_cost`` (``ClearByCost(infer=True)``): an fp16 MatMul feeds a bias Add and a Tanh that end at
 # an Exp (deny list, fp32). Tail fp32: a Cast of the MatMul's output. Tail fp16: a Cast of the
 # Tanh's output instead (same size): no Cast saved, but the two infer ops run at fp16 speed.
 TAIL = f"""
@@ -169,7 +169,7 @@ def edge(text, pre, *, cast_us=1.0, speedup=2.0):
 
 
 def test_infer_tail_of_an_fp16_gemm_goes_fp16_when_it_pays():
-    """Pass 4b: the Add and Tanh (10 us each fp32, 5 us fp16) move the MatMul's Cast to the
+    """edge_by_cost: the Add and Tanh (10 us each fp32, 5 us fp16) move the MatMul's Cast to the
     Tanh's output: 10 us saved, Casts unchanged. (The numbers also count the fp16 MatMul, 5 us
     either way: MatMul + Add is a fusable chain, so its time depends on the Add's precision.)"""
     ctx = edge(TAIL, {"mm": "fp16", "exp": "fp32"})
@@ -177,9 +177,9 @@ def test_infer_tail_of_an_fp16_gemm_goes_fp16_when_it_pays():
     assert ctx.plan.get("add").numbers == {"fp32_us": 25.0, "fp16_us": 15.0, "cast_us": 0.0, "gain_us": 10.0}
 
 
-def test_infer_tail_stays_fp32_when_fp16_is_no_faster_and_plain_pass_4_leaves_it():
-    """Pass 4b: with no fp16 speed-up nothing is gained: EDGE_DOES_NOT_PAY; pass 4 alone (clear
-    ops only) never looks at infer ops."""
+def test_infer_tail_stays_fp32_when_fp16_is_no_faster_and_plain_clear_by_cost_leaves_it():
+    """edge_by_cost: with no fp16 speed-up nothing is gained: EDGE_DOES_NOT_PAY; clear_by_cost
+    alone (clear ops only) never looks at infer ops."""
     ctx = edge(TAIL, {"mm": "fp16", "exp": "fp32"}, speedup=1.0)
     assert {n: reasons(ctx)[n] for n in ("add", "tanh")} == dict.fromkeys(("add", "tanh"), "EDGE_DOES_NOT_PAY")
     ctx = build_context(parse(TAIL), cost=FakeCost(cast_us=1.0))

@@ -1,4 +1,4 @@
-"""Pass 2 (``deny_propagation``): deny-list ops, and the infer/clear ops they feed, stay fp32."""
+"""``deny_propagation``: deny-list ops, and the infer/clear ops they feed, stay fp32."""
 
 from __future__ import annotations
 
@@ -32,15 +32,15 @@ def analyse(text, *passes, pre=None, cost=None, **options):
 def test_exp_add_mul_matmul():
     """Rules 1 and 2: Exp -> Add -> Mul -> MatMul. Exp is deny-list fp32; Add and Mul are
     downstream of it through infer-list ops: fp32 (DENY_DOWNSTREAM). The MatMul was decided by
-    pass 1 (it pays: 5 + 2 x 0.5 < 10) and the walk stops there."""
+    allow_by_cost (it pays: 5 + 2 x 0.5 < 10) and the walk stops there."""
     ctx = analyse(EXP_CHAIN, AllowByCost(), DenyPropagation())
     assert reasons(ctx) == {"mm": "ALLOW_PAYS", "exp": "DENY_LIST", "add": "DENY_DOWNSTREAM", "mul": "DENY_DOWNSTREAM"}
     assert precisions(ctx) == {"mm": "fp16", "exp": "fp32", "add": "fp32", "mul": "fp32"}
 
 
-def test_exp_chain_matmul_not_paying_is_still_pass_1s():
-    """The MatMul keeps pass 1's decision (fp32, ALLOW_DOES_NOT_PAY with 10 us Casts): pass 2
-    never marks allow-list nodes."""
+def test_exp_chain_matmul_not_paying_keeps_allow_by_cost_decision():
+    """The MatMul keeps allow_by_cost's decision (fp32, ALLOW_DOES_NOT_PAY with 10 us Casts):
+    deny_propagation never marks allow-list nodes."""
     ctx = analyse(EXP_CHAIN, AllowByCost(), DenyPropagation(), cost=FakeCost(cast_us=10.0))
     assert reasons(ctx)["mm"] == "ALLOW_DOES_NOT_PAY"
 
@@ -124,7 +124,7 @@ def test_excluded_deny_node_still_propagates():
 
 
 def test_deny_downstream_is_not_reopened_between_fp16_ops():
-    """Pass 2 runs before pass 3: an Add after an Exp and between two fp16 MatMuls stays fp32
+    """deny_propagation runs before fill_infer_clear: an Add after an Exp and between two fp16 MatMuls stays fp32
     (an fp16 Add after an Exp would overflow just the same)."""
     text = EXP_BETWEEN_MATMULS
     ctx = analyse(text, DenyPropagation(), FillInferClear(), pre={"mm1": "fp16", "mm2": "fp16"})

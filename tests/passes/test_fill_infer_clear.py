@@ -1,4 +1,4 @@
-"""Pass 3 (``fill_infer_clear``): infer/clear ops on a path between fp16 ops go fp16."""
+"""``fill_infer_clear``: infer/clear ops on a path between fp16 ops go fp16."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_path_through_a_decided_fp32_node_is_cut():
 
 
 def test_path_through_an_unknown_op_is_cut():
-    """Only infer/clear nodes are walked: a Hardmax (in no list, fp32 from pass 0) between the
+    """Only infer/clear nodes are walked: a Hardmax (in no list, fp32 from classify) between the
     Add and the Relu leaves both open."""
     text = f"""
     g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
@@ -78,8 +78,8 @@ def test_side_branch_off_the_path_stays_open():
 
 
 def test_user_included_nodes_seed_the_fill():
-    """Seeds are any fp16 nodes, not only pass 1's: MatMuls the user included (fp16 from pass
-    0) fill the Add and Relu between them with no pass 1 at all."""
+    """Seeds are any fp16 nodes, not only allow_by_cost's: MatMuls the user included (fp16
+    from classify) fill the Add and Relu between them with no allow_by_cost at all."""
     ctx = build_context(parse(MM_ADD_RELU_MM), cost=FakeCost(), include_nodes=("^mm",))
     run_passes(ctx, Classify(), FillInferClear())
     assert reasons(ctx) == {"mm1": "USER_INCLUDED", "mm2": "USER_INCLUDED", "add": "BETWEEN_FP16", "relu": "BETWEEN_FP16"}

@@ -19,8 +19,8 @@ g (float[4,8] x) => (float[4,8] y, int64[2] s) <float[8,8] w = {%s}> {
 
 
 def test_fp16_policy_sends_every_open_node_to_fp16():
-    """Rule 1: after pass 0, every undecided node (MatMul, and the deny-list Exp) goes fp16
-    (POLICY_FP16); pass 0's decisions (Hardmax unknown, Shape no float) stay."""
+    """Rule 1: after classify, every undecided node (MatMul, and the deny-list Exp) goes fp16
+    (POLICY_FP16); classify's decisions (Hardmax unknown, Shape no float) stay."""
     ctx = build_context(parse(MODEL), cost=FakeCost())
     run_passes(ctx, Classify(), UniformPrecision(Precision.FP16, Reason.POLICY_FP16))
     assert reasons(ctx) == {"mm": "POLICY_FP16", "exp": "POLICY_FP16", "hm": "UNKNOWN_OP", "shape": "NO_FLOAT"}

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto
 
 import onnxcampo
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo.cli import main
 from onnxcampo.errors import ConfigError
 
@@ -80,7 +80,7 @@ def test_model_stays_valid_and_keeps_ir_version_and_opsets(optimized):
     ORT's default-domain ops aside passes in full."""
     _, _, original, result = optimized
     assert checker_error(result.model) == checker_error(original)
-    graph_io.check_model(result.model, full_check=True)
+    ir.check_model(result.model, full_check=True)
     assert result.model.ir_version == original.ir_version
     assert list(result.model.opset_import) == list(original.opset_import)
 
@@ -142,7 +142,7 @@ def test_without_declared_value_infos_every_float_tensor_is_still_typed():
     model = onnx.load(str(training_model("mlp")))
     del model.graph.value_info[:]
     result = onnxcampo.optimize(model, policy="amp", dim_values=BATCH, check_invariants=True)
-    graph_io.check_model(result.model, full_check=True)
+    ir.check_model(result.model, full_check=True)
     plan = result.report["plan"]
     assert plan["onnx::SoftmaxCrossEntropyLoss::4_Grad/SoftmaxCrossEntropyLossGrad_0"]["precision"] == "fp32"
     casts = {out: n for n in result.model.graph.node if n.op_type == "Cast" for out in n.output}
@@ -166,7 +166,7 @@ def test_cli_inspect_and_optimize_a_fixture(tmp_path, capsys):
     written = tmp_path / "training_model.onnx"
     code = main(["optimize", str(training_model("cnn")), str(written), "--policy", "amp", "--dim", "batch=16"])
     assert code == 0 and written.exists()
-    graph_io.read_model(written)
+    ir.read_model(written)
     capsys.readouterr()
     code = main(["optimize", str(training_model("mlp")), str(tmp_path / "x.onnx"), "--no-keep-io-types"])
     err = capsys.readouterr().err

@@ -178,10 +178,10 @@ def test_overhead_counts_what_loss_scaling_adds_and_plans_pay_it(optimizer, fuse
     """overhead() predicts the nodes add_loss_scaling inserts (standard ops: Mul, ReduceSum and a
     Where per tensor; fused: one UnscaleCheckFinite), and the plan comparison charges them to the
     mixed plans of a training step, not to fp32."""
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
 
     step = build_train_step(mlp(), loss="cross_entropy", optimizer=optimizer, fused=fused)
-    info, _ = graph_io.infer_tensor_info(step)
+    info, _ = ir.infer_tensor_info(step)
     cost = overhead(step, lambda name: info[name].numel if name in info else None)
     scaled = onnx.ModelProto()
     scaled.CopyFrom(step)
@@ -219,9 +219,9 @@ def test_overhead_counts_what_loss_scaling_adds_and_plans_pay_it(optimizer, fuse
 
 def _dtype_read_by(model: onnx.ModelProto, node_name: str) -> int:
     """The element type of the first input of ``node_name`` in ``model`` (shape inference)."""
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
 
-    info, _ = graph_io.infer_tensor_info(model)
+    info, _ = ir.infer_tensor_info(model)
     node = next(n for n in model.graph.node if n.name == node_name)
     return info[node.input[0]].dtype
 
@@ -265,9 +265,9 @@ def test_weight_gradient_sums_read_fp16_under_campo_with_loss_scaling():
 
 def _cast_elements(model: onnx.ModelProto) -> int:
     """Elements all the Casts of ``model`` convert (shape inference)."""
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
 
-    info, _ = graph_io.infer_tensor_info(model)
+    info, _ = ir.infer_tensor_info(model)
     return sum(info[n.output[0]].numel for n in model.graph.node if n.op_type == "Cast")
 
 

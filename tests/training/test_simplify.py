@@ -254,9 +254,9 @@ def _reduce_model(shape, axes, keepdims: int, opset: int = 17) -> onnx.ModelProt
 
 def _reduced_axes(model: onnx.ModelProto) -> list[tuple[tuple[int, ...], list[int]]]:
     """(input shape, axes) of every ReduceSum, from shape inference."""
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
 
-    info, _ = graph_io.infer_tensor_info(model)
+    info, _ = ir.infer_tensor_info(model)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     found = []
     for node in model.graph.node:

@@ -11,7 +11,7 @@ import pytest
 from helpers import FLOAT, make_model, tensor_vi
 from onnx import TensorProto, helper
 
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo.errors import ModelLoadError
 
 MS = "com.microsoft"
@@ -37,17 +37,17 @@ def test_ort_default_domain_training_op_passes_the_check_and_is_left_as_it_was(t
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     for source in (model, path):
-        loaded, _ = graph_io.read_model(source)
+        loaded, _ = ir.read_model(source)
         assert loaded.graph.node[0].domain == ""
         assert [(o.domain, o.version) for o in loaded.opset_import] == [("", 17), (MS, 1)]
-    graph_io.check_model(model, full_check=True)
+    ir.check_model(model, full_check=True)
     assert model.graph.node[0].domain == "" and len(model.opset_import) == 2
 
 
 def test_unknown_default_domain_op_is_still_rejected():
     """Only ORT's known default-domain training ops are exempt: a misspelt one is an error."""
     with pytest.raises(ModelLoadError, match="No Op registered for MaxPoolGradd"):
-        graph_io.read_model(_pool_grad_model("MaxPoolGradd"))
+        ir.read_model(_pool_grad_model("MaxPoolGradd"))
 
 
 def test_dtypes_behind_ops_without_schema():
@@ -68,7 +68,7 @@ def test_dtypes_behind_ops_without_schema():
         opsets=OPSETS,
     )
     del model.graph.output[1:]  # leave pooled and mask undeclared
-    info, _ = graph_io.infer_tensor_info(model)
+    info, _ = ir.infer_tensor_info(model)
     assert {name: info[name].dtype for name in ("dx", "db", "dx4", "pooled", "mask")} == {
         "dx": FLOAT, "db": FLOAT, "dx4": FLOAT, "pooled": FLOAT, "mask": TensorProto.INT64}
 
@@ -86,6 +86,6 @@ def test_named_dims_pin_declared_value_infos_behind_ops_without_schema(pins):
         [tensor_vi("x", ["batch", 8]), tensor_vi("dy", ["batch", 8]), tensor_vi("w", [8, 4])],
         [tensor_vi("y", ["batch", 4])], value_info=[tensor_vi("dx", ["batch", 8])], opsets=OPSETS,
     )
-    info, _ = graph_io.infer_tensor_info(model, **pins)
+    info, _ = ir.infer_tensor_info(model, **pins)
     assert info["dx"].shape == (16, 8) and info["y"].shape == (16, 4)
     assert model.graph.value_info[0].type.tensor_type.shape.dim[0].dim_param == "batch"  # input untouched

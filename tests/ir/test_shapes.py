@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 from helpers import MM_ADD_RELU_MM, FakeCost, build_context, parse, reasons, run_passes
 
-from onnxcampo import ir as graph_io
+from onnxcampo import ir
 from onnxcampo import optimize
 from onnxcampo.ir import shapes
 from onnxcampo.ir.shapes import TensorInfo
@@ -70,7 +70,7 @@ def without_symbolic(monkeypatch):
 
 
 def _shapes(model, **options):
-    info, unresolved = graph_io.infer_tensor_info(model, **options)
+    info, unresolved = ir.infer_tensor_info(model, **options)
     return {name: entry.shape for name, entry in info.items()}, unresolved
 
 
