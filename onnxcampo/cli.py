@@ -313,14 +313,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
     from onnxcampo.api import optimize
 
     config = _config(args)
     input_path = args.input if args.input.exists() else None
-    output = graph_io.check_output_path(args.output, input_path)
+    output = ir.check_output_path(args.output, input_path)
     if args.report is not None:
-        graph_io.check_output_path(args.report, input_path)
+        ir.check_output_path(args.report, input_path)
     inputs = None
     if args.inputs and not (config.tune or config.activation_limit is not None or args.validate):
         raise ConfigError("--inputs feeds --validate, --tune or --activation-limit; none of them is given")
@@ -329,7 +329,7 @@ def _optimize(args: argparse.Namespace) -> int:
         from onnxcampo.training.scaling import is_train_step
         from onnxcampo.training.step import step_spec
 
-        model, _ = graph_io.read_model(args.input)
+        model, _ = ir.read_model(args.input)
         # a training step is timed on its batch (and labels); weights and state come from the graph
         batch = step_spec(model).batch if is_train_step(model) else None
         inputs = load_inputs_npz(args.inputs, model, only=batch)
@@ -346,7 +346,7 @@ def _optimize(args: argparse.Namespace) -> int:
         )
     result.save(output)
     if args.report:
-        graph_io.write_text_atomically(args.report, json.dumps(report, indent=1) + "\n")
+        ir.write_text_atomically(args.report, json.dumps(report, indent=1) + "\n")
     print(summary(report, output), file=sys.stderr)
     return 0
 
@@ -392,11 +392,11 @@ def _failure(row: dict) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
     from onnxcampo.bench import bench, write_json
 
     if args.json is not None:
-        graph_io.check_output_path(args.json, args.input if args.input.exists() else None)
+        ir.check_output_path(args.json, args.input if args.input.exists() else None)
     result = bench(args.input, policies=args.policies, provider=args.provider, execution=args.execution,
                    input_shapes=dict(parse_input_shape(text) for text in args.input_shape),
                    dim_values=dict(parse_dim_value(text) for text in args.dim), inputs=args.inputs,
@@ -422,21 +422,21 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _train_graph(args: argparse.Namespace) -> int:
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
     from onnxcampo import ops
     from onnxcampo.training import build_train_step, step_spec
 
-    output = graph_io.check_output_path(args.output, args.forward if args.forward.exists() else None)
+    output = ir.check_output_path(args.output, args.forward if args.forward.exists() else None)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     step = build_train_step(args.forward, loss=args.loss, optimizer=args.optimizer, lr=args.lr,
                             freeze=args.freeze, input_shapes=shapes, fused=None if args.fused_ops else False,
                             simplify=args.simplify)
-    graph_io.save_model(step, output)
+    ir.save_model(step, output)
     spec = step_spec(step)
     update = "fused ai.onnxcampo op" if ops.uses_ops(step) else "standard ops"
     print(f"onnxcampo: wrote {output}: {len(spec.weights)} weights trained with {args.optimizer} ({update}) on "
           f"{args.loss}; batch inputs {', '.join(spec.batch)}; {len(step.graph.node)} nodes", file=sys.stderr)
-    frozen = graph_io.metadata(step, "onnxcampo.frozen")
+    frozen = ir.metadata(step, "onnxcampo.frozen")
     if frozen:
         print(f"onnxcampo: {frozen}", file=sys.stderr)
     return 0
@@ -448,7 +448,7 @@ MAX_SKIPPED_STEPS = 20  # non-finite losses in a row tolerated while the loss sc
 def _train(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from onnxcampo import ir as graph_io
+    from onnxcampo import ir
     from onnxcampo.training import Trainer, initial_weights
 
     if not args.data.is_file():
@@ -458,8 +458,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.out is not None:
         if args.forward is None:
             raise ConfigError("--out needs --forward: the trained weights are written into the forward model")
-        graph_io.check_output_path(args.out, args.forward)
-    step_model, _ = graph_io.read_model(args.step)
+        ir.check_output_path(args.out, args.forward)
+    step_model, _ = ir.read_model(args.step)
     weights = initial_weights(args.forward, step_model) if args.forward else None
     trainer = Trainer(step_model, weights=weights, provider=args.provider, lr=args.lr, cuda_graph=args.cuda_graph)
     ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in step_model.graph.input}
@@ -483,9 +483,9 @@ def _train(args: argparse.Namespace) -> int:
             print(f"\rstep {index + 1}/{args.steps}: loss {loss:.5g}{shown}   ", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     if args.log:
-        graph_io.write_text_atomically(args.log, "\n".join(lines) + "\n")
+        ir.write_text_atomically(args.log, "\n".join(lines) + "\n")
     if args.out:
-        graph_io.save_model(trainer.export(args.forward), args.out)
+        ir.save_model(trainer.export(args.forward), args.out)
         print(f"onnxcampo: wrote {args.out}", file=sys.stderr)
     return 0
 
