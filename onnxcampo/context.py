@@ -1,7 +1,8 @@
 """What every pass reads: the graph, its tensor table, node signatures, list membership, costs.
 
-Built once after loading. Analysis passes read it and write only ``plan``; mutating passes change
-``graph`` and keep ``dtypes`` (the current elem type of every tensor) in step.
+Built once after loading. The passes work on a :class:`Planning` over it (the context's tables
+and the plan being made): analysis passes write only the plan; mutating passes change ``graph``
+and keep ``dtypes`` (the current elem type of every tensor) in step.
 """
 
 from __future__ import annotations
@@ -63,9 +64,7 @@ class GraphContext:
     graph_outputs: set[str] = field(default_factory=set)
     implicit_names: set[str] = field(default_factory=set)
     original_inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    plan: PrecisionPlan = field(default_factory=PrecisionPlan)
     unresolved_dims: list[str] = field(default_factory=list)
-    padding_enabled: bool = False  # cost estimates count Tensor Core padding (campo plans)
     training_fp32: frozenset[str] = frozenset()  # loss and update nodes of a training step
     activation_max: dict[str, float] = field(default_factory=dict)  # calibration: tensor -> max |x|
     # a training step: what dynamic loss scaling adds to a plan with fp16 nodes (None: nothing),
@@ -264,3 +263,26 @@ def _unique_uses(uses: list[Use]) -> list[Use]:
             result.append(use)
     return result
 
+
+
+class Planning:
+    """What the passes work on: a context's tables, read and written through, and the one plan
+    being made (``plan``) with how it is costed (``padding``: Tensor Core padding counted, for
+    campo's plans). The context itself holds no plan: each policy's plan is made on a Planning
+    of its own over the same context."""
+
+    _OWN = frozenset({"ctx", "plan", "padding"})
+
+    def __init__(self, ctx: GraphContext, plan: PrecisionPlan | None = None, *, padding: bool = False) -> None:
+        object.__setattr__(self, "ctx", ctx)
+        object.__setattr__(self, "plan", plan if plan is not None else PrecisionPlan())
+        object.__setattr__(self, "padding", padding)
+
+    def __getattr__(self, name: str):
+        return getattr(self.ctx, name)  # every table, cache and method of the context
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in Planning._OWN:
+            object.__setattr__(self, name, value)
+        else:  # a mutating pass refreshing ctx.nodes, a rule filling a table: the context's
+            setattr(self.ctx, name, value)

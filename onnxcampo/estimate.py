@@ -178,7 +178,7 @@ def _alone_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float
     fp32 = ctx.fp32_us[node.name]
     if precision is Precision.FP32:
         return fp32
-    if ctx.padding_enabled:
+    if ctx.padding:
         plan = pad_plan(ctx, node)
         if plan is not None:
             return plan.padded_us
@@ -250,7 +250,7 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
 
 def _pad_nodes(ctx: GraphContext, precision_of: PrecisionOf) -> int:
     """Pad and Slice nodes the padding pass adds to fp16 products (weights are padded offline)."""
-    if not ctx.padding_enabled:
+    if not ctx.padding:
         return 0
     count = 0
     for node in ctx.nodes:

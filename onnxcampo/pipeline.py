@@ -23,7 +23,7 @@ from onnxcampo import __version__
 from onnxcampo import estimate, fuse, oplists
 from onnxcampo import ir
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.context import GraphContext
+from onnxcampo.context import GraphContext, Planning
 from onnxcampo.costdb.select import load_cost_model
 from onnxcampo.errors import ConfigError
 from onnxcampo.passes.allow_by_cost import AllowByCost
@@ -142,9 +142,9 @@ def run(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None =
 
 def run_loaded(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> OptimizeResult:
     prepared = prepare(loaded, inputs)
-    ctx, config = prepared.ctx, prepared.ctx.config
-    chosen = plan_policies(ctx)
-    ctx.plan = chosen.plans[config.policy]
+    config = prepared.ctx.config
+    chosen = plan_policies(prepared.ctx)
+    ctx = Planning(prepared.ctx, chosen.plans[config.policy])  # the chosen plan, applied and exported
     results = apply(ctx)
     report = build_report(ctx, loaded.source, chosen.plans, chosen.times, chosen.chosen, chosen.notes, results)
     report["fuse"] = prepared.fused
@@ -177,7 +177,7 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
     cost = load_cost_model(config.device_db)
     ctx = GraphContext.build(original, source, config, cost, info, unresolved)
     if training:
-        analyse(ctx, ctx.plan, TRAINING)  # tables only: no plan yet
+        analyse(Planning(ctx), TRAINING)  # tables only: no plan yet
     if config.cost_graph == "ort":
         read_executed_graph(ctx)
     if config.activation_limit is not None:
@@ -195,14 +195,13 @@ def plan_policies(ctx: GraphContext) -> Plans:
     beat), each costed, and the choice among them (:func:`choose_plan`)."""
     config = ctx.config
     ctx.freeze_topology(True)
-    fixed = analyse(ctx, PrecisionPlan(), CLASSIFY)
+    fixed = analyse(Planning(ctx), CLASSIFY)
     plans, times = {}, {}
     for name in dict.fromkeys((config.policy, "fp32", "amp")):
         # Only campo pads for Tensor Cores; the other plans are costed as they would run.
-        ctx.padding_enabled = name == "campo" and config.pad_tensor_cores
-        plans[name] = analyse(ctx, fixed.copy(), ANALYSIS[name])
-        times[name] = estimate.plan_time(ctx, plans[name])
-    ctx.padding_enabled = False
+        planning = Planning(ctx, fixed.copy(), padding=name == "campo" and config.pad_tensor_cores)
+        plans[name] = analyse(planning, ANALYSIS[name])
+        times[name] = estimate.plan_time(planning, plans[name])
     ctx.freeze_topology(False)
     chosen, notes = choose_plan(config, plans, times)
     return Plans(plans, times, chosen, notes)
@@ -239,21 +238,20 @@ def choose_plan(config: OptimizeConfig, plans: dict[str, PrecisionPlan],
     return chosen, notes
 
 
-def analyse(ctx: GraphContext, plan: PrecisionPlan, passes) -> PrecisionPlan:
-    """Run analysis ``passes`` from ``plan`` and return the plan they leave."""
-    ctx.plan = plan
-    PassManager(passes, check_invariants=ctx.config.check_invariants, name="analyse").run(ctx)
-    return ctx.plan
+def analyse(planning: Planning, passes) -> PrecisionPlan:
+    """Run analysis ``passes`` on ``planning`` and return the plan they leave."""
+    PassManager(passes, check_invariants=planning.config.check_invariants, name="analyse").run(planning)
+    return planning.plan
 
 
-def apply(ctx: GraphContext) -> list[PassResult]:
+def apply(ctx: Planning) -> list[PassResult]:
     """The mutating passes on the chosen plan (invariants checked after each with ``--debug``)."""
     manager = PassManager(mutating_passes(ctx.config), check_invariants=ctx.config.check_invariants, name="apply")
     manager.run(ctx)
     return manager.results
 
 
-def export(ctx: GraphContext, original: onnx.ModelProto, training: bool, report: dict) -> onnx.ModelProto:
+def export(ctx: Planning, original: onnx.ModelProto, training: bool, report: dict) -> onnx.ModelProto:
     """The written model: the edited graph as a model file, then the :data:`FINISHING` passes on
     it (each recorded in ``report``; with ``check_invariants`` the ONNX checker after each)."""
     config = ctx.config
@@ -272,7 +270,7 @@ class Exported:
     """What the finishing passes work on: the model file as written, and what they read."""
 
     model: onnx.ModelProto
-    ctx: GraphContext
+    ctx: Planning
     training: bool
     report: dict
     starting_weights: list[onnx.TensorProto]

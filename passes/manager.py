@@ -36,7 +36,11 @@ class PassResult:
 
 
 class PassBase(abc.ABC):
-    """One rule over the graph. Subclasses set ``name`` and implement :meth:`run`."""
+    """One rule over the graph. Subclasses set ``name`` and implement :meth:`run`.
+
+    The precision passes' operand is an :class:`onnxcampo.context.Planning`: the context's tables
+    (``ctx.categories``, ``ctx.features``, ...) read through it, and ``ctx.plan``, the plan being
+    made (``ctx.padding``: whether it is costed with Tensor Core padding)."""
 
     name: str = "pass"
     mutates: bool = False

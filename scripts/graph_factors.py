@@ -43,7 +43,7 @@ def predicted_by_class(path: Path, database: Path) -> dict[str, float]:
     from onnxcampo import api, estimate
     from onnxcampo import ir
     from onnxcampo.config import OptimizeConfig
-    from onnxcampo.context import GraphContext
+    from onnxcampo.context import GraphContext, Planning
     from onnxcampo.costdb.select import load_cost_model
     from onnxcampo.plan import Precision, PrecisionPlan, Reason
 
@@ -51,7 +51,7 @@ def predicted_by_class(path: Path, database: Path) -> dict[str, float]:
     ir.name_nodes(model)
     config = OptimizeConfig(device_db=database, execution="cuda-graph")
     info, unresolved = ir.infer_tensor_info(model)
-    ctx = GraphContext.build(model, path, config, load_cost_model(database), info, unresolved)
+    ctx = Planning(GraphContext.build(model, path, config, load_cost_model(database), info, unresolved))
     api.read_executed_graph(ctx)
     plan = PrecisionPlan()
     for node in ctx.nodes:

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.context import GraphContext
+from onnxcampo.context import GraphContext, Planning
 from onnxcampo.costdb.features import OpFeatures
 from onnxcampo.costdb.model import CostModel
 from onnxcampo.passes.manager import PassManager
@@ -100,8 +100,9 @@ class FakeCost(CostModel):
 
 # --- contexts -------------------------------------------------------------------------------
 def build_context(model: onnx.ModelProto, *, cost: CostModel | None = None,
-                  config: OptimizeConfig | None = None, **options) -> GraphContext:
-    """The context ``optimize`` builds, with a fresh plan (the input model is not modified)."""
+                  config: OptimizeConfig | None = None, **options) -> Planning:
+    """The context ``optimize`` builds, as the passes see it: a Planning with a fresh plan (the input
+    model is not modified)."""
     config = (config or OptimizeConfig()).replace(**options) if options else (config or OptimizeConfig())
     working, source = ir.read_model(model)
     ir.name_nodes(working)
@@ -109,8 +110,7 @@ def build_context(model: onnx.ModelProto, *, cost: CostModel | None = None,
         working, input_shapes=config.input_shapes, dim_values=config.dim_values, require_static=False
     )
     ctx = GraphContext.build(working, source, config, cost or FakeCost(), info, unresolved)
-    ctx.plan = PrecisionPlan()
-    return ctx
+    return Planning(ctx, PrecisionPlan())
 
 
 def run_passes(ctx: GraphContext, *passes, check_invariants: bool = True):
