@@ -188,3 +188,19 @@ def test_saved_model_has_the_usual_permissions(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_the_pipeline_runs_step_by_step_as_the_python_api_guide_shows():
+    # docs/guide/python-api.md: load -> prepare -> plan_policies, the plans and their costs
+    from importlib import resources
+
+    from onnxcampo import OptimizeConfig, pipeline
+
+    example = resources.files("onnxcampo.examples") / "mlp_block.onnx"
+    config = OptimizeConfig(input_shapes={"x": (16384, 256)}, cost_graph="onnx")
+    loaded = pipeline.load(str(example), config, None)
+    prepared = pipeline.prepare(loaded)
+    chosen = pipeline.plan_policies(prepared.ctx)
+    assert set(chosen.plans) == {"campo", "fp32", "amp"} and chosen.chosen in chosen.plans
+    assert chosen.times["campo"].total_us > 0 and isinstance(chosen.notes, list)
+    assert [p.name for p in pipeline.FINISHING] and pipeline.ANALYSIS["amp"]
