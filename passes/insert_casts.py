@@ -158,17 +158,21 @@ class InsertCasts(PassBase):
 
     # --- rule 5 -------------------------------------------------------------------------
     def _retype_graph_inputs(self) -> None:
-        # The rule casting.tensor_casts counts for a graph input (fp16 when every reader wants
-        # fp16), read here off the Casts made: the input's only readers are Casts to its fp16
-        # version. It differs where a reader takes any dtype (Shape): tensor_casts ignores that
-        # reader and counts no Cast, while here the input keeps its dtype and the fp16 readers'
-        # Cast stays (the estimate is one Cast short; left as is, a behaviour change to settle).
+        # The rule casting.tensor_casts counts for a graph input (fp16 when every reader that
+        # cares wants fp16), read here off the Casts made: the input's readers are Casts to its
+        # fp16 version and readers of any dtype (Shape, Size), which read the fp16 input as well.
         ctx = self.ctx
         for tensor in ctx.graph.inputs:
             if ctx.dtype(tensor) != TensorProto.FLOAT:
                 continue
             half = self.cache.get((tensor.name, TensorProto.FLOAT16))
-            if half is None or any(c for c in tensor.outputs if not (c.op == "Cast" and c.outputs[0] is half)):
+            if half is None:
+                continue
+            slots: dict[int, set[Slot]] = {}
+            for use in ctx.uses(tensor):
+                slots.setdefault(id(use.node), set()).add(use.slot)
+            any_dtype = {node for node, kinds in slots.items() if kinds == {Slot.ANY}}
+            if any(c for c in tensor.outputs if not (c.op == "Cast" and c.outputs[0] is half) and id(c) not in any_dtype):
                 continue
             cast = half.inputs[0]
             for consumer in list(half.outputs):

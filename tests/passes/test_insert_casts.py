@@ -365,6 +365,24 @@ def test_io_types_change_without_keep_io_types():
     assert [o.name for o in model.graph.output] == ["y", "z", "t"]
 
 
+def test_a_reader_of_any_dtype_does_not_keep_an_input_fp32():
+    """Rule 5: a Shape reads x in any dtype, so x, read otherwise only in fp16, becomes fp16 with
+    no Cast, as ``casting.tensor_casts`` counts it (it was kept fp32 with a Cast for the Relu, one
+    Cast more than the estimate's)."""
+    model = parse("""
+    g (float[4,8] x) => (float[4,8] y, int64[2] s) {
+      [relu] y = Relu(x)
+      [shape] s = Shape(x)
+    }
+    """)
+    result = optimize(model, config=OptimizeConfig(policy="fp16", keep_io_types=False), check_invariants=True)
+    assert io_types(result.model)["x"] == FLOAT16 and not casts(result.model)
+    assert node(result.model, "shape").input[0] == "x"
+    assert result.report["casts_inserted"] == result.report["predicted_us"]["fp16"]["casts"] == 0
+    (y, shape) = reference_run(result.model, {"x": np.ones((4, 8), np.float16)})
+    assert shape.tolist() == [4, 8] and y.dtype == np.float16
+
+
 def test_keep_io_types_false_end_to_end_runs_in_fp16():
     """Rule 5 end to end: policy fp16 without keep_io_types takes and gives fp16 tensors."""
     model = parse("""
