@@ -13,8 +13,7 @@ Rules:
 4. a constant all of whose uses want fp16 is converted in place; one with fp32 uses too is
    duplicated;
 5. with ``keep_io_types`` off, a graph input read only in fp16 (and by readers of any dtype, such as
-   Shape) becomes an fp16 input, and graph
-   outputs take the dtype their producer gives them.
+   Shape) becomes an fp16 input, and graph outputs take the dtype their producer gives them.
 The graph is topologically sorted at the end. Which dtype a tensor has and each use needs, and
 which names are pinned, are the rules of ``onnxcampo.casting``, which the estimate counts too.
 """
