@@ -788,7 +788,7 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
     gpu = gpu_table(rows)
     if gpu:
         lines += ["GPU time per step by kernel class (CUPTI through `torch.profiler`, the step with ORT's graph "
-                  "optimizations on, 5 steps; kernel names put in classes by `bench_measure.KERNEL_CLASSES`):", ""]
+                  "optimizations on, 5 steps; kernel names put in classes by `benchkit.measure.KERNEL_CLASSES`):", ""]
         lines += gpu + [""]
     failures = [r for r in rows if r.get("status") != "ok"]
     if failures:
