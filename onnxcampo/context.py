@@ -279,6 +279,8 @@ class Planning:
         object.__setattr__(self, "padding", padding)
 
     def __getattr__(self, name: str):
+        if name in Planning._OWN:  # not set yet (copy/pickle build the object without __init__)
+            raise AttributeError(name)
         return getattr(self.ctx, name)  # every table, cache and method of the context
 
     def __setattr__(self, name: str, value) -> None:

@@ -204,3 +204,24 @@ def test_the_pipeline_runs_step_by_step_as_the_python_api_guide_shows():
     assert set(chosen.plans) == {"campo", "fp32", "amp"} and chosen.chosen in chosen.plans
     assert chosen.times["campo"].total_us > 0 and isinstance(chosen.notes, list)
     assert [p.name for p in pipeline.FINISHING] and pipeline.ANALYSIS["amp"]
+
+
+def test_a_planning_reads_and_writes_its_context_but_owns_its_plan():
+    from helpers import build_context, parse
+
+    from onnxcampo.context import Planning
+    from onnxcampo.plan import Precision, Reason
+
+    planning = build_context(parse("""
+    g (float[4,8] x) => (float[4,8] y) {
+      [relu] y = Relu(x)
+    }
+    """))
+    other = Planning(planning.ctx)
+    planning.plan.decide("relu", Precision.FP16, Reason.POLICY_FP16)
+    assert not other.plan.items() and not hasattr(planning.ctx, "plan")  # the context holds no plan
+    planning.nodes = list(planning.nodes)  # what a mutating pass does: written to the context
+    assert other.nodes is planning.nodes and other.categories is planning.ctx.categories
+    import copy
+
+    assert copy.copy(planning).plan is planning.plan  # copies build it without __init__: no recursion
