@@ -456,7 +456,6 @@ def test_prepare_only_times_stages_and_records_no_results(tmp_path, capsys):
 
 def _softmax_classifier(written_out: bool):
     """x[2, 4] -> MatMul -> Softmax (or Exp(x - max) / sum, as jax2tf writes it) -> probabilities."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3) / 10, "w")

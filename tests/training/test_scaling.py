@@ -237,7 +237,6 @@ def test_weight_gradient_sums_read_fp16_under_campo_with_loss_scaling():
 
     step = build_train_step(wide_mlp(), loss="cross_entropy", optimizer="sgd", fused=False)
     sums = gradient_sums(step)
-    producers = {o: n for n in step.graph.node for o in n.output}
     by_name = {n.name: n for n in step.graph.node}
     assert len(sums) == 2 and all(by_name[n].op_type == "ReduceSum" for n in sums)
     # every other ReduceSum of the step is no weight gradient's
