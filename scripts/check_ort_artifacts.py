@@ -17,10 +17,9 @@ venv (onnxcampo itself needs a newer onnx than the training build accepts)::
 Prints a table, writes ``docs/training/ort-artifacts.md`` and ``ort-artifacts.json`` next to it
 (``--out``), and exits 1 if any check fails.
 
-It makes its own ``onnxruntime.InferenceSession`` (:func:`fp16_nodes_at_run_time`) instead of
-going through ``onnxcampo.runtime.make_session``, the only script that may: it runs in the
-onnxruntime-training venv, where onnxcampo is not installed (it calls onnxcampo's command line in
-the project venv). ``tests/test_runtime_door.py`` exempts it.
+onnxcampo is not installed in that venv (the script calls onnxcampo's command line in the project
+venv); the one inference session it needs (:func:`fp16_nodes_at_run_time`) comes from
+``onnxcampo/runtime/placed.py``, which imports nothing of onnxcampo and is loaded by its path.
 """
 
 from __future__ import annotations
@@ -69,25 +68,24 @@ def optimize(onnxcampo: str, source: Path, target: Path, policy: str, batch: int
     return {"nodes_fp16": data["nodes_fp16"], "casts": data["casts_inserted"], "chosen_plan": data["chosen_plan"]}
 
 
+def _placed_module():
+    """``onnxcampo/runtime/placed.py`` by its path (the package is not installed in this venv)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "onnxcampo" / "runtime" / "placed.py"
+    spec = importlib.util.spec_from_file_location("onnxcampo_placed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def fp16_nodes_at_run_time(training_model: Path, work: Path) -> int:
     """Nodes (other than Cast) still touching an fp16 tensor once ONNX Runtime's CPU has placed
-    the training graph (an inference session with graph optimizations off: what remains are the
-    transformations every session makes).
-
-    On the CPU most fp16 nodes have no fp16 kernel: ORT runs them in fp32 between Casts of its
-    own and then drops fp32->fp16->fp32 Cast pairs, so this can be far below the plan's count."""
-    placed = work / "as_placed.onnx"
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.optimized_model_filepath = str(placed)
-    onnxruntime.InferenceSession(str(training_model), options, providers=["CPUExecutionProvider"])
-    model = onnx.load(str(placed))
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
-    return sum(
-        1 for node in model.graph.node
-        if node.op_type != "Cast" and any(types.get(t) == onnx.TensorProto.FLOAT16 for t in (*node.input, *node.output))
-    )
+    the training graph (graph optimizations off: what remains are the transformations every
+    session makes). On the CPU most fp16 nodes have no fp16 kernel, so this can be far below the
+    plan's count."""
+    placed = _placed_module()
+    return placed.fp16_nodes(placed.placed_graph(training_model, work / "as_placed.onnx"))
 
 
 def train(folder: Path, training_model: Path, work: Path, steps: int, batch: int) -> dict:

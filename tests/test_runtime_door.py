@@ -14,9 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SEARCHED = ("onnxcampo", "costdb", "passes", "scripts")
 # the door itself; the custom-op library's load probe (ops.available() builds SessionOptions to
-# try registering the library); a script that runs in the onnxruntime-training venv, where
-# onnxcampo is not installed
-EXEMPT = ("onnxcampo/runtime/", "onnxcampo/ops/__init__.py", "scripts/check_ort_artifacts.py")
+# try registering the library)
+EXEMPT = ("onnxcampo/runtime/", "onnxcampo/ops/__init__.py")
 SESSION_MAKERS = re.compile(r"\b(InferenceSession|SessionOptions)\(")
 
 
@@ -47,3 +46,29 @@ def test_the_scan_sees_the_exempt_makers():
     for exempt in EXEMPT:
         texts = [path.read_text(encoding="utf-8") for name, path in modules.items() if name.startswith(exempt)]
         assert any(SESSION_MAKERS.search(text) for text in texts), exempt
+
+
+def test_the_placed_graph_door_stands_alone_for_the_training_venv():
+    # scripts/check_ort_artifacts.py loads it by path where onnxcampo is not installed
+    source = (ROOT / "onnxcampo" / "runtime" / "placed.py").read_text()
+    assert not re.search(r"^\s*(from|import) onnxcampo", source, re.M)
+    assert "placed.py" in (ROOT / "scripts" / "check_ort_artifacts.py").read_text()
+
+
+def test_the_placed_graph_counts_what_orts_cpu_leaves_fp16(tmp_path):
+    # wiring on ORT CPU: a Transpose has a kernel of any type and stays fp16; ORT's CPU has no fp16
+    # Sigmoid, so it places one in fp32 between Casts of its own, and the node no longer counts
+    import onnx
+    from onnx import TensorProto, helper
+
+    from onnxcampo.runtime.placed import fp16_nodes, placed_graph
+
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]), helper.make_node("Sigmoid", ["t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [3, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    assert fp16_nodes(model) == 2
+    placed = placed_graph(path, tmp_path / "placed.onnx")
+    assert fp16_nodes(placed) == 1 and [n.op_type for n in placed.graph.node].count("Cast") == 2
