@@ -226,12 +226,11 @@ def fused_cases() -> list[Case]:
             qk = _ms("FusedMatMul", [(batch, heads, seq, dim), (batch, heads, seq, dim)],
                      attrs=(("alpha", dim ** -0.5), ("transB", 1)), outputs=((scores, True),))
             cases += [bert, gpt2, mha, qk]
-        hidden = 768
-        out = (batch, seq, hidden)
+        # BERT-base's embeddings: word, position and segment tables of width 768
         cases.append(_ms("EmbedLayerNormalization",
-                         [(batch, seq), (batch, seq), (30522, hidden), (512, hidden), (2, hidden), (hidden,), (hidden,)],
+                         [(batch, seq), (batch, seq), (30522, 768), (512, 768), (2, 768), (768,), (768,)],
                          weights=(2, 3, 4, 5, 6), attrs=(("epsilon", 1e-12),), ints=((0, 1), (1, 0)),
-                         outputs=((out, True), ((batch,), False))))
+                         outputs=(((batch, seq, 768), True), ((batch,), False))))
     return cases
 
 

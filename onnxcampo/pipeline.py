@@ -154,7 +154,7 @@ def run_loaded(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -
                                  "activation_limit": config.activation_limit, "tensors": len(ctx.activation_max),
                                  "largest": max(ctx.activation_max.values(), default=0.0),
                                  "nodes_kept_fp32": len(kept), "nodes": kept[:50]}
-    out = export(ctx, loaded.model, prepared.training, report)
+    out = export(ctx, ctx.model, prepared.training, report)  # the planned (fused) model
     return OptimizeResult(out, ctx.plan, report, passes=results)
 
 
@@ -165,7 +165,6 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
     # load gave us our own copy: we name its nodes, and the export reuses it in place.
     ir.name_nodes(loaded.model)
     original, fused = fuse.fuse_transformer(loaded.model, config)  # ORT's transformer fusions, before planning
-    loaded.model = original
     training = scaling.is_train_step(original)
     if training and not config.keep_io_types:
         log.warning("a training step keeps its input/output types (fp32 master weights and state)")
