@@ -80,9 +80,6 @@ class GraphContext:
     ort_nodes: int | None = None  # nodes ORT runs of the fp32 graph
     # a training step: ORT's statuses without the loss scaling a mixed plan brings (None: the same)
     ort_status_fp32: dict[str, str] | None = None
-    # While only analysis runs the graph does not change: consumer lists are cached.
-    topology_frozen: bool = False
-    _uses_cache: dict[str, list[Use]] = field(default_factory=dict)
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -169,17 +166,16 @@ class GraphContext:
     def producer(self, tensor: gs.Tensor) -> gs.Node | None:
         return tensor.inputs[0] if tensor.inputs else None
 
-    def freeze_topology(self, frozen: bool) -> None:
-        self.topology_frozen = frozen
-        self._uses_cache.clear()
-
     def uses(self, tensor: gs.Tensor) -> list[Use]:
-        if self.topology_frozen:
-            cached = self._uses_cache.get(tensor.name)
-            if cached is None:
-                cached = self._uses_cache[tensor.name] = self._find_uses(tensor)
-            return cached
-        return self._find_uses(tensor)
+        """The consumer slots reading ``tensor``, found in the graph as it is now."""
+        found = []
+        for consumer in tensor.outputs:
+            sig = self.signatures.get(consumer.name)
+            for index, inp in enumerate(consumer.inputs):
+                if inp is tensor:
+                    slot = sig.inputs[index] if sig and index < len(sig.inputs) else Slot.FIXED
+                    found.append(Use(consumer, index, slot))
+        return _unique_uses(found)
 
     def constant_sources(self, tensor: gs.Tensor, depth: int = 8) -> list[gs.Tensor]:
         """The constants a tensor is made of when it is a constant, or a constant moved around
@@ -203,16 +199,6 @@ class GraphContext:
         source = tensor if isinstance(tensor, gs.Constant) else tensor.inputs[0].attrs["value"]
         raw = source._values
         return raw.load() if isinstance(raw, gs.ir.tensor.LazyValues) else np.asarray(raw)
-
-    def _find_uses(self, tensor: gs.Tensor) -> list[Use]:
-        found = []
-        for consumer in tensor.outputs:
-            sig = self.signatures.get(consumer.name)
-            for index, inp in enumerate(consumer.inputs):
-                if inp is tensor:
-                    slot = sig.inputs[index] if sig and index < len(sig.inputs) else Slot.FIXED
-                    found.append(Use(consumer, index, slot))
-        return _unique_uses(found)
 
     # --- nodes --------------------------------------------------------------------------
     def follow_inputs(self, node: gs.Node) -> list[gs.Tensor]:
@@ -269,19 +255,39 @@ class Planning:
     """What the passes work on: a context's tables, read and written through, and the one plan
     being made (``plan``) with how it is costed (``padding``: Tensor Core padding counted, for
     campo's plans). The context itself holds no plan: each policy's plan is made on a Planning
-    of its own over the same context."""
+    of its own over the same context.
 
-    _OWN = frozenset({"ctx", "plan", "padding"})
+    ``analysis=True`` promises that the passes run on it leave the graph as it is (the pass
+    manager's fingerprint check holds analysis passes to it): consumer lists are then looked up
+    once per tensor. The mutating passes get a Planning without that promise."""
 
-    def __init__(self, ctx: GraphContext, plan: PrecisionPlan | None = None, *, padding: bool = False) -> None:
+    _OWN = frozenset({"ctx", "plan", "padding", "_uses"})
+
+    def __init__(self, ctx: GraphContext, plan: PrecisionPlan | None = None, *, padding: bool = False,
+                 analysis: bool = False) -> None:
         object.__setattr__(self, "ctx", ctx)
         object.__setattr__(self, "plan", plan if plan is not None else PrecisionPlan())
         object.__setattr__(self, "padding", padding)
+        object.__setattr__(self, "_uses", {} if analysis else None)
+
+    @property
+    def analysis(self) -> bool:
+        return self._uses is not None
+
+    def uses(self, tensor: gs.Tensor) -> list[Use]:
+        if self._uses is None:
+            return self.ctx.uses(tensor)
+        found = self._uses.get(tensor.name)
+        if found is None:
+            found = self._uses[tensor.name] = self.ctx.uses(tensor)
+        return found
+
+    downstream = GraphContext.downstream  # the context's rule, reading consumers through uses() above
 
     def __getattr__(self, name: str):
         if name in Planning._OWN:  # not set yet (copy/pickle build the object without __init__)
             raise AttributeError(name)
-        return getattr(self.ctx, name)  # every table, cache and method of the context
+        return getattr(self.ctx, name)  # every table and method of the context
 
     def __setattr__(self, name: str, value) -> None:
         if name in Planning._OWN:

@@ -176,7 +176,7 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
     cost = load_cost_model(config.device_db)
     ctx = GraphContext.build(original, source, config, cost, info, unresolved)
     if training:
-        analyse(Planning(ctx), TRAINING)  # tables only: no plan yet
+        analyse(Planning(ctx, analysis=True), TRAINING)  # tables only: no plan yet
     if config.cost_graph == "ort":
         read_executed_graph(ctx)
     if config.activation_limit is not None:
@@ -193,15 +193,13 @@ def plan_policies(ctx: GraphContext) -> Plans:
     """The plans the report compares (the chosen policy's, plus fp32 and amp: what campo must
     beat), each costed, and the choice among them (:func:`choose_plan`)."""
     config = ctx.config
-    ctx.freeze_topology(True)
-    fixed = analyse(Planning(ctx), CLASSIFY)
+    fixed = analyse(Planning(ctx, analysis=True), CLASSIFY)
     plans, times = {}, {}
     for name in dict.fromkeys((config.policy, "fp32", "amp")):
         # Only campo pads for Tensor Cores; the other plans are costed as they would run.
-        planning = Planning(ctx, fixed.copy(), padding=name == "campo" and config.pad_tensor_cores)
+        planning = Planning(ctx, fixed.copy(), padding=name == "campo" and config.pad_tensor_cores, analysis=True)
         plans[name] = analyse(planning, ANALYSIS[name])
         times[name] = estimate.plan_time(planning, plans[name])
-    ctx.freeze_topology(False)
     chosen, notes = choose_plan(config, plans, times)
     return Plans(plans, times, chosen, notes)
 

@@ -225,3 +225,25 @@ def test_a_planning_reads_and_writes_its_context_but_owns_its_plan():
     import copy
 
     assert copy.copy(planning).plan is planning.plan  # copies build it without __init__: no recursion
+
+
+def test_an_analysis_planning_looks_consumers_up_once_and_a_mutating_one_sees_edits():
+    from helpers import build_context, parse
+
+    from onnxcampo.context import Planning
+
+    planning = build_context(parse("""
+    g (float[4,8] x) => (float[4,8] y) {
+      [relu] r = Relu(x)
+      [neg] y = Neg(r)
+    }
+    """))
+    analysis = Planning(planning.ctx, analysis=True)
+    relu = next(n for n in planning.nodes if n.name == "relu")
+    r = relu.outputs[0]
+    assert [u.node.name for u in analysis.uses(r)] == ["neg"]
+    assert [n.name for n in analysis.downstream(relu)] == ["neg"]  # the context's rule, through the cache
+    assert analysis.uses(r) is analysis.uses(r)
+    r.outputs.clear()  # an edit: only a Planning that promised none keeps the old answer
+    assert [u.node.name for u in analysis.uses(r)] == ["neg"]
+    assert planning.uses(r) == [] and not planning.analysis and analysis.analysis
