@@ -46,7 +46,7 @@ import logging
 import math
 import re
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,18 +251,10 @@ class _Index:
 
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.nodes = list(graph.node)
-        self.producer = {name: node for node in self.nodes for name in node.output if name}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for node in self.nodes:
-            for name in node.input:
-                if name:
-                    self.consumers[name].append(node)
-        self.tensors = {t.name: t for t in graph.initializer}
-        for node in self.nodes:
-            if node.op_type == _CONSTANT and node.domain in oplists.DEFAULT_DOMAINS:
-                for attr in node.attribute:
-                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                        self.tensors[node.output[0]] = attr.t
+        edit = ir.ModelEdit(graph)
+        self.producer = edit.producers()
+        self.consumers = edit.consumers()
+        self.tensors = edit.constants()
 
     def is_constant(self, name: str) -> bool:
         return name in self.tensors

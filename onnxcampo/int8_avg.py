@@ -71,14 +71,8 @@ def replace_matmul_integer(model: onnx.ModelProto) -> Int8AvgResult:
 def _find(model: onnx.ModelProto, result: Int8AvgResult) -> list[_Candidate]:
     graph = model.graph
     info, _ = ir.infer_tensor_info(model)
-    constants = {t.name: t for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = node.attribute[0].t
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    edit = ir.ModelEdit(model)
+    constants, consumers = edit.constants(), edit.consumers()
     outputs = {o.name for o in graph.output}
     found = []
     for node in graph.node:

@@ -6,9 +6,11 @@
   :class:`TensorInfo` table, ORT's symbolic inference where ONNX's leaves float shapes unknown;
 - :mod:`onnxcampo.ir.topology`: the one topological sort, and what If/Loop/Scan bodies read;
 - :mod:`onnxcampo.ir.export`: the onnx-graphsurgeon graph the passes edit, and the output model
-  built from it.
+  built from it;
+- :mod:`onnxcampo.ir.edit`: the model file's graph as the proto-level rewrites edit it
+  (producers, consumers, constants, fresh names).
 
-The names below are the public ones of the four modules, importable from here
+The names below are the public ones of the five modules, importable from here
 (``from onnxcampo import ir``; ``ir.read_model(...)``).
 """
 
@@ -46,9 +48,10 @@ from onnxcampo.ir.topology import (
     toposort_model,
 )
 from onnxcampo.ir.export import export_model, to_graphsurgeon
+from onnxcampo.ir.edit import ModelEdit, attribute
 
 __all__ = [
-    "CONTROL_FLOW_ATTRS", "FLOAT_TYPES", "MIN_OPSET", "TensorInfo", "check_model", "check_output_path",
+    "CONTROL_FLOW_ATTRS", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "TensorInfo", "attribute", "check_model", "check_output_path",
     "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
     "outer_scope_names", "pin_input_shapes", "read_model", "save_model", "set_metadata", "skeleton",

@@ -50,9 +50,7 @@ from __future__ import annotations
 import logging
 import sys
 import math
-from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -67,48 +65,18 @@ log = logging.getLogger(__name__)
 MAX_CONCAT_INPUTS = 32
 
 
-@dataclass
-class _Graph:
-    """The step graph with the tables the rules read: shapes, constants, producers, consumers."""
+class _Graph(ir.ModelEdit):
+    """The step graph with the tables the rules read besides producers and consumers: static
+    shapes from one inference at the start, the int64 constants, the names no rule may touch."""
 
-    model: onnx.ModelProto
-    shapes: dict[str, tuple[int, ...]]
-    constants: dict[str, np.ndarray]
-    protected: set[str]
-    counter: Counter = field(default_factory=Counter)
-    _fresh: int = 0
-    _taken: set[str] | None = None
-
-    @property
-    def nodes(self):
-        return self.model.graph.node
-
-    def producers(self) -> dict[str, onnx.NodeProto]:
-        return {out: node for node in self.nodes for out in node.output if out}
-
-    def consumers(self) -> dict[str, list[onnx.NodeProto]]:
-        table = defaultdict(list)
-        for node in self.nodes:
-            for name in node.input:
-                table[name].append(node)
-        return table
+    def __init__(self, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]],
+                 constants: dict[str, np.ndarray], protected: set[str]) -> None:
+        super().__init__(model, fresh_prefix="simplify")
+        self.shapes, self.constants, self.protected = shapes, constants, protected
 
     def static(self, name: str) -> tuple[int, ...] | None:
         shape = self.shapes.get(name)
         return shape if shape is not None and all(isinstance(d, int) and d >= 0 for d in shape) else None
-
-    def fresh(self, stem: str) -> str:
-        """A name no tensor, initializer or node of the graph has (a second pass must not reuse one)."""
-        if self._taken is None:
-            graph = self.model.graph
-            self._taken = ({t.name for t in graph.initializer} | {i.name for i in graph.input}
-                           | {o for n in graph.node for o in (*n.output, n.name)})
-        while True:
-            self._fresh += 1
-            name = f"simplify/{stem}_{self._fresh}"
-            if name not in self._taken:
-                self._taken.add(name)
-                return name
 
     def const(self, values, stem: str) -> str:
         name = self.fresh(stem)
@@ -118,18 +86,8 @@ class _Graph:
         self.shapes[name] = tuple(array.shape)
         return name
 
-    def replace_uses(self, old: str, new: str) -> None:
-        for node in self.nodes:
-            for i, name in enumerate(node.input):
-                if name == old:
-                    node.input[i] = new
 
-
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
+_attr = ir.attribute
 
 
 def _load(model: onnx.ModelProto, fold: bool = True) -> _Graph:
@@ -141,19 +99,10 @@ def _load(model: onnx.ModelProto, fold: bool = True) -> _Graph:
             model.CopyFrom(folded)
     info, _ = ir.infer_tensor_info(model)
     shapes = {name: tuple(entry.shape) for name, entry in info.items() if entry.shape is not None}
-    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+    edit = ir.ModelEdit(model)
+    constants = {name: numpy_helper.to_array(t) for name, t in edit.constants().items()
                  if t.data_type == onnx.TensorProto.INT64}
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            value = _attr(node, "value")
-            if value is not None and value.data_type == onnx.TensorProto.INT64:
-                constants[node.output[0]] = numpy_helper.to_array(value)
-    protected = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
-    # names If/Loop/Scan bodies read from the outer graph: no rule sees those readers
-    for node in model.graph.node:
-        if ir.has_subgraph(node):
-            protected |= ir.outer_scope_names(node)
-    return _Graph(model, shapes, constants, protected)
+    return _Graph(model, shapes, constants, edit.interface())
 
 
 # --------------------------------------------------------------------------------------------

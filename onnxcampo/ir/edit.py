@@ -1,0 +1,97 @@
+"""The model file's graph as the proto-level rewrites read and edit it.
+
+The precision passes edit an onnx-graphsurgeon graph (:mod:`onnxcampo.ir.export`); the rewrites
+that work on a model file itself (onnx-ad's backward graph simplified, ``--int8-avg``, the
+transformer-pattern checks before ORT's fusions) read it through :class:`ModelEdit`: who produces
+and who reads each tensor, the graph's constants, attributes by name, fresh names, readers
+redirected. Tables are computed when asked, from the graph as it is then: a rewrite that changed
+the graph asks again.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import onnx
+from onnx import helper
+
+from onnxcampo.ir.topology import has_subgraph, outer_scope_names
+from onnxcampo.oplists import DEFAULT_DOMAINS
+
+
+def attribute(node: onnx.NodeProto, name: str, default=None):
+    """The value of ``node``'s attribute ``name`` (``default`` when it has none)."""
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
+class ModelEdit:
+    """One model's main graph (or a graph given alone), edited in place."""
+
+    def __init__(self, model: onnx.ModelProto | onnx.GraphProto, *, fresh_prefix: str = "onnxcampo") -> None:
+        self.model = model if isinstance(model, onnx.ModelProto) else None
+        self.graph: onnx.GraphProto = model.graph if isinstance(model, onnx.ModelProto) else model
+        self._prefix = fresh_prefix
+        self._taken: set[str] | None = None
+        self._fresh = 0
+
+    @property
+    def nodes(self):
+        return self.graph.node
+
+    def producers(self) -> dict[str, onnx.NodeProto]:
+        """Tensor name -> the node that writes it."""
+        return {out: node for node in self.nodes for out in node.output if out}
+
+    def consumers(self) -> dict[str, list[onnx.NodeProto]]:
+        """Tensor name -> the nodes reading it (a node once per input slot that reads it)."""
+        table: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for node in self.nodes:
+            for name in node.input:
+                if name:
+                    table[name].append(node)
+        return table
+
+    def constants(self) -> dict[str, onnx.TensorProto]:
+        """Initializers and the tensors of default-domain ``Constant`` nodes given by ``value``."""
+        found = {t.name: t for t in self.graph.initializer}
+        for node in self.nodes:
+            if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:
+                value = attribute(node, "value")
+                if isinstance(value, onnx.TensorProto):
+                    found[node.output[0]] = value
+        return found
+
+    def interface(self) -> set[str]:
+        """Names a rewrite must keep: graph inputs and outputs, and what If/Loop/Scan bodies read
+        from this graph (no reader there is seen by a rule on the main graph)."""
+        names = {o.name for o in self.graph.output} | {i.name for i in self.graph.input}
+        for node in self.nodes:
+            if has_subgraph(node):
+                names |= outer_scope_names(node)
+        return names
+
+    def fresh(self, stem: str) -> str:
+        """A name no tensor, initializer or node of the graph has, nor any earlier fresh name."""
+        if self._taken is None:
+            graph = self.graph
+            self._taken = ({t.name for t in graph.initializer} | {i.name for i in graph.input}
+                           | {o for n in graph.node for o in (*n.output, n.name)})
+        while True:
+            self._fresh += 1
+            name = f"{self._prefix}/{stem}_{self._fresh}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
+
+    def replace_uses(self, old: str, new: str) -> None:
+        """Every reader of ``old`` in the main graph reads ``new`` instead."""
+        for node in self.nodes:
+            for i, name in enumerate(node.input):
+                if name == old:
+                    node.input[i] = new
+
+
+__all__ = ["ModelEdit", "attribute"]
