@@ -1,0 +1,186 @@
+"""``ai.onnxcampo::FusedElementwise``: a chain of elementwise ops as one kernel, its Casts folded in.
+
+The node computes every output element by running a small register program (attribute
+``program``) over the broadcast of its inputs. Registers hold float32; a value the unfused graph
+holds in float16 is rounded to float16 where the graph would have rounded it (``ROUND_F16``), so
+the fused node gives the unfused graph's values up to the last-bit differences of the math
+library (exp, tanh, erf: CUDA's and the host's differ from ONNX Runtime's by an ulp or two).
+
+Node:
+
+- inputs ``x_1 .. x_n`` (1 <= n <= :data:`MAX_INPUTS`), each float32 or float16, any shapes
+  that broadcast (numpy rules) to the output shape;
+- outputs ``y_1 .. y_m`` (1 <= m <= :data:`MAX_OUTPUTS`), each of the broadcast shape, of the
+  element type given in ``output_types`` (1 = float32, 10 = float16);
+- attributes ``program`` (ints, four per instruction: ``opcode, dst, a, b``), ``registers``
+  (int, <= :data:`MAX_REGISTERS`), ``constants`` (floats, read by ``CONST``; may be absent when
+  unused), ``output_types`` (ints, one per output).
+
+Instructions (registers ``r[0 .. registers-1]``, ``i`` the output element):
+
+======  ===========  =============================================================
+opcode  name         effect
+======  ===========  =============================================================
+0       LOAD         ``r[dst] = float32(x_a[i broadcast])``  (``b`` unused)
+1       CONST        ``r[dst] = constants[a]``
+2       STORE        ``y_dst[i] = r[a]`` converted to output ``dst``'s type
+3..9    ADD SUB MUL  ``r[dst] = r[a] (+ - * / pow max min) r[b]`` (float32)
+        DIV POW MAX
+        MIN
+10..19  NEG ABS EXP  ``r[dst] = f(r[a])`` (float32); RECIP ``1/x``; SIGMOID
+        LOG SQRT     ``1/(1+exp(-x))``; RELU ``max(x, 0)`` (NaN stays NaN)
+        RECIP TANH
+        ERF SIGMOID
+        RELU
+20      ROUND_F16    ``r[dst] = float32(float16(r[a]))`` (round to nearest even)
+21      COPY         ``r[dst] = r[a]``
+======  ===========  =============================================================
+
+Every output is stored exactly once; a program reads a register only after writing it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import special
+
+MAX_INPUTS = 16
+MAX_OUTPUTS = 8
+MAX_REGISTERS = 32
+MAX_INSTRUCTIONS = 128
+OP_TYPE = "FusedElementwise"
+
+
+class Op(enum.IntEnum):
+    LOAD = 0
+    CONST = 1
+    STORE = 2
+    ADD = 3
+    SUB = 4
+    MUL = 5
+    DIV = 6
+    POW = 7
+    MAX = 8
+    MIN = 9
+    NEG = 10
+    ABS = 11
+    EXP = 12
+    LOG = 13
+    SQRT = 14
+    RECIP = 15
+    TANH = 16
+    ERF = 17
+    SIGMOID = 18
+    RELU = 19
+    ROUND_F16 = 20
+    COPY = 21
+
+
+BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide, Op.POW: np.power,
+          Op.MAX: np.maximum, Op.MIN: np.minimum}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.where(x < 0, np.float32(0), x)  # NaN is not < 0: it stays
+
+
+UNARY = {Op.NEG: np.negative, Op.ABS: np.abs, Op.EXP: np.exp, Op.LOG: np.log, Op.SQRT: np.sqrt,
+         Op.RECIP: lambda x: np.float32(1) / x, Op.TANH: np.tanh, Op.ERF: special.erf,
+         Op.SIGMOID: _sigmoid, Op.RELU: _relu, Op.COPY: lambda x: x,
+         Op.ROUND_F16: lambda x: x.astype(np.float16).astype(np.float32)}
+
+ONNX_FLOAT, ONNX_FLOAT16 = 1, 10
+NUMPY_TYPES = {ONNX_FLOAT: np.float32, ONNX_FLOAT16: np.float16}
+
+
+class ProgramError(ValueError):
+    """A program the kernels would refuse (the same checks as csrc's)."""
+
+
+def check(program: Sequence[int], registers: int, constants: Sequence[float], inputs: int,
+          output_types: Sequence[int]) -> None:
+    """Raise :class:`ProgramError` unless the program is one the kernels run."""
+    if len(program) % 4 or not program:
+        raise ProgramError("program must be a non-empty list of 4-int instructions")
+    if len(program) // 4 > MAX_INSTRUCTIONS:
+        raise ProgramError(f"program has {len(program) // 4} instructions, more than {MAX_INSTRUCTIONS}")
+    if not 1 <= registers <= MAX_REGISTERS:
+        raise ProgramError(f"registers must be 1..{MAX_REGISTERS}, got {registers}")
+    if not 1 <= inputs <= MAX_INPUTS:
+        raise ProgramError(f"1..{MAX_INPUTS} inputs, got {inputs}")
+    if not 1 <= len(output_types) <= MAX_OUTPUTS or any(t not in NUMPY_TYPES for t in output_types):
+        raise ProgramError(f"1..{MAX_OUTPUTS} outputs of type 1 or 10, got {list(output_types)}")
+    written, stored = set(), set()
+    for k in range(0, len(program), 4):
+        code, dst, a, b = program[k:k + 4]
+        try:
+            op = Op(code)
+        except ValueError:
+            raise ProgramError(f"instruction {k // 4}: unknown opcode {code}") from None
+        reads = {Op.LOAD: (), Op.CONST: (), Op.STORE: (a,)}.get(op, (a, b) if op in BINARY else (a,))
+        for r in reads:
+            if r not in written:
+                raise ProgramError(f"instruction {k // 4} ({op.name}) reads register {r} before any write")
+        if op is Op.LOAD and not 0 <= a < inputs:
+            raise ProgramError(f"instruction {k // 4}: LOAD of input {a}, the node has {inputs}")
+        if op is Op.CONST and not 0 <= a < len(constants):
+            raise ProgramError(f"instruction {k // 4}: CONST {a}, the node has {len(constants)} constants")
+        if op is Op.STORE:
+            if not 0 <= dst < len(output_types) or dst in stored:
+                raise ProgramError(f"instruction {k // 4}: STORE to output {dst} (outputs {len(output_types)}, "
+                                   "each stored once)")
+            stored.add(dst)
+        else:
+            if not 0 <= dst < registers:
+                raise ProgramError(f"instruction {k // 4}: register {dst} of {registers}")
+            written.add(dst)
+    if len(stored) != len(output_types):
+        raise ProgramError(f"outputs {sorted(set(range(len(output_types))) - stored)} are never stored")
+
+
+def run(program: Sequence[int], registers: int, constants: Sequence[float], output_types: Sequence[int],
+        inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The reference semantics (numpy, float32 registers): what the CPU and CUDA kernels compute."""
+    check(program, registers, constants, len(inputs), output_types)
+    shape = np.broadcast_shapes(*(np.shape(x) for x in inputs))
+    regs: list[np.ndarray | None] = [None] * registers
+    outputs: list[np.ndarray | None] = [None] * len(output_types)
+    with np.errstate(all="ignore"):
+        for k in range(0, len(program), 4):
+            code, dst, a, b = program[k:k + 4]
+            op = Op(code)
+            if op is Op.LOAD:
+                regs[dst] = np.broadcast_to(np.asarray(inputs[a]).astype(np.float32), shape)
+            elif op is Op.CONST:
+                regs[dst] = np.broadcast_to(np.float32(constants[a]), shape)
+            elif op is Op.STORE:
+                outputs[dst] = np.ascontiguousarray(regs[a]).astype(NUMPY_TYPES[output_types[dst]])
+            elif op in BINARY:
+                regs[dst] = BINARY[op](regs[a], regs[b]).astype(np.float32)
+            else:
+                regs[dst] = np.asarray(UNARY[op](regs[a])).astype(np.float32)
+    return [np.ascontiguousarray(np.broadcast_to(y, shape)) for y in outputs]
+
+
+def reference_op():
+    """``FusedElementwise`` for :class:`onnx.reference.ReferenceEvaluator` (``new_ops=[...]``)."""
+    from onnx.reference.op_run import OpRun
+
+    class FusedElementwise(OpRun):
+        op_domain = "ai.onnxcampo"
+
+        def _run(self, *inputs, program=None, registers=None, constants=None, output_types=None):
+            return tuple(run(list(program), int(registers), list(constants or ()), list(output_types), inputs))
+
+    return FusedElementwise
+
+
+__all__ = ["MAX_INPUTS", "MAX_INSTRUCTIONS", "MAX_OUTPUTS", "MAX_REGISTERS", "OP_TYPE", "Op", "ProgramError",
+           "check", "reference_op", "run"]
