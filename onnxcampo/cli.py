@@ -85,6 +85,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
+    parser.add_argument("--fuse-elementwise", action="store_true",
+                        help="after the plan: chains of elementwise ops, their Casts included, as ai.onnxcampo "
+                             "FusedElementwise nodes, one kernel each (needs the custom-op library; docs/ops.md)")
 
 
 def _add_cost_options(parser: argparse.ArgumentParser) -> None:
@@ -138,6 +141,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         check_invariants=args.debug,
         loss_scaling=not args.no_loss_scaling,
         int8_avg=args.int8_avg,
+        fuse_elementwise=args.fuse_elementwise,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance,
         activation_limit=args.activation_limit,
@@ -563,6 +567,10 @@ def summary(report: dict, output: Path | None) -> str:
         lines.append(f"int8-avg: {int8_avg['replaced']} MatMulInteger -> AvgMatMulInteger"
                      + (f" ({int8_avg['reshaped']} with A flattened)" if int8_avg["reshaped"] else "")
                      + (f"; kept: {skipped}" if skipped else ""))
+    chains = report.get("fuse_elementwise")
+    if chains is not None:
+        lines.append(f"fuse-elementwise: {chains['nodes_replaced']} nodes as {chains['fused_nodes']} FusedElementwise "
+                     "nodes")
     fused = report.get("fuse") or {}
     if fused.get("model_type"):
         lines.append(f"fused as {fused['model_type']} by ONNX Runtime's transformers optimizer before planning (--fuse "

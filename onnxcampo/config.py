@@ -86,6 +86,10 @@ class OptimizeConfig:
         int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
             ``ai.onnxcampo::AvgMatMulInteger`` custom op: 16-bit tree-averaging accumulation
             (``docs/avg-matmul.md``). The written model needs the custom-op library to run.
+        fuse_elementwise: after the plan, its Casts and loss scaling, replace chains of
+            elementwise ops (their Casts included) by ``ai.onnxcampo::FusedElementwise`` nodes,
+            one kernel each (``onnxcampo.elementwise_fusion``). Needs the custom-op library, to
+            write the model (it is test-loaded) and to run it.
     """
 
     policy: str = "campo"
@@ -104,6 +108,7 @@ class OptimizeConfig:
     check_invariants: bool = False
     loss_scaling: bool = True
     int8_avg: bool = False
+    fuse_elementwise: bool = False
     tune: str | None = None
     tune_tolerance: float = 0.02
     activation_limit: float | None = None

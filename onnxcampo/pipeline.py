@@ -121,6 +121,8 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
             f"{source or 'model'}: --no-keep-io-types cannot apply to an ONNX Runtime training graph: its "
             "inputs and outputs (parameters, gradient buffers) are bound by name and dtype to its checkpoint"
         )
+    if config.fuse_elementwise:
+        _require_ops_library("--fuse-elementwise")
     reason = _nothing_to_do(original)
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
@@ -320,7 +322,27 @@ class AddLossScaling(PassBase):
         return PassResult(self.name, True, {"inserted": 1})
 
 
-FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling())
+class FuseElementwise(PassBase):
+    """``--fuse-elementwise``: chains of elementwise ops and their Casts as FusedElementwise
+    nodes, last (it sees the Casts and the loss scaling ORT will run)."""
+
+    name = "fuse_elementwise"
+    mutates = True
+
+    def run(self, exported: Exported) -> PassResult:
+        if not exported.ctx.config.fuse_elementwise:
+            return PassResult(self.name, False)
+        from onnxcampo.elementwise_fusion import fuse_elementwise
+
+        result = fuse_elementwise(exported.model)
+        exported.report["fuse_elementwise"] = result.to_json()
+        return PassResult(self.name, bool(result.groups), {"fused": result.groups, "replaced": result.nodes})
+
+
+# Passes on the written model: loss scaling and --int8-avg rewrite a model file (loss scaling is
+# also what read_executed_graph costs a mixed step with, on a copy of the input model), and the
+# fusion must see what loss scaling adds.
+FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), FuseElementwise())
 
 
 def _check_exported(exported: Exported) -> list[str]:
@@ -343,6 +365,14 @@ def _replace_matmul_integer(model: onnx.ModelProto) -> dict:
         log.warning("the model now uses %s ops; build the custom-op library (%s) to run it", ops.DOMAIN,
                     ops.BUILD_COMMAND)
     return result.to_json()
+
+
+def _require_ops_library(option: str) -> None:
+    from onnxcampo import ops
+
+    if not ops.available():
+        raise ConfigError(f"{option} writes {ops.DOMAIN} ops, which the written model is test-loaded with: the "
+                          f"custom-op library is not available here ({ops.BUILD_COMMAND} builds it)")
 
 
 def _nothing_to_do(model: onnx.ModelProto) -> str | None:

@@ -36,7 +36,8 @@ opcode  name         effect
 21      COPY         ``r[dst] = r[a]``
 ======  ===========  =============================================================
 
-Every output is stored exactly once; a program reads a register only after writing it.
+Every output is stored exactly once; a program reads a register only after writing it; an
+instruction may write a register it reads (``ADD 0, 0, 1``: operands are read first).
 """
 
 from __future__ import annotations

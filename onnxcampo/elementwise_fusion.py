@@ -1,0 +1,268 @@
+"""``--fuse-elementwise``: chains of elementwise ops, with the Casts between and at their edges,
+as one ``ai.onnxcampo::FusedElementwise`` node each (``onnxcampo/ops/elementwise.py``).
+
+ONNX Runtime's CUDA provider launches one kernel per node, each reading its inputs from memory and
+writing its output back; a Cast is one more such pass. A fused node reads the chain's inputs once,
+keeps its intermediate values in registers and writes only what is read outside the chain, in the
+type each reader expects: a Cast inside or at the edge of a chain costs no memory pass.
+
+Runs on the written model, after the precision plan, its Casts and loss scaling (it sees the
+model ORT will run; the plan's passes never see the custom op). Rules:
+
+1. A node can be fused when it is a default-domain op of :data:`FUSABLE` (a Cast between float32
+   and float16 included), every input and output is float32 or float16 with a static shape, and a
+   scalar constant input (an initializer or Constant of one element) is folded into the program.
+2. Nodes are visited in graph order; a node joins the group of a producer of one of its inputs
+   when its output has that group's shape (the group's outputs all have the shape of the fused
+   node's output; inputs may broadcast to it), when joining makes no cycle (no other input of the
+   node depends on the group through a node outside it) and when the group stays within the
+   kernel's limits (inputs, outputs, registers, instructions). Otherwise it starts a group.
+3. A group of two or more nodes becomes one node; its outputs are the member outputs read outside
+   it or graph outputs, under their names and types. A lone node stays as it is.
+
+The values are those of the unfused graph up to the math library's last bits: a value the graph
+holds in float16 is rounded to float16 where the graph rounds it (``ROUND_F16``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo import ir, oplists
+from onnxcampo.ops import elementwise as ew
+from onnxcampo.ops.elementwise import Op
+
+log = logging.getLogger(__name__)
+
+FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
+# ONNX op -> (opcode, arity); Cast and Identity are handled apart (no arithmetic of their own)
+FUSABLE: dict[str, tuple[Op, int]] = {
+    "Add": (Op.ADD, 2), "Sub": (Op.SUB, 2), "Mul": (Op.MUL, 2), "Div": (Op.DIV, 2), "Pow": (Op.POW, 2),
+    "Max": (Op.MAX, 2), "Min": (Op.MIN, 2),
+    "Neg": (Op.NEG, 1), "Abs": (Op.ABS, 1), "Exp": (Op.EXP, 1), "Log": (Op.LOG, 1), "Sqrt": (Op.SQRT, 1),
+    "Reciprocal": (Op.RECIP, 1), "Tanh": (Op.TANH, 1), "Erf": (Op.ERF, 1), "Sigmoid": (Op.SIGMOID, 1),
+    "Relu": (Op.RELU, 1),
+}
+MOVES = ("Cast", "Identity")
+
+
+@dataclass
+class FusionResult:
+    groups: int = 0  # fused nodes made
+    nodes: int = 0  # nodes they replace
+    by_size: Counter = field(default_factory=Counter)  # nodes per group -> groups
+
+    def to_json(self) -> dict:
+        return {"fused_nodes": self.groups, "nodes_replaced": self.nodes,
+                "group_sizes": {str(k): v for k, v in sorted(self.by_size.items())}}
+
+
+@dataclass
+class _Group:
+    index: int
+    shape: tuple[int, ...]
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    outputs: set[str] = field(default_factory=set)  # tensors the members write
+    inputs: dict[str, None] = field(default_factory=dict)  # external tensors read (ordered)
+    constants: dict[str, float] = field(default_factory=dict)  # scalar constants folded in
+
+
+def fuse_elementwise(model: onnx.ModelProto) -> FusionResult:
+    """Replace the elementwise chains of ``model`` (in place) by ``FusedElementwise`` nodes."""
+    from onnxcampo.ops import nodes as op_nodes
+
+    result = FusionResult()
+    info, _ = ir.infer_tensor_info(model)
+    edit = ir.ModelEdit(model, fresh_prefix="fused")
+    scalars = _scalar_constants(edit)
+    consumers = edit.consumers()
+    graph_outputs = {o.name for o in model.graph.output} | edit.interface()
+
+    def static(name: str) -> tuple[int, ...] | None:
+        entry = info.get(name)
+        if entry is None or entry.dtype not in FLOATS or entry.shape is None:
+            return None
+        shape = tuple(entry.shape)
+        return shape if all(isinstance(d, int) and d >= 0 for d in shape) else None
+
+    groups: list[_Group] = []
+    group_of: dict[str, _Group] = {}  # tensor -> group that writes it
+    depends: dict[str, frozenset[int]] = {}  # tensor -> groups it depends on (through any node)
+    for node in model.graph.node:
+        upstream = frozenset().union(*(depends.get(name, frozenset()) for name in node.input if name))
+        shape = _fusable_shape(node, static, scalars)
+        group = None
+        if shape is not None:
+            group = _join(node, shape, group_of, depends, scalars)
+            if group is None:
+                group = _Group(len(groups), shape)
+                groups.append(group)
+            _add(group, node, scalars)
+            for out in node.output:
+                group_of[out] = group
+        own = frozenset((group.index,)) if group is not None else frozenset()
+        for out in node.output:
+            depends[out] = upstream | own
+
+    fused = [g for g in groups if len(g.nodes) >= 2]
+    replaced: list[tuple[_Group, onnx.NodeProto]] = []
+    for group in fused:
+        built = _build(group, info, consumers, graph_outputs, edit)
+        if built is not None:
+            replaced.append((group, built))
+    if not replaced:
+        return result
+    members = {id(n) for group, _ in replaced for n in group.nodes}
+    kept = [n for n in model.graph.node if id(n) not in members]
+    del model.graph.node[:]
+    model.graph.node.extend(kept + [node for _, node in replaced])
+    ir.toposort_model(model)
+    written = {o for group, node in replaced for o in node.output}
+    gone = {o for group, _ in replaced for n in group.nodes for o in n.output} - written
+    kept_info = [v for v in model.graph.value_info if v.name not in gone]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept_info)
+    op_nodes.import_domain(model)
+    for group, _ in replaced:
+        result.groups += 1
+        result.nodes += len(group.nodes)
+        result.by_size[len(group.nodes)] += 1
+    log.info("fuse-elementwise: %d chains of %d nodes as FusedElementwise", result.groups, result.nodes)
+    return result
+
+
+def _scalar_constants(edit: ir.ModelEdit) -> dict[str, float]:
+    """Float constants of one element (initializers and Constant nodes), by name."""
+    found = {}
+    for name, tensor in edit.constants().items():
+        if tensor.data_type in FLOATS and math.prod(tensor.dims) == 1:
+            found[name] = float(numpy_helper.to_array(tensor).reshape(-1)[0])
+    return found
+
+
+def _fusable_shape(node: onnx.NodeProto, static, scalars: dict[str, float]) -> tuple[int, ...] | None:
+    """The node's output shape when rule 1 lets it be fused, else None."""
+    if node.domain not in oplists.DEFAULT_DOMAINS or len(node.output) != 1:
+        return None
+    if node.op_type in FUSABLE:
+        if len(node.input) != FUSABLE[node.op_type][1]:
+            return None
+    elif node.op_type == "Cast":
+        if ir.attribute(node, "to") not in FLOATS:
+            return None
+    elif node.op_type != "Identity":
+        return None
+    shape = static(node.output[0])
+    if shape is None or any(not name or (name not in scalars and static(name) is None) for name in node.input):
+        return None
+    return shape
+
+
+def _join(node, shape, group_of, depends, scalars) -> _Group | None:
+    """The producer group ``node`` may join (rule 2), or None."""
+    for name in node.input:
+        group = group_of.get(name)
+        if group is None or group.shape != shape:
+            continue
+        others = [n for n in node.input if n and n not in scalars and group_of.get(n) is not group]
+        if any(group.index in depends.get(n, frozenset()) for n in others):
+            continue  # an outside path from the group reaches this node: fusing would make a cycle
+        extra_inputs = {n for n in others if n not in group.inputs}
+        # at most two loads, the op, a rounding and a store per node
+        if len(group.inputs) + len(extra_inputs) > ew.MAX_INPUTS or (len(group.nodes) + 1) * 5 > ew.MAX_INSTRUCTIONS:
+            continue
+        return group
+    return None
+
+
+def _add(group: _Group, node: onnx.NodeProto, scalars: dict[str, float]) -> None:
+    group.nodes.append(node)
+    for name in node.input:
+        if name in group.outputs:
+            continue
+        if name in scalars:
+            group.constants[name] = scalars[name]
+        else:
+            group.inputs[name] = None
+    group.outputs.update(node.output)
+
+
+def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.ModelEdit) -> onnx.NodeProto | None:
+    """The FusedElementwise node of ``group`` (rule 3), or None when it exceeds the kernel's limits."""
+    members = {id(n) for n in group.nodes}
+    escaping = [out for n in group.nodes for out in n.output
+                if out in graph_outputs or any(id(c) not in members for c in consumers.get(out, []))]
+    if not escaping or len(escaping) > ew.MAX_OUTPUTS:
+        return None
+    inputs = list(group.inputs)
+    constants = list(dict.fromkeys(group.constants.values()))
+    program: list[int] = []
+    register: dict[str, int] = {}  # tensor -> register holding its value
+    last_read = {}  # tensor -> index of the last member reading it
+    for k, node in enumerate(group.nodes):
+        for name in node.input:
+            last_read[name] = k
+    free: list[int] = []
+    used = 0
+
+    def allocate() -> int:
+        nonlocal used
+        if free:
+            return free.pop()
+        used += 1
+        return used - 1
+
+    def value(name: str) -> int:
+        if name in register:
+            return register[name]
+        reg = register[name] = allocate()
+        if name in group.constants:
+            program.extend((Op.CONST, reg, constants.index(group.constants[name]), 0))
+        else:
+            program.extend((Op.LOAD, reg, inputs.index(name), 0))
+        return reg
+
+    stored = {name: i for i, name in enumerate(escaping)}
+    for k, node in enumerate(group.nodes):
+        args = [value(name) for name in node.input]
+        for name in dict.fromkeys(node.input):  # registers whose value no later member reads
+            if last_read.get(name) == k and name in register:
+                free.append(register.pop(name))
+        out = node.output[0]
+        dst = allocate()  # may be an argument's register: an instruction reads before it writes
+        half = info[out].dtype == TensorProto.FLOAT16
+        if node.op_type in FUSABLE:
+            code, arity = FUSABLE[node.op_type]
+            program.extend((code, dst, args[0], args[1] if arity == 2 else 0))
+            if half:
+                program.extend((Op.ROUND_F16, dst, dst, 0))
+        else:  # Cast, Identity: the value moves; a Cast to float16 rounds it
+            program.extend((Op.ROUND_F16 if half else Op.COPY, dst, args[0], 0))
+        register[out] = dst
+        if out in stored:
+            program.extend((Op.STORE, stored[out], dst, 0))
+        if out not in last_read:
+            free.append(register.pop(out))
+        if used > ew.MAX_REGISTERS:
+            return None
+    output_types = [info[name].dtype for name in escaping]
+    program = [int(v) for v in program]
+    try:
+        ew.check(program, used, constants, len(inputs), output_types)
+    except ew.ProgramError as exc:
+        log.debug("fuse-elementwise: group of %s not fused: %s", group.nodes[0].name, exc)
+        return None
+    extra = {"constants": [float(np.float32(c)) for c in constants]} if constants else {}
+    return helper.make_node(
+        ew.OP_TYPE, inputs, escaping, name=edit.fresh(group.nodes[0].name or "chain"), domain="ai.onnxcampo",
+        program=program, registers=used, output_types=output_types, **extra)
+
+
+__all__ = ["FUSABLE", "FusionResult", "fuse_elementwise"]

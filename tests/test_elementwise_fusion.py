@@ -1,0 +1,162 @@
+"""--fuse-elementwise: which chains become FusedElementwise nodes, and that the fused model computes
+the unfused one's values (reference evaluator: fp16 rounding seen)."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxcampo import ir
+from onnxcampo.elementwise_fusion import fuse_elementwise
+from onnxcampo.ops import elementwise as ew
+
+
+def _model(text: str) -> onnx.ModelProto:
+    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
+    ir.name_nodes(model)
+    return model
+
+
+def _same_values(model, feeds, exact=True):
+    unfused = ReferenceEvaluator(model).run(None, feeds)
+    fused_model = onnx.ModelProto()
+    fused_model.CopyFrom(model)
+    result = fuse_elementwise(fused_model)
+    onnx.checker.check_model(fused_model)
+    got = ReferenceEvaluator(fused_model, new_ops=[ew.reference_op()]).run(None, feeds)
+    for want, have in zip(unfused, got):
+        assert want.dtype == have.dtype and want.shape == have.shape
+        if exact:
+            np.testing.assert_array_equal(have, want)
+        else:
+            np.testing.assert_allclose(have.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+    return fused_model, result
+
+
+def _ops(model):
+    return [n.op_type for n in model.graph.node]
+
+
+def test_a_bias_gelu_chain_with_its_casts_becomes_one_node_with_the_same_fp16_values():
+    model = _model("""
+    g (float[4,8] x, float16[8] bias) => (float[4,8] y) {
+      h = Cast <to = 10> (x)
+      a = Add(h, bias)
+      u = Mul(a, s)
+      e = Erf(u)
+      p = Add(e, one)
+      m = Mul(a, half)
+      g16 = Mul(m, p)
+      y = Cast <to = 1> (g16)
+    }
+    """)
+    for name, value in (("s", 0.70710678), ("one", 1.0), ("half", 0.5)):  # scalars as a campo plan leaves them
+        model.graph.initializer.append(numpy_helper.from_array(np.array([value], np.float16), name))
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "bias": rng.standard_normal(8).astype(np.float16)}
+    fused, result = _same_values(model, feeds, exact=False)  # Erf: scipy's float32 erf vs onnx's float16 one
+    assert _ops(fused) == [ew.OP_TYPE] and result.nodes == 8
+    node = fused.graph.node[0]
+    assert list(node.input) == ["x", "bias"] and list(node.output) == ["y"]
+    assert sorted(ir.attribute(node, "constants")) == pytest.approx([0.5, 0.70710678, 1.0], rel=1e-3)
+
+
+def test_arithmetic_in_fp16_is_rounded_where_the_graph_rounds():
+    model = _model("""
+    g (float[64] x) => (float[64] y) {
+      h = Cast <to = 10> (x)
+      m = Mul(h, h)
+      a = Add(m, h)
+      y = Cast <to = 1> (a)
+    }
+    """)
+    feeds = {"x": np.linspace(-4, 4, 64, dtype=np.float32) + np.float32(1e-3)}
+    fused, _ = _same_values(model, feeds, exact=True)
+    assert _ops(fused) == [ew.OP_TYPE]
+
+
+def test_an_intermediate_read_outside_the_chain_is_an_output_of_the_fused_node():
+    model = _model("""
+    g (float[2,3] x) => (float[2,3] y, float[3,2] t) {
+      a = Relu(x)
+      b = Neg(a)
+      y = Exp(b)
+      t = Transpose(a)
+    }
+    """)
+    fused, _ = _same_values(model, {"x": np.arange(6, dtype=np.float32).reshape(2, 3) - 3}, exact=False)
+    node = next(n for n in fused.graph.node if n.op_type == ew.OP_TYPE)
+    assert set(node.output) == {"a", "y"}
+
+
+def test_a_node_reached_from_the_chain_through_an_outside_node_does_not_join_it():
+    # a -> Transpose -> p; c = Add(a, p) would put the Transpose inside a cycle
+    model = _model("""
+    g (float[3,3] x) => (float[3,3] y) {
+      a = Relu(x)
+      b = Neg(a)
+      p = Transpose(b)
+      c = Add(b, p)
+      y = Exp(c)
+    }
+    """)
+    fused, result = _same_values(model, {"x": np.arange(9, dtype=np.float32).reshape(3, 3) - 4}, exact=False)
+    assert result.groups == 2 and _ops(fused).count("Transpose") == 1
+
+
+def test_broadcast_inputs_join_but_a_smaller_result_starts_its_own_group():
+    model = _model("""
+    g (float[4,8] x, float[4,1] s, float[8] b) => (float[4,8] y, float[4,1] z) {
+      z0 = Neg(s)
+      z = Exp(z0)
+      a = Add(x, b)
+      y = Mul(a, z)
+    }
+    """)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "s": rng.standard_normal((4, 1)).astype(np.float32),
+             "b": rng.standard_normal(8).astype(np.float32)}
+    fused, result = _same_values(model, feeds, exact=False)
+    assert result.groups == 2 and sorted(result.by_size.items()) == [(2, 2)]
+
+
+def test_a_long_chain_is_cut_within_the_kernels_limits():
+    lines = ["h0 = Relu(x)"] + [f"h{i} = {'Neg' if i % 2 else 'Abs'}(h{i - 1})" for i in range(1, 60)] + ["y = Identity(h59)"]
+    model = _model("g (float[16] x) => (float[16] y) {\n" + "\n".join(lines) + "\n}")
+    fused, result = _same_values(model, {"x": np.linspace(-1, 1, 16, dtype=np.float32)})
+    assert result.groups >= 3 and result.nodes == 61 and set(_ops(fused)) == {ew.OP_TYPE}
+
+
+def test_dynamic_shapes_and_other_types_are_left_alone():
+    model = _model("""
+    g (float[N,8] x, int64[8] i) => (float[N,8] y, int64[8] j) {
+      a = Relu(x)
+      y = Neg(a)
+      k = Neg(i)
+      j = Abs(k)
+    }
+    """)
+    result = fuse_elementwise(model)
+    assert result.groups == 0 and ew.OP_TYPE not in _ops(model)
+
+
+@pytest.mark.parametrize("width", [8, 40])
+def test_many_escaping_values_are_cut_to_the_output_limit(width):
+    # every Relu result is read outside (a graph output): more than MAX_OUTPUTS cannot be one node
+    outs = ", ".join(f"float[4] y{i}" for i in range(width))
+    body = "\n".join(f"y{i} = Relu(x)" if i == 0 else f"y{i} = Neg(y{i - 1})" for i in range(width))
+    model = _model(f"g (float[4] x) => ({outs}) {{\n{body}\n}}")
+    fused, result = _same_values(model, {"x": np.array([-1, 0, 1, 2], np.float32)})
+    assert all(len(n.output) <= ew.MAX_OUTPUTS for n in fused.graph.node)
+
+
+def test_the_option_without_the_custom_op_library_is_one_clear_error(monkeypatch, tmp_path):
+    from onnxcampo import ops, optimize
+    from onnxcampo.config import OptimizeConfig
+    from onnxcampo.errors import ConfigError
+
+    model = _model("g (float[4] x) => (float[4] y) {\n a = Relu(x)\n y = Neg(a)\n}")
+    monkeypatch.setattr(ops, "available", lambda: False)
+    with pytest.raises(ConfigError, match="--fuse-elementwise .* custom-op library is not available"):
+        optimize(model, config=OptimizeConfig(fuse_elementwise=True))
