@@ -15,8 +15,10 @@ Inference (ONNX Runtime):
     campo-tune      campo's candidate plans timed on the benchmark's provider and inputs (``tune``)
     campo-calib     campo with ``activation_limit=512`` calibrated on the benchmark's inputs (nodes
                     reading or writing values beyond 512 stay fp32: ModelOpt's data_max)
+    campo-fused     campo with ``--fuse-elementwise`` (elementwise chains and their Casts as
+                    FusedElementwise nodes; needs the custom-op library)
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
-    fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost
+    fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused
     torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see torch_twins.py)
 
 Anchors, what a user picks today and what campo must beat: fp32 (TF32), occ-fp16, ort-fp16,
@@ -39,12 +41,13 @@ import onnx
 
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
-GRAPH_POLICIES = ("fp32-graph", "fp16-graph", "campo-graph")
+GRAPH_POLICIES = ("fp32-graph", "fp16-graph", "campo-graph", "campo-fused-graph")
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
-                      "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "fp32-graph", "fp16-graph",
-                      "campo-graph")
+                      "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "fp32-graph",
+                      "fp16-graph", "campo-graph", "campo-fused-graph")
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
+                     "campo-fused",
                      *GRAPH_POLICIES,
                      *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp")
@@ -59,7 +62,10 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-calib": {"policy": "campo", "activation_limit": 512.0},
              # planned for CUDA-graph replay, and replayed (GRAPH_POLICIES)
              "fp16-graph": {"policy": "fp16", "execution": "cuda-graph"},
-             "campo-graph": {"policy": "campo", "execution": "cuda-graph"}}
+             "campo-graph": {"policy": "campo", "execution": "cuda-graph"},
+             # elementwise chains and their Casts as FusedElementwise nodes (custom-op library)
+             "campo-fused": {"policy": "campo", "fuse_elementwise": True},
+             "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_elementwise": True}}
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
