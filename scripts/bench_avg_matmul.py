@@ -1,6 +1,6 @@
 """Time AvgMatMulInteger (16-bit tree averaging) against 32-bit accumulation on the CPU.
 
-    python scripts/bench_avg_matmul.py [--quick] [--out docs/avg-matmul-bench]
+    python scripts/bench_avg_matmul.py [--quick] [--out docs/benchmarks/avg-matmul/avg-matmul-bench]
 
 Three uint8 x uint8 matmuls, each a one-node ONNX Runtime session (same call overhead):
 ``ai.onnxcampo::AvgMatMulInteger`` (ours, 16-bit lanes), ``ai.onnxcampo::ExactMatMulInteger``
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="cubes up to 512, fewer repeats")
     parser.add_argument("--budget-s", type=float, default=0.6, help="seconds of repeats per measurement")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "avg-matmul-bench")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "avg-matmul" / "avg-matmul-bench")
     args = parser.parse_args(argv)
     ops.check()
     shapes = [(n, n, n) for n in CUBES if not args.quick or n <= 512] + SHAPES

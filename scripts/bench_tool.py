@@ -5,7 +5,7 @@ generated graph of about 20,000 nodes, each in a fresh subprocess so that peak R
 that model alone. Targets (issue 2): under 10 s for 20k nodes on a 2-core machine; peak memory
 under 3x the model size (reported as extra RSS over the interpreter's baseline).
 
-    python scripts/bench_tool.py [--nodes 20000] [--json docs/bench-tool.json]
+    python scripts/bench_tool.py [--nodes 20000] [--json docs/benchmarks/bench-tool/bench-tool.json]
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def run_child(path: Path, shapes: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20000)
-    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "bench-tool.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks" / "bench-tool" / "bench-tool.json")
     parser.add_argument("--skip-corpus", action="store_true")
     args = parser.parse_args(argv)
 

@@ -9,13 +9,13 @@ loss within ``--tolerance`` (relative) of the original's. The original eval mode
 trained weights on held-out data, which shows that the optimized graph updated the checkpoint's
 parameters and not a copy.
 
-Runs in the training venv (docs/training/ort-artifacts.md), calling onnxcampo from the project
-venv (onnxcampo itself needs a newer onnx than the training build accepts)::
+Runs in the training venv (docs/benchmarks/training/ort-artifacts.md), calling onnxcampo from the
+project venv (onnxcampo itself needs a newer onnx than the training build accepts)::
 
     /work/ortt-venv/bin/python scripts/check_ort_artifacts.py --onnxcampo .venv/bin/onnxcampo
 
-Prints a table, writes ``docs/training/ort-artifacts.md`` and ``ort-artifacts.json`` next to it
-(``--out``), and exits 1 if any check fails.
+Prints a table, writes ``docs/benchmarks/training/ort-artifacts.md`` and ``ort-artifacts.json``
+next to it (``--out``), and exits 1 if any check fails.
 
 onnxcampo is not installed in that venv (the script calls onnxcampo's command line in the project
 venv); the one inference session it needs (:func:`fp16_nodes_at_run_time`) comes from
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--tolerance", type=float, default=0.02, help="relative, on the final loss")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "training",
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "training",
                         help="folder for ort-artifacts.md and ort-artifacts.json")
     parser.add_argument("models", nargs="*", metavar="MODEL", help="mlp and/or cnn (default: both)")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 model's fp32 plan, by op class, against the model replayed as a CUDA graph on the H200.
 
     python scripts/graph_factors.py docs/benchmarks/raw/h200.jsonl --corpus-dir .benchcorpus \
-        --out docs/costdb/graph-factors-h200
+        --out docs/benchmarks/costdb/graph-factors-h200
 
 A replayed run (``fp32-graph`` rows) has no host term: what is left is the GPU's work and one
 replay (``run_overhead``). For the models that can be built here (``odd_mlp``, ``odd_cnn`` and the

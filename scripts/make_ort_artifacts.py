@@ -10,8 +10,8 @@ Each folder gets ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model
 ``checkpoint``. The batch dim is dynamic (``batch``), as in an application's export. Weights are
 seeded, so a rerun writes the same files (up to the generator's own node naming).
 
-It needs the training build, which has its own venv (docs/training/ort-artifacts.md says how to
-make it): ``onnxruntime-training-cpu==1.19.2``, ``onnx==1.16.2`` (newer onnx writes IR versions it
+It needs the training build, which has its own venv (docs/benchmarks/training/ort-artifacts.md says
+how to make it): ``onnxruntime-training-cpu==1.19.2``, ``onnx==1.16.2`` (newer onnx writes IR versions it
 refuses) and ``torch==2.13.0`` (needed to import it)::
 
     /work/ortt-venv/bin/python scripts/make_ort_artifacts.py [--out tests/fixtures/ort_artifacts]

@@ -1,7 +1,7 @@
 """Whole-graph prediction metrics from benchmark rows: how far the cost model's plan times are from
 the measured runs, and how much slower the plan it predicts fastest ran than the measured fastest.
 
-    python scripts/prediction_metrics.py docs/benchmarks/raw/h200.jsonl --out docs/costdb/prediction-h200
+    python scripts/prediction_metrics.py docs/benchmarks/raw/h200.jsonl --out docs/benchmarks/costdb/prediction-h200
 
 Each onnxcampo row of ``scripts/bench.py`` (``amp``, ``fp16``, ``campo``, their ``-graph``
 variants planned for CUDA-graph replay) carries the prediction of every plan its ``optimize``

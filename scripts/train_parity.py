@@ -7,7 +7,7 @@ step graph from ``build_train_step`` as is, ``amp``/``campo`` are that graph thr
 ``onnxcampo.optimize``. The Trainer is a black box: whatever state an optimized graph adds
 (a loss scale, counters) it handles through the ``<name>.updated`` convention.
 
-    python scripts/train_parity.py                                  # every model, CPU, docs/training/
+    python scripts/train_parity.py                                  # every model, CPU, docs/benchmarks/training/
     python scripts/train_parity.py --models mlp,cnn --steps 30
     python scripts/train_parity.py --provider cuda --corpus-dir .cache/corpus
 
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "training")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "training")
     parser.add_argument("--corpus-dir", type=Path,
                         help="corpus cache laid out as <package>-<version>/<member> (default: the tests' cache); "
                         "nothing is downloaded when given")

@@ -6,7 +6,7 @@ MatMul, materialized with Expands to the shape it already has, and the weight gr
 is a convolution of the transposed input with the transposed output gradient as a filter bank
 whose spatial size is the *output's* (a 56x56 or, dilated, 223x223 kernel) producing a kh x kw
 image. On ResNet-50 that convolution is most of the backward time (see
-``docs/training/step-performance.md``). :func:`simplify_backward` applies these rules, in this
+``docs/guide/step-performance.md``). :func:`simplify_backward` applies these rules, in this
 order, each until nothing matches, then drops nodes nothing reads:
 
 1. **Conv weight gradient as one GEMM** (2-D, ``group=1``, one seed): the chain
