@@ -18,6 +18,11 @@ order, each until nothing matches, then drops nodes nothing reads:
    differs. The swapped Conv also computed a larger image than kh x kw whenever the stride does not
    divide the padded size (a 1x1 stride-2 Conv computed 2x2 and kept 1x1); the GEMM computes only
    what is kept.
+1b. **MatMul weight gradient as one GEMM** (after rules 3 and 4): for ``y = x W`` with a batched ``x`` (``[B, S, K]``,
+   a transformer's activations), onnx-ad sums per-sample products: ``ReduceSum(MatMul(Transpose(x),
+   dy))`` over the batch, a ``[B, K, N]`` product (BERT-base b32: 2.7 G elements a step, written,
+   cast and summed) for a ``[K, N]`` result. It becomes ``Gemm(x as [B*S, K], dy as [B*S, N],
+   transA=1)`` and a Reshape to the ReduceSum's shape: the same products, added in another order.
 2. **Expand to the shape its input already has**: the input is used instead; an **Identity**'s
    readers read its input.
 3. **Transpose that only moves size-1 axes** (the seed axis): a Reshape, which copies nothing.
@@ -249,6 +254,89 @@ def _emit_weight_gradient(g: _Graph, conv, images, filters, final, dims, kernel,
     for offset, node in enumerate(new):
         g.nodes.insert(index + offset, node)
     log.debug("conv weight gradient %s -> Gemm [%d x %d] . [%d x %d]^T", stem, cout, n * ho * wo, rows, n * ho * wo)
+
+
+# --------------------------------------------------------------------------------------------
+# rule 1b: the MatMul weight gradient
+# --------------------------------------------------------------------------------------------
+
+def _non_unit(shape: tuple[int, ...]) -> list[int]:
+    return [d for d in shape if d != 1]
+
+
+def matmul_weight_gradient(g: _Graph) -> int:
+    """Rule 1b (see the module docstring); returns how many ReduceSums of batched products it rewrote."""
+    count = 0
+    producers, consumers = g.producers(), g.consumers()
+    for node in list(g.nodes):
+        if node.op_type != "ReduceSum":
+            continue
+        found = _match_matmul_gradient(g, node, producers, consumers)
+        if found is None:
+            continue
+        x, dy, rows, k, n = found
+        x_2d, dy_2d, product = g.fresh("x_rows"), g.fresh("dy_rows"), g.fresh("weight_grad")
+        new = [
+            helper.make_node("Reshape", [x, g.const([rows, k], "shape")], [x_2d], name=x_2d),
+            helper.make_node("Reshape", [dy, g.const([rows, n], "shape")], [dy_2d], name=dy_2d),
+            helper.make_node("Gemm", [x_2d, dy_2d], [product], name=product, transA=1),
+            helper.make_node("Reshape", [product, g.const(list(g.static(node.output[0])), "shape")],
+                             [node.output[0]], name=g.fresh("weight_grad_shape")),
+        ]
+        g.shapes[x_2d], g.shapes[dy_2d], g.shapes[product] = (rows, k), (rows, n), (k, n)
+        index = list(g.nodes).index(node)
+        g.nodes.remove(node)  # the batched MatMul and its Reshape are dead now, dropped at the end
+        for offset, made in enumerate(new):
+            g.nodes.insert(index + offset, made)
+        log.debug("matmul weight gradient %s -> Gemm [%d x %d]^T . [%d x %d]", node.output[0], rows, k, rows, n)
+        count += 1
+        producers, consumers = g.producers(), g.consumers()
+    return count
+
+
+def _match_matmul_gradient(g: _Graph, reduce, producers, consumers):
+    """``(x, dy, rows, K, N)`` when ``reduce`` sums a batched ``MatMul(Transpose(x), dy)`` over
+    all its batch dims (through a Reshape that only moves size-1 axes), else None."""
+    shape, out = g.static(reduce.input[0]), g.static(reduce.output[0])
+    if shape is None or out is None or 0 in shape:
+        return None
+    axes = _reduce_axes(g, reduce, len(shape))
+    if axes is None:
+        return None
+    source = producers.get(reduce.input[0])
+    if source is not None and source.op_type == "Reshape":
+        if len(consumers[source.output[0]]) != 1 or source.output[0] in g.protected:
+            return None
+        before = g.static(source.input[0])
+        if before is None or _non_unit(before) != _non_unit(shape):
+            return None
+        source = producers.get(source.input[0])
+    if source is None or source.op_type != "MatMul" or len(consumers[source.output[0]]) != 1 \
+            or source.output[0] in g.protected:
+        return None
+    product = g.static(source.output[0])
+    a, dy = (g.static(name) for name in source.input)
+    transpose = producers.get(source.input[0])
+    if product is None or a is None or dy is None or len(a) < 3 or len(dy) < 3 or transpose is None \
+            or transpose.op_type != "Transpose":
+        return None
+    x = g.static(transpose.input[0])
+    perm = list(_attr(transpose, "perm", []) or [])
+    if x is None or perm != [*range(len(x) - 2), len(x) - 1, len(x) - 2]:
+        return None
+    k, n = product[-2], product[-1]
+    batch = _non_unit(product[:-2])
+    # both operands carry the same batch (no broadcast of one over the other), every batch dim is
+    # summed and K, N are kept in that order
+    if not batch or _non_unit(a[:-2]) != batch or _non_unit(dy[:-2]) != batch:
+        return None
+    non_unit_axes = [axis for axis, dim in enumerate(shape) if dim != 1]
+    reduced = [axis for axis in non_unit_axes if axis in axes]
+    kept = [shape[axis] for axis in non_unit_axes if axis not in axes]
+    if reduced != non_unit_axes[:len(batch)] or kept != _non_unit((k, n)) or math.prod(out) != k * n:
+        return None
+    rows = math.prod(batch) * x[-2]
+    return transpose.input[0], source.input[1], rows, k, n
 
 
 # --------------------------------------------------------------------------------------------
@@ -532,6 +620,7 @@ RULES = (
     ("Identity", identity),
     ("unit-axis Transpose as Reshape", unit_axis_transpose),
     ("Transpose pair", transpose_pairs),
+    ("matmul weight gradient as Gemm", matmul_weight_gradient),  # once the seed's Transposes are Reshapes
     ("ReduceSum as matrix reductions", matrix_reductions),
     ("Squeeze/Unsqueeze as Reshape", squeeze_as_reshape),
     ("Reshape chain", reshape_chains),

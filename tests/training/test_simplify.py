@@ -325,3 +325,45 @@ def test_every_reduction_of_a_cnn_step_is_a_matrix_reduction():
     simple = build_train_step(small_cnn(), loss="cross_entropy", optimizer="sgd", fused=False)
     assert sum(not _is_matrix_block(s, a) for s, a in _reduced_axes(plain)) >= 7   # the 7 Conv biases
     assert all(_is_matrix_block(s, a) for s, a in _reduced_axes(simple))
+
+
+def sequence_mlp() -> onnx.ModelProto:
+    """A transformer's feed-forward block on [batch, sequence, features] (x W with a 3-D x), mean
+    over the sequence: each weight's gradient is a sum over the batch of per-sample products."""
+    w1 = (RNG.standard_normal((8, 16)) * 0.3).astype(np.float32)
+    w2 = (RNG.standard_normal((16, 3)) * 0.3).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h2"]),
+         helper.make_node("Relu", ["h2"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["t"]),
+         helper.make_node("ReduceMean", ["t"], ["y"], axes=[1], keepdims=0)],
+        "sequence_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.full(16, 0.1, np.float32), "b1"),
+         numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_a_batched_matmul_weight_gradient_becomes_one_gemm():
+    """Before: per-sample products [batch, K, N] summed over the batch (a ReduceSum of a MatMul);
+    after: one Gemm over batch x sequence rows per weight, the same gradients."""
+    forward = sequence_mlp()
+    plain, expected = _gradients(forward, 3, simplify=False)
+    simple, got = _gradients(forward, 3, simplify=True)
+    _assert_same(got, expected, 1e-5)
+
+    def summed_products(model):  # ReduceSums of a MatMul's product, through data movement
+        made = {o: n for n in model.graph.node for o in n.output}
+
+        def source(name):
+            node = made.get(name)
+            while node is not None and node.op_type in ("Reshape", "Transpose"):
+                node = made.get(node.input[0])
+            return node.op_type if node is not None else None
+        return sum(n.op_type == "ReduceSum" and source(n.input[0]) == "MatMul" for n in model.graph.node)
+
+    assert summed_products(plain) == 2 and summed_products(simple) == 0
+    gemms = [n for n in simple.graph.node if n.op_type == "Gemm"]
+    assert len(gemms) == 2 and all(any(a.name == "transA" and a.i == 1 for a in n.attribute) for n in gemms)
+    counts = simplify_backward(build_train_step(forward, loss="cross_entropy", optimizer="sgd", fused=False,
+                                                simplify=False))
+    assert counts["matmul weight gradient as Gemm"] == 2
