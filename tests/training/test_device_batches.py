@@ -150,6 +150,19 @@ def test_a_failed_capture_in_the_first_steps_falls_back_to_plain_runs(step, capl
         insisted.step(batches[0])
 
 
+def test_the_command_line_has_a_way_out(tmp_path, capsys):
+    from onnxcampo.cli import main
+
+    forward, path, data = tmp_path / "fwd.onnx", tmp_path / "step.onnx", tmp_path / "data.npz"
+    onnx.save(mlp(), str(forward))
+    assert main(["train-graph", str(forward), str(path), "--loss", "mse"]) == 0
+    np.savez(data, x=X, labels=TARGET)
+    assert main(["train", str(path), "--data", str(data), "--steps", "2", "--no-cuda-graph"]) == 0
+    with pytest.raises(SystemExit):  # one or the other
+        main(["train", str(path), "--data", str(data), "--cuda-graph", "--no-cuda-graph"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
 # --- OrtValue and DLPack batches on the CPU ---------------------------------------------------
 
 class _HostDLPack:
