@@ -27,7 +27,7 @@ from onnx import helper
 
 from onnxcampo.errors import ConfigError
 
-__all__ = ["DeviceArray", "InputSpec", "batch_value", "input_specs", "is_device"]
+__all__ = ["DeviceArray", "InputSpec", "batch_value", "input_specs", "is_device", "np_dtype"]
 
 # DLPack device types (dlpack.h DLDeviceType)
 _DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
@@ -40,12 +40,20 @@ class InputSpec:
     is ``None`` itself when the rank is unknown."""
 
     name: str
-    dtype: np.dtype
+    dtype: np.dtype | None  # None: a type numpy has no dtype for (not checked)
     dims: tuple[int | None, ...] | None
 
     def text(self) -> str:
         dims = "?" if self.dims is None else "[" + ", ".join("?" if d is None else str(d) for d in self.dims) + "]"
-        return f"{self.dtype}{dims}"
+        return f"{'?' if self.dtype is None else self.dtype}{dims}"
+
+
+def np_dtype(onnx_type: int, what: str) -> np.dtype:
+    """The numpy dtype of an ONNX element type; a ConfigError naming ``what`` if numpy has none."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{what}: ONNX element type {onnx_type} has no numpy dtype") from None
 
 
 def input_specs(model: onnx.ModelProto) -> dict[str, InputSpec]:
@@ -58,7 +66,11 @@ def input_specs(model: onnx.ModelProto) -> dict[str, InputSpec]:
         tensor = vi.type.tensor_type
         dims = (tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim)
                 if tensor.HasField("shape") else None)
-        specs[vi.name] = InputSpec(vi.name, np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)), dims)
+        try:
+            dtype = np_dtype(tensor.elem_type, vi.name)
+        except ConfigError:
+            dtype = None
+        specs[vi.name] = InputSpec(vi.name, dtype, dims)
     return specs
 
 
@@ -87,7 +99,7 @@ def is_device(value: object) -> bool:
 
 
 def _check(spec: InputSpec, dtype: np.dtype, shape: tuple[int, ...], kind: str) -> None:
-    if dtype != spec.dtype:
+    if spec.dtype is not None and dtype != spec.dtype:
         raise ConfigError(f"batch input {spec.name} ({kind}) is {dtype}{list(shape)}; the step graph takes {spec.text()}")
     if spec.dims is not None and (len(shape) != len(spec.dims)
                                   or any(d is not None and d != s for d, s in zip(spec.dims, shape))):
@@ -171,7 +183,7 @@ def _from_dlpack(spec: InputSpec, value: object) -> DeviceArray:
         ortvalue = from_dlpack(value)
     except Exception as exc:
         raise ConfigError(f"batch input {spec.name}: OrtValue.from_dlpack failed: {exc}") from None
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(ortvalue.element_type()))
+    dtype = np_dtype(ortvalue.element_type(), f"batch input {spec.name}")
     shape = tuple(ortvalue.shape())
     _check(spec, dtype, shape, "CUDA memory")
     return DeviceArray(ortvalue.data_ptr(), shape, dtype, ortvalue)
@@ -184,7 +196,7 @@ def batch_value(spec: InputSpec, value: object) -> np.ndarray | ort.OrtValue | D
     if isinstance(value, ort.OrtValue):
         if not value.is_tensor():
             raise ConfigError(f"batch input {name} is an OrtValue that holds no tensor")
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(value.element_type()))
+        dtype = np_dtype(value.element_type(), f"batch input {name}")
         _check(spec, dtype, tuple(value.shape()), f"OrtValue on {value.device_name()}")
         return value
     if not isinstance(value, np.ndarray):

@@ -32,7 +32,7 @@ from onnxcampo import ir
 from onnxcampo.errors import ConfigError, ModelLoadError
 from onnxcampo.runtime import _ORT_ERRORS, make_session
 from onnxcampo.runtime.cudart import LEGACY_STREAM, cuda_runtime
-from onnxcampo.training.batches import DEVICE_ID, DeviceArray, batch_value, input_specs, is_device
+from onnxcampo.training.batches import DEVICE_ID, DeviceArray, batch_value, input_specs, is_device, np_dtype
 from onnxcampo.training.scaling import LOSS_SCALE, initial_state
 from onnxcampo.training.step import INITIAL_PREFIX, LOSS, LR, UPDATED, initial_weights, step_spec
 
@@ -99,7 +99,7 @@ class _CaptureFailed(Exception):
 
 def _meta(value: np.ndarray | ort.OrtValue | DeviceArray) -> tuple[np.dtype, tuple[int, ...]]:
     if isinstance(value, ort.OrtValue):
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.element_type())), tuple(value.shape())
+        return np_dtype(value.element_type(), "an OrtValue"), tuple(value.shape())
     return value.dtype, tuple(value.shape)
 
 
