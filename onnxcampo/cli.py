@@ -219,9 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--steps", type=int, default=100, metavar="N", help="training steps to run (default 100)")
     tr.add_argument("--lr", type=float, help="learning rate (default: the one the graph was built with)")
     tr.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider (default cpu)")
-    tr.add_argument("--cuda-graph", action="store_true",
-                    help="replay each step as a CUDA graph (provider cuda; every batch keeps the first one's shapes): "
-                         "removes the host's per-node launch cost")
+    graphs = tr.add_mutually_exclusive_group()
+    graphs.add_argument("--cuda-graph", dest="cuda_graph", action="store_const", const=True, default=None,
+                        help="replay each step as a CUDA graph, refused unless --provider cuda and every input shape of "
+                             "the step graph is static (default: so on cuda when the shapes are static; -v says why not): "
+                             "removes the host's per-node launch cost; every batch keeps the first one's shapes")
+    graphs.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_const", const=False,
+                        help="run each step node by node, also where a CUDA graph would be replayed by default")
     tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
     tr.add_argument("--out", type=Path, metavar="OUT.onnx", help="write the forward model with the trained weights")
 

@@ -4,16 +4,24 @@ Weights and optimizer state live on the device between steps: two sets of buffer
 as inputs and one as outputs, swapped after every step (ping-pong), so nothing but the batch
 goes to the device and nothing but the loss comes back.
 
-With ``cuda_graph=True`` (CUDA) the batch, ``lr`` and the loss also live in fixed device
-buffers (the batch is copied into them before each step) and each of the two ping-pong
-bindings is captured once into its own CUDA graph (run option ``gpu_graph_id``), so a step
-costs one graph launch instead of one host dispatch per node.
+CUDA graphs (:func:`choose_cuda_graph`): on provider "cuda", when every graph input has a
+static shape, each step is replayed as a CUDA graph by default; ``cuda_graph=False`` runs it
+node by node. The batch, ``lr`` and the loss then also live in fixed device buffers (the batch
+is copied into them before each step) and each of the two ping-pong bindings is captured once
+into its own CUDA graph (run option ``gpu_graph_id``), so a step costs one graph launch instead
+of one host dispatch per node.
+
+Batches may already be on the device (:mod:`onnxcampo.training.batches`): OrtValues are bound
+as they are, CUDA memory (torch CUDA tensors, CuPy arrays, DLPack) is bound by its pointer, and
+under CUDA graphs both are copied device to device into the fixed buffers
+(:mod:`onnxcampo.runtime.cudart`): nothing goes through the host.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -21,10 +29,78 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from onnxcampo import ir
-from onnxcampo.errors import ConfigError
-from onnxcampo.runtime import make_session
+from onnxcampo.errors import ConfigError, ModelLoadError
+from onnxcampo.runtime import _ORT_ERRORS, make_session
+from onnxcampo.runtime.cudart import LEGACY_STREAM, cuda_runtime
+from onnxcampo.training.batches import DEVICE_ID, DeviceArray, batch_value, input_specs, is_device, np_dtype
 from onnxcampo.training.scaling import LOSS_SCALE, initial_state
 from onnxcampo.training.step import INITIAL_PREFIX, LOSS, LR, UPDATED, initial_weights, step_spec
+
+logger = logging.getLogger(__name__)
+
+# ORT's CUDA EP runs a graph id twice before it captures it (min_num_runs_before_cuda_graph_
+# capture_ = 2); the two ids alternate, so both are captured by step 6. A run that fails before
+# step CAPTURE_STEPS under cuda_graph=None makes the Trainer run node by node instead.
+CAPTURE_STEPS = 8
+
+
+def dynamic_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs without a static shape (a dim that is not a positive number, or no
+    shape at all), as ``name dtype[dims]``."""
+    return [f"{spec.name} {spec.text()}" for spec in input_specs(model).values()
+            if spec.dims is None or None in spec.dims]
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def choose_cuda_graph(model: onnx.ModelProto, provider: str, cuda_graph: bool | None) -> tuple[bool, str]:
+    """Whether a Trainer replays its steps as CUDA graphs, and why.
+
+    ``cuda_graph=None`` (the default): yes on provider "cuda" when every graph input has a
+    static shape, else no. ``True``: yes, or a ConfigError when the provider is not "cuda" or an
+    input has a dynamic shape (every replay reads buffers of one shape). ``False``: no.
+    """
+    if cuda_graph is not None and not cuda_graph:
+        return False, "cuda_graph=False"
+    dynamic = dynamic_inputs(model)
+    if cuda_graph:
+        if provider != "cuda":
+            raise ConfigError(f"CUDA graphs need provider 'cuda', not '{provider}'")
+        if dynamic:
+            raise ConfigError(f"CUDA graphs need static input shapes, but the step graph has {_listed(dynamic)}: "
+                              "pin them (train-graph --input-shape) or run without CUDA graphs")
+        return True, "cuda_graph=True"
+    if provider != "cuda":
+        return False, f"provider '{provider}' (CUDA graphs need 'cuda')"
+    if dynamic:
+        return False, (f"dynamic input shapes ({_listed(dynamic)}); a CUDA graph replays one shape "
+                       "(train-graph --input-shape pins them)")
+    return True, "provider 'cuda', static input shapes"
+
+
+def _session(model: onnx.ModelProto, provider: str, graph: bool, auto: bool) -> tuple[ort.InferenceSession, bool]:
+    """The step's session and whether it captures CUDA graphs. Chosen automatically (``auto``),
+    a graph that ORT cannot capture (a node placed on the CPU, say) falls back to a plain session."""
+    if not (graph and auto):
+        return make_session(model, provider=provider, cuda_graph=graph), graph
+    try:
+        return make_session(model, provider=provider, cuda_graph=True), True
+    except ModelLoadError as exc:
+        logger.info("Trainer: steps run node by node, not as CUDA graphs: ONNX Runtime refused to capture "
+                    "this step graph (%s)", str(exc).splitlines()[0])
+        return make_session(model, provider=provider, cuda_graph=False), False
+
+
+class _CaptureFailed(Exception):
+    """A CUDA-graph run failed while the Trainer may still go back to plain runs."""
+
+
+def _meta(value: np.ndarray | ort.OrtValue | DeviceArray) -> tuple[np.dtype, tuple[int, ...]]:
+    if isinstance(value, ort.OrtValue):
+        return np_dtype(value.element_type(), "an OrtValue"), tuple(value.shape())
+    return value.dtype, tuple(value.shape)
 
 
 class Trainer:
@@ -33,13 +109,15 @@ class Trainer:
     ``weights`` are the initial fp32 master weights; by default the starting values that
     ``build_train_step`` stores in the step graph, else ``initial_weights(forward, step)``;
     optimizer state starts at zero, except scalars the graph gives a start value in its metadata
-    (``loss_scale``). ``cuda_graph``: replay each step as a CUDA graph (provider "cuda"; every
-    batch must then have the shapes of the first one).
+    (``loss_scale``). ``cuda_graph``: replay each step as a CUDA graph; ``None`` (default) does
+    so on provider "cuda" when every graph input has a static shape (:func:`choose_cuda_graph`;
+    the log says why not), ``True`` insists, ``False`` runs node by node. Under CUDA graphs every
+    batch keeps the first one's shapes and dtypes. ``self.cuda_graph`` says what was chosen.
     """
 
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
                  weights: Mapping[str, np.ndarray] | None = None, lr: float | None = None,
-                 cuda_graph: bool = False) -> None:
+                 cuda_graph: bool | None = None) -> None:
         self.model, _ = ir.read_model(step_model)
         self.spec = step_spec(self.model)
         if weights is None:
@@ -51,9 +129,14 @@ class Trainer:
         if missing:
             raise ConfigError(f"initial values missing for weights {missing[:5]}")
         self.lr = lr if lr is not None else float(ir.metadata(self.model, "onnxcampo.lr", "0.01"))
+        self.provider = provider
         self.device = "cuda" if provider == "cuda" else "cpu"
-        self.session = make_session(self.model, provider=provider, cuda_graph=cuda_graph)
-        self.cuda_graph = cuda_graph
+        self.inputs = input_specs(self.model)
+        graph, why = choose_cuda_graph(self.model, provider, cuda_graph)
+        if not graph:
+            logger.info("Trainer: steps run node by node, not as CUDA graphs: %s", why)
+        self._auto = cuda_graph is None
+        self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto)
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
         # Our own copies: on the CPU an OrtValue borrows the numpy array's memory, so the caller's
         # arrays must not be bound (steps would overwrite them) and ours must outlive the buffers.
@@ -62,8 +145,8 @@ class Trainer:
         for name in self.spec.state:
             initial[name] = np.full(shapes[name], starts.get(name, 0.0), np.float32)
         self._host = [initial, {name: np.empty_like(value) for name, value in initial.items()}]
-        self._buffers = [{name: ort.OrtValue.ortvalue_from_numpy(value, self.device, 0) for name, value in arrays.items()}
-                         for arrays in self._host]
+        self._buffers = [{name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID)
+                          for name, value in arrays.items()} for arrays in self._host]
         if self.device != "cpu":
             self._host = []  # copied to the device: the host arrays may go
         self._loss_host = np.zeros((), np.float32)  # kept alive: the OrtValue borrows it
@@ -71,64 +154,124 @@ class Trainer:
         self._current = 0
         self.steps = 0
         self._graph: list | None = None  # cuda_graph: (binding, run options) per buffer set
+        self._fixed: dict[str, ort.OrtValue] = {}  # cuda_graph: the buffers the graphs read
 
-    def step(self, batch: Mapping[str, np.ndarray]) -> float:
-        """One update on ``batch`` (the forward inputs plus ``labels``); returns the loss."""
+    def step(self, batch: Mapping[str, object]) -> float:
+        """One update on ``batch`` (the forward inputs plus ``labels``); returns the loss.
+
+        A value may be a numpy array, an ``onnxruntime.OrtValue`` or an object in CUDA memory
+        with ``__cuda_array_interface__`` or ``__dlpack__`` (torch CUDA tensor, CuPy array): see
+        :mod:`onnxcampo.training.batches`. Device values are read where they are, never through
+        the host; the Trainer waits for the stream that made them (the one
+        ``__cuda_array_interface__`` names, else the whole device) before ORT reads them.
+        """
         unknown = sorted(set(batch) - set(self.spec.batch))
         missing = sorted(set(self.spec.batch) - set(batch))
         if unknown or missing:
             raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
+        values = {name: batch_value(self.inputs[name], value) for name, value in batch.items()}
+        if self.device == "cpu":
+            on_device = [name for name, value in values.items() if is_device(value)]
+            if on_device:
+                raise ConfigError(f"batch input {on_device[0]} is in CUDA memory, but the Trainer runs on provider "
+                                  f"'{self.provider}': pass host arrays (or CPU OrtValues), or use provider 'cuda'")
         if self.cuda_graph:
-            return self._graph_step(batch)
-        # Arrays and OrtValues held until the run is over (on the CPU the values borrow the arrays).
-        feeds = {name: np.ascontiguousarray(array) for name, array in batch.items()}
-        feeds[LR] = np.array(self.lr, np.float32)
-        values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0) for name, array in feeds.items()}
-        # the loss is the one value that comes back to the host
-        return self._run(self._bind(values, self._current, self._loss), self._loss)
+            try:
+                return self._graph_step(values)
+            except _CaptureFailed as failed:
+                self._leave_graphs(failed.__cause__)
+        return self._plain_step(values)
 
-    def _bind(self, values: Mapping[str, ort.OrtValue], k: int, loss: ort.OrtValue) -> ort.IOBinding:
+    def _plain_step(self, values: Mapping[str, np.ndarray | ort.OrtValue | DeviceArray]) -> float:
+        # Arrays (held in values until the run is over: on the CPU the OrtValues borrow them) go to
+        # the device; OrtValues and device memory are bound where they are.
+        feeds = {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID) if isinstance(value, np.ndarray)
+                 else value for name, value in values.items()}
+        feeds[LR] = ort.OrtValue.ortvalue_from_numpy(np.array(self.lr, np.float32), self.device, DEVICE_ID)
+        self._wait_for_producers(values.values())
+        # the loss is the one value that comes back to the host
+        return self._run(self._bind(feeds, self._current, self._loss), self._loss)
+
+    def _bind(self, values: Mapping[str, ort.OrtValue | DeviceArray], k: int, loss: ort.OrtValue) -> ort.IOBinding:
         """Batch and lr ``values``, weights and state read from buffer set ``k``, written to ``1 - k``."""
         binding = self.session.io_binding()
         for name, value in (*values.items(), *self._buffers[k].items()):
-            binding.bind_ortvalue_input(name, value)
+            if isinstance(value, DeviceArray):
+                binding.bind_input(name, "cuda", DEVICE_ID, value.dtype, list(value.shape), value.ptr)
+            else:
+                binding.bind_ortvalue_input(name, value)
         for name, value in self._buffers[1 - k].items():
             binding.bind_ortvalue_output(name + UPDATED, value)
         binding.bind_ortvalue_output(LOSS, loss)
         return binding
 
+    @staticmethod
+    def _wait_for_producers(values: Iterable[object]) -> None:
+        """Device memory is read by ORT's own stream: first wait for the streams that wrote it."""
+        streams = {value.stream for value in values if isinstance(value, DeviceArray) and value.wait}
+        if streams:
+            runtime = cuda_runtime()
+            for stream in [None] if None in streams else sorted(streams):
+                runtime.synchronize(stream)
+
     def _run(self, binding: ort.IOBinding, loss: ort.OrtValue, options: ort.RunOptions | None = None) -> float:
-        self.session.run_with_iobinding(binding, options)
+        try:
+            self.session.run_with_iobinding(binding, options)
+        except _ORT_ERRORS as exc:
+            if options is not None and self._auto and self.steps < CAPTURE_STEPS:
+                raise _CaptureFailed() from exc
+            raise
         binding.synchronize_outputs()
         self._current = 1 - self._current
         self.steps += 1
         return float(loss.numpy())
 
-    def _graph_step(self, batch: Mapping[str, np.ndarray]) -> float:
+    def _graph_step(self, values: Mapping[str, np.ndarray | ort.OrtValue | DeviceArray]) -> float:
         """A step replayed from a CUDA graph: the batch and lr are copied into fixed device
         buffers; binding ``k`` (weights in set k, out to set 1 - k) is graph ``k + 1``."""
-        feeds = {name: np.ascontiguousarray(array) for name, array in batch.items()}
-        feeds[LR] = np.array(self.lr, np.float32)
         if self._graph is None:
-            # own copies: a CPU OrtValue would borrow (and later overwrite) the caller's arrays
-            self._graph_host = {name: np.array(array, copy=True) for name, array in feeds.items()}
-            self._graph_values = {name: ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
-                                  for name, array in self._graph_host.items()}
-            self._graph_loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device, 0)
+            self._fixed = {name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype.type, self.device, DEVICE_ID)
+                           for name, (dtype, shape) in ((n, _meta(v)) for n, v in values.items())}
+            self._fixed[LR] = ort.OrtValue.ortvalue_from_shape_and_type([], np.float32, self.device, DEVICE_ID)
+            self._graph_loss = ort.OrtValue.ortvalue_from_shape_and_type([], np.float32, self.device, DEVICE_ID)
             self._graph = []
             for k in (0, 1):
                 options = ort.RunOptions()
                 options.add_run_config_entry("gpu_graph_id", str(k + 1))
-                self._graph.append((self._bind(self._graph_values, k, self._graph_loss), options))
-        else:
-            for name, array in feeds.items():
-                first = self._graph_host[name]
-                if (array.dtype, array.shape) != (first.dtype, first.shape):
-                    raise ConfigError(f"with CUDA graphs every batch keeps the first one's shapes and types: "
-                                      f"{name} is {array.dtype}{list(array.shape)}, was {first.dtype}{list(first.shape)}")
-                self._graph_values[name].update_inplace(array)
+                self._graph.append((self._bind(self._fixed, k, self._graph_loss), options))
+        copies = []  # (to, from, bytes) device to device
+        for name, value in values.items():
+            fixed = self._fixed[name]
+            (dtype, shape), (first_dtype, first_shape) = _meta(value), _meta(fixed)
+            if (dtype, shape) != (first_dtype, first_shape):
+                raise ConfigError(f"with CUDA graphs every batch keeps the first one's shapes and types: "
+                                  f"{name} is {dtype}{list(shape)}, was {first_dtype}{list(first_shape)}")
+            if isinstance(value, np.ndarray):
+                fixed.update_inplace(value)
+            elif isinstance(value, DeviceArray):
+                copies.append((fixed.data_ptr(), value.ptr, value.nbytes))
+            elif value.device_name() == "cpu":
+                fixed.update_inplace(value.numpy())
+            else:
+                copies.append((fixed.data_ptr(), value.data_ptr(), int(np.prod(shape)) * dtype.itemsize))
+        self._fixed[LR].update_inplace(np.array(self.lr, np.float32))
+        if copies:
+            self._wait_for_producers(values.values())
+            runtime = cuda_runtime()
+            for to, source, nbytes in copies:
+                runtime.copy(to, source, nbytes, LEGACY_STREAM)
+            runtime.synchronize(LEGACY_STREAM)  # ORT's stream does not wait for the legacy one
         binding, options = self._graph[self._current]
         return self._run(binding, self._graph_loss, options)
+
+    def _leave_graphs(self, cause: BaseException | None) -> None:
+        """cuda_graph=None and a CUDA-graph run failed in the first steps: plain runs from now on."""
+        logger.warning("Trainer: a step failed as a CUDA graph (%s); running steps node by node from now on "
+                       "(cuda_graph=False skips the attempt)", str(cause).splitlines()[0] if cause else "?")
+        self.session = None  # the capturing session goes before the plain one comes
+        self._graph, self._fixed = None, {}
+        self.session = make_session(self.model, provider=self.provider, cuda_graph=False)
+        self.cuda_graph = False
 
     @property
     def loss_scale(self) -> float | None:
