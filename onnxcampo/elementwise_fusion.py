@@ -17,6 +17,8 @@ model ORT will run; the plan's passes never see the custom op). Rules:
    node's output; inputs may broadcast to it), when joining makes no cycle (no other input of the
    node depends on the group through a node outside it) and when the group stays within the
    kernel's limits (inputs, outputs, registers, instructions). Otherwise it starts a group.
+   A lone node whose output only one group reads joins that group whatever its shape (a bias's
+   Cast, computed per element of the group's output).
 3. A group of two or more nodes becomes one node; its outputs are the member outputs read outside
    it or graph outputs, under their names and types. A lone node stays as it is.
 
@@ -111,6 +113,9 @@ def fuse_elementwise(model: onnx.ModelProto) -> FusionResult:
         for out in node.output:
             depends[out] = upstream | own
 
+    producers = edit.producers()
+    for group in groups:
+        _absorb_producers(group, group_of, producers, consumers, graph_outputs, scalars)
     fused = [g for g in groups if len(g.nodes) >= 2]
     replaced: list[tuple[_Group, onnx.NodeProto]] = []
     for group in fused:
@@ -180,6 +185,42 @@ def _join(node, shape, group_of, depends, scalars) -> _Group | None:
             continue
         return group
     return None
+
+
+def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outputs, scalars) -> None:
+    """Rule 2b: a lone fusable node whose output only this group reads joins it, whatever its
+    (smaller, broadcast) shape: a bias's Cast computed per element instead of in a launch of its
+    own. Its inputs then are the group's, and its own producers may follow."""
+    if not group.nodes:
+        return
+    changed = True
+    while changed:
+        changed = False
+        members = {id(n) for n in group.nodes}
+        for name in list(group.inputs):
+            producer = producers.get(name)
+            owner = group_of.get(name)
+            if producer is None or owner is None or owner is group or len(owner.nodes) != 1 \
+                    or name in graph_outputs or any(id(c) not in members for c in consumers.get(name, [])):
+                continue
+            if any(i in group.outputs for i in producer.input):
+                continue
+            extra = [i for i in producer.input if i and i not in scalars and i not in group.inputs]
+            if len(group.inputs) - 1 + len(extra) > ew.MAX_INPUTS or (len(group.nodes) + 2) * 5 > ew.MAX_INSTRUCTIONS:
+                continue
+            owner.nodes.clear()
+            del group.inputs[name]
+            group.nodes.insert(0, producer)  # its inputs are all from outside: first is in order
+            for i in producer.input:
+                if i in scalars:
+                    group.constants[i] = scalars[i]
+                elif i:
+                    group.inputs[i] = None
+            group.outputs.update(producer.output)
+            for out in producer.output:
+                group_of[out] = group
+            changed = True
+            break
 
 
 def _add(group: _Group, node: onnx.NodeProto, scalars: dict[str, float]) -> None:

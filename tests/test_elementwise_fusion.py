@@ -160,3 +160,28 @@ def test_the_option_without_the_custom_op_library_is_one_clear_error(monkeypatch
     monkeypatch.setattr(ops, "available", lambda: False)
     with pytest.raises(ConfigError, match="--fuse-elementwise .* custom-op library is not available"):
         optimize(model, config=OptimizeConfig(fuse_elementwise=True))
+
+
+def test_a_bias_cast_read_only_by_the_chain_is_computed_in_it():
+    # the Cast of an fp32 bias [8] (a launch of its own) joins the Add that broadcasts it
+    model = _model("""
+    g (float16[4,8] x, float[8] b) => (float16[4,8] y) {
+      b16 = Cast <to = 10> (b)
+      y = Add(x, b16)
+    }
+    """)
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float16), "b": rng.standard_normal(8).astype(np.float32)}
+    fused, result = _same_values(model, feeds)
+    assert _ops(fused) == [ew.OP_TYPE] and list(fused.graph.node[0].input) == ["x", "b"]
+
+
+def test_a_cast_read_outside_the_chain_too_stays_a_node_of_its_own():
+    model = _model("""
+    g (float16[4,8] x, float[8] b) => (float16[4,8] y, float16[8] b16) {
+      b16 = Cast <to = 10> (b)
+      y = Add(x, b16)
+    }
+    """)
+    result = fuse_elementwise(model)
+    assert result.groups == 0 and _ops(model) == ["Cast", "Add"]
