@@ -318,6 +318,7 @@ def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: di
         target = _fp32_gradient(model, weight, producers, dtypes)
         if target == gradient:
             producer = producers[gradient]
+            _read_fp16_through_reshape(model, producer, producers, dtypes)
             producer.output[list(producer.output).index(gradient)] = gradient + ".scaled"
             grads.append(gradient + ".scaled")
         else:
@@ -328,6 +329,24 @@ def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: di
                                                name=f"{LOSS_SCALE}/unscale"))
     op_nodes.import_domain(model)
     return FOUND_INF
+
+
+def _read_fp16_through_reshape(model: onnx.ModelProto, reshape: onnx.NodeProto,
+                               producers: dict[str, onnx.NodeProto], dtypes: dict[str, int]) -> None:
+    """A gradient made by ``Reshape(Cast(g16, to=float))`` (a weight gradient computed in fp16 as
+    a Gemm, shaped back to the weight's dims) is reshaped in fp16: the unscale reads fp16 itself,
+    so the Cast, a pass over a weight-sized tensor, goes away."""
+    if reshape.op_type != "Reshape":
+        return
+    cast = producers.get(reshape.input[0])
+    if cast is None or cast.op_type != "Cast" or ir.attribute(cast, "to") != TensorProto.FLOAT \
+            or dtypes.get(cast.input[0]) != TensorProto.FLOAT16:
+        return
+    readers = [n for n in model.graph.node if cast.output[0] in n.input]
+    if readers != [reshape] or cast.output[0] in {o.name for o in model.graph.output}:
+        return
+    reshape.input[0] = cast.input[0]
+    model.graph.node.remove(cast)
 
 
 def _fp32_gradient(model: onnx.ModelProto, weight: str, producers: dict[str, onnx.NodeProto],
