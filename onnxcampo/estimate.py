@@ -14,6 +14,12 @@ work plus one replay (``CostModel.run_us``). ``plain``: the GPU's work and the h
 (``CostModel.launch_us`` per launch; cuDNN's layout transforms around fp16 NCHW convolutions are
 launches too), added where the database says so (``CostModel.host_adds``: fitted from whole runs,
 where every launch cost 2.3-4.4 us on top of the replayed run), else the larger of the two.
+
+With ``fuse_elementwise`` a Cast next to an elementwise op that ``--fuse-elementwise`` fuses
+(``onnxcampo.elementwise_fusion``: the tensor's producer, or every reader needing the Cast, is
+such an op) is folded into that op's fused kernel: it costs no launch and only the memory pass
+it adds to the kernel (:data:`FOLDED_CAST_SHARE` of a Cast's memory time: one of the Cast's three
+passes, reading 4 and writing 2 bytes an element, is left).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from onnxcampo.casting import PrecisionOf, tensor_casts
 from onnxcampo.context import GraphContext
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
+
+
+FOLDED_CAST_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -186,13 +195,36 @@ def _alone_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float
 
 
 def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: PrecisionOf) -> tuple[float, int]:
+    """The Casts the tensors need and their time; with ``fuse_elementwise`` the Casts that fold
+    into a fused kernel cost their memory share only and are not counted as launches."""
     total, count = 0.0, 0
+    folding = ctx.config.fuse_elementwise
     for tensor in tensors:
         casts = tensor_casts(ctx, tensor, precision_of)
-        if casts:
-            count += casts
-            total += casts * ctx.cost.cast_time(ctx.numel(tensor))
+        if not casts:
+            continue
+        if folding and _cast_folds(ctx, tensor):
+            memory = ctx.cost.cast_time(ctx.numel(tensor)) - ctx.cost.cast_time(0)
+            total += casts * FOLDED_CAST_SHARE * max(memory, 0.0)
+            continue
+        count += casts
+        total += casts * ctx.cost.cast_time(ctx.numel(tensor))
     return total, count
+
+
+def _cast_folds(ctx: GraphContext, tensor: gs.Tensor) -> bool:
+    """Whether ``--fuse-elementwise`` would fold a Cast of ``tensor`` into a neighbour: its
+    producer, or every reader, is an op it fuses (static shapes)."""
+    from onnxcampo.elementwise_fusion import FUSABLE
+
+    def fusable(node: gs.Node | None) -> bool:
+        return (node is not None and node.op in FUSABLE and (node.domain or "") in oplists.DEFAULT_DOMAINS
+                and all(ctx.info.get(t.name) is not None and ctx.info[t.name].numel for t in node.outputs))
+
+    if ctx.numel(tensor) == 0:
+        return False
+    readers = [use.node for use in ctx.uses(tensor)]
+    return fusable(ctx.producer(tensor)) or (bool(readers) and all(fusable(n) for n in readers))
 
 
 def precision_function(plan: PrecisionPlan, overrides: dict[str, Precision] | None = None) -> PrecisionOf:

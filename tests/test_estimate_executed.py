@@ -286,3 +286,32 @@ def test_a_cast_anywhere_in_a_fused_group_breaks_the_whole_group():
     broken = estimate.plan_time(ctx, plan_of(ctx, **fp16))
     assert broken.launched - broken.casts == 9
     assert broken.nodes_us == 10.0 + 8 * 5.0  # Pow fp32, the other eight fp16 (2x faster)
+
+
+class MemoryCost(FakeCost):
+    """A Cast costs 1 us to launch plus 3 us of memory time per 1000 elements."""
+
+    def cast_time(self, elements: int) -> float:
+        return 1.0 + 3.0 * elements / 1000
+
+
+def test_with_fuse_elementwise_a_cast_next_to_a_fused_op_costs_its_memory_share_and_no_launch():
+    model = parse("""
+    g (float[1000] x, float[1000,1000] w) => (float[1000] y, float[1000] z) {
+      [relu] r = Relu(x)
+      [mm] m = MatMul(r, w)
+      [neg] y = Neg(m)
+      [mm2] z = MatMul(m, w)
+    }
+    """)
+    for fused in (False, True):
+        planning = build_context(model, cost=MemoryCost(), fuse_elementwise=fused)
+        decide(planning, mm="fp16")
+        plan = planning.plan
+        nodes = {n.name: n for n in planning.nodes}
+        x_cast = estimate.casts_time(planning, [nodes["mm"].inputs[0]], plan.precision)  # Relu -> Cast
+        m_cast = estimate.casts_time(planning, [nodes["mm"].outputs[0]], plan.precision)  # Neg and mm2 read it
+        if not fused:
+            assert x_cast == (4.0, 1) and m_cast == (4.0, 1)
+        else:  # Relu's chain writes the fp16 copy; m's readers include a MatMul: a Cast of its own
+            assert x_cast == (pytest.approx(1.0), 0) and m_cast == (4.0, 1)
