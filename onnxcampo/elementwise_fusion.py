@@ -9,8 +9,8 @@ type each reader expects: a Cast inside or at the edge of a chain costs no memor
 Runs on the written model, after the precision plan, its Casts and loss scaling (it sees the
 model ORT will run; the plan's passes never see the custom op). Rules:
 
-1. A node can be fused when it is a default-domain op of :data:`FUSABLE` (a Cast between float32
-   and float16 included), every input and output is float32 or float16 with a static shape, and a
+1. A node can be fused when it is a default-domain op of :data:`FUSABLE`, a ``Sum`` or a Cast
+   between float32 and float16, every input and output is float32 or float16 with a static shape, and a
    scalar constant input (an initializer or Constant of one element) is folded into the program.
 2. Nodes are visited in graph order; a node joins the group of a producer of one of its inputs
    when its output has that group's shape (the group's outputs all have the shape of the fused
@@ -53,6 +53,7 @@ FUSABLE: dict[str, tuple[Op, int]] = {
     "Relu": (Op.RELU, 1),
 }
 MOVES = ("Cast", "Identity")
+SUM = "Sum"  # variadic: a chain of additions, each rounded as the node's type is
 
 
 @dataclass
@@ -74,6 +75,7 @@ class _Group:
     outputs: set[str] = field(default_factory=set)  # tensors the members write
     inputs: dict[str, None] = field(default_factory=dict)  # external tensors read (ordered)
     constants: dict[str, float] = field(default_factory=dict)  # scalar constants folded in
+    instructions: int = 0  # at most what the members' program takes (see _instructions)
 
 
 def fuse_elementwise(model: onnx.ModelProto) -> FusionResult:
@@ -159,6 +161,9 @@ def _fusable_shape(node: onnx.NodeProto, static, scalars: dict[str, float]) -> t
     if node.op_type in FUSABLE:
         if len(node.input) != FUSABLE[node.op_type][1]:
             return None
+    elif node.op_type == SUM:
+        if not 1 <= len(node.input) <= ew.MAX_INPUTS:
+            return None
     elif node.op_type == "Cast":
         if ir.attribute(node, "to") not in FLOATS:
             return None
@@ -180,8 +185,8 @@ def _join(node, shape, group_of, depends, scalars) -> _Group | None:
         if any(group.index in depends.get(n, frozenset()) for n in others):
             continue  # an outside path from the group reaches this node: fusing would make a cycle
         extra_inputs = {n for n in others if n not in group.inputs}
-        # at most two loads, the op, a rounding and a store per node
-        if len(group.inputs) + len(extra_inputs) > ew.MAX_INPUTS or (len(group.nodes) + 1) * 5 > ew.MAX_INSTRUCTIONS:
+        if len(group.inputs) + len(extra_inputs) > ew.MAX_INPUTS \
+                or group.instructions + _instructions(node) > ew.MAX_INSTRUCTIONS:
             continue
         return group
     return None
@@ -206,11 +211,13 @@ def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outpu
             if any(i in group.outputs for i in producer.input):
                 continue
             extra = [i for i in producer.input if i and i not in scalars and i not in group.inputs]
-            if len(group.inputs) - 1 + len(extra) > ew.MAX_INPUTS or (len(group.nodes) + 2) * 5 > ew.MAX_INSTRUCTIONS:
+            if len(group.inputs) - 1 + len(extra) > ew.MAX_INPUTS \
+                    or group.instructions + _instructions(producer) > ew.MAX_INSTRUCTIONS:
                 continue
             owner.nodes.clear()
             del group.inputs[name]
             group.nodes.insert(0, producer)  # its inputs are all from outside: first is in order
+            group.instructions += _instructions(producer)
             for i in producer.input:
                 if i in scalars:
                     group.constants[i] = scalars[i]
@@ -223,8 +230,15 @@ def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outpu
             break
 
 
+def _instructions(node: onnx.NodeProto) -> int:
+    """At most what a member adds to the program: a load per input, an operation and a rounding
+    per input (a Sum's additions), a store."""
+    return 3 * len(node.input) + 2
+
+
 def _add(group: _Group, node: onnx.NodeProto, scalars: dict[str, float]) -> None:
     group.nodes.append(node)
+    group.instructions += _instructions(node)
     for name in node.input:
         if name in group.outputs:
             continue
@@ -273,17 +287,26 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
     stored = {name: i for i, name in enumerate(escaping)}
     for k, node in enumerate(group.nodes):
         args = [value(name) for name in node.input]
+        # a Sum's additions read its terms after the first write: its register is none of theirs
+        dst = allocate() if node.op_type == SUM else None
         for name in dict.fromkeys(node.input):  # registers whose value no later member reads
             if last_read.get(name) == k and name in register:
                 free.append(register.pop(name))
         out = node.output[0]
-        dst = allocate()  # may be an argument's register: an instruction reads before it writes
+        if dst is None:
+            dst = allocate()  # may be an argument's register: one instruction reads before it writes
         half = info[out].dtype == TensorProto.FLOAT16
         if node.op_type in FUSABLE:
             code, arity = FUSABLE[node.op_type]
             program.extend((code, dst, args[0], args[1] if arity == 2 else 0))
             if half:
                 program.extend((Op.ROUND_F16, dst, dst, 0))
+        elif node.op_type == SUM:
+            program.extend((Op.COPY, dst, args[0], 0))
+            for arg in args[1:]:
+                program.extend((Op.ADD, dst, dst, arg))
+                if half:
+                    program.extend((Op.ROUND_F16, dst, dst, 0))
         else:  # Cast, Identity: the value moves; a Cast to float16 rounds it
             program.extend((Op.ROUND_F16 if half else Op.COPY, dst, args[0], 0))
         register[out] = dst

@@ -185,3 +185,16 @@ def test_a_cast_read_outside_the_chain_too_stays_a_node_of_its_own():
     """)
     result = fuse_elementwise(model)
     assert result.groups == 0 and _ops(model) == ["Cast", "Add"]
+
+
+def test_a_sum_of_several_terms_is_a_chain_of_additions_rounded_as_in_fp16():
+    model = _model("""
+    g (float16[16] a, float16[16] b, float16[16] c) => (float[16] y) {
+      s = Sum(a, b, c)
+      y = Cast <to = 1> (s)
+    }
+    """)
+    rng = np.random.default_rng(4)
+    feeds = {k: (rng.standard_normal(16) * 100).astype(np.float16) for k in "abc"}
+    fused, _ = _same_values(model, feeds)
+    assert _ops(fused) == [ew.OP_TYPE]
