@@ -38,15 +38,26 @@ opcode  name         effect
 
 Every output is stored exactly once; a program reads a register only after writing it; an
 instruction may write a register it reads (``ADD 0, 0, 1``: operands are read first).
+
+:func:`run` is the reference: + - * / sqrt and the float16 rounding are float32 (IEEE, one rounding
+each), so kernels must match it exactly there; exp, log, tanh, erf and pow are computed in
+float64 and rounded once to float32 (the correctly rounded value, the same on every machine), which
+the kernels' math libraries (glibc, CUDA) meet within their documented 1-2 ulp (CUDA's powf: 4).
+SIGMOID is that rounded exp followed by the float32 add and divide.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import special
+
+try:
+    from scipy.special import erf as _erf64
+except ImportError:  # the GPU check script loads this file where only numpy is installed
+    _erf64 = np.vectorize(math.erf, otypes=[np.float64])
 
 MAX_INPUTS = 16
 MAX_OUTPUTS = 8
@@ -80,20 +91,30 @@ class Op(enum.IntEnum):
     COPY = 21
 
 
-BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide, Op.POW: np.power,
+def _rounded(f):
+    """``f`` computed in float64 and rounded once to float32: the float32 result nearest the
+    exact one (but for rare double-rounding ties), the same on every machine. numpy's own float32
+    exp and log are SIMD approximations whose last bits depend on the CPU (up to 3 ulp off on
+    AVX-512), too loose a reference for kernels whose math library is within 1-2 ulp."""
+    return lambda *args: f(*(np.asarray(a, np.float64) for a in args)).astype(np.float32)
+
+
+_exp = _rounded(np.exp)
+
+BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide, Op.POW: _rounded(np.power),
           Op.MAX: np.maximum, Op.MIN: np.minimum}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return np.float32(1) / (np.float32(1) + np.exp(-x))
+    return np.float32(1) / (np.float32(1) + _exp(-x))  # exp rounded to float32, then float32 + and /
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
     return np.where(x < 0, np.float32(0), x)  # NaN is not < 0: it stays
 
 
-UNARY = {Op.NEG: np.negative, Op.ABS: np.abs, Op.EXP: np.exp, Op.LOG: np.log, Op.SQRT: np.sqrt,
-         Op.RECIP: lambda x: np.float32(1) / x, Op.TANH: np.tanh, Op.ERF: special.erf,
+UNARY = {Op.NEG: np.negative, Op.ABS: np.abs, Op.EXP: _exp, Op.LOG: _rounded(np.log), Op.SQRT: np.sqrt,
+         Op.RECIP: lambda x: np.float32(1) / x, Op.TANH: _rounded(np.tanh), Op.ERF: _rounded(_erf64),
          Op.SIGMOID: _sigmoid, Op.RELU: _relu, Op.COPY: lambda x: x,
          Op.ROUND_F16: lambda x: x.astype(np.float16).astype(np.float32)}
 
