@@ -11,6 +11,10 @@
 //       tree-averaging 16-bit accumulation of the averaging-networks seed; docs/avg-matmul.md)
 //   ExactMatMulInteger(A, B[, a_zero_point, b_zero_point]) -> Y (the same with exact 32-bit
 //       accumulation: the baseline the averaging kernel is measured against)
+//   FusedElementwise[program, registers, constants, output_types](x_1..x_n) -> (y_1..y_m)
+//       (a register program per element of the inputs' broadcast shape: float16/float32 in and
+//       out; onnxcampo/ops/elementwise.py; the element types of its heterogeneous variadic
+//       output come from `output_types` through the op's shape-inference function)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -18,12 +22,15 @@
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
 
+#include <algorithm>
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "avg_matmul.h"
+#include "elementwise.h"
 #include "kernels.h"
 
 namespace onnxcampo {
@@ -400,16 +407,289 @@ struct MatMulU8Op : Ort::CustomOpBase<MatMulU8Op<kMode>, MatMulU8Kernel<kMode>, 
   const char* name_;
 };
 
+// ---- FusedElementwise (elementwise.h) -------------------------------------------------------
+
+constexpr const char* kFusedElementwise = "FusedElementwise";
+
+// The node's attributes, read without throwing: `found` says whether it is there.
+std::vector<int64_t> IntsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
+  size_t size = 0;
+  OrtStatus* status = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
+  std::vector<int64_t> values(size);
+  if (status == nullptr && size > 0) status = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, values.data(), &size);
+  *found = status == nullptr;
+  if (status != nullptr) Ort::GetApi().ReleaseStatus(status);
+  return *found ? values : std::vector<int64_t>{};
+}
+
+std::vector<float> FloatsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
+  size_t size = 0;
+  OrtStatus* status = Ort::GetApi().KernelInfoGetAttributeArray_float(info, name, nullptr, &size);
+  std::vector<float> values(size);
+  if (status == nullptr && size > 0) status = Ort::GetApi().KernelInfoGetAttributeArray_float(info, name, values.data(), &size);
+  *found = status == nullptr;
+  if (status != nullptr) Ort::GetApi().ReleaseStatus(status);
+  return *found ? values : std::vector<float>{};
+}
+
+bool IsFloatType(ONNXTensorElementDataType type) {
+  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+}
+
+// The program is checked when ORT creates the kernel (session creation), with the rules and
+// messages of onnxcampo.ops.elementwise.check; each call broadcasts its inputs' shapes.
+struct FusedElementwise {
+  FusedElementwise(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
+    Ort::ConstKernelInfo kernel_info(info);
+    std::string node;
+    try {
+      node = kernel_info.GetNodeName();
+    } catch (const Ort::Exception&) {
+    }
+    who = std::string(kFusedElementwise) + (node.empty() ? "" : " node '" + node + "'");
+    bool found = false;
+    const std::vector<int64_t> code = IntsAttribute(info, "program", &found);
+    if (!found) Fail(who, "attribute 'program' (ints) is missing");
+    int64_t register_count = 0;
+    OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_int64(info, "registers", &register_count);
+    if (status != nullptr) {
+      Ort::GetApi().ReleaseStatus(status);
+      Fail(who, "attribute 'registers' (int) is missing");
+    }
+    const std::vector<float> constants = FloatsAttribute(info, "constants", &found);  // absent: none
+    output_types = IntsAttribute(info, "output_types", &found);
+    if (!found) Fail(who, "attribute 'output_types' (ints) is missing");
+    const size_t inputs = kernel_info.GetInputCount();
+    const size_t outputs = kernel_info.GetOutputCount();
+    const std::string error = ew::CheckProgram(code, register_count, constants, inputs, output_types, &program);
+    if (!error.empty()) Fail(who, error);
+    if (output_types.size() != outputs) {
+      Fail(who, "output_types has " + std::to_string(output_types.size()) + " entries, the node " +
+                    std::to_string(outputs) + " outputs");
+    }
+    for (size_t k = 0; k < inputs; ++k) {
+      const auto type = kernel_info.GetInputTypeInfo(k).GetTensorTypeAndShapeInfo().GetElementType();
+      if (!IsFloatType(type)) Fail(who, "input " + std::to_string(k) + " must be float32 or float16");
+    }
+    for (size_t k = 0; k < outputs; ++k) {
+      const auto type = kernel_info.GetOutputTypeInfo(k).GetTensorTypeAndShapeInfo().GetElementType();
+      if (type != static_cast<ONNXTensorElementDataType>(output_types[k])) {
+        Fail(who, "output " + std::to_string(k) + " is declared of element type " + std::to_string(type) +
+                      ", output_types says " + std::to_string(output_types[k]));
+      }
+    }
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      Compute(context);
+      return nullptr;
+    } catch (const Ort::Exception& e) {
+      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
+    } catch (const std::exception& e) {
+      return Ort::Status((who + ": " + e.what()).c_str(), ORT_RUNTIME_EXCEPTION).release();
+    }
+  }
+
+  void Compute(OrtKernelContext* raw) {
+    Ort::KernelContext ctx(raw);
+    ew::Layout layout;
+    const size_t inputs = ctx.GetInputCount();
+    if (inputs < 1 || inputs > static_cast<size_t>(ew::kMaxInputs)) Fail(who, "1..16 inputs, got " + std::to_string(inputs));
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t k = 0; k < inputs; ++k) {
+      Ort::ConstValue value = ctx.GetInput(k);
+      auto info = value.GetTensorTypeAndShapeInfo();
+      const auto type = info.GetElementType();
+      if (!IsFloatType(type)) Fail(who, "input " + std::to_string(k) + " must be float32 or float16");
+      shapes.push_back(info.GetShape());
+      layout.in[k] = value.GetTensorRawData();
+      if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) layout.in_half |= 1u << k;
+    }
+    std::vector<int64_t> shape;
+    const std::string error = ew::Prepare(shapes, &shape, &layout);
+    if (!error.empty()) Fail(who, error);
+    layout.outputs = static_cast<int32_t>(output_types.size());
+    for (size_t k = 0; k < output_types.size(); ++k) {
+      Ort::UnownedValue value = ctx.GetOutput(k, shape);
+      const auto type = value.GetTensorTypeAndShapeInfo().GetElementType();
+      if (type != static_cast<ONNXTensorElementDataType>(output_types[k])) {
+        Fail(who, "output " + std::to_string(k) + " has element type " + std::to_string(type) + ", output_types says " +
+                      std::to_string(output_types[k]));
+      }
+      layout.out[k] = value.GetTensorMutableRawData();
+      if (output_types[k] == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) layout.out_half |= 1u << k;
+    }
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) return ew::FusedElementwiseCuda(program, layout, ctx.GetGPUComputeStream());
+#endif
+    ew::FusedElementwiseCpu(program, layout, ThreadPoolRunner(ctx));
+  }
+
+  ew::Program program;
+  std::vector<int64_t> output_types;
+  std::string who;
+  bool cuda;
+};
+
+// An ints attribute in shape inference, read with the C API (statuses released; no throw).
+bool ShapeInferInts(OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* values) {
+  const OrtApi& api = Ort::GetApi();
+  const OrtOpAttr* attr = nullptr;
+  OrtStatus* status = api.ShapeInferContext_GetAttribute(ctx, name, &attr);
+  if (status != nullptr || attr == nullptr) {
+    if (status != nullptr) api.ReleaseStatus(status);
+    return false;
+  }
+  size_t bytes = 0;
+  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes);  // asks for the size
+  if (status != nullptr) api.ReleaseStatus(status);
+  values->assign(bytes / sizeof(int64_t), 0);
+  if (values->empty()) return true;
+  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, values->data(), bytes, &bytes);
+  if (status != nullptr) {
+    api.ReleaseStatus(status);
+    return false;
+  }
+  return true;
+}
+
+// An input's shape in shape inference: dims[d] >= 0 a number, -1 with names[d] a symbol, -1
+// with "" unknown.
+void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_t>* dims, std::vector<std::string>* names) {
+  const OrtApi& api = Ort::GetApi();
+  OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
+  Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, index, &info));
+  size_t rank = 0;
+  Ort::ThrowOnError(api.GetDimensionsCount(info, &rank));
+  dims->assign(rank, -1);
+  std::vector<const char*> symbols(rank, nullptr);
+  if (rank > 0) {
+    Ort::ThrowOnError(api.GetDimensions(info, dims->data(), rank));
+    Ort::ThrowOnError(api.GetSymbolicDimensions(info, symbols.data(), rank));
+  }
+  names->assign(rank, "");
+  for (size_t d = 0; d < rank; ++d) {
+    if (symbols[d] != nullptr && symbols[d][0] != '\0') {
+      (*names)[d] = symbols[d];
+      (*dims)[d] = -1;
+    }
+  }
+}
+
+// ORT's type and shape inference for the node: element types from `output_types`, every
+// output of the numpy broadcast of the input shapes. A dimension is a number where some input
+// has a number other than 1, an input's symbol where the others have 1 or the same symbol, and
+// a fresh symbol (onnxcampo_ew_<n>) where it cannot be known (distinct symbols, unknown
+// dimensions). ORT shows an input without shape information as a scalar (rank 0), and this
+// function cannot tell them apart. ORT ignores the status this function returns (1.21 .. 1.32):
+// it reports nothing; the kernel checks the attributes when it is created. Only outputs
+// 0 .. len(output_types)-1 are set: ORT does not tell the node's output count here, the kernel
+// checks that it matches.
+OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
+  const OrtApi& api = Ort::GetApi();
+  OrtTensorTypeAndShapeInfo* out = nullptr;
+  try {
+    std::vector<int64_t> types;
+    if (!ShapeInferInts(ctx, "output_types", &types) || types.empty() || types.size() > ew::kMaxOutputs) return nullptr;
+    size_t inputs = 0;
+    Ort::ThrowOnError(api.ShapeInferContext_GetInputCount(ctx, &inputs));
+    std::vector<std::vector<int64_t>> dims(inputs);
+    std::vector<std::vector<std::string>> names(inputs);
+    size_t rank = 0;
+    for (size_t k = 0; k < inputs; ++k) {
+      ShapeInferInput(ctx, k, &dims[k], &names[k]);
+      rank = std::max(rank, dims[k].size());
+    }
+    static std::atomic<uint64_t> fresh{0};
+    std::vector<int64_t> shape(rank, 1);
+    std::vector<std::string> symbols(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      int64_t number = 1;
+      std::string symbol;
+      bool unknown = false;
+      for (size_t k = 0; k < inputs; ++k) {
+        if (dims[k].size() + d < rank) continue;  // a missing leading dimension: 1
+        const size_t e = d + dims[k].size() - rank;
+        if (dims[k][e] >= 0) {
+          if (dims[k][e] != 1) number = dims[k][e];  // (a clash of numbers fails when the kernel runs)
+        } else if (names[k][e].empty()) {
+          unknown = true;
+        } else if (symbol.empty()) {
+          symbol = names[k][e];
+        } else if (symbol != names[k][e]) {
+          unknown = true;
+        }
+      }
+      if (number != 1) {
+        shape[d] = number;
+      } else if (unknown) {
+        shape[d] = -1;
+        symbols[d] = "onnxcampo_ew_" + std::to_string(fresh++);
+      } else if (!symbol.empty()) {
+        shape[d] = -1;
+        symbols[d] = symbol;
+      }
+    }
+    std::vector<const char*> symbol_pointers(rank);
+    for (size_t d = 0; d < rank; ++d) symbol_pointers[d] = symbols[d].c_str();
+    for (size_t k = 0; k < types.size(); ++k) {
+      if (types[k] != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && types[k] != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) continue;
+      Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
+      Ort::ThrowOnError(api.SetTensorElementType(out, static_cast<ONNXTensorElementDataType>(types[k])));
+      Ort::ThrowOnError(api.SetDimensions(out, shape.data(), rank));
+      Ort::ThrowOnError(api.SetSymbolicDimensions(out, symbol_pointers.data(), rank));
+      Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, k, out));
+      api.ReleaseTensorTypeAndShapeInfo(out);
+      out = nullptr;
+    }
+  } catch (...) {  // nothing may unwind into ORT
+  }
+  if (out != nullptr) api.ReleaseTensorTypeAndShapeInfo(out);
+  return nullptr;
+}
+
+// One variadic heterogeneous input (float16/float32 tensors) and one variadic heterogeneous
+// output: ORT's own type inference gives up on such outputs, InferFusedElementwise sets them.
+struct FusedElementwiseOp : Ort::CustomOpBase<FusedElementwiseOp, FusedElementwise, /*WithStatus=*/true> {
+  explicit FusedElementwiseOp(bool cuda) : cuda_(cuda) { OrtCustomOp::InferOutputShapeFn = InferFusedElementwise; }
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      *kernel = new FusedElementwise(info, cuda_);
+      return nullptr;
+    } catch (const Ort::Exception& e) {
+      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
+    } catch (const std::exception& e) {
+      return Ort::Status(e.what(), ORT_INVALID_ARGUMENT).release();
+    }
+  }
+  const char* GetName() const { return kFusedElementwise; }
+  const char* GetExecutionProviderType() const { return cuda_ ? kCuda : kCpu; }
+  size_t GetInputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
+  bool GetVariadicInputHomogeneity() const { return false; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
+  bool GetVariadicOutputHomogeneity() const { return false; }
+
+ private:
+  bool cuda_;
+};
+
 struct Library {
   Op<UnscaleCheckFinite> unscale_cpu{false};
   Op<MultiTensorSGD> sgd_cpu{false};
   Op<MultiTensorAdamW> adamw_cpu{false};
   MatMulU8Op<Accumulation::kTreeAverage> avg_matmul_cpu{"AvgMatMulInteger"};
   MatMulU8Op<Accumulation::kExact32> exact_matmul_cpu{"ExactMatMulInteger"};
+  FusedElementwiseOp fused_elementwise_cpu{false};
 #ifdef ONNXCAMPO_WITH_CUDA
   Op<UnscaleCheckFinite> unscale_cuda{true};
   Op<MultiTensorSGD> sgd_cuda{true};
   Op<MultiTensorAdamW> adamw_cuda{true};
+  FusedElementwiseOp fused_elementwise_cuda{true};
 #endif
   Ort::CustomOpDomain domain{kDomain};
 
@@ -419,10 +699,12 @@ struct Library {
     domain.Add(&adamw_cpu);
     domain.Add(&avg_matmul_cpu);
     domain.Add(&exact_matmul_cpu);
+    domain.Add(&fused_elementwise_cpu);
 #ifdef ONNXCAMPO_WITH_CUDA
     domain.Add(&unscale_cuda);
     domain.Add(&sgd_cuda);
     domain.Add(&adamw_cuda);
+    domain.Add(&fused_elementwise_cuda);
 #endif
   }
 };

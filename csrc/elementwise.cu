@@ -1,0 +1,214 @@
+// FusedElementwise on CUDA: one launch per call (none for an empty output) on ORT's compute
+// stream. The program, its constants, the pointers, element types and strides travel by value
+// in one kernel parameter (Params, __grid_constant__, about 2.4 KB: read from the constant bank,
+// no device copy, no allocation, no host-device synchronisation), so the op can be captured in a
+// CUDA graph.
+//
+// Grid-stride loop over groups of kW consecutive elements: a thread runs the program on its
+// group's kW lanes at once (elementwise.h's Execute, the same instruction code as the CPU
+// kernel), so each instruction is decoded once per kW elements. The register file is a
+// per-thread array indexed by the program (local memory, cached in L1). Inputs are read by kind
+// (elementwise.h): kFull and kScalar with no index arithmetic (a group of a kFull input whose
+// pointer is aligned is one 16-byte float32 or 8-byte float16 load; outputs likewise), kStrided
+// from the group's coordinates in the collapsed shape. A kernel without strided inputs does not
+// compute coordinates at all. 32-bit indices when the output has fewer than 2^31 elements.
+//
+// Built with -fmad=false (no FMA contraction); division and square root are IEEE-rounded
+// (nvcc's defaults -prec-div=true -prec-sqrt=true; the library does not use --use_fast_math).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "elementwise.h"
+
+namespace onnxcampo {
+namespace ew {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 4;  // 1024 threads per SM: the register files of all stay in L1
+constexpr int kW = 4;            // elements per thread and step
+
+struct Params {
+  Program program;
+  Layout layout;
+  uint32_t in_aligned = 0, out_aligned = 0;  // bit k: the pointer allows kW-element vector access
+};
+static_assert(sizeof(Params) <= 4096, "FusedElementwise kernel parameter exceeds 4 KB");
+
+void Check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("onnxcampo_ops CUDA error in ") + what + ": " + cudaGetErrorString(status));
+  }
+}
+
+int MaxBlocks() {
+  static thread_local int device = -1, blocks = 0;
+  int current = 0;
+  Check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) {
+    int sms = 0;
+    Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "cudaDeviceGetAttribute");
+    device = current;
+    blocks = sms * kBlocksPerSm;
+  }
+  return blocks;
+}
+
+template <typename Index, bool kStrided>
+__global__ void __launch_bounds__(kThreads) FusedElementwiseKernel(const __grid_constant__ Params p) {
+  const Layout& t = p.layout;
+  const Index n = static_cast<Index>(t.n);
+  const Index groups = (n + kW - 1) / kW;
+  __align__(16) float r[kMaxRegisters][kW];
+  for (Index g = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; g < groups;
+       g += static_cast<Index>(gridDim.x) * kThreads) {
+    const Index first = g * kW;
+    const int lanes = n - first < static_cast<Index>(kW) ? static_cast<int>(n - first) : kW;
+    // Coordinates of the group's elements in the collapsed shape (kStrided only); the loops
+    // over dimensions are unrolled so that the coordinates stay in registers.
+    Index coord[kW][kMaxDims];
+    if (kStrided) {
+      Index rest = first;
+#pragma unroll
+      for (int d = kMaxDims - 1; d >= 0; --d) {
+        if (d < t.rank) {
+          const Index size = static_cast<Index>(t.dim[d]);
+          coord[0][d] = rest % size;
+          rest /= size;
+        } else {
+          coord[0][d] = 0;
+        }
+      }
+#pragma unroll
+      for (int j = 1; j < kW; ++j) {
+        bool carry = true;
+#pragma unroll
+        for (int d = kMaxDims - 1; d >= 0; --d) {
+          Index c = coord[j - 1][d];
+          if (carry && d < t.rank) {
+            ++c;
+            carry = c == static_cast<Index>(t.dim[d]);
+            if (carry) c = 0;
+          }
+          coord[j][d] = c;
+        }
+      }
+    }
+    auto load = [&](int k, float* dst) {
+      const bool half = t.in_half >> k & 1;
+      const uint8_t kind = t.kind[k];
+      if (kind == kScalar) {
+        const float v = half ? HalfBitsToFloat(*static_cast<const uint16_t*>(t.in[k])) : *static_cast<const float*>(t.in[k]);
+#pragma unroll
+        for (int j = 0; j < kW; ++j) dst[j] = v;
+      } else if (kind == kFull || !kStrided) {
+        if (lanes == kW && (p.in_aligned >> k & 1)) {
+          if (half) {
+            const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(t.in[k]) + first);
+            dst[0] = HalfBitsToFloat(static_cast<uint16_t>(raw.x & 0xffffu));
+            dst[1] = HalfBitsToFloat(static_cast<uint16_t>(raw.x >> 16));
+            dst[2] = HalfBitsToFloat(static_cast<uint16_t>(raw.y & 0xffffu));
+            dst[3] = HalfBitsToFloat(static_cast<uint16_t>(raw.y >> 16));
+          } else {
+            const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(t.in[k]) + first);
+            dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kW; ++j) {
+            if (j < lanes) {
+              dst[j] = half ? HalfBitsToFloat(static_cast<const uint16_t*>(t.in[k])[first + j])
+                            : static_cast<const float*>(t.in[k])[first + j];
+            } else {
+              dst[j] = 0.0f;
+            }
+          }
+        }
+      } else {  // kStrided
+#pragma unroll
+        for (int j = 0; j < kW; ++j) {
+          if (j < lanes) {
+            Index offset = 0;
+#pragma unroll
+            for (int d = 0; d < kMaxDims; ++d) {
+              if (d < t.rank) offset += coord[j][d] * static_cast<Index>(t.stride[k][d]);
+            }
+            dst[j] = half ? HalfBitsToFloat(static_cast<const uint16_t*>(t.in[k])[offset])
+                          : static_cast<const float*>(t.in[k])[offset];
+          } else {
+            dst[j] = 0.0f;
+          }
+        }
+      }
+    };
+    auto store = [&](int k, const float* src) {
+      const bool half = t.out_half >> k & 1;
+      if (lanes == kW && (p.out_aligned >> k & 1)) {
+        if (half) {
+          uint2 raw;
+          raw.x = static_cast<uint32_t>(FloatToHalfBits(src[0])) | static_cast<uint32_t>(FloatToHalfBits(src[1])) << 16;
+          raw.y = static_cast<uint32_t>(FloatToHalfBits(src[2])) | static_cast<uint32_t>(FloatToHalfBits(src[3])) << 16;
+          *reinterpret_cast<uint2*>(static_cast<uint16_t*>(t.out[k]) + first) = raw;
+        } else {
+          *reinterpret_cast<float4*>(static_cast<float*>(t.out[k]) + first) = make_float4(src[0], src[1], src[2], src[3]);
+        }
+        return;
+      }
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if (j < lanes) {
+          if (half) {
+            static_cast<uint16_t*>(t.out[k])[first + j] = FloatToHalfBits(src[j]);
+          } else {
+            static_cast<float*>(t.out[k])[first + j] = src[j];
+          }
+        }
+      }
+    };
+    Execute<kW>(p.program, r, load, store);
+  }
+}
+
+bool Aligned(const void* pointer, bool half) {
+  return reinterpret_cast<uintptr_t>(pointer) % (half ? 2 * kW : 4 * kW) == 0;
+}
+
+template <typename Index>
+void Launch(const Params& params, int blocks, cudaStream_t stream) {
+  if (params.layout.any_strided) {
+    FusedElementwiseKernel<Index, true><<<blocks, kThreads, 0, stream>>>(params);
+  } else {
+    FusedElementwiseKernel<Index, false><<<blocks, kThreads, 0, stream>>>(params);
+  }
+}
+
+}  // namespace
+
+void FusedElementwiseCuda(const Program& program, const Layout& layout, void* stream_handle) {
+  if (layout.n == 0) return;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  Params params;
+  params.program = program;
+  params.layout = layout;
+  for (int k = 0; k < layout.inputs; ++k) {
+    if (Aligned(layout.in[k], layout.in_half >> k & 1)) params.in_aligned |= 1u << k;
+  }
+  for (int k = 0; k < layout.outputs; ++k) {
+    if (Aligned(layout.out[k], layout.out_half >> k & 1)) params.out_aligned |= 1u << k;
+  }
+  const int64_t groups = (layout.n + kW - 1) / kW;
+  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((groups + kThreads - 1) / kThreads, MaxBlocks())));
+  if (layout.n < (int64_t{1} << 31)) {
+    Launch<uint32_t>(params, blocks, stream);
+  } else {
+    Launch<int64_t>(params, blocks, stream);
+  }
+  Check(cudaGetLastError(), "FusedElementwise launch");
+}
+
+}  // namespace ew
+}  // namespace onnxcampo
