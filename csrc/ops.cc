@@ -582,10 +582,10 @@ void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_
 // has a number other than 1, an input's symbol where the others have 1 or the same symbol, and
 // a fresh symbol (onnxcampo_ew_<n>) where it cannot be known (distinct symbols, unknown
 // dimensions). ORT shows an input without shape information as a scalar (rank 0), and this
-// function cannot tell them apart. ORT ignores the status this function returns (1.21 .. 1.32):
+// function cannot tell them apart. ORT ignores the status this function returns (custom_ops.cc):
 // it reports nothing; the kernel checks the attributes when it is created. Only outputs
 // 0 .. len(output_types)-1 are set: ORT does not tell the node's output count here, the kernel
-// checks that it matches.
+// checks that it matches (ORT 1.32 refuses an index beyond the outputs; 1.21 does not check).
 OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
   const OrtApi& api = Ort::GetApi();
   OrtTensorTypeAndShapeInfo* out = nullptr;
