@@ -10,6 +10,9 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
   -> (step', w'.., m'.., v'..)``
 * ``AvgMatMulInteger(A, B[, a_zero_point, b_zero_point]) -> Y`` (uint8 x uint8 -> float32, 16-bit
   tree-averaging accumulation) and ``ExactMatMulInteger`` (the same, exact int32 accumulation)
+* ``FusedElementwise[program, registers, constants, output_types](x_1..x_n) -> (y_1..y_m)``: a
+  chain of elementwise ops as one kernel, a register program per element of the inputs' broadcast
+  shape, float16/float32 inputs and outputs (:mod:`onnxcampo.ops.elementwise` specifies it)
 """
 
 from __future__ import annotations

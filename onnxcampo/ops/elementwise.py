@@ -44,6 +44,9 @@ each), so kernels must match it exactly there; exp, log, tanh, erf and pow are c
 float64 and rounded once to float32 (the correctly rounded value, the same on every machine), which
 the kernels' math libraries (glibc, CUDA) meet within their documented 1-2 ulp (CUDA's powf: 4).
 SIGMOID is that rounded exp followed by the float32 add and divide.
+
+This file imports numpy only (scipy's erf when installed): scripts/check_fused_elementwise_cuda.py
+loads it by path on the GPU machine. The kernels: csrc/elementwise.h; docs/ops.md.
 """
 
 from __future__ import annotations

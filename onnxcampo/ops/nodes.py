@@ -69,3 +69,22 @@ def avg_matmul_integer(a: str, b: str, a_zero_point: str = "", b_zero_point: str
         inputs.pop()
     op = "ExactMatMulInteger" if exact else "AvgMatMulInteger"
     return helper.make_node(op, inputs, [output], name=name, domain=DOMAIN)
+
+
+def fused_elementwise(inputs: Sequence[str], outputs: Sequence[str], *, program: Sequence[int], registers: int,
+                      constants: Sequence[float] = (), output_types: Sequence[int], name: str) -> onnx.NodeProto:
+    """``(y_1..y_m) = FusedElementwise(x_1..x_n)``: the register program ``program`` (four ints per
+    instruction, :mod:`onnxcampo.ops.elementwise`) run per element of the inputs' broadcast shape;
+    output ``k`` is float32 (``output_types[k] == 1``) or float16 (10). The program is checked here
+    (:class:`~onnxcampo.ops.elementwise.ProgramError`) as the kernels check it; ``constants`` is
+    left out of the node when empty (ONNX has no empty-list attribute without a type)."""
+    from onnxcampo.ops import elementwise
+
+    if len(outputs) != len(output_types):
+        raise ValueError(f"{name}: {len(outputs)} outputs but {len(output_types)} output_types")
+    elementwise.check(program, registers, constants, len(inputs), output_types)
+    attributes = {"program": [int(v) for v in program], "registers": int(registers),
+                  "output_types": [int(t) for t in output_types]}
+    if len(constants):
+        attributes["constants"] = [float(c) for c in constants]
+    return helper.make_node(elementwise.OP_TYPE, list(inputs), list(outputs), name=name, domain=DOMAIN, **attributes)
