@@ -42,14 +42,16 @@ FLOAT, FLOAT16 = 1, 10
 NUMPY = {FLOAT: np.float32, FLOAT16: np.float16}
 
 
-def _load_reference():
-    spec = importlib.util.spec_from_file_location("_fused_elementwise_reference", ROOT / "onnxcampo/ops/elementwise.py")
+def _load(name: str, relative: str):
+    """A module of this repository by its path (onnxcampo need not be installed)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-ew = _load_reference()
+ew = _load("_fused_elementwise_reference", "onnxcampo/ops/elementwise.py")
+standalone = _load("_onnxcampo_standalone_sessions", "onnxcampo/runtime/standalone.py")  # the runtime door
 Op = ew.Op
 
 
@@ -383,29 +385,15 @@ def compare(case: Case, outputs: list[np.ndarray], provider: str) -> dict:
 
 # ---- sessions --------------------------------------------------------------------------------
 
-PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+PROVIDERS = standalone.PROVIDERS
 
 
 def session(model_bytes: bytes, provider: str, threads: int | None = None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(library_path())
-    options.log_severity_level = 3
-    if provider == "cuda":  # every node on the GPU, or no session
-        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(model_bytes, options, providers=PROVIDERS[provider])
-
-
-def assigned_to(s: ort.InferenceSession, provider: str) -> None:
-    if provider == "cuda" and s.get_providers()[0] != "CUDAExecutionProvider":
-        raise RuntimeError(f"CUDAExecutionProvider is not available (providers {s.get_providers()})")
+    return standalone.custom_op_session(model_bytes, library_path(), provider, intra_op_threads=threads)
 
 
 def run_case(case: Case, provider: str, threads: int | None = None, declare: bool = True) -> list[np.ndarray]:
-    s = session(case.model(declare), provider, threads)
-    assigned_to(s, provider)
-    return s.run(None, case.feeds())
+    return session(case.model(declare), provider, threads).run(None, case.feeds())
 
 
 def check(provider: str) -> list[dict]:
@@ -458,7 +446,6 @@ class Bound:
 
     def __init__(self, model_bytes: bytes, inputs: list[np.ndarray], provider: str):
         self.session = session(model_bytes, provider)
-        assigned_to(self.session, provider)
         device = "cuda" if provider == "cuda" else "cpu"
         self.binding = self.session.io_binding()
         self.inputs = [ort.OrtValue.ortvalue_from_numpy(a, device, 0) for a in inputs]

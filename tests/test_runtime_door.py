@@ -72,3 +72,10 @@ def test_the_placed_graph_counts_what_orts_cpu_leaves_fp16(tmp_path):
     assert fp16_nodes(model) == 2
     placed = placed_graph(path, tmp_path / "placed.onnx")
     assert fp16_nodes(placed) == 1 and [n.op_type for n in placed.graph.node].count("Cast") == 2
+
+
+def test_the_standalone_sessions_stand_alone_for_the_gpu_check():
+    # scripts/check_fused_elementwise_cuda.py loads it by path where only onnxruntime and numpy are
+    source = (ROOT / "onnxcampo" / "runtime" / "standalone.py").read_text()
+    assert not re.search(r"^\s*(from|import) (onnxcampo|onnx\b)", source, re.M)
+    assert "onnxcampo/runtime/standalone.py" in (ROOT / "scripts" / "check_fused_elementwise_cuda.py").read_text()
