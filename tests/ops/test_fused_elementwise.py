@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
 
 import check_fused_elementwise_cuda as cases
 from onnxcampo.errors import CampoError
@@ -224,3 +225,67 @@ def test_the_node_builder_checks_the_program():
     with pytest.raises(ValueError, match="2 outputs but 1 output_types"):
         nodes.fused_elementwise(["x"], ["y", "z"], program=[Op.LOAD, 0, 0, 0, Op.STORE, 0, 0, 0], registers=1,
                                 output_types=[F32], name="n")
+
+
+def _parsed(text: str) -> onnx.ModelProto:
+    from onnxcampo import ir
+
+    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
+    ir.name_nodes(model)
+    return model
+
+
+FUSION_MODELS = {
+    # the fp16 bias + erf GELU of a campo plan, Casts at the edges; an intermediate read outside
+    "bias_gelu": ("""
+    g (float[64,96] x, float16[96] bias) => (float[64,96] y, float16[64,96] a) {
+      h = Cast <to = 10> (x)
+      a = Add(h, bias)
+      u = Mul(a, s)
+      e = Erf(u)
+      p = Add(e, one)
+      m = Mul(a, half)
+      g16 = Mul(m, p)
+      y = Cast <to = 1> (g16)
+    }
+    """, {"s": 0.70710678, "one": 1.0, "half": 0.5}),
+    # fp32 arithmetic with a [N, 1] operand, a Sigmoid, fp16 at one edge
+    "scaled_sigmoid": ("""
+    g (float[32,50] x, float[32,1] r, float16[50] w) => (float16[32,50] y, float[32,50] t) {
+      d = Sub(x, r)
+      t = Mul(d, d)
+      wf = Cast <to = 1> (w)
+      q = Mul(t, wf)
+      z = Sigmoid(q)
+      y = Cast <to = 10> (z)
+    }
+    """, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUSION_MODELS))
+def test_models_fused_by_fuse_elementwise_run_on_ort_cpu(library, name):
+    # onnxcampo.elementwise_fusion writes the nodes; ORT runs them with this library and gives the
+    # reference's values (ReferenceEvaluator with elementwise.run) and the unfused graph's
+    from onnx import numpy_helper
+
+    from onnxcampo.elementwise_fusion import fuse_elementwise
+
+    text, scalars = FUSION_MODELS[name]
+    model = _parsed(text)
+    for key, value in scalars.items():
+        model.graph.initializer.append(numpy_helper.from_array(np.array([value], np.float16), key))
+    rng = np.random.default_rng(5)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(
+        helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)) for i in model.graph.input}
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    assert fuse_elementwise(fused).groups >= 1 and ew.OP_TYPE in [n.op_type for n in fused.graph.node]
+    got = run(make_session(fused), feeds)
+    want = dict(zip([o.name for o in fused.graph.output],
+                    ReferenceEvaluator(fused, new_ops=[ew.reference_op()]).run(None, feeds)))
+    unfused = run(make_session(model), feeds)
+    for key, value in got.items():
+        assert value.dtype == want[key].dtype == unfused[key].dtype and value.shape == want[key].shape
+        assert cases.ulp_distance(value, want[key]).max() <= 2, key  # erff, expf against the rounded reference
+        np.testing.assert_allclose(value.astype(np.float32), unfused[key].astype(np.float32), rtol=2e-3, atol=2e-3)
