@@ -11,7 +11,7 @@
 //       tree-averaging 16-bit accumulation of the averaging-networks seed; docs/avg-matmul.md)
 //   ExactMatMulInteger(A, B[, a_zero_point, b_zero_point]) -> Y (the same with exact 32-bit
 //       accumulation: the baseline the averaging kernel is measured against)
-//   FusedElementwise[program, registers, constants, output_types](x_1..x_n) -> (y_1..y_m)
+//   FusedElementwise[program, registers, constants, output_types, input_types](x_1..x_n) -> (y_1..y_m)
 //       (a register program per element of the inputs' broadcast shape: float16/float32 in and
 //       out; onnxcampo/ops/elementwise.py; the element types of its heterogeneous variadic
 //       output come from `output_types` through the op's shape-inference function)
@@ -438,6 +438,32 @@ bool IsFloatType(ONNXTensorElementDataType type) {
 
 // The program is checked when ORT creates the kernel (session creation), with the rules and
 // messages of onnxcampo.ops.elementwise.check; each call broadcasts its inputs' shapes.
+// `input_types` (optional) names the element types the program was written for. ORT's CPU
+// provider runs an fp16 node it has no fp16 neighbours for in fp32 (its InsertCastTransformer:
+// Casts to fp32 before the node, back to fp16 after, the node's fp16 inputs and outputs made
+// fp32). A node whose fp16 inputs all arrive as fp32 (and no fp32 input as fp16) is run so: its
+// fp16 outputs are written as fp32 (the values the program rounded to fp16, which the Casts
+// after it keep exactly).
+bool RunsInFloat32(const std::vector<int64_t>& declared, const std::vector<ONNXTensorElementDataType>& actual) {
+  if (declared.empty() || declared.size() != actual.size()) return false;
+  bool converted = false;
+  for (size_t k = 0; k < actual.size(); ++k) {
+    if (declared[k] == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 && actual[k] == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+      converted = true;
+    } else if (declared[k] != actual[k]) {
+      return false;
+    }
+  }
+  return converted;
+}
+
+// The element type output k is written in: `output_types`, or fp32 for an fp16 output of a node
+// run in fp32 (RunsInFloat32).
+ONNXTensorElementDataType OutputType(const std::vector<int64_t>& output_types, size_t k, bool in_float32) {
+  const auto type = static_cast<ONNXTensorElementDataType>(output_types[k]);
+  return in_float32 && type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : type;
+}
+
 struct FusedElementwise {
   FusedElementwise(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
     Ort::ConstKernelInfo kernel_info(info);
@@ -467,13 +493,29 @@ struct FusedElementwise {
       Fail(who, "output_types has " + std::to_string(output_types.size()) + " entries, the node " +
                     std::to_string(outputs) + " outputs");
     }
+    input_types = IntsAttribute(info, "input_types", &found);  // absent: no check, no fp32 run
+    if (found && input_types.size() != inputs) {
+      Fail(who, "input_types has " + std::to_string(input_types.size()) + " entries, the node " +
+                    std::to_string(inputs) + " inputs");
+    }
+    std::vector<ONNXTensorElementDataType> actual;
     for (size_t k = 0; k < inputs; ++k) {
       const auto type = kernel_info.GetInputTypeInfo(k).GetTensorTypeAndShapeInfo().GetElementType();
       if (!IsFloatType(type)) Fail(who, "input " + std::to_string(k) + " must be float32 or float16");
+      actual.push_back(type);
+    }
+    in_float32 = RunsInFloat32(input_types, actual);
+    if (!input_types.empty() && !in_float32) {
+      for (size_t k = 0; k < inputs; ++k) {
+        if (actual[k] != static_cast<ONNXTensorElementDataType>(input_types[k])) {
+          Fail(who, "input " + std::to_string(k) + " has element type " + std::to_string(actual[k]) +
+                        ", input_types says " + std::to_string(input_types[k]));
+        }
+      }
     }
     for (size_t k = 0; k < outputs; ++k) {
       const auto type = kernel_info.GetOutputTypeInfo(k).GetTensorTypeAndShapeInfo().GetElementType();
-      if (type != static_cast<ONNXTensorElementDataType>(output_types[k])) {
+      if (type != OutputType(output_types, k, in_float32)) {
         Fail(who, "output " + std::to_string(k) + " is declared of element type " + std::to_string(type) +
                       ", output_types says " + std::to_string(output_types[k]));
       }
@@ -513,12 +555,12 @@ struct FusedElementwise {
     for (size_t k = 0; k < output_types.size(); ++k) {
       Ort::UnownedValue value = ctx.GetOutput(k, shape);
       const auto type = value.GetTensorTypeAndShapeInfo().GetElementType();
-      if (type != static_cast<ONNXTensorElementDataType>(output_types[k])) {
+      if (type != OutputType(output_types, k, in_float32)) {
         Fail(who, "output " + std::to_string(k) + " has element type " + std::to_string(type) + ", output_types says " +
                       std::to_string(output_types[k]));
       }
       layout.out[k] = value.GetTensorMutableRawData();
-      if (output_types[k] == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) layout.out_half |= 1u << k;
+      if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) layout.out_half |= 1u << k;
     }
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return ew::FusedElementwiseCuda(program, layout, ctx.GetGPUComputeStream());
@@ -528,6 +570,8 @@ struct FusedElementwise {
 
   ew::Program program;
   std::vector<int64_t> output_types;
+  std::vector<int64_t> input_types;
+  bool in_float32 = false;
   std::string who;
   bool cuda;
 };
@@ -556,10 +600,12 @@ bool ShapeInferInts(OrtShapeInferContext* ctx, const char* name, std::vector<int
 
 // An input's shape in shape inference: dims[d] >= 0 a number, -1 with names[d] a symbol, -1
 // with "" unknown.
-void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_t>* dims, std::vector<std::string>* names) {
+void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_t>* dims, std::vector<std::string>* names,
+                     ONNXTensorElementDataType* type) {
   const OrtApi& api = Ort::GetApi();
   OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
   Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, index, &info));
+  Ort::ThrowOnError(api.GetTensorElementType(info, type));
   size_t rank = 0;
   Ort::ThrowOnError(api.GetDimensionsCount(info, &rank));
   dims->assign(rank, -1);
@@ -596,11 +642,15 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
     Ort::ThrowOnError(api.ShapeInferContext_GetInputCount(ctx, &inputs));
     std::vector<std::vector<int64_t>> dims(inputs);
     std::vector<std::vector<std::string>> names(inputs);
+    std::vector<ONNXTensorElementDataType> actual(inputs);
     size_t rank = 0;
     for (size_t k = 0; k < inputs; ++k) {
-      ShapeInferInput(ctx, k, &dims[k], &names[k]);
+      ShapeInferInput(ctx, k, &dims[k], &names[k], &actual[k]);
       rank = std::max(rank, dims[k].size());
     }
+    std::vector<int64_t> declared;
+    ShapeInferInts(ctx, "input_types", &declared);
+    const bool in_float32 = RunsInFloat32(declared, actual);
     static std::atomic<uint64_t> fresh{0};
     std::vector<int64_t> shape(rank, 1);
     std::vector<std::string> symbols(rank);
@@ -636,7 +686,7 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
     for (size_t k = 0; k < types.size(); ++k) {
       if (types[k] != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && types[k] != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) continue;
       Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
-      Ort::ThrowOnError(api.SetTensorElementType(out, static_cast<ONNXTensorElementDataType>(types[k])));
+      Ort::ThrowOnError(api.SetTensorElementType(out, OutputType(types, k, in_float32)));
       Ort::ThrowOnError(api.SetDimensions(out, shape.data(), rank));
       Ort::ThrowOnError(api.SetSymbolicDimensions(out, symbol_pointers.data(), rank));
       Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, k, out));

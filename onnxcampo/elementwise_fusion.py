@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from onnxcampo import ir, oplists
 from onnxcampo.ops import elementwise as ew
+from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.ops.elementwise import Op
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,6 @@ class _Group:
 
 def fuse_elementwise(model: onnx.ModelProto) -> FusionResult:
     """Replace the elementwise chains of ``model`` (in place) by ``FusedElementwise`` nodes."""
-    from onnxcampo.ops import nodes as op_nodes
-
     result = FusionResult()
     info, _ = ir.infer_tensor_info(model)
     edit = ir.ModelEdit(model, fresh_prefix="fused")
@@ -323,10 +322,10 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
     except ew.ProgramError as exc:
         log.debug("fuse-elementwise: group of %s not fused: %s", group.nodes[0].name, exc)
         return None
-    extra = {"constants": [float(np.float32(c)) for c in constants]} if constants else {}
-    return helper.make_node(
-        ew.OP_TYPE, inputs, escaping, name=edit.fresh(group.nodes[0].name or "chain"), domain="ai.onnxcampo",
-        program=program, registers=used, output_types=output_types, **extra)
+    return op_nodes.fused_elementwise(
+        inputs, escaping, program=program, registers=used, constants=[float(np.float32(c)) for c in constants],
+        output_types=output_types, input_types=[info[name].dtype for name in inputs],
+        name=edit.fresh(group.nodes[0].name or "chain"))
 
 
 __all__ = ["FUSABLE", "FusionResult", "fuse_elementwise"]

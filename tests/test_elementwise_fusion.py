@@ -198,3 +198,30 @@ def test_a_sum_of_several_terms_is_a_chain_of_additions_rounded_as_in_fp16():
     feeds = {k: (rng.standard_normal(16) * 100).astype(np.float16) for k in "abc"}
     fused, _ = _same_values(model, feeds)
     assert _ops(fused) == [ew.OP_TYPE]
+
+
+@pytest.mark.skipif("not __import__('onnxcampo').ops.available()", reason="custom-op library not built")
+def test_an_fp16_chain_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there():
+    """ORT's CPU provider runs an fp16 node whose neighbours have no fp16 kernels in fp32 (it
+    casts around it); the fused node, told its input types, writes its fp16 outputs as fp32 then.
+    A wiring check on ORT CPU (which hides fp16 rounding): the values match the unfused model's."""
+    from onnxcampo.runtime import make_session
+
+    model = _model("""
+    g (float16[4,8] x, float16[4,8] mask) => (float16[4,8] y) {
+      s = Softmax <axis = -1> (x)
+      c = Constant <value = float[1] {0.125}> ()
+      h = Cast <to = 10> (c)
+      m = Mul(s, h)
+      a = Add(m, mask)
+      y = Softmax <axis = -1> (a)
+    }
+    """)
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float16), "mask": rng.standard_normal((4, 8)).astype(np.float16)}
+    want = make_session(model).run(None, feeds)[0]
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    assert fuse_elementwise(fused).groups == 1
+    got = make_session(fused).run(None, feeds)[0]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3)

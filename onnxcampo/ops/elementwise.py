@@ -14,7 +14,10 @@ Node:
   element type given in ``output_types`` (1 = float32, 10 = float16);
 - attributes ``program`` (ints, four per instruction: ``opcode, dst, a, b``), ``registers``
   (int, <= :data:`MAX_REGISTERS`), ``constants`` (floats, read by ``CONST``; may be absent when
-  unused), ``output_types`` (ints, one per output).
+  unused), ``output_types`` (ints, one per output), ``input_types`` (ints, one per input,
+  optional: the types the program was written for; checked by the kernels, and a node whose fp16
+  inputs all arrive as fp32 (ORT's CPU provider runs fp16 nodes without fp16 neighbours so) writes
+  its fp16 outputs as fp32).
 
 Instructions (registers ``r[0 .. registers-1]``, ``i`` the output element):
 
@@ -201,7 +204,7 @@ def reference_op():
     class FusedElementwise(OpRun):
         op_domain = "ai.onnxcampo"
 
-        def _run(self, *inputs, program=None, registers=None, constants=None, output_types=None):
+        def _run(self, *inputs, program=None, registers=None, constants=None, output_types=None, input_types=None):
             return tuple(run(list(program), int(registers), list(constants or ()), list(output_types), inputs))
 
     return FusedElementwise

@@ -72,12 +72,16 @@ def avg_matmul_integer(a: str, b: str, a_zero_point: str = "", b_zero_point: str
 
 
 def fused_elementwise(inputs: Sequence[str], outputs: Sequence[str], *, program: Sequence[int], registers: int,
-                      constants: Sequence[float] = (), output_types: Sequence[int], name: str) -> onnx.NodeProto:
+                      constants: Sequence[float] = (), output_types: Sequence[int],
+                      input_types: Sequence[int] = (), name: str) -> onnx.NodeProto:
     """``(y_1..y_m) = FusedElementwise(x_1..x_n)``: the register program ``program`` (four ints per
     instruction, :mod:`onnxcampo.ops.elementwise`) run per element of the inputs' broadcast shape;
     output ``k`` is float32 (``output_types[k] == 1``) or float16 (10). The program is checked here
     (:class:`~onnxcampo.ops.elementwise.ProgramError`) as the kernels check it; ``constants`` is
-    left out of the node when empty (ONNX has no empty-list attribute without a type)."""
+    left out of the node when empty (ONNX has no empty-list attribute without a type).
+    ``input_types`` (optional, one per input) are the element types the program was written for:
+    the kernels check them, and run the node in fp32 where ORT's CPU provider casts its fp16
+    inputs to fp32 (``docs/ops.md``)."""
     from onnxcampo.ops import elementwise
 
     if len(outputs) != len(output_types):
@@ -87,4 +91,8 @@ def fused_elementwise(inputs: Sequence[str], outputs: Sequence[str], *, program:
                   "output_types": [int(t) for t in output_types]}
     if len(constants):
         attributes["constants"] = [float(c) for c in constants]
+    if len(input_types):
+        if len(input_types) != len(inputs) or any(t not in elementwise.NUMPY_TYPES for t in input_types):
+            raise ValueError(f"{name}: input_types must give 1 or 10 for each of the {len(inputs)} inputs")
+        attributes["input_types"] = [int(t) for t in input_types]
     return helper.make_node(elementwise.OP_TYPE, list(inputs), list(outputs), name=name, domain=DOMAIN, **attributes)
