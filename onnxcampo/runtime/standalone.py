@@ -8,7 +8,7 @@ that this package stays the only code that creates ONNX Runtime sessions.
 
 from __future__ import annotations
 
-PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}  # no CPU fallback on cuda (below)
 
 
 def custom_op_session(model: bytes | str, library: str, provider: str = "cpu", *, intra_op_threads: int | None = None):
