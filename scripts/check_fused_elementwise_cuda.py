@@ -469,6 +469,25 @@ class Bound:
         return [v.numpy() for v in self.outputs]
 
 
+def gpu_ms_per_run(bound: "Bound", runs: int = 10) -> dict | None:
+    """The GPU kernel time of one run and its launches, as CUPTI sees them through torch's profiler
+    (None without torch): the wall time of a run also holds the host's work per node."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except Exception:  # noqa: BLE001 - torch is optional here
+        return None
+    bound.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            bound.run()
+        bound.sync()
+    kernels = [e for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    total = sum(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) for e in kernels)
+    return {"total_ms": total / 1e3 / runs, "launches": sum(e.count for e in kernels) / runs,
+            "kernels": {e.key[:80]: (getattr(e, "self_device_time_total", 0.0) or 0.0) / 1e3 / runs for e in kernels}}
+
+
 def timing(provider: str, rounds: int, block: int) -> list[dict]:
     results = []
     for name, (kind, rows, cols, build, registers) in BENCHMARKS.items():
@@ -499,14 +518,20 @@ def timing(provider: str, rounds: int, block: int) -> list[dict]:
         reference = ew.run(program, registers, constants, types, inputs)
         ref_ulp = [int(ulp_distance(f, r).max()) for f, r in zip(fused_out, reference)]
         medians = {k: statistics.median(t) for k, t in times.items()}
+        gpu = {key: gpu_ms_per_run(v) for key, v in variants.items()} if provider == "cuda" else {}
         moved = sum(a.nbytes for a in inputs) + sum(rows * cols * (2 if t == FLOAT16 else 4) for t in types)
         entry = {"benchmark": name, "shape": [rows, cols], "median_ms": medians, "all_ms": times,
                  "speedup": medians["unfused"] / medians["fused"], "fused_GBps": moved / medians["fused"] / 1e6,
-                 "max_ulp_fused_vs_unfused": agreement, "max_ulp_fused_vs_reference": ref_ulp}
+                 "max_ulp_fused_vs_unfused": agreement, "max_ulp_fused_vs_reference": ref_ulp,
+                 "gpu_kernels_ms": gpu}
         results.append(entry)
         print(f"{name:34s} fused {medians['fused']:.4f} ms  unfused {medians['unfused']:.4f} ms  "
               f"speed-up {entry['speedup']:.2f}x  fused {entry['fused_GBps']:.0f} GB/s  "
               f"ulp fused-unfused {agreement} fused-reference {ref_ulp}", flush=True)
+        if gpu:
+            print("    GPU kernel time a run (CUPTI): " + ", ".join(
+                f"{key} {value['total_ms']:.4f} ms in {value['launches']:.0f} launches" if value else f"{key} -"
+                for key, value in gpu.items()), flush=True)
     return results
 
 
