@@ -15,6 +15,7 @@
 //       (a register program per element of the inputs' broadcast shape: float16/float32 in and
 //       out; onnxcampo/ops/elementwise.py; the element types of its heterogeneous variadic
 //       output come from `output_types` through the op's shape-inference function)
+//   Im2Col[kernel_shape, strides, dilations, pads](x) -> columns  (a Conv's column matrix; im2col_op.cc)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -31,6 +32,7 @@
 
 #include "avg_matmul.h"
 #include "elementwise.h"
+#include "im2col.h"
 #include "kernels.h"
 
 namespace onnxcampo {
@@ -750,11 +752,13 @@ struct Library {
     domain.Add(&avg_matmul_cpu);
     domain.Add(&exact_matmul_cpu);
     domain.Add(&fused_elementwise_cpu);
+    domain.Add(Im2ColOp(false));
 #ifdef ONNXCAMPO_WITH_CUDA
     domain.Add(&unscale_cuda);
     domain.Add(&sgd_cuda);
     domain.Add(&adamw_cuda);
     domain.Add(&fused_elementwise_cuda);
+    domain.Add(Im2ColOp(true));
 #endif
   }
 };

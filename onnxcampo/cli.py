@@ -207,8 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep onnx-ad's backward graph as emitted (default: Conv weight gradients as one GEMM "
                          "over an im2col, seed-axis Transposes and no-op copies removed; same math)")
     tg.add_argument("--no-fused-ops", dest="fused_ops", action="store_false",
-                    help="update in standard ONNX ops (default: one ai.onnxcampo multi-tensor op when the "
-                         "custom-op library is built)")
+                    help="standard ONNX ops only (default, when the custom-op library is built: the update as "
+                         "one ai.onnxcampo multi-tensor op, each Conv weight gradient's im2col as one Im2Col)")
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")

@@ -229,6 +229,13 @@ FIXED_TYPE_PARAMS: dict[str, frozenset[str]] = {
 INT8_AVG_REPLACES = "MatMulInteger"
 INT8_AVG_CAST = "Cast"
 
+# --- ai.onnxcampo: the custom ops the precision passes may retype ----------------------------
+# Other ops of the domain (the fused updates, UnscaleCheckFinite, AvgMatMulInteger) are UNKNOWN:
+# they keep their types. Im2Col (a Conv's column matrix) only moves values, its output in its
+# input's type: clear, so it goes fp16 with the Gemm that reads it.
+ONNXCAMPO_DOMAIN = "ai.onnxcampo"
+ONNXCAMPO_OPS: dict[str, Category] = {"Im2Col": Category.CLEAR}
+
 _LISTS = {
     Category.ALLOW: ALLOW,
     Category.DENY: DENY,
@@ -240,7 +247,10 @@ _LISTS = {
 
 
 def category_of(op_type: str, domain: str = "") -> Category:
-    """The list an op belongs to; ``UNKNOWN`` for ops in no list or in a custom domain."""
+    """The list an op belongs to; ``UNKNOWN`` for ops in no list or in a custom domain (but the
+    ``ai.onnxcampo`` ops of :data:`ONNXCAMPO_OPS`)."""
+    if domain == ONNXCAMPO_DOMAIN:
+        return ONNXCAMPO_OPS.get(op_type, Category.UNKNOWN)
     if domain not in DEFAULT_DOMAINS and domain != MS_DOMAIN:
         return Category.UNKNOWN
     for category, ops in _LISTS.items():

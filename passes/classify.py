@@ -94,8 +94,8 @@ class Classify(PassBase):
         if node.name in ctx.training_fp32:
             return Precision.FP32, Reason.TRAINING_FP32
         domain = node.domain or ""
-        if domain not in oplists.DEFAULT_DOMAINS and domain != oplists.MS_DOMAIN:
-            return Precision.FP32, Reason.CUSTOM_DOMAIN
+        if domain not in oplists.DEFAULT_DOMAINS and domain != oplists.MS_DOMAIN and category is Category.UNKNOWN:
+            return Precision.FP32, Reason.CUSTOM_DOMAIN  # (ai.onnxcampo's Im2Col has a category)
         if not sig.has_fp16 or not any(ctx.is_float32(t) for t in following):
             return Precision.FP32, (Reason.NO_FP16_SCHEMA if sig.schema_found else Reason.NO_FLOAT)
         if oplists.lacks_cuda_fp16_kernel(node.op, domain):

@@ -13,6 +13,8 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
 * ``FusedElementwise[program, registers, constants, output_types](x_1..x_n) -> (y_1..y_m)``: a
   chain of elementwise ops as one kernel, a register program per element of the inputs' broadcast
   shape, float16/float32 inputs and outputs (:mod:`onnxcampo.ops.elementwise` specifies it)
+* ``Im2Col[kernel_shape, strides, dilations, pads](x) -> columns`` (x [N, C, H, W] float16/float32
+  -> [C*kh*kw, N*Ho*Wo] of x's type: a Conv's column matrix, for the weight gradient's Gemm)
 """
 
 from __future__ import annotations

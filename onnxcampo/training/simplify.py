@@ -17,7 +17,14 @@ order, each until nothing matches, then drops nodes nothing reads:
    most 32 inputs inside a CUDA graph, and copies a pointer table per run above that). The same products are summed; only the order of the additions
    differs. The swapped Conv also computed a larger image than kh x kw whenever the stride does not
    divide the padded size (a 1x1 stride-2 Conv computed 2x2 and kept 1x1); the GEMM computes only
-   what is kept.
+   what is kept. With ``fused=True`` (the step builder's choice when the custom-op library is
+   available) the im2col is one ``ai.onnxcampo::Im2Col(x)`` reading the Pad's input (the forward
+   Conv's input) with the Pad's top/left pads and the bottom/right ones the kept rows need: no Pad,
+   Transpose, Slices or Concats. Its ``[Cin*kh*kw, N*Ho*Wo]`` (row ``(c*kh + i)*kw + j``, column
+   ``(n*Ho + oh)*Wo + ow``) is the tap Concat's ``[Cin, kh*kw, N, Ho, Wo]`` memory, so the Gemm and
+   the final Reshape are unchanged and so are the gradients; a value_info declares its shape (ONNX
+   shape inference knows no ai.onnxcampo op). A Pad that is not a zero Pad of H and W alone keeps
+   the standard-op emission.
 1b. **MatMul weight gradient as one GEMM** (after rules 3 and 4): for ``y = x W`` with a batched ``x`` (``[B, S, K]``,
    a transformer's activations), onnx-ad sums per-sample products: ``ReduceSum(MatMul(Transpose(x),
    dy))`` over the batch, a ``[B, K, N]`` product (BERT-base b32: 2.7 G elements a step, written,
@@ -75,9 +82,11 @@ class _Graph(ir.ModelEdit):
     shapes from one inference at the start, the int64 constants, the names no rule may touch."""
 
     def __init__(self, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]],
-                 constants: dict[str, np.ndarray], protected: set[str]) -> None:
+                 constants: dict[str, np.ndarray], protected: set[str], dtypes: dict[str, int] | None = None) -> None:
         super().__init__(model, fresh_prefix="simplify")
         self.shapes, self.constants, self.protected = shapes, constants, protected
+        self.dtypes = dtypes or {}
+        self.fused = False  # rule 1 may emit ai.onnxcampo::Im2Col (simplify_backward(fused=True))
 
     def static(self, name: str) -> tuple[int, ...] | None:
         shape = self.shapes.get(name)
@@ -104,10 +113,11 @@ def _load(model: onnx.ModelProto, fold: bool = True) -> _Graph:
             model.CopyFrom(folded)
     info, _ = ir.infer_tensor_info(model)
     shapes = {name: tuple(entry.shape) for name, entry in info.items() if entry.shape is not None}
+    dtypes = {name: entry.dtype for name, entry in info.items() if entry.dtype}
     edit = ir.ModelEdit(model)
     constants = {name: numpy_helper.to_array(t) for name, t in edit.constants().items()
                  if t.data_type == onnx.TensorProto.INT64}
-    return _Graph(model, shapes, constants, edit.interface())
+    return _Graph(model, shapes, constants, edit.interface(), dtypes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,7 +215,49 @@ def _crop_window(g: _Graph, crop) -> tuple[int, ...] | None:
     return tuple(int(ends[i]) for i in order)
 
 
+def _unpadded_source(g: _Graph, producers, images, dims, kernel, step, reach):
+    """``(x, pads)`` for :func:`_emit_im2col`: the tensor the swapped Conv's images were padded
+    from (the forward Conv's input) and Im2Col's ``[top, left, bottom, right]``, so that
+    ``Im2Col(x)`` has exactly the ``(Ho, Wo)`` columns the Gemm reads; None when the images are
+    not a zero ``Pad`` of H and W alone (or no Pad) of a static ``[N, Cin, H, W]``."""
+    n, cin, _, ho, wo, _, _ = dims
+    source = images.input[0]
+    begin = [0, 0]
+    pad = producers.get(source)
+    if pad is not None and pad.op_type == "Pad":
+        mode = _attr(pad, "mode", "constant")
+        if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+            return None
+        if len(pad.input) > 3 and pad.input[3]:  # axes (opset 18): not what onnx-ad writes
+            return None
+        if len(pad.input) > 2 and pad.input[2]:  # the fill value must be a constant 0
+            fill = ir.ModelEdit(g.model).constants().get(pad.input[2])
+            if fill is None or np.any(numpy_helper.to_array(fill) != 0):
+                return None
+        pads = g.constants.get(pad.input[1]) if len(pad.input) > 1 and pad.input[1] else None
+        values = [int(v) for v in pads.reshape(-1)] if pads is not None else list(_attr(pad, "pads", []) or [])
+        if len(values) != 8 or any(values[a] for a in (0, 1, 4, 5)) or any(v < 0 for v in values):
+            return None
+        begin = [values[2], values[3]]
+        source = pad.input[0]
+    shape = g.static(source)
+    if shape is None or len(shape) != 4 or shape[:2] != (n, cin):
+        return None
+    pads = begin + [0, 0]
+    for axis, (size, k, r, s, o) in enumerate(zip(shape[2:], kernel, reach, step, (ho, wo))):
+        extent = (k - 1) * r + 1
+        end = max(0, (o - 1) * s + extent - size - begin[axis])  # what the last output row/column needs
+        if (size + begin[axis] + end - extent) // s + 1 != o:
+            return None
+        pads[2 + axis] = end
+    return source, pads
+
+
 def _emit_weight_gradient(g: _Graph, conv, images, filters, final, dims, kernel, step, reach) -> None:
+    if g.fused:
+        found = _unpadded_source(g, g.producers(), images, dims, kernel, step, reach)
+        if found is not None:
+            return _emit_im2col(g, filters, final, dims, kernel, step, reach, *found)
     n, cin, cout, ho, wo, hp, wp = dims
     taps = []
     stem = final.output[0]
@@ -254,6 +306,38 @@ def _emit_weight_gradient(g: _Graph, conv, images, filters, final, dims, kernel,
     for offset, node in enumerate(new):
         g.nodes.insert(index + offset, node)
     log.debug("conv weight gradient %s -> Gemm [%d x %d] . [%d x %d]^T", stem, cout, n * ho * wo, rows, n * ho * wo)
+
+
+def _emit_im2col(g: _Graph, filters, final, dims, kernel, step, reach, x: str, pads: list[int]) -> None:
+    """Rule 1 with the custom op: ``Gemm(dy as [Cout, N*Ho*Wo], Im2Col(x), transB=1) -> Reshape``,
+    Im2Col reading the forward Conv's input ``x`` (no Pad, Transpose, Slices, Concats). Its
+    ``[Cin*kh*kw, N*Ho*Wo]`` is the tap Concat's ``[Cin, kh*kw, N, Ho, Wo]`` reshaped: the same
+    matrix, so the same Gemm."""
+    from onnxcampo.ops import nodes as op_nodes
+
+    n, cin, cout, ho, wo, _, _ = dims
+    rows = math.prod(kernel) * cin
+    columns_2d, dy_2d, product = g.fresh("columns"), g.fresh("dy"), g.fresh("weight_grad")
+    new = [
+        op_nodes.im2col(x, output=columns_2d, kernel_shape=kernel, strides=step, dilations=reach, pads=pads,
+                        name=columns_2d),
+        helper.make_node("Reshape", [filters.output[0], g.const([cout, n * ho * wo], "shape")], [dy_2d], name=dy_2d),
+        helper.make_node("Gemm", [dy_2d, columns_2d], [product], name=product, transB=1),
+        helper.make_node("Reshape", [product, g.const([cout, cin, kernel[0], kernel[1], 1], "shape")],
+                         [final.output[0]], name=g.fresh("weight_grad_shape")),
+    ]
+    # ONNX shape inference knows no ai.onnxcampo op: the declared shape lets it (and the cost
+    # model) see through to the Gemm; the precision passes retype it with the node
+    g.model.graph.value_info.append(helper.make_tensor_value_info(
+        columns_2d, g.dtypes.get(x, onnx.TensorProto.FLOAT), [rows, n * ho * wo]))
+    op_nodes.import_domain(g.model)
+    g.shapes[columns_2d], g.shapes[dy_2d], g.shapes[product] = (rows, n * ho * wo), (cout, n * ho * wo), (cout, rows)
+    index = list(g.nodes).index(final)
+    g.nodes.remove(final)  # the old chain (Pad, Transpose, Conv, Slice, Reshape) is dead now, dropped at the end
+    for offset, node in enumerate(new):
+        g.nodes.insert(index + offset, node)
+    log.debug("conv weight gradient %s -> Gemm [%d x %d] . Im2Col(%s) [%d x %d]^T", final.output[0], cout,
+              n * ho * wo, x, rows, n * ho * wo)
 
 
 # --------------------------------------------------------------------------------------------
@@ -631,11 +715,12 @@ RULES = (
 ALIAS_RULES = ("Identity", "Squeeze/Unsqueeze as Reshape", "Reshape chain")
 
 
-def simplify_backward(model: onnx.ModelProto, *, keep: Iterable[str] = (), rules: Iterable[str] | None = None
-                      ) -> dict[str, int]:
+def simplify_backward(model: onnx.ModelProto, *, keep: Iterable[str] = (), rules: Iterable[str] | None = None,
+                      fused: bool = False) -> dict[str, int]:
     """Apply :data:`RULES` (or those named in ``rules``) to ``model`` in place; returns how often
     each fired (and nodes dropped). Tensors named in ``keep`` are never aliased away (like graph
-    inputs and outputs).
+    inputs and outputs). ``fused``: rule 1 builds each im2col with one ``ai.onnxcampo::Im2Col``
+    (the model then needs the custom-op library); False keeps standard ops.
 
     A rule fires only where shapes are static: onnx-ad declares the seed axis symbolic
     (``nadj``), so pin the seed input's shape first (the step builder pins it to ``[1]``).
@@ -645,6 +730,7 @@ def simplify_backward(model: onnx.ModelProto, *, keep: Iterable[str] = (), rules
     # is an initializer that loss scaling replaces) must not fold anything
     g = _load(model, fold=chosen is None or not chosen <= set(ALIAS_RULES))
     g.protected |= set(keep)
+    g.fused = fused
     unknown = (chosen or set()) - {name for name, _ in RULES}
     if unknown:
         raise ValueError(f"unknown simplify rules {sorted(unknown)}")

@@ -77,8 +77,9 @@ def build_train_step(
 ) -> onnx.ModelProto:
     """One training step as an ONNX model (see the module docstring for names).
 
-    ``fused``: the update as one ``ai.onnxcampo`` multi-tensor op (True), or in standard ONNX
-    ops (False); None picks the fused op when the custom-op library is available.
+    ``fused``: the update as one ``ai.onnxcampo`` multi-tensor op, and (with ``simplify``) each
+    Conv weight gradient's im2col as one ``ai.onnxcampo::Im2Col`` (True), or in standard ONNX
+    ops (False); None picks the fused ops when the custom-op library is available.
     ``simplify``: rewrite onnx-ad's backward graph with the same math in fewer, cheaper ops
     (:func:`onnxcampo.training.simplify.simplify_backward`); False keeps it as emitted.
     """
@@ -99,11 +100,12 @@ def build_train_step(
     model.ir_version = min(model.ir_version, 10)
     gradients = _backward(model, weights)
     seed = next(i.name for i in gradients.graph.input if i.name.startswith("grad_"))
+    fused = ops.available() if fused is None else fused
     if simplify:
         _pin_seed(gradients, seed)
-        # the prediction names where the loss starts (metadata onnxcampo.prediction): kept by name
-        simplify_backward(gradients, keep=[prediction])
-    fused = ops.available() if fused is None else fused
+        # the prediction names where the loss starts (metadata onnxcampo.prediction): kept by name;
+        # with the fused ops, each Conv weight gradient's im2col is one ai.onnxcampo::Im2Col
+        simplify_backward(gradients, keep=[prediction], fused=fused)
     add_update(gradients, weights, optimizer, fused=fused, momentum=momentum, betas=betas, eps=eps,
                 weight_decay=weight_decay)
     if simplify:  # the gradients' Reshape -> Identity -> Squeeze (seed axis off) become one Reshape

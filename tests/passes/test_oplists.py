@@ -98,3 +98,15 @@ def test_passes_do_not_name_listed_ops():
         if extra:
             offending[path.name] = extra
     assert offending == {}
+
+
+def test_im2col_is_the_one_clear_op_of_onnxcampos_domain():
+    """ai.onnxcampo::Im2Col only moves values (its output has its input's type): clear, so the
+    precision passes may run it fp16 with its Gemm; the domain's other ops keep their types, and
+    an Im2Col of another domain is unknown."""
+    from onnxcampo.oplists import ONNXCAMPO_DOMAIN, category_of
+
+    assert category_of("Im2Col", ONNXCAMPO_DOMAIN) is Category.CLEAR
+    for op in ("UnscaleCheckFinite", "MultiTensorSGD", "MultiTensorAdamW", "AvgMatMulInteger", "FusedElementwise"):
+        assert category_of(op, ONNXCAMPO_DOMAIN) is Category.UNKNOWN
+    assert category_of("Im2Col", "") is Category.UNKNOWN and category_of("Im2Col", "com.example") is Category.UNKNOWN

@@ -16,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session
 from onnxcampo.training import Trainer, build_train_step, initial_weights, step_spec
 from onnxcampo.training.simplify import simplify_backward
@@ -367,3 +368,99 @@ def test_a_batched_matmul_weight_gradient_becomes_one_gemm():
     counts = simplify_backward(build_train_step(forward, loss="cross_entropy", optimizer="sgd", fused=False,
                                                 simplify=False))
     assert counts["matmul weight gradient as Gemm"] == 2
+
+
+def _fused_gradients(forward: onnx.ModelProto, classes: int, *, fused: bool):
+    """:func:`_gradients` of the simplified step with or without the ai.onnxcampo ops."""
+    step = build_train_step(forward, loss="cross_entropy", optimizer="sgd", fused=fused)
+    feeds = _feeds(step, forward, classes)
+    names = [o.name for o in step.graph.output]
+    values = dict(zip(names, make_session(step).run(names, feeds)))
+    grads = {n[: -len(".updated")]: feeds[n[: -len(".updated")]] - v for n, v in values.items() if n.endswith(".updated")}
+    return step, {"loss": values["loss"], **grads}
+
+
+def _needs_ops():
+    from onnxcampo import ops
+
+    if not ops.available():
+        pytest.skip(f"custom-op library not built ({ops.BUILD_COMMAND})")
+
+
+@pytest.mark.slow
+def test_fused_steps_build_each_im2col_with_one_op_from_the_conv_input():
+    """With the fused ops, rule 1 reads each forward Conv's input through one ai.onnxcampo::Im2Col
+    (no Pad, Transpose, Slice or Concat left for it): the same loss and gradients as the
+    standard-op im2col (the Gemm reads the same matrix)."""
+    _needs_ops()
+    forward = small_cnn()
+    plain, expected = _fused_gradients(forward, 5, fused=False)
+    fused, got = _fused_gradients(forward, 5, fused=True)
+    _assert_same(got, expected, 1e-5)
+    before, after = Counter(n.op_type for n in plain.graph.node), Counter(n.op_type for n in fused.graph.node)
+    assert before["Slice"] >= 49 + 9 and before["Concat"] >= 3 and before["Pad"] > 0
+    assert after["Slice"] == after["Concat"] == after["Pad"] == 0
+    assert not any(n.name.startswith(("simplify/tap", "simplify/im2col")) for n in fused.graph.node)
+    convs = [n for n in forward.graph.node if n.op_type == "Conv"]
+    im2cols = [n for n in fused.graph.node if n.op_type == "Im2Col"]
+    assert len(im2cols) == len(convs) and all(n.domain == "ai.onnxcampo" for n in im2cols)
+    assert after["Transpose"] == before["Transpose"] - len(convs)  # the images' Transposes (dy's stay)
+    readers = {name: [n for n in fused.graph.node if name in n.input] for name in (n.output[0] for n in im2cols)}
+    assert all([r.op_type for r in users] == ["Gemm"] for users in readers.values())
+    from onnxcampo.ir import infer_tensor_info
+    from onnxcampo.ir.edit import attribute
+
+    shapes = {name: entry.shape for name, entry in infer_tensor_info(forward)[0].items()}
+    wanted = {}  # forward Conv input -> what Im2Col must give the Gemm: the attributes, [Cin*kh*kw, N*Ho*Wo]
+    for conv in convs:
+        n, cin = shapes[conv.input[0]][:2]
+        kernel, (ho, wo) = tuple(attribute(conv, "kernel_shape")), shapes[conv.output[0]][2:]
+        wanted.setdefault(conv.input[0], set()).add((kernel, tuple(attribute(conv, "strides", [1, 1])),
+                                                     tuple(attribute(conv, "dilations", [1, 1])),
+                                                     (cin * kernel[0] * kernel[1], n * ho * wo)))
+    for node in im2cols:
+        kernel = tuple(attribute(node, "kernel_shape"))
+        shape = op_nodes.im2col_shape(shapes[node.input[0]], kernel_shape=kernel, strides=attribute(node, "strides"),
+                                   dilations=attribute(node, "dilations"), pads=attribute(node, "pads"))
+        assert (kernel, tuple(attribute(node, "strides")), tuple(attribute(node, "dilations")), shape) \
+            in wanted[node.input[0]], node.name
+    onnx.checker.check_model(fused)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["fp16", "amp"])
+def test_im2col_goes_fp16_with_its_gemm(policy, tmp_path):
+    """Im2Col is a clear op whose output has its input's type: under fp16 and amp it runs fp16
+    together with the weight-gradient Gemm (no Cast between them, its declared type retyped); the
+    written step (``onnxcampo optimize``) trains like the fp32 one on ORT's CPU."""
+    from onnxcampo.api import optimize
+    from onnxcampo.cli import main
+
+    _needs_ops()
+    forward = small_cnn()
+    step = build_train_step(forward, loss="cross_entropy", optimizer="adamw", lr=0.01, fused=True)
+    result = optimize(step, policy=policy)
+    im2cols = [n for n in step.graph.node if n.op_type == "Im2Col"]
+    readers = {i: n for n in step.graph.node for i in n.input}
+    assert im2cols and all(result.plan.is_fp16(n.name) and result.plan.is_fp16(readers[n.output[0]].name) for n in im2cols)
+    model = result.model
+    written = [n for n in model.graph.node if n.op_type == "Im2Col"]
+    declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+    assert len(written) == len(im2cols)
+    assert all(declared[n.output[0]] == TensorProto.FLOAT16 for n in written)
+    assert not any(readers_of.op_type == "Cast" for n in written for readers_of in model.graph.node
+                   if n.output[0] in readers_of.input)
+    step_path, out_path = tmp_path / "step.onnx", tmp_path / f"{policy}.onnx"
+    onnx.save(step, step_path)
+    assert main(["optimize", str(step_path), str(out_path), "--policy", policy]) == 0
+    saved = onnx.load(out_path)
+    assert sum(n.op_type == "Im2Col" for n in saved.graph.node) == len(im2cols)
+    batch = {k: v for k, v in _feeds(step, forward, 5).items() if k in step_spec(step).batch}
+    curves = {}
+    for name, graph in (("fp32", step), (policy, saved)):
+        trainer = Trainer(graph, weights=initial_weights(forward, graph))
+        curves[name] = [trainer.step(batch) for _ in range(12)]
+    # dynamic loss scaling skips the first steps (the scale halves from 2^16 until nothing overflows)
+    skipped = next(k for k, loss in enumerate(curves[policy]) if loss != curves[policy][0]) - 1
+    assert skipped < 6 and curves[policy][-1] < 0.5 * curves[policy][0]
+    np.testing.assert_allclose(curves[policy][skipped:], curves["fp32"][:len(curves[policy]) - skipped], rtol=0.05)
