@@ -16,6 +16,8 @@
 //       out; onnxcampo/ops/elementwise.py; the element types of its heterogeneous variadic
 //       output come from `output_types` through the op's shape-inference function)
 //   Im2Col[kernel_shape, strides, dilations, pads](x) -> columns  (a Conv's column matrix; im2col_op.cc)
+//   BlockReduceSum[sizes, output_type, output_shape](x) -> y   (x as [P, Q, R], summed over P and
+//       R in float32: reduce_op.cc, reduce.h)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -36,6 +38,9 @@
 #include "kernels.h"
 
 namespace onnxcampo {
+
+void AddBlockReduceSumOps(Ort::CustomOpDomain& domain);  // reduce_op.cc
+
 namespace {
 
 constexpr const char* kDomain = "ai.onnxcampo";
@@ -760,6 +765,7 @@ struct Library {
     domain.Add(&fused_elementwise_cuda);
     domain.Add(Im2ColOp(true));
 #endif
+    AddBlockReduceSumOps(domain);
   }
 };
 

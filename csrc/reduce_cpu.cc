@@ -1,0 +1,210 @@
+// BlockReduceSum on the CPU, and the CUDA kernels' launch plan (host arithmetic only).
+//
+// CPU: y[q] = sum over p, r of x[p][q][r] in float32, rounded once to y's type. Q is cut into
+// ranges of about kWork elements of x each; the ranges are the tasks of ORT's intra-op pool and
+// each y[q] is computed by one task in one order, so the result does not depend on the thread
+// count:
+//   R == 1: acc[q] += x[p][q] for p = 0, 1, ... (the inner loop runs along a row, over the
+//           range's columns: contiguous loads, independent sums the compiler vectorises);
+//   R > 1:  acc[q] += rowsum(p, q) for p = 0, 1, ..., each row summed in 8 interleaved partial
+//           sums (element r into sum r % 8) added pairwise at the end.
+// Built with -ffp-contract=off like the other CPU kernels (no FMA here anyway).
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "reduce.h"
+
+namespace onnxcampo {
+namespace {
+
+constexpr int64_t kWork = int64_t{1} << 16;  // elements of x per task, about
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise (mantissa * 2^-24 is exact in float32)
+      int shift = 0;
+      uint32_t m = mantissa;
+      while ((m & 0x400u) == 0) {
+        m <<= 1;
+        ++shift;
+      }
+      bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | ((m & 0x3ffu) << 13);
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+// Round to nearest even, overflow to inf, NaN to a quiet NaN (as CUDA's __float2half_rn).
+uint16_t FloatToHalf(float value) {
+  uint32_t f;
+  std::memcpy(&f, &value, sizeof f);
+  const uint32_t sign = f & 0x80000000u;
+  f ^= sign;
+  uint16_t out;
+  if (f >= (127u + 16u) << 23) {  // |value| >= 65536, inf or NaN
+    out = f > 0x7f800000u ? 0x7e00 : 0x7c00;
+  } else if (f < 113u << 23) {  // |value| < 2^-14: float16 subnormal or zero; the float add rounds
+    const uint32_t magic_bits = ((127u - 15u) + (23u - 10u) + 1u) << 23;  // 0.5
+    float magic, v;
+    std::memcpy(&magic, &magic_bits, sizeof magic);
+    std::memcpy(&v, &f, sizeof v);
+    v += magic;
+    uint32_t r;
+    std::memcpy(&r, &v, sizeof r);
+    out = static_cast<uint16_t>(r - magic_bits);
+  } else {
+    const uint32_t odd = (f >> 13) & 1u;
+    f += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;  // rebias, add half an ulp less one
+    f += odd;                                              // ... and one more when odd: ties to even
+    out = static_cast<uint16_t>(f >> 13);                  // a carry past 65504 gives inf
+  }
+  return static_cast<uint16_t>(out | (sign >> 16));
+}
+
+inline float ToFloat(uint16_t h) { return HalfToFloat(h); }
+inline float ToFloat(float f) { return f; }
+
+template <typename T>
+float RowSum(const T* row, int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t r = 0;
+  for (; r + 8 <= n; r += 8) {
+    for (int j = 0; j < 8; ++j) s[j] += ToFloat(row[r + j]);
+  }
+  for (int j = 0; r < n; ++r, ++j) s[j] += ToFloat(row[r]);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+template <typename T>
+void ReduceRange(const T* x, const BlockReduceArgs& a, int64_t q0, int64_t q1, float* acc) {
+  const int64_t n = q1 - q0;
+  std::fill(acc, acc + n, 0.0f);
+  if (a.R == 1) {
+    for (int64_t p = 0; p < a.P; ++p) {
+      const T* row = x + p * a.Q + q0;
+      for (int64_t i = 0; i < n; ++i) acc[i] += ToFloat(row[i]);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float sum = 0.0f;
+    for (int64_t p = 0; p < a.P; ++p) sum += RowSum(x + (p * a.Q + q0 + i) * a.R, a.R);
+    acc[i] = sum;
+  }
+}
+
+}  // namespace
+
+void BlockReduceSumCpu(const BlockReduceArgs& a, const ParallelRunner& run) {
+  if (a.Q <= 0) return;
+  const int64_t per_q = std::max<int64_t>(1, a.P * a.R);
+  // columns per task: about kWork elements; for R == 1 at least 64 (a row segment of whole
+  // cache lines)
+  int64_t width = std::max<int64_t>(1, kWork / per_q);
+  if (a.R == 1) width = std::max<int64_t>(64, CeilDiv(width, 64) * 64);
+  width = std::min(width, a.Q);
+  const size_t tasks = static_cast<size_t>(CeilDiv(a.Q, width));
+  run(tasks, [&](size_t task) {
+    const int64_t q0 = static_cast<int64_t>(task) * width;
+    const int64_t q1 = std::min(a.Q, q0 + width);
+    std::vector<float> acc(static_cast<size_t>(q1 - q0));
+    if (a.P <= 0 || a.R <= 0) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+    } else if (a.x_half) {
+      ReduceRange(static_cast<const uint16_t*>(a.x), a, q0, q1, acc.data());
+    } else {
+      ReduceRange(static_cast<const float*>(a.x), a, q0, q1, acc.data());
+    }
+    if (a.y_half) {
+      uint16_t* y = static_cast<uint16_t*>(a.y) + q0;
+      for (int64_t i = 0; i < q1 - q0; ++i) y[i] = FloatToHalf(acc[i]);
+    } else {
+      std::memcpy(static_cast<float*>(a.y) + q0, acc.data(), acc.size() * sizeof(float));
+    }
+  });
+}
+
+BlockReducePlan PlanBlockReduce(int64_t P, int64_t Q, int64_t R, bool x_half, int x_align, int sms, bool workspace) {
+  BlockReducePlan plan;
+  if (Q <= 0) return plan;
+  if (P <= 0 || R <= 0) {
+    plan.kind = BlockReducePlan::kZeros;
+    return plan;
+  }
+  const int elem = x_half ? 2 : 4;
+  // Enough threads to fill the device (2048 per SM) when the call is large enough.
+  const int64_t target_threads = int64_t{std::max(1, sms)} * 2048;
+  // The widest load (16 bytes at most) that divides the contiguous dim and x's alignment.
+  auto vector_for = [&](int64_t n) {
+    int v = 16 / elem;
+    while (v > 1 && (n % v != 0 || x_align < v * elem)) v /= 2;
+    return v;
+  };
+  if (R == 1) {
+    plan.kind = BlockReducePlan::kColumns;
+    plan.vec = vector_for(Q);
+    const int64_t lanes_needed = CeilDiv(Q, plan.vec);
+    plan.tx = 1;
+    while (plan.tx < 32 && plan.tx < lanes_needed) plan.tx *= 2;
+    plan.ty = kReduceThreads / plan.tx;
+    plan.blocks_x = CeilDiv(Q, int64_t{plan.tx} * plan.vec);
+    plan.chunks = 1;
+    if (workspace) {
+      const int64_t wanted = CeilDiv(CeilDiv(target_threads, kReduceThreads), plan.blocks_x);
+      const int64_t most = std::min<int64_t>(CeilDiv(P, 4 * int64_t{plan.ty}), 65535);  // >= 4 rows a thread
+      plan.chunks = std::max<int64_t>(1, std::min(wanted, most));
+    }
+    plan.rows = CeilDiv(P, plan.chunks);
+    plan.chunks = CeilDiv(P, plan.rows);
+    plan.partials = plan.chunks;
+  } else {
+    plan.kind = BlockReducePlan::kRows;
+    plan.vec = vector_for(R);
+    const int64_t vectors = R / plan.vec;
+    plan.lanes = 1;
+    while (plan.lanes < 32 && 2 * plan.lanes < vectors) plan.lanes *= 2;  // each lane >= 2 vectors a row
+    const int64_t step = int64_t{plan.lanes} * plan.vec;  // elements one pass of a group covers
+    const int64_t groups_wanted = CeilDiv(target_threads, plan.lanes);
+    plan.p_chunks = 1;
+    plan.r_chunks = 1;
+    plan.r_len = R;
+    if (workspace) {
+      // each item at least 8 passes of its group over x (when the call has them)
+      const int64_t most = std::max<int64_t>(1, std::min(P, P * R / (8 * step)));
+      plan.p_chunks = std::max<int64_t>(1, std::min(CeilDiv(groups_wanted, Q), most));
+      plan.p_len = CeilDiv(P, plan.p_chunks);
+      plan.p_chunks = CeilDiv(P, plan.p_len);
+      if (Q * plan.p_chunks < groups_wanted / 2) {  // few, long rows: cut the rows too
+        const int64_t passes = CeilDiv(R, step);
+        const int64_t r_most = std::max<int64_t>(1, passes / 4);  // >= 4 passes an item
+        const int64_t r_chunks = std::max<int64_t>(1, std::min(CeilDiv(groups_wanted, Q * plan.p_chunks), r_most));
+        plan.r_len = CeilDiv(passes, r_chunks) * step;
+        plan.r_chunks = CeilDiv(R, plan.r_len);
+      }
+    }
+    plan.p_len = CeilDiv(P, plan.p_chunks);
+    plan.items = Q * plan.p_chunks * plan.r_chunks;
+    plan.blocks = CeilDiv(plan.items, kReduceThreads / plan.lanes);
+    plan.partials = plan.p_chunks * plan.r_chunks;
+  }
+  plan.workspace_bytes = plan.partials > 1 ? static_cast<size_t>(plan.partials * Q) * sizeof(float) : 0;
+  return plan;
+}
+
+}  // namespace onnxcampo
