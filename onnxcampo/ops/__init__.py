@@ -15,6 +15,9 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
   shape, float16/float32 inputs and outputs (:mod:`onnxcampo.ops.elementwise` specifies it)
 * ``Im2Col[kernel_shape, strides, dilations, pads](x) -> columns`` (x [N, C, H, W] float16/float32
   -> [C*kh*kw, N*Ho*Wo] of x's type: a Conv's column matrix, for the weight gradient's Gemm)
+* ``BlockReduceSum[sizes=[P, Q, R], output_type, output_shape](x) -> y`` (x as a contiguous
+  [P, Q, R] array summed over P and R in float32, one rounding to float32 or float16; what
+  ``--fuse-reductions`` writes for ReduceSums and the Casts around them)
 """
 
 from __future__ import annotations
