@@ -88,6 +88,11 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuse-elementwise", action="store_true",
                         help="after the plan: chains of elementwise ops, their Casts included, as ai.onnxcampo "
                              "FusedElementwise nodes, one kernel each (needs the custom-op library; docs/ops.md)")
+    parser.add_argument("--fuse-reductions", action="store_true",
+                        help="after the plan: ReduceSums over leading/trailing blocks of axes (bias, LayerNorm and "
+                             "Conv-bias gradients), with the Reshapes and float16->float32 Casts around them, as "
+                             "ai.onnxcampo BlockReduceSum nodes, one kernel each (needs the custom-op library; "
+                             "docs/ops.md)")
 
 
 def _add_cost_options(parser: argparse.ArgumentParser) -> None:
@@ -142,6 +147,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         loss_scaling=not args.no_loss_scaling,
         int8_avg=args.int8_avg,
         fuse_elementwise=args.fuse_elementwise,
+        fuse_reductions=args.fuse_reductions,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance,
         activation_limit=args.activation_limit,
@@ -571,6 +577,11 @@ def summary(report: dict, output: Path | None) -> str:
         lines.append(f"int8-avg: {int8_avg['replaced']} MatMulInteger -> AvgMatMulInteger"
                      + (f" ({int8_avg['reshaped']} with A flattened)" if int8_avg["reshaped"] else "")
                      + (f"; kept: {skipped}" if skipped else ""))
+    reductions = report.get("fuse_reductions")
+    if reductions is not None:
+        lines.append(f"fuse-reductions: {reductions['reduce_sums_replaced']} ReduceSums, {reductions['casts_folded']} "
+                     f"Casts and {reductions['reshapes_folded']} Reshapes as {reductions['fused_nodes']} BlockReduceSum "
+                     "nodes")
     chains = report.get("fuse_elementwise")
     if chains is not None:
         lines.append(f"fuse-elementwise: {chains['nodes_replaced']} nodes as {chains['fused_nodes']} FusedElementwise "

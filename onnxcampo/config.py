@@ -90,6 +90,11 @@ class OptimizeConfig:
             elementwise ops (their Casts included) by ``ai.onnxcampo::FusedElementwise`` nodes,
             one kernel each (``onnxcampo.elementwise_fusion``). Needs the custom-op library, to
             write the model (it is test-loaded) and to run it.
+        fuse_reductions: after the plan, its Casts and loss scaling (before ``fuse_elementwise``),
+            replace ReduceSums over leading and/or trailing blocks of axes (bias, LayerNorm-scale
+            and Conv-bias gradients; ``simplify``'s ReduceSum pairs), with the Reshapes and the
+            float16 -> float32 Casts around them, by ``ai.onnxcampo::BlockReduceSum`` nodes
+            (``onnxcampo.reductions``). Needs the custom-op library, like ``fuse_elementwise``.
     """
 
     policy: str = "campo"
@@ -109,6 +114,7 @@ class OptimizeConfig:
     loss_scaling: bool = True
     int8_avg: bool = False
     fuse_elementwise: bool = False
+    fuse_reductions: bool = False
     tune: str | None = None
     tune_tolerance: float = 0.02
     activation_limit: float | None = None

@@ -123,6 +123,8 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
         )
     if config.fuse_elementwise:
         _require_ops_library("--fuse-elementwise")
+    if config.fuse_reductions:
+        _require_ops_library("--fuse-reductions")
     reason = _nothing_to_do(original)
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
@@ -339,10 +341,28 @@ class FuseElementwise(PassBase):
         return PassResult(self.name, bool(result.groups), {"fused": result.groups, "replaced": result.nodes})
 
 
+class FuseReductions(PassBase):
+    """``--fuse-reductions``: ReduceSums over leading/trailing blocks of axes, with the Reshapes
+    and Casts around them, as BlockReduceSum nodes; after loss scaling (whose Casts it folds),
+    before the elementwise fusion (which then sees the reductions' Casts gone)."""
+
+    name = "fuse_reductions"
+    mutates = True
+
+    def run(self, exported: Exported) -> PassResult:
+        if not exported.ctx.config.fuse_reductions:
+            return PassResult(self.name, False)
+        from onnxcampo.reductions import fuse_reductions
+
+        result = fuse_reductions(exported.model)
+        exported.report["fuse_reductions"] = result.to_json()
+        return PassResult(self.name, bool(result.fused), {"fused": result.fused, "replaced": result.reductions})
+
+
 # Passes on the written model: loss scaling and --int8-avg rewrite a model file (loss scaling is
 # also what read_executed_graph costs a mixed step with, on a copy of the input model), and the
-# fusion must see what loss scaling adds.
-FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), FuseElementwise())
+# fusions must see what loss scaling adds.
+FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), FuseReductions(), FuseElementwise())
 
 
 def _check_exported(exported: Exported) -> list[str]:

@@ -1,0 +1,268 @@
+"""``--fuse-reductions``: ReduceSums that add up blocks of leading and trailing axes, with the
+Reshapes and Casts around them, as one ``ai.onnxcampo::BlockReduceSum`` node each
+(``onnxcampo/ops/reduce.py``, ``docs/ops.md``).
+
+A training step's bias and LayerNorm-scale gradients are sums over the rows of ``[P, Q]``
+matrices, a Conv bias gradient sums ``[N, C, H*W]`` over N and H*W, and
+``onnxcampo.training.simplify`` (rule 7) writes the latter as two ReduceSums with Reshapes
+between; a mixed-precision plan often feeds them a Cast float16 -> float32, one more pass over
+memory. ONNX Runtime's CUDA reductions run these several times slower than the memory allows.
+One BlockReduceSum reads the input once, in its own type, and writes the sum in the type its
+readers want.
+
+Runs on the written model, after the precision plan, its Casts and loss scaling, before
+``--fuse-elementwise``. Rules:
+
+1. A *block reduction* is a default-domain ReduceSum of a float32 or float16 tensor with static
+   input and output shapes (no size-0 dim) and constant, non-empty axes (attribute, or an
+   initializer or Constant input) whose reduced axes, size-1 dims set aside, are a leading
+   block, a trailing block or both around a kept block of more than one element: the input is
+   a ``[P, Q, R]`` array (``simplify._split_sizes``) with ``P * R > 1``.
+2. A chain starts at a block reduction and goes on into another one through its output when
+   every value between is read only by the next node and is no graph output, and the nodes
+   between are Reshapes, Identities or Casts between float32 and float16: two block reductions
+   in a row are one, ``[P1, Q1, R1]`` then ``Q1`` as ``[P2, Q2, R2]`` is ``[P1*P2, Q2, R2*R1]``
+   (rule 7's pair: ``[P, Q, R] -> [P*Q] -> [Q]``).
+3. Before the chain, Reshapes, Identities and Casts float16 -> float32 (exact: no value changes)
+   whose output is read only by the chain and is no graph output are folded: the node reads
+   their input. A Cast to float16 before it stays (it rounds each element).
+4. After the chain, Reshapes, Identities and Casts between float32 and float16 that are the only
+   reader of the value before them (no graph output) are folded: the node writes the last one's
+   name, shape and type.
+5. The chain and its folded nodes become one node, placed where the last of them was; the
+   values between lose their value_info, the output gets one (its type and shape: later passes
+   and ORT read them from there), and constants only the removed nodes read are dropped.
+
+The values are the float32 sums of the same elements in another order, rounded once to the
+output type. Where the unfused graph rounds to float16 in between (a float16 ReduceSum read by
+a Cast to float32, a pair of float16 ReduceSums), the fused node does not: its value is the
+closer one, and an intermediate float16 overflow to inf becomes a finite float32 sum.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo import ir, oplists
+from onnxcampo.training.simplify import _split_sizes
+
+log = logging.getLogger(__name__)
+
+FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
+MOVES = ("Reshape", "Identity")  # nodes that move no data
+
+
+@dataclass
+class ReductionFusionResult:
+    fused: int = 0  # BlockReduceSum nodes made
+    reductions: int = 0  # ReduceSums they replace
+    casts: int = 0  # Casts folded in
+    reshapes: int = 0  # Reshapes and Identities folded in
+    kinds: Counter = field(default_factory=Counter)  # "column_sums" (R == 1), "row_sums" (P == 1), "blocks"
+
+    def to_json(self) -> dict:
+        return {"fused_nodes": self.fused, "reduce_sums_replaced": self.reductions, "casts_folded": self.casts,
+                "reshapes_folded": self.reshapes, "kinds": dict(sorted(self.kinds.items()))}
+
+
+@dataclass
+class _Chain:
+    nodes: list[onnx.NodeProto]
+    x: str
+    sizes: tuple[int, int, int]
+    output: str
+    reductions: int
+
+
+def fuse_reductions(model: onnx.ModelProto) -> ReductionFusionResult:
+    """Replace the block reductions of ``model`` (in place) by ``BlockReduceSum`` nodes."""
+    from onnxcampo.ops import nodes as op_nodes
+
+    result = ReductionFusionResult()
+    info, _ = ir.infer_tensor_info(model)
+    edit = ir.ModelEdit(model, fresh_prefix="reduce")
+    constants = edit.constants()
+    producers, consumers = edit.producers(), edit.consumers()
+    protected = edit.interface()
+
+    def static(name: str) -> tuple[int, ...] | None:
+        entry = info.get(name)
+        if entry is None or entry.shape is None:
+            return None
+        shape = tuple(entry.shape)
+        return shape if all(isinstance(d, int) and d >= 0 for d in shape) else None
+
+    def dtype(name: str) -> int | None:
+        entry = info.get(name)
+        return entry.dtype if entry is not None else None
+
+    def sole_reader(name: str) -> onnx.NodeProto | None:
+        """The one node reading ``name`` when it is read once and is no graph output."""
+        readers = consumers.get(name, [])
+        return readers[0] if len(readers) == 1 and name not in protected else None
+
+    def block(node: onnx.NodeProto) -> tuple[int, int, int] | None:
+        """Rule 1: the node's [P, Q, R], or None."""
+        if node.op_type != "ReduceSum" or node.domain not in oplists.DEFAULT_DOMAINS or not node.input:
+            return None
+        shape, out = static(node.input[0]), static(node.output[0])
+        if shape is None or out is None or 0 in shape or dtype(node.input[0]) not in FLOATS:
+            return None
+        axes = _axes(node, constants, len(shape))
+        if axes is None:
+            return None
+        sizes = _split_sizes(shape, axes)
+        if sizes is None or sizes[0] * sizes[2] == 1 or math.prod(out) != sizes[1]:
+            return None
+        return sizes
+
+    def moves(node: onnx.NodeProto, source: str, *, widen_only: bool) -> bool:
+        """Whether ``node`` passes ``source``'s elements on unchanged in order (a Reshape or
+        Identity of it) or converts them between the float types (with ``widen_only``: float16
+        -> float32 or to its own type only)."""
+        if node.domain not in oplists.DEFAULT_DOMAINS or not node.input or node.input[0] != source:
+            return False
+        if node.op_type in MOVES:
+            return static(node.output[0]) is not None
+        if node.op_type != "Cast":
+            return False
+        to, src = ir.attribute(node, "to"), dtype(source)
+        if to not in FLOATS or src not in FLOATS:
+            return False
+        return not widen_only or to == src or (src == TensorProto.FLOAT16 and to == TensorProto.FLOAT)
+
+    taken: set[int] = set()
+    chains: list[_Chain] = []
+    for node in model.graph.node:
+        if id(node) in taken:
+            continue
+        sizes = block(node)
+        if sizes is None:
+            continue
+        members = [node]
+        p, q, r = sizes
+        reductions = 1
+        # rule 2: on through the output into further block reductions
+        current = node.output[0]
+        while True:
+            between: list[onnx.NodeProto] = []
+            value, nxt = current, sole_reader(current)
+            while nxt is not None and nxt.op_type != "ReduceSum" and moves(nxt, value, widen_only=False):
+                between.append(nxt)
+                value = nxt.output[0]
+                nxt = sole_reader(value)
+            more = block(nxt) if nxt is not None and nxt.input[0] == value and id(nxt) not in taken else None
+            if more is None or more[0] * more[1] * more[2] != q:
+                break
+            members += between + [nxt]
+            p, q, r = p * more[0], more[1], more[2] * r
+            reductions += 1
+            current = nxt.output[0]
+        # rule 4: the moves after it
+        output = current
+        while True:
+            nxt = sole_reader(output)
+            if nxt is None or nxt.op_type == "ReduceSum" or not moves(nxt, output, widen_only=False):
+                break
+            members.append(nxt)
+            output = nxt.output[0]
+        # rule 3: the moves before it
+        x = node.input[0]
+        while True:
+            before = producers.get(x)
+            if before is None or id(before) in taken or sole_reader(x) is not members[0]:
+                break
+            if not before.input or not moves(before, before.input[0], widen_only=True):
+                break
+            members.insert(0, before)
+            x = before.input[0]
+        if dtype(x) not in FLOATS or dtype(output) not in FLOATS or static(output) is None:
+            continue
+        taken.update(id(n) for n in members)
+        chains.append(_Chain(members, x, (p, q, r), output, reductions))
+
+    if not chains:
+        return result
+    made: dict[int, onnx.NodeProto] = {}  # id of a chain's last node -> its BlockReduceSum
+    for chain in chains:
+        last = chain.nodes[-1]
+        out_type, out_shape = dtype(chain.output), list(static(chain.output))
+        made[id(last)] = op_nodes.block_reduce_sum(
+            chain.x, output=chain.output, sizes=chain.sizes, output_type=out_type, output_shape=out_shape,
+            name=edit.fresh(last.name or "block_reduce_sum"))
+        result.fused += 1
+        result.reductions += chain.reductions
+        result.casts += sum(n.op_type == "Cast" for n in chain.nodes)
+        result.reshapes += sum(n.op_type in MOVES for n in chain.nodes)
+        p, _, r = chain.sizes
+        result.kinds["column_sums" if r == 1 else "row_sums" if p == 1 else "blocks"] += 1
+    removed = {id(n) for chain in chains for n in chain.nodes}
+    kept = []
+    for n in model.graph.node:
+        if id(n) in made:
+            kept.append(made[id(n)])
+        elif id(n) not in removed:
+            kept.append(n)
+    gone = {o for chain in chains for n in chain.nodes for o in n.output} - {c.output for c in chains}
+    readers_gone = {i for chain in chains for n in chain.nodes for i in n.input[1:] if i}
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    _drop_unread(model, readers_gone)
+    outputs = {c.output: c for c in chains}
+    kept_info = [v for v in model.graph.value_info if v.name not in gone and v.name not in outputs]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept_info)
+    declared = {o.name for o in model.graph.output}
+    for name in outputs:
+        if name not in declared:
+            model.graph.value_info.append(helper.make_tensor_value_info(name, dtype(name), list(static(name))))
+    op_nodes.import_domain(model)
+    log.info("fuse-reductions: %d ReduceSums (%d Casts, %d Reshapes) as %d BlockReduceSum nodes",
+             result.reductions, result.casts, result.reshapes, result.fused)
+    return result
+
+
+def _axes(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto], rank: int) -> list[int] | None:
+    """The normalized axes a ReduceSum reduces (attribute before opset 13, input since), or None
+    when they are not a known constant or empty (all axes, or none with noop_with_empty_axes)."""
+    if len(node.input) > 1 and node.input[1]:
+        tensor = constants.get(node.input[1])
+        if tensor is None:
+            return None
+        values = [int(a) for a in numpy_helper.to_array(tensor).reshape(-1)]
+    else:
+        values = [int(a) for a in ir.attribute(node, "axes", []) or []]
+    if not values or any(not -rank <= a < rank for a in values):
+        return None
+    return sorted({a % rank for a in values})
+
+
+def _drop_unread(model: onnx.ModelProto, names: set[str]) -> None:
+    """Initializers and Constant nodes among ``names`` (inputs of removed nodes: shapes, axes)
+    that nothing reads any more."""
+    graph = model.graph
+    read = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
+    for node in graph.node:  # what subgraphs read from the main graph
+        if ir.has_subgraph(node):
+            read |= ir.outer_scope_names(node)
+    unread = names - read
+    if not unread:
+        return
+    initializers = [t for t in graph.initializer if t.name not in unread]
+    if len(initializers) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(initializers)
+    nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output and n.output[0] in unread)]
+    if len(nodes) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+
+__all__ = ["ReductionFusionResult", "fuse_reductions"]
