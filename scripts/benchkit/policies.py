@@ -15,8 +15,10 @@ Inference (ONNX Runtime):
     campo-tune      campo's candidate plans timed on the benchmark's provider and inputs (``tune``)
     campo-calib     campo with ``activation_limit=512`` calibrated on the benchmark's inputs (nodes
                     reading or writing values beyond 512 stay fp32: ModelOpt's data_max)
-    campo-fused     campo with ``--fuse-elementwise`` (elementwise chains and their Casts as
-                    FusedElementwise nodes; needs the custom-op library)
+    campo-fused     campo with every fusion of the custom-op library: ``--fuse-reductions``
+                    (block ReduceSums and their Casts as BlockReduceSum nodes) and
+                    ``--fuse-elementwise`` (elementwise chains and their Casts as FusedElementwise
+                    nodes); campo-fused-graph the same planned for and replayed as a CUDA graph
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
     fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused
     torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see torch_twins.py)
@@ -52,6 +54,7 @@ TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad
                      *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp")
 TRAINING_ANCHORS = ("fp32", "amp", *TORCH_POLICIES)
+FUSIONS = {"fuse_reductions": True, "fuse_elementwise": True}  # what campo-fused(-graph) turn on
 REFERENCE = "fp32-notf32"  # outputs and losses are compared with fp32 without TF32
 ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"policy": "campo"},
              "campo-nopad": {"policy": "campo", "pad_tensor_cores": False},
@@ -63,9 +66,10 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # planned for CUDA-graph replay, and replayed (GRAPH_POLICIES)
              "fp16-graph": {"policy": "fp16", "execution": "cuda-graph"},
              "campo-graph": {"policy": "campo", "execution": "cuda-graph"},
-             # elementwise chains and their Casts as FusedElementwise nodes (custom-op library)
-             "campo-fused": {"policy": "campo", "fuse_elementwise": True},
-             "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_elementwise": True}}
+             # all fusions of the custom-op library: block ReduceSums as BlockReduceSum, elementwise
+             # chains as FusedElementwise (their Casts folded into both)
+             "campo-fused": {"policy": "campo", **FUSIONS},
+             "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS}}
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
