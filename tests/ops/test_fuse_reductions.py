@@ -1,0 +1,139 @@
+"""--fuse-reductions on ONNX Runtime's CPU provider, with the library's BlockReduceSum kernel.
+
+These check the wiring (the fused model loads, its outputs are the unfused model's, names, types
+and shapes included) within float32 rounding: the CPU kernel adds in another order than ORT's
+ReduceSum. Where the unfused graph rounds to float16 in between, the fused values are compared
+with numpy instead. The float16 numerics of the kernel itself: tests/ops/test_block_reduce.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxcampo
+from onnxcampo import ir
+from onnxcampo.reductions import fuse_reductions
+from onnxcampo.runtime import make_session, run
+from onnxcampo.training import build_train_step
+
+
+def _model(text: str) -> onnx.ModelProto:
+    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
+    ir.name_nodes(model)
+    return model
+
+
+def _ints(model, name, values):
+    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def _random_feeds(session, seed=0):
+    rng = np.random.default_rng(seed)
+    types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+             "tensor(bool)": np.bool_}
+    feeds = {}
+    for value in session.get_inputs():
+        dtype = types[value.type]
+        shape = [d if isinstance(d, int) else 1 for d in value.shape]
+        if dtype in (np.float32, np.float16):
+            feeds[value.name] = np.asarray(rng.standard_normal(shape) * 0.5).astype(dtype)
+        else:
+            feeds[value.name] = np.zeros(shape, dtype)
+    return feeds
+
+
+def _close(want, got, names, half_sums=False):
+    """Equal up to float32 rounding (float16 rounding for float16 outputs, and everywhere with
+    ``half_sums``: a sum the graph rounds to float16 may land one float16 step away when added in
+    another order, and the step's later values follow it)."""
+    for name in names:
+        a, b = want[name], got[name]
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if a.dtype.kind != "f":
+            np.testing.assert_array_equal(a, b, err_msg=name)
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        eps = 2.0 ** -9 if a.dtype == np.float16 or half_sums else 2.0 ** -20
+        np.testing.assert_allclose(b64, a64, rtol=eps, atol=eps * max(1.0, float(np.abs(a64).max(initial=0))),
+                                   err_msg=name)
+
+
+def test_a_graph_of_reductions_gives_the_unfused_values_on_ort_cpu(library):
+    model = _model("""
+    g (float16[32,16,24] dy, float[4,6,7,5] dc, float[64,10] x) => (float[24] db, float[6] dcb, float16[10] s16) {
+      d32 = Cast <to = 1> (dy)
+      db = ReduceSum <keepdims = 0> (d32, rows)
+      dcb = ReduceSum <keepdims = 0> (dc, conv)
+      s = ReduceSum <keepdims = 0> (x, first)
+      s16 = Cast <to = 10> (s)
+    }""")
+    _ints(model, "rows", [0, 1])
+    _ints(model, "conv", [0, 2, 3])
+    _ints(model, "first", [0])
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    result = fuse_reductions(fused)
+    assert result.fused == 3 and result.casts == 2
+    plain, custom = make_session(model, provider="cpu"), make_session(fused, provider="cpu")
+    feeds = _random_feeds(plain)
+    _close(run(plain, feeds), run(custom, feeds), ["db", "dcb", "s16"])
+
+
+def test_a_float16_reduction_read_as_float32_is_the_float32_sum(library):
+    model = _model("""
+    g (float16[512,8] h) => (float[8] z) {
+      t = ReduceSum <keepdims = 0> (h, axes)
+      z = Cast <to = 1> (t)
+    }""")
+    _ints(model, "axes", [0])
+    fuse_reductions(model)
+    h = (np.random.default_rng(3).standard_normal((512, 8)) * 40).astype(np.float16)
+    got = run(make_session(model, provider="cpu"), {"h": h})["z"]
+    np.testing.assert_allclose(got, h.astype(np.float64).sum(axis=0), rtol=1e-5, atol=1e-3)
+
+
+def _forward_models():
+    rng = np.random.default_rng(0)
+
+    def init(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    # a transformer block's linear layers, bias, scale and shift: batched [B, S, H] activations
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h1"]), helper.make_node("Add", ["h1", "b1"], ["h2"]),
+             helper.make_node("Relu", ["h2"], ["h3"]), helper.make_node("MatMul", ["h3", "W2"], ["h4"]),
+             helper.make_node("Add", ["h4", "b2"], ["h5"]), helper.make_node("Mul", ["h5", "g"], ["h6"]),
+             helper.make_node("Add", ["h6", "be"], ["y"])]
+    inits = [init("W1", [32, 64]), init("b1", [64]), init("W2", [64, 32]), init("b2", [32]), init("g", [32]),
+             init("be", [32])]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8, 32])], inits)
+    yield "linear", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    # Convs with biases: their gradients sum [N, C, H*W] over N and H*W (simplify's rule 7 pairs)
+    nodes = [helper.make_node("Conv", ["x", "CW", "CB"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["c2"]), helper.make_node("Conv", ["c2", "CW2", "CB2"], ["y"])]
+    inits = [init("CW", [8, 4, 3, 3]), init("CB", [8]), init("CW2", [4, 8, 1, 1]), init("CB2", [4])]
+    graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8, 8])], inits)
+    yield "conv", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("policy", ["fp16", "campo"])
+def test_training_steps_with_fused_reductions_match_the_unfused_steps(library, policy):
+    for label, forward in _forward_models():
+        step = build_train_step(forward, optimizer="adamw")
+        plain = onnxcampo.optimize(step, policy=policy)
+        fused = onnxcampo.optimize(step, policy=policy, fuse_reductions=True)
+        report = fused.report["fuse_reductions"]
+        assert report["fused_nodes"] >= 2 and report["reduce_sums_replaced"] >= 4, (label, report)
+        ops = [n.op_type for n in fused.model.graph.node]
+        assert "BlockReduceSum" in ops and ops.count("ReduceSum") < [n.op_type for n in plain.model.graph.node].count(
+            "ReduceSum"), label
+        a, b = make_session(plain.model, provider="cpu"), make_session(fused.model, provider="cpu")
+        assert [o.name for o in a.get_outputs()] == [o.name for o in b.get_outputs()]
+        feeds = _random_feeds(a)
+        if "loss_scale" in feeds:
+            feeds["loss_scale"] = np.full(feeds["loss_scale"].shape, 1024.0, np.float32)
+        _close(run(a, feeds), run(b, feeds), [o.name for o in a.get_outputs()], half_sums=policy == "fp16")

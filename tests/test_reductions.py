@@ -1,0 +1,275 @@
+"""--fuse-reductions: which ReduceSums (with their Reshapes and Casts) become BlockReduceSum nodes,
+and that the fused graph computes the unfused one's values.
+
+Values come from onnx's reference evaluator with the op's numpy reference (float64 sums rounded
+once), so these tests need no custom-op library; inputs are small integers, whose sums every
+order of additions gives exactly. tests/ops/test_fuse_reductions.py runs the same kind of graphs
+on ONNX Runtime's CPU provider with the library's kernel.
+"""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxcampo import ir
+from onnxcampo.ops import reduce as block_reduce
+from onnxcampo.reductions import fuse_reductions
+
+OP = block_reduce.OP_TYPE
+
+
+def _model(text: str, opset: int = 17) -> onnx.ModelProto:
+    model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : {opset}]>\n' + text)
+    ir.name_nodes(model)
+    return model
+
+
+def _ints(model, name, values):
+    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def _feeds(model, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        feeds[value.name] = rng.integers(-8, 9, size=dims).astype(dtype)
+    return feeds
+
+
+def _fuse(model, *, exact=True):
+    """The fused copy of ``model``, its result, and a check of its values against the unfused."""
+    feeds = _feeds(model)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    result = fuse_reductions(fused)
+    onnx.checker.check_model(fused)
+    got = ReferenceEvaluator(fused, new_ops=[block_reduce.reference_op()]).run(None, feeds)
+    for value, expected, actual in zip(model.graph.output, want, got):
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, value.name
+        if exact:
+            np.testing.assert_array_equal(actual, expected, err_msg=value.name)
+    return fused, result
+
+
+def _ops(model):
+    return [n.op_type for n in model.graph.node]
+
+
+def _node(model):
+    (node,) = [n for n in model.graph.node if n.op_type == OP]
+    return node, {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def test_a_bias_gradient_is_one_node_over_the_rows():
+    model = _model("""
+    g (float[32,16,8] dy) => (float[8] db) {
+      db = ReduceSum <keepdims = 0> (dy, axes)
+    }""")
+    _ints(model, "axes", [0, 1])
+    fused, result = _fuse(model)
+    node, attrs = _node(fused)
+    assert _ops(fused) == [OP] and list(node.input) == ["dy"] and list(node.output) == ["db"]
+    assert attrs["sizes"] == [512, 8, 1] and attrs["output_type"] == TensorProto.FLOAT and attrs["output_shape"] == [8]
+    assert not fused.graph.initializer  # the axes went with the ReduceSum
+    assert result.to_json() == {"fused_nodes": 1, "reduce_sums_replaced": 1, "casts_folded": 0, "reshapes_folded": 0,
+                                "kinds": {"column_sums": 1}}
+
+
+def test_keepdims_and_the_axes_attribute_of_older_opsets_keep_the_output_shape():
+    model = _model("""
+    g (float[4,1,6] x, float[5,7] z) => (float[1,1,6] y, float[5,1] w) {
+      y = ReduceSum <axes = [0, 1], keepdims = 1> (x)
+      w = ReduceSum <axes = [-1]> (z)
+    }""", opset=11)
+    fused, result = _fuse(model)
+    sizes = sorted(helper.get_attribute_value(a) for n in fused.graph.node for a in n.attribute if a.name == "sizes")
+    shapes = sorted(helper.get_attribute_value(a) for n in fused.graph.node for a in n.attribute if a.name == "output_shape")
+    assert _ops(fused) == [OP, OP] and sizes == [[1, 5, 7], [4, 6, 1]] and shapes == [[1, 1, 6], [5, 1]]
+    assert result.kinds == {"column_sums": 1, "row_sums": 1}
+
+
+def test_a_conv_bias_gradient_sums_the_batch_and_the_pixels():
+    model = _model("""
+    g (float[2,3,4,5] dy) => (float[3] db) {
+      db = ReduceSum <keepdims = 0> (dy, axes)
+    }""")
+    _ints(model, "axes", [0, 2, 3])
+    fused, result = _fuse(model)
+    assert _node(fused)[1]["sizes"] == [2, 3, 20] and result.kinds == {"blocks": 1}
+
+
+def test_simplify_rule_7s_reduce_sum_pair_with_its_reshapes_is_one_node():
+    from onnxcampo.training.simplify import simplify_backward
+
+    model = _model("""
+    g (float[2,3,4,5,1] dy) => (float[3] db) {
+      r = ReduceSum <keepdims = 0> (dy, axes)
+      db = Identity(r)
+    }""")
+    _ints(model, "axes", [0, 2, 3, 4])
+    simplify_backward(model, rules=["ReduceSum as matrix reductions", "Reshape chain"])
+    assert _ops(model).count("ReduceSum") == 2 and "Reshape" in _ops(model)
+    fused, result = _fuse(model)
+    node, attrs = _node(fused)
+    assert list(node.input) == ["dy"] and attrs["sizes"] == [2, 3, 20]
+    assert result.reductions == 2 and result.reshapes >= 2 and "Reshape" not in _ops(fused)
+    assert "ReduceSum" not in _ops(fused)
+
+
+def test_a_cast_to_float32_read_only_by_the_reduction_is_folded():
+    model = _model("""
+    g (float16[64,8] dy) => (float[8] db) {
+      d32 = Cast <to = 1> (dy)
+      db = ReduceSum <keepdims = 0> (d32, axes)
+    }""")
+    _ints(model, "axes", [0])
+    fused, result = _fuse(model)
+    node, attrs = _node(fused)
+    assert _ops(fused) == [OP] and list(node.input) == ["dy"] and attrs["output_type"] == TensorProto.FLOAT
+    assert result.casts == 1
+
+
+def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_output():
+    model = _model("""
+    g (float16[64,8] dy) => (float[8] db, float[64,8] n) {
+      d32 = Cast <to = 1> (dy)
+      db = ReduceSum <keepdims = 0> (d32, axes)
+      n = Neg(d32)
+    }""")
+    _ints(model, "axes", [0])
+    fused, result = _fuse(model)
+    assert sorted(_ops(fused)) == sorted([OP, "Cast", "Neg"]) and list(_node(fused)[0].input) == ["d32"]
+    assert result.casts == 0
+
+
+def test_a_cast_to_float16_before_the_reduction_stays_it_rounds():
+    model = _model("""
+    g (float[64,8] x) => (float16[8] y) {
+      h = Cast <to = 10> (x)
+      y = ReduceSum <keepdims = 0> (h, axes)
+    }""")
+    _ints(model, "axes", [0])
+    fused, _ = _fuse(model)
+    node, attrs = _node(fused)
+    assert _ops(fused) == ["Cast", OP] and list(node.input) == ["h"] and attrs["output_type"] == TensorProto.FLOAT16
+
+
+def test_casts_after_the_reduction_are_folded_into_its_output_type():
+    model = _model("""
+    g (float[64,8] x, float16[16,4] h) => (float16[8] y, float[4] z) {
+      s = ReduceSum <keepdims = 0> (x, axes)
+      y = Cast <to = 10> (s)
+      t = ReduceSum <keepdims = 0> (h, axes)
+      z = Cast <to = 1> (t)
+    }""")
+    _ints(model, "axes", [0])
+    fused, result = _fuse(model)
+    outputs = {n.output[0]: helper.get_attribute_value(next(a for a in n.attribute if a.name == "output_type"))
+               for n in fused.graph.node}
+    assert _ops(fused) == [OP, OP] and outputs == {"y": TensorProto.FLOAT16, "z": TensorProto.FLOAT}
+    assert result.casts == 2
+
+
+def test_a_float16_reduction_cast_to_float32_keeps_the_float32_sum():
+    # the unfused graph rounds the sum to float16 first; the fused node writes the float32 sum
+    model = _model("""
+    g (float16[3,2] h) => (float[2] z) {
+      t = ReduceSum <keepdims = 0> (h, axes)
+      z = Cast <to = 1> (t)
+    }""")
+    _ints(model, "axes", [0])
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    fuse_reductions(fused)
+    h = np.array([[2048, 1], [1, 0], [0, 0]], np.float16)  # 2049 is no float16
+    (unfused,) = ReferenceEvaluator(model).run(None, {"h": h})
+    (got,) = ReferenceEvaluator(fused, new_ops=[block_reduce.reference_op()]).run(None, {"h": h})
+    assert unfused[0] == 2048 and got[0] == 2049 and got.dtype == np.float32
+
+
+def test_a_reduction_whose_output_is_a_graph_output_keeps_its_name_and_its_readers():
+    model = _model("""
+    g (float[16,4] x) => (float[4] s, float16[4] y) {
+      s = ReduceSum <keepdims = 0> (x, axes)
+      y = Cast <to = 10> (s)
+    }""")
+    _ints(model, "axes", [0])
+    fused, _ = _fuse(model)
+    node, _ = _node(fused)
+    assert _ops(fused) == [OP, "Cast"] and list(node.output) == ["s"]
+
+
+def test_the_output_gets_a_value_info_and_the_intermediates_lose_theirs():
+    model = _model("""
+    g (float16[64,8] dy) => (float[8] out) {
+      d32 = Cast <to = 1> (dy)
+      db = ReduceSum <keepdims = 0> (d32, axes)
+      out = Neg(db)
+    }""")
+    _ints(model, "axes", [0])
+    model = onnx.shape_inference.infer_shapes(model)
+    assert {v.name for v in model.graph.value_info} == {"d32", "db"}
+    fused, _ = _fuse(model)
+    (info,) = fused.graph.value_info
+    assert info.name == "db" and info.type.tensor_type.elem_type == TensorProto.FLOAT
+    assert [d.dim_value for d in info.type.tensor_type.shape.dim] == [8]
+
+
+def test_shared_axes_constants_stay_for_the_nodes_that_still_read_them():
+    model = _model("""
+    g (float[16,4] x, float[4,5,6] z) => (float[4] s, float[4,6] m) {
+      s = ReduceSum <keepdims = 0> (x, axes)
+      m = ReduceSum <keepdims = 0> (z, one)
+    }""")
+    _ints(model, "axes", [0])
+    _ints(model, "one", [1])
+    fused, _ = _fuse(model)
+    assert sorted(_ops(fused)) == sorted([OP, "ReduceSum"]) and [t.name for t in fused.graph.initializer] == ["one"]
+
+
+@pytest.mark.parametrize("text, axes", [
+    ("g (float[4,5,6] x) => (float[4,6] y) { y = ReduceSum <keepdims = 0> (x, axes) }", [1]),  # kept on both sides
+    ("g (float[4,5] x) => (float y) { y = ReduceSum <keepdims = 0> (x, axes) }", [0, 1]),  # everything: Q == 1
+    ("g (float[4,1,6] x) => (float[4,6] y) { y = ReduceSum <keepdims = 0> (x, axes) }", [1]),  # adds nothing up
+    ("g (float[N,8] x) => (float[8] y) { y = ReduceSum <keepdims = 0> (x, axes) }", [0]),  # dynamic shape
+    ("g (int64[4,8] x) => (int64[8] y) { y = ReduceSum <keepdims = 0> (x, axes) }", [0]),  # not a float
+    ("g (double[4,8] x) => (double[8] y) { y = ReduceSum <keepdims = 0> (x, axes) }", [0]),
+    ("g (float[4,8] x, int64[1] a) => (float[8] y) { y = ReduceSum <keepdims = 0> (x, a) }", None),  # axes unknown
+    ("g (float[4,8] x) => (float y) { y = ReduceSum <keepdims = 0> (x) }", None),  # no axes: all of them
+    ("g (float[0,8] x) => (float[8] y) { y = ReduceSum <keepdims = 0> (x, axes) }", [0]),  # empty
+])
+def test_other_reductions_are_left_alone(text, axes):
+    model = _model(text)
+    if axes is not None:
+        _ints(model, "axes", axes)
+    result = fuse_reductions(model)
+    assert result.fused == 0 and OP not in _ops(model)
+
+
+def test_a_chain_stops_where_a_value_between_is_read_twice():
+    model = _model("""
+    g (float[4,6,5] x) => (float[6] y, float[4,6] m) {
+      m = ReduceSum <keepdims = 0> (x, two)
+      y = ReduceSum <keepdims = 0> (m, zero)
+    }""")
+    _ints(model, "two", [2])
+    _ints(model, "zero", [0])
+    fused, result = _fuse(model)
+    assert _ops(fused) == [OP, OP] and result.reductions == 2  # two nodes: m is a graph output
+
+
+def test_the_option_without_the_custom_op_library_is_one_clear_error(monkeypatch):
+    from onnxcampo import ops, optimize
+    from onnxcampo.config import OptimizeConfig
+    from onnxcampo.errors import ConfigError
+
+    model = _model("g (float[4,3] x) => (float[3] y) { y = ReduceSum <keepdims = 0> (x, axes) }")
+    _ints(model, "axes", [0])
+    monkeypatch.setattr(ops, "available", lambda: False)
+    with pytest.raises(ConfigError, match="--fuse-reductions .* custom-op library is not available"):
+        optimize(model, config=OptimizeConfig(fuse_reductions=True))
