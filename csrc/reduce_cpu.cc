@@ -8,6 +8,7 @@
 //           range's columns: contiguous loads, independent sums the compiler vectorises);
 //   R > 1:  acc[q] += rowsum(p, q) for p = 0, 1, ..., each row summed in 8 interleaved partial
 //           sums (element r into sum r % 8) added pairwise at the end.
+// float16 inputs are converted by a table of all 65536 values (exact).
 // Built with -ffp-contract=off like the other CPU kernels (no FMA here anyway).
 #include <algorithm>
 #include <cstring>
@@ -77,34 +78,50 @@ uint16_t FloatToHalf(float value) {
   return static_cast<uint16_t>(out | (sign >> 16));
 }
 
-inline float ToFloat(uint16_t h) { return HalfToFloat(h); }
-inline float ToFloat(float f) { return f; }
+// Every float16 bit pattern's float32 value (256 KB, built once): one load per element, no
+// branches in the loops.
+const float* HalfTable() {
+  static const std::vector<float> table = [] {
+    std::vector<float> values(65536);
+    for (uint32_t h = 0; h < 65536; ++h) values[h] = HalfToFloat(static_cast<uint16_t>(h));
+    return values;
+  }();
+  return table.data();
+}
 
-template <typename T>
-float RowSum(const T* row, int64_t n) {
+struct FromHalf {
+  const float* table;
+  float operator()(uint16_t h) const { return table[h]; }
+};
+struct FromFloat {
+  float operator()(float f) const { return f; }
+};
+
+template <typename T, typename Convert>
+float RowSum(const T* row, int64_t n, Convert convert) {
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t r = 0;
   for (; r + 8 <= n; r += 8) {
-    for (int j = 0; j < 8; ++j) s[j] += ToFloat(row[r + j]);
+    for (int j = 0; j < 8; ++j) s[j] += convert(row[r + j]);
   }
-  for (int j = 0; r < n; ++r, ++j) s[j] += ToFloat(row[r]);
+  for (int j = 0; r < n; ++r, ++j) s[j] += convert(row[r]);
   return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-template <typename T>
-void ReduceRange(const T* x, const BlockReduceArgs& a, int64_t q0, int64_t q1, float* acc) {
+template <typename T, typename Convert>
+void ReduceRange(const T* x, const BlockReduceArgs& a, int64_t q0, int64_t q1, float* acc, Convert convert) {
   const int64_t n = q1 - q0;
   std::fill(acc, acc + n, 0.0f);
   if (a.R == 1) {
     for (int64_t p = 0; p < a.P; ++p) {
       const T* row = x + p * a.Q + q0;
-      for (int64_t i = 0; i < n; ++i) acc[i] += ToFloat(row[i]);
+      for (int64_t i = 0; i < n; ++i) acc[i] += convert(row[i]);
     }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
     float sum = 0.0f;
-    for (int64_t p = 0; p < a.P; ++p) sum += RowSum(x + (p * a.Q + q0 + i) * a.R, a.R);
+    for (int64_t p = 0; p < a.P; ++p) sum += RowSum(x + (p * a.Q + q0 + i) * a.R, a.R, convert);
     acc[i] = sum;
   }
 }
@@ -114,12 +131,13 @@ void ReduceRange(const T* x, const BlockReduceArgs& a, int64_t q0, int64_t q1, f
 void BlockReduceSumCpu(const BlockReduceArgs& a, const ParallelRunner& run) {
   if (a.Q <= 0) return;
   const int64_t per_q = std::max<int64_t>(1, a.P * a.R);
-  // columns per task: about kWork elements; for R == 1 at least 64 (a row segment of whole
-  // cache lines)
+  // columns per task: about kWork elements; for R == 1 at least 256 (1 KB row segments of
+  // float32: contiguous loads along the row)
   int64_t width = std::max<int64_t>(1, kWork / per_q);
-  if (a.R == 1) width = std::max<int64_t>(64, CeilDiv(width, 64) * 64);
+  if (a.R == 1) width = std::max<int64_t>(256, CeilDiv(width, 64) * 64);
   width = std::min(width, a.Q);
   const size_t tasks = static_cast<size_t>(CeilDiv(a.Q, width));
+  const float* table = a.x_half ? HalfTable() : nullptr;
   run(tasks, [&](size_t task) {
     const int64_t q0 = static_cast<int64_t>(task) * width;
     const int64_t q1 = std::min(a.Q, q0 + width);
@@ -127,9 +145,9 @@ void BlockReduceSumCpu(const BlockReduceArgs& a, const ParallelRunner& run) {
     if (a.P <= 0 || a.R <= 0) {
       std::fill(acc.begin(), acc.end(), 0.0f);
     } else if (a.x_half) {
-      ReduceRange(static_cast<const uint16_t*>(a.x), a, q0, q1, acc.data());
+      ReduceRange(static_cast<const uint16_t*>(a.x), a, q0, q1, acc.data(), FromHalf{table});
     } else {
-      ReduceRange(static_cast<const float*>(a.x), a, q0, q1, acc.data());
+      ReduceRange(static_cast<const float*>(a.x), a, q0, q1, acc.data(), FromFloat{});
     }
     if (a.y_half) {
       uint16_t* y = static_cast<uint16_t*>(a.y) + q0;
