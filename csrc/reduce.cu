@@ -144,9 +144,29 @@ __global__ void __launch_bounds__(kReduceThreads, 4) RowKernel(RowArgs a) {
     const int64_t p0 = pc * a.p_len, p1 = min(a.P, p0 + a.p_len);
     const int64_t r0 = rc * a.r_len + static_cast<int64_t>(lane) * V, r1 = min(a.R, rc * a.r_len + a.r_len);
     const int64_t stride = static_cast<int64_t>(a.lanes) * V;
-    const T* x = static_cast<const T*>(a.x);
-    for (int64_t p = p0; p < p1; ++p) {
-      const T* row = x + (p * a.Q + q) * a.R;
+    const int64_t next = a.Q * a.R;  // from row (p, q) to row (p + 1, q)
+    const T* row = static_cast<const T*>(a.x) + (p0 * a.Q + q) * a.R;
+    int64_t p = p0;
+    // four rows at a time: four loads in flight however short the rows are
+    for (; p + 4 <= p1; p += 4, row += 4 * next) {
+#pragma unroll 2
+      for (int64_t r = r0; r < r1; r += stride) {
+        float v0[V], v1[V], v2[V], v3[V];
+        LoadFloats<T, V>(row + r, v0);
+        LoadFloats<T, V>(row + next + r, v1);
+        LoadFloats<T, V>(row + 2 * next + r, v2);
+        LoadFloats<T, V>(row + 3 * next + r, v3);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc += v0[j];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc += v1[j];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc += v2[j];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc += v3[j];
+      }
+    }
+    for (; p < p1; ++p, row += next) {
 #pragma unroll 4
       for (int64_t r = r0; r < r1; r += stride) {
         float v[V];
@@ -168,6 +188,7 @@ __global__ void __launch_bounds__(256) FinishKernel(const float* partial, void* 
   const int64_t q = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float acc = 0.0f;
   if (q < Q) {
+#pragma unroll 8
     for (int64_t k = threadIdx.y; k < partials; k += 8) acc += partial[k * Q + q];
   }
   runs[threadIdx.y][threadIdx.x] = acc;

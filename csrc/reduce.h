@@ -33,8 +33,8 @@ struct BlockReduceArgs {
 // kRows (R > 1): rows (p, q) of R contiguous elements; a group of `lanes` threads (a power of two
 // <= 32, inside one warp) takes work item i = (k, q), k = pc*r_chunks + rc: rows p of chunk pc
 // ([pc*p_len, (pc+1)*p_len)) and elements [rc*r_len, (rc+1)*r_len) of each; lane l adds the
-// vec-element vectors l, l + lanes, ... of each row, p ascending, then the group adds its lanes
-// by a fixed xor butterfly.
+// vec-element vectors l, l + lanes, ... of four rows at a time (then of the rows left, one by
+// one), p ascending, then the group adds its lanes by a fixed xor butterfly.
 // Either way, with partials == 1 the sums go to y; else to a float32 workspace [partials, Q] that
 // a second kernel adds up per column in order k = 0..partials-1 (8 strided runs, then the 8
 // run sums in order), rounding once to y's type.

@@ -180,8 +180,12 @@ def covered(plan_, p, q, r) -> np.ndarray:
             rc, pc = k % plan_["r_chunks"], k // plan_["r_chunks"]
             p0, p1 = pc * plan_["p_len"], min(p, pc * plan_["p_len"] + plan_["p_len"])
             end = min(r, rc * plan_["r_len"] + plan_["r_len"])
+            grouped = p0 + (p1 - p0) // 4 * 4  # four rows at a time, then one by one
             for lane in range(lanes):
-                for row in range(p0, p1):
+                for first in range(p0, grouped, 4):
+                    for start in range(rc * plan_["r_len"] + lane * vec, end, lanes * vec):
+                        count[first:first + 4, column, start:start + vec] += 1
+                for row in range(grouped, p1):
                     for start in range(rc * plan_["r_len"] + lane * vec, end, lanes * vec):
                         count[row, column, start:start + vec] += 1
     return count
