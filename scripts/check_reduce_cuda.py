@@ -6,8 +6,9 @@ machine, with the library built with CUDA (``python -m onnxcampo.ops.build``, or
     export PYTHONPATH=/tmp/ortgpu:$PYTHONPATH   # onnxruntime-gpu (../shared/device/README.md)
     python3 scripts/check_reduce_cuda.py --out $OUT/reduce_cuda.json
 
-Needs onnxruntime(-gpu), onnx and numpy; torch is optional (its profiler gives CUPTI kernel times).
-Nothing of onnxcampo is imported: the models are built here with onnx.helper.
+Needs onnxruntime(-gpu), onnx, numpy and this checkout's onnxcampo (importable from the
+repository root: sessions come from ``onnxcampo.runtime.make_session``, the project's one door);
+torch is optional (its profiler gives CUPTI kernel times). The models are built with onnx.helper.
 
 Checks (every case on its own session; exit 1 when any fails):
 
@@ -52,11 +53,14 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # onnxcampo from this checkout when it is not installed
+    sys.path.append(str(ROOT))
+
+from onnxcampo.runtime import make_session  # noqa: E402 - the one maker of ORT sessions
 DOMAIN = "ai.onnxcampo"
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NP = {FLOAT: np.float32, FLOAT16: np.float16}
@@ -168,17 +172,9 @@ class Runtime:
         self.device = "cuda" if provider == "cuda" else "cpu"
 
     def session(self, model: bytes, *, graph: bool = False) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.register_custom_ops_library(self.library)
-        options.log_severity_level = 3
-        if self.provider == "cuda":
-            cuda = {"device_id": str(self.device_id)}
-            if graph:
-                cuda["enable_cuda_graph"] = "1"
-            providers = [("CUDAExecutionProvider", cuda)]
-        else:
-            providers = ["CPUExecutionProvider"]
-        return ort.InferenceSession(model, options, providers=providers)
+        """A session through onnxcampo's one door (``make_session``), the library registered."""
+        return make_session(model, provider=self.provider, cuda_graph=graph, custom_ops_library=self.library,
+                            log_severity=3)
 
     def value(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, self.device_id)
@@ -420,8 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     library = library_path(args.library)
     info = build_info(library)
     if args.provider == "cuda":
-        if hasattr(ort, "preload_dlls"):
-            ort.preload_dlls()
+        from onnxcampo.runtime import preload_cuda_dlls
+
+        preload_cuda_dlls()
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             print("the CUDA execution provider is not available in this onnxruntime", file=sys.stderr)
             return 2
