@@ -273,3 +273,25 @@ def test_the_option_without_the_custom_op_library_is_one_clear_error(monkeypatch
     monkeypatch.setattr(ops, "available", lambda: False)
     with pytest.raises(ConfigError, match="--fuse-reductions .* custom-op library is not available"):
         optimize(model, config=OptimizeConfig(fuse_reductions=True))
+
+
+def test_casts_and_reshapes_on_both_sides_of_a_reduction_pair_are_folded():
+    # what a mixed plan leaves around rule 7's pair: a Cast to float32 before, a Cast to float16 after
+    model = _model("""
+    g (float16[2,3,4,5] dy) => (float16[3] db) {
+      d32 = Cast <to = 1> (dy)
+      v = Reshape(d32, shape)
+      rows = ReduceSum <keepdims = 0> (v, two)
+      total = ReduceSum <keepdims = 0> (rows, zero)
+      r = Reshape(total, out)
+      db = Cast <to = 10> (r)
+    }""")
+    _ints(model, "shape", [2, 3, 20])
+    _ints(model, "two", [2])
+    _ints(model, "zero", [0])
+    _ints(model, "out", [3])
+    fused, result = _fuse(model)
+    node, attrs = _node(fused)
+    assert _ops(fused) == [OP] and list(node.input) == ["dy"] and list(node.output) == ["db"]
+    assert attrs["sizes"] == [2, 3, 20] and attrs["output_type"] == TensorProto.FLOAT16
+    assert (result.reductions, result.casts, result.reshapes) == (2, 2, 2) and not fused.graph.initializer
