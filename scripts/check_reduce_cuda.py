@@ -6,9 +6,10 @@ machine, with the library built with CUDA (``python -m onnxcampo.ops.build``, or
     export PYTHONPATH=/tmp/ortgpu:$PYTHONPATH   # onnxruntime-gpu (../shared/device/README.md)
     python3 scripts/check_reduce_cuda.py --out $OUT/reduce_cuda.json
 
-Needs onnxruntime(-gpu), onnx, numpy and this checkout's onnxcampo (importable from the
-repository root: sessions come from ``onnxcampo.runtime.make_session``, the project's one door);
-torch is optional (its profiler gives CUPTI kernel times). The models are built with onnx.helper.
+Needs onnxruntime(-gpu), onnx and numpy, no onnxcampo install: the sessions come from
+``onnxcampo/runtime/standalone.py`` (the runtime door for scripts, loaded by its path; on CUDA
+with the CPU fallback off), the models from onnx.helper. torch is optional (its profiler gives
+CUPTI kernel times).
 
 Checks (every case on its own session; exit 1 when any fails):
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import os
 import platform
@@ -57,10 +59,17 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # onnxcampo from this checkout when it is not installed
-    sys.path.append(str(ROOT))
 
-from onnxcampo.runtime import make_session  # noqa: E402 - the one maker of ORT sessions
+
+def _load(name: str, relative: str):
+    """A module of this repository by its path (onnxcampo need not be installed)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+standalone = _load("_onnxcampo_standalone_sessions", "onnxcampo/runtime/standalone.py")  # the runtime door
 DOMAIN = "ai.onnxcampo"
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NP = {FLOAT: np.float32, FLOAT16: np.float16}
@@ -172,9 +181,8 @@ class Runtime:
         self.device = "cuda" if provider == "cuda" else "cpu"
 
     def session(self, model: bytes, *, graph: bool = False) -> ort.InferenceSession:
-        """A session through onnxcampo's one door (``make_session``), the library registered."""
-        return make_session(model, provider=self.provider, cuda_graph=graph, custom_ops_library=self.library,
-                            log_severity=3)
+        """A session through the runtime door for scripts (``onnxcampo/runtime/standalone.py``)."""
+        return standalone.custom_op_session(model, self.library, self.provider, cuda_graph=graph)
 
     def value(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, self.device_id)
@@ -416,9 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     library = library_path(args.library)
     info = build_info(library)
     if args.provider == "cuda":
-        from onnxcampo.runtime import preload_cuda_dlls
-
-        preload_cuda_dlls()
+        if hasattr(ort, "preload_dlls"):  # onnxruntime-gpu finds pip's CUDA libraries (ORT >= 1.21)
+            ort.preload_dlls()
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             print("the CUDA execution provider is not available in this onnxruntime", file=sys.stderr)
             return 2
