@@ -120,12 +120,13 @@ def _forward_models():
     yield "conv", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+@pytest.mark.parametrize("elementwise", [False, True], ids=["reductions", "all-fusions"])
 @pytest.mark.parametrize("policy", ["fp16", "campo"])
-def test_training_steps_with_fused_reductions_match_the_unfused_steps(library, policy):
+def test_training_steps_with_fused_reductions_match_the_unfused_steps(library, policy, elementwise):
     for label, forward in _forward_models():
         step = build_train_step(forward, optimizer="adamw")
         plain = onnxcampo.optimize(step, policy=policy)
-        fused = onnxcampo.optimize(step, policy=policy, fuse_reductions=True)
+        fused = onnxcampo.optimize(step, policy=policy, fuse_reductions=True, fuse_elementwise=elementwise)
         report = fused.report["fuse_reductions"]
         assert report["fused_nodes"] >= 2 and report["reduce_sums_replaced"] >= 4, (label, report)
         ops = [n.op_type for n in fused.model.graph.node]
