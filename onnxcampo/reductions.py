@@ -20,15 +20,16 @@ Runs on the written model, after the precision plan, its Casts and loss scaling,
    a ``[P, Q, R]`` array (``simplify._split_sizes``) with ``P * R > 1``.
 2. A chain starts at a block reduction and goes on into another one through its output when
    every value between is read only by the next node and is no graph output, and the nodes
-   between are Reshapes, Identities or Casts between float32 and float16: two block reductions
-   in a row are one, ``[P1, Q1, R1]`` then ``Q1`` as ``[P2, Q2, R2]`` is ``[P1*P2, Q2, R2*R1]``
-   (rule 7's pair: ``[P, Q, R] -> [P*Q] -> [Q]``).
-3. Before the chain, Reshapes, Identities and Casts float16 -> float32 (exact: no value changes)
-   whose output is read only by the chain and is no graph output are folded: the node reads
-   their input. A Cast to float16 before it stays (it rounds each element).
-4. After the chain, Reshapes, Identities and Casts between float32 and float16 that are the only
-   reader of the value before them (no graph output) are folded: the node writes the last one's
-   name, shape and type.
+   between are views (Reshape, Squeeze, Unsqueeze, Flatten, Identity: the elements in their
+   order) or Casts between float32 and float16: two block reductions in a row are one,
+   ``[P1, Q1, R1]`` then ``Q1`` as ``[P2, Q2, R2]`` is ``[P1*P2, Q2, R2*R1]`` (rule 7's pair:
+   ``[P, Q, R] -> [P*Q] -> [Q]``).
+3. Before the chain, views and Casts float16 -> float32 (exact: no value changes) whose output
+   is read only by the chain and is no graph output are folded: the node reads their input. A
+   Cast to float16 before it stays (it rounds each element).
+4. After the chain, views and Casts between float32 and float16 that are the only reader of the
+   value before them (no graph output) are folded: the node writes the last one's name, shape
+   and type.
 5. The chain and its folded nodes become one node, placed where the last of them was; the
    values between lose their value_info, the output gets one (its type and shape: later passes
    and ORT read them from there), and constants only the removed nodes read are dropped.
@@ -56,7 +57,7 @@ from onnxcampo.training.simplify import _split_sizes
 log = logging.getLogger(__name__)
 
 FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
-MOVES = ("Reshape", "Identity")  # nodes that move no data
+MOVES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")  # views: the elements in their order
 
 
 @dataclass
@@ -64,7 +65,7 @@ class ReductionFusionResult:
     fused: int = 0  # BlockReduceSum nodes made
     reductions: int = 0  # ReduceSums they replace
     casts: int = 0  # Casts folded in
-    reshapes: int = 0  # Reshapes and Identities folded in
+    reshapes: int = 0  # views folded in (Reshape, Squeeze, Unsqueeze, Flatten, Identity)
     kinds: Counter = field(default_factory=Counter)  # "column_sums" (R == 1), "row_sums" (P == 1), "blocks"
 
     def to_json(self) -> dict:

@@ -295,3 +295,20 @@ def test_casts_and_reshapes_on_both_sides_of_a_reduction_pair_are_folded():
     assert _ops(fused) == [OP] and list(node.input) == ["dy"] and list(node.output) == ["db"]
     assert attrs["sizes"] == [2, 3, 20] and attrs["output_type"] == TensorProto.FLOAT16
     assert (result.reductions, result.casts, result.reshapes) == (2, 2, 2) and not fused.graph.initializer
+
+
+def test_squeeze_unsqueeze_and_flatten_around_a_reduction_are_views_and_fold():
+    model = _model("""
+    g (float[8,1,6] x) => (float[6,1] y) {
+      s = Squeeze(x, one)
+      t = ReduceSum <keepdims = 1> (s, zero)
+      f = Flatten <axis = 0> (t)
+      y = Reshape(f, shape)
+    }""")
+    _ints(model, "one", [1])
+    _ints(model, "zero", [0])
+    _ints(model, "shape", [6, 1])
+    fused, result = _fuse(model)
+    node, attrs = _node(fused)
+    assert _ops(fused) == [OP] and list(node.input) == ["x"] and attrs["output_shape"] == [6, 1]
+    assert result.reshapes == 3 and not fused.graph.initializer
