@@ -36,6 +36,7 @@
 #include "elementwise.h"
 #include "im2col.h"
 #include "kernels.h"
+#include "scatter.h"
 
 namespace onnxcampo {
 
@@ -751,6 +752,10 @@ struct Library {
   Ort::CustomOpDomain domain{kDomain};
 
   Library() {
+    for (const OrtCustomOp* op : ScatterNDAddCustomOps(false)) domain.Add(op);  // scatter_op.cc
+#ifdef ONNXCAMPO_WITH_CUDA
+    for (const OrtCustomOp* op : ScatterNDAddCustomOps(true)) domain.Add(op);
+#endif
     domain.Add(&unscale_cpu);
     domain.Add(&sgd_cpu);
     domain.Add(&adamw_cpu);
