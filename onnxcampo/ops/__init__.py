@@ -8,6 +8,8 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
 * ``MultiTensorSGD[momentum](lr, found_inf, w.., g..[, v..]) -> (w'..[, v'..])``
 * ``MultiTensorAdamW[beta1, beta2, eps, weight_decay](lr, step, found_inf, w.., g.., m.., v..)
   -> (step', w'.., m'.., v'..)``
+* ``ScatterNDAdd(data, indices, updates) -> output``: ONNX ScatterND with ``reduction="add"``
+  (float32/float16 data and updates, int64 indices), one CUDA thread per update element
 * ``AvgMatMulInteger(A, B[, a_zero_point, b_zero_point]) -> Y`` (uint8 x uint8 -> float32, 16-bit
   tree-averaging accumulation) and ``ExactMatMulInteger`` (the same, exact int32 accumulation)
 * ``FusedElementwise[program, registers, constants, output_types](x_1..x_n) -> (y_1..y_m)``: a

@@ -54,6 +54,13 @@ def multi_tensor_adamw(lr: str, step: str, found_inf: str, weights: Sequence[str
         beta1=float(betas[0]), beta2=float(betas[1]), eps=float(eps), weight_decay=float(weight_decay))
 
 
+def scatter_nd_add(data: str, indices: str, updates: str, *, output: str, name: str) -> onnx.NodeProto:
+    """``output = ScatterNDAdd(data, indices, updates)``: ONNX ScatterND with ``reduction="add"``
+    (data and updates float32 or float16, indices int64; duplicates accumulate, negative indices
+    count from the end; ``docs/ops.md`` says what the kernels do with indices out of range)."""
+    return helper.make_node("ScatterNDAdd", [data, indices, updates], [output], name=name, domain=DOMAIN)
+
+
 def _same_length(name: str, **lists: Sequence[str]) -> None:
     lengths = {key: len(value) for key, value in lists.items()}
     if len(set(lengths.values())) != 1 or 0 in lengths.values():

@@ -123,3 +123,45 @@ def matmul_u8_model(op="AvgMatMulInteger", *, zero_points=(False, False), zp_sha
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     nodes.import_domain(model)
     return model
+
+
+# ---- ScatterNDAdd (ONNX ScatterND, reduction "add") --------------------------------------------
+
+
+def scatter_nd_add(data: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.ndarray:
+    """``np.add.at`` over the index tuples in order (negative indices wrapped), in data's dtype:
+    float16 sums round to float16 after every addition, as the CPU kernel's do."""
+    out = data.copy()
+    k = indices.shape[-1]
+    tuples = indices.reshape(int(np.prod(indices.shape[:-1])), k)
+    slices = updates.reshape(len(tuples), *data.shape[k:])
+    if k == 0:  # every empty tuple selects all of data
+        for update in slices:
+            out += update
+        return out
+    wrapped = np.where(tuples < 0, tuples + np.array(data.shape[:k]), tuples)
+    np.add.at(out, tuple(wrapped.T), slices)
+    return out
+
+
+def scatter_nd_add_model(dtype: int, *, reduction: str | None = None, ranks: tuple[int, int, int] | None = None,
+                         op: str = "ScatterNDAdd", opset: int = 18) -> onnx.ModelProto:
+    """One ScatterNDAdd node (or ``op="ScatterND"``, reduction "add") on inputs data, indices,
+    updates of ``dtype`` (int64 indices), shapes left symbolic (of the given ranks) or unknown."""
+    def value(name, elem_type, rank):
+        return helper.make_tensor_value_info(name, elem_type, None if rank is None else [f"{name}{d}" for d in range(rank)])
+
+    data_rank, index_rank, update_rank = ranks or (None, None, None)
+    attributes = {"reduction": reduction} if reduction is not None else {}
+    if op == "ScatterND":
+        node = helper.make_node("ScatterND", ["data", "indices", "updates"], ["output"], name="scatter", reduction="add")
+    else:
+        node = helper.make_node(op, ["data", "indices", "updates"], ["output"], name="scatter", domain=nodes.DOMAIN,
+                                **attributes)
+    graph = helper.make_graph([node], "scatter", [value("data", dtype, data_rank),
+                                                  value("indices", onnx.TensorProto.INT64, index_rank),
+                                                  value("updates", dtype, update_rank)],
+                              [value("output", dtype, data_rank)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    nodes.import_domain(model)
+    return model
