@@ -235,6 +235,10 @@ INT8_AVG_CAST = "Cast"
 # input's type: clear, so it goes fp16 with the Gemm that reads it.
 ONNXCAMPO_DOMAIN = "ai.onnxcampo"
 ONNXCAMPO_OPS: dict[str, Category] = {"Im2Col": Category.CLEAR}
+# ScatterNDAdd (ScatterND with reduction "add", which build_train_step puts in place of onnx-ad's
+# Gather adjoints, onnxcampo/training/scatter.py) is UNKNOWN too, and fixed fp32 with the reason
+# of the accumulating scatters (classify 7b), whatever its attributes.
+CUSTOM_ACCUMULATING_SCATTERS = frozenset({(ONNXCAMPO_DOMAIN, "ScatterNDAdd")})
 
 _LISTS = {
     Category.ALLOW: ALLOW,

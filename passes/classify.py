@@ -16,7 +16,7 @@ Rules, in order (the first that matches decides):
    gradient and the optimizer update of a training step (``onnxcampo.training.scaling``);
 6. ops of custom domains and ops without an fp16 type at the model's opset stay fp32, and so do
    com.microsoft ops that ONNX Runtime's CUDA EP has no fp16 kernel for (FusedConv is registered
-   for float only), user inclusions too;
+   for float only), user inclusions too (``ai.onnxcampo::ScatterNDAdd`` with the reason of 7b);
 7. nodes reading a float constant with finite values beyond the fp16 range (|x| > 65504),
    directly or through data movement (Reshape, Transpose, ...), stay fp32 (a BatchNormalization variance of 1e8 clamped to 65504 is a different model), unless
    those values are "infinity" sentinels (|x| >= 1e30, e.g. a -3.4e38 attention mask), which
@@ -95,6 +95,8 @@ class Classify(PassBase):
             return Precision.FP32, Reason.TRAINING_FP32
         domain = node.domain or ""
         if domain not in oplists.DEFAULT_DOMAINS and domain != oplists.MS_DOMAIN and category is Category.UNKNOWN:
+            if (domain, node.op) in oplists.CUSTOM_ACCUMULATING_SCATTERS:
+                return Precision.FP32, Reason.ACCUMULATING_SCATTER
             return Precision.FP32, Reason.CUSTOM_DOMAIN  # (ai.onnxcampo's Im2Col has a category)
         if not sig.has_fp16 or not any(ctx.is_float32(t) for t in following):
             return Precision.FP32, (Reason.NO_FP16_SCHEMA if sig.schema_found else Reason.NO_FLOAT)
