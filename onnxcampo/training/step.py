@@ -31,6 +31,7 @@ from onnxcampo import ir
 from onnxcampo import ops
 from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
+from onnxcampo.training.scatter import fuse_scatter_add
 from onnxcampo.training.simplify import ALIAS_RULES, simplify_backward
 from onnxcampo.training.trainable import (check_trainable, forget_declared_shapes, constants_to_initializers,
                                           forward_values, select_trainable)
@@ -77,9 +78,11 @@ def build_train_step(
 ) -> onnx.ModelProto:
     """One training step as an ONNX model (see the module docstring for names).
 
-    ``fused``: the update as one ``ai.onnxcampo`` multi-tensor op, and (with ``simplify``) each
-    Conv weight gradient's im2col as one ``ai.onnxcampo::Im2Col`` (True), or in standard ONNX
-    ops (False); None picks the fused ops when the custom-op library is available.
+    ``fused``: the update as one ``ai.onnxcampo`` multi-tensor op, (with ``simplify``) each Conv
+    weight gradient's im2col as one ``ai.onnxcampo::Im2Col``, and every ``ScatterND`` with
+    ``reduction="add"`` (onnx-ad's Gather adjoints, :mod:`onnxcampo.training.scatter`) as
+    ``ai.onnxcampo::ScatterNDAdd`` (True), or all in standard ONNX ops (False); None picks the
+    fused ops when the custom-op library is available.
     ``simplify``: rewrite onnx-ad's backward graph with the same math in fewer, cheaper ops
     (:func:`onnxcampo.training.simplify.simplify_backward`); False keeps it as emitted.
     """
@@ -110,6 +113,8 @@ def build_train_step(
                 weight_decay=weight_decay)
     if simplify:  # the gradients' Reshape -> Identity -> Squeeze (seed axis off) become one Reshape
         simplify_backward(gradients, keep=[seed, prediction, *(f"{w}/grad" for w in weights)], rules=ALIAS_RULES)
+    if fused:  # onnx-ad's Gather adjoints (ScatterND, reduction "add"): one thread per element
+        fuse_scatter_add(gradients)
     gradients.metadata_props.add(key="onnxcampo.train_step", value=f"{loss},{optimizer}")
     gradients.metadata_props.add(key=FUSED_METADATA, value="1" if fused else "0")
     gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))
