@@ -78,5 +78,5 @@ def test_the_standalone_sessions_stand_alone_for_the_gpu_check():
     # scripts/check_fused_elementwise_cuda.py loads it by path where only onnxruntime and numpy are
     source = (ROOT / "onnxcampo" / "runtime" / "standalone.py").read_text()
     assert not re.search(r"^\s*(from|import) (onnxcampo|onnx\b)", source, re.M)
-    for script in ("check_fused_elementwise_cuda.py", "check_reduce_cuda.py"):
+    for script in ("check_fused_elementwise_cuda.py", "check_reduce_cuda.py", "check_scatter_cuda.py"):
         assert "onnxcampo/runtime/standalone.py" in (ROOT / "scripts" / script).read_text(), script

@@ -1,10 +1,10 @@
 """Sessions for scripts that run where onnxcampo is not installed: a model (bytes or a path) with
 the custom-op library registered, on one provider.
 
-Imports nothing of onnxcampo (nor onnx), on purpose: ``scripts/check_fused_elementwise_cuda.py``
-and ``scripts/check_reduce_cuda.py`` run on the GPU machine without onnxcampo installed and load
-this file by its path, so that this package stays the only code that creates ONNX Runtime
-sessions.
+Imports nothing of onnxcampo (nor onnx), on purpose: ``scripts/check_fused_elementwise_cuda.py``,
+``scripts/check_reduce_cuda.py`` and ``scripts/check_scatter_cuda.py`` run on the GPU machine
+without onnxcampo installed and load this file by its path, so that this package stays the only
+code that creates ONNX Runtime sessions.
 """
 
 from __future__ import annotations
