@@ -29,7 +29,8 @@ synchronising, one synchronisation per block: the device's throughput) and ``gra
 replays, one per run). Median ms per run; the timed outputs are checked against numpy too.
 
 Prints a line per check and a table of medians, writes everything as JSON to ``--out``, exits 1
-when a check fails (or a variant errs where it must run), 2 when the CUDA EP is missing.
+when a check of ScatterNDAdd fails (or it errs where it must run), 2 when the CUDA EP is missing.
+ORT's ScatterND is checked the same way, but only reported (``warn``): it is the baseline.
 ``--provider cpu --quick`` runs the same code on ORT's CPU provider (tests/ops/test_scatter_script.py).
 """
 
@@ -261,8 +262,11 @@ def check_cases(provider: str) -> list[dict]:
                     entry.update(ok=False, error="ran although an index is out of range")
                 else:
                     entry.update(compare(out, data, tuples, updates))
+                    if variant == "ScatterND":  # the baseline: a wrong result of ORT's is reported, not failed
+                        entry.update(matches_reference=entry["ok"], ok=True)
             reports.append(entry)
-            status = "FAIL" if not entry["ok"] else "skip" if "skipped" in entry else "ok"
+            status = ("FAIL" if not entry["ok"] else "skip" if "skipped" in entry
+                      else "warn" if entry.get("matches_reference") is False else "ok")
             detail = entry.get("error") or entry.get("skipped") or (
                 f"max error {entry['max_abs_error']:.3g} = {entry['worst_error_over_bound']:.3f} x bound, "
                 f"up to {entry['max_updates_per_element']} updates per element")
@@ -371,7 +375,7 @@ def timing(provider: str, rounds: int, block: int, quick: bool) -> list[dict]:
                     bound[key].runs(3)  # warm-up (and, for graph, the capture)
                 except Exception as exc:  # noqa: BLE001 - ORT's op may not capture: recorded
                     entry["variants"][key] = {"error": f"{type(exc).__name__}: {_message(exc)[:300]}",
-                                              "ok": mode == "graph" and variant == "ScatterND"}
+                                              "ok": variant == "ScatterND"}
         times = {key: [] for key in bound}
         for r in range(rounds):
             keys = list(bound)
@@ -383,7 +387,8 @@ def timing(provider: str, rounds: int, block: int, quick: bool) -> list[dict]:
         for key, values in times.items():
             check = compare(bound[key].output(), bench["data"], tuples, bench["updates"], expected)
             entry["variants"][key] = {"median_ms": statistics.median(values), "min_ms": min(values),
-                                      "blocks_ms": [round(v, 5) for v in values], "output": check, "ok": check["ok"]}
+                                      "blocks_ms": [round(v, 5) for v in values], "output": check,
+                                      "ok": check["ok"] or key.startswith("ScatterND/")}  # ORT's: reported only
         for mode in modes:
             standard, ours = (entry["variants"].get(f"{v}/{mode}", {}).get("median_ms") for v in VARIANTS)
             if standard and ours:
@@ -401,6 +406,10 @@ def timing(provider: str, rounds: int, block: int, quick: bool) -> list[dict]:
         bad = [key for key, value in entry["variants"].items() if not value["ok"]]
         if bad:
             print(f"  FAIL: {bad}", flush=True)
+        odd = [f"{key} ({value.get('error') or 'output off the reference'})" for key, value in entry["variants"].items()
+               if key.startswith("ScatterND/") and ("error" in value or not value["output"]["ok"])]
+        if odd:
+            print(f"  warn, ORT's op: {odd}", flush=True)
     return results
 
 
