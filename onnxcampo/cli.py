@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "over an im2col, seed-axis Transposes and no-op copies removed; same math)")
     tg.add_argument("--no-fused-ops", dest="fused_ops", action="store_false",
                     help="standard ONNX ops only (default, when the custom-op library is built: the update as "
-                         "one ai.onnxcampo multi-tensor op, each Conv weight gradient's im2col as one Im2Col)")
+                         "one ai.onnxcampo multi-tensor op, each Conv weight gradient's im2col as one Im2Col, "
+                         "onnx-ad's Gather adjoints (embedding gradients) as ScatterNDAdd)")
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
