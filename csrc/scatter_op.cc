@@ -2,9 +2,12 @@
 // execution providers: ONNX ScatterND with reduction="add" (scatter.h has the semantics; docs/ops.md
 // the decisions). This file reads and checks the call; scatter_cpu.cc and scatter.cu compute it.
 //
-// The op declares that output 0 may reuse input 0's buffer (MayInplace, as ORT's own ScatterND
-// kernels do): ORT then hands the kernel output == data when nothing else reads data later and data
-// is no initializer or graph input, and the kernels skip the copy. Otherwise they copy.
+// The kernels copy data into the output. The op could declare that output 0 may reuse input 0
+// (OrtCustomOp::GetMayInplace, as ORT's own ScatterND kernels do); tried with a computed data
+// tensor read by nothing else (onnxruntime 1.32, CPU), the output never aliased it (presumably:
+// ORT's planner reuses a buffer only when it can tell both are of one size, and it has no shape
+// for a custom op's output), so the op declares nothing. In step graphs data is onnx-ad's zeros
+// Constant, an initializer, which ORT does not reuse anyway.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
@@ -162,27 +165,13 @@ struct ScatterNDAddKernel {
   bool cuda;
 };
 
-size_t ORT_API_CALL OutputReusesData(int** input_index, int** output_index) {
-  *input_index = new int[1]{0};
-  *output_index = new int[1]{0};
-  return 1;
-}
-
-void ORT_API_CALL ReleaseReuse(int* input_index, int* output_index) {
-  delete[] input_index;
-  delete[] output_index;
-}
-
 // One op per element type (float32, float16) and execution provider: ORT merges ops of one name
 // into one schema whose type constraints are the union, and picks the kernel by the input types,
 // so an output's type is known when the model loads (ORT cannot infer the type of an untyped
 // output from two untyped inputs).
 template <ONNXTensorElementDataType kType>
 struct ScatterNDAddOp : Ort::CustomOpBase<ScatterNDAddOp<kType>, ScatterNDAddKernel, /*WithStatus=*/true> {
-  explicit ScatterNDAddOp(bool cuda) : cuda_(cuda) {
-    OrtCustomOp::GetMayInplace = OutputReusesData;
-    OrtCustomOp::ReleaseMayInplace = ReleaseReuse;
-  }
+  explicit ScatterNDAddOp(bool cuda) : cuda_(cuda) {}
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     try {
       *kernel = new ScatterNDAddKernel(info, cuda_);

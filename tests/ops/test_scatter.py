@@ -1,7 +1,6 @@
 """ScatterNDAdd's CPU kernel against numpy (np.add.at in index order, reference.py) bit for bit:
 float32 and float16, duplicate and negative indices, index tuples of 1, 2 and 3 entries and of
-none, empty tensors; the float16 rounding of every sum; the errors a user sees; and ONNX Runtime
-reusing data's buffer for the output."""
+none, empty tensors; the float16 rounding of every sum; and the errors a user sees."""
 
 from __future__ import annotations
 
@@ -155,10 +154,9 @@ def test_an_equal_float32_scatternd_of_onnx_runtime(library, sessions):
     np.testing.assert_array_equal(scatter(sessions, data, indices, updates), expected)
 
 
-def test_output_may_reuse_a_computed_data_buffer(library):
-    """data = x + 0 is read by the scatter only (ORT may hand the kernel output == data, the
-    kernel then skips its copy) and by the scatter and a second output (ORT must not): both
-    give numpy's result, run after run."""
+def test_a_computed_data_tensor_is_copied_not_changed(library):
+    """data = x + 0, read by the scatter only, and also by a second output (which must stay x):
+    the output is numpy's result, run after run."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal((6, 4)).astype(np.float32)
     indices = rng.integers(-6, 6, size=(9, 1))
