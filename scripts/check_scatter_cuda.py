@@ -26,7 +26,9 @@ index equal; float32; inputs and the pre-allocated output bound on the device (I
 ScatterND and ScatterNDAdd interleaved in rounds in one process, in three modes: ``sync`` (ORT
 synchronises after every run: launch overhead included), ``queued`` (runs queued without
 synchronising, one synchronisation per block: the device's throughput) and ``graph`` (CUDA-graph
-replays, one per run). Median ms per run; the timed outputs are checked against numpy too.
+replays, one per run). Median ms per run; the timed outputs are checked against numpy too. Where
+torch is installed, its profiler (CUPTI) also gives the device time of a run, kernels and the
+copy of data into the output, for both variants (optional).
 
 Prints a line per check and a table of medians, writes everything as JSON to ``--out``, exits 1
 when a check of ScatterNDAdd fails (or it errs where it must run), 2 when the CUDA EP is missing.
@@ -339,6 +341,25 @@ class Bound:
         return self.values["output"].numpy()
 
 
+def gpu_ms_per_run(bound: Bound, runs: int = 10) -> dict | None:
+    """The device time of one run (kernels and the copy of data) as CUPTI sees it through torch's
+    profiler; None without torch (optional: the wall times of a run also hold ORT's host work)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except Exception:  # noqa: BLE001 - torch is optional here
+        return None
+    bound.runs(1)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        bound.runs(runs)
+    events = [e for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+
+    def device_us(event) -> float:
+        return getattr(event, "self_device_time_total", 0.0) or getattr(event, "self_cuda_time_total", 0.0) or 0.0
+
+    return {"total_ms": sum(device_us(e) for e in events) / 1e3 / runs, "launches": sum(e.count for e in events) / runs,
+            "kernels_ms": {e.key[:100]: device_us(e) / 1e3 / runs for e in events}}
+
+
 def cuda_graph_check(bench: dict, provider: str) -> dict:
     """Three replays of a captured ScatterNDAdd, each equal to the reference."""
     tuples = effective_indices(bench["data"].shape, bench["indices"], provider)
@@ -393,6 +414,8 @@ def timing(provider: str, rounds: int, block: int, quick: bool) -> list[dict]:
             standard, ours = (entry["variants"].get(f"{v}/{mode}", {}).get("median_ms") for v in VARIANTS)
             if standard and ours:
                 entry.setdefault("speedup", {})[mode] = standard / ours
+        if provider == "cuda":  # CUPTI's device time a run, where torch is there
+            entry["gpu"] = {v: gpu_ms_per_run(bound[f"{v}/sync"]) for v in VARIANTS if f"{v}/sync" in bound}
         results.append(entry)
         print(f"\n{bench['name']}: data {entry['data']}, indices {entry['indices']} ({entry['distinct_rows']} distinct "
               f"rows, up to {entry['max_duplicates']} per row)", flush=True)
@@ -403,6 +426,10 @@ def timing(provider: str, rounds: int, block: int, quick: bool) -> list[dict]:
                 cells.append(f"{variant} {value['median_ms']:.4f} ms" if "median_ms" in value else f"{variant} error")
             speed = entry.get("speedup", {}).get(mode)
             print(f"  {mode:6} " + "   ".join(cells) + (f"   speed-up {speed:.1f}x" if speed else ""), flush=True)
+        if any(entry.get("gpu", {}).values()):
+            print("  device time a run (CUPTI): " + "   ".join(
+                f"{v} {g['total_ms']:.4f} ms in {g['launches']:.0f} launches" if g else f"{v} -"
+                for v, g in entry["gpu"].items()), flush=True)
         bad = [key for key, value in entry["variants"].items() if not value["ok"]]
         if bad:
             print(f"  FAIL: {bad}", flush=True)
