@@ -18,6 +18,7 @@
 //   Im2Col[kernel_shape, strides, dilations, pads](x) -> columns  (a Conv's column matrix; im2col_op.cc)
 //   BlockReduceSum[sizes, output_type, output_shape](x) -> y   (x as [P, Q, R], summed over P and
 //       R in float32: reduce_op.cc, reduce.h)
+//   ScatterNDAdd(data, indices, updates) -> output  (ONNX ScatterND, reduction "add"; scatter_op.cc)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
