@@ -20,7 +20,8 @@ Inference (ONNX Runtime):
                     ``--fuse-elementwise`` (elementwise chains and their Casts as FusedElementwise
                     nodes); campo-fused-graph the same planned for and replayed as a CUDA graph
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
-    fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused
+    fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused, campo-reduce
+    (``--fuse-reductions`` alone)
     torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see torch_twins.py)
 
 Anchors, what a user picks today and what campo must beat: fp32 (TF32), occ-fp16, ort-fp16,
@@ -43,13 +44,13 @@ import onnx
 
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
-GRAPH_POLICIES = ("fp32-graph", "fp16-graph", "campo-graph", "campo-fused-graph")
+GRAPH_POLICIES = ("fp32-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph")
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
-                      "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "fp32-graph",
-                      "fp16-graph", "campo-graph", "campo-fused-graph")
+                      "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
+                      "fp32-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph")
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
-                     "campo-fused",
+                     "campo-fused", "campo-reduce",
                      *GRAPH_POLICIES,
                      *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp")
@@ -69,7 +70,10 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # all fusions of the custom-op library: block ReduceSums as BlockReduceSum, elementwise
              # chains as FusedElementwise (their Casts folded into both)
              "campo-fused": {"policy": "campo", **FUSIONS},
-             "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS}}
+             "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
+             # the reductions alone (BlockReduceSum), without FusedElementwise
+             "campo-reduce": {"policy": "campo", "fuse_reductions": True},
+             "campo-reduce-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_reductions": True}}
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
