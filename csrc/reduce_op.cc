@@ -52,6 +52,13 @@ std::string ShapeText(const std::vector<int64_t>& dims) {
   return text + "]";
 }
 
+// The type y is written in: output_type, or float32 for a float16 y when x was planned in float16
+// (`input_type`) and arrives as float32 (ORT's CPU provider running the node in fp32).
+int64_t WrittenType(int64_t declared, ONNXTensorElementDataType actual, int64_t output_type) {
+  const bool in_float32 = declared == kHalf && actual == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  return in_float32 && output_type == kHalf ? kFloat : output_type;
+}
+
 // sizes, output_type and output_shape checked as the kernel and the shape inference read them;
 // returns "" or what is wrong.
 std::string CheckAttributes(const std::vector<int64_t>& sizes, int64_t output_type, const std::vector<int64_t>& shape) {
@@ -97,6 +104,14 @@ struct BlockReduceSumKernel {
     const std::string error = CheckAttributes(sizes, output_type, shape);
     if (!error.empty()) Fail(who, error);
     P = sizes[0], Q = sizes[1], R = sizes[2];
+    int64_t declared = 0;
+    status = Ort::GetApi().KernelInfoGetAttribute_int64(info, "input_type", &declared);
+    if (status != nullptr) {  // absent: no fp32 run
+      Ort::GetApi().ReleaseStatus(status);
+      declared = 0;
+    }
+    const auto actual = kernel_info.GetInputTypeInfo(0).GetTensorTypeAndShapeInfo().GetElementType();
+    output_type = WrittenType(declared, actual, output_type);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -224,7 +239,11 @@ bool InferInt(OrtShapeInferContext* ctx, const char* name, int64_t* value) {
   return true;
 }
 
-// y's element type from output_type and its shape from output_shape (or [Q]). Attributes that
+// y's element type from output_type and its shape from output_shape (or [Q]). With `input_type`
+// (the type x was planned in) float16 and x arriving as float32, ORT's CPU provider runs the
+// node in fp32 (its InsertCastTransformer casts around an fp16 node whose neighbours have no
+// fp16 CPU kernels, and makes the node's fp16 tensors fp32): a float16 y is then written as
+// float32 (the float32 sum rounded to float16 first, which the Cast after it keeps exactly). Attributes that
 // the kernel would refuse leave y as ORT's own inference left it (x's type, no shape); the
 // kernel's creation then says what is wrong. ORT ignores the returned status; nothing throws.
 OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
@@ -232,11 +251,18 @@ OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferC
   OrtTensorTypeAndShapeInfo* out = nullptr;
   try {
     std::vector<int64_t> sizes, shape;
-    int64_t output_type = kFloat;
+    int64_t output_type = kFloat, declared = 0;
     if (!InferInts(ctx, "sizes", &sizes) || sizes.size() != 3) return nullptr;
     if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloat;
     if (!InferInts(ctx, "output_shape", &shape)) shape = {sizes[1]};
     if (!CheckAttributes(sizes, output_type, shape).empty()) return nullptr;
+    if (InferInt(ctx, "input_type", &declared)) {
+      OrtTensorTypeAndShapeInfo* x = nullptr;  // owned by the context
+      ONNXTensorElementDataType actual = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, 0, &x));
+      Ort::ThrowOnError(api.GetTensorElementType(x, &actual));
+      output_type = WrittenType(declared, actual, output_type);
+    }
     Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
     Ort::ThrowOnError(api.SetTensorElementType(out, static_cast<ONNXTensorElementDataType>(output_type)));
     Ort::ThrowOnError(api.SetDimensions(out, shape.data(), shape.size()));

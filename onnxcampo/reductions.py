@@ -197,7 +197,7 @@ def fuse_reductions(model: onnx.ModelProto) -> ReductionFusionResult:
         out_type, out_shape = dtype(chain.output), list(static(chain.output))
         made[id(last)] = op_nodes.block_reduce_sum(
             chain.x, output=chain.output, sizes=chain.sizes, output_type=out_type, output_shape=out_shape,
-            name=edit.fresh(last.name or "block_reduce_sum"))
+            input_type=dtype(chain.x), name=edit.fresh(last.name or "block_reduce_sum"))
         result.fused += 1
         result.reductions += chain.reductions
         result.casts += sum(n.op_type == "Cast" for n in chain.nodes)

@@ -41,7 +41,7 @@ def reference_op():
     class BlockReduceSum(OpRun):
         op_domain = "ai.onnxcampo"
 
-        def _run(self, x, sizes=None, output_type=None, output_shape=None):
+        def _run(self, x, sizes=None, output_type=None, output_shape=None, input_type=None):
             return (reference(x, list(sizes), FLOAT if output_type is None else int(output_type),
                               None if output_shape is None else list(output_shape)),)
 

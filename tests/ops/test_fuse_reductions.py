@@ -138,3 +138,33 @@ def test_training_steps_with_fused_reductions_match_the_unfused_steps(library, p
         if "loss_scale" in feeds:
             feeds["loss_scale"] = np.full(feeds["loss_scale"].shape, 1024.0, np.float32)
         _close(run(a, feeds), run(b, feeds), [o.name for o in a.get_outputs()], half_sums=policy == "fp16")
+
+
+def test_an_fp16_reduction_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there():
+    """ORT's CPU provider runs an fp16 node whose neighbours have no fp16 CPU kernels in fp32 (its
+    InsertCastTransformer); BlockReduceSum, told its input's planned type, then writes its fp16
+    output as fp32. A wiring check on ORT CPU: the values match the unfused model's."""
+    import numpy as np
+    import onnx
+
+    from onnxcampo import ir
+    from onnxcampo.reductions import fuse_reductions
+    from onnxcampo.runtime import make_session
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float16[64,8] x) => (float16[8] y) {
+      s = Softmax <axis = -1> (x)
+      axes = Constant <value = int64[1] {0}> ()
+      r = ReduceSum <keepdims = 0> (s, axes)
+      y = Softmax <axis = -1> (r)
+    }
+    """)
+    ir.name_nodes(model)
+    feeds = {"x": np.random.default_rng(6).standard_normal((64, 8)).astype(np.float16)}
+    want = make_session(model).run(None, feeds)[0]
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    assert fuse_reductions(fused).fused == 1
+    got = make_session(fused).run(None, feeds)[0]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3)
