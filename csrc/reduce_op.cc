@@ -243,7 +243,7 @@ bool InferInt(OrtShapeInferContext* ctx, const char* name, int64_t* value) {
 // (the type x was planned in) float16 and x arriving as float32, ORT's CPU provider runs the
 // node in fp32 (its InsertCastTransformer casts around an fp16 node whose neighbours have no
 // fp16 CPU kernels, and makes the node's fp16 tensors fp32): a float16 y is then written as
-// float32 (the float32 sum rounded to float16 first, which the Cast after it keeps exactly). Attributes that
+// float32, the float32 sum itself (ORT casts it where a reader needs float16). Attributes that
 // the kernel would refuse leave y as ORT's own inference left it (x's type, no shape); the
 // kernel's creation then says what is wrong. ORT ignores the returned status; nothing throws.
 OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
