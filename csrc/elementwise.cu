@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(kThreads) FusedElementwiseKernel(const __grid_
 // held in eight scalars, each read and written through a switch on the register index: the
 // compiler keeps them in hardware registers (no shared or local memory), at the price of a
 // branch per operand. Which of the two kernels is faster on which programs is measured by
-// scripts/check_fused_elementwise_cuda.py (ONNXCAMPO_EW_KERNEL=file|registers|auto picks one;
-// auto, the default, takes this one when the program fits).
+// scripts/check_fused_elementwise_cuda.py: ONNXCAMPO_EW_KERNEL=registers takes this one for the
+// programs that fit; until it has been checked on a GPU the default stays the shared-memory kernel.
 constexpr int kSmallRegisters = 8;
 constexpr int kSmallThreads = 256;
 constexpr int kSmallBlocksPerSm = 8;
@@ -314,15 +314,13 @@ __global__ void __launch_bounds__(kSmallThreads) FusedElementwiseSmallKernel(con
   }
 }
 
-// "file", "registers" or "auto" (the default), from ONNXCAMPO_EW_KERNEL, read once.
-int KernelChoice() {
-  static const int choice = [] {
+// Whether ONNXCAMPO_EW_KERNEL=registers asks for the small-program kernel (read once).
+bool RegistersKernel() {
+  static const bool chosen = [] {
     const char* value = std::getenv("ONNXCAMPO_EW_KERNEL");
-    if (value == nullptr) return 0;
-    const std::string text(value);
-    return text == "file" ? 1 : text == "registers" ? 2 : 0;
+    return value != nullptr && std::string(value) == "registers";
   }();
-  return choice;
+  return chosen;
 }
 
 bool Aligned(const void* pointer, bool half) {
@@ -369,8 +367,7 @@ void FusedElementwiseCuda(const Program& program, const Layout& layout, void* st
   for (int k = 0; k < layout.outputs; ++k) {
     if (Aligned(layout.out[k], layout.out_half >> k & 1)) params.out_aligned |= 1u << k;
   }
-  const int choice = KernelChoice();
-  if (program.registers <= kSmallRegisters && choice != 1) {
+  if (program.registers <= kSmallRegisters && RegistersKernel()) {
     const int64_t wanted = (layout.n + kSmallThreads - 1) / kSmallThreads;
     const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, MaxBlocks() / kBlocksPerSm * kSmallBlocksPerSm)));
     const bool small_index = layout.n < (int64_t{1} << 31);
