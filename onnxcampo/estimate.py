@@ -19,7 +19,9 @@ With ``fuse_elementwise`` a Cast next to an elementwise op that ``--fuse-element
 (``onnxcampo.elementwise_fusion``: the tensor's producer, or every reader needing the Cast, is
 such an op) is folded into that op's fused kernel: it costs no launch and only the memory pass
 it adds to the kernel (:data:`FOLDED_CAST_SHARE` of a Cast's memory time: one of the Cast's three
-passes, reading 4 and writing 2 bytes an element, is left).
+passes, reading 4 and writing 2 bytes an element, is left). With ``fuse_reductions`` a Cast to fp32
+whose every reader is an fp32 ReduceSum costs nothing: ``--fuse-reductions`` folds it into the BlockReduceSum,
+which reads either type (``onnxcampo.reductions``).
 """
 
 from __future__ import annotations
@@ -203,6 +205,8 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
         casts = tensor_casts(ctx, tensor, precision_of)
         if not casts:
             continue
+        if ctx.config.fuse_reductions and _reduction_reads(ctx, tensor, precision_of):
+            continue  # BlockReduceSum reads the tensor itself, in either type: no pass, no launch
         if folding and _cast_folds(ctx, tensor):
             memory = ctx.cost.cast_time(ctx.numel(tensor)) - ctx.cost.cast_time(0)
             total += casts * FOLDED_CAST_SHARE * max(memory, 0.0)
@@ -210,6 +214,14 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
         count += casts
         total += casts * ctx.cost.cast_time(ctx.numel(tensor))
     return total, count
+
+
+def _reduction_reads(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:
+    """Whether every reader of ``tensor`` is an fp32 ReduceSum (``--fuse-reductions`` folds a Cast
+    to fp32 in front of one into its BlockReduceSum; a Cast to fp16 rounds every element and stays)."""
+    readers = [use.node for use in ctx.uses(tensor)]
+    return bool(readers) and all(n.op == "ReduceSum" and (n.domain or "") in oplists.DEFAULT_DOMAINS
+                                 and precision_of(n.name) is Precision.FP32 for n in readers)
 
 
 def _cast_folds(ctx: GraphContext, tensor: gs.Tensor) -> bool:

@@ -315,3 +315,19 @@ def test_with_fuse_elementwise_a_cast_next_to_a_fused_op_costs_its_memory_share_
             assert x_cast == (4.0, 1) and m_cast == (4.0, 1)
         else:  # Relu's chain writes the fp16 copy; m's readers include a MatMul: a Cast of its own
             assert x_cast == (pytest.approx(1.0), 0) and m_cast == (4.0, 1)
+
+
+def test_with_fuse_reductions_a_cast_read_only_by_reduce_sums_costs_nothing():
+    model = parse("""
+    g (float[64,64] x, float[64,64] w) => (float[64] y) {
+      [mm] m = MatMul(x, w)
+      [sum] y = ReduceSum <keepdims = 0, axes = [0]> (m)
+    }
+    """.replace("<keepdims = 0, axes = [0]> (m)", "<keepdims = 0> (m, axes)").replace(
+        "[mm] m = MatMul(x, w)", "axes = Constant <value = int64[1] {0}> ()\n      [mm] m = MatMul(x, w)"))
+    for fused in (False, True):
+        planning = build_context(model, cost=MemoryCost(), fuse_reductions=fused)
+        decide(planning, mm="fp16")
+        nodes = {n.name: n for n in planning.nodes}
+        cast = estimate.casts_time(planning, [nodes["mm"].outputs[0]], planning.plan.precision)
+        assert cast == ((0.0, 0) if fused else (pytest.approx(1.0 + 3.0 * 64 * 64 / 1000), 1))
