@@ -35,86 +35,79 @@ inline std::string NodeWho(const char* op, const OrtKernelInfo* info) {
 
 // ---- attributes at kernel creation, read without throwing ----------------------------------
 
-// An ints / floats attribute: `found` says whether the node has it ({} when not).
-inline std::vector<int64_t> IntsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
+// An array attribute read with `read` (an OrtApi KernelInfoGetAttributeArray_*): `found` says
+// whether the node has it ({} when not).
+template <typename T, typename Read>
+std::vector<T> ArrayAttribute(Read read, const OrtKernelInfo* info, const char* name, bool* found) {
   size_t size = 0;
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
-  std::vector<int64_t> values(size);
-  if (status == nullptr && size > 0) status = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, values.data(), &size);
+  OrtStatus* status = read(info, name, nullptr, &size);
+  std::vector<T> values(size);
+  if (status == nullptr && size > 0) status = read(info, name, values.data(), &size);
   *found = status == nullptr;
   if (status != nullptr) Ort::GetApi().ReleaseStatus(status);
-  return *found ? values : std::vector<int64_t>{};
+  return *found ? values : std::vector<T>{};
+}
+
+// A scalar attribute read with `read` (an OrtApi KernelInfoGetAttribute_*), `fallback` when the
+// node does not have it.
+template <typename T, typename Read>
+T ScalarAttribute(Read read, const OrtKernelInfo* info, const char* name, T fallback) {
+  T value = fallback;
+  OrtStatus* status = read(info, name, &value);
+  if (status != nullptr) {
+    Ort::GetApi().ReleaseStatus(status);
+    return fallback;
+  }
+  return value;
+}
+
+inline std::vector<int64_t> IntsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
+  return ArrayAttribute<int64_t>(Ort::GetApi().KernelInfoGetAttributeArray_int64, info, name, found);
 }
 
 inline std::vector<float> FloatsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
-  size_t size = 0;
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttributeArray_float(info, name, nullptr, &size);
-  std::vector<float> values(size);
-  if (status == nullptr && size > 0) status = Ort::GetApi().KernelInfoGetAttributeArray_float(info, name, values.data(), &size);
-  *found = status == nullptr;
-  if (status != nullptr) Ort::GetApi().ReleaseStatus(status);
-  return *found ? values : std::vector<float>{};
+  return ArrayAttribute<float>(Ort::GetApi().KernelInfoGetAttributeArray_float, info, name, found);
 }
 
-// An int / float attribute, `fallback` when the node does not have it.
 inline int64_t IntAttribute(const OrtKernelInfo* info, const char* name, int64_t fallback) {
-  int64_t value = fallback;
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value);
-  if (status != nullptr) {
-    Ort::GetApi().ReleaseStatus(status);
-    return fallback;
-  }
-  return value;
+  return ScalarAttribute<int64_t>(Ort::GetApi().KernelInfoGetAttribute_int64, info, name, fallback);
 }
 
 inline float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback) {
-  float value = fallback;
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &value);
-  if (status != nullptr) {
-    Ort::GetApi().ReleaseStatus(status);
-    return fallback;
-  }
-  return value;
+  return ScalarAttribute<float>(Ort::GetApi().KernelInfoGetAttribute_float, info, name, fallback);
 }
 
 // ---- attributes in shape inference, read with the C API (statuses released; no throw) -------
 
-inline bool InferInts(const OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* values) {
-  const OrtApi& api = Ort::GetApi();
+// True when `status` is null (success); a status is released.
+inline bool Succeeded(OrtStatus* status) {
+  if (status == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(status);
+  return false;
+}
+
+// The attribute `name` of the node, or null when it has none.
+inline const OrtOpAttr* InferAttribute(const OrtShapeInferContext* ctx, const char* name) {
   const OrtOpAttr* attr = nullptr;
-  OrtStatus* status = api.ShapeInferContext_GetAttribute(ctx, name, &attr);
-  if (status != nullptr || attr == nullptr) {
-    if (status != nullptr) api.ReleaseStatus(status);
-    return false;
-  }
+  if (!Succeeded(Ort::GetApi().ShapeInferContext_GetAttribute(ctx, name, &attr))) return nullptr;
+  return attr;
+}
+
+inline bool InferInts(const OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* values) {
+  const OrtOpAttr* attr = InferAttribute(ctx, name);
+  if (attr == nullptr) return false;
   size_t bytes = 0;
-  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes);  // asks for the size
-  if (status != nullptr) api.ReleaseStatus(status);
+  Succeeded(Ort::GetApi().ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes));  // asks for the size
   values->assign(bytes / sizeof(int64_t), 0);
   if (values->empty()) return true;
-  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, values->data(), bytes, &bytes);
-  if (status != nullptr) {
-    api.ReleaseStatus(status);
-    return false;
-  }
-  return true;
+  return Succeeded(Ort::GetApi().ReadOpAttr(attr, ORT_OP_ATTR_INTS, values->data(), bytes, &bytes));
 }
 
 inline bool InferInt(const OrtShapeInferContext* ctx, const char* name, int64_t* value) {
-  const OrtApi& api = Ort::GetApi();
-  const OrtOpAttr* attr = nullptr;
-  OrtStatus* status = api.ShapeInferContext_GetAttribute(ctx, name, &attr);
-  if (status != nullptr || attr == nullptr) {
-    if (status != nullptr) api.ReleaseStatus(status);
-    return false;
-  }
+  const OrtOpAttr* attr = InferAttribute(ctx, name);
+  if (attr == nullptr) return false;
   size_t bytes = 0;
-  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INT, value, sizeof(*value), &bytes);
-  if (status != nullptr) {
-    api.ReleaseStatus(status);
-    return false;
-  }
-  return true;
+  return Succeeded(Ort::GetApi().ReadOpAttr(attr, ORT_OP_ATTR_INT, value, sizeof(*value), &bytes));
 }
 
 // ---- small checks and texts -----------------------------------------------------------------
