@@ -26,6 +26,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_util.h"
 #include "elementwise.h"
 
 namespace onnxcampo {
@@ -43,24 +44,7 @@ struct Params {
 };
 static_assert(sizeof(Params) <= 4096, "FusedElementwise kernel parameter exceeds 4 KB");
 
-void Check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("onnxcampo_ops CUDA error in ") + what + ": " + cudaGetErrorString(status));
-  }
-}
-
-int MaxBlocks() {
-  static thread_local int device = -1, blocks = 0;
-  int current = 0;
-  Check(cudaGetDevice(&current), "cudaGetDevice");
-  if (current != device) {
-    int sms = 0;
-    Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "cudaDeviceGetAttribute");
-    device = current;
-    blocks = sms * kBlocksPerSm;
-  }
-  return blocks;
-}
+int MaxBlocks() { return MultiprocessorCount() * kBlocksPerSm; }
 
 template <typename Index, bool kStrided>
 __global__ void __launch_bounds__(kThreads) FusedElementwiseKernel(const __grid_constant__ Params p) {
@@ -388,7 +372,7 @@ void FusedElementwiseCuda(const Program& program, const Layout& layout, void* st
   } else {
     Launch<int64_t>(params, blocks, stream);
   }
-  Check(cudaGetLastError(), "FusedElementwise launch");
+  CudaCheck(cudaGetLastError(), "FusedElementwise launch");
 }
 
 }  // namespace ew

@@ -15,18 +15,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_util.h"
 #include "im2col.h"
 
 namespace onnxcampo {
 namespace {
 
 constexpr int kThreads = 256;
-
-void Check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("onnxcampo_ops CUDA error in ") + what + ": " + cudaGetErrorString(status));
-  }
-}
 
 // n / d and n % d for 0 <= n < 2^31 and 1 <= d < 2^31 (Granlund-Montgomery; ORT's fast_divmod).
 struct FastDivmod {
@@ -89,15 +84,7 @@ __global__ void __launch_bounds__(kThreads) Im2Col64(const T* __restrict__ x, T*
 }
 
 int BlocksFor(int64_t total) {
-  static thread_local int device = -1, most = 0;
-  int current = 0;
-  Check(cudaGetDevice(&current), "cudaGetDevice");
-  if (current != device) {
-    int sms = 0;
-    Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "cudaDeviceGetAttribute");
-    device = current;
-    most = sms * (2048 / kThreads);  // one wave of resident blocks; the grid-stride loop does the rest
-  }
+  const int most = MultiprocessorCount() * (2048 / kThreads);  // one wave of resident blocks; the grid-stride loop does the rest
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(most, (total + kThreads - 1) / kThreads)));
 }
 
@@ -133,7 +120,7 @@ void Launch(const Im2ColArgs& g, cudaStream_t stream) {
     const Geometry64 q{columns, g.wo, g.ho, a.kw, a.kh, g.c, g.h, g.w, a.sh, a.sw, a.dh, a.dw, a.pt, a.pl, total};
     Im2Col64<T><<<blocks, kThreads, 0, stream>>>(x, out, q);
   }
-  Check(cudaGetLastError(), "Im2Col launch");
+  CudaCheck(cudaGetLastError(), "Im2Col launch");
 }
 
 }  // namespace

@@ -6,52 +6,16 @@
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
 
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "im2col.h"
+#include "op_util.h"
 
 namespace onnxcampo {
 namespace {
 
 constexpr const char* kName = "Im2Col";
-
-// The ints attribute `name`; *present = false (and {}) when the node does not have it.
-std::vector<int64_t> KernelInts(const OrtKernelInfo* info, const char* name, bool* present) {
-  const OrtApi& api = Ort::GetApi();
-  size_t size = 0;
-  OrtStatus* status = api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
-  if (status != nullptr) {
-    api.ReleaseStatus(status);
-    *present = false;
-    return {};
-  }
-  std::vector<int64_t> values(size);
-  if (size > 0) Ort::ThrowOnError(api.KernelInfoGetAttributeArray_int64(info, name, values.data(), &size));
-  *present = true;
-  return values;
-}
-
-// The same during ORT's shape inference (no exception escapes: the caller is C).
-bool InferInts(const OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* values) {
-  const OrtApi& api = Ort::GetApi();
-  const OrtOpAttr* attr = nullptr;
-  if (OrtStatus* status = api.ShapeInferContext_GetAttribute(ctx, name, &attr)) {
-    api.ReleaseStatus(status);
-    return false;
-  }
-  if (attr == nullptr) return false;
-  size_t bytes = 0;
-  if (OrtStatus* status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes)) api.ReleaseStatus(status);
-  values->assign(bytes / sizeof(int64_t), 0);
-  if (bytes == 0) return true;
-  if (OrtStatus* status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, values->data(), bytes, &bytes)) {
-    api.ReleaseStatus(status);
-    return false;
-  }
-  return true;
-}
 
 std::vector<int64_t> Or(std::vector<int64_t> value, bool present, std::vector<int64_t> fallback) {
   return present ? value : fallback;
@@ -113,36 +77,22 @@ OrtStatusPtr InferIm2Col(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept
 
 struct Im2ColKernel {
   Im2ColKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    try {
-      node = Ort::ConstKernelInfo(info).GetNodeName();
-    } catch (const std::exception&) {
-      node.clear();
-    }
+    who = NodeWho(kName, info);
     bool have_kernel = false, have_strides = false, have_dilations = false, have_pads = false;
-    const auto kernel_shape = KernelInts(info, "kernel_shape", &have_kernel);
-    const auto strides = KernelInts(info, "strides", &have_strides);
-    const auto dilations = KernelInts(info, "dilations", &have_dilations);
-    const auto pads = KernelInts(info, "pads", &have_pads);
+    const auto kernel_shape = IntsAttribute(info, "kernel_shape", &have_kernel);
+    const auto strides = IntsAttribute(info, "strides", &have_strides);
+    const auto dilations = IntsAttribute(info, "dilations", &have_dilations);
+    const auto pads = IntsAttribute(info, "pads", &have_pads);
     const std::string why = Im2ColCheck(kernel_shape, Or(strides, have_strides, {1, 1}),
                                         Or(dilations, have_dilations, {1, 1}), Or(pads, have_pads, {0, 0, 0, 0}),
                                         have_kernel, &attrs);
     if (!why.empty()) Fail(why);
   }
 
-  [[noreturn]] void Fail(const std::string& message) const {
-    throw Ort::Exception(std::string(kName) + (node.empty() ? "" : " node '" + node + "'") + ": " + message,
-                         ORT_INVALID_ARGUMENT);
-  }
+  [[noreturn]] void Fail(const std::string& message) const { onnxcampo::Fail(who, message); }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status(e.what(), ORT_RUNTIME_EXCEPTION).release();
-    }
+    return StatusOf([&] { Compute(context); }, "", ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -168,52 +118,19 @@ struct Im2ColKernel {
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return Im2ColCuda(args, ctx.GetGPUComputeStream());
 #endif
-    Im2ColCpu(args, Runner(ctx));
-  }
-
-  // Tasks on the session's intra-op pool (one task runs here, without the pool).
-  static ParallelRunner Runner(Ort::KernelContext& ctx) {
-    struct Job {
-      const std::function<void(size_t)>* task;
-    };
-    return [&ctx](size_t count, const std::function<void(size_t)>& task) {
-      if (count <= 1) {
-        for (size_t i = 0; i < count; ++i) task(i);
-        return;
-      }
-      Job job{&task};
-      ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Job*>(data)->task)(i); }, count, 0, &job);
-    };
+    Im2ColCpu(args, ThreadPoolRunner(ctx));
   }
 
   bool cuda;
-  std::string node;
+  std::string who;
   Im2ColAttrs attrs;
 };
 
 // One input and one output of undefined type: ORT's custom-op type inference gives the output
 // the input's type; InferIm2Col adds the shape.
-struct Im2ColCustomOp : Ort::CustomOpBase<Im2ColCustomOp, Im2ColKernel, /*WithStatus=*/true> {
-  explicit Im2ColCustomOp(bool cuda) : cuda_(cuda) { OrtCustomOp::InferOutputShapeFn = InferIm2Col; }
-  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new Im2ColKernel(info, cuda_);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status(e.what(), ORT_INVALID_ARGUMENT).release();
-    }
-  }
+struct Im2ColCustomOp : UntypedUnaryOp<Im2ColCustomOp, Im2ColKernel> {
+  explicit Im2ColCustomOp(bool cuda) : UntypedUnaryOp(cuda) { OrtCustomOp::InferOutputShapeFn = InferIm2Col; }
   const char* GetName() const { return kName; }
-  const char* GetExecutionProviderType() const { return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-
- private:
-  bool cuda_;
 };
 
 }  // namespace

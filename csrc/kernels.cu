@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_util.h"
 #include "kernels.h"
 
 namespace onnxcampo {
@@ -45,22 +46,8 @@ struct Table {
 };
 static_assert(sizeof(Table<7>) <= kParamBytes, "AdamW table exceeds the kernel parameter space");
 
-void Check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("onnxcampo_ops CUDA error in ") + what + ": " + cudaGetErrorString(status));
-  }
-}
-
 int GridFor(int tiles) {
-  static thread_local int device = -1, blocks = 0;
-  int current = 0;
-  Check(cudaGetDevice(&current), "cudaGetDevice");
-  if (current != device) {
-    int sms = 0;
-    Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "cudaDeviceGetAttribute");
-    device = current;
-    blocks = sms * (2048 / kThreads);
-  }
+  const int blocks = MultiprocessorCount() * (2048 / kThreads);
   return std::max(1, std::min(tiles, blocks));
 }
 
@@ -262,7 +249,7 @@ __global__ void __launch_bounds__(kThreads) AdamWKernel(const __grid_constant__ 
 
 void UnscaleCheckFiniteCuda(const UnscaleArgs& args, void* stream_handle) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  Check(cudaMemsetAsync(args.found_inf, 0, sizeof(bool), stream), "cudaMemsetAsync(found_inf)");
+  CudaCheck(cudaMemsetAsync(args.found_inf, 0, sizeof(bool), stream), "cudaMemsetAsync(found_inf)");
   Table<2> table;
   size_t next = 0;
   do {
@@ -270,7 +257,7 @@ void UnscaleCheckFiniteCuda(const UnscaleArgs& args, void* stream_handle) {
       return p == 0 ? args.grads.data[k] : args.out[k];
     });
     UnscaleKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.inv_scale, args.found_inf);
-    Check(cudaGetLastError(), "UnscaleCheckFinite launch");
+    CudaCheck(cudaGetLastError(), "UnscaleCheckFinite launch");
   } while (next < args.grads.count());
 }
 
@@ -291,7 +278,7 @@ void MultiTensorSgdCuda(const SgdArgs& args, void* stream_handle) {
     });
     SgdKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.lr, args.found_inf.data, args.found_inf.is_float,
                                                              args.momentum, has_velocity);
-    Check(cudaGetLastError(), "MultiTensorSGD launch");
+    CudaCheck(cudaGetLastError(), "MultiTensorSGD launch");
   } while (next < args.grads.count());
 }
 
@@ -308,7 +295,7 @@ void MultiTensorAdamWCuda(const AdamWArgs& args, void* stream_handle) {
     });
     AdamWKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.lr, args.step, args.step_out, args.found_inf.data,
                                                                args.found_inf.is_float, hyper);
-    Check(cudaGetLastError(), "MultiTensorAdamW launch");
+    CudaCheck(cudaGetLastError(), "MultiTensorAdamW launch");
   } while (next < args.grads.count());
 }
 

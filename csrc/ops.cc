@@ -37,6 +37,7 @@
 #include "elementwise.h"
 #include "im2col.h"
 #include "kernels.h"
+#include "op_util.h"
 #include "scatter.h"
 
 namespace onnxcampo {
@@ -46,39 +47,6 @@ void AddBlockReduceSumOps(Ort::CustomOpDomain& domain);  // reduce_op.cc
 namespace {
 
 constexpr const char* kDomain = "ai.onnxcampo";
-constexpr const char* kCpu = "CPUExecutionProvider";
-constexpr const char* kCuda = "CUDAExecutionProvider";
-
-[[noreturn]] void Fail(const std::string& op, const std::string& message) {
-  throw Ort::Exception(op + ": " + message, ORT_INVALID_ARGUMENT);
-}
-
-float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback) {
-  float value = fallback;
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_float(info, name, &value);
-  if (status != nullptr) {  // absent: the documented default
-    Ort::GetApi().ReleaseStatus(status);
-    return fallback;
-  }
-  return value;
-}
-
-// Runs tasks on the session's intra-op thread pool (ORT runs them on the calling thread when
-// the session has one thread); a single task runs here without touching the pool. `ctx` must
-// outlive the runner.
-ParallelRunner ThreadPoolRunner(Ort::KernelContext& ctx) {
-  struct Job {
-    const std::function<void(size_t)>* task;
-  };
-  return [&ctx](size_t count, const std::function<void(size_t)>& task) {
-    if (count <= 1) {
-      for (size_t i = 0; i < count; ++i) task(i);
-      return;
-    }
-    Job job{&task};
-    ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Job*>(data)->task)(i); }, count, 0, &job);
-  };
-}
 
 // Inputs and outputs of one call, with the checks every op needs.
 class Io {
@@ -170,14 +138,7 @@ template <typename Impl>
 struct Kernel {
   explicit Kernel(bool cuda) : cuda(cuda) {}
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      static_cast<Impl*>(this)->Compute(context);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status(e.what(), ORT_RUNTIME_EXCEPTION).release();
-    }
+    return StatusOf([&] { static_cast<Impl*>(this)->Compute(context); }, "", ORT_RUNTIME_EXCEPTION);
   }
   bool cuda;
 };
@@ -291,18 +252,9 @@ struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
 // variadic heterogeneous input (the tensors); kScalarOutputs scalar outputs of kScalarOutput's
 // type, then one variadic float32 output (the tensors).
 template <typename K>
-struct Op : Ort::CustomOpBase<Op<K>, K, /*WithStatus=*/true> {
-  explicit Op(bool cuda) : cuda_(cuda) {}
-  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new K(info, cuda_);
-      return nullptr;
-    } catch (const std::exception& e) {
-      return Ort::Status(e.what(), ORT_INVALID_ARGUMENT).release();
-    }
-  }
+struct Op : OpBase<Op<K>, K> {
+  using OpBase<Op<K>, K>::OpBase;
   const char* GetName() const { return K::kName; }
-  const char* GetExecutionProviderType() const { return cuda_ ? kCuda : kCpu; }
 
   size_t GetInputTypeCount() const { return K::kScalarInputs + 1; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
@@ -323,9 +275,6 @@ struct Op : Ort::CustomOpBase<Op<K>, K, /*WithStatus=*/true> {
     return index == K::kScalarOutputs ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
   }
   bool GetVariadicOutputHomogeneity() const { return true; }
-
- private:
-  bool cuda_;
 };
 
 // ---- 8-bit matmuls: A (uint8, M x K), B (uint8, K x N), optional uint8 zero points (a scalar,
@@ -335,14 +284,7 @@ struct MatMulU8Kernel {
   explicit MatMulU8Kernel(const char* name) : name(name) {}
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status((std::string(name) + ": " + e.what()).c_str(), ORT_INVALID_ARGUMENT).release();
-    }
+    return StatusOf([&] { Compute(context); }, name, ORT_INVALID_ARGUMENT);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -403,7 +345,7 @@ struct MatMulU8Op : Ort::CustomOpBase<MatMulU8Op<kMode>, MatMulU8Kernel<kMode>, 
     return nullptr;
   }
   const char* GetName() const { return name_; }
-  const char* GetExecutionProviderType() const { return kCpu; }
+  const char* GetExecutionProviderType() const { return kCpuProvider; }
   size_t GetInputTypeCount() const { return 4; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
@@ -419,31 +361,6 @@ struct MatMulU8Op : Ort::CustomOpBase<MatMulU8Op<kMode>, MatMulU8Kernel<kMode>, 
 // ---- FusedElementwise (elementwise.h) -------------------------------------------------------
 
 constexpr const char* kFusedElementwise = "FusedElementwise";
-
-// The node's attributes, read without throwing: `found` says whether it is there.
-std::vector<int64_t> IntsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
-  size_t size = 0;
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
-  std::vector<int64_t> values(size);
-  if (status == nullptr && size > 0) status = Ort::GetApi().KernelInfoGetAttributeArray_int64(info, name, values.data(), &size);
-  *found = status == nullptr;
-  if (status != nullptr) Ort::GetApi().ReleaseStatus(status);
-  return *found ? values : std::vector<int64_t>{};
-}
-
-std::vector<float> FloatsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
-  size_t size = 0;
-  OrtStatus* status = Ort::GetApi().KernelInfoGetAttributeArray_float(info, name, nullptr, &size);
-  std::vector<float> values(size);
-  if (status == nullptr && size > 0) status = Ort::GetApi().KernelInfoGetAttributeArray_float(info, name, values.data(), &size);
-  *found = status == nullptr;
-  if (status != nullptr) Ort::GetApi().ReleaseStatus(status);
-  return *found ? values : std::vector<float>{};
-}
-
-bool IsFloatType(ONNXTensorElementDataType type) {
-  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-}
 
 // The program is checked when ORT creates the kernel (session creation), with the rules and
 // messages of onnxcampo.ops.elementwise.check; each call broadcasts its inputs' shapes.
@@ -476,12 +393,7 @@ ONNXTensorElementDataType OutputType(const std::vector<int64_t>& output_types, s
 struct FusedElementwise {
   FusedElementwise(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
     Ort::ConstKernelInfo kernel_info(info);
-    std::string node;
-    try {
-      node = kernel_info.GetNodeName();
-    } catch (const Ort::Exception&) {
-    }
-    who = std::string(kFusedElementwise) + (node.empty() ? "" : " node '" + node + "'");
+    who = NodeWho(kFusedElementwise, info);
     bool found = false;
     const std::vector<int64_t> code = IntsAttribute(info, "program", &found);
     if (!found) Fail(who, "attribute 'program' (ints) is missing");
@@ -510,7 +422,7 @@ struct FusedElementwise {
     std::vector<ONNXTensorElementDataType> actual;
     for (size_t k = 0; k < inputs; ++k) {
       const auto type = kernel_info.GetInputTypeInfo(k).GetTensorTypeAndShapeInfo().GetElementType();
-      if (!IsFloatType(type)) Fail(who, "input " + std::to_string(k) + " must be float32 or float16");
+      if (!IsFloatOrHalf(type)) Fail(who, "input " + std::to_string(k) + " must be float32 or float16");
       actual.push_back(type);
     }
     in_float32 = RunsInFloat32(input_types, actual);
@@ -532,14 +444,7 @@ struct FusedElementwise {
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status((who + ": " + e.what()).c_str(), ORT_RUNTIME_EXCEPTION).release();
-    }
+    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -552,7 +457,7 @@ struct FusedElementwise {
       Ort::ConstValue value = ctx.GetInput(k);
       auto info = value.GetTensorTypeAndShapeInfo();
       const auto type = info.GetElementType();
-      if (!IsFloatType(type)) Fail(who, "input " + std::to_string(k) + " must be float32 or float16");
+      if (!IsFloatOrHalf(type)) Fail(who, "input " + std::to_string(k) + " must be float32 or float16");
       shapes.push_back(info.GetShape());
       layout.in[k] = value.GetTensorRawData();
       if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) layout.in_half |= 1u << k;
@@ -584,28 +489,6 @@ struct FusedElementwise {
   std::string who;
   bool cuda;
 };
-
-// An ints attribute in shape inference, read with the C API (statuses released; no throw).
-bool ShapeInferInts(OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* values) {
-  const OrtApi& api = Ort::GetApi();
-  const OrtOpAttr* attr = nullptr;
-  OrtStatus* status = api.ShapeInferContext_GetAttribute(ctx, name, &attr);
-  if (status != nullptr || attr == nullptr) {
-    if (status != nullptr) api.ReleaseStatus(status);
-    return false;
-  }
-  size_t bytes = 0;
-  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes);  // asks for the size
-  if (status != nullptr) api.ReleaseStatus(status);
-  values->assign(bytes / sizeof(int64_t), 0);
-  if (values->empty()) return true;
-  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, values->data(), bytes, &bytes);
-  if (status != nullptr) {
-    api.ReleaseStatus(status);
-    return false;
-  }
-  return true;
-}
 
 // An input's shape in shape inference: dims[d] >= 0 a number, -1 with names[d] a symbol, -1
 // with "" unknown.
@@ -646,7 +529,7 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
   OrtTensorTypeAndShapeInfo* out = nullptr;
   try {
     std::vector<int64_t> types;
-    if (!ShapeInferInts(ctx, "output_types", &types) || types.empty() || types.size() > ew::kMaxOutputs) return nullptr;
+    if (!InferInts(ctx, "output_types", &types) || types.empty() || types.size() > ew::kMaxOutputs) return nullptr;
     size_t inputs = 0;
     Ort::ThrowOnError(api.ShapeInferContext_GetInputCount(ctx, &inputs));
     std::vector<std::vector<int64_t>> dims(inputs);
@@ -658,7 +541,7 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
       rank = std::max(rank, dims[k].size());
     }
     std::vector<int64_t> declared;
-    ShapeInferInts(ctx, "input_types", &declared);
+    InferInts(ctx, "input_types", &declared);
     const bool in_float32 = RunsInFloat32(declared, actual);
     static std::atomic<uint64_t> fresh{0};
     std::vector<int64_t> shape(rank, 1);
@@ -710,20 +593,9 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
 
 // One variadic heterogeneous input (float16/float32 tensors) and one variadic heterogeneous
 // output: ORT's own type inference gives up on such outputs, InferFusedElementwise sets them.
-struct FusedElementwiseOp : Ort::CustomOpBase<FusedElementwiseOp, FusedElementwise, /*WithStatus=*/true> {
-  explicit FusedElementwiseOp(bool cuda) : cuda_(cuda) { OrtCustomOp::InferOutputShapeFn = InferFusedElementwise; }
-  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new FusedElementwise(info, cuda_);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status(e.what(), ORT_INVALID_ARGUMENT).release();
-    }
-  }
+struct FusedElementwiseOp : OpBase<FusedElementwiseOp, FusedElementwise> {
+  explicit FusedElementwiseOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferFusedElementwise; }
   const char* GetName() const { return kFusedElementwise; }
-  const char* GetExecutionProviderType() const { return cuda_ ? kCuda : kCpu; }
   size_t GetInputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
@@ -732,9 +604,6 @@ struct FusedElementwiseOp : Ort::CustomOpBase<FusedElementwiseOp, FusedElementwi
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
   bool GetVariadicOutputHomogeneity() const { return false; }
-
- private:
-  bool cuda_;
 };
 
 struct Library {

@@ -12,27 +12,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_util.h"
 #include "reduce.h"
 
 namespace onnxcampo {
 namespace {
-
-void Check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("onnxcampo_ops CUDA error in ") + what + ": " + cudaGetErrorString(status));
-  }
-}
-
-int MultiprocessorCount() {
-  static thread_local int device = -1, sms = 0;
-  int current = 0;
-  Check(cudaGetDevice(&current), "cudaGetDevice");
-  if (current != device) {
-    Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "cudaDeviceGetAttribute");
-    device = current;
-  }
-  return sms;
-}
 
 // The float32 values of the elements a 32-bit word holds: one float, or two halves (low first).
 template <typename T>
@@ -272,7 +256,7 @@ void BlockReduceSumCuda(const BlockReduceArgs& a, const BlockReducePlan& plan, v
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   if (plan.kind == BlockReducePlan::kNothing) return;
   if (plan.kind == BlockReducePlan::kZeros) {  // nothing to add: zeros (all bits 0 in both types)
-    Check(cudaMemsetAsync(a.y, 0, static_cast<size_t>(a.Q) * (a.y_half ? 2 : 4), stream), "cudaMemsetAsync(y)");
+    CudaCheck(cudaMemsetAsync(a.y, 0, static_cast<size_t>(a.Q) * (a.y_half ? 2 : 4), stream), "cudaMemsetAsync(y)");
     return;
   }
   if (plan.blocks_x > INT_MAX || plan.chunks > 65535 || plan.blocks > INT_MAX) {
@@ -287,7 +271,7 @@ void BlockReduceSumCuda(const BlockReduceArgs& a, const BlockReducePlan& plan, v
   } else {
     LaunchFirstFor<float>(a, plan, first_out, first_half, stream);
   }
-  Check(cudaGetLastError(), "BlockReduceSum launch");
+  CudaCheck(cudaGetLastError(), "BlockReduceSum launch");
   if (!split) return;
   const unsigned blocks = static_cast<unsigned>((a.Q + 31) / 32);
   const dim3 block(32, 8);
@@ -296,7 +280,7 @@ void BlockReduceSumCuda(const BlockReduceArgs& a, const BlockReducePlan& plan, v
   } else {
     FinishKernel<false><<<blocks, block, 0, stream>>>(static_cast<const float*>(workspace), a.y, plan.partials, a.Q);
   }
-  Check(cudaGetLastError(), "BlockReduceSum finishing launch");
+  CudaCheck(cudaGetLastError(), "BlockReduceSum finishing launch");
 }
 
 }  // namespace onnxcampo

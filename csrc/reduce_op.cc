@@ -18,10 +18,10 @@
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
 
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "op_util.h"
 #include "reduce.h"
 
 namespace onnxcampo {
@@ -30,27 +30,6 @@ namespace {
 constexpr const char* kName = "BlockReduceSum";
 constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-
-[[noreturn]] void Fail(const std::string& who, const std::string& message) {
-  throw Ort::Exception(who + ": " + message, ORT_INVALID_ARGUMENT);
-}
-
-std::vector<int64_t> Ints(const OrtKernelInfo* info, const char* name, bool* found) {
-  const OrtApi& api = Ort::GetApi();
-  size_t size = 0;
-  OrtStatus* status = api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
-  std::vector<int64_t> values(size);
-  if (status == nullptr && size > 0) status = api.KernelInfoGetAttributeArray_int64(info, name, values.data(), &size);
-  *found = status == nullptr;
-  if (status != nullptr) api.ReleaseStatus(status);
-  return *found ? values : std::vector<int64_t>{};
-}
-
-std::string ShapeText(const std::vector<int64_t>& dims) {
-  std::string text = "[";
-  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
-  return text + "]";
-}
 
 // The type y is written in: output_type, or float32 for a float16 y when x was planned in float16
 // (`input_type`) and arrives as float32 (ORT's CPU provider running the node in fp32).
@@ -84,45 +63,23 @@ std::string CheckAttributes(const std::vector<int64_t>& sizes, int64_t output_ty
 struct BlockReduceSumKernel {
   BlockReduceSumKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
     Ort::ConstKernelInfo kernel_info(info);
-    std::string node;
-    try {
-      node = kernel_info.GetNodeName();
-    } catch (const Ort::Exception&) {
-    }
-    who = std::string(kName) + (node.empty() ? "" : " node '" + node + "'");
+    who = NodeWho(kName, info);
     bool found = false;
-    const std::vector<int64_t> sizes = Ints(info, "sizes", &found);
+    const std::vector<int64_t> sizes = IntsAttribute(info, "sizes", &found);
     if (!found) Fail(who, "attribute 'sizes' (ints [P, Q, R]) is missing");
-    output_type = kFloat;
-    OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_int64(info, "output_type", &output_type);
-    if (status != nullptr) {  // absent: float32
-      Ort::GetApi().ReleaseStatus(status);
-      output_type = kFloat;
-    }
-    shape = Ints(info, "output_shape", &found);
+    output_type = IntAttribute(info, "output_type", kFloat);  // absent: float32
+    shape = IntsAttribute(info, "output_shape", &found);
     if (!found && sizes.size() == 3) shape = {sizes[1]};
     const std::string error = CheckAttributes(sizes, output_type, shape);
     if (!error.empty()) Fail(who, error);
     P = sizes[0], Q = sizes[1], R = sizes[2];
-    int64_t declared = 0;
-    status = Ort::GetApi().KernelInfoGetAttribute_int64(info, "input_type", &declared);
-    if (status != nullptr) {  // absent: no fp32 run
-      Ort::GetApi().ReleaseStatus(status);
-      declared = 0;
-    }
+    const int64_t declared = IntAttribute(info, "input_type", 0);  // absent: no fp32 run
     const auto actual = kernel_info.GetInputTypeInfo(0).GetTensorTypeAndShapeInfo().GetElementType();
     output_type = WrittenType(declared, actual, output_type);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status((who + ": " + e.what()).c_str(), ORT_RUNTIME_EXCEPTION).release();
-    }
+    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -152,16 +109,7 @@ struct BlockReduceSumKernel {
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return ComputeCuda(ctx, input, args);
 #endif
-    BlockReduceSumCpu(args, [&ctx](size_t n, const std::function<void(size_t)>& task) {
-      if (n <= 1) {
-        for (size_t i = 0; i < n; ++i) task(i);
-        return;
-      }
-      struct Job {
-        const std::function<void(size_t)>* task;
-      } job{&task};
-      ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Job*>(data)->task)(i); }, n, 0, &job);
-    });
+    BlockReduceSumCpu(args, ThreadPoolRunner(ctx));
   }
 
 #ifdef ONNXCAMPO_WITH_CUDA
@@ -201,44 +149,6 @@ struct BlockReduceSumKernel {
   bool cuda;
 };
 
-bool InferInts(OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* values) {
-  const OrtApi& api = Ort::GetApi();
-  const OrtOpAttr* attr = nullptr;
-  OrtStatus* status = api.ShapeInferContext_GetAttribute(ctx, name, &attr);
-  if (status != nullptr || attr == nullptr) {
-    if (status != nullptr) api.ReleaseStatus(status);
-    return false;
-  }
-  size_t bytes = 0;
-  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes);  // asks for the size
-  if (status != nullptr) api.ReleaseStatus(status);
-  values->assign(bytes / sizeof(int64_t), 0);
-  if (values->empty()) return true;
-  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INTS, values->data(), bytes, &bytes);
-  if (status != nullptr) {
-    api.ReleaseStatus(status);
-    return false;
-  }
-  return true;
-}
-
-bool InferInt(OrtShapeInferContext* ctx, const char* name, int64_t* value) {
-  const OrtApi& api = Ort::GetApi();
-  const OrtOpAttr* attr = nullptr;
-  OrtStatus* status = api.ShapeInferContext_GetAttribute(ctx, name, &attr);
-  if (status != nullptr || attr == nullptr) {
-    if (status != nullptr) api.ReleaseStatus(status);
-    return false;
-  }
-  size_t bytes = 0;
-  status = api.ReadOpAttr(attr, ORT_OP_ATTR_INT, value, sizeof(*value), &bytes);
-  if (status != nullptr) {
-    api.ReleaseStatus(status);
-    return false;
-  }
-  return true;
-}
-
 // y's element type from output_type and its shape from output_shape (or [Q]). With `input_type`
 // (the type x was planned in) float16 and x arriving as float32, ORT's CPU provider runs the
 // node in fp32 (its InsertCastTransformer casts around an fp16 node whose neighbours have no
@@ -275,27 +185,9 @@ OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferC
 
 // One input of any type (float16 or float32, checked by the kernel) and one output whose type
 // the inference function sets.
-struct BlockReduceSumOp : Ort::CustomOpBase<BlockReduceSumOp, BlockReduceSumKernel, /*WithStatus=*/true> {
-  explicit BlockReduceSumOp(bool cuda) : cuda_(cuda) { OrtCustomOp::InferOutputShapeFn = InferBlockReduceSum; }
-  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new BlockReduceSumKernel(info, cuda_);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status(e.what(), ORT_INVALID_ARGUMENT).release();
-    }
-  }
+struct BlockReduceSumOp : UntypedUnaryOp<BlockReduceSumOp, BlockReduceSumKernel> {
+  explicit BlockReduceSumOp(bool cuda) : UntypedUnaryOp(cuda) { OrtCustomOp::InferOutputShapeFn = InferBlockReduceSum; }
   const char* GetName() const { return kName; }
-  const char* GetExecutionProviderType() const { return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-
- private:
-  bool cuda_;
 };
 
 }  // namespace

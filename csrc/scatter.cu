@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_util.h"
 #include "scatter.h"
 
 namespace onnxcampo {
@@ -37,22 +38,8 @@ struct IndexDims {
   int64_t strides[kScatterMaxIndexDims];
 };
 
-void Check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("onnxcampo_ops CUDA error in ") + what + ": " + cudaGetErrorString(status));
-  }
-}
-
 int Blocks(int64_t work) {
-  static thread_local int device = -1, most = 0;
-  int current = 0;
-  Check(cudaGetDevice(&current), "cudaGetDevice");
-  if (current != device) {
-    int sms = 0;
-    Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), "cudaDeviceGetAttribute");
-    device = current;
-    most = sms * (2048 / kThreads);
-  }
+  const int most = MultiprocessorCount() * (2048 / kThreads);
   const int64_t wanted = (work + kThreads - 1) / kThreads;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, most)));
 }
@@ -129,7 +116,7 @@ void Launch(const ScatterArgs& a, const IndexDims& d, cudaStream_t stream) {
   } else {
     ScatterAddKernel<T, W, int64_t><<<blocks, kThreads, 0, stream>>>(out, a.indices, updates, groups, a.slice / W, d);
   }
-  Check(cudaGetLastError(), "ScatterNDAdd launch");
+  CudaCheck(cudaGetLastError(), "ScatterNDAdd launch");
 }
 
 bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -140,7 +127,7 @@ void ScatterNDAddCuda(const ScatterArgs& a, void* stream_handle) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const size_t element_bytes = a.half ? sizeof(__half) : sizeof(float);
   if (a.data_elements > 0 && a.output != a.data) {
-    Check(cudaMemcpyAsync(a.output, a.data, static_cast<size_t>(a.data_elements) * element_bytes,
+    CudaCheck(cudaMemcpyAsync(a.output, a.data, static_cast<size_t>(a.data_elements) * element_bytes,
                           cudaMemcpyDeviceToDevice, stream),
           "cudaMemcpyAsync(output <- data)");
   }

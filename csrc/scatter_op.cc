@@ -15,26 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "op_util.h"
 #include "scatter.h"
 
 namespace onnxcampo {
 namespace {
 
 constexpr const char* kScatterName = "ScatterNDAdd";
-
-[[noreturn]] void Refuse(const std::string& who, const std::string& message) {
-  throw Ort::Exception(who + ": " + message, ORT_INVALID_ARGUMENT);
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-bool IsFloatOrHalf(ONNXTensorElementDataType type) {
-  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-}
 
 const char* TypeName(ONNXTensorElementDataType type) {
   switch (type) {
@@ -51,12 +38,7 @@ const char* TypeName(ONNXTensorElementDataType type) {
 struct ScatterNDAddKernel {
   ScatterNDAddKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
     Ort::ConstKernelInfo kernel_info(info);
-    std::string node;
-    try {
-      node = kernel_info.GetNodeName();
-    } catch (const Ort::Exception&) {
-    }
-    who = std::string(kScatterName) + (node.empty() ? "" : " node '" + node + "'");
+    who = NodeWho(kScatterName, info);
     // The op always adds; a node carried over from ScatterND with another reduction is refused.
     size_t size = 0;
     OrtStatus* status = Ort::GetApi().KernelInfoGetAttribute_string(info, "reduction", nullptr, &size);
@@ -66,33 +48,33 @@ struct ScatterNDAddKernel {
       if (status == nullptr) {
         reduction.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
         if (reduction != "add") {
-          Refuse(who, "attribute reduction='" + reduction + "': the op always adds (leave the attribute out, or 'add')");
+          Fail(who, "attribute reduction='" + reduction + "': the op always adds (leave the attribute out, or 'add')");
         }
       }
     }
     if (status != nullptr) Ort::GetApi().ReleaseStatus(status);  // absent: fine
     if (kernel_info.GetInputCount() != 3 || kernel_info.GetOutputCount() != 1) {
-      Refuse(who, "expected inputs (data, indices, updates) and one output");
+      Fail(who, "expected inputs (data, indices, updates) and one output");
     }
     const auto data = kernel_info.GetInputTypeInfo(0).GetTensorTypeAndShapeInfo().GetElementType();
     const auto updates = kernel_info.GetInputTypeInfo(2).GetTensorTypeAndShapeInfo().GetElementType();
-    if (!IsFloatOrHalf(data)) Refuse(who, std::string("data must be float32 or float16, not ") + TypeName(data));
+    if (!IsFloatOrHalf(data)) Fail(who, std::string("data must be float32 or float16, not ") + TypeName(data));
     if (updates != data) {
-      Refuse(who, std::string("updates must have data's element type (") + TypeName(data) + "), not " + TypeName(updates));
+      Fail(who, std::string("updates must have data's element type (") + TypeName(data) + "), not " + TypeName(updates));
     }
   }
 
+  // A ScatterError (an index out of range) is the caller's: ORT_INVALID_ARGUMENT.
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    try {
-      Compute(context);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const ScatterError& e) {
-      return Ort::Status((who + ": " + e.what()).c_str(), ORT_INVALID_ARGUMENT).release();
-    } catch (const std::exception& e) {
-      return Ort::Status((who + ": " + e.what()).c_str(), ORT_RUNTIME_EXCEPTION).release();
-    }
+    return StatusOf(
+        [&] {
+          try {
+            Compute(context);
+          } catch (const ScatterError& e) {
+            Fail(who, e.what());
+          }
+        },
+        who, ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -104,32 +86,32 @@ struct ScatterNDAddKernel {
     const auto indices_info = indices.GetTensorTypeAndShapeInfo();
     const auto updates_info = updates.GetTensorTypeAndShapeInfo();
     const auto type = data_info.GetElementType();
-    if (!IsFloatOrHalf(type)) Refuse(who, std::string("data must be float32 or float16, not ") + TypeName(type));
+    if (!IsFloatOrHalf(type)) Fail(who, std::string("data must be float32 or float16, not ") + TypeName(type));
     if (updates_info.GetElementType() != type) {
-      Refuse(who, std::string("updates must have data's element type (") + TypeName(type) + "), not " +
+      Fail(who, std::string("updates must have data's element type (") + TypeName(type) + "), not " +
                       TypeName(updates_info.GetElementType()));
     }
     if (indices_info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
-      Refuse(who, std::string("indices must be int64, not ") + TypeName(indices_info.GetElementType()));
+      Fail(who, std::string("indices must be int64, not ") + TypeName(indices_info.GetElementType()));
     }
     const std::vector<int64_t> data_shape = data_info.GetShape();
     const std::vector<int64_t> index_shape = indices_info.GetShape();
     const std::vector<int64_t> update_shape = updates_info.GetShape();
-    if (index_shape.empty()) Refuse(who, "indices must have rank >= 1 (its last dimension is the index tuple)");
+    if (index_shape.empty()) Fail(who, "indices must have rank >= 1 (its last dimension is the index tuple)");
     const int64_t k = index_shape.back();
     if (k > static_cast<int64_t>(data_shape.size())) {
-      Refuse(who, "indices' last dimension (" + std::to_string(k) + ") exceeds data's rank (" +
+      Fail(who, "indices' last dimension (" + std::to_string(k) + ") exceeds data's rank (" +
                       std::to_string(data_shape.size()) + "); indices " + ShapeText(index_shape) + ", data " +
                       ShapeText(data_shape));
     }
     if (k > kScatterMaxIndexDims) {
-      Refuse(who, "index tuples of " + std::to_string(k) + " entries; at most " + std::to_string(kScatterMaxIndexDims) +
+      Fail(who, "index tuples of " + std::to_string(k) + " entries; at most " + std::to_string(kScatterMaxIndexDims) +
                       " are supported");
     }
     std::vector<int64_t> expected(index_shape.begin(), index_shape.end() - 1);
     expected.insert(expected.end(), data_shape.begin() + k, data_shape.end());
     if (update_shape != expected) {
-      Refuse(who, "updates must have shape indices.shape[:-1] + data.shape[k:] = " + ShapeText(expected) + ", not " +
+      Fail(who, "updates must have shape indices.shape[:-1] + data.shape[k:] = " + ShapeText(expected) + ", not " +
                       ShapeText(update_shape) + " (data " + ShapeText(data_shape) + ", indices " + ShapeText(index_shape) +
                       ")");
     }
@@ -170,29 +152,15 @@ struct ScatterNDAddKernel {
 // so an output's type is known when the model loads (ORT cannot infer the type of an untyped
 // output from two untyped inputs).
 template <ONNXTensorElementDataType kType>
-struct ScatterNDAddOp : Ort::CustomOpBase<ScatterNDAddOp<kType>, ScatterNDAddKernel, /*WithStatus=*/true> {
-  explicit ScatterNDAddOp(bool cuda) : cuda_(cuda) {}
-  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    try {
-      *kernel = new ScatterNDAddKernel(info, cuda_);
-      return nullptr;
-    } catch (const Ort::Exception& e) {
-      return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
-    } catch (const std::exception& e) {
-      return Ort::Status(e.what(), ORT_INVALID_ARGUMENT).release();
-    }
-  }
+struct ScatterNDAddOp : OpBase<ScatterNDAddOp<kType>, ScatterNDAddKernel> {
+  using OpBase<ScatterNDAddOp<kType>, ScatterNDAddKernel>::OpBase;
   const char* GetName() const { return kScatterName; }
-  const char* GetExecutionProviderType() const { return cuda_ ? "CUDAExecutionProvider" : "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : kType;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return kType; }
-
- private:
-  bool cuda_;
 };
 
 using FloatOp = ScatterNDAddOp<ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>;

@@ -1,0 +1,187 @@
+// Helpers the ONNX Runtime op files share (ops.cc, reduce_op.cc, im2col_op.cc, scatter_op.cc):
+// attribute readers for kernel creation and shape inference, the errors a kernel raises, the
+// wrapper that turns exceptions into an OrtStatus, and the registration boilerplate of an op
+// class. Include after <onnxruntime_cxx_api.h> (with ORT_API_MANUAL_INIT defined, as the op
+// files do).
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "parallel.h"
+
+namespace onnxcampo {
+
+constexpr const char* kCpuProvider = "CPUExecutionProvider";
+constexpr const char* kCudaProvider = "CUDAExecutionProvider";
+
+// Throws an ORT_INVALID_ARGUMENT Ort::Exception "<who>: <message>".
+[[noreturn]] inline void Fail(const std::string& who, const std::string& message) {
+  throw Ort::Exception(who + ": " + message, ORT_INVALID_ARGUMENT);
+}
+
+// "<op> node '<name>'", or "<op>" when the node has no name (or ORT cannot tell it).
+inline std::string NodeWho(const char* op, const OrtKernelInfo* info) {
+  std::string node;
+  try {
+    node = Ort::ConstKernelInfo(info).GetNodeName();
+  } catch (const Ort::Exception&) {
+  }
+  return std::string(op) + (node.empty() ? "" : " node '" + node + "'");
+}
+
+// ---- attributes at kernel creation, read without throwing ----------------------------------
+
+// An array attribute read with `read` (an OrtApi KernelInfoGetAttributeArray_*): `found` says
+// whether the node has it ({} when not).
+template <typename T, typename Read>
+std::vector<T> ArrayAttribute(Read read, const OrtKernelInfo* info, const char* name, bool* found) {
+  size_t size = 0;
+  OrtStatus* status = read(info, name, nullptr, &size);
+  std::vector<T> values(size);
+  if (status == nullptr && size > 0) status = read(info, name, values.data(), &size);
+  *found = status == nullptr;
+  if (status != nullptr) Ort::GetApi().ReleaseStatus(status);
+  return *found ? values : std::vector<T>{};
+}
+
+// A scalar attribute read with `read` (an OrtApi KernelInfoGetAttribute_*), `fallback` when the
+// node does not have it.
+template <typename T, typename Read>
+T ScalarAttribute(Read read, const OrtKernelInfo* info, const char* name, T fallback) {
+  T value = fallback;
+  OrtStatus* status = read(info, name, &value);
+  if (status != nullptr) {
+    Ort::GetApi().ReleaseStatus(status);
+    return fallback;
+  }
+  return value;
+}
+
+inline std::vector<int64_t> IntsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
+  return ArrayAttribute<int64_t>(Ort::GetApi().KernelInfoGetAttributeArray_int64, info, name, found);
+}
+
+inline std::vector<float> FloatsAttribute(const OrtKernelInfo* info, const char* name, bool* found) {
+  return ArrayAttribute<float>(Ort::GetApi().KernelInfoGetAttributeArray_float, info, name, found);
+}
+
+inline int64_t IntAttribute(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  return ScalarAttribute<int64_t>(Ort::GetApi().KernelInfoGetAttribute_int64, info, name, fallback);
+}
+
+inline float FloatAttribute(const OrtKernelInfo* info, const char* name, float fallback) {
+  return ScalarAttribute<float>(Ort::GetApi().KernelInfoGetAttribute_float, info, name, fallback);
+}
+
+// ---- attributes in shape inference, read with the C API (statuses released; no throw) -------
+
+// True when `status` is null (success); a status is released.
+inline bool Succeeded(OrtStatus* status) {
+  if (status == nullptr) return true;
+  Ort::GetApi().ReleaseStatus(status);
+  return false;
+}
+
+// The attribute `name` of the node, or null when it has none.
+inline const OrtOpAttr* InferAttribute(const OrtShapeInferContext* ctx, const char* name) {
+  const OrtOpAttr* attr = nullptr;
+  if (!Succeeded(Ort::GetApi().ShapeInferContext_GetAttribute(ctx, name, &attr))) return nullptr;
+  return attr;
+}
+
+inline bool InferInts(const OrtShapeInferContext* ctx, const char* name, std::vector<int64_t>* values) {
+  const OrtOpAttr* attr = InferAttribute(ctx, name);
+  if (attr == nullptr) return false;
+  size_t bytes = 0;
+  Succeeded(Ort::GetApi().ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &bytes));  // asks for the size
+  values->assign(bytes / sizeof(int64_t), 0);
+  if (values->empty()) return true;
+  return Succeeded(Ort::GetApi().ReadOpAttr(attr, ORT_OP_ATTR_INTS, values->data(), bytes, &bytes));
+}
+
+inline bool InferInt(const OrtShapeInferContext* ctx, const char* name, int64_t* value) {
+  const OrtOpAttr* attr = InferAttribute(ctx, name);
+  if (attr == nullptr) return false;
+  size_t bytes = 0;
+  return Succeeded(Ort::GetApi().ReadOpAttr(attr, ORT_OP_ATTR_INT, value, sizeof(*value), &bytes));
+}
+
+// ---- small checks and texts -----------------------------------------------------------------
+
+inline bool IsFloatOrHalf(ONNXTensorElementDataType type) {
+  return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+}
+
+// "[2, 3]".
+inline std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// Runs tasks on the session's intra-op thread pool (ORT runs them on the calling thread when
+// the session has one thread); a single task runs here without touching the pool. `ctx` must
+// outlive the runner.
+inline ParallelRunner ThreadPoolRunner(Ort::KernelContext& ctx) {
+  struct Job {
+    const std::function<void(size_t)>* task;
+  };
+  return [&ctx](size_t count, const std::function<void(size_t)>& task) {
+    if (count <= 1) {
+      for (size_t i = 0; i < count; ++i) task(i);
+      return;
+    }
+    Job job{&task};
+    ctx.ParallelFor([](void* data, size_t i) { (*static_cast<Job*>(data)->task)(i); }, count, 0, &job);
+  };
+}
+
+// ---- exceptions to statuses: nothing may unwind through ONNX Runtime's C API ----------------
+
+// Runs `body`; an Ort::Exception becomes a status of its own code and message, any other
+// std::exception one of `code` whose message is "<who>: <what>" ("<what>" when who is empty).
+template <typename Body>
+OrtStatusPtr StatusOf(Body&& body, const std::string& who, OrtErrorCode code) {
+  try {
+    body();
+    return nullptr;
+  } catch (const Ort::Exception& e) {
+    return Ort::Status(e.what(), e.GetOrtErrorCode()).release();
+  } catch (const std::exception& e) {
+    return Ort::Status((who.empty() ? std::string(e.what()) : who + ": " + e.what()).c_str(), code).release();
+  }
+}
+
+// ---- op classes ----------------------------------------------------------------------------
+
+// An op with a status-returning kernel `TKernel(info, cuda)`, registered for the CPU or the CUDA
+// provider; a kernel whose creation throws makes an ORT_INVALID_ARGUMENT status (an
+// Ort::Exception keeps its code). TOp adds GetName and the input and output types.
+template <typename TOp, typename TKernel>
+struct OpBase : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
+  explicit OpBase(bool cuda) : cuda_(cuda) {}
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    return StatusOf([&] { *kernel = new TKernel(info, cuda_); }, "", ORT_INVALID_ARGUMENT);
+  }
+  const char* GetExecutionProviderType() const { return cuda_ ? kCudaProvider : kCpuProvider; }
+
+ protected:
+  bool cuda_;
+};
+
+// One input and one output of undefined type (the kernel checks the input's; ORT's custom-op
+// type inference, or the op's InferOutputShapeFn, gives the output's).
+template <typename TOp, typename TKernel>
+struct UntypedUnaryOp : OpBase<TOp, TKernel> {
+  using OpBase<TOp, TKernel>::OpBase;
+  size_t GetInputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+};
+
+}  // namespace onnxcampo
