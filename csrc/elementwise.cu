@@ -353,7 +353,7 @@ void FusedElementwiseCuda(const Program& program, const Layout& layout, void* st
   }
   if (program.registers <= kSmallRegisters && RegistersKernel()) {
     const int64_t wanted = (layout.n + kSmallThreads - 1) / kSmallThreads;
-    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, MaxBlocks() / kBlocksPerSm * kSmallBlocksPerSm)));
+    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, MultiprocessorCount() * kSmallBlocksPerSm)));
     const bool small_index = layout.n < (int64_t{1} << 31);
     if (layout.any_strided) {
       if (small_index) FusedElementwiseSmallKernel<uint32_t, true><<<blocks, kSmallThreads, 0, stream>>>(params);
@@ -362,7 +362,7 @@ void FusedElementwiseCuda(const Program& program, const Layout& layout, void* st
       if (small_index) FusedElementwiseSmallKernel<uint32_t, false><<<blocks, kSmallThreads, 0, stream>>>(params);
       else FusedElementwiseSmallKernel<int64_t, false><<<blocks, kSmallThreads, 0, stream>>>(params);
     }
-    Check(cudaGetLastError(), "FusedElementwise launch");
+    CudaCheck(cudaGetLastError(), "FusedElementwise launch");
     return;
   }
   const int64_t groups = (layout.n + kW - 1) / kW;
