@@ -29,6 +29,7 @@ from onnxcampo.ir.io import (
     read_model,
     save_model,
     set_metadata,
+    write_bytes_atomically,
     write_text_atomically,
 )
 from onnxcampo.ir.shapes import (
@@ -55,5 +56,6 @@ __all__ = [
     "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
     "outer_scope_names", "pin_input_shapes", "read_model", "save_model", "set_metadata", "skeleton",
-    "subgraph_node_names", "to_graphsurgeon", "toposort", "toposort_model", "write_text_atomically",
+    "subgraph_node_names", "to_graphsurgeon", "toposort", "toposort_model", "write_bytes_atomically",
+    "write_text_atomically",
 ]

@@ -245,13 +245,22 @@ def _check_loads(path: Path, model: onnx.ModelProto, output: Path) -> None:
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     """A text file written whole or not at all (temporary file in the same folder, then rename)."""
+    _write_atomically(path, text, "w")
+
+
+def write_bytes_atomically(path: str | os.PathLike, data: bytes) -> None:
+    """A binary file written whole or not at all (temporary file in the same folder, then rename)."""
+    _write_atomically(path, data, "wb")
+
+
+def _write_atomically(path: str | os.PathLike, content: str | bytes, mode: str) -> None:
     path = Path(path)
     if not path.parent.is_dir():
         raise OutputPathError(f"{path}: folder {path.parent} does not exist")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, mode) as handle:
+            handle.write(content)
         _apply_umask(Path(tmp_name))
         os.replace(tmp_name, path)
     except BaseException:

@@ -33,8 +33,10 @@ from onnxcampo.errors import ConfigError, ModelLoadError
 from onnxcampo.runtime import _ORT_ERRORS, make_session
 from onnxcampo.runtime.cudart import LEGACY_STREAM, cuda_runtime
 from onnxcampo.training.batches import DEVICE_ID, DeviceArray, batch_value, input_specs, is_device, np_dtype
+from onnxcampo.training.checkpoint import read_checkpoint, write_checkpoint
+from onnxcampo.training.evaluate import eval_model
 from onnxcampo.training.scaling import LOSS_SCALE, initial_state
-from onnxcampo.training.step import INITIAL_PREFIX, LOSS, LR, UPDATED, initial_weights, step_spec
+from onnxcampo.training.step import INITIAL_PREFIX, LABELS, LOSS, LR, UPDATED, initial_weights, step_spec
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,12 @@ class Trainer:
     so on provider "cuda" when every graph input has a static shape (:func:`choose_cuda_graph`;
     the log says why not), ``True`` insists, ``False`` runs node by node. Under CUDA graphs every
     batch keeps the first one's shapes and dtypes. ``self.cuda_graph`` says what was chosen.
+
+    ``self.lr`` is the learning rate the next step uses (an input of the step graph, read at
+    every step): set it between steps for a schedule (:mod:`onnxcampo.training.schedules`).
+    ``self.steps`` counts the steps taken (restored by :meth:`load_checkpoint`).
+    :meth:`evaluate` runs the forward alone; :meth:`save_checkpoint` / :meth:`load_checkpoint`
+    save and restore weights, optimizer and loss-scaling state, the step count and ``lr``.
     """
 
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
@@ -155,6 +163,7 @@ class Trainer:
         self.steps = 0
         self._graph: list | None = None  # cuda_graph: (binding, run options) per buffer set
         self._fixed: dict[str, ort.OrtValue] = {}  # cuda_graph: the buffers the graphs read
+        self._eval: dict[bool, tuple[ort.InferenceSession, list[str], dict]] = {}  # with labels: session
 
     def step(self, batch: Mapping[str, object]) -> float:
         """One update on ``batch`` (the forward inputs plus ``labels``); returns the loss.
@@ -272,6 +281,76 @@ class Trainer:
         self._graph, self._fixed = None, {}
         self.session = make_session(self.model, provider=self.provider, cuda_graph=False)
         self.cuda_graph = False
+
+    def evaluate(self, batch: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """The forward on the current weights: ``{prediction name: array}``, plus ``"loss"``
+        when ``batch`` has ``labels``. Nothing is updated (no gradient, no optimizer state, no
+        step counted). The weights are bound where they live (on the device), not copied; the
+        batch takes the values :meth:`step` takes. The prediction is the forward model's first
+        output, the one the loss reads (the step graph keeps no other)."""
+        with_loss = LABELS in batch
+        if with_loss not in self._eval:
+            model = eval_model(self.model, with_loss=with_loss)
+            names = [o.name for o in model.graph.output]
+            self._eval[with_loss] = (make_session(model, provider=self.provider), names, input_specs(model))
+        session, names, inputs = self._eval[with_loss]
+        expected = [name for name in inputs if name in self.spec.batch]
+        unknown = sorted(set(batch) - set(self.spec.batch))
+        missing = sorted(set(expected) - set(batch))
+        if unknown or missing:
+            raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
+        values = {name: batch_value(inputs[name], batch[name]) for name in expected}
+        if self.device == "cpu":
+            on_device = [name for name, value in values.items() if is_device(value)]
+            if on_device:
+                raise ConfigError(f"batch input {on_device[0]} is in CUDA memory, but the Trainer runs on provider "
+                                  f"'{self.provider}': pass host arrays (or CPU OrtValues), or use provider 'cuda'")
+        feeds = {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID) if isinstance(value, np.ndarray)
+                 else value for name, value in values.items()}
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            if isinstance(value, DeviceArray):
+                binding.bind_input(name, "cuda", DEVICE_ID, value.dtype, list(value.shape), value.ptr)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        for name, value in self._buffers[self._current].items():
+            if name in inputs:
+                binding.bind_ortvalue_input(name, value)
+        for name in names:
+            binding.bind_output(name, self.device, DEVICE_ID)
+        self._wait_for_producers(values.values())
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return dict(zip(names, binding.copy_outputs_to_cpu()))
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Write weights, optimizer and loss-scaling state, the step count and ``lr`` to ``path``
+        (one ``.npz``, written atomically: :mod:`onnxcampo.training.checkpoint`)."""
+        write_checkpoint(path, self.state_dict(), steps=self.steps, lr=self.lr,
+                         inputs=[i.name for i in self.model.graph.input])
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; the next step continues the saved run
+        exactly. The arrays must match this step graph's state inputs in names, shapes and dtypes
+        (else one ConfigError line, and nothing is changed)."""
+        meta, arrays = read_checkpoint(path)
+        current = self._buffers[self._current]
+        missing = [name for name in current if name not in arrays]
+        unknown = [name for name in arrays if name not in current]
+        wrong = [f"{name} is {arrays[name].dtype}{list(arrays[name].shape)}, the graph wants {dtype}{list(shape)}"
+                 for name, (dtype, shape) in ((n, _meta(v)) for n, v in current.items())
+                 if name in arrays and (arrays[name].dtype != dtype or tuple(arrays[name].shape) != shape)]
+        if missing or unknown or wrong:
+            parts = ([f"missing {_listed(missing)}"] if missing else []) + \
+                    ([f"not in the step graph: {_listed(unknown)}"] if unknown else []) + wrong[:2]
+            raise ConfigError(f"{path}: checkpoint does not match the step graph: {'; '.join(parts)}")
+        try:
+            steps, lr = int(meta["steps"]), float(meta["lr"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"{path}: checkpoint metadata lacks steps or lr") from None
+        for name, value in current.items():
+            value.update_inplace(np.ascontiguousarray(arrays[name]))
+        self.steps, self.lr = steps, lr
 
     @property
     def loss_scale(self) -> float | None:

@@ -1,0 +1,83 @@
+"""The forward part of a training-step graph, for :meth:`onnxcampo.training.Trainer.evaluate`.
+
+A step graph (:mod:`onnxcampo.training.step`) computes the prediction (metadata
+``onnxcampo.prediction``: the forward model's first output, kept by name), the ``loss`` on it,
+the gradients and the update. Pruned to the prediction (and the loss, when labels are given) it
+is the forward on the fp32 master weights: no gradient, no update, no state written.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from onnxcampo import ir
+from onnxcampo.errors import ConfigError
+from onnxcampo.training.step import LOSS
+
+PREDICTION_KEY = "onnxcampo.prediction"
+
+
+def prediction_name(step: onnx.ModelProto) -> str:
+    name = ir.metadata(step, PREDICTION_KEY)
+    if not name:
+        raise ConfigError("the step graph names no prediction (metadata onnxcampo.prediction): "
+                          "rebuild it with this onnxcampo's train-graph")
+    return name
+
+
+def _read_names(node: onnx.NodeProto) -> set[str]:
+    """The tensors a node reads, those its subgraphs read from the outer scope included."""
+    names = {name for name in node.input if name}
+    for attribute in node.attribute:
+        graphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
+        for graph in graphs:
+            for inner in graph.node:
+                names |= _read_names(inner)
+    return names
+
+
+def eval_model(step: onnx.ModelProto, *, with_loss: bool) -> onnx.ModelProto:
+    """``step`` pruned to the nodes the prediction (and ``loss``) need; inputs and initializers
+    no kept node reads are dropped. The outputs: the prediction, then ``loss`` if ``with_loss``."""
+    prediction = prediction_name(step)
+    wanted = [prediction, LOSS] if with_loss else [prediction]
+    producers = {out: index for index, node in enumerate(step.graph.node) for out in node.output}
+    missing = [name for name in wanted if name not in producers
+               and name not in {i.name for i in step.graph.input}]
+    if missing:
+        raise ConfigError(f"the step graph does not compute {missing[0]!r}; cannot evaluate")
+    keep: set[int] = set()
+    needed = list(wanted)
+    seen: set[str] = set()
+    while needed:
+        name = needed.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        index = producers.get(name)
+        if index is not None and index not in keep:
+            keep.add(index)
+            needed.extend(_read_names(step.graph.node[index]))
+    model = onnx.ModelProto()
+    model.CopyFrom(step)
+    graph = model.graph
+    nodes = [node for index, node in enumerate(step.graph.node) if index in keep]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    inputs = [i for i in step.graph.input if i.name in seen]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    initializers = [t for t in step.graph.initializer if t.name in seen]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    known = {vi.name: vi for vi in (*step.graph.value_info, *step.graph.output)}
+    del graph.output[:]
+    for name in wanted:
+        graph.output.append(known[name] if name in known else helper.ValueInfoProto(name=name))
+    del graph.value_info[:]
+    graph.value_info.extend(vi for vi in step.graph.value_info if vi.name in seen)
+    return model
+
+
+__all__ = ["eval_model", "prediction_name"]
