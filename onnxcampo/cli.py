@@ -223,8 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "graph carries) and, with --out, the model the trained weights are written into")
     tr.add_argument("--data", type=Path, required=True, metavar="FILE.npz",
                     help=".npz with the batch inputs and 'labels' (an extra leading axis = one batch per step, cycled)")
-    tr.add_argument("--steps", type=int, default=100, metavar="N", help="training steps to run (default 100)")
-    tr.add_argument("--lr", type=float, help="learning rate (default: the one the graph was built with)")
+    tr.add_argument("--steps", type=int, default=100, metavar="N",
+                    help="training steps to run (default 100); with --resume, steps to run after the checkpoint's")
+    tr.add_argument("--lr", type=float, help="learning rate, the base of --lr-schedule (default: the one the graph was "
+                    "built with; with --resume and no --lr, the checkpoint's)")
+    tr.add_argument("--lr-schedule", metavar="SCHEDULE",
+                    help="learning rate per step from --lr: constant | step:STEP_SIZE:GAMMA (times GAMMA every STEP_SIZE "
+                         "steps) | cosine:TOTAL_STEPS[:MIN_LR] | warmup:STEPS[,SCHEDULE] (linear warmup, then SCHEDULE "
+                         "counted from its end; default constant); steps count from the start of the run, resumed or not")
+    tr.add_argument("--resume", type=Path, metavar="CKPT.npz",
+                    help="start from a checkpoint (written by --save-checkpoint): weights, optimizer and loss-scaling "
+                         "state, step count; the batches and the schedule continue where it stopped")
+    tr.add_argument("--save-checkpoint", type=Path, metavar="CKPT.npz",
+                    help="write a checkpoint after the last step (.npz, written atomically; see docs/guide/training.md)")
     tr.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider (default cpu)")
     graphs = tr.add_mutually_exclusive_group()
     graphs.add_argument("--cuda-graph", dest="cuda_graph", action="store_const", const=True, default=None,
@@ -465,6 +476,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from onnxcampo import ir
     from onnxcampo.training import Trainer, initial_weights
+    from onnxcampo.training.schedules import parse_schedule
 
     if not args.data.is_file():
         raise ConfigError(f"{args.data}: no such file")
@@ -474,9 +486,19 @@ def _train(args: argparse.Namespace) -> int:
         if args.forward is None:
             raise ConfigError("--out needs --forward: the trained weights are written into the forward model")
         ir.check_output_path(args.out, args.forward)
+    if args.resume is not None and not args.resume.is_file():
+        raise ConfigError(f"{args.resume}: no such checkpoint")
+    if args.save_checkpoint is not None and not args.save_checkpoint.parent.is_dir():
+        raise ConfigError(f"{args.save_checkpoint}: folder {args.save_checkpoint.parent} does not exist")
     step_model, _ = ir.read_model(args.step)
     weights = initial_weights(args.forward, step_model) if args.forward else None
+    base_lr = args.lr if args.lr is not None else float(ir.metadata(step_model, "onnxcampo.lr", "0.01"))
+    schedule = parse_schedule(args.lr_schedule, base_lr) if args.lr_schedule else None  # base: --lr or the graph's
     trainer = Trainer(step_model, weights=weights, provider=args.provider, lr=args.lr, cuda_graph=args.cuda_graph)
+    if args.resume is not None:
+        trainer.load_checkpoint(args.resume)
+        if args.lr is not None:
+            trainer.lr = args.lr
     ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in step_model.graph.input}
     try:
         data = dict(np.load(args.data))
@@ -484,21 +506,29 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.data}: not a readable .npz ({exc})") from None
     lines = []
     bad = 0  # non-finite losses in a row: dynamic loss scaling skips such steps, a few are fine
-    for index in range(args.steps):
+    first = trainer.steps  # 0, or the checkpoint's step count
+    last = first + args.steps
+    for index in range(first, last):  # global step numbers: a resumed run continues the batches and the schedule
         batch = {name: (array[index % len(array)] if array.ndim == ranks.get(name, array.ndim) + 1 else array)
                  for name, array in data.items()}
+        if schedule is not None:
+            trainer.lr = schedule(index)
         loss = trainer.step(batch)
         scale = trainer.loss_scale
-        lines.append(json.dumps({"step": index + 1, "loss": loss, **({"loss_scale": scale} if scale else {})}))
+        lines.append(json.dumps({"step": index + 1, "loss": loss, **({"lr": trainer.lr} if schedule else {}),
+                                 **({"loss_scale": scale} if scale else {})}))
         bad = 0 if np.isfinite(loss) else bad + 1
         if bad > (MAX_SKIPPED_STEPS if scale else 0):
             raise ValidationError(f"the loss is {loss} at step {index + 1}: training diverged")
-        if (index + 1) % max(1, args.steps // 20) == 0 or index + 1 == args.steps:
+        if (index + 1 - first) % max(1, args.steps // 20) == 0 or index + 1 == last:
             shown = f", loss scale {scale:g}" if scale else ""
-            print(f"\rstep {index + 1}/{args.steps}: loss {loss:.5g}{shown}   ", end="", file=sys.stderr, flush=True)
+            print(f"\rstep {index + 1}/{last}: loss {loss:.5g}{shown}   ", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     if args.log:
         ir.write_text_atomically(args.log, "\n".join(lines) + "\n")
+    if args.save_checkpoint:
+        trainer.save_checkpoint(args.save_checkpoint)
+        print(f"onnxcampo: wrote checkpoint {args.save_checkpoint} (step {trainer.steps})", file=sys.stderr)
     if args.out:
         ir.save_model(trainer.export(args.forward), args.out)
         print(f"onnxcampo: wrote {args.out}", file=sys.stderr)

@@ -138,3 +138,18 @@ def test_train_command_saves_and_resumes(tmp_path):
 
     assert rows(head) + rows(tail) == rows(straight)
     assert [r["step"] for r in rows(tail)] == list(range(5, 11))
+
+
+def test_train_command_lr_schedule(tmp_path, capsys):
+    forward, step, data, log = tmp_path / "fwd.onnx", tmp_path / "step.onnx", tmp_path / "data.npz", tmp_path / "log.jsonl"
+    onnx.save(mlp(), str(forward))
+    assert main(["train-graph", str(forward), str(step), "--loss", "mse", "--optimizer", "momentum", "--lr", "0.05"]) == 0
+    np.savez(data, x=X, labels=TARGET)
+    assert main(["train", str(step), "--data", str(data), "--steps", "6", "--lr", "0.1",
+                 "--lr-schedule", "warmup:2,step:2:0.5", "--log", str(log)]) == 0
+    lrs = [json.loads(line)["lr"] for line in log.read_text().splitlines()]
+    assert lrs == pytest.approx([0.05, 0.1, 0.1, 0.1, 0.05, 0.05])
+    assert main(["train", str(step), "--data", str(data), "--lr-schedule", "cosine:x"]) == 2
+    assert "--lr-schedule 'cosine:x': the total steps must be an integer" in capsys.readouterr().err
+    assert main(["train", str(step), "--data", str(data), "--resume", str(tmp_path / "none.npz")]) == 2
+    assert "no such checkpoint" in capsys.readouterr().err
