@@ -165,3 +165,39 @@ def test_command_line_output_and_loss(tmp_path, capsys):
     assert main(["train-graph", str(forward), str(tmp_path / "bad.onnx"), "--output", "nope"]) == 2
     err = capsys.readouterr().err
     assert "the model has no output 'nope'; its outputs: a, y" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("loss, labels", [("bce_with_logits", BINARY), ("l1", TARGET), ("huber", TARGET)])
+def test_trainer_lowers_the_loss_and_the_amp_plan_keeps_the_loss_fp32(loss, labels):
+    """Trained as-is and after `optimize --policy amp`: the loss goes down, and the optimized
+    graph computes every loss/* node in fp32 (no fp16 value enters or leaves one)."""
+    import onnxcampo
+    from onnxcampo.training import Trainer, initial_weights
+
+    forward = mlp()
+    step = build_train_step(forward, loss=loss, optimizer="momentum", lr=0.05)
+    optimized = onnxcampo.optimize(step, policy="amp").model
+    onnx.checker.check_model(optimized, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(optimized)
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
+    types.update({t.name: t.data_type for t in inferred.graph.initializer})
+    assert TensorProto.FLOAT16 in types.values()  # the plan did make the forward fp16
+    loss_nodes = [n for n in inferred.graph.node if n.name.startswith("loss/")]
+    assert loss_nodes
+    for node in loss_nodes:
+        assert all(types.get(t) != TensorProto.FLOAT16 for t in (*node.input, *node.output) if t), node.name
+    for model in (step, optimized):
+        trainer = Trainer(model, weights=initial_weights(forward, step))
+        losses = [trainer.step({"x": X, "labels": labels}) for _ in range(60)]
+        assert np.isfinite(losses).all() and losses[-1] < 0.8 * losses[0]
+
+
+def test_command_line_loss_choices_are_the_library_losses():
+    from onnxcampo.cli import build_parser
+    from onnxcampo.training import LOSSES
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    loss = next(a for a in sub.choices["train-graph"]._actions if a.dest == "loss")
+    assert tuple(loss.choices) == LOSSES
