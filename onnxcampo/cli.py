@@ -195,10 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
     tg = sub.add_parser("train-graph", help="build a training-step graph (forward + loss + backward + update)")
     tg.add_argument("forward", type=Path, help="forward (inference) model; its float initializers are trained")
     tg.add_argument("output", type=Path, help="training-step model to write")
-    tg.add_argument("--loss", choices=("mse", "cross_entropy"), default="mse",
-                    help="loss on the model's first output against the batch input labels: mse (default; float "
-                         "targets of the prediction's shape) or cross_entropy (int64 class indices, softmax over "
-                         "the last axis)")
+    tg.add_argument("--loss", choices=("mse", "cross_entropy", "bce_with_logits", "l1", "huber"), default="mse",
+                    help="loss on the prediction against the batch input labels, a mean: mse (default), l1, huber "
+                         "(see --huber-delta) and bce_with_logits (binary cross-entropy on logits) take float "
+                         "targets of the prediction's shape; cross_entropy int64 class indices (softmax over the "
+                         "last axis)")
+    tg.add_argument("--output", dest="loss_output", metavar="NAME",
+                    help="the model output the loss reads (default: the first); the step graph returns the loss "
+                         "and the updated state, not the model's outputs")
+    tg.add_argument("--huber-delta", type=float, default=1.0,
+                    help="where huber turns from quadratic to linear (default 1.0)")
     tg.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"), default="sgd",
                     help="weight update (default sgd): sgd, momentum (0.9) or adamw (betas 0.9/0.999, eps 1e-8, "
                          "weight decay 0.01); its state is graph inputs paired with <name>.updated outputs")
@@ -455,13 +461,14 @@ def _train_graph(args: argparse.Namespace) -> int:
     output = ir.check_output_path(args.output, args.forward if args.forward.exists() else None)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     step = build_train_step(args.forward, loss=args.loss, optimizer=args.optimizer, lr=args.lr,
-                            freeze=args.freeze, input_shapes=shapes, fused=None if args.fused_ops else False,
-                            simplify=args.simplify)
+                            output=args.loss_output, huber_delta=args.huber_delta, freeze=args.freeze,
+                            input_shapes=shapes, fused=None if args.fused_ops else False, simplify=args.simplify)
     ir.save_model(step, output)
     spec = step_spec(step)
     update = "fused ai.onnxcampo op" if ops.uses_ops(step) else "standard ops"
     print(f"onnxcampo: wrote {output}: {len(spec.weights)} weights trained with {args.optimizer} ({update}) on "
-          f"{args.loss}; batch inputs {', '.join(spec.batch)}; {len(step.graph.node)} nodes", file=sys.stderr)
+          f"{args.loss} of {ir.metadata(step, 'onnxcampo.prediction')}; batch inputs {', '.join(spec.batch)}; "
+          f"{len(step.graph.node)} nodes", file=sys.stderr)
     frozen = ir.metadata(step, "onnxcampo.frozen")
     if frozen:
         print(f"onnxcampo: {frozen}", file=sys.stderr)

@@ -6,15 +6,28 @@ Conventions (what :class:`onnxcampo.training.Trainer` relies on):
   master weights), except those matching ``freeze`` and those that are not weights: BatchNorm
   running statistics, Resize scales, formula constants, grouped Conv weights, constants with no
   gradient path (see :mod:`onnxcampo.training.trainable`); these stay constants;
-* the batch is the forward model's own inputs plus ``labels`` (float targets for ``mse``, int64
-  class indices for ``cross_entropy``);
+* the batch is the forward model's own inputs plus ``labels``: float targets of the prediction's
+  shape for ``mse``, ``l1``, ``huber`` and ``bce_with_logits`` (0/1 or soft targets), int64 class
+  indices for ``cross_entropy``;
 * outputs: ``loss`` (scalar, fp32), then ``<weight>.updated`` for every weight;
 * optimizer state: ``<weight>.momentum`` (momentum), ``<weight>.adam_m`` / ``<weight>.adam_v``
   and the scalar ``step`` (adamw) are inputs, their next values ``<name>.updated`` outputs;
 * ``lr`` is a scalar input, so schedules need no new graph (the value given to
   :func:`build_train_step` is stored as metadata ``onnxcampo.lr``, the Trainer's default).
 
-The model's first output is the prediction the loss is computed on.
+Losses (each a mean over the elements, or over the samples for ``cross_entropy``):
+
+* ``mse``: mean (x - y)^2;
+* ``cross_entropy``: mean over samples of -log softmax(x)[label], softmax over the last axis;
+* ``bce_with_logits``: binary cross-entropy on logits, in the stable form
+  mean(max(x, 0) - x*y + log(1 + exp(-|x|)));
+* ``l1``: mean |x - y|;
+* ``huber``: mean of 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta), d = x - y
+  (``huber_delta``, default 1.0; computed as 0.5 m^2 + delta (|d| - m), m = min(|d|, delta)).
+
+The prediction the loss reads is the model's first output, or the one named by ``output``; the
+step graph's outputs are ``loss`` and the updated state only (the model's other outputs are not
+outputs of the step, as before ``output`` existed).
 """
 
 from __future__ import annotations
@@ -36,7 +49,8 @@ from onnxcampo.training.simplify import ALIAS_RULES, simplify_backward
 from onnxcampo.training.trainable import (check_trainable, forget_declared_shapes, constants_to_initializers,
                                           forward_values, select_trainable)
 
-LOSSES = ("mse", "cross_entropy")
+LOSSES = ("mse", "cross_entropy", "bce_with_logits", "l1", "huber")
+FLOAT_LABEL_LOSSES = ("mse", "bce_with_logits", "l1", "huber")  # labels: float, the prediction's shape
 OPTIMIZERS = ("sgd", "momentum", "adamw")
 UPDATED = ".updated"
 LABELS = "labels"
@@ -75,6 +89,8 @@ def build_train_step(
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     fused: bool | None = None,
     simplify: bool = True,
+    output: str | None = None,
+    huber_delta: float = 1.0,
 ) -> onnx.ModelProto:
     """One training step as an ONNX model (see the module docstring for names).
 
@@ -85,19 +101,23 @@ def build_train_step(
     fused ops when the custom-op library is available.
     ``simplify``: rewrite onnx-ad's backward graph with the same math in fewer, cheaper ops
     (:func:`onnxcampo.training.simplify.simplify_backward`); False keeps it as emitted.
+    ``output``: the model output the loss reads (default: the first); the step graph does not
+    return the model's outputs. ``huber_delta``: where ``huber`` turns from quadratic to linear.
     """
     if loss not in LOSSES:
         raise ConfigError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-    model, weights, initial = _prepare(forward, freeze=freeze, input_shapes=input_shapes or {})
-    prediction = model.graph.output[0].name
+    if loss == "huber" and not (np.isfinite(huber_delta) and huber_delta > 0):
+        raise ConfigError(f"huber_delta must be a positive number, not {huber_delta!r}")
+    model, weights, initial, prediction = _prepare(forward, freeze=freeze, input_shapes=input_shapes or {},
+                                                   output=output)
     info, _ = ir.infer_tensor_info(model)
     shape = info[prediction].shape if prediction in info else None
     if shape is None or None in shape:
         raise UnsupportedModelError(
             f"the shape of the prediction {prediction!r} is not static; pin the inputs with input_shapes")
-    _add_loss(model, prediction, loss, list(shape))
+    _add_loss(model, prediction, loss, list(shape), huber_delta=huber_delta)
     del model.graph.output[:]
     model.graph.output.append(helper.make_tensor_value_info(LOSS, TensorProto.FLOAT, []))
     model.ir_version = min(model.ir_version, 10)
@@ -118,6 +138,8 @@ def build_train_step(
     gradients.metadata_props.add(key="onnxcampo.train_step", value=f"{loss},{optimizer}")
     gradients.metadata_props.add(key=FUSED_METADATA, value="1" if fused else "0")
     gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))
+    if loss == "huber":
+        gradients.metadata_props.add(key="onnxcampo.huber_delta", value=repr(float(huber_delta)))
     gradients.metadata_props.add(key="onnxcampo.prediction", value=prediction)  # where the loss starts
     gradients.metadata_props.add(key="onnxcampo.loss_seed", value=seed)  # d loss / d loss, 1 until scaled
     ir.name_nodes(gradients)  # onnx-ad leaves backward nodes unnamed; plans and reports need names
@@ -140,10 +162,10 @@ def step_spec(step: onnx.ModelProto) -> StepSpec:
     return StepSpec(weights, state, batch, optimizer, loss)
 
 
-def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, ...]]
-             ) -> tuple[onnx.ModelProto, list[str], list[onnx.TensorProto]]:
-    """The forward model made differentiable by onnx-ad, its trainable weights (lifted to inputs)
-    and their initial values.
+def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, ...]], output: str | None = None
+             ) -> tuple[onnx.ModelProto, list[str], list[onnx.TensorProto], str]:
+    """The forward model made differentiable by onnx-ad, its trainable weights (lifted to inputs),
+    their initial values and the prediction (``output``, or the first output when None).
 
     Upgrades old opsets to 17, pins the given input shapes, rejects training-mode BatchNorm and
     Dropout, turns float Constant nodes into initializers (weights of Paddle exports), lifts only the real weights (:mod:`onnxcampo.training.trainable` freezes running
@@ -153,6 +175,10 @@ def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, 
     from onnx_ad.fold import fold_constants  # onnx-ad is pinned; its folder is what reverse() uses
 
     model, _ = ir.read_model(forward)
+    outputs = [o.name for o in model.graph.output]
+    if output is not None and output not in outputs:
+        raise ConfigError(f"the model has no output {output!r}; its outputs: {', '.join(outputs)}")
+    prediction = output if output is not None else outputs[0]
     if ir.default_opset(model) < 17:
         try:
             model = onnx.version_converter.convert_version(model, 17)
@@ -163,14 +189,14 @@ def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, 
     check_trainable(model)
     constants_to_initializers(model)
     forget_declared_shapes(model)
-    weights, initial = _lift_weights(model, freeze)
+    weights, initial = _lift_weights(model, freeze, prediction)
     if not weights:
         raise ConfigError("the model has no float initializer left to train (all frozen?)")
     folded = fold_constants(model)
     if folded is not model:
         model.CopyFrom(folded)
         forget_declared_shapes(model)
-    return model, weights, initial
+    return model, weights, initial, prediction
 
 
 def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -178,9 +204,11 @@ def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> N
         ir.pin_input_shapes(model, shapes, {}, require_static=False)
 
 
-def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> tuple[list[str], list[onnx.TensorProto]]:
-    """Move the trainable initializers to graph inputs; returns their names and initial values."""
-    selection = select_trainable(model, freeze=freeze)
+def _lift_weights(model: onnx.ModelProto, freeze: str | None, prediction: str | None = None
+                  ) -> tuple[list[str], list[onnx.TensorProto]]:
+    """Move the trainable initializers (those with a gradient path to ``prediction``) to graph
+    inputs; returns their names and initial values."""
+    selection = select_trainable(model, freeze=freeze, prediction=prediction)
     model.metadata_props.add(key=FROZEN_KEY, value=selection.summary())  # read back by the CLI
     trainable = set(selection.weights)
     lifted = [t for t in model.graph.initializer if t.name in trainable]
@@ -196,14 +224,58 @@ def _lift_weights(model: onnx.ModelProto, freeze: str | None) -> tuple[list[str]
     return list(selection.weights), lifted
 
 
-def _add_loss(model: onnx.ModelProto, prediction: str, loss: str, shape: list[int]) -> None:
+def _add_loss(model: onnx.ModelProto, prediction: str, loss: str, shape: list[int], *, huber_delta: float = 1.0) -> None:
+    """The loss nodes (names ``loss/...``), reading only the prediction, ``labels`` and constants:
+    what :func:`onnxcampo.training.scaling.fp32_nodes` recognises as loss nodes (kept fp32)."""
     graph = model.graph
-    if loss == "mse":
+    node = helper.make_node
+
+    def const(name: str, value: float) -> str:
+        graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), name))
+        return name
+
+    if loss in FLOAT_LABEL_LOSSES:
         graph.input.append(helper.make_tensor_value_info(LABELS, TensorProto.FLOAT, shape))
+    if loss == "mse":
         graph.node.extend([
-            helper.make_node("Sub", [prediction, LABELS], ["loss/diff"], name="loss/diff"),
-            helper.make_node("Mul", ["loss/diff", "loss/diff"], ["loss/square"], name="loss/square"),
-            helper.make_node("ReduceMean", ["loss/square"], [LOSS], name="loss/mean", keepdims=0),
+            node("Sub", [prediction, LABELS], ["loss/diff"], name="loss/diff"),
+            node("Mul", ["loss/diff", "loss/diff"], ["loss/square"], name="loss/square"),
+            node("ReduceMean", ["loss/square"], [LOSS], name="loss/mean", keepdims=0),
+        ])
+        return
+    if loss == "l1":
+        graph.node.extend([
+            node("Sub", [prediction, LABELS], ["loss/diff"], name="loss/diff"),
+            node("Abs", ["loss/diff"], ["loss/abs"], name="loss/abs"),
+            node("ReduceMean", ["loss/abs"], [LOSS], name="loss/mean", keepdims=0),
+        ])
+        return
+    if loss == "huber":  # 0.5 m^2 + delta (|d| - m), m = min(|d|, delta): both branches in one formula
+        delta = const("loss/delta", huber_delta)
+        graph.node.extend([
+            node("Sub", [prediction, LABELS], ["loss/diff"], name="loss/diff"),
+            node("Abs", ["loss/diff"], ["loss/abs"], name="loss/abs"),
+            node("Min", ["loss/abs", delta], ["loss/clipped"], name="loss/clipped"),
+            node("Mul", ["loss/clipped", "loss/clipped"], ["loss/square"], name="loss/square"),
+            node("Mul", ["loss/square", const("loss/half", 0.5)], ["loss/quadratic"], name="loss/quadratic"),
+            node("Sub", ["loss/abs", "loss/clipped"], ["loss/excess"], name="loss/excess"),
+            node("Mul", ["loss/excess", delta], ["loss/linear"], name="loss/linear"),
+            node("Add", ["loss/quadratic", "loss/linear"], ["loss/elementwise"], name="loss/elementwise"),
+            node("ReduceMean", ["loss/elementwise"], [LOSS], name="loss/mean", keepdims=0),
+        ])
+        return
+    if loss == "bce_with_logits":  # max(x, 0) - x y + log(1 + exp(-|x|)): no overflow for any x
+        graph.node.extend([
+            node("Relu", [prediction], ["loss/relu"], name="loss/relu"),
+            node("Mul", [prediction, LABELS], ["loss/xy"], name="loss/xy"),
+            node("Abs", [prediction], ["loss/abs"], name="loss/abs"),
+            node("Neg", ["loss/abs"], ["loss/neg_abs"], name="loss/neg_abs"),
+            node("Exp", ["loss/neg_abs"], ["loss/exp"], name="loss/exp"),
+            node("Add", ["loss/exp", const("loss/one", 1.0)], ["loss/one_plus"], name="loss/one_plus"),
+            node("Log", ["loss/one_plus"], ["loss/log"], name="loss/log"),
+            node("Sub", ["loss/relu", "loss/xy"], ["loss/linear"], name="loss/linear"),
+            node("Add", ["loss/linear", "loss/log"], ["loss/elementwise"], name="loss/elementwise"),
+            node("ReduceMean", ["loss/elementwise"], [LOSS], name="loss/mean", keepdims=0),
         ])
         return
     classes = shape[-1]
@@ -395,4 +467,4 @@ def initial_weights(forward: str | os.PathLike | onnx.ModelProto | None, step: o
     return {w: numpy_helper.to_array(values[w]).astype(np.float32).copy() for w in spec.weights}
 
 
-__all__ = ["LOSSES", "OPTIMIZERS", "StepSpec", "build_train_step", "initial_weights", "step_spec"]
+__all__ = ["FLOAT_LABEL_LOSSES", "LOSSES", "OPTIMIZERS", "StepSpec", "build_train_step", "initial_weights", "step_spec"]

@@ -18,7 +18,7 @@ reason reported):
    ConvTranspose, which onnx-ad 0.3.0 cannot differentiate with respect to the weight (the bias
    stays trainable, and gradients still flow through to the layer's input).
 5. ``no-gradient-path``: no differentiable path leads from it to the prediction (the model's
-   first output): it feeds only shape arithmetic, comparisons, integer casts or other outputs.
+   first output, or the one `build_train_step(output=)` names): it feeds only shape arithmetic, comparisons, integer casts or other outputs.
 6. ``formula-constant``: it holds one element and no consumer reads it as a layer's weight or
    bias (``LAYER_SLOTS``): an epsilon, a scale factor such as GELU's 0.5, a clamp bound.
 
