@@ -34,6 +34,7 @@ import onnx_graphsurgeon as gs
 from onnxcampo import oplists
 from onnxcampo.casting import PrecisionOf, tensor_casts
 from onnxcampo.context import GraphContext
+from onnxcampo.elementwise_fusion import FUSABLE
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
 
@@ -227,8 +228,6 @@ def _reduction_reads(ctx: GraphContext, tensor: gs.Tensor, precision_of: Precisi
 def _cast_folds(ctx: GraphContext, tensor: gs.Tensor) -> bool:
     """Whether ``--fuse-elementwise`` would fold a Cast of ``tensor`` into a neighbour: its
     producer, or every reader, is an op it fuses (static shapes)."""
-    from onnxcampo.elementwise_fusion import FUSABLE
-
     def fusable(node: gs.Node | None) -> bool:
         return (node is not None and node.op in FUSABLE and (node.domain or "") in oplists.DEFAULT_DOMAINS
                 and all(ctx.info.get(t.name) is not None and ctx.info[t.name].numel for t in node.outputs))

@@ -472,20 +472,8 @@ class Bound:
 def gpu_ms_per_run(bound: "Bound", runs: int = 10) -> dict | None:
     """The GPU kernel time of one run and its launches, as CUPTI sees them through torch's profiler
     (None without torch): the wall time of a run also holds the host's work per node."""
-    try:
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-    except Exception:  # noqa: BLE001 - torch is optional here
-        return None
     bound.sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(runs):
-            bound.run()
-        bound.sync()
-    kernels = [e for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    total = sum(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0) for e in kernels)
-    return {"total_ms": total / 1e3 / runs, "launches": sum(e.count for e in kernels) / runs,
-            "kernels": {e.key[:80]: (getattr(e, "self_device_time_total", 0.0) or 0.0) / 1e3 / runs for e in kernels}}
+    return standalone.gpu_time_per_call(bound.run, runs)
 
 
 def timing(provider: str, rounds: int, block: int) -> list[dict]:

@@ -256,35 +256,6 @@ def check_case(rt: Runtime, p: int, q: int, r: int, in_type: int, out_type: int,
 # ---- timing -----------------------------------------------------------------------------------
 
 
-def cupti_kernels(fn, runs: int):
-    """(kernel name, GPU us per call, launches per call) of ``runs`` calls of ``fn`` through
-    torch.profiler (CUPTI sees ORT's kernels too); None without torch or CUDA."""
-    try:
-        import torch
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-    except Exception:  # noqa: BLE001
-        return None
-    if not torch.cuda.is_available():
-        return None
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    try:
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(runs):
-                fn()
-            torch.cuda.synchronize()
-        rows = []
-        for entry in prof.key_averages():
-            if entry.device_type == DeviceType.CUDA:
-                us = getattr(entry, "self_device_time_total", None) or getattr(entry, "self_cuda_time_total", 0.0)
-                rows.append((entry.key, us / runs, entry.count / runs))
-        return sorted(rows, key=lambda row: -row[1]) or None
-    except Exception as exc:  # noqa: BLE001
-        print(f"  (CUPTI unavailable: {type(exc).__name__}: {exc})", file=sys.stderr)
-        return None
-
-
 def variants(shape, axes):
     """(name, kind, in type, out type, pair) of the timed variants of one shape."""
     three = len(shape) == 3
@@ -372,7 +343,7 @@ def time_shape(rt: Runtime, label, shape, axes, args, library) -> dict:
             item["graph_us"] = round(statistics.median(replay[name]), 3)
             item["gb_s"] = round(item["bytes_read"] / item["graph_us"] / 1e3, 1)
         if rt.provider == "cuda" and args.cupti:
-            kernels = cupti_kernels(lambda: plain.run_with_iobinding(bound), 5)
+            kernels = standalone.cuda_kernel_times(lambda: plain.run_with_iobinding(bound), 5)
             if kernels:
                 item["cupti_us"] = round(sum(us for _, us, _ in kernels) / args.copies, 3)
                 item["cupti_kernels"] = [(k[:100], round(us / args.copies, 3), round(n / args.copies, 2))

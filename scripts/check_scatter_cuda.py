@@ -344,20 +344,8 @@ class Bound:
 def gpu_ms_per_run(bound: Bound, runs: int = 10) -> dict | None:
     """The device time of one run (kernels and the copy of data) as CUPTI sees it through torch's
     profiler; None without torch (optional: the wall times of a run also hold ORT's host work)."""
-    try:
-        from torch.profiler import ProfilerActivity, profile
-    except Exception:  # noqa: BLE001 - torch is optional here
-        return None
     bound.runs(1)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        bound.runs(runs)
-    events = [e for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-
-    def device_us(event) -> float:
-        return getattr(event, "self_device_time_total", 0.0) or getattr(event, "self_cuda_time_total", 0.0) or 0.0
-
-    return {"total_ms": sum(device_us(e) for e in events) / 1e3 / runs, "launches": sum(e.count for e in events) / runs,
-            "kernels_ms": {e.key[:100]: device_us(e) / 1e3 / runs for e in events}}
+    return standalone.gpu_time_per_call(lambda: bound.runs(1), runs)
 
 
 def cuda_graph_check(bench: dict, provider: str) -> dict:

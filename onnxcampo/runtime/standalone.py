@@ -35,3 +35,50 @@ def custom_op_session(model: bytes | str, library: str, provider: str = "cpu", *
     if provider == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
         raise RuntimeError(f"CUDAExecutionProvider is not available (providers {session.get_providers()})")
     return session
+
+
+def cuda_kernel_times(fn, runs: int) -> list[tuple[str, float, float]] | None:
+    """``(kernel, device us per call, launches per call)`` of ``runs`` calls of ``fn``, largest
+    first, as CUPTI sees them through torch's profiler (it sees ORT's kernels too); None without
+    torch or CUDA, or when the profiler does not answer (no figure rather than a failure)."""
+    import os
+    import sys
+
+    try:
+        import torch
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+    except Exception:  # noqa: BLE001 - torch is optional
+        return None
+    if not torch.cuda.is_available():
+        return None
+    # detach CUPTI when the profile ends: left attached it slows every later launch of the process
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
+    try:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(runs):
+                fn()
+            torch.cuda.synchronize()
+        rows = []
+        for entry in prof.key_averages():
+            if entry.device_type == DeviceType.CUDA:  # attribute names changed across torch versions
+                us = getattr(entry, "self_device_time_total", None) or getattr(entry, "self_cuda_time_total", 0.0)
+                rows.append((entry.key, us / runs, entry.count / runs))
+        if not any(us for _, us, _ in rows):
+            return None
+        return sorted(rows, key=lambda row: -row[1])
+    except Exception as exc:  # noqa: BLE001
+        print(f"  (CUPTI unavailable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+              file=sys.stderr)
+        return None
+
+
+def gpu_time_per_call(fn, runs: int = 10) -> dict | None:
+    """:func:`cuda_kernel_times` summed: ``total_ms`` and ``launches`` a call of ``fn``, and each
+    kernel's ms (``kernels_ms``); None where that gives None."""
+    rows = cuda_kernel_times(fn, runs)
+    if rows is None:
+        return None
+    return {"total_ms": sum(us for _, us, _ in rows) / 1e3, "launches": sum(n for _, _, n in rows),
+            "kernels_ms": {name[:100]: us / 1e3 for name, us, _ in rows}}

@@ -313,12 +313,14 @@ def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: di
     ops need the library anyway). It reads fp16 gradients directly: the Casts to fp32 that the
     update had go away, the op's fp32 outputs take their names."""
     grads, outputs = [], []
+    edit = ir.ModelEdit(model)
+    readers, kept = edit.consumers(), edit.interface()  # what the loop removes is no Cast's reader
     for weight in weights:
         gradient = f"{weight}/grad"
         target = _fp32_gradient(model, weight, producers, dtypes)
         if target == gradient:
             producer = producers[gradient]
-            _read_fp16_through_reshape(model, producer, producers, dtypes)
+            _read_fp16_through_reshape(model, producer, producers, readers, kept, dtypes)
             producer.output[list(producer.output).index(gradient)] = gradient + ".scaled"
             grads.append(gradient + ".scaled")
         else:
@@ -332,7 +334,8 @@ def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: di
 
 
 def _read_fp16_through_reshape(model: onnx.ModelProto, reshape: onnx.NodeProto,
-                               producers: dict[str, onnx.NodeProto], dtypes: dict[str, int]) -> None:
+                               producers: dict[str, onnx.NodeProto], readers: dict[str, list[onnx.NodeProto]],
+                               kept: set[str], dtypes: dict[str, int]) -> None:
     """A gradient made by ``Reshape(Cast(g16, to=float))`` (a weight gradient computed in fp16 as
     a Gemm, shaped back to the weight's dims) is reshaped in fp16: the unscale reads fp16 itself,
     so the Cast, a pass over a weight-sized tensor, goes away."""
@@ -342,8 +345,8 @@ def _read_fp16_through_reshape(model: onnx.ModelProto, reshape: onnx.NodeProto,
     if cast is None or cast.op_type != "Cast" or ir.attribute(cast, "to") != TensorProto.FLOAT \
             or dtypes.get(cast.input[0]) != TensorProto.FLOAT16:
         return
-    readers = [n for n in model.graph.node if cast.output[0] in n.input]
-    if readers != [reshape] or cast.output[0] in {o.name for o in model.graph.output}:
+    users = readers.get(cast.output[0], [])
+    if len(users) != 1 or users[0] is not reshape or cast.output[0] in kept:
         return
     reshape.input[0] = cast.input[0]
     model.graph.node.remove(cast)

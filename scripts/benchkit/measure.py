@@ -13,7 +13,6 @@ runner, profiles and their breakdown.
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -421,38 +420,12 @@ def kernel_class(name: str) -> str:
 
 def cupti_kernels(fn, runs: int) -> list[tuple[str, float, float]] | None:
     """(kernel name, GPU ms per call of ``fn``, launches per call) for ``runs`` calls, largest first,
-    as CUPTI sees them through ``torch.profiler``; None without torch or CUDA (or when the profiler
-    API does not answer: no figure rather than a failure)."""
-    try:
-        import torch
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-    except Exception:  # noqa: BLE001 - torch missing or broken: no CUPTI figures
-        return None
-    if not torch.cuda.is_available():
-        return None
-    # detach CUPTI when the profile ends: left attached it slows every later launch of the process
-    # (the benchmark times more sessions after this one)
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    try:
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(runs):
-                fn()
-            torch.cuda.synchronize()
-        rows = []
-        for entry in prof.key_averages():
-            if entry.device_type == DeviceType.CUDA:  # attribute names changed across torch versions
-                us = getattr(entry, "self_device_time_total", None) or getattr(entry, "self_cuda_time_total", 0.0)
-                rows.append((entry.key, us / 1e3 / runs, entry.count / runs))
-        if not any(ms for _, ms, _ in rows):  # nothing timed: no figure rather than zeros
-            return None
-        return sorted(rows, key=lambda r: -r[1])
-    except Exception as exc:  # noqa: BLE001
-        import sys
+    as CUPTI sees them through ``torch.profiler`` (``onnxcampo.runtime.standalone.cuda_kernel_times``);
+    None without torch or CUDA (or when the profiler API does not answer)."""
+    from onnxcampo.runtime.standalone import cuda_kernel_times
 
-        print(f"  (CUPTI kernel times unavailable: {exc.__class__.__name__}: {exc})", file=sys.stderr)
-        return None
+    rows = cuda_kernel_times(fn, runs)
+    return None if rows is None else [(name, us / 1e3, launches) for name, us, launches in rows]
 
 
 def gpu_split(kernels: list[tuple[str, float, float]], *, top: int = 12) -> dict[str, Any]:
