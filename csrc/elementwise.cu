@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(kThreads) FusedElementwiseKernel(const __grid_
 // compiler keeps them in hardware registers (no shared or local memory), at the price of a
 // branch per operand. Which of the two kernels is faster on which programs is measured by
 // scripts/check_fused_elementwise_cuda.py: ONNXCAMPO_EW_KERNEL=registers takes this one for the
-// programs that fit; until it has been checked on a GPU the default stays the shared-memory kernel.
+// programs that fit (ops.cc). Both interpreters are the fallback of the generated kernels
+// (elementwise_jit.h), which are the default.
 constexpr int kSmallRegisters = 8;
 constexpr int kSmallThreads = 256;
 constexpr int kSmallBlocksPerSm = 8;
@@ -298,15 +299,6 @@ __global__ void __launch_bounds__(kSmallThreads) FusedElementwiseSmallKernel(con
   }
 }
 
-// Whether ONNXCAMPO_EW_KERNEL=registers asks for the small-program kernel (read once).
-bool RegistersKernel() {
-  static const bool chosen = [] {
-    const char* value = std::getenv("ONNXCAMPO_EW_KERNEL");
-    return value != nullptr && std::string(value) == "registers";
-  }();
-  return chosen;
-}
-
 bool Aligned(const void* pointer, bool half) {
   return reinterpret_cast<uintptr_t>(pointer) % (half ? 2 * kW : 4 * kW) == 0;
 }
@@ -339,7 +331,7 @@ void Launch(const Params& params, int blocks, cudaStream_t stream) {
 
 }  // namespace
 
-void FusedElementwiseCuda(const Program& program, const Layout& layout, void* stream_handle) {
+void FusedElementwiseCuda(const Program& program, const Layout& layout, void* stream_handle, bool registers) {
   if (layout.n == 0) return;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   Params params;
@@ -351,7 +343,7 @@ void FusedElementwiseCuda(const Program& program, const Layout& layout, void* st
   for (int k = 0; k < layout.outputs; ++k) {
     if (Aligned(layout.out[k], layout.out_half >> k & 1)) params.out_aligned |= 1u << k;
   }
-  if (program.registers <= kSmallRegisters && RegistersKernel()) {
+  if (program.registers <= kSmallRegisters && registers) {
     const int64_t wanted = (layout.n + kSmallThreads - 1) / kSmallThreads;
     const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, MultiprocessorCount() * kSmallBlocksPerSm)));
     const bool small_index = layout.n < (int64_t{1} << 31);

@@ -27,6 +27,9 @@
 #undef ORT_API_MANUAL_INIT
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <cstdlib>
 #include <atomic>
 #include <functional>
 #include <mutex>
@@ -35,6 +38,7 @@
 
 #include "avg_matmul.h"
 #include "elementwise.h"
+#include "elementwise_jit.h"
 #include "im2col.h"
 #include "kernels.h"
 #include "op_util.h"
@@ -390,6 +394,29 @@ ONNXTensorElementDataType OutputType(const std::vector<int64_t>& output_types, s
   return in_float32 && type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : type;
 }
 
+#ifdef ONNXCAMPO_WITH_CUDA
+// Which CUDA kernel runs FusedElementwise, read when ORT creates the kernel (so sessions made
+// under different settings in one process can be compared): the generated one
+// (elementwise_jit.h) unless $ONNXCAMPO_EW_KERNEL is "interpreter" or "registers"
+// (elementwise.cu's two interpreters).
+enum class EwKernel { kGenerated, kInterpreter, kRegisters };
+EwKernel ChosenEwKernel() {
+  const char* value = std::getenv("ONNXCAMPO_EW_KERNEL");
+  const std::string kernel = value ? value : "";
+  if (kernel == "interpreter") return EwKernel::kInterpreter;
+  if (kernel == "registers") return EwKernel::kRegisters;
+  return EwKernel::kGenerated;
+}
+
+// Says once per process, on stderr, that the slower interpreter kernel runs and why.
+void WarnInterpreter(const std::string& why) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::fprintf(stderr, "onnxcampo_ops: FusedElementwise runs its interpreter kernel (slower): %s\n", why.c_str());
+  });
+}
+#endif
+
 struct FusedElementwise {
   FusedElementwise(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
     Ort::ConstKernelInfo kernel_info(info);
@@ -477,12 +504,21 @@ struct FusedElementwise {
       if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) layout.out_half |= 1u << k;
     }
 #ifdef ONNXCAMPO_WITH_CUDA
-    if (cuda) return ew::FusedElementwiseCuda(program, layout, ctx.GetGPUComputeStream());
+    if (cuda) {
+      std::string why;
+      if (kernel == EwKernel::kGenerated && jit.Launch(program, layout, ctx.GetGPUComputeStream(), &why)) return;
+      if (!why.empty()) WarnInterpreter(why);
+      return ew::FusedElementwiseCuda(program, layout, ctx.GetGPUComputeStream(), kernel == EwKernel::kRegisters);
+    }
 #endif
     ew::FusedElementwiseCpu(program, layout, ThreadPoolRunner(ctx));
   }
 
   ew::Program program;
+#ifdef ONNXCAMPO_WITH_CUDA
+  EwKernel kernel = ChosenEwKernel();
+  ew::JitKernel jit;
+#endif
   std::vector<int64_t> output_types;
   std::vector<int64_t> input_types;
   bool in_float32 = false;
@@ -680,4 +716,58 @@ extern "C" __attribute__((visibility("default"))) const char* OnnxcampoOpsBuildI
                                   onnxcampo::MatMulU8Isa();
 #endif
   return info.c_str();
+}
+
+// What FusedElementwise's generated CUDA kernels did in this process (ew::JitStats), "" in a
+// library without CUDA (read by onnxcampo.ops.jit.kernel_stats).
+extern "C" __attribute__((visibility("default"))) const char* OnnxcampoFusedElementwiseStats() {
+#ifdef ONNXCAMPO_WITH_CUDA
+  static thread_local std::string text;
+  text = onnxcampo::ew::JitStats();
+  return text.c_str();
+#else
+  return "";
+#endif
+}
+
+// The CUDA source FusedElementwise's generated kernel has for a node and one call's input shapes
+// (elementwise_jit.h), for tests and scripts (onnxcampo.ops.jit): `shapes` holds the inputs'
+// dimensions one after the other, `ranks[k]` how many are input k's, `input_types[k]` 1 or 10.
+// Writes the source (NUL-terminated) into `buffer` when it fits and returns its length; a
+// negative return -L says the program or shapes are refused and `buffer` holds why (L bytes).
+extern "C" __attribute__((visibility("default"))) int64_t OnnxcampoFusedElementwiseSource(
+    const int64_t* program, int64_t program_length, int64_t registers, const float* constants, int64_t constant_count,
+    const int64_t* output_types, int64_t outputs, const int64_t* input_types, const int64_t* shapes,
+    const int64_t* ranks, int64_t inputs, int32_t literal_shape, char* buffer, int64_t size) {
+  using namespace onnxcampo::ew;
+  std::string text;
+  bool refused = true;
+  try {
+    Program p;
+    const std::vector<int64_t> types(output_types, output_types + outputs);
+    text = CheckProgram(std::vector<int64_t>(program, program + program_length), registers,
+                        std::vector<float>(constants, constants + constant_count), static_cast<size_t>(inputs), types, &p);
+    if (text.empty()) {
+      std::vector<std::vector<int64_t>> dims;
+      for (int64_t k = 0, at = 0; k < inputs; at += ranks[k++]) dims.emplace_back(shapes + at, shapes + at + ranks[k]);
+      std::vector<int64_t> shape;
+      Layout layout;
+      text = Prepare(dims, &shape, &layout);
+      if (text.empty()) {
+        layout.outputs = static_cast<int32_t>(outputs);
+        for (int64_t k = 0; k < inputs; ++k) layout.in_half |= (input_types[k] == 10 ? 1u : 0u) << k;
+        for (int64_t k = 0; k < outputs; ++k) layout.out_half |= (output_types[k] == 10 ? 1u : 0u) << k;
+        JitOptions options;
+        options.index64 = layout.n >= (int64_t{1} << 31);
+        options.literal_shape = literal_shape != 0;
+        text = GenerateSource(p, layout, options);
+        refused = false;
+      }
+    }
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  const int64_t length = static_cast<int64_t>(text.size());
+  if (buffer != nullptr && size > length) std::memcpy(buffer, text.c_str(), text.size() + 1);
+  return refused ? -length : length;
 }

@@ -11,7 +11,11 @@ error of every output of every case, writes everything as JSON to ``--out``, and
 case is off by more than its tolerance (or fails to run). ``--provider cpu`` runs the same cases
 on the CPU kernel (tests/ops/test_fused_elementwise.py does that too).
 
-Timing (``--timing``, default on for cuda): each benchmark's fused node against its unfused ONNX
+On CUDA every case runs on each kernel of ``--kernels`` (default all three: the generated kernel,
+NVRTC-compiled per program, which is the library's default, and the two interpreters), and the
+run fails when a generated kernel fell back to an interpreter.
+
+Timing (``--timing``, default on for cuda): each benchmark's fused node (each kernel) against its unfused ONNX
 chain (Casts at the edges where a mixed-precision graph has them), inputs and pre-allocated
 outputs bound on the device (IO binding), the variants interleaved in rounds in one process;
 median ms per run. The outputs of fused and unfused are compared too (max ulp; erf/exp come from
@@ -51,6 +55,7 @@ def _load(name: str, relative: str):
 
 
 ew = _load("_fused_elementwise_reference", "onnxcampo/ops/elementwise.py")
+jit = _load("_fused_elementwise_jit", "onnxcampo/ops/jit.py")  # NVRTC for the generated kernels
 standalone = _load("_onnxcampo_standalone_sessions", "onnxcampo/runtime/standalone.py")  # the runtime door
 Op = ew.Op
 
@@ -388,24 +393,45 @@ def compare(case: Case, outputs: list[np.ndarray], provider: str) -> dict:
 PROVIDERS = standalone.PROVIDERS
 
 
-def session(model_bytes: bytes, provider: str, threads: int | None = None) -> ort.InferenceSession:
-    return standalone.custom_op_session(model_bytes, library_path(), provider, intra_op_threads=threads)
+# The CUDA kernels of FusedElementwise (the library reads $ONNXCAMPO_EW_KERNEL when a session
+# creates the kernel, so sessions of each kind live side by side in this process).
+KERNELS = ("generated", "interpreter", "registers")
 
 
-def run_case(case: Case, provider: str, threads: int | None = None, declare: bool = True) -> list[np.ndarray]:
-    return session(case.model(declare), provider, threads).run(None, case.feeds())
+def session(model_bytes: bytes, provider: str, threads: int | None = None,
+            kernel: str = "generated") -> ort.InferenceSession:
+    saved = os.environ.get(jit.KERNEL_ENV_VAR)
+    os.environ[jit.KERNEL_ENV_VAR] = kernel
+    try:
+        return standalone.custom_op_session(model_bytes, library_path(), provider, intra_op_threads=threads)
+    finally:
+        if saved is None:
+            os.environ.pop(jit.KERNEL_ENV_VAR, None)
+        else:
+            os.environ[jit.KERNEL_ENV_VAR] = saved
 
 
-def check(provider: str) -> list[dict]:
+def run_case(case: Case, provider: str, threads: int | None = None, declare: bool = True,
+             kernel: str = "generated") -> list[np.ndarray]:
+    return session(case.model(declare), provider, threads, kernel).run(None, case.feeds())
+
+
+def check(provider: str, kernels: tuple[str, ...] = ("generated",)) -> list[dict]:
     reports = []
-    for case in all_cases():
-        try:
-            report = compare(case, run_case(case, provider), provider)
-        except Exception as exc:  # a case that does not run is a failure, the others still run
-            report = {"case": case.name, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        reports.append(report)
-        ulps = ", ".join(f"{o['dtype']} {o.get('max_ulp', '-')}" + ("" if o["ok"] else " FAIL") for o in report.get("outputs", []))
-        print(f"{'ok  ' if report['ok'] else 'FAIL'} {case.name:28s} max ulp: {ulps or report.get('error')}", flush=True)
+    for kernel in kernels:
+        for case in all_cases():
+            try:
+                report = compare(case, run_case(case, provider, kernel=kernel), provider)
+            except Exception as exc:  # a case that does not run is a failure, the others still run
+                report = {"case": case.name, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            if provider == "cuda":
+                report["kernel"] = kernel
+                report["case"] = f"{case.name}[{kernel}]"
+            reports.append(report)
+            ulps = ", ".join(f"{o['dtype']} {o.get('max_ulp', '-')}" + ("" if o["ok"] else " FAIL")
+                             for o in report.get("outputs", []))
+            print(f"{'ok  ' if report['ok'] else 'FAIL'} {report['case']:40s} max ulp: {ulps or report.get('error')}",
+                  flush=True)
     return reports
 
 
@@ -444,8 +470,8 @@ BENCHMARKS = {  # name: (kind, rows, cols, program builder, registers)
 class Bound:
     """A session with its inputs and pre-allocated outputs bound on the device."""
 
-    def __init__(self, model_bytes: bytes, inputs: list[np.ndarray], provider: str):
-        self.session = session(model_bytes, provider)
+    def __init__(self, model_bytes: bytes, inputs: list[np.ndarray], provider: str, kernel: str = "generated"):
+        self.session = session(model_bytes, provider, kernel=kernel)
         device = "cuda" if provider == "cuda" else "cpu"
         self.binding = self.session.io_binding()
         self.inputs = [ort.OrtValue.ortvalue_from_numpy(a, device, 0) for a in inputs]
@@ -476,7 +502,7 @@ def gpu_ms_per_run(bound: "Bound", runs: int = 10) -> dict | None:
     return standalone.gpu_time_per_call(bound.run, runs)
 
 
-def timing(provider: str, rounds: int, block: int) -> list[dict]:
+def timing(provider: str, rounds: int, block: int, kernels: tuple[str, ...] = ("generated",)) -> list[dict]:
     results = []
     for name, (kind, rows, cols, build, registers) in BENCHMARKS.items():
         inputs = chain_inputs(kind, rows, cols)
@@ -487,7 +513,10 @@ def timing(provider: str, rounds: int, block: int) -> list[dict]:
         fused_bytes = model([fused_node(program, registers, constants, types, names, outs)],
                             [value_info(n, elem_type(a), list(a.shape)) for n, a in zip(names, inputs)],
                             [value_info(o, t, [rows, cols]) for o, t in zip(outs, types)])
-        variants = {"fused": Bound(fused_bytes, inputs, provider), "unfused": Bound(unfused_model(kind, inputs), inputs, provider)}
+        # "fused" is the default kernel (generated on CUDA), "fused-<kernel>" the others asked for
+        variants = {("fused" if kernel == "generated" else f"fused-{kernel}"): Bound(fused_bytes, inputs, provider, kernel)
+                    for kernel in (kernels if provider == "cuda" else ("generated",))}
+        variants["unfused"] = Bound(unfused_model(kind, inputs), inputs, provider)
         for v in variants.values():  # warm-up
             for _ in range(3):
                 v.run()
@@ -508,13 +537,16 @@ def timing(provider: str, rounds: int, block: int) -> list[dict]:
         medians = {k: statistics.median(t) for k, t in times.items()}
         gpu = {key: gpu_ms_per_run(v) for key, v in variants.items()} if provider == "cuda" else {}
         moved = sum(a.nbytes for a in inputs) + sum(rows * cols * (2 if t == FLOAT16 else 4) for t in types)
+        fused = [k for k in variants if k != "unfused"]
         entry = {"benchmark": name, "shape": [rows, cols], "median_ms": medians, "all_ms": times,
-                 "speedup": medians["unfused"] / medians["fused"], "fused_GBps": moved / medians["fused"] / 1e6,
+                 "speedup": medians["unfused"] / medians[fused[0]], "fused_GBps": moved / medians[fused[0]] / 1e6,
+                 "speedup_by_kernel": {k: medians["unfused"] / medians[k] for k in fused},
                  "max_ulp_fused_vs_unfused": agreement, "max_ulp_fused_vs_reference": ref_ulp,
                  "gpu_kernels_ms": gpu}
         results.append(entry)
-        print(f"{name:34s} fused {medians['fused']:.4f} ms  unfused {medians['unfused']:.4f} ms  "
-              f"speed-up {entry['speedup']:.2f}x  fused {entry['fused_GBps']:.0f} GB/s  "
+        print(f"{name:34s} " + "  ".join(f"{k} {medians[k]:.4f} ms" for k in fused) +
+              f"  unfused {medians['unfused']:.4f} ms  speed-up {entry['speedup']:.2f}x  "
+              f"{fused[0]} {entry['fused_GBps']:.0f} GB/s  "
               f"ulp fused-unfused {agreement} fused-reference {ref_ulp}", flush=True)
         if gpu:
             print("    GPU kernel time a run (CUPTI): " + ", ".join(
@@ -531,17 +563,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-timing", dest="timing", action="store_false")
     parser.add_argument("--rounds", type=int, default=15, help="timing rounds (each times a block of every variant)")
     parser.add_argument("--block", type=int, default=20, help="runs per timed block")
+    parser.add_argument("--kernels", default="generated,interpreter,registers",
+                        help="CUDA kernels to check and time, comma-separated, of " + ", ".join(KERNELS))
     args = parser.parse_args(argv)
+    kernels = tuple(k for k in args.kernels.split(",") if k)
+    if not kernels or any(k not in KERNELS for k in kernels):
+        parser.error(f"--kernels takes a comma-separated list of {', '.join(KERNELS)}")
     if args.provider == "cuda" and hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
-    print(f"onnxruntime {ort.__version__}, library {library_path()}, provider {args.provider}", flush=True)
-    reports = check(args.provider)
+    nvrtc = jit.export_nvrtc()
+    print(f"onnxruntime {ort.__version__}, library {library_path()}, provider {args.provider}, NVRTC {nvrtc}",
+          flush=True)
+    reports = check(args.provider, kernels if args.provider == "cuda" else ("generated",))
     failed = [r["case"] for r in reports if not r["ok"]]
-    result = {"onnxruntime": ort.__version__, "library": library_path(), "provider": args.provider,
-              "host": platform.node(), "checks": reports, "failed": failed}
+    stats = jit.kernel_stats(library_path()) if args.provider == "cuda" else {}
+    if stats:
+        print("generated kernels: " + ", ".join(f"{k} {v}" for k, v in stats.items()), flush=True)
+        if "generated" in kernels and stats["interpreter"]:
+            failed.append("generated kernels fell back to the interpreter (see stderr)")
+    result = {"onnxruntime": ort.__version__, "library": library_path(), "provider": args.provider, "nvrtc": nvrtc,
+              "host": platform.node(), "checks": reports, "failed": failed, "kernel_stats": stats}
     if args.timing if args.timing is not None else args.provider == "cuda":
         try:
-            result["timing"] = timing(args.provider, args.rounds, args.block)
+            result["timing"] = timing(args.provider, args.rounds, args.block, kernels)
         except Exception as exc:
             result["timing_error"] = f"{type(exc).__name__}: {exc}"
             print(f"timing failed: {result['timing_error']}", flush=True)

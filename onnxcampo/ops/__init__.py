@@ -14,7 +14,8 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
   tree-averaging accumulation) and ``ExactMatMulInteger`` (the same, exact int32 accumulation)
 * ``FusedElementwise[program, registers, constants, output_types](x_1..x_n) -> (y_1..y_m)``: a
   chain of elementwise ops as one kernel, a register program per element of the inputs' broadcast
-  shape, float16/float32 inputs and outputs (:mod:`onnxcampo.ops.elementwise` specifies it)
+  shape, float16/float32 inputs and outputs (:mod:`onnxcampo.ops.elementwise` specifies it); on
+  CUDA a kernel generated per program and compiled by NVRTC (:mod:`onnxcampo.ops.jit`)
 * ``Im2Col[kernel_shape, strides, dilations, pads](x) -> columns`` (x [N, C, H, W] float16/float32
   -> [C*kh*kw, N*Ho*Wo] of x's type: a Conv's column matrix, for the weight gradient's Gemm)
 * ``BlockReduceSum[sizes=[P, Q, R], output_type, output_shape](x) -> y`` (x as a contiguous
@@ -32,6 +33,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxcampo.errors import OpsLibraryError
+from onnxcampo.ops import jit
 
 DOMAIN = "ai.onnxcampo"
 OPSET_VERSION = 1
@@ -69,6 +71,7 @@ def register(options: ort.SessionOptions) -> str:
     Raises :class:`OpsLibraryError` when it is missing or does not load.
     """
     path = check()
+    jit.export_nvrtc()  # the generated CUDA kernels find the nvidia-cuda-nvrtc wheel's NVRTC
     options.register_custom_ops_library(path)
     return path
 

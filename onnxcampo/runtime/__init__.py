@@ -393,6 +393,9 @@ def _session_options(*, profiling: bool, optimization_level: str,
     if custom_ops_library is not None:
         if not Path(custom_ops_library).is_file():
             raise ConfigError(f"custom-op library {custom_ops_library} does not exist")
+        from onnxcampo.ops import jit  # standard library only
+
+        jit.export_nvrtc()  # NVRTC for FusedElementwise's generated CUDA kernels, when installed
         try:
             options.register_custom_ops_library(str(custom_ops_library))
         except _ORT_ERRORS as exc:
