@@ -18,7 +18,8 @@ Inference (ONNX Runtime):
     campo-fused     campo with every fusion of the custom-op library: ``--fuse-reductions``
                     (block ReduceSums and their Casts as BlockReduceSum nodes) and
                     ``--fuse-elementwise`` (elementwise chains and their Casts as FusedElementwise
-                    nodes); campo-fused-graph the same planned for and replayed as a CUDA graph
+                    nodes); campo-fused-graph the same planned for and replayed as a CUDA graph;
+                    campo-reduce(-graph) the reductions alone, campo-ew-graph the elementwise chains alone
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
     fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused, campo-reduce
     (``--fuse-reductions`` alone)
@@ -44,10 +45,11 @@ import onnx
 
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
-GRAPH_POLICIES = ("fp32-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph")
+GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
+                  "campo-ew-graph")
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
-                      "fp32-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph")
+                      *GRAPH_POLICIES)
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
                      "campo-fused", "campo-reduce",
@@ -65,6 +67,7 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # campo calibrated on the benchmark's inputs like ModelOpt (inference only)
              "campo-calib": {"policy": "campo", "activation_limit": 512.0},
              # planned for CUDA-graph replay, and replayed (GRAPH_POLICIES)
+             "amp-graph": {"policy": "amp", "execution": "cuda-graph"},
              "fp16-graph": {"policy": "fp16", "execution": "cuda-graph"},
              "campo-graph": {"policy": "campo", "execution": "cuda-graph"},
              # all fusions of the custom-op library: block ReduceSums as BlockReduceSum, elementwise
@@ -73,7 +76,9 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              # the reductions alone (BlockReduceSum), without FusedElementwise
              "campo-reduce": {"policy": "campo", "fuse_reductions": True},
-             "campo-reduce-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_reductions": True}}
+             "campo-reduce-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_reductions": True},
+             # the elementwise chains alone (FusedElementwise), without BlockReduceSum
+             "campo-ew-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_elementwise": True}}
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
