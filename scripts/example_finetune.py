@@ -51,7 +51,7 @@ KINDS = (("python", (".py", ".pyi")), ("font metrics", (".afm",)), ("truetype", 
          ("style sheet", (".mplstyle",)), ("png", (".png",)), ("svg", (".svg",)), ("pdf", (".pdf",)))
 PER_KIND = 48  # at most this many files of a kind (Python would outnumber the rest 5 to 1)
 FEATURES, BLOCK, PADDING = 1024, 4096, 256  # magika standard_v3: beg/end sizes, block size, padding token
-FROZEN = r"Conv_0|Dense_0|/Const:0$"  # the byte embedding (Const:0), its bias and the Conv
+FROZEN = r"Conv_0|Dense_0|/Const:0$"  # the byte embedding (Const:0), its bias and the Conv weight
 HIDDEN_OUTPUT = "LayerNorm_1/AddV2_1:0"  # the features the 214-way Dense_1 reads
 
 
