@@ -6,13 +6,14 @@ embedding -> Conv -> max pool -> LayerNorms -> 214 file-type logits). The task i
 apart seven kinds of file that the installed matplotlib package ships (Python source, Adobe font
 metrics, TrueType fonts, matplotlib style sheets, PNG, SVG, PDF; the label is the kind the file
 name says). The 214-way head is replaced by a new 7-way one (a MatMul and an Add, seeded random
-weights); the byte embedding, its bias and the Conv stay frozen by default (their gradients are
-most of a step's cost on a CPU; ``--train-all`` trains them too), the LayerNorms and the new head
+weights); the byte embedding, its bias and the Conv weight stay frozen by default (their gradients are
+most of a step's cost on a CPU; ``--train-all`` trains them too), the Conv bias, the LayerNorms and the new head
 train, with AdamW and cross-entropy. Every fourth file is held out; the held-out loss and accuracy
 are measured before and after.
 
     python scripts/example_finetune.py                              # CPU, 120 steps, docs/benchmarks/training/
-    python scripts/example_finetune.py --provider cuda --train-all  # on a GPU: everything trains
+    python scripts/example_finetune.py --provider cuda --corpus-dir .cache/corpus   # on a GPU machine, offline
+    python scripts/example_finetune.py --provider cuda --train-all --lr 3e-4        # everything trains
 
 Writes ``finetune-magika-<provider>.json`` (the command, the losses of every step, held-out loss
 and accuracy before and after, timings, versions) and ``.png`` (the loss curve) into ``--out``.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import shlex
 import sys
@@ -226,7 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "training",
                         help="folder for finetune-magika-<provider>.json and .png")
     parser.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    parser.add_argument("--corpus-dir", type=Path,
+                        help="corpus cache laid out as <package>-<version>/<member> (default: the tests' cache); "
+                             "nothing is downloaded when given")
     args = parser.parse_args(argv)
+    if args.corpus_dir:
+        os.environ["ONNXCAMPO_CACHE"] = str(args.corpus_dir.resolve())
+        os.environ["ONNXCAMPO_CORPUS_OFFLINE"] = "1"
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         result = run(args)
