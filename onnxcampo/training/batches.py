@@ -135,13 +135,17 @@ class PartialBatch:
     rows: int
     graph_rows: int
 
-    def message(self) -> str:
+    def message(self, *, evaluating: bool = False) -> str:
+        """The one-line error; ``evaluating``: the ways out of ``Trainer.evaluate`` (no update)."""
         names = ", ".join(self.names)
         rows = f"{self.rows} row{'' if self.rows == 1 else 's'}"
-        return (f"partial batch: {names} {'has' if len(self.names) == 1 else 'have'} {rows}, the step graph "
-                f"takes {self.graph_rows} (its shapes are static): drop it (DataLoader(drop_last=True), "
-                f"Trainer(partial_batch='drop'), train --partial-batch drop) or train it on a step graph built for "
-                f"{rows} (docs/guide/training.md, 'Data')")
+        head = (f"partial batch: {names} {'has' if len(self.names) == 1 else 'have'} {rows}, the step graph "
+                f"takes {self.graph_rows} (its shapes are static): ")
+        if evaluating:  # the forward treats rows independently: padding is sound for the predictions
+            return head + (f"pad it to {self.graph_rows} rows and ignore the padded rows' predictions (not the "
+                           "loss: a mean over every row)")
+        return head + (f"drop it (DataLoader(drop_last=True), Trainer(partial_batch='drop'), train --partial-batch "
+                       f"drop) or train it on a step graph built for {rows} (docs/guide/training.md, 'Data')")
 
 
 def partial_batch(specs: Mapping[str, InputSpec], errors: Iterable[BatchShapeError]) -> PartialBatch | None:

@@ -202,7 +202,7 @@ class Trainer:
         return self._plain_step(values)
 
     def _values(self, batch: Mapping[str, object], specs: Mapping[str, InputSpec], expected: Iterable[str], *,
-                drop: bool) -> dict[str, np.ndarray | ort.OrtValue | DeviceArray] | None:
+                drop: bool, evaluating: bool = False) -> dict[str, np.ndarray | ort.OrtValue | DeviceArray] | None:
         """``batch`` checked and turned into bindable values (:func:`batch_value`); ``None`` for a
         partial batch when ``drop``, else a partial batch is one ConfigError naming the sizes."""
         expected = list(expected)
@@ -221,7 +221,7 @@ class Trainer:
             if partial is None:
                 raise wrong[0]
             if not drop:
-                raise ConfigError(partial.message())
+                raise ConfigError(partial.message(evaluating=evaluating))
             if not self.dropped:
                 logger.info("Trainer: dropping partial batches (%d rows, the step graph takes %d)",
                             partial.rows, partial.graph_rows)
@@ -338,7 +338,7 @@ class Trainer:
             self._eval[with_loss] = (make_session(model, provider=self.provider), names, input_specs(model))
         session, names, inputs = self._eval[with_loss]
         expected = [name for name in inputs if name in self.spec.batch]
-        values = self._values(batch, inputs, expected, drop=False)
+        values = self._values(batch, inputs, expected, drop=False, evaluating=True)
         feeds = {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID) if isinstance(value, np.ndarray)
                  else value for name, value in values.items()}
         binding = session.io_binding()
