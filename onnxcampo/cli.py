@@ -227,8 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
     tr.add_argument("--forward", type=Path, metavar="FWD.onnx", help="the forward model: initial weights (default: those the step "
                     "graph carries) and, with --out, the model the trained weights are written into")
-    tr.add_argument("--data", type=Path, required=True, metavar="FILE.npz",
-                    help=".npz with the batch inputs and 'labels' (an extra leading axis = one batch per step, cycled)")
+    tr.add_argument("--data", type=Path, required=True, metavar="FILE.npz|FOLDER",
+                    help=".npz with the batch inputs and 'labels' (an extra leading axis = one batch per step, cycled), "
+                         "or a folder of such .npz files, one batch each, taken in sorted name order and cycled; every "
+                         "file is checked against the step graph before the first step")
+    tr.add_argument("--partial-batch", choices=("error", "drop"), default="error",
+                    help="a batch file with fewer rows than the step graph takes (a folder's last one, say; the step "
+                         "graph's shapes are static): error (default, naming the sizes) or drop (left out of the cycle)")
     tr.add_argument("--steps", type=int, default=100, metavar="N",
                     help="training steps to run (default 100); with --resume, steps to run after the checkpoint's")
     tr.add_argument("--lr", type=float, help="learning rate, the base of --lr-schedule (default: the one the graph was "
@@ -483,10 +488,13 @@ def _train(args: argparse.Namespace) -> int:
 
     from onnxcampo import ir
     from onnxcampo.training import Trainer, initial_weights
+    from onnxcampo.training.batches import input_specs
+    from onnxcampo.training.data import NpzBatches, dropped_text
+    from onnxcampo.training.step import step_spec
     from onnxcampo.training.schedules import parse_schedule
 
-    if not args.data.is_file():
-        raise ConfigError(f"{args.data}: no such file")
+    if not args.data.exists():
+        raise ConfigError(f"{args.data}: no such file or folder")
     if args.steps <= 0:
         raise ConfigError("--steps must be positive")
     if args.out is not None:
@@ -498,26 +506,26 @@ def _train(args: argparse.Namespace) -> int:
     if args.save_checkpoint is not None and not args.save_checkpoint.parent.is_dir():
         raise ConfigError(f"{args.save_checkpoint}: folder {args.save_checkpoint.parent} does not exist")
     step_model, _ = ir.read_model(args.step)
+    specs = input_specs(step_model)  # the batch files are checked before the session is made
+    batches = NpzBatches(args.data, {name: specs[name] for name in step_spec(step_model).batch},
+                         drop_partial=args.partial_batch == "drop")
+    if batches.dropped:
+        print(f"onnxcampo: {args.data}: {dropped_text(batches.dropped)}", file=sys.stderr)
     weights = initial_weights(args.forward, step_model) if args.forward else None
     base_lr = args.lr if args.lr is not None else float(ir.metadata(step_model, "onnxcampo.lr", "0.01"))
     schedule = parse_schedule(args.lr_schedule, base_lr) if args.lr_schedule else None  # base: --lr or the graph's
-    trainer = Trainer(step_model, weights=weights, provider=args.provider, lr=args.lr, cuda_graph=args.cuda_graph)
+    trainer = Trainer(step_model, weights=weights, provider=args.provider, lr=args.lr, cuda_graph=args.cuda_graph,
+                      partial_batch=args.partial_batch)
     if args.resume is not None:
         trainer.load_checkpoint(args.resume)
         if args.lr is not None:
             trainer.lr = args.lr
-    ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in step_model.graph.input}
-    try:
-        data = dict(np.load(args.data))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{args.data}: not a readable .npz ({exc})") from None
     lines = []
     bad = 0  # non-finite losses in a row: dynamic loss scaling skips such steps, a few are fine
     first = trainer.steps  # 0, or the checkpoint's step count
     last = first + args.steps
     for index in range(first, last):  # global step numbers: a resumed run continues the batches and the schedule
-        batch = {name: (array[index % len(array)] if array.ndim == ranks.get(name, array.ndim) + 1 else array)
-                 for name, array in data.items()}
+        batch = batches[index]
         if schedule is not None:
             trainer.lr = schedule(index)
         loss = trainer.step(batch)

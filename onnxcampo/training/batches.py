@@ -13,11 +13,20 @@
 :func:`batch_value` turns one into a numpy array, an OrtValue or a DeviceArray and checks it
 against the graph input (dtype, rank, static dims; C-contiguous, on CUDA device 0) before
 anything touches the GPU, so a wrong batch is a one-line ConfigError, never a CUDA fault.
+
+The last partial batch (:func:`partial_batch`): a step graph's shapes are static (the loss is a
+mean over exactly its batch rows, shape arithmetic folded to constants), so a batch with fewer
+rows cannot run on it. Padding it does not help either: the padded rows would count in the mean
+and in every gradient, since the losses take no mask. A batch whose inputs all miss rows in the
+leading dim, by the same count, is named as what it is in one ConfigError (the sizes, and the
+ways out: drop it, or a second step graph built for its size); ``Trainer(partial_batch="drop")``
+skips it instead.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +36,8 @@ from onnx import helper
 
 from onnxcampo.errors import ConfigError
 
-__all__ = ["DeviceArray", "InputSpec", "batch_value", "input_specs", "is_device", "np_dtype"]
+__all__ = ["BatchShapeError", "DeviceArray", "InputSpec", "PartialBatch", "batch_value", "check_array", "input_specs",
+           "is_device", "np_dtype", "partial_batch"]
 
 # DLPack device types (dlpack.h DLDeviceType)
 _DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
@@ -98,12 +108,68 @@ def is_device(value: object) -> bool:
     return isinstance(value, DeviceArray) or (isinstance(value, ort.OrtValue) and value.device_name() != "cpu")
 
 
-def _check(spec: InputSpec, dtype: np.dtype, shape: tuple[int, ...], kind: str) -> None:
+class BatchShapeError(ConfigError):
+    """A batch value of the right dtype but another shape than its graph input's (``spec``)."""
+
+    def __init__(self, spec: InputSpec, shape: tuple[int, ...], kind: str) -> None:
+        super().__init__(f"batch input {spec.name} ({kind}) has shape {list(shape)}; the step graph takes {spec.text()}")
+        self.spec, self.shape = spec, shape
+
+
+def check_array(spec: InputSpec, dtype: np.dtype, shape: tuple[int, ...], kind: str) -> None:
+    """A ConfigError unless an array of ``dtype`` and ``shape`` fits ``spec`` (a
+    :class:`BatchShapeError` when only the shape does not); ``kind`` says where it lives."""
     if spec.dtype is not None and dtype != spec.dtype:
         raise ConfigError(f"batch input {spec.name} ({kind}) is {dtype}{list(shape)}; the step graph takes {spec.text()}")
     if spec.dims is not None and (len(shape) != len(spec.dims)
                                   or any(d is not None and d != s for d, s in zip(spec.dims, shape))):
-        raise ConfigError(f"batch input {spec.name} ({kind}) has shape {list(shape)}; the step graph takes {spec.text()}")
+        raise BatchShapeError(spec, tuple(shape), kind)
+
+
+
+@dataclass(frozen=True)
+class PartialBatch:
+    """A batch whose inputs ``names`` have ``rows`` rows where the step graph takes ``graph_rows``."""
+
+    names: tuple[str, ...]
+    rows: int
+    graph_rows: int
+
+    def message(self, *, evaluating: bool = False) -> str:
+        """The one-line error; ``evaluating``: the ways out of ``Trainer.evaluate`` (no update)."""
+        names = ", ".join(self.names)
+        rows = f"{self.rows} row{'' if self.rows == 1 else 's'}"
+        head = (f"partial batch: {names} {'has' if len(self.names) == 1 else 'have'} {rows}, the step graph "
+                f"takes {self.graph_rows} (its shapes are static): ")
+        if evaluating:  # the forward treats rows independently: padding is sound for the predictions
+            return head + (f"pad it to {self.graph_rows} rows and ignore the padded rows' predictions (not the "
+                           "loss: a mean over every row)")
+        return head + (f"drop it (DataLoader(drop_last=True), Trainer(partial_batch='drop'), train --partial-batch "
+                       f"drop) or train it on a step graph built for {rows} (docs/guide/training.md, 'Data')")
+
+
+def partial_batch(specs: Mapping[str, InputSpec], errors: Iterable[BatchShapeError]) -> PartialBatch | None:
+    """The :class:`PartialBatch` that shape ``errors`` (of one batch) amount to, else ``None``.
+
+    They do when every one of them differs from its static graph shape only in a smaller leading
+    dim, all by the same rows, and no input with that static leading dim is missing from them (a
+    batch cut short everywhere, as a loader's last one is).
+    """
+    errors = list(errors)
+    sizes = set()
+    for error in errors:
+        dims, shape = error.spec.dims, error.shape
+        if (dims is None or not dims or dims[0] is None or len(shape) != len(dims) or not 0 < shape[0] < dims[0]
+                or any(d is not None and d != s for d, s in zip(dims[1:], shape[1:]))):
+            return None
+        sizes.add((shape[0], dims[0]))
+    if len(sizes) != 1:
+        return None
+    (rows, graph_rows), = sizes
+    names = {error.spec.name for error in errors}
+    if any(spec.dims and spec.dims[0] == graph_rows and name not in names for name, spec in specs.items()):
+        return None
+    return PartialBatch(tuple(error.spec.name for error in errors), rows, graph_rows)
 
 
 def _interface(name: str, value: object) -> dict | None:
@@ -153,7 +219,7 @@ def _from_interface(spec: InputSpec, value: object, interface: dict, device: tup
     _on_device_0(name, device)
     if interface.get("mask") is not None:
         raise ConfigError(f"batch input {name} is a masked array: the Trainer takes plain arrays")
-    _check(spec, dtype, shape, "CUDA memory")
+    check_array(spec, dtype, shape, "CUDA memory")
     strides = interface.get("strides")
     if strides is not None and math.prod(shape):
         expected, step = [], dtype.itemsize
@@ -185,7 +251,7 @@ def _from_dlpack(spec: InputSpec, value: object) -> DeviceArray:
         raise ConfigError(f"batch input {spec.name}: OrtValue.from_dlpack failed: {exc}") from None
     dtype = np_dtype(ortvalue.element_type(), f"batch input {spec.name}")
     shape = tuple(ortvalue.shape())
-    _check(spec, dtype, shape, "CUDA memory")
+    check_array(spec, dtype, shape, "CUDA memory")
     return DeviceArray(ortvalue.data_ptr(), shape, dtype, ortvalue)
 
 
@@ -197,7 +263,7 @@ def batch_value(spec: InputSpec, value: object) -> np.ndarray | ort.OrtValue | D
         if not value.is_tensor():
             raise ConfigError(f"batch input {name} is an OrtValue that holds no tensor")
         dtype = np_dtype(value.element_type(), f"batch input {name}")
-        _check(spec, dtype, tuple(value.shape()), f"OrtValue on {value.device_name()}")
+        check_array(spec, dtype, tuple(value.shape()), f"OrtValue on {value.device_name()}")
         return value
     if not isinstance(value, np.ndarray):
         interface = _interface(name, value)
@@ -218,5 +284,5 @@ def batch_value(spec: InputSpec, value: object) -> np.ndarray | ort.OrtValue | D
         raise ConfigError(f"batch input {name}: not an array ({type(value).__name__}: {exc})") from None
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
-    _check(spec, array.dtype, array.shape, "host array")
+    check_array(spec, array.dtype, array.shape, "host array")
     return array

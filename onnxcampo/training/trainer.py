@@ -32,7 +32,9 @@ from onnxcampo import ir
 from onnxcampo.errors import ConfigError, ModelLoadError
 from onnxcampo.runtime import _ORT_ERRORS, make_session
 from onnxcampo.runtime.cudart import LEGACY_STREAM, cuda_runtime
-from onnxcampo.training.batches import DEVICE_ID, DeviceArray, batch_value, input_specs, is_device, np_dtype
+from onnxcampo.training.batches import (DEVICE_ID, BatchShapeError, DeviceArray, InputSpec, batch_value, input_specs,
+                                        is_device, np_dtype)
+from onnxcampo.training.batches import partial_batch as partial_batch_of
 from onnxcampo.training.checkpoint import read_checkpoint, write_checkpoint
 from onnxcampo.training.evaluate import eval_model
 from onnxcampo.training.scaling import LOSS_SCALE, initial_state
@@ -44,6 +46,10 @@ logger = logging.getLogger(__name__)
 # capture_ = 2); the two ids alternate, so both are captured by step 6. A run that fails before
 # step CAPTURE_STEPS under cuda_graph=None makes the Trainer run node by node instead.
 CAPTURE_STEPS = 8
+
+# what Trainer.step does with a last partial batch (batches.partial_batch): one ConfigError naming
+# the sizes, or skip the step
+PARTIAL_BATCH = ("error", "drop")
 
 
 def dynamic_inputs(model: onnx.ModelProto) -> list[str]:
@@ -115,6 +121,9 @@ class Trainer:
     so on provider "cuda" when every graph input has a static shape (:func:`choose_cuda_graph`;
     the log says why not), ``True`` insists, ``False`` runs node by node. Under CUDA graphs every
     batch keeps the first one's shapes and dtypes. ``self.cuda_graph`` says what was chosen.
+    ``partial_batch``: a batch with fewer rows than the step graph's (a loader's last one) is one
+    ConfigError naming the sizes (``"error"``, default) or a skipped step (``"drop"``); the step
+    graph's shapes are static, so it cannot run as it is (:mod:`onnxcampo.training.batches`).
 
     ``self.lr`` is the learning rate the next step uses (an input of the step graph, read at
     every step): set it between steps for a schedule (:mod:`onnxcampo.training.schedules`).
@@ -125,7 +134,11 @@ class Trainer:
 
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
                  weights: Mapping[str, np.ndarray] | None = None, lr: float | None = None,
-                 cuda_graph: bool | None = None) -> None:
+                 cuda_graph: bool | None = None, partial_batch: str = "error") -> None:
+        if partial_batch not in PARTIAL_BATCH:
+            raise ConfigError(f"partial_batch must be one of {', '.join(PARTIAL_BATCH)}, not {partial_batch!r}")
+        self.partial_batch = partial_batch
+        self.dropped = 0  # partial batches skipped under partial_batch="drop"
         self.model, _ = ir.read_model(step_model)
         self.spec = step_spec(self.model)
         if weights is None:
@@ -165,31 +178,61 @@ class Trainer:
         self._fixed: dict[str, ort.OrtValue] = {}  # cuda_graph: the buffers the graphs read
         self._eval: dict[bool, tuple[ort.InferenceSession, list[str], dict]] = {}  # with labels: session
 
-    def step(self, batch: Mapping[str, object]) -> float:
+    def step(self, batch: Mapping[str, object]) -> float | None:
         """One update on ``batch`` (the forward inputs plus ``labels``); returns the loss.
 
-        A value may be a numpy array, an ``onnxruntime.OrtValue`` or an object in CUDA memory
-        with ``__cuda_array_interface__`` or ``__dlpack__`` (torch CUDA tensor, CuPy array): see
+        A value may be a numpy array, an ``onnxruntime.OrtValue``, a torch tensor (CPU or CUDA)
+        or another object with ``__cuda_array_interface__`` or ``__dlpack__`` (CuPy array): see
         :mod:`onnxcampo.training.batches`. Device values are read where they are, never through
         the host; the Trainer waits for the stream that made them (the one
         ``__cuda_array_interface__`` names, else the whole device) before ORT reads them.
+
+        A partial batch (fewer rows than the step graph's, in every input with its batch dim) is
+        one ConfigError naming the sizes; under ``partial_batch="drop"`` the step is skipped and
+        returns ``None`` (nothing updated, ``self.steps`` unchanged, ``self.dropped`` counts it).
         """
-        unknown = sorted(set(batch) - set(self.spec.batch))
-        missing = sorted(set(self.spec.batch) - set(batch))
-        if unknown or missing:
-            raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
-        values = {name: batch_value(self.inputs[name], value) for name, value in batch.items()}
-        if self.device == "cpu":
-            on_device = [name for name, value in values.items() if is_device(value)]
-            if on_device:
-                raise ConfigError(f"batch input {on_device[0]} is in CUDA memory, but the Trainer runs on provider "
-                                  f"'{self.provider}': pass host arrays (or CPU OrtValues), or use provider 'cuda'")
+        values = self._values(batch, self.inputs, self.spec.batch, drop=self.partial_batch == "drop")
+        if values is None:
+            return None
         if self.cuda_graph:
             try:
                 return self._graph_step(values)
             except _CaptureFailed as failed:
                 self._leave_graphs(failed.__cause__)
         return self._plain_step(values)
+
+    def _values(self, batch: Mapping[str, object], specs: Mapping[str, InputSpec], expected: Iterable[str], *,
+                drop: bool, evaluating: bool = False) -> dict[str, np.ndarray | ort.OrtValue | DeviceArray] | None:
+        """``batch`` checked and turned into bindable values (:func:`batch_value`); ``None`` for a
+        partial batch when ``drop``, else a partial batch is one ConfigError naming the sizes."""
+        expected = list(expected)
+        unknown = sorted(set(batch) - set(self.spec.batch))
+        missing = sorted(set(expected) - set(batch))
+        if unknown or missing:
+            raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
+        values, wrong = {}, []
+        for name in expected:
+            try:
+                values[name] = batch_value(specs[name], batch[name])
+            except BatchShapeError as error:
+                wrong.append(error)
+        if wrong:
+            partial = partial_batch_of({name: specs[name] for name in expected}, wrong)
+            if partial is None:
+                raise wrong[0]
+            if not drop:
+                raise ConfigError(partial.message(evaluating=evaluating))
+            if not self.dropped:
+                logger.info("Trainer: dropping partial batches (%d rows, the step graph takes %d)",
+                            partial.rows, partial.graph_rows)
+            self.dropped += 1
+            return None
+        if self.device == "cpu":
+            on_device = [name for name, value in values.items() if is_device(value)]
+            if on_device:
+                raise ConfigError(f"batch input {on_device[0]} is in CUDA memory, but the Trainer runs on provider "
+                                  f"'{self.provider}': pass host arrays (or CPU OrtValues), or use provider 'cuda'")
+        return values
 
     def _plain_step(self, values: Mapping[str, np.ndarray | ort.OrtValue | DeviceArray]) -> float:
         # Arrays (held in values until the run is over: on the CPU the OrtValues borrow them) go to
@@ -295,16 +338,7 @@ class Trainer:
             self._eval[with_loss] = (make_session(model, provider=self.provider), names, input_specs(model))
         session, names, inputs = self._eval[with_loss]
         expected = [name for name in inputs if name in self.spec.batch]
-        unknown = sorted(set(batch) - set(self.spec.batch))
-        missing = sorted(set(expected) - set(batch))
-        if unknown or missing:
-            raise ConfigError(f"batch does not match the step graph: missing {missing}, unknown {unknown}")
-        values = {name: batch_value(inputs[name], batch[name]) for name in expected}
-        if self.device == "cpu":
-            on_device = [name for name, value in values.items() if is_device(value)]
-            if on_device:
-                raise ConfigError(f"batch input {on_device[0]} is in CUDA memory, but the Trainer runs on provider "
-                                  f"'{self.provider}': pass host arrays (or CPU OrtValues), or use provider 'cuda'")
+        values = self._values(batch, inputs, expected, drop=False, evaluating=True)
         feeds = {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID) if isinstance(value, np.ndarray)
                  else value for name, value in values.items()}
         binding = session.io_binding()

@@ -260,6 +260,15 @@ def test_cuda_memory_that_does_not_fit_is_a_one_line_error(step, fake, message):
     assert trainer.steps == 0
 
 
+def test_a_partial_batch_in_cuda_memory_is_named_before_any_cuda_call(step):
+    """A torch CUDA loader's last batch: the sizes are read from the interface, nothing is bound."""
+    trainer = _trainer(step, partial_batch="drop")
+    assert trainer.step({"x": _FakeCuda(X[:16]), "labels": _FakeCuda(TARGET[:16])}) is None
+    assert (trainer.steps, trainer.dropped) == (0, 1)
+    with pytest.raises(ConfigError, match="partial batch: x, labels have 16 rows, the step graph takes 32"):
+        _trainer(step).step({"x": _FakeCuda(X[:16]), "labels": _FakeCuda(TARGET[:16])})
+
+
 def test_cuda_memory_on_the_cpu_provider_is_refused_before_it_is_bound(step):
     trainer = _trainer(step)
     for graph_path in (False, True):

@@ -222,5 +222,7 @@ def test_fixed_buffer_steps_of_the_cuda_graph_path_equal_plain_steps():
     assert all(np.array_equal(a, b) for a, b in zip(batches, kept))  # the caller's arrays are left alone
     for name, value in plain.state_dict().items():
         np.testing.assert_allclose(fixed.state_dict()[name], value, rtol=1e-6)
-    with pytest.raises(ConfigError, match=r"batch input x \(host array\) has shape \[1, 8\]; the step graph takes float32\[32, 8\]"):
+    with pytest.raises(ConfigError, match=r"partial batch: x, labels have 1 row, the step graph takes 32"):
         fixed.step({"x": X[:1], "labels": TARGET[:1]})
+    with pytest.raises(ConfigError, match=r"batch input x \(host array\) has shape \[1, 8\]; the step graph takes float32\[32, 8\]"):
+        fixed.step({"x": X[:1], "labels": TARGET})  # not cut short everywhere: not a partial batch
