@@ -3,7 +3,10 @@
 A step graph (:mod:`onnxcampo.training.step`) computes the prediction (metadata
 ``onnxcampo.prediction``: the forward model's first output, kept by name), the ``loss`` on it,
 the gradients and the update. Pruned to the prediction (and the loss, when labels are given) it
-is the forward on the fp32 master weights: no gradient, no update, no state written.
+is the forward on the fp32 master weights: no gradient, no update, no state written. Where the
+step trains BatchNormalization or Dropout (:mod:`onnxcampo.training.train_mode`), every ``Where``
+reading the flag ``onnxcampo.train_mode`` takes its false branch first, so the pruned forward is
+the inference one: running statistics, no dropout (the batch statistics and the mask go).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from onnx import helper
 from onnxcampo import ir
 from onnxcampo.errors import ConfigError
 from onnxcampo.training.step import LOSS
+from onnxcampo.training.train_mode import TRAIN_FLAG
 
 PREDICTION_KEY = "onnxcampo.prediction"
 
@@ -40,6 +44,7 @@ def _read_names(node: onnx.NodeProto) -> set[str]:
 def eval_model(step: onnx.ModelProto, *, with_loss: bool) -> onnx.ModelProto:
     """``step`` pruned to the nodes the prediction (and ``loss``) need; inputs and initializers
     no kept node reads are dropped. The outputs: the prediction, then ``loss`` if ``with_loss``."""
+    step = _inference_mode(step)
     prediction = prediction_name(step)
     wanted = [prediction, LOSS] if with_loss else [prediction]
     producers = {out: index for index, node in enumerate(step.graph.node) for out in node.output}
@@ -77,6 +82,19 @@ def eval_model(step: onnx.ModelProto, *, with_loss: bool) -> onnx.ModelProto:
         graph.output.append(known[name] if name in known else helper.ValueInfoProto(name=name))
     del graph.value_info[:]
     graph.value_info.extend(vi for vi in step.graph.value_info if vi.name in seen)
+    return model
+
+
+def _inference_mode(step: onnx.ModelProto) -> onnx.ModelProto:
+    """``step`` with each ``Where(onnxcampo.train_mode, a, b)`` an ``Identity(b)`` (a copy; the
+    step itself when it has no training-mode nodes)."""
+    if not any(node.op_type == "Where" and node.input[0] == TRAIN_FLAG for node in step.graph.node):
+        return step
+    model = onnx.ModelProto()
+    model.CopyFrom(step)
+    for node in model.graph.node:
+        if node.op_type == "Where" and node.input[0] == TRAIN_FLAG:
+            node.CopyFrom(helper.make_node("Identity", [node.input[2]], list(node.output), name=node.name))
     return model
 
 

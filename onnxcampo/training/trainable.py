@@ -160,22 +160,14 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
 def check_trainable(model: onnx.ModelProto) -> None:
     """Raise a one-line UnsupportedModelError for what the step graph cannot express.
 
-    Training-mode BatchNorm/Dropout and non-standard ops are caught here; onnx-ad itself names
-    the other limits (MaxPool auto_pad=SAME_UPPER, Slice steps other than 1, ...)."""
+    Non-standard ops are caught here (training-mode BatchNorm and Dropout are written out by
+    :mod:`onnxcampo.training.train_mode`); onnx-ad itself names the other limits (MaxPool
+    auto_pad=SAME_UPPER, Slice steps other than 1, ...)."""
     for node in model.graph.node:
-        where = f"{node.op_type} node {node.name or node.output[0]!r}"
-        if node.op_type == "BatchNormalization" and _attr(node, "training_mode", 0):
-            raise UnsupportedModelError(
-                f"{where} is in training mode (batch statistics); export the model in eval mode "
-                "so it runs with frozen running statistics")
-        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            if not _constant_false(model.graph, node.input[2]):
-                raise UnsupportedModelError(
-                    f"{where} has a training_mode input that is not constant false; "
-                    "training-mode Dropout is not supported (export the model in eval mode)")
         if node.domain not in ("", "ai.onnx"):
             raise UnsupportedModelError(
-                f"{where} is in domain {node.domain!r}; only standard ONNX ops can be differentiated")
+                f"{node.op_type} node {node.name or node.output[0]!r} is in domain {node.domain!r}; "
+                "only standard ONNX ops can be differentiated")
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:
@@ -269,16 +261,3 @@ def _attr(node: onnx.NodeProto, name: str, default):
         if attr.name == name:
             return helper.get_attribute_value(attr)
     return default
-
-
-def _constant_false(graph: onnx.GraphProto, name: str) -> bool:
-    from onnx import numpy_helper
-
-    for tensor in graph.initializer:
-        if tensor.name == name:
-            return not bool(numpy_helper.to_array(tensor).any())
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output[0] == name:
-            value = _attr(node, "value", None)
-            return value is not None and not bool(numpy_helper.to_array(value).any())
-    return False
