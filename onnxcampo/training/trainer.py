@@ -122,6 +122,12 @@ class Trainer:
     ``self.steps`` counts the steps taken (restored by :meth:`load_checkpoint`).
     :meth:`evaluate` runs the forward alone; :meth:`save_checkpoint` / :meth:`load_checkpoint`
     save and restore weights, optimizer and loss-scaling state, the step count and ``lr``.
+
+    Step graphs with training-mode BatchNormalization or Dropout (:mod:`onnxcampo.training.train_mode`)
+    carry more state: the running mean and variance (starting from the values in ``weights`` when
+    it has them, else the forward model's) and ``dropout_seed`` (starting at ``seed``, one more
+    each step); :meth:`state_dict` and checkpoints hold them, :meth:`evaluate` runs on the running
+    statistics without dropout and :meth:`export` writes the running statistics back.
     """
 
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
@@ -129,6 +135,8 @@ class Trainer:
                  cuda_graph: bool | None = None, seed: int = 0) -> None:
         self.model, _ = ir.read_model(step_model)
         self.spec = step_spec(self.model)
+        if not 0 <= seed < 2 ** 24:  # dropout_seed is a float32 scalar, exact up to 2^24
+            raise ConfigError(f"seed must be an integer in [0, 2^24), not {seed!r}")
         if weights is None:
             weights = initial_weights(None, self.model)
         starts = [t for t in self.model.graph.initializer if t.name.startswith(INITIAL_PREFIX)]
