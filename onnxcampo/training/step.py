@@ -12,6 +12,9 @@ Conventions (what :class:`onnxcampo.training.Trainer` relies on):
 * outputs: ``loss`` (scalar, fp32), then ``<weight>.updated`` for every weight;
 * optimizer state: ``<weight>.momentum`` (momentum), ``<weight>.adam_m`` / ``<weight>.adam_v``
   and the scalar ``step`` (adamw) are inputs, their next values ``<name>.updated`` outputs;
+* training-mode BatchNormalization and Dropout (``train_mode``, :mod:`onnxcampo.training.train_mode`):
+  running means and variances (named in metadata ``onnxcampo.running_stats``) and the scalar
+  ``dropout_seed`` are state inputs too, their next values ``<name>.updated`` outputs;
 * ``lr`` is a scalar input, so schedules need no new graph (the value given to
   :func:`build_train_step` is stored as metadata ``onnxcampo.lr``, the Trainer's default).
 

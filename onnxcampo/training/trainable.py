@@ -12,7 +12,8 @@ reason reported):
 1. ``user``: its name matches the ``freeze`` regular expression.
 2. it is not float32 or is a scalar (rank 0): a constant of the formula, never reported.
 3. ``statistics``/``configuration``: some consumer reads it at a slot that is not a weight
-   (BatchNormalization mean and variance; Resize roi and scales; Clip bounds; Pad widths and
+   (BatchNormalization mean and variance, which become step state instead where the BatchNorm
+   trains, :mod:`onnxcampo.training.train_mode`; Resize roi and scales; Clip bounds; Pad widths and
    value; Pow's exponent; Dropout's ratio; an RNN's initial state); see ``CONSTANT_SLOTS``.
 4. ``grouped-conv`` / ``conv-transpose``: it is the weight of a Conv with ``group > 1`` or of any
    ConvTranspose, which onnx-ad 0.3.0 cannot differentiate with respect to the weight (the bias
