@@ -11,8 +11,9 @@ the inference one: running statistics, no dropout (the batch statistics and the 
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxcampo import ir
 from onnxcampo.errors import ConfigError
@@ -86,15 +87,18 @@ def eval_model(step: onnx.ModelProto, *, with_loss: bool) -> onnx.ModelProto:
 
 
 def _inference_mode(step: onnx.ModelProto) -> onnx.ModelProto:
-    """``step`` with each ``Where(onnxcampo.train_mode, a, b)`` an ``Identity(b)`` (a copy; the
-    step itself when it has no training-mode nodes)."""
-    if not any(node.op_type == "Where" and node.input[0] == TRAIN_FLAG for node in step.graph.node):
+    """``step`` with each ``Where(onnxcampo.train_mode, a, b)`` an ``Identity(b)``, and the flag
+    false for any other node that reads it (one an optimizer fused a Where into); a copy, or the
+    step itself when it has no training-mode nodes."""
+    if not any(t.name == TRAIN_FLAG for t in step.graph.initializer):
         return step
     model = onnx.ModelProto()
     model.CopyFrom(step)
     for node in model.graph.node:
         if node.op_type == "Where" and node.input[0] == TRAIN_FLAG:
             node.CopyFrom(helper.make_node("Identity", [node.input[2]], list(node.output), name=node.name))
+    flag = next(t for t in model.graph.initializer if t.name == TRAIN_FLAG)
+    flag.CopyFrom(numpy_helper.from_array(np.array(False), TRAIN_FLAG))
     return model
 
 

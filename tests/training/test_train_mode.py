@@ -154,9 +154,21 @@ def test_evaluate_uses_the_running_statistics_and_state_dict_holds_them():
     np.testing.assert_allclose(prediction, eval_reference(params, running, X), rtol=1e-4, atol=1e-6)
     with_loss = trainer.evaluate({"x": X, "labels": LABELS})
     assert with_loss["loss"] == pytest.approx(np.mean((eval_reference(params, running, X) - LABELS) ** 2), rel=1e-4)
-    ops = {n.op_type for n in eval_model(trainer.model, with_loss=False).graph.node}
-    assert "Where" not in ops and "ReduceMean" in ops  # the model's own ReduceMean over H, W only
-    assert sum(n.op_type == "ReduceMean" for n in eval_model(trainer.model, with_loss=False).graph.node) == 1
+    ops = [n.op_type for n in eval_model(trainer.model, with_loss=False).graph.node]
+    assert "Where" not in ops and ops.count("ReduceMean") == 1  # the model's own, over H and W
+
+
+def test_evaluate_reads_the_flag_as_false_where_no_where_reads_it():
+    """A node other than Where reading onnxcampo.train_mode (as if an optimizer had fused the
+    Where) reads false in evaluation: still the running statistics."""
+    step = build_train_step(conv_bn(), loss="mse", optimizer="sgd", train_mode=True, fused=False)
+    where = next(n for n in step.graph.node if n.op_type == "Where" and n.input[0] == TRAIN_FLAG)
+    where.input[0] = "flag_copy"
+    step.graph.node.insert(0, helper.make_node("Identity", [TRAIN_FLAG], ["flag_copy"], name="flag_copy"))
+    model = eval_model(step, with_loss=False)
+    values = {"x": X, **PARAMS, **RUNNING}
+    prediction = run(make_session(model), {i.name: values[i.name] for i in model.graph.input})["out"]
+    np.testing.assert_allclose(prediction, eval_reference(PARAMS, RUNNING, X), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -197,6 +209,45 @@ def test_training_mode_export_trains_as_exported_and_train_mode_false_freezes_it
         assert {"bn.running_mean", "bn.running_var"} <= {t.name for t in frozen.graph.initializer}
         value = run(make_session(frozen), feeds(frozen))["loss"]
         assert value == pytest.approx(np.mean((eval_reference(PARAMS, RUNNING, X) - LABELS) ** 2), rel=1e-5)
+
+
+def test_batchnorm_over_features_rank_2():
+    """BatchNorm1d on [N, C] (statistics over the batch axis alone): loss and gradients of
+    MatMul -> BatchNormalization -> Tanh against numpy finite differences."""
+    f = 5
+    x = RNG.normal(size=(N, f)).astype(np.float32)
+    params = {"w": RNG.normal(size=(f, C)).astype(np.float32), "s": (1 + 0.3 * RNG.normal(size=C)).astype(np.float32),
+              "b": (0.2 * RNG.normal(size=C)).astype(np.float32)}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("BatchNormalization", ["h", "s", "b", "mean", "var"], ["y"], epsilon=EPS),
+         helper.make_node("Tanh", ["y"], ["out"])],
+        "bn1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, f])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [N, C])],
+        [numpy_helper.from_array(v, k) for k, v in params.items()]
+        + [numpy_helper.from_array(np.zeros(C, np.float32), "mean"), numpy_helper.from_array(np.ones(C, np.float32), "var")])
+    step = build_train_step(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), loss="mse",
+                            optimizer="sgd", train_mode=True, fused=False)
+
+    def loss(p):
+        h = x.astype(np.float64) @ p["w"]
+        y = (h - h.mean(axis=0)) / np.sqrt(h.var(axis=0) + EPS) * p["s"] + p["b"]
+        return np.mean((np.tanh(y) - LABELS) ** 2)
+
+    values = {"x": x, "labels": LABELS, "lr": np.array(1.0, np.float32), "mean": np.zeros(C, np.float32),
+              "var": np.ones(C, np.float32), **params}
+    out = run(make_session(step), {i.name: values[i.name] for i in step.graph.input})
+    p64 = {k: v.astype(np.float64) for k, v in params.items()}
+    assert out["loss"] == pytest.approx(loss(p64), rel=1e-5)
+    for name, value in p64.items():
+        expected = np.zeros(value.shape)
+        for index in np.ndindex(value.shape):
+            up, down = {**p64, name: value.copy()}, {**p64, name: value.copy()}
+            up[name][index] += 1e-6
+            down[name][index] -= 1e-6
+            expected[index] = (loss(up) - loss(down)) / 2e-6
+        np.testing.assert_allclose(params[name] - out[name + ".updated"], expected, rtol=2e-3, atol=2e-6)
+    np.testing.assert_allclose(out["mean.updated"], 0.1 * (x @ params["w"]).mean(axis=0), rtol=1e-4, atol=1e-6)
 
 
 def test_one_value_per_channel_is_refused():
@@ -247,6 +298,25 @@ def test_dropout_step_applies_the_seeded_mask(seed):
     assert out["loss"] == pytest.approx(loss, rel=1e-5)
     np.testing.assert_allclose(WD - out["w.updated"], grad, rtol=1e-4, atol=1e-6)
     assert out[DROPOUT_SEED + ".updated"] == seed + 1
+
+
+def test_each_dropout_draws_its_own_stream():
+    """Two Dropouts in a row: the second drops what dropout_mask(seed, 1) drops."""
+    graph = helper.make_graph(
+        [helper.make_node("Dropout", ["x", "ratio", "training"], ["d1"]),
+         helper.make_node("Dropout", ["d1", "ratio", "training"], ["d2"]),
+         helper.make_node("MatMul", ["d2", "w"], ["out"])],
+        "two_dropouts", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, F])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [N, K])],
+        [numpy_helper.from_array(WD, "w"), numpy_helper.from_array(np.array(RATIO, np.float32), "ratio"),
+         numpy_helper.from_array(np.array(True), "training")])
+    step = build_train_step(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), loss="mse",
+                            optimizer="sgd", fused=False)
+    values = {"x": XD, "labels": LABELS_D, "w": WD, "lr": np.array(1.0, np.float32), DROPOUT_SEED: np.array(2, np.float32)}
+    out = run(make_session(step), {i.name: values[i.name] for i in step.graph.input})
+    keep = dropout_mask(2, 0, N * F, RATIO) & dropout_mask(2, 1, N * F, RATIO)
+    dropped = XD.astype(np.float64) * keep.reshape(N, F) / (1 - RATIO) ** 2
+    assert out["loss"] == pytest.approx(np.mean((dropped @ WD - LABELS_D) ** 2), rel=1e-5)
 
 
 def test_dropout_mask_statistics():
@@ -339,3 +409,24 @@ def test_one_step_matches_torch_in_train_mode(tmp_path):
         if name in state:
             np.testing.assert_allclose(state[name], value.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
     assert {"1.running_mean", "1.running_var", "0.weight", "1.weight"} <= set(state)
+
+
+# --- mixed precision -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_amp_optimized_train_mode_step_keeps_the_running_statistics_fp32_state():
+    """onnxcampo optimize (amp) on a train-mode step: the running statistics stay fp32 state
+    inputs, are updated each step, and evaluation still takes the inference branch."""
+    import onnxcampo
+
+    step = build_train_step(conv_bn(), loss="mse", optimizer="momentum", lr=0.05, train_mode=True)
+    optimized = onnxcampo.optimize(step, policy="amp", check_invariants=True).model
+    inputs = {i.name: i.type.tensor_type.elem_type for i in optimized.graph.input}
+    assert inputs["bn.running_mean"] == inputs["bn.running_var"] == TensorProto.FLOAT
+    trainer = Trainer(optimized)
+    losses = [trainer.step({"x": x, "labels": LABELS}) for x in (X, X2) * 5]
+    assert np.isfinite(losses).all()
+    state = trainer.state_dict()
+    assert not np.allclose(state["bn.running_var"], RUNNING["bn.running_var"])
+    params, running = {k: state[k] for k in PARAMS}, {k: state[k] for k in RUNNING}
+    np.testing.assert_allclose(trainer.evaluate({"x": X})["out"], eval_reference(params, running, X), rtol=2e-2, atol=2e-3)
