@@ -59,6 +59,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir
 from onnxcampo.errors import ConfigError, UnsupportedModelError
+from onnxcampo.training.trainable import forward_values
 
 TRAIN_FLAG = "onnxcampo.train_mode"  # bool initializer, True; eval_model takes the Wheres' false branch
 RUNNING_KEY = "onnxcampo.running_stats"  # metadata: JSON {state name: forward initializer}
@@ -93,11 +94,13 @@ def apply_train_mode(model: onnx.ModelProto, *, train_mode: bool | None = None,
     """Rewrite ``model``'s BatchNormalization and Dropout nodes in place (module docstring).
 
     Requires static shapes for the inputs of the nodes that train (pinned inputs), running
-    statistics held in initializers read by no other node, and constant Dropout ratios."""
+    statistics held in initializers read by no other node, and constant Dropout ratios. Nodes
+    inside If/Loop/Scan bodies are left as they are."""
     if running_var not in RUNNING_VARS:
         raise ConfigError(f"running_var must be one of {', '.join(RUNNING_VARS)}, not {running_var!r}")
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
+    constants = forward_values(model)  # initializers and Constant nodes (PyTorch's Dropout ratio)
     readers: dict[str, int] = {}
     for node in graph.node:
         for name in ir.outer_scope_names(node) if ir.has_subgraph(node) else ():
@@ -106,7 +109,7 @@ def apply_train_mode(model: onnx.ModelProto, *, train_mode: bool | None = None,
             readers[name] = readers.get(name, 0) + 1
     for output in graph.output:
         readers[output.name] = readers.get(output.name, 0) + 1
-    plans = [(node, _trains(node, train_mode, initializers)) for node in graph.node]
+    plans = [(node, _trains(node, train_mode, constants)) for node in graph.node]
     if not any(train for _, train in plans):
         for node, _ in plans:
             _to_inference(node, readers)
@@ -126,14 +129,13 @@ def apply_train_mode(model: onnx.ModelProto, *, train_mode: bool | None = None,
             nodes.extend(_batchnorm(node, emit, info, initializers, readers, running, initial, outputs, running_var))
             batchnorms += 1
         else:
-            nodes.extend(_dropout(node, emit, info, initializers, readers, dropouts))
+            nodes.extend(_dropout(node, emit, info, constants, readers, dropouts))
             dropouts += 1
     if dropouts:
         graph.input.append(helper.make_tensor_value_info(DROPOUT_SEED, TensorProto.FLOAT, []))
         nodes.append(helper.make_node("Add", [DROPOUT_SEED, emit.const("dropout/one", 1.0)],
                                       [DROPOUT_SEED + UPDATED], name="dropout/next_seed"))
         outputs.append(helper.make_tensor_value_info(DROPOUT_SEED + UPDATED, TensorProto.FLOAT, []))
-        initial.append(numpy_helper.from_array(np.array(0.0, np.float32), DROPOUT_SEED))
     graph.initializer.append(numpy_helper.from_array(np.array(True), TRAIN_FLAG))
     del graph.node[:]
     graph.node.extend(nodes)
@@ -177,7 +179,7 @@ def _threshold(ratio: float) -> int:
     return int(math.ceil(ratio * PRIME))
 
 
-def _trains(node: onnx.NodeProto, train_mode: bool | None, initializers: dict[str, onnx.TensorProto]) -> bool:
+def _trains(node: onnx.NodeProto, train_mode: bool | None, constants: dict[str, onnx.TensorProto]) -> bool:
     where = f"{node.op_type} node {node.name or node.output[0]!r}"
     if node.op_type == "BatchNormalization":
         return bool(ir.attribute(node, "training_mode", 0)) if train_mode is None else train_mode
@@ -188,10 +190,10 @@ def _trains(node: onnx.NodeProto, train_mode: bool | None, initializers: dict[st
         return train_mode
     if not flag:
         return False
-    if flag not in initializers:
+    if flag not in constants:
         raise UnsupportedModelError(f"{where} has a training_mode input that is not a constant; "
                                     "say which mode to train in (train_mode=True/False, train-graph --train-mode)")
-    return bool(numpy_helper.to_array(initializers[flag]).any())
+    return bool(numpy_helper.to_array(constants[flag]).any())
 
 
 def _to_inference(node: onnx.NodeProto, readers: dict[str, int]) -> None:
@@ -324,14 +326,14 @@ def _batchnorm(node: onnx.NodeProto, emit: _Emitter, info, initializers: dict[st
     return n
 
 
-def _dropout(node: onnx.NodeProto, emit: _Emitter, info, initializers: dict[str, onnx.TensorProto],
+def _dropout(node: onnx.NodeProto, emit: _Emitter, info, constants: dict[str, onnx.TensorProto],
              readers: dict[str, int], index: int) -> list[onnx.NodeProto]:
     where = f"Dropout node {node.name or node.output[0]!r}"
     x = node.input[0]
     ratio_name = node.input[1] if len(node.input) > 1 else ""
-    if ratio_name and ratio_name not in initializers:
+    if ratio_name and ratio_name not in constants:
         raise UnsupportedModelError(f"{where}: its ratio {ratio_name!r} is not a constant")
-    ratio = float(numpy_helper.to_array(initializers[ratio_name])) if ratio_name else 0.5
+    ratio = float(numpy_helper.to_array(constants[ratio_name])) if ratio_name else 0.5
     if not 0.0 <= ratio < 1.0:
         raise UnsupportedModelError(f"{where}: ratio {ratio} is outside [0, 1)")
     shape = _static_shape(info, x, where)

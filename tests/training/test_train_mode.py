@@ -359,6 +359,19 @@ def test_dropout_train_mode_choices():
     assert DROPOUT_SEED not in step_spec(build_train_step(mlp_dropout(False), loss="mse")).state
 
 
+def test_dropout_ratio_and_training_mode_in_constant_nodes():
+    """PyTorch's training-mode exports hold the ratio and training_mode in Constant nodes."""
+    model = mlp_dropout(True)
+    for name in ("ratio", "training"):
+        tensor = next(t for t in model.graph.initializer if t.name == name)
+        model.graph.initializer.remove(tensor)
+        model.graph.node.insert(0, helper.make_node("Constant", [], [name], value=tensor))
+    step = build_train_step(model, loss="mse", optimizer="sgd", fused=False)
+    values = {"x": XD, "labels": LABELS_D, "w": WD, "lr": np.array(1.0, np.float32), DROPOUT_SEED: np.array(0, np.float32)}
+    out = run(make_session(step), {i.name: values[i.name] for i in step.graph.input})
+    assert out["loss"] == pytest.approx(dropout_reference(0)[0], rel=1e-5)
+
+
 # --- command line --------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -409,6 +422,26 @@ def test_one_step_matches_torch_in_train_mode(tmp_path):
         if name in state:
             np.testing.assert_allclose(state[name], value.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
     assert {"1.running_mean", "1.running_var", "0.weight", "1.weight"} <= set(state)
+
+
+def test_torch_training_export_with_dropout_evaluates_as_torch_eval(tmp_path):
+    """A training-mode export keeps its Dropout (ratio and training_mode in Constant nodes): the
+    step trains it from dropout_seed, and evaluate() is torch's eval-mode forward."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.5), torch.nn.Flatten(), torch.nn.Linear(4 * 5 * 5, 2))
+    x = torch.randn(6, 3, 5, 5)
+    path = tmp_path / "conv_bn_dropout.onnx"
+    torch.onnx.export(model.train(), (x,), str(path), training=torch.onnx.TrainingMode.TRAINING, opset_version=17,
+                      do_constant_folding=False, input_names=["x"], output_names=["out"], dynamo=False)
+    step = build_train_step(str(path), loss="mse", optimizer="sgd", lr=0.01)
+    assert {DROPOUT_SEED, "1.running_mean", "1.running_var"} <= set(step_spec(step).state)
+    trainer = Trainer(step)
+    with torch.no_grad():
+        expected = model.eval()(x).numpy()
+    np.testing.assert_allclose(trainer.evaluate({"x": x.numpy()})["out"], expected, rtol=1e-4, atol=1e-5)
+    assert np.isfinite(trainer.step({"x": x.numpy(), "labels": np.zeros((6, 2), np.float32)}))
 
 
 # --- mixed precision -------------------------------------------------------------------------------
