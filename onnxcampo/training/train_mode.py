@@ -176,7 +176,7 @@ def _mix(x, k2, k3):
 
 
 def _threshold(ratio: float) -> int:
-    return int(math.ceil(ratio * PRIME))
+    return math.ceil(ratio * PRIME)
 
 
 def _trains(node: onnx.NodeProto, train_mode: bool | None, constants: dict[str, onnx.TensorProto]) -> bool:
@@ -266,6 +266,8 @@ def _batchnorm(node: onnx.NodeProto, emit: _Emitter, info, initializers: dict[st
     where = f"BatchNormalization node {node.name or node.output[0]!r}"
     x, scale, bias, mean_in, var_in = node.input[:5]
     shape = _static_shape(info, x, where)
+    if info[x].dtype != TensorProto.FLOAT:  # the state and the constants here are fp32, like the master weights
+        raise UnsupportedModelError(f"{where}: input {x!r} is not float32; train from the fp32 forward model")
     if len(shape) < 2:
         raise UnsupportedModelError(f"{where}: input {x!r} has rank {len(shape)}; batch statistics need [N, C, ...]")
     count = math.prod(shape) // shape[1]
