@@ -40,8 +40,9 @@ A training Dropout ``Y = Dropout(X, ratio)`` becomes ``Y = X * Where(train, keep
 element's index, the node and the scalar state input ``dropout_seed`` (its ``.updated`` output is
 the seed plus one, so each step draws a new mask and a run is reproduced by its starting seed,
 ``Trainer(seed=)``). The generator is exact int64 arithmetic (``x -> (x*x + k) mod (2^31 - 1)``
-rounds over a Weyl sequence; :func:`dropout_mask` is its numpy twin): masks are equal on every
-provider, unlike ``RandomUniformLike``, whose ``seed`` attribute cannot change per step.
+rounds over a Weyl sequence; :func:`dropout_mask` is its numpy twin): no provider rounds it
+differently (checked on ORT CPU; not run on CUDA yet), and the stream is state the Trainer sets and checkpoints (``RandomUniformLike``'s
+``seed`` is an attribute, fixed in the graph).
 
 Evaluation (:func:`onnxcampo.training.evaluate.eval_model`) makes every ``Where`` reading
 ``onnxcampo.train_mode`` take its false branch: running statistics, no dropout.
