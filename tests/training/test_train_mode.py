@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo.cli import main
-from onnxcampo.errors import UnsupportedModelError
+from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import Trainer, build_train_step, step_spec
 from onnxcampo.training.evaluate import eval_model
@@ -248,6 +248,13 @@ def test_batchnorm_over_features_rank_2():
             expected[index] = (loss(up) - loss(down)) / 2e-6
         np.testing.assert_allclose(params[name] - out[name + ".updated"], expected, rtol=2e-3, atol=2e-6)
     np.testing.assert_allclose(out["mean.updated"], 0.1 * (x @ params["w"]).mean(axis=0), rtol=1e-4, atol=1e-6)
+
+
+def test_bad_running_var_and_seed_are_one_line_config_errors():
+    with pytest.raises(ConfigError, match="running_var must be one of unbiased, biased"):
+        build_train_step(conv_bn(), train_mode=True, running_var="sample")
+    with pytest.raises(ConfigError, match=r"seed must be an integer in \[0, 2\^24\)"):
+        Trainer(build_train_step(mlp_dropout(True)), seed=-1)
 
 
 def test_one_value_per_channel_is_refused():
