@@ -215,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "Resize scales, formula constants and grouped Conv/ConvTranspose weights, frozen automatically)")
     tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
                     help="pin a dynamic input's shape (repeatable); the shape arithmetic it makes constant is folded")
+    tg.add_argument("--train-mode", action="store_const", const=True, default=None,
+                    help="every BatchNormalization and Dropout runs in training mode: batch statistics (their "
+                         "gradient included), running mean/variance as state updated each step, a dropout mask "
+                         "drawn from the dropout_seed state (default: each node as exported; a "
+                         "training-mode export trains so anyway); evaluation uses the running statistics")
+    tg.add_argument("--bn-running-var", choices=("unbiased", "biased"), default="unbiased",
+                    help="the batch variance a training BatchNormalization's running variance takes: unbiased "
+                         "n/(n-1) (default, as PyTorch) or biased (the ONNX specification, ONNX Runtime)")
     tg.add_argument("--no-simplify", dest="simplify", action="store_false",
                     help="keep onnx-ad's backward graph as emitted (default: Conv weight gradients as one GEMM "
                          "over an im2col, seed-axis Transposes and no-op copies removed; same math)")
@@ -255,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "removes the host's per-node launch cost; every batch keeps the first one's shapes")
     graphs.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_const", const=False,
                         help="run each step node by node, also where a CUDA graph would be replayed by default")
+    tr.add_argument("--seed", type=int, default=0, metavar="N",
+                    help="the starting dropout_seed of a step graph with training-mode Dropout (default 0; one "
+                         "more each step, so a run is reproduced by its seed; a checkpoint restores it)")
     tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
     tr.add_argument("--out", type=Path, metavar="OUT.onnx", help="write the forward model with the trained weights")
 
@@ -462,12 +473,14 @@ def _train_graph(args: argparse.Namespace) -> int:
     from onnxcampo import ir
     from onnxcampo import ops
     from onnxcampo.training import build_train_step, step_spec
+    from onnxcampo.training.train_mode import DROPOUT_SEED, running_stats
 
     output = ir.check_output_path(args.output, args.forward if args.forward.exists() else None)
     shapes = dict(parse_input_shape(text) for text in args.input_shape)
     step = build_train_step(args.forward, loss=args.loss, optimizer=args.optimizer, lr=args.lr,
                             output=args.loss_output, huber_delta=args.huber_delta, freeze=args.freeze,
-                            input_shapes=shapes, fused=None if args.fused_ops else False, simplify=args.simplify)
+                            input_shapes=shapes, fused=None if args.fused_ops else False, simplify=args.simplify,
+                            train_mode=args.train_mode, running_var=args.bn_running_var)
     ir.save_model(step, output)
     spec = step_spec(step)
     update = "fused ai.onnxcampo op" if ops.uses_ops(step) else "standard ops"
@@ -477,6 +490,11 @@ def _train_graph(args: argparse.Namespace) -> int:
     frozen = ir.metadata(step, "onnxcampo.frozen")
     if frozen:
         print(f"onnxcampo: {frozen}", file=sys.stderr)
+    statistics = running_stats(step)
+    seeded = DROPOUT_SEED in spec.state
+    if statistics or seeded:
+        print(f"onnxcampo: training mode: {len(statistics) // 2} BatchNormalization with batch statistics "
+              f"(running statistics as state){', Dropout seeded by dropout_seed' if seeded else ''}", file=sys.stderr)
     return 0
 
 
@@ -515,7 +533,7 @@ def _train(args: argparse.Namespace) -> int:
     base_lr = args.lr if args.lr is not None else float(ir.metadata(step_model, "onnxcampo.lr", "0.01"))
     schedule = parse_schedule(args.lr_schedule, base_lr) if args.lr_schedule else None  # base: --lr or the graph's
     trainer = Trainer(step_model, weights=weights, provider=args.provider, lr=args.lr, cuda_graph=args.cuda_graph,
-                      partial_batch=args.partial_batch)
+                      partial_batch=args.partial_batch, seed=args.seed)
     if args.resume is not None:
         trainer.load_checkpoint(args.resume)
         if args.lr is not None:

@@ -2,7 +2,7 @@
 
 Entries: one fp32 array per step-graph state input, named as the graph input (the weights,
 ``<weight>.momentum``, ``<weight>.adam_m`` / ``<weight>.adam_v``, ``step``, ``loss_scale``,
-``loss_scale_clean_steps``), plus ``onnxcampo.checkpoint``: a 0-d unicode array holding JSON
+``loss_scale_clean_steps``, training-mode BatchNorm running statistics, ``dropout_seed``), plus ``onnxcampo.checkpoint``: a 0-d unicode array holding JSON
 ``{"format": 1, "onnxcampo": version, "steps": n, "lr": lr, "inputs": [step graph input names],
 "state": {name: [dtype, shape]}}``. Readable with ``numpy.load(path)`` and no onnxcampo.
 """

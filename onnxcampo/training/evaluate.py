@@ -3,17 +3,22 @@
 A step graph (:mod:`onnxcampo.training.step`) computes the prediction (metadata
 ``onnxcampo.prediction``: the forward model's first output, kept by name), the ``loss`` on it,
 the gradients and the update. Pruned to the prediction (and the loss, when labels are given) it
-is the forward on the fp32 master weights: no gradient, no update, no state written.
+is the forward on the fp32 master weights: no gradient, no update, no state written. Where the
+step trains BatchNormalization or Dropout (:mod:`onnxcampo.training.train_mode`), every ``Where``
+reading the flag ``onnxcampo.train_mode`` takes its false branch first, so the pruned forward is
+the inference one: running statistics, no dropout (the batch statistics and the mask go).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxcampo import ir
 from onnxcampo.errors import ConfigError
 from onnxcampo.training.step import LOSS
+from onnxcampo.training.train_mode import TRAIN_FLAG
 
 PREDICTION_KEY = "onnxcampo.prediction"
 
@@ -40,6 +45,7 @@ def _read_names(node: onnx.NodeProto) -> set[str]:
 def eval_model(step: onnx.ModelProto, *, with_loss: bool) -> onnx.ModelProto:
     """``step`` pruned to the nodes the prediction (and ``loss``) need; inputs and initializers
     no kept node reads are dropped. The outputs: the prediction, then ``loss`` if ``with_loss``."""
+    step = _inference_mode(step)
     prediction = prediction_name(step)
     wanted = [prediction, LOSS] if with_loss else [prediction]
     producers = {out: index for index, node in enumerate(step.graph.node) for out in node.output}
@@ -77,6 +83,22 @@ def eval_model(step: onnx.ModelProto, *, with_loss: bool) -> onnx.ModelProto:
         graph.output.append(known[name] if name in known else helper.ValueInfoProto(name=name))
     del graph.value_info[:]
     graph.value_info.extend(vi for vi in step.graph.value_info if vi.name in seen)
+    return model
+
+
+def _inference_mode(step: onnx.ModelProto) -> onnx.ModelProto:
+    """``step`` with each ``Where(onnxcampo.train_mode, a, b)`` an ``Identity(b)``, and the flag
+    false for any other node that reads it (one an optimizer fused a Where into); a copy, or the
+    step itself when it has no training-mode nodes."""
+    if not any(t.name == TRAIN_FLAG for t in step.graph.initializer):
+        return step
+    model = onnx.ModelProto()
+    model.CopyFrom(step)
+    for node in model.graph.node:
+        if node.op_type == "Where" and node.input[0] == TRAIN_FLAG:
+            node.CopyFrom(helper.make_node("Identity", [node.input[2]], list(node.output), name=node.name))
+    flag = next(t for t in model.graph.initializer if t.name == TRAIN_FLAG)
+    flag.CopyFrom(numpy_helper.from_array(np.array(False), TRAIN_FLAG))
     return model
 
 

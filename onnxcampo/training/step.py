@@ -12,6 +12,9 @@ Conventions (what :class:`onnxcampo.training.Trainer` relies on):
 * outputs: ``loss`` (scalar, fp32), then ``<weight>.updated`` for every weight;
 * optimizer state: ``<weight>.momentum`` (momentum), ``<weight>.adam_m`` / ``<weight>.adam_v``
   and the scalar ``step`` (adamw) are inputs, their next values ``<name>.updated`` outputs;
+* training-mode BatchNormalization and Dropout (``train_mode``, :mod:`onnxcampo.training.train_mode`):
+  running means and variances (named in metadata ``onnxcampo.running_stats``) and the scalar
+  ``dropout_seed`` are state inputs too, their next values ``<name>.updated`` outputs;
 * ``lr`` is a scalar input, so schedules need no new graph (the value given to
   :func:`build_train_step` is stored as metadata ``onnxcampo.lr``, the Trainer's default).
 
@@ -32,6 +35,8 @@ outputs of the step, as before ``output`` existed).
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -46,8 +51,11 @@ from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.training.scatter import fuse_scatter_add
 from onnxcampo.training.simplify import ALIAS_RULES, simplify_backward
+from onnxcampo.training.train_mode import DROPOUT_SEED, RUNNING_KEY, TrainModeRewrite, apply_train_mode, running_stats
 from onnxcampo.training.trainable import (check_trainable, forget_declared_shapes, constants_to_initializers,
                                           forward_values, select_trainable)
+
+log = logging.getLogger(__name__)
 
 LOSSES = ("mse", "cross_entropy", "bce_with_logits", "l1", "huber")
 FLOAT_LABEL_LOSSES = ("mse", "bce_with_logits", "l1", "huber")  # labels: float, the prediction's shape
@@ -59,7 +67,8 @@ LR = "lr"
 STEP = "step"
 INITIAL_PREFIX = "onnxcampo.initial/"  # initializer "<prefix><weight>": the weight's starting value
 FROZEN_KEY = "onnxcampo.frozen"  # what train-graph kept constant, and why (one line)
-SCALARS = (STEP, "loss_scale", "loss_scale_clean_steps")  # scalar state: the step count, loss scaling
+# scalar state: the step count, loss scaling, the dropout seed
+SCALARS = (STEP, "loss_scale", "loss_scale_clean_steps", DROPOUT_SEED)
 FOUND_INF = "update/found_inf"  # the fused update's skip flag: False until loss scaling feeds it
 FUSED_METADATA = "onnxcampo.fused_ops"
 
@@ -91,6 +100,8 @@ def build_train_step(
     simplify: bool = True,
     output: str | None = None,
     huber_delta: float = 1.0,
+    train_mode: bool | None = None,
+    running_var: str = "unbiased",
 ) -> onnx.ModelProto:
     """One training step as an ONNX model (see the module docstring for names).
 
@@ -103,6 +114,11 @@ def build_train_step(
     (:func:`onnxcampo.training.simplify.simplify_backward`); False keeps it as emitted.
     ``output``: the model output the loss reads (default: the first); the step graph does not
     return the model's outputs. ``huber_delta``: where ``huber`` turns from quadratic to linear.
+    ``train_mode``: which BatchNormalization and Dropout nodes run in training mode (batch
+    statistics with running statistics as state, a dropout mask drawn from the ``dropout_seed``
+    state): None as exported, True all, False none (:mod:`onnxcampo.training.train_mode`);
+    ``running_var``: the batch variance the running variance takes, ``"unbiased"`` (PyTorch's)
+    or ``"biased"`` (the ONNX specification's).
     """
     if loss not in LOSSES:
         raise ConfigError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
@@ -110,8 +126,9 @@ def build_train_step(
         raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
     if loss == "huber" and not (np.isfinite(huber_delta) and huber_delta > 0):
         raise ConfigError(f"huber_delta must be a positive number, not {huber_delta!r}")
-    model, weights, initial, prediction = _prepare(forward, freeze=freeze, input_shapes=input_shapes or {},
-                                                   output=output)
+    model, weights, initial, prediction, trained = _prepare(
+        forward, freeze=freeze, input_shapes=input_shapes or {}, output=output, train_mode=train_mode,
+        running_var=running_var)
     info, _ = ir.infer_tensor_info(model)
     shape = info[prediction].shape if prediction in info else None
     if shape is None or None in shape:
@@ -120,6 +137,7 @@ def build_train_step(
     _add_loss(model, prediction, loss, list(shape), huber_delta=huber_delta)
     del model.graph.output[:]
     model.graph.output.append(helper.make_tensor_value_info(LOSS, TensorProto.FLOAT, []))
+    model.graph.output.extend(trained.outputs)  # running statistics and dropout_seed, updated
     model.ir_version = min(model.ir_version, 10)
     gradients = _backward(model, weights)
     seed = next(i.name for i in gradients.graph.input if i.name.startswith("grad_"))
@@ -142,10 +160,12 @@ def build_train_step(
         gradients.metadata_props.add(key="onnxcampo.huber_delta", value=repr(float(huber_delta)))
     gradients.metadata_props.add(key="onnxcampo.prediction", value=prediction)  # where the loss starts
     gradients.metadata_props.add(key="onnxcampo.loss_seed", value=seed)  # d loss / d loss, 1 until scaled
+    if trained.running:
+        ir.set_metadata(gradients, RUNNING_KEY, json.dumps(trained.running))
     ir.name_nodes(gradients)  # onnx-ad leaves backward nodes unnamed; plans and reports need names
-    for tensor in initial:  # read by the Trainer; no node reads them (ORT drops them from sessions)
+    for tensor in (*initial, *trained.initial):  # read by the Trainer; no node reads them (ORT drops them)
         tensor.name = INITIAL_PREFIX + tensor.name
-    gradients.graph.initializer.extend(initial)
+    gradients.graph.initializer.extend((*initial, *trained.initial))
     onnx.checker.check_model(gradients)
     return gradients
 
@@ -154,7 +174,9 @@ def step_spec(step: onnx.ModelProto) -> StepSpec:
     inputs = [i.name for i in step.graph.input]
     outputs = {o.name for o in step.graph.output}
     updated = [name for name in inputs if name + UPDATED in outputs]
-    weights = tuple(n for n in updated if not re.search(r"\.(momentum|adam_m|adam_v)$", n) and n not in SCALARS)
+    statistics = running_stats(step)
+    weights = tuple(n for n in updated if not re.search(r"\.(momentum|adam_m|adam_v)$", n) and n not in SCALARS
+                    and n not in statistics)
     state = tuple(n for n in updated if n not in weights)
     batch = tuple(n for n in inputs if n not in updated and n != LR)
     kind = ir.metadata(step, "onnxcampo.train_step", "mse,sgd")
@@ -162,15 +184,20 @@ def step_spec(step: onnx.ModelProto) -> StepSpec:
     return StepSpec(weights, state, batch, optimizer, loss)
 
 
-def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, ...]], output: str | None = None
-             ) -> tuple[onnx.ModelProto, list[str], list[onnx.TensorProto], str]:
+def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, ...]], output: str | None = None,
+             train_mode: bool | None = None, running_var: str = "unbiased",
+             ) -> tuple[onnx.ModelProto, list[str], list[onnx.TensorProto], str, TrainModeRewrite]:
     """The forward model made differentiable by onnx-ad, its trainable weights (lifted to inputs),
-    their initial values and the prediction (``output``, or the first output when None).
+    their initial values, the prediction (``output``, or the first output when None) and what the
+    training-mode rewrite added.
 
-    Upgrades old opsets to 17, pins the given input shapes, rejects training-mode BatchNorm and
-    Dropout, turns float Constant nodes into initializers (weights of Paddle exports), lifts only the real weights (:mod:`onnxcampo.training.trainable` freezes running
-    statistics, Resize scales, formula constants and grouped Conv weights), then folds the shape
-    arithmetic that the pinned shapes make constant, so the prediction gets a static shape.
+    Upgrades old opsets to 17, pins the given input shapes, rejects non-standard ops, turns float
+    Constant nodes into initializers (weights of Paddle exports), lifts only the real weights
+    (:mod:`onnxcampo.training.trainable` freezes running statistics, Resize scales, formula
+    constants and grouped Conv weights), folds the shape arithmetic that the pinned shapes make
+    constant, so the prediction gets a static shape, and last writes the BatchNormalization and
+    Dropout nodes that train as explicit math (:mod:`onnxcampo.training.train_mode`; the running
+    statistics, frozen until then, become state).
     """
     from onnx_ad.fold import fold_constants  # onnx-ad is pinned; its folder is what reverse() uses
 
@@ -196,7 +223,10 @@ def _prepare(forward, *, freeze: str | None, input_shapes: dict[str, tuple[int, 
     if folded is not model:
         model.CopyFrom(folded)
         forget_declared_shapes(model)
-    return model, weights, initial, prediction
+    trained = apply_train_mode(model, train_mode=train_mode, running_var=running_var)
+    if trained.batchnorms or trained.dropouts:
+        log.info("%s", trained.summary())
+    return model, weights, initial, prediction, trained
 
 
 def _pin_inputs(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -321,7 +351,8 @@ def add_update(step: onnx.ModelProto, weights: list[str], optimizer: str, *, fus
     graph.input.remove(seed)
     graph.initializer.append(numpy_helper.from_array(np.ones(1, np.float32), seed.name))
     graph.input.append(helper.make_tensor_value_info(LR, TensorProto.FLOAT, []))
-    kept_outputs = [o for o in graph.output if o.name == LOSS]
+    # the loss, and the state the forward updates itself (running statistics, dropout_seed)
+    kept_outputs = [o for o in graph.output if o.name == LOSS or o.name.endswith(UPDATED)]
     grads = {o.name[len("grad_"):]: o.name for o in graph.output if o.name.startswith("grad_")}
     del graph.output[:]
     graph.output.extend(kept_outputs)

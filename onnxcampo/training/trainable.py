@@ -12,7 +12,8 @@ reason reported):
 1. ``user``: its name matches the ``freeze`` regular expression.
 2. it is not float32 or is a scalar (rank 0): a constant of the formula, never reported.
 3. ``statistics``/``configuration``: some consumer reads it at a slot that is not a weight
-   (BatchNormalization mean and variance; Resize roi and scales; Clip bounds; Pad widths and
+   (BatchNormalization mean and variance, which become step state instead where the BatchNorm
+   trains, :mod:`onnxcampo.training.train_mode`; Resize roi and scales; Clip bounds; Pad widths and
    value; Pow's exponent; Dropout's ratio; an RNN's initial state); see ``CONSTANT_SLOTS``.
 4. ``grouped-conv`` / ``conv-transpose``: it is the weight of a Conv with ``group > 1`` or of any
    ConvTranspose, which onnx-ad 0.3.0 cannot differentiate with respect to the weight (the bias
@@ -160,22 +161,14 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
 def check_trainable(model: onnx.ModelProto) -> None:
     """Raise a one-line UnsupportedModelError for what the step graph cannot express.
 
-    Training-mode BatchNorm/Dropout and non-standard ops are caught here; onnx-ad itself names
-    the other limits (MaxPool auto_pad=SAME_UPPER, Slice steps other than 1, ...)."""
+    Non-standard ops are caught here (training-mode BatchNorm and Dropout are written out by
+    :mod:`onnxcampo.training.train_mode`); onnx-ad itself names the other limits (MaxPool
+    auto_pad=SAME_UPPER, Slice steps other than 1, ...)."""
     for node in model.graph.node:
-        where = f"{node.op_type} node {node.name or node.output[0]!r}"
-        if node.op_type == "BatchNormalization" and _attr(node, "training_mode", 0):
-            raise UnsupportedModelError(
-                f"{where} is in training mode (batch statistics); export the model in eval mode "
-                "so it runs with frozen running statistics")
-        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            if not _constant_false(model.graph, node.input[2]):
-                raise UnsupportedModelError(
-                    f"{where} has a training_mode input that is not constant false; "
-                    "training-mode Dropout is not supported (export the model in eval mode)")
         if node.domain not in ("", "ai.onnx"):
             raise UnsupportedModelError(
-                f"{where} is in domain {node.domain!r}; only standard ONNX ops can be differentiated")
+                f"{node.op_type} node {node.name or node.output[0]!r} is in domain {node.domain!r}; "
+                "only standard ONNX ops can be differentiated")
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:
@@ -269,16 +262,3 @@ def _attr(node: onnx.NodeProto, name: str, default):
         if attr.name == name:
             return helper.get_attribute_value(attr)
     return default
-
-
-def _constant_false(graph: onnx.GraphProto, name: str) -> bool:
-    from onnx import numpy_helper
-
-    for tensor in graph.initializer:
-        if tensor.name == name:
-            return not bool(numpy_helper.to_array(tensor).any())
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output[0] == name:
-            value = _attr(node, "value", None)
-            return value is not None and not bool(numpy_helper.to_array(value).any())
-    return False

@@ -39,6 +39,7 @@ from onnxcampo.training.checkpoint import read_checkpoint, write_checkpoint
 from onnxcampo.training.evaluate import eval_model
 from onnxcampo.training.scaling import LOSS_SCALE, initial_state
 from onnxcampo.training.step import INITIAL_PREFIX, LABELS, LOSS, LR, UPDATED, initial_weights, step_spec
+from onnxcampo.training.train_mode import DROPOUT_SEED, running_stats
 
 logger = logging.getLogger(__name__)
 
@@ -130,20 +131,29 @@ class Trainer:
     ``self.steps`` counts the steps taken (restored by :meth:`load_checkpoint`).
     :meth:`evaluate` runs the forward alone; :meth:`save_checkpoint` / :meth:`load_checkpoint`
     save and restore weights, optimizer and loss-scaling state, the step count and ``lr``.
+
+    Step graphs with training-mode BatchNormalization or Dropout (:mod:`onnxcampo.training.train_mode`)
+    carry more state: the running mean and variance (starting from the values in ``weights`` when
+    it has them, else the forward model's) and ``dropout_seed`` (starting at ``seed``, one more
+    each step); :meth:`state_dict` and checkpoints hold them, :meth:`evaluate` runs on the running
+    statistics without dropout and :meth:`export` writes the running statistics back.
     """
 
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
                  weights: Mapping[str, np.ndarray] | None = None, lr: float | None = None,
-                 cuda_graph: bool | None = None, partial_batch: str = "error") -> None:
+                 cuda_graph: bool | None = None, partial_batch: str = "error", seed: int = 0) -> None:
         if partial_batch not in PARTIAL_BATCH:
             raise ConfigError(f"partial_batch must be one of {', '.join(PARTIAL_BATCH)}, not {partial_batch!r}")
         self.partial_batch = partial_batch
         self.dropped = 0  # partial batches skipped under partial_batch="drop"
         self.model, _ = ir.read_model(step_model)
         self.spec = step_spec(self.model)
+        if not 0 <= seed < 2 ** 24:  # dropout_seed is a float32 scalar, exact up to 2^24
+            raise ConfigError(f"seed must be an integer in [0, 2^24), not {seed!r}")
         if weights is None:
             weights = initial_weights(None, self.model)
         starts = [t for t in self.model.graph.initializer if t.name.startswith(INITIAL_PREFIX)]
+        stored = {t.name[len(INITIAL_PREFIX):]: numpy_helper.to_array(t) for t in starts}
         for tensor in starts:  # no node reads them: not for the session
             self.model.graph.initializer.remove(tensor)
         missing = [w for w in self.spec.weights if w not in weights]
@@ -162,9 +172,14 @@ class Trainer:
         # Our own copies: on the CPU an OrtValue borrows the numpy array's memory, so the caller's
         # arrays must not be bound (steps would overwrite them) and ours must outlive the buffers.
         initial = {name: np.array(weights[name], dtype=np.float32, order="C", copy=True) for name in self.spec.weights}
-        starts = initial_state(self.model)
+        starts = {**initial_state(self.model), DROPOUT_SEED: float(seed)}
+        statistics = running_stats(self.model)
         for name in self.spec.state:
-            initial[name] = np.full(shapes[name], starts.get(name, 0.0), np.float32)
+            if name in statistics:  # running mean/variance: given with the weights, else the forward's
+                value = weights[name] if name in weights else stored[name]
+                initial[name] = np.array(value, dtype=np.float32, order="C", copy=True)
+            else:
+                initial[name] = np.full(shapes[name], starts.get(name, 0.0), np.float32)
         self._host = [initial, {name: np.empty_like(value) for name, value in initial.items()}]
         self._buffers = [{name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID)
                           for name, value in arrays.items()} for arrays in self._host]
@@ -397,14 +412,17 @@ class Trainer:
         return {name: value.numpy().copy() for name, value in self._buffers[self._current].items()}
 
     def export(self, forward: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:
-        """The forward (inference) model with the trained weights."""
+        """The forward (inference) model with the trained weights and running statistics."""
         model, _ = ir.read_model(forward)
         state = self.state_dict()
+        for name, initializer in running_stats(self.model).items():
+            state[initializer] = state.pop(name)
+        trained = {*self.spec.weights, *running_stats(self.model).values()}
         for index, tensor in enumerate(model.graph.initializer):
-            if tensor.name in self.spec.weights:
+            if tensor.name in trained:
                 model.graph.initializer[index].CopyFrom(numpy_helper.from_array(state[tensor.name], tensor.name))
         for node in model.graph.node:  # weights kept as Constant nodes (Paddle exports)
-            if node.op_type == "Constant" and node.output[0] in self.spec.weights:
+            if node.op_type == "Constant" and node.output[0] in trained:
                 value = next(a for a in node.attribute if a.name == "value")
                 value.t.CopyFrom(numpy_helper.from_array(state[node.output[0]], value.t.name))
         return model

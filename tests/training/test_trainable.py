@@ -114,12 +114,21 @@ def test_constant_node_weights_train():
     np.testing.assert_allclose(value, trainer.state_dict()["w"])
 
 
-def test_training_mode_batchnorm_is_refused_in_one_line():
+def test_training_mode_batchnorm_trains_with_its_running_statistics_as_state():
+    """Refused before issue 18; now its statistics are step state (tests/training/test_train_mode.py)."""
     nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], training_mode=1)]
     inits = [_const("s", (2,)), _const("b", (2,)), _const("m", (2,)),
              numpy_helper.from_array(np.ones(2, np.float32), "v")]
     forward = _model(nodes, inits, [2, 2, 3, 3], [2, 2, 3, 3])
-    with pytest.raises(UnsupportedModelError, match="training mode") as info:
+    spec = step_spec(build_train_step(forward))
+    assert spec.weights == ("s", "b") and {"m.running_mean", "v.running_var"} <= set(spec.state)
+
+
+def test_training_batchnorm_with_statistics_in_graph_inputs_is_refused_in_one_line():
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], training_mode=1)]
+    forward = _model(nodes, [_const("s", (2,)), _const("b", (2,))], [2, 2, 3, 3], [2, 2, 3, 3])
+    forward.graph.input.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "mv")
+    with pytest.raises(UnsupportedModelError, match="is not an initializer") as info:
         build_train_step(forward)
     assert "\n" not in str(info.value)
 
