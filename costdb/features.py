@@ -100,8 +100,16 @@ def cost_key(op_type: str, domain: str = "") -> str:
     return f"{domain}.{op_type}" if onnx.defs.has(op_type) else op_type
 
 
+# ai.onnxcampo ops costed as the standard op whose work they do: :func:`op_features` gives them
+# that op's name and sizes (ConvWeightGrad: the Gemm over Im2Col(x) it replaces, [Cout, N*Ho*Wo]
+# x [N*Ho*Wo, Cin*kh*kw]).
+STANDS_FOR = {"ConvWeightGrad": "Gemm"}
+
+
 def keyed(features: OpFeatures, domain: str) -> OpFeatures:
     """``features`` under :func:`cost_key` (the same sizes; only the name the models look up)."""
+    if domain == "ai.onnxcampo" and features.op_type in STANDS_FOR.values():
+        return features  # an ai.onnxcampo op costed as a standard one (STANDS_FOR)
     key = cost_key(features.op_type, domain)
     return features if key == features.op_type else dataclasses.replace(features, op_type=key)
 
@@ -137,6 +145,8 @@ def op_features(
     elements_out = sum(counts_out)
     elements = sum(counts_in) + elements_out
     gemm, kernel = _gemm_dims(op_type, input_shapes, output_shapes, attrs)
+    if op_type in STANDS_FOR:
+        op_type = STANDS_FOR[op_type]
     attention = _attention_dims(op_type, input_shapes, output_shapes, attrs) if op_type in _ATTENTION_OPS else None
     if attention is not None:
         gemm, flops = attention
@@ -183,6 +193,11 @@ def _gemm_dims(op_type, input_shapes, output_shapes, attrs) -> tuple[tuple[int, 
             out = output_shapes[0]
             batch = math.prod(out[:-2]) if out is not None and len(out) > 2 else 1
             return (int(batch), int(m), int(k), int(n)), 1
+        if op_type == "ConvWeightGrad":  # x [N, Cin, H, W], dy [N, Cout, Ho, Wo] -> [Cout, Cin, kh, kw]
+            x, dy, dw = input_shapes[0], input_shapes[1], output_shapes[0]
+            if x is None or dy is None or dw is None or len(dy) != 4 or len(dw) != 4:
+                return None, 1
+            return (1, int(dy[1]), int(dy[0] * dy[2] * dy[3]), int(dw[1] * dw[2] * dw[3])), 1
         if op_type in _CONV_OPS:
             x, w, y = input_shapes[0], input_shapes[1], output_shapes[0]
             if x is None or w is None or y is None or len(w) < 3:

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "avg_matmul.h"
+#include "conv_grad.h"
 #include "elementwise.h"
 #include "elementwise_jit.h"
 #include "im2col.h"
@@ -669,12 +670,14 @@ struct Library {
     domain.Add(&exact_matmul_cpu);
     domain.Add(&fused_elementwise_cpu);
     domain.Add(Im2ColOp(false));
+    domain.Add(ConvWeightGradOp(false));
 #ifdef ONNXCAMPO_WITH_CUDA
     domain.Add(&unscale_cuda);
     domain.Add(&sgd_cuda);
     domain.Add(&adamw_cuda);
     domain.Add(&fused_elementwise_cuda);
     domain.Add(Im2ColOp(true));
+    domain.Add(ConvWeightGradOp(true));
 #endif
     AddBlockReduceSumOps(domain);
   }

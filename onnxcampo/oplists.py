@@ -232,9 +232,11 @@ INT8_AVG_CAST = "Cast"
 # --- ai.onnxcampo: the custom ops the precision passes may retype ----------------------------
 # Other ops of the domain (the fused updates, UnscaleCheckFinite, AvgMatMulInteger) are UNKNOWN:
 # they keep their types. Im2Col (a Conv's column matrix) only moves values, its output in its
-# input's type: clear, so it goes fp16 with the Gemm that reads it.
+# input's type: clear, so it goes fp16 with the Gemm that reads it. ConvWeightGrad (a Conv's
+# weight gradient, cuDNN's backward filter on CUDA) is the Tensor Core product the Gemm over
+# Im2Col was: allow, costed as that Gemm (costdb.features.STANDS_FOR).
 ONNXCAMPO_DOMAIN = "ai.onnxcampo"
-ONNXCAMPO_OPS: dict[str, Category] = {"Im2Col": Category.CLEAR}
+ONNXCAMPO_OPS: dict[str, Category] = {"Im2Col": Category.CLEAR, "ConvWeightGrad": Category.ALLOW}
 # ScatterNDAdd (ScatterND with reduction "add", which build_train_step puts in place of onnx-ad's
 # Gather adjoints, onnxcampo/training/scatter.py) is UNKNOWN too, and fixed fp32 with the reason
 # of the accumulating scatters (classify 7b), whatever its attributes.

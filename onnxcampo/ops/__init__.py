@@ -18,6 +18,8 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
   CUDA a kernel generated per program and compiled by NVRTC (:mod:`onnxcampo.ops.jit`)
 * ``Im2Col[kernel_shape, strides, dilations, pads](x) -> columns`` (x [N, C, H, W] float16/float32
   -> [C*kh*kw, N*Ho*Wo] of x's type: a Conv's column matrix, for the weight gradient's Gemm)
+* ``ConvWeightGrad[kernel_shape, strides, dilations, pads](x, dy) -> dw`` (a Conv's weight
+  gradient, [Cout, Cin, kh, kw]; cuDNN's backward filter on CUDA, a direct loop on the CPU)
 * ``BlockReduceSum[sizes=[P, Q, R], output_type, output_shape](x) -> y`` (x as a contiguous
   [P, Q, R] array summed over P and R in float32, one rounding to float32 or float16; what
   ``--fuse-reductions`` writes for ReduceSums and the Casts around them)

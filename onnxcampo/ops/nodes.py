@@ -136,12 +136,27 @@ def im2col(x: str, *, output: str, kernel_shape: Sequence[int], strides: Sequenc
                             dilations=[int(d) for d in dilations], pads=[int(p) for p in pads])
 
 
-def _check_im2col(kernel_shape, strides, dilations, pads) -> None:
+def conv_weight_grad(x: str, dy: str, *, output: str, kernel_shape: Sequence[int], strides: Sequence[int] = (1, 1),
+                     dilations: Sequence[int] = (1, 1), pads: Sequence[int] = (0, 0, 0, 0),
+                     name: str) -> onnx.NodeProto:
+    """``dw = ConvWeightGrad(x, dy)``: the weight gradient of a 2-D convolution (ONNX Conv
+    attributes, group 1; pads ``[top, left, bottom, right]``): x [N, Cin, H, W] and dy [N, Cout,
+    Ho, Wo], both float32 or both float16 -> dw [Cout, Cin, kh, kw] of their type, ``dw[co, ci, i,
+    j] = sum over n, oh, ow of dy[n, co, oh, ow] * x[n, ci, oh*sh + i*dh - top, ow*sw + j*dw -
+    left]`` (sums in float32). On CUDA cuDNN's backward-filter convolution (pads must give cuDNN's
+    symmetric-padding output size), on the CPU a direct loop."""
+    _check_im2col(kernel_shape, strides, dilations, pads, op="ConvWeightGrad")
+    return helper.make_node("ConvWeightGrad", [x, dy], [output], name=name, domain=DOMAIN,
+                            kernel_shape=[int(k) for k in kernel_shape], strides=[int(s) for s in strides],
+                            dilations=[int(d) for d in dilations], pads=[int(p) for p in pads])
+
+
+def _check_im2col(kernel_shape, strides, dilations, pads, op: str = "Im2Col") -> None:
     for label, values, count, low in (("kernel_shape", kernel_shape, 2, 1), ("strides", strides, 2, 1),
                                       ("dilations", dilations, 2, 1), ("pads", pads, 4, 0)):
         if len(values) != count or any(int(v) < low for v in values):
             kind = "positive" if low else "non-negative"
-            raise ValueError(f"Im2Col: {label} must be {count} {kind} ints, got {list(values)}")
+            raise ValueError(f"{op}: {label} must be {count} {kind} ints, got {list(values)}")
 
 
 def block_reduce_sum(x: str, *, output: str, sizes: Sequence[int], output_type: int = onnx.TensorProto.FLOAT,

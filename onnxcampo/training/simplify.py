@@ -24,7 +24,10 @@ order, each until nothing matches, then drops nodes nothing reads:
    ``(n*Ho + oh)*Wo + ow``) is the tap Concat's ``[Cin, kh*kw, N, Ho, Wo]`` memory, so the Gemm and
    the final Reshape are unchanged and so are the gradients; a value_info declares its shape (ONNX
    shape inference knows no ai.onnxcampo op). A Pad that is not a zero Pad of H and W alone keeps
-   the standard-op emission.
+   the standard-op emission. With ``conv_weight_grad="cudnn"`` as well, the whole gradient is one
+   ``ai.onnxcampo::ConvWeightGrad(x, dy)`` (cuDNN's backward-filter convolution on CUDA; no column
+   matrix, no Gemm, no Transpose of dy) where cuDNN's symmetric padding gives the gradient's
+   ``(Ho, Wo)``; the same products, summed in cuDNN's order.
 1b. **MatMul weight gradient as one GEMM** (after rules 3 and 4): for ``y = x W`` with a batched ``x`` (``[B, S, K]``,
    a transformer's activations), onnx-ad sums per-sample products: ``ReduceSum(MatMul(Transpose(x),
    dy))`` over the batch, a ``[B, K, N]`` product (BERT-base b32: 2.7 G elements a step, written,
@@ -87,6 +90,7 @@ class _Graph(ir.ModelEdit):
         self.shapes, self.constants, self.protected = shapes, constants, protected
         self.dtypes = dtypes or {}
         self.fused = False  # rule 1 may emit ai.onnxcampo::Im2Col (simplify_backward(fused=True))
+        self.conv_weight_grad = "gemm"  # with fused: "cudnn" emits ai.onnxcampo::ConvWeightGrad instead
 
     def static(self, name: str) -> tuple[int, ...] | None:
         shape = self.shapes.get(name)
@@ -255,8 +259,12 @@ def _unpadded_source(g: _Graph, producers, images, dims, kernel, step, reach):
 
 def _emit_weight_gradient(g: _Graph, conv, images, filters, final, dims, kernel, step, reach) -> None:
     if g.fused:
-        found = _unpadded_source(g, g.producers(), images, dims, kernel, step, reach)
+        producers = g.producers()
+        found = _unpadded_source(g, producers, images, dims, kernel, step, reach)
         if found is not None:
+            if g.conv_weight_grad == "cudnn" and _cudnn_pads(g, found[0], found[1], dims, kernel, step, reach):
+                dy = producers[filters.input[0]].input[0]  # [N, Cout, Ho, Wo, 1] (the seed axis last)
+                return _emit_conv_weight_grad(g, dy, final, dims, kernel, step, reach, *found)
             return _emit_im2col(g, filters, final, dims, kernel, step, reach, *found)
     n, cin, cout, ho, wo, hp, wp = dims
     taps = []
@@ -306,6 +314,45 @@ def _emit_weight_gradient(g: _Graph, conv, images, filters, final, dims, kernel,
     for offset, node in enumerate(new):
         g.nodes.insert(index + offset, node)
     log.debug("conv weight gradient %s -> Gemm [%d x %d] . [%d x %d]^T", stem, cout, n * ho * wo, rows, n * ho * wo)
+
+
+def _cudnn_pads(g: _Graph, x: str, pads: list[int], dims, kernel, step, reach) -> bool:
+    """Whether cuDNN's symmetric padding (top and left on both sides) gives the gradient's
+    ``(Ho, Wo)`` from ``x``: what ConvWeightGrad's CUDA kernel needs."""
+    _, _, _, ho, wo, _, _ = dims
+    h, w = g.static(x)[2:]
+    for size, begin, k, r, s, o in zip((h, w), pads[:2], kernel, reach, step, (ho, wo)):
+        if (size + 2 * begin - ((k - 1) * r + 1)) // s + 1 != o:
+            return False
+    return True
+
+
+def _emit_conv_weight_grad(g: _Graph, dy: str, final, dims, kernel, step, reach, x: str, pads: list[int]) -> None:
+    """Rule 1 as one ``ai.onnxcampo::ConvWeightGrad(x, dy)`` (cuDNN's backward filter on CUDA):
+    the forward Conv's input and the output gradient in NCHW (onnx-ad's seed axis dropped by a
+    Reshape); no im2col matrix, no Gemm, and the Transpose of dy to channels-first goes too."""
+    from onnxcampo.ops import nodes as op_nodes
+
+    n, cin, cout, ho, wo, _, _ = dims
+    dy_4d, product = g.fresh("dy_nchw"), g.fresh("weight_grad")
+    new = [
+        helper.make_node("Reshape", [dy, g.const([n, cout, ho, wo], "shape")], [dy_4d], name=dy_4d),
+        op_nodes.conv_weight_grad(x, dy_4d, output=product, kernel_shape=kernel, strides=step, dilations=reach,
+                                  pads=pads, name=product),
+        helper.make_node("Reshape", [product, g.const([cout, cin, kernel[0], kernel[1], 1], "shape")],
+                         [final.output[0]], name=g.fresh("weight_grad_shape")),
+    ]
+    # ONNX shape inference knows no ai.onnxcampo op: the declared shape lets it (and the cost model)
+    # see the product; the precision passes retype it with the node
+    g.model.graph.value_info.append(helper.make_tensor_value_info(
+        product, g.dtypes.get(x, onnx.TensorProto.FLOAT), [cout, cin, kernel[0], kernel[1]]))
+    op_nodes.import_domain(g.model)
+    g.shapes[dy_4d], g.shapes[product] = (n, cout, ho, wo), (cout, cin, kernel[0], kernel[1])
+    index = list(g.nodes).index(final)
+    g.nodes.remove(final)  # the old chain is dead now, dropped at the end
+    for offset, node in enumerate(new):
+        g.nodes.insert(index + offset, node)
+    log.debug("conv weight gradient %s -> ConvWeightGrad(%s, %s)", final.output[0], x, dy)
 
 
 def _emit_im2col(g: _Graph, filters, final, dims, kernel, step, reach, x: str, pads: list[int]) -> None:
@@ -715,12 +762,18 @@ RULES = (
 ALIAS_RULES = ("Identity", "Squeeze/Unsqueeze as Reshape", "Reshape chain")
 
 
+CONV_WEIGHT_GRADS = ("gemm", "cudnn")
+
+
 def simplify_backward(model: onnx.ModelProto, *, keep: Iterable[str] = (), rules: Iterable[str] | None = None,
-                      fused: bool = False) -> dict[str, int]:
+                      fused: bool = False, conv_weight_grad: str = "gemm") -> dict[str, int]:
     """Apply :data:`RULES` (or those named in ``rules``) to ``model`` in place; returns how often
     each fired (and nodes dropped). Tensors named in ``keep`` are never aliased away (like graph
     inputs and outputs). ``fused``: rule 1 builds each im2col with one ``ai.onnxcampo::Im2Col``
-    (the model then needs the custom-op library); False keeps standard ops.
+    (the model then needs the custom-op library); False keeps standard ops. ``conv_weight_grad``
+    (with ``fused``): ``"gemm"`` the Gemm over the im2col, ``"cudnn"`` one
+    ``ai.onnxcampo::ConvWeightGrad(x, dy)`` per Conv where cuDNN's symmetric padding fits (the
+    Gemm elsewhere).
 
     A rule fires only where shapes are static: onnx-ad declares the seed axis symbolic
     (``nadj``), so pin the seed input's shape first (the step builder pins it to ``[1]``).
@@ -731,6 +784,9 @@ def simplify_backward(model: onnx.ModelProto, *, keep: Iterable[str] = (), rules
     g = _load(model, fold=chosen is None or not chosen <= set(ALIAS_RULES))
     g.protected |= set(keep)
     g.fused = fused
+    if conv_weight_grad not in CONV_WEIGHT_GRADS:
+        raise ValueError(f"conv_weight_grad must be one of {', '.join(CONV_WEIGHT_GRADS)}, not {conv_weight_grad!r}")
+    g.conv_weight_grad = conv_weight_grad
     unknown = (chosen or set()) - {name for name, _ in RULES}
     if unknown:
         raise ValueError(f"unknown simplify rules {sorted(unknown)}")

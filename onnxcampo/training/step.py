@@ -50,7 +50,7 @@ from onnxcampo import ops
 from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.training.scatter import fuse_scatter_add
-from onnxcampo.training.simplify import ALIAS_RULES, simplify_backward
+from onnxcampo.training.simplify import ALIAS_RULES, CONV_WEIGHT_GRADS, simplify_backward
 from onnxcampo.training.train_mode import DROPOUT_SEED, RUNNING_KEY, TrainModeRewrite, apply_train_mode, running_stats
 from onnxcampo.training.trainable import (check_trainable, forget_declared_shapes, constants_to_initializers,
                                           forward_values, select_trainable)
@@ -102,6 +102,7 @@ def build_train_step(
     huber_delta: float = 1.0,
     train_mode: bool | None = None,
     running_var: str = "unbiased",
+    conv_weight_grad: str | None = None,
 ) -> onnx.ModelProto:
     """One training step as an ONNX model (see the module docstring for names).
 
@@ -112,6 +113,10 @@ def build_train_step(
     fused ops when the custom-op library is available.
     ``simplify``: rewrite onnx-ad's backward graph with the same math in fewer, cheaper ops
     (:func:`onnxcampo.training.simplify.simplify_backward`); False keeps it as emitted.
+    ``conv_weight_grad`` (with the fused ops): ``"cudnn"`` each Conv weight gradient as one
+    ``ai.onnxcampo::ConvWeightGrad`` (cuDNN's backward filter on CUDA; on the CPU a direct loop,
+    slower than the Gemm), ``"gemm"`` as the Gemm over Im2Col; None: ``"cudnn"`` when the
+    custom-op library has CUDA kernels, else ``"gemm"``.
     ``output``: the model output the loss reads (default: the first); the step graph does not
     return the model's outputs. ``huber_delta``: where ``huber`` turns from quadratic to linear.
     ``train_mode``: which BatchNormalization and Dropout nodes run in training mode (batch
@@ -146,7 +151,8 @@ def build_train_step(
         _pin_seed(gradients, seed)
         # the prediction names where the loss starts (metadata onnxcampo.prediction): kept by name;
         # with the fused ops, each Conv weight gradient's im2col is one ai.onnxcampo::Im2Col
-        simplify_backward(gradients, keep=[prediction], fused=fused)
+        simplify_backward(gradients, keep=[prediction], fused=fused,
+                          conv_weight_grad=_conv_weight_grad(conv_weight_grad, fused))
     add_update(gradients, weights, optimizer, fused=fused, momentum=momentum, betas=betas, eps=eps,
                 weight_decay=weight_decay)
     if simplify:  # the gradients' Reshape -> Identity -> Squeeze (seed axis off) become one Reshape
@@ -168,6 +174,15 @@ def build_train_step(
     gradients.graph.initializer.extend((*initial, *trained.initial))
     onnx.checker.check_model(gradients)
     return gradients
+
+
+def _conv_weight_grad(choice: str | None, fused: bool) -> str:
+    """rule 1's emission (simplify_backward's conv_weight_grad) for build_train_step's choice."""
+    if choice is None:
+        return "cudnn" if fused and ops.build_info().get("kernels") == "cpu+cuda" else "gemm"
+    if choice not in CONV_WEIGHT_GRADS:
+        raise ConfigError(f"unknown conv_weight_grad {choice!r}; choose one of {', '.join(CONV_WEIGHT_GRADS)}")
+    return choice
 
 
 def step_spec(step: onnx.ModelProto) -> StepSpec:

@@ -16,6 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxcampo.errors import ConfigError
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session
 from onnxcampo.training import Trainer, build_train_step, initial_weights, step_spec
@@ -370,9 +371,10 @@ def test_a_batched_matmul_weight_gradient_becomes_one_gemm():
     assert counts["matmul weight gradient as Gemm"] == 2
 
 
-def _fused_gradients(forward: onnx.ModelProto, classes: int, *, fused: bool):
+def _fused_gradients(forward: onnx.ModelProto, classes: int, *, fused: bool, conv_weight_grad: str = "gemm"):
     """:func:`_gradients` of the simplified step with or without the ai.onnxcampo ops."""
-    step = build_train_step(forward, loss="cross_entropy", optimizer="sgd", fused=fused)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="sgd", fused=fused,
+                            conv_weight_grad=conv_weight_grad)
     feeds = _feeds(step, forward, classes)
     names = [o.name for o in step.graph.output]
     values = dict(zip(names, make_session(step).run(names, feeds)))
@@ -428,6 +430,39 @@ def test_fused_steps_build_each_im2col_with_one_op_from_the_conv_input():
 
 
 @pytest.mark.slow
+def test_conv_weight_grad_op_replaces_im2col_and_gemm():
+    """conv_weight_grad="cudnn": each Conv weight gradient whose pads cuDNN serves is one
+    ai.onnxcampo::ConvWeightGrad(x, dy) (no Im2Col, no Gemm, dy's Transpose gone): the same loss
+    and gradients as the standard ops; the op goes fp16 under the fp16 policy and the written step
+    loads and trains on ORT's CPU (its CPU kernel)."""
+    from onnxcampo.api import optimize
+
+    _needs_ops()
+    forward = small_cnn()
+    plain, expected = _fused_gradients(forward, 5, fused=False)
+    step, got = _fused_gradients(forward, 5, fused=True, conv_weight_grad="cudnn")
+    _assert_same(got, expected, 1e-5)
+    convs = [n for n in forward.graph.node if n.op_type == "Conv"]
+    ops_ = Counter(n.op_type for n in step.graph.node)
+    assert ops_["ConvWeightGrad"] == len(convs) and ops_["Im2Col"] == 0
+    assert ops_["Transpose"] < Counter(n.op_type for n in plain.graph.node)["Transpose"] - len(convs)
+    result = optimize(step, policy="fp16")
+    grads = [n for n in step.graph.node if n.op_type == "ConvWeightGrad"]
+    assert all(result.plan.is_fp16(n.name) for n in grads)
+    batch = {k: v for k, v in _feeds(step, forward, 5).items() if k in step_spec(step).batch}
+    curves = {}
+    for name, model in (("fp32", step), ("fp16", result.model)):
+        trainer = Trainer(model, weights=initial_weights(forward, model))
+        curves[name] = [trainer.step(batch) for _ in range(12)]
+    # dynamic loss scaling skips the first steps (as test_im2col_goes_fp16_with_its_gemm)
+    skipped = next(k for k, loss in enumerate(curves["fp16"]) if loss != curves["fp16"][0]) - 1
+    assert skipped < 6 and curves["fp16"][-1] < 0.5 * curves["fp16"][0]
+    np.testing.assert_allclose(curves["fp16"][skipped:], curves["fp32"][:len(curves["fp16"]) - skipped], rtol=0.05)
+    with pytest.raises(ConfigError, match="unknown conv_weight_grad 'direct'"):
+        build_train_step(forward, loss="cross_entropy", conv_weight_grad="direct")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["fp16", "amp"])
 def test_im2col_goes_fp16_with_its_gemm(policy, tmp_path):
     """Im2Col is a clear op whose output has its input's type: under fp16 and amp it runs fp16
@@ -438,7 +473,8 @@ def test_im2col_goes_fp16_with_its_gemm(policy, tmp_path):
 
     _needs_ops()
     forward = small_cnn()
-    step = build_train_step(forward, loss="cross_entropy", optimizer="adamw", lr=0.01, fused=True)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="adamw", lr=0.01, fused=True,
+                            conv_weight_grad="gemm")
     result = optimize(step, policy=policy)
     im2cols = [n for n in step.graph.node if n.op_type == "Im2Col"]
     readers = {i: n for n in step.graph.node for i in n.input}

@@ -1,0 +1,223 @@
+// ConvWeightGrad on CUDA (conv_grad.h): cuDNN's backward-filter convolution, cuDNN loaded at run
+// time (dlopen: the library links no cuDNN; ONNX Runtime's CUDA provider has loaded it already,
+// else $ONNXCAMPO_CUDNN or libcudnn.so.9 on the loader's path). The declarations below are the
+// few cuDNN 9 entry points and constants used (cudnn_ops.h, cudnn_cnn.h; opaque handles).
+//
+// Per (device, stream): one cuDNN handle and one workspace, grown to the largest a shape needs.
+// Per shape (in the process): the algorithm cudnnFindConvolutionBackwardFilterAlgorithm timed
+// fastest among those whose workspace fits kMaxWorkspace, found on the first call of the shape
+// (it synchronises and allocates: ORT's runs before a CUDA-graph capture make those calls).
+// float16 tensors run with Tensor Core math and float32 accumulation (compute type float), as
+// ORT's Conv does; float32 tensors with cuDNN's default math (TF32 on Ampere and later, as
+// ORT's use_tf32 default).
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "conv_grad.h"
+#include "cuda_util.h"
+
+namespace onnxcampo {
+namespace {
+
+using Handle = void*;
+using Desc = void*;
+enum : int { kNchw = 0, kFloat = 0, kHalf = 2, kCrossCorrelation = 1, kDefaultMath = 0, kTensorOpMath = 1 };
+struct AlgoPerf {  // cudnnConvolutionBwdFilterAlgoPerf_t
+  int algo;
+  int status;
+  float time;
+  size_t memory;
+  int determinism;
+  int math_type;
+  int reserved[3];
+};
+
+struct Cudnn {
+  int (*create)(Handle*) = nullptr;
+  int (*set_stream)(Handle, cudaStream_t) = nullptr;
+  int (*create_tensor)(Desc*) = nullptr;
+  int (*set_tensor)(Desc, int, int, int, int, int, int) = nullptr;
+  int (*create_filter)(Desc*) = nullptr;
+  int (*set_filter)(Desc, int, int, int, int, int, int) = nullptr;
+  int (*create_conv)(Desc*) = nullptr;
+  int (*set_conv)(Desc, int, int, int, int, int, int, int, int) = nullptr;
+  int (*set_math)(Desc, int) = nullptr;
+  int (*find)(Handle, Desc, Desc, Desc, Desc, int, int*, AlgoPerf*) = nullptr;
+  int (*workspace)(Handle, Desc, Desc, Desc, Desc, int, size_t*) = nullptr;
+  int (*backward_filter)(Handle, const void*, Desc, const void*, Desc, const void*, Desc, int, void*, size_t,
+                         const void*, Desc, void*) = nullptr;
+  const char* (*error)(int) = nullptr;
+  std::string problem;  // why cuDNN is not usable ("" when it is)
+};
+
+template <typename F>
+bool Bind(void* library, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(library, name));
+  return *fn != nullptr;
+}
+
+const Cudnn& LoadCudnn() {
+  static const Cudnn cudnn = [] {
+    Cudnn c;
+    void* library = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);  // ORT's CUDA provider's
+    if (library == nullptr) {
+      const char* path = std::getenv("ONNXCAMPO_CUDNN");
+      library = dlopen(path != nullptr && *path ? path : "libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+    }
+    if (library == nullptr) {
+      c.problem = "cuDNN 9 not found (libcudnn.so.9; ONNX Runtime's CUDA provider loads it, or set ONNXCAMPO_CUDNN)";
+      return c;
+    }
+    const bool bound =
+        Bind(library, "cudnnCreate", &c.create) && Bind(library, "cudnnSetStream", &c.set_stream) &&
+        Bind(library, "cudnnCreateTensorDescriptor", &c.create_tensor) &&
+        Bind(library, "cudnnSetTensor4dDescriptor", &c.set_tensor) &&
+        Bind(library, "cudnnCreateFilterDescriptor", &c.create_filter) &&
+        Bind(library, "cudnnSetFilter4dDescriptor", &c.set_filter) &&
+        Bind(library, "cudnnCreateConvolutionDescriptor", &c.create_conv) &&
+        Bind(library, "cudnnSetConvolution2dDescriptor", &c.set_conv) &&
+        Bind(library, "cudnnSetConvolutionMathType", &c.set_math) &&
+        Bind(library, "cudnnFindConvolutionBackwardFilterAlgorithm", &c.find) &&
+        Bind(library, "cudnnGetConvolutionBackwardFilterWorkspaceSize", &c.workspace) &&
+        Bind(library, "cudnnConvolutionBackwardFilter", &c.backward_filter) &&
+        Bind(library, "cudnnGetErrorString", &c.error);
+    if (!bound) c.problem = "libcudnn.so.9 lacks a cuDNN entry point ConvWeightGrad uses";
+    return c;
+  }();
+  return cudnn;
+}
+
+void Check(const Cudnn& c, int status, const char* what) {
+  if (status != 0) {
+    throw std::runtime_error(std::string("cuDNN ") + what + " failed: " + (c.error ? c.error(status) : "?"));
+  }
+}
+
+constexpr size_t kMaxWorkspace = size_t{256} << 20;  // an algorithm needing more is not taken
+
+// The descriptors and algorithm of one shape.
+struct Plan {
+  Desc x = nullptr, dy = nullptr, dw = nullptr, conv = nullptr;
+  int algo = 0;
+  size_t workspace = 0;
+};
+
+// A stream's cuDNN handle and workspace.
+struct StreamState {
+  Handle handle = nullptr;
+  void* workspace = nullptr;
+  size_t size = 0;
+};
+
+std::mutex mutex;
+
+std::map<std::pair<int, cudaStream_t>, StreamState>& Streams() {
+  static std::map<std::pair<int, cudaStream_t>, StreamState> streams;
+  return streams;
+}
+
+using ShapeKey = std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, int64_t>;
+std::map<ShapeKey, Plan>& Plans() {
+  static std::map<ShapeKey, Plan> plans;
+  return plans;
+}
+
+int Narrow(int64_t value, const char* what) {
+  if (value < 0 || value > (int64_t{1} << 31) - 1) throw std::runtime_error(std::string(what) + " exceeds cuDNN's int range");
+  return static_cast<int>(value);
+}
+
+Plan MakePlan(const Cudnn& c, Handle handle, const ConvGradArgs& g) {
+  const Im2ColAttrs& a = g.a;
+  Plan p;
+  const int type = g.half ? kHalf : kFloat;
+  Check(c, c.create_tensor(&p.x), "cudnnCreateTensorDescriptor");
+  Check(c, c.set_tensor(p.x, kNchw, type, Narrow(g.n, "N"), Narrow(g.cin, "Cin"), Narrow(g.h, "H"), Narrow(g.w, "W")),
+        "cudnnSetTensor4dDescriptor (x)");
+  Check(c, c.create_tensor(&p.dy), "cudnnCreateTensorDescriptor");
+  Check(c, c.set_tensor(p.dy, kNchw, type, Narrow(g.n, "N"), Narrow(g.cout, "Cout"), Narrow(g.ho, "Ho"), Narrow(g.wo, "Wo")),
+        "cudnnSetTensor4dDescriptor (dy)");
+  Check(c, c.create_filter(&p.dw), "cudnnCreateFilterDescriptor");
+  Check(c, c.set_filter(p.dw, type, kNchw, Narrow(g.cout, "Cout"), Narrow(g.cin, "Cin"), Narrow(a.kh, "kh"),
+                        Narrow(a.kw, "kw")),
+        "cudnnSetFilter4dDescriptor");
+  Check(c, c.create_conv(&p.conv), "cudnnCreateConvolutionDescriptor");
+  Check(c, c.set_conv(p.conv, Narrow(a.pt, "pad"), Narrow(a.pl, "pad"), Narrow(a.sh, "stride"), Narrow(a.sw, "stride"),
+                      Narrow(a.dh, "dilation"), Narrow(a.dw, "dilation"), kCrossCorrelation, kFloat),
+        "cudnnSetConvolution2dDescriptor");
+  Check(c, c.set_math(p.conv, g.half ? kTensorOpMath : kDefaultMath), "cudnnSetConvolutionMathType");
+  AlgoPerf perf[8] = {};
+  int found = 0;
+  Check(c, c.find(handle, p.x, p.dy, p.conv, p.dw, 8, &found, perf), "cudnnFindConvolutionBackwardFilterAlgorithm");
+  bool chosen = false;
+  for (int k = 0; k < found && !chosen; ++k) {  // fastest first
+    if (perf[k].status == 0 && perf[k].memory <= kMaxWorkspace) {
+      p.algo = perf[k].algo;
+      chosen = true;
+    }
+  }
+  if (!chosen) throw std::runtime_error("cuDNN has no backward-filter algorithm for this shape within 256 MB of workspace");
+  Check(c, c.workspace(handle, p.x, p.dy, p.conv, p.dw, p.algo, &p.workspace), "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+  return p;
+}
+
+}  // namespace
+
+void ConvWeightGradCuda(const ConvGradArgs& g, void* stream_handle) {
+  if (g.cout * g.cin * g.a.kh * g.a.kw == 0) return;
+  const Cudnn& c = LoadCudnn();
+  if (!c.problem.empty()) throw std::runtime_error(c.problem);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  if (g.n * g.ho * g.wo == 0) {  // an empty sum: zeros
+    CudaCheck(cudaMemsetAsync(g.dw, 0, static_cast<size_t>(g.cout * g.cin * g.a.kh * g.a.kw) * (g.half ? 2 : 4), stream),
+              "cudaMemsetAsync");
+    return;
+  }
+  int device = 0;
+  CudaCheck(cudaGetDevice(&device), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mutex);  // cuDNN calls enqueue work only; the lock covers the bookkeeping too
+  StreamState& state = Streams()[{device, stream}];
+  if (state.handle == nullptr) Check(c, c.create(&state.handle), "cudnnCreate");
+  Check(c, c.set_stream(state.handle, stream), "cudnnSetStream");
+  const Im2ColAttrs& a = g.a;
+  const ShapeKey key{device, g.half, g.n, g.cin, g.h, g.w, g.cout, g.ho, g.wo, a.kh, a.kw, a.sh, a.sw, a.dh, a.dw,
+                     a.pt * 1000003 + a.pl};
+  auto found = Plans().find(key);
+  if (found == Plans().end()) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CudaCheck(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) {
+      throw std::runtime_error("a new shape cannot be planned while the stream is captured into a CUDA graph: "
+                               "run the model once before capturing");
+    }
+    found = Plans().emplace(key, MakePlan(c, state.handle, g)).first;
+  }
+  const Plan& p = found->second;
+  if (p.workspace > state.size) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CudaCheck(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) {
+      throw std::runtime_error("the cuDNN workspace cannot grow while the stream is captured into a CUDA graph");
+    }
+    CudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // the old workspace may be in use
+    if (state.workspace != nullptr) CudaCheck(cudaFree(state.workspace), "cudaFree");
+    state.workspace = nullptr;
+    CudaCheck(cudaMalloc(&state.workspace, p.workspace), "cudaMalloc (cuDNN workspace)");
+    state.size = p.workspace;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  Check(c, c.backward_filter(state.handle, &one, p.x, g.x, p.dy, g.dy, p.conv, p.algo, state.workspace, state.size,
+                             &zero, p.dw, g.dw),
+        "cudnnConvolutionBackwardFilter");
+}
+
+}  // namespace onnxcampo
