@@ -462,6 +462,20 @@ def test_conv_weight_grad_op_replaces_im2col_and_gemm():
         build_train_step(forward, loss="cross_entropy", conv_weight_grad="direct")
 
 
+def test_train_graph_cli_chooses_the_conv_weight_gradient(tmp_path):
+    from onnxcampo.cli import main
+
+    _needs_ops()
+    forward_path = tmp_path / "cnn.onnx"
+    onnx.save(small_cnn(), forward_path)
+    for choice, op in (("cudnn", "ConvWeightGrad"), ("gemm", "Im2Col")):
+        out = tmp_path / f"{choice}.onnx"
+        assert main(["train-graph", str(forward_path), str(out), "--loss", "cross_entropy",
+                     "--conv-weight-grad", choice]) == 0
+        found = Counter(n.op_type for n in onnx.load(out).graph.node)
+        assert found[op] > 0 and found["ConvWeightGrad" if choice == "gemm" else "Im2Col"] == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["fp16", "amp"])
 def test_im2col_goes_fp16_with_its_gemm(policy, tmp_path):
