@@ -21,9 +21,10 @@ constexpr int64_t kChunk = int64_t{1} << 15;  // elements per task (512 blocks)
 
 const char* const kNames[kOpcodeCount] = {"LOAD", "CONST", "STORE", "ADD", "SUB", "MUL", "DIV", "POW",
                                           "MAX", "MIN", "NEG", "ABS", "EXP", "LOG", "SQRT", "RECIP",
-                                          "TANH", "ERF", "SIGMOID", "RELU", "ROUND_F16", "COPY"};
+                                          "TANH", "ERF", "SIGMOID", "RELU", "ROUND_F16", "COPY",
+                                          "GREATER", "LESS", "GREATER_EQUAL", "LESS_EQUAL", "EQUAL"};
 
-bool IsBinary(int64_t op) { return op >= kAdd && op <= kMin; }
+bool IsBinary(int64_t op) { return IsBinaryOp(op); }
 
 std::string List(const std::vector<int64_t>& values) {
   std::string text = "[";

@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(kThreads) FusedElementwiseKernel(const __grid_
           continue;
         }
         case kAdd: case kSub: case kMul: case kDiv: case kPow: case kMax: case kMin:
+        case kGreater: case kLess: case kGreaterEqual: case kLessEqual: case kEqual:
 #pragma unroll
           for (int j = 0; j < kW; ++j) v[j] = Binary(in.op, reg(in.a, j), reg(in.b, j));
           break;
@@ -288,6 +289,7 @@ __global__ void __launch_bounds__(kSmallThreads) FusedElementwiseSmallKernel(con
           continue;
         }
         case kAdd: case kSub: case kMul: case kDiv: case kPow: case kMax: case kMin:
+        case kGreater: case kLess: case kGreaterEqual: case kLessEqual: case kEqual:
           v = Binary(in.op, f.get(in.a), f.get(in.b));
           break;
         default:

@@ -41,8 +41,14 @@ enum Opcode : uint8_t {
   kAdd = 3, kSub = 4, kMul = 5, kDiv = 6, kPow = 7, kMax = 8, kMin = 9,
   kNeg = 10, kAbs = 11, kExp = 12, kLog = 13, kSqrt = 14, kRecip = 15, kTanh = 16, kErf = 17, kSigmoid = 18,
   kRelu = 19, kRoundF16 = 20, kCopy = 21,
-  kOpcodeCount = 22,
+  // comparisons: 1.0f where true, else 0.0f (false when an operand is NaN, as ONNX's; what
+// Cast(Greater(a, b), to=float) gives)
+  kGreater = 22, kLess = 23, kGreaterEqual = 24, kLessEqual = 25, kEqual = 26,
+  kOpcodeCount = 27,
 };
+
+// Whether `op` reads two registers (a, b).
+ONNXCAMPO_HD bool IsBinaryOp(int64_t op) { return (op >= kAdd && op <= kMin) || (op >= kGreater && op <= kEqual); }
 
 // One instruction: r[dst] = f(r[a], r[b]). LOAD: `a` is the input; CONST: `a` indexes
 // Program::constants (compacted: the node's constants that CONSTs read, in order of first
@@ -160,6 +166,11 @@ ONNXCAMPO_HD float Binary(uint8_t op, float x, float y) {
     case kDiv: return x / y;
     case kPow: return powf(x, y);
     case kMax: return Max(x, y);
+    case kGreater: return x > y ? 1.0f : 0.0f;
+    case kLess: return x < y ? 1.0f : 0.0f;
+    case kGreaterEqual: return x >= y ? 1.0f : 0.0f;
+    case kLessEqual: return x <= y ? 1.0f : 0.0f;
+    case kEqual: return x == y ? 1.0f : 0.0f;
     default: return Min(x, y);  // kMin
   }
 }
@@ -213,6 +224,11 @@ ONNXCAMPO_HD void Execute(const Program& p, float (*r)[W], Load& load, Store& st
       case kPow: for (int j = 0; j < W; ++j) d[j] = Binary(kPow, a[j], b[j]); break;
       case kMax: for (int j = 0; j < W; ++j) d[j] = Max(a[j], b[j]); break;
       case kMin: for (int j = 0; j < W; ++j) d[j] = Min(a[j], b[j]); break;
+      case kGreater: for (int j = 0; j < W; ++j) d[j] = a[j] > b[j] ? 1.0f : 0.0f; break;
+      case kLess: for (int j = 0; j < W; ++j) d[j] = a[j] < b[j] ? 1.0f : 0.0f; break;
+      case kGreaterEqual: for (int j = 0; j < W; ++j) d[j] = a[j] >= b[j] ? 1.0f : 0.0f; break;
+      case kLessEqual: for (int j = 0; j < W; ++j) d[j] = a[j] <= b[j] ? 1.0f : 0.0f; break;
+      case kEqual: for (int j = 0; j < W; ++j) d[j] = a[j] == b[j] ? 1.0f : 0.0f; break;
       case kNeg: for (int j = 0; j < W; ++j) d[j] = -a[j]; break;
       case kAbs: for (int j = 0; j < W; ++j) d[j] = fabsf(a[j]); break;
       case kExp: for (int j = 0; j < W; ++j) d[j] = Unary(kExp, a[j]); break;

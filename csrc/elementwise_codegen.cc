@@ -190,6 +190,11 @@ class Writer {
         case kPow: value = "powf(" + a + ", " + b + ")"; break;
         case kMax: value = "npmax(" + a + ", " + b + ")"; break;
         case kMin: value = "npmin(" + a + ", " + b + ")"; break;
+        case kGreater: value = a + " > " + b + " ? 1.0f : 0.0f"; break;
+        case kLess: value = a + " < " + b + " ? 1.0f : 0.0f"; break;
+        case kGreaterEqual: value = a + " >= " + b + " ? 1.0f : 0.0f"; break;
+        case kLessEqual: value = a + " <= " + b + " ? 1.0f : 0.0f"; break;
+        case kEqual: value = a + " == " + b + " ? 1.0f : 0.0f"; break;
         case kNeg: value = "-" + a; break;
         case kAbs: value = "fabsf(" + a + ")"; break;
         case kExp: value = "expf(" + a + ")"; break;

@@ -12,6 +12,11 @@ model ORT will run; the plan's passes never see the custom op). Rules:
 1. A node can be fused when it is a default-domain op of :data:`FUSABLE`, a ``Sum`` or a Cast
    between float32 and float16, every input and output is float32 or float16 with a static shape, and a
    scalar constant input (an initializer or Constant of one element) is folded into the program.
+   A comparison (:data:`COMPARES`: Greater, Less, GreaterOrEqual, LessOrEqual, Equal) of float
+   inputs can be fused when only Casts to float32/float16 read its bool output (a ReLU's backward
+   mask, ``Cast(Greater(x, 0)) * dy``), and so can those Casts: in the program the bool is 1.0 or
+   0.0; it is never an output of the fused node (a group whose bool would be read outside it is
+   not fused).
 2. Nodes are visited in graph order; a node joins the group of a producer of one of its inputs
    when its output has that group's shape (the group's outputs all have the shape of the fused
    node's output; inputs may broadcast to it), when joining makes no cycle (no other input of the
@@ -53,6 +58,11 @@ FUSABLE: dict[str, tuple[Op, int]] = {
     "Reciprocal": (Op.RECIP, 1), "Tanh": (Op.TANH, 1), "Erf": (Op.ERF, 1), "Sigmoid": (Op.SIGMOID, 1),
     "Relu": (Op.RELU, 1),
 }
+# comparisons of float inputs: a bool output, fused only into a group that also holds the Casts
+# of it to float32/float16 (every reader of the bool is such a Cast: the bool never leaves the
+# kernel; in the program it is 1.0 or 0.0, which the Cast keeps)
+COMPARES: dict[str, Op] = {"Greater": Op.GREATER, "Less": Op.LESS, "GreaterOrEqual": Op.GREATER_EQUAL,
+                           "LessOrEqual": Op.LESS_EQUAL, "Equal": Op.EQUAL}
 MOVES = ("Cast", "Identity")
 SUM = "Sum"  # variadic: a chain of additions, each rounded as the node's type is
 
@@ -88,25 +98,37 @@ def fuse_elementwise(model: onnx.ModelProto) -> FusionResult:
     consumers = edit.consumers()
     graph_outputs = {o.name for o in model.graph.output} | edit.interface()
 
-    def static(name: str) -> tuple[int, ...] | None:
+    def static(name: str, dtypes=FLOATS) -> tuple[int, ...] | None:
         entry = info.get(name)
-        if entry is None or entry.dtype not in FLOATS or entry.shape is None:
+        if entry is None or entry.dtype not in dtypes or entry.shape is None:
             return None
         shape = tuple(entry.shape)
         return shape if all(isinstance(d, int) and d >= 0 for d in shape) else None
+
+    def mask(name: str) -> tuple[int, ...] | None:
+        """The shape of a comparison's bool output that only Casts to float32/float16 read."""
+        readers = consumers.get(name, [])
+        if name in graph_outputs or not readers or any(
+                r.op_type != "Cast" or r.domain not in oplists.DEFAULT_DOMAINS or ir.attribute(r, "to") not in FLOATS
+                for r in readers):
+            return None
+        return static(name, (TensorProto.BOOL,))
 
     groups: list[_Group] = []
     group_of: dict[str, _Group] = {}  # tensor -> group that writes it
     depends: dict[str, frozenset[int]] = {}  # tensor -> groups it depends on (through any node)
     for node in model.graph.node:
         upstream = frozenset().union(*(depends.get(name, frozenset()) for name in node.input if name))
-        shape = _fusable_shape(node, static, scalars)
+        shape = _fusable_shape(node, static, scalars, mask)
         group = None
         if shape is not None:
             group = _join(node, shape, group_of, depends, scalars)
-            if group is None:
+            if group is None and node.op_type == "Cast" and info[node.input[0]].dtype == TensorProto.BOOL:
+                shape = None  # a mask's Cast only in its comparison's group (no bool input to a kernel)
+            elif group is None:
                 group = _Group(len(groups), shape)
                 groups.append(group)
+        if group is not None:
             _add(group, node, scalars)
             for out in node.output:
                 group_of[out] = group
@@ -153,10 +175,17 @@ def _scalar_constants(edit: ir.ModelEdit) -> dict[str, float]:
     return found
 
 
-def _fusable_shape(node: onnx.NodeProto, static, scalars: dict[str, float]) -> tuple[int, ...] | None:
+def _fusable_shape(node: onnx.NodeProto, static, scalars: dict[str, float], mask) -> tuple[int, ...] | None:
     """The node's output shape when rule 1 lets it be fused, else None."""
     if node.domain not in oplists.DEFAULT_DOMAINS or len(node.output) != 1:
         return None
+    if node.op_type in COMPARES:  # float inputs, a bool output only float Casts read
+        if len(node.input) != 2 or any(not name or (name not in scalars and static(name) is None) for name in node.input):
+            return None
+        return mask(node.output[0])
+    if node.op_type == "Cast" and len(node.input) == 1 and mask(node.input[0]) is not None \
+            and ir.attribute(node, "to") in FLOATS:
+        return static(node.output[0])  # a comparison's mask as 1.0 / 0.0
     if node.op_type in FUSABLE:
         if len(node.input) != FUSABLE[node.op_type][1]:
             return None
@@ -256,6 +285,8 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
     if not escaping or len(escaping) > ew.MAX_OUTPUTS:
         return None
     inputs = list(group.inputs)
+    if any(info[name].dtype not in FLOATS for name in inputs):
+        return None  # a comparison's mask read from outside the group: the kernel reads floats only
     constants = list(dict.fromkeys(group.constants.values()))
     program: list[int] = []
     register: dict[str, int] = {}  # tensor -> register holding its value
@@ -295,7 +326,9 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
         if dst is None:
             dst = allocate()  # may be an argument's register: one instruction reads before it writes
         half = info[out].dtype == TensorProto.FLOAT16
-        if node.op_type in FUSABLE:
+        if node.op_type in COMPARES:  # 1.0 / 0.0: the bool the Casts after it read
+            program.extend((COMPARES[node.op_type], dst, args[0], args[1]))
+        elif node.op_type in FUSABLE:
             code, arity = FUSABLE[node.op_type]
             program.extend((code, dst, args[0], args[1] if arity == 2 else 0))
             if half:
@@ -328,4 +361,4 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
         name=edit.fresh(group.nodes[0].name or "chain"))
 
 
-__all__ = ["FUSABLE", "FusionResult", "fuse_elementwise"]
+__all__ = ["COMPARES", "FUSABLE", "FusionResult", "fuse_elementwise"]

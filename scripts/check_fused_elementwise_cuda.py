@@ -190,7 +190,8 @@ def _program(*rows) -> list[int]:
 SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 6e-8, 65504.0, 65520.0, 1e30, -1e30, 1.0,
                     -1.0, 0.5, 3.0, -2.0, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25], np.float64)
 
-BINARY_OPS = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN]
+COMPARE_OPS = [Op.GREATER, Op.LESS, Op.GREATER_EQUAL, Op.LESS_EQUAL, Op.EQUAL]
+BINARY_OPS = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN, *COMPARE_OPS]
 UNARY_OPS = [Op.NEG, Op.ABS, Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.TANH, Op.ERF, Op.SIGMOID, Op.RELU, Op.ROUND_F16,
              Op.COPY]
 # Largest fp32 ulp error of one operation: glibc on the CPU, CUDA's documented bounds on the GPU
@@ -225,6 +226,10 @@ def opcode_cases(n: int = 4099, seed: int = 0) -> list[Case]:
         with np.errstate(over="ignore"):  # beyond float16: inf, wanted
             a = _values(rng, op, n).astype(np.float32)
             b = _values(rng, op, n, second=True).astype(np.float16)
+        if op in COMPARE_OPS:  # a third of the pairs equal (values float16 holds), the constant too
+            a[len(SPECIAL)::3] = a[len(SPECIAL)::3].astype(np.float16)
+            b[len(SPECIAL)::3] = a[len(SPECIAL)::3]
+            a[-1] = 0.75
         cpu, cuda = TRANSCENDENTAL.get(op, (0, 0))
         if op in BINARY_OPS:
             program = _program((Op.LOAD, 0, 0, 0), (Op.LOAD, 1, 1, 0), (op, 2, 0, 1), (op, 3, 1, 0), (Op.CONST, 4, 0, 0),

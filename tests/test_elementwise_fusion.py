@@ -225,3 +225,56 @@ def test_an_fp16_chain_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there():
     assert fuse_elementwise(fused).groups == 1
     got = make_session(fused).run(None, feeds)[0]
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3)
+
+
+def test_a_relu_backward_mask_fuses_with_its_cast_and_product():
+    """``Cast(Greater(x, 0)) * dy`` (onnx-ad's ReLU adjoint, fp16 as a campo plan runs it): one node
+    whose program compares (1.0 / 0.0 in a register); NaN and -0.0 compare as ONNX's Greater does."""
+    model = _model("""
+    g (float16[6,8] x, float16[6,8] dy) => (float16[6,8] y) {
+      m = Greater(x, zero)
+      f = Cast <to = 10> (m)
+      y = Mul(f, dy)
+    }
+    """)
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0.0], np.float16), "zero"))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 8)).astype(np.float16)
+    x.flat[:4] = [np.nan, -0.0, 0.0, np.inf]
+    feeds = {"x": x, "dy": rng.standard_normal((6, 8)).astype(np.float16)}
+    fused, result = _same_values(model, feeds, exact=True)
+    assert _ops(fused) == [ew.OP_TYPE] and result.nodes == 3
+    program = ir.attribute(fused.graph.node[0], "program")
+    assert ew.Op.GREATER in program[::4] and list(fused.graph.node[0].input) == ["x", "dy"]
+
+
+@pytest.mark.parametrize("op, code", [("Less", ew.Op.LESS), ("GreaterOrEqual", ew.Op.GREATER_EQUAL),
+                                      ("LessOrEqual", ew.Op.LESS_EQUAL), ("Equal", ew.Op.EQUAL)])
+def test_every_comparison_fuses_into_float_casts(op, code):
+    model = _model(f"""
+    g (float[16] a, float[16] b) => (float[16] y) {{
+      m = {op}(a, b)
+      f = Cast <to = 1> (m)
+      y = Add(f, a)
+    }}
+    """)
+    a = np.arange(16, dtype=np.float32) - 8
+    b = np.where(np.arange(16) % 3 == 0, a, -a).astype(np.float32)
+    fused, _ = _same_values(model, {"a": a, "b": b}, exact=True)
+    assert _ops(fused) == [ew.OP_TYPE] and code in ir.attribute(fused.graph.node[0], "program")[::4]
+
+
+def test_a_mask_read_as_bool_elsewhere_stays_unfused():
+    """The bool is never an output of the kernel: a comparison whose bool another op reads (Not,
+    Where, a graph output) stays as it is, and so does its Cast."""
+    model = _model("""
+    g (float[16] a, float[16] dy, float[16] other) => (float[16] y, float[16] z) {
+      m = Greater(a, dy)
+      f = Cast <to = 1> (m)
+      y = Mul(f, dy)
+      z = Where(m, a, other)
+    }
+    """)
+    a = np.linspace(-2, 2, 16, dtype=np.float32)
+    fused, result = _same_values(model, {"a": a, "dy": a[::-1].copy(), "other": a * 2}, exact=True)
+    assert "Greater" in _ops(fused) and "Cast" in _ops(fused) and result.groups == 0

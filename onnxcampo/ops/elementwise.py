@@ -37,6 +37,11 @@ opcode  name         effect
         RELU
 20      ROUND_F16    ``r[dst] = float32(float16(r[a]))`` (round to nearest even)
 21      COPY         ``r[dst] = r[a]``
+22..26  GREATER      ``r[dst] = 1.0 if r[a] (> < >= <= ==) r[b] else 0.0`` (False when
+        LESS         either is NaN, as ONNX's comparisons: what ``Cast(Greater(a, b),
+        GREATER_EQ.  to=float)`` gives)
+        LESS_EQUAL
+        EQUAL
 ======  ===========  =============================================================
 
 Every output is stored exactly once; a program reads a register only after writing it; an
@@ -95,6 +100,11 @@ class Op(enum.IntEnum):
     RELU = 19
     ROUND_F16 = 20
     COPY = 21
+    GREATER = 22
+    LESS = 23
+    GREATER_EQUAL = 24
+    LESS_EQUAL = 25
+    EQUAL = 26
 
 
 def _rounded(f):
@@ -107,8 +117,15 @@ def _rounded(f):
 
 _exp = _rounded(np.exp)
 
+def _compare(fn):
+    """1.0 where ``fn`` holds, else 0.0 (float32; False when an operand is NaN, as ONNX's)."""
+    return lambda a, b: fn(a, b).astype(np.float32)
+
+
 BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide, Op.POW: _rounded(np.power),
-          Op.MAX: np.maximum, Op.MIN: np.minimum}
+          Op.MAX: np.maximum, Op.MIN: np.minimum,
+          Op.GREATER: _compare(np.greater), Op.LESS: _compare(np.less), Op.GREATER_EQUAL: _compare(np.greater_equal),
+          Op.LESS_EQUAL: _compare(np.less_equal), Op.EQUAL: _compare(np.equal)}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -53,6 +53,11 @@ order, each until nothing matches, then drops nodes nothing reads:
    and a Reshape to the original output shape (Reshapes copy nothing). Only the order of the
    additions changes. (It runs after rule 4, so that rule 5 merges its Reshapes with their
    neighbours.)
+7b. **Elementwise op of Reshapes** (last): ``Add/Sub/Mul/Div(Reshape(a), Reshape(b))`` with ``a`` and
+   ``b`` of one shape reshaped to one other shape becomes ``Reshape(op(a, b))``: the same values.
+   onnx-ad appends its seed axis to each ReLU's backward mask, ``Reshape(Cast(Greater(x, 0))) *
+   Reshape(dy)``; without the Reshapes between them ``--fuse-elementwise`` makes the comparison,
+   its Cast and the product one kernel.
 
 A rule never touches a value that is a graph output (its name is the step's interface), and
 every rewrite uses static shapes from one shape inference run at the start; a node whose shapes
@@ -711,6 +716,44 @@ def full_slice(g: _Graph) -> int:
     return count
 
 
+ELEMENTWISE_BINARY = ("Add", "Sub", "Mul", "Div")
+
+
+def elementwise_of_reshapes(g: _Graph) -> int:
+    """Rule 7b: ``op(Reshape(a), Reshape(b))`` for an elementwise ``op`` whose inputs are Reshapes
+    of two tensors of one shape to one other shape becomes ``Reshape(op(a, b))``: the same values
+    in the same order (a Reshape moves no element), with the seed axis that onnx-ad appends off the
+    arithmetic, so a ReLU's backward mask ``Cast(Greater(x, 0))`` meets the gradient it multiplies
+    without a Reshape between them (``--fuse-elementwise`` then makes the three one kernel)."""
+    count = 0
+    producers = g.producers()
+    for node in list(g.nodes):
+        if node.op_type not in ELEMENTWISE_BINARY or len(node.input) != 2 or node.domain not in ("", "ai.onnx"):
+            continue
+        firsts = [producers.get(name) for name in node.input]
+        if any(f is None or f.op_type != "Reshape" for f in firsts):
+            continue
+        sources = [f.input[0] for f in firsts]
+        shapes = [g.static(name) for name in sources]
+        outs = [g.static(f.output[0]) for f in firsts]
+        result = g.static(node.output[0])
+        if None in shapes or None in outs or shapes[0] != shapes[1] or outs[0] != outs[1] or result != outs[0] \
+                or shapes[0] == result or 0 in result:
+            continue
+        inner = g.fresh(f"{node.op_type.lower()}_before_reshape")
+        g.nodes.insert(list(g.nodes).index(node), helper.make_node(node.op_type, sources, [inner], name=inner))
+        g.shapes[inner] = shapes[0]
+        if node.output[0] in g.dtypes:
+            g.dtypes[inner] = g.dtypes[node.output[0]]
+        node.op_type = "Reshape"
+        del node.input[:]
+        node.input.extend([inner, g.const(list(result), "shape")])
+        del node.attribute[:]
+        count += 1
+        producers = g.producers()
+    return count
+
+
 def drop_dead(g: _Graph) -> int:
     """Nodes none of whose outputs is read or is a graph output (iterated to a fixed point)."""
     removed = 0
@@ -756,6 +799,7 @@ RULES = (
     ("Squeeze/Unsqueeze as Reshape", squeeze_as_reshape),
     ("Reshape chain", reshape_chains),
     ("full Slice", full_slice),
+    ("elementwise of Reshapes", elementwise_of_reshapes),
 )
 
 

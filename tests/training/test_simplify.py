@@ -514,3 +514,26 @@ def test_im2col_goes_fp16_with_its_gemm(policy, tmp_path):
     skipped = next(k for k, loss in enumerate(curves[policy]) if loss != curves[policy][0]) - 1
     assert skipped < 6 and curves[policy][-1] < 0.5 * curves[policy][0]
     np.testing.assert_allclose(curves[policy][skipped:], curves["fp32"][:len(curves[policy]) - skipped], rtol=0.05)
+
+
+@pytest.mark.slow
+def test_elementwise_of_reshapes_moves_the_reshape_after_the_op():
+    """Rule 7b: Mul(Reshape(a), Reshape(b)) of same-shape a, b -> Reshape(Mul(a, b)), the same
+    values; on a CNN step it takes the seed axis off each ReLU's backward mask product."""
+    model = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,3] a, float[2,3] b) => (float[2,3,1] y) {
+      s = Constant <value = int64[3] {2, 3, 1}> ()
+      ra = Reshape(a, s)
+      rb = Reshape(b, s)
+      y = Mul(ra, rb)
+    }''')
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((2, 3)).astype(np.float32), "b": rng.standard_normal((2, 3)).astype(np.float32)}
+    want = make_session(model).run(None, feeds)[0]
+    counts = simplify_backward(model)
+    assert counts["elementwise of Reshapes"] == 1
+    ops_ = [n.op_type for n in model.graph.node]
+    assert ops_.index("Mul") < ops_.index("Reshape") and ops_.count("Reshape") == 1
+    np.testing.assert_array_equal(make_session(model).run(None, feeds)[0], want)
+    step = build_train_step(small_cnn(), loss="cross_entropy", optimizer="sgd", fused=False, simplify=False)
+    assert simplify_backward(step)["elementwise of Reshapes"] >= 5  # one per ReLU mask product at least
