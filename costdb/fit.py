@@ -761,6 +761,23 @@ def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path,
     return fitted
 
 
+def merge_fused_elementwise(database_path: str | Path, measured_path: str | Path) -> dict:
+    """Write the ``fused_elementwise`` entry of ``scripts/measure_fused_elementwise_costs.py``'s
+    JSON (``bytes_per_us``, ``fixed_us``: the fused kernel's bandwidth fit) into a database file
+    (atomically); returns the entry."""
+    try:
+        entry = json.loads(Path(measured_path).read_text())["fused_elementwise"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CostModelError(f"{measured_path}: not a fused-elementwise measurement ({exc})") from None
+    if not (isinstance(entry.get("bytes_per_us"), (int, float)) and entry["bytes_per_us"] > 0
+            and isinstance(entry.get("fixed_us"), (int, float)) and entry["fixed_us"] >= 0):
+        raise CostModelError(f"{measured_path}: fused_elementwise needs bytes_per_us > 0 and fixed_us >= 0")
+    database = json.loads(Path(database_path).read_text())
+    database["fused_elementwise"] = {**entry, "source": Path(measured_path).name}
+    write_json(database, database_path)
+    return database["fused_elementwise"]
+
+
 def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
 
@@ -774,7 +791,7 @@ def fit_file(samples_path: str | Path, out_path: str | Path, **kw) -> dict:
             old = json.loads(previous.read_text())
         except (OSError, ValueError):
             old = {}
-        for key in (*DISPATCH_KEYS.values(), "run_overhead", "host_launch"):
+        for key in (*DISPATCH_KEYS.values(), "run_overhead", "host_launch", "fused_elementwise"):
             if old.get(key):
                 database[key] = old[key]
     write_json(database, out_path)

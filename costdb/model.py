@@ -3,8 +3,32 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 from onnxcampo.costdb.features import OpFeatures
+
+
+@dataclass(frozen=True)
+class FusedKernelCost:
+    """One ``ai.onnxcampo::FusedElementwise`` kernel: ``fixed_us + bytes / bytes_per_us``, bytes
+    being what it reads (its inputs, once) plus what it writes (the outputs read outside it).
+    ``measured``: fitted on the device (``scripts/measure_fused_elementwise_costs.py``)."""
+
+    bytes_per_us: float
+    fixed_us: float
+    measured: bool = False
+
+    def time_us(self, nbytes: float) -> float:
+        return self.fixed_us + nbytes / self.bytes_per_us
+
+
+# NOT MEASURED: a first estimate from docs/ops.md's H200 table of the generated kernel, about
+# 75 MB moved in 0.031 ms (~2.4e6 bytes/us; the table's three chains give 1.6-4.7e6 bytes/us: the
+# erf GELU moves 50 MB in 0.031 ms, the Cast + Mul 75 MB in 0.019 ms, the LayerNorm-backward-like
+# chain 38 MB in 0.008 ms), and a fixed cost of the order of a Cast kernel's fitted C_I (0.88 us).
+# To be replaced by the fit of scripts/measure_fused_elementwise_costs.py on the H200, merged into
+# the database (onnxcampo.costdb.fit.merge_fused_elementwise).
+DEFAULT_FUSED_KERNEL = FusedKernelCost(bytes_per_us=75e6 / 31.0, fixed_us=1.0, measured=False)
 
 
 class CostModel(abc.ABC):
@@ -63,6 +87,11 @@ class CostModel(abc.ABC):
         """Time of a fusable chain (``onnxcampo.costdb.chains``) over the sum of its nodes' times
         when all of them run in ``precision`` ("fp32"/"fp16"); 1.0 where nothing is measured."""
         return 1.0
+
+    def fused_kernel(self) -> FusedKernelCost:
+        """What a ``FusedElementwise`` kernel costs (``fused_elementwise`` in a database), else
+        :data:`DEFAULT_FUSED_KERNEL` (an estimate, not measured)."""
+        return DEFAULT_FUSED_KERNEL
 
     def describe(self) -> dict:
         return {"name": self.name}

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from onnxcampo.costdb.analytic import AnalyticCostModel
 from onnxcampo.costdb.features import OpFeatures
-from onnxcampo.costdb.model import CostModel
+from onnxcampo.costdb.model import DEFAULT_FUSED_KERNEL, CostModel, FusedKernelCost
 from onnxcampo.errors import CostModelError
 
 SCHEMA_VERSION = 1
@@ -194,6 +194,14 @@ class RegressionCostModel(CostModel):
         entry = self.database.get("chains", {}).get(pattern, {})
         value = entry.get(precision)
         return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
+
+    def fused_kernel(self) -> FusedKernelCost:
+        """``fused_elementwise`` (``bytes_per_us``, ``fixed_us``) where the database has it."""
+        entry = self.database.get("fused_elementwise", {})
+        rate, fixed = entry.get("bytes_per_us"), entry.get("fixed_us")
+        if isinstance(rate, (int, float)) and rate > 0 and isinstance(fixed, (int, float)) and fixed >= 0:
+            return FusedKernelCost(float(rate), float(fixed), measured=bool(entry.get("measured", True)))
+        return DEFAULT_FUSED_KERNEL
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "regression", "device": self.database["device"],

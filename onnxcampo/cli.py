@@ -1,5 +1,5 @@
 """Command line: ``onnxcampo optimize | inspect | bench | train-graph | train | costdb
-{measure | fit | fit-step-dispatch | eval}``.
+{measure | fit | fit-step-dispatch | fit-fused-elementwise | eval}``.
 
 User errors print one line on stderr and exit 2 (validation failures exit 1); no traceback
 unless ``--debug``.
@@ -93,6 +93,11 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "Conv-bias gradients), with the Reshapes and float16->float32 Casts around them, as "
                              "ai.onnxcampo BlockReduceSum nodes, one kernel each (needs the custom-op library; "
                              "docs/ops.md)")
+    parser.add_argument("--no-plan-for-fusion", dest="plan_for_fusion", action="store_false",
+                        help="with --fuse-elementwise/--fuse-reductions: plan as if neither fusion ran (every Cast "
+                             "and elementwise op costed as a kernel of its own: the fusion-blind plan); the fusions "
+                             "still run after the plan. Default: plans are costed as the fused model runs "
+                             "(docs/ops.md, 'Planning with fusion in view')")
 
 
 def _add_cost_options(parser: argparse.ArgumentParser) -> None:
@@ -148,6 +153,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         int8_avg=args.int8_avg,
         fuse_elementwise=args.fuse_elementwise,
         fuse_reductions=args.fuse_reductions,
+        plan_for_fusion=args.plan_for_fusion,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance,
         activation_limit=args.activation_limit,
@@ -318,13 +324,18 @@ def build_parser() -> argparse.ArgumentParser:
     step_dispatch.add_argument("--launches", type=Path, metavar="FILE.jsonl",
                                help="ORT launch counts for fp32 rows measured before the benchmark recorded them "
                                     "(scripts/graph_factors.py --launches-out)")
+    fused_cost = cost_sub.add_parser(
+        "fit-fused-elementwise", help="add the FusedElementwise kernel's cost (bytes/us and fixed us, fitted by "
+                                      "scripts/measure_fused_elementwise_costs.py on the GPU) to a database")
+    fused_cost.add_argument("measured", type=Path, help="the measurement script's --out JSON")
+    fused_cost.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
     evaluate = cost_sub.add_parser("eval", help="accuracy of a database on its held-out samples")
     evaluate.add_argument("database", type=Path, help="database JSON (from costdb fit)")
     evaluate.add_argument("samples", type=Path, help="the samples file it was fitted from (its held-out cases are used)")
     evaluate.add_argument("--report", type=Path, metavar="FILE.md", help="markdown report to write")
     evaluate.add_argument("--png", type=Path, metavar="FILE.png", help="predicted-vs-measured plot to write (needs matplotlib)")
 
-    for p in (opt, ins, bn, measure, fit, step_dispatch, evaluate, tg, tr):
+    for p in (opt, ins, bn, measure, fit, step_dispatch, fused_cost, evaluate, tg, tr):
         p.add_argument("-v", "--verbose", action="count", default=0, help="-v: info lines (optimizing: one per pass); -vv: debug lines")
         p.add_argument("--debug", action="store_true",
                        help="check graph invariants after every pass (optimizing); show tracebacks instead of "
@@ -604,6 +615,13 @@ def _costdb(args: argparse.Namespace) -> int:
             else:
                 print(f"onnxcampo: wrote {args.database}: {key} {entry['us']} us per node "
                       f"(from {entry['samples']} models: {entry['per_model_us']})", file=sys.stderr)
+        return 0
+    if args.costdb_command == "fit-fused-elementwise":
+        from onnxcampo.costdb.fit import merge_fused_elementwise
+
+        entry = merge_fused_elementwise(args.database, args.measured)
+        print(f"onnxcampo: wrote {args.database}: fused_elementwise {entry['bytes_per_us']:.0f} bytes/us, "
+              f"{entry['fixed_us']} us fixed", file=sys.stderr)
         return 0
     from onnxcampo.costdb.evaluate import evaluate, markdown, write_report
     from onnxcampo.costdb.fit import load_samples

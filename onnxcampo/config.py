@@ -26,7 +26,8 @@ class OptimizeConfig:
     repeatable), ``dim_values`` (``--dim``, repeatable), ``exclude_ops`` (``--exclude-op``),
     ``include_ops`` (``--include-op``), ``exclude_nodes`` (``--exclude-node``), ``include_nodes``
     (``--include-node``) (one value a flag, repeatable), ``pad_tensor_cores`` (``--no-pad``),
-    ``compare_plans`` (``--no-compare-plans``), ``loss_scaling`` (``--no-loss-scaling``) and
+    ``compare_plans`` (``--no-compare-plans``), ``loss_scaling`` (``--no-loss-scaling``),
+    ``plan_for_fusion`` (``--no-plan-for-fusion``) and
     ``check_invariants`` (``--debug``, which also shows tracebacks).
 
     Attributes:
@@ -95,6 +96,13 @@ class OptimizeConfig:
             and Conv-bias gradients; ``simplify``'s ReduceSum pairs), with the Reshapes and the
             float16 -> float32 Casts around them, by ``ai.onnxcampo::BlockReduceSum`` nodes
             (``onnxcampo.reductions``). Needs the custom-op library, like ``fuse_elementwise``.
+        plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions``, cost the plans as the
+            fused model runs (``onnxcampo.estimate``: a Cast inside a fused group costs nothing,
+            one at its edge the bytes it changes there, a fused elementwise op its share of the
+            group's kernel; Casts read only by fp32 ReduceSums nothing). ``False``: the
+            fusion-blind plan, costed as if the fusion passes did not run (every Cast and
+            elementwise op a kernel of its own); the passes still run after it. No effect without
+            either fusion.
     """
 
     policy: str = "campo"
@@ -115,6 +123,7 @@ class OptimizeConfig:
     int8_avg: bool = False
     fuse_elementwise: bool = False
     fuse_reductions: bool = False
+    plan_for_fusion: bool = True
     tune: str | None = None
     tune_tolerance: float = 0.02
     activation_limit: float | None = None

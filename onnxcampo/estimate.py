@@ -15,13 +15,34 @@ work plus one replay (``CostModel.run_us``). ``plain``: the GPU's work and the h
 launches too), added where the database says so (``CostModel.host_adds``: fitted from whole runs,
 where every launch cost 2.3-4.4 us on top of the replayed run), else the larger of the two.
 
-With ``fuse_elementwise`` a Cast next to an elementwise op that ``--fuse-elementwise`` fuses
-(``onnxcampo.elementwise_fusion``: the tensor's producer, or every reader needing the Cast, is
-such an op) is folded into that op's fused kernel: it costs no launch and only the memory pass
-it adds to the kernel (:data:`FOLDED_CAST_SHARE` of a Cast's memory time: one of the Cast's three
-passes, reading 4 and writing 2 bytes an element, is left). With ``fuse_reductions`` a Cast to fp32
-whose every reader is an fp32 ReduceSum costs nothing: ``--fuse-reductions`` folds it into the BlockReduceSum,
-which reads either type (``onnxcampo.reductions``).
+With ``fuse_elementwise`` the plan is costed as the fused model runs (``plan_for_fusion``, the
+default; ``False`` costs the fusion-blind plan as if neither fusion pass ran, though both still run
+after it). :func:`elementwise_groups` predicts the ``FusedElementwise`` groups on the planning
+graph (``onnxcampo.elementwise_fusion``'s rule 2: fusable nodes ORT runs as they are, joined to a
+producer's group of the same shape, no cycle, at most 16 inputs; not its other kernel limits nor
+rule 2b, and the Casts the plan will add are not in this graph). A group of two or more nodes is
+one kernel, ``CostModel.fused_kernel``: ``fixed_us + bytes / bytes_per_us``, bytes being what it
+reads from outside the group plus what it writes for readers outside it (``fused_elementwise`` in
+the cost database, fitted by ``scripts/measure_fused_elementwise_costs.py``; without it an
+estimate that is not measured, :data:`onnxcampo.costdb.model.DEFAULT_FUSED_KERNEL`). Then:
+
+1. A member of a group costs its share of that kernel (:class:`FusedMember`): 1/size of the fixed
+   cost and the bytes of its own outside inputs and outputs, in its precision; one launch per
+   group. An interior member reads and writes nothing outside the group, so its precision only
+   moves the Casts around it, which cost nothing:
+2. a Cast whose producer and every reader are in one group costs nothing (no pass, no launch);
+3. a Cast at a group's edge costs the bytes it changes there (:func:`_group_cast_us`): the group
+   writes the tensor in the readers' type instead of (or, when it is also read in its own type,
+   besides) the producer's, or reads it in the type it is made in instead of its members'. The
+   difference can be negative: an fp16 MatMul feeding an fp32 chain saves the chain 2 bytes an
+   element.
+4. A Cast next to a lone fusable op (the fusion pass fuses the pair) folds as before: no launch and
+   only the memory pass it adds to the kernel (:data:`FOLDED_CAST_SHARE` of a Cast's memory time:
+   one of the Cast's three passes, reading 4 and writing 2 bytes an element, is left).
+
+With ``fuse_reductions`` (and ``plan_for_fusion``) a Cast to fp32 whose every reader is an fp32
+ReduceSum costs nothing: ``--fuse-reductions`` folds it into the BlockReduceSum, which reads either
+type (``onnxcampo.reductions``).
 """
 
 from __future__ import annotations
@@ -30,11 +51,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
+from onnx import TensorProto
 
 from onnxcampo import oplists
-from onnxcampo.casting import PrecisionOf, tensor_casts
+from onnxcampo.casting import PrecisionOf, pinned_dtype, produced_dtype, tensor_casts, use_dtype
 from onnxcampo.context import GraphContext
-from onnxcampo.elementwise_fusion import FUSABLE
+from onnxcampo.elementwise_fusion import FUSABLE, MOVES, SUM
+from onnxcampo.ops.elementwise import MAX_INPUTS
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
 
@@ -71,7 +94,12 @@ def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_
     With ``precision_of`` (the plan), a member of a fusable chain whose members all run in
     ``precision`` costs its time times the chain's measured factor (``CostModel.chain_factor``).
     Otherwise a node ORT runs no kernel of its own for costs nothing (:func:`runs_alone`).
+    With ``fuse_elementwise`` (and ``plan_for_fusion``), a member of a predicted fused group costs
+    its share of the group's kernel (:func:`elementwise_groups`).
     """
+    member = _fused_member(ctx, node)
+    if member is not None:
+        return member.time_us(ctx.cost.fused_kernel(), precision)
     chain = ctx.chains.get(node.name)
     if chain is not None and precision_of is not None:
         pattern, members = chain
@@ -176,6 +204,9 @@ def _costs_time(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | No
 
 def host_launches(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf) -> tuple[int, int]:
     """(convolution launches, other launches) the node costs the host under the plan."""
+    member = _fused_member(ctx, node)
+    if member is not None:
+        return 0, int(member.leader)  # the group's kernel: one launch, counted on its first member
     fp16_conv = node.op in oplists.NCHW_FP16_LAYOUT_OPS and precision_of(node.name) is Precision.FP16
     layout = oplists.NCHW_FP16_LAYOUT_LAUNCHES if fp16_conv else 0
     if not runs_alone(ctx, node, precision_of):
@@ -201,13 +232,17 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
     """The Casts the tensors need and their time; with ``fuse_elementwise`` the Casts that fold
     into a fused kernel cost their memory share only and are not counted as launches."""
     total, count = 0.0, 0
-    folding = ctx.config.fuse_elementwise
+    folding, reducing = fusion_costed(ctx)
     for tensor in tensors:
         casts = tensor_casts(ctx, tensor, precision_of)
         if not casts:
             continue
-        if ctx.config.fuse_reductions and _reduction_reads(ctx, tensor, precision_of):
+        if reducing and _reduction_reads(ctx, tensor, precision_of):
             continue  # BlockReduceSum reads the tensor itself, in either type: no pass, no launch
+        edge = _group_cast_us(ctx, tensor, precision_of) if folding else None
+        if edge is not None:
+            total += edge  # inside a fused group: nothing; at its edge: the bytes it changes there
+            continue
         if folding and _cast_folds(ctx, tensor):
             memory = ctx.cost.cast_time(ctx.numel(tensor)) - ctx.cost.cast_time(0)
             total += casts * FOLDED_CAST_SHARE * max(memory, 0.0)
@@ -215,6 +250,178 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
         count += casts
         total += casts * ctx.cost.cast_time(ctx.numel(tensor))
     return total, count
+
+
+def fusion_costed(ctx: GraphContext) -> tuple[bool, bool]:
+    """(``fuse_elementwise``, ``fuse_reductions``) as the plan is costed: both off for the
+    fusion-blind plan (``plan_for_fusion=False``), whose passes still run after it."""
+    config = ctx.config
+    aware = getattr(config, "plan_for_fusion", True)
+    return config.fuse_elementwise and aware, config.fuse_reductions and aware
+
+
+# --- the fused elementwise groups -------------------------------------------------------------
+
+_BYTES = {Precision.FP16: 2, Precision.FP32: 4}
+
+
+@dataclass(frozen=True)
+class FusedMember:
+    """A node of a predicted ``FusedElementwise`` group and its share of the group's kernel:
+    the elements it reads from outside the group (an input read by k members: 1/k each), the
+    elements of its outputs read outside the group (or graph outputs), and 1/``size`` of the
+    kernel's fixed cost. Bytes are counted in the node's own precision; a Cast at the group's
+    edge corrects them to the type actually read or written (:func:`_group_cast_us`)."""
+
+    group: int
+    size: int
+    leader: bool
+    read_elements: float
+    written_elements: float
+
+    def time_us(self, kernel, precision: Precision) -> float:
+        moved = (self.read_elements + self.written_elements) * _BYTES[precision]
+        return kernel.fixed_us / self.size + moved / kernel.bytes_per_us
+
+
+def _fused_member(ctx: GraphContext, node: gs.Node) -> FusedMember | None:
+    if not fusion_costed(ctx)[0]:
+        return None
+    return elementwise_groups(ctx).get(node.name)
+
+
+def _fusable_node(ctx: GraphContext, node: gs.Node) -> tuple[int, ...] | None:
+    """The node's output shape when ``--fuse-elementwise`` can fuse it (its rule 1) and ORT runs
+    it as it is (a node ORT fuses or aliases keeps the costing of ORT's graph), else None."""
+    if (node.domain or "") not in oplists.DEFAULT_DOMAINS or len(node.outputs) != 1 or node.name in ctx.ort_status:
+        return None
+    if node.op in FUSABLE:
+        if len(node.inputs) != FUSABLE[node.op][1]:
+            return None
+    elif node.op == SUM:
+        if not 1 <= len(node.inputs) <= MAX_INPUTS:
+            return None
+    elif node.op not in MOVES or (node.op == "Cast" and int(node.attrs.get("to", 0)) not in _FLOATS):
+        return None
+    out = ctx.info.get(node.outputs[0].name)
+    if out is None or out.dtype not in _FLOATS or out.shape is None or not out.numel:
+        return None
+    for tensor in node.inputs:
+        entry = ctx.info.get(tensor.name)
+        if entry is None or entry.dtype not in _FLOATS or entry.shape is None:
+            return None
+    return tuple(out.shape)
+
+
+_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
+
+
+def elementwise_groups(ctx: GraphContext) -> dict[str, FusedMember]:
+    """node name -> its :class:`FusedMember`, for the groups of two or more nodes that
+    ``--fuse-elementwise`` is predicted to make of the planning graph (``onnxcampo.elementwise_fusion``'s
+    rule 2 without its kernel limits other than the input count, and without rule 2b: the Casts
+    the plan adds are not in this graph; they are costed at the groups' edges instead). One pass in
+    graph order with dependencies as bit sets; computed once per node list."""
+    base = getattr(ctx, "ctx", ctx)  # a Planning reads through to its context: cache there
+    cache = base.__dict__.setdefault("_elementwise_groups", {})
+    key = (id(base.nodes), len(base.nodes))
+    if key in cache:
+        return cache[key]
+    group_of: dict[str, int] = {}  # tensor -> group writing it
+    depends: dict[str, int] = {}  # tensor -> bit set of the groups it depends on
+    shapes: list[tuple[int, ...]] = []
+    inputs: list[set[str]] = []
+    members: list[list[gs.Node]] = []
+    scalar = lambda t: ctx.numel(t) == 1 and ctx.is_constant(t)  # noqa: E731  (folded into the program)
+    for node in ctx.nodes:
+        names = [t.name for t in node.inputs if t.name]
+        upstream = 0
+        for name in names:
+            upstream |= depends.get(name, 0)
+        shape = _fusable_node(ctx, node)
+        own = 0
+        if shape is not None:
+            chosen = None
+            for tensor in node.inputs:
+                g = group_of.get(tensor.name)
+                if g is None or shapes[g] != shape:
+                    continue
+                others = [t for t in node.inputs if t.name and not scalar(t) and group_of.get(t.name) != g]
+                if any(depends.get(t.name, 0) >> g & 1 for t in others):
+                    continue  # a path from the group outside it reaches this node: a cycle
+                if len(inputs[g] | {t.name for t in others}) > MAX_INPUTS:
+                    continue
+                chosen = g
+                break
+            if chosen is None:
+                chosen = len(shapes)
+                shapes.append(shape)
+                inputs.append(set())
+                members.append([])
+            members[chosen].append(node)
+            inputs[chosen].update(t.name for t in node.inputs
+                                  if t.name and not scalar(t) and group_of.get(t.name) != chosen)
+            group_of[node.outputs[0].name] = chosen
+            own = 1 << chosen
+        for tensor in node.outputs:
+            depends[tensor.name] = upstream | own
+    found: dict[str, FusedMember] = {}
+    for g, nodes in enumerate(members):
+        if len(nodes) < 2:
+            continue
+        names = {n.name for n in nodes}
+        readers: dict[str, int] = {}
+        for n in nodes:
+            for name in {t.name for t in n.inputs if t.name and not scalar(t) and group_of.get(t.name) != g}:
+                readers[name] = readers.get(name, 0) + 1
+        for k, n in enumerate(nodes):
+            own = {t.name: t for t in n.inputs if t.name in readers}
+            read = sum(ctx.numel(t) / readers[name] for name, t in own.items())
+            out = n.outputs[0]
+            escapes = out.name in ctx.graph_outputs or any(c.name not in names for c in out.outputs)
+            found[n.name] = FusedMember(g, len(nodes), k == 0, read, ctx.numel(out) if escapes else 0.0)
+    cache[key] = found
+    return found
+
+
+def _group_cast_us(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> float | None:
+    """What the Casts of ``tensor`` cost when a predicted fused group folds them, else None.
+
+    1. The producer and every reader in one group: the value never leaves the registers; 0.
+    2. The producer in a group: the kernel writes the tensor in each type needed (the members'
+       share counted it in the producer's precision): a type the readers outside the group no
+       longer read in the produced type replaces it (the byte difference), else it is written too.
+    3. Every reader needing a Cast in groups: each such group reads the tensor in the type it is
+       produced in instead of its members' (the byte difference, per group).
+    """
+    groups = elementwise_groups(ctx)
+    producer = ctx.producer(tensor)
+    uses = ctx.uses(tensor)
+    if not uses:
+        return None
+    made = produced_dtype(ctx, tensor, precision_of) or ctx.original_dtype(tensor)
+    size = {TensorProto.FLOAT16: 2, TensorProto.FLOAT: 4}
+    if made not in size:
+        return None
+    rate = ctx.cost.fused_kernel().bytes_per_us
+    numel = ctx.numel(tensor)
+    home = groups.get(producer.name) if producer is not None else None
+    if home is not None:
+        outside = [u for u in uses if groups.get(u.node.name) is None or groups[u.node.name].group != home.group]
+        pinned = pinned_dtype(ctx, tensor)
+        needed = {use_dtype(ctx, tensor, u, precision_of) for u in outside} | {pinned}
+        needed.discard(None)
+        extra = [d for d in needed if d != made and d in size]
+        if not extra:
+            return 0.0  # only members read another type: in registers
+        keeps = made in needed
+        moved = sum(size[d] for d in extra) - (0 if keeps else size[made])
+        return numel * moved / rate
+    casting = [u for u in uses if use_dtype(ctx, tensor, u, precision_of) not in (None, made)]
+    if not casting or any(u.node.name not in groups for u in casting):
+        return None
+    readers = {groups[u.node.name].group: use_dtype(ctx, tensor, u, precision_of) for u in casting}
+    return sum(numel * (size[made] - size.get(d, size[made])) / rate for d in readers.values())
 
 
 def _reduction_reads(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:
@@ -275,6 +482,10 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
         for gradient in ctx.loss_scaling_gradients:
             producer = ctx.producer(gradient)
             if producer is not None and precision_of(producer.name) is Precision.FP16:
+                if fusion_costed(ctx)[0]:  # what casts_time counted for it (a folded Cast costs less)
+                    own_us, own = casts_time(ctx, [gradient], precision_of)
+                    casts, other_launches, cast_us = casts - own, other_launches - own, cast_us - own_us
+                    continue
                 casts, other_launches = casts - 1, other_launches - 1
                 cast_us -= ctx.cost.cast_time(ctx.numel(gradient))
     launched = conv_launches + other_launches

@@ -148,10 +148,14 @@ def run_loaded(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -
     prepared = prepare(loaded, inputs)
     config = prepared.ctx.config
     chosen = plan_policies(prepared.ctx)
+    # before the mutating passes change the graph
+    both = _both_costings(prepared.ctx, chosen) if config.fuse_elementwise or config.fuse_reductions else None
     ctx = Planning(prepared.ctx, chosen.plans[config.policy])  # the chosen plan, applied and exported
     results = apply(ctx)
     report = build_report(ctx, loaded.source, chosen.plans, chosen.times, chosen.chosen, chosen.notes, results)
     report["fuse"] = prepared.fused
+    if both is not None:
+        report["predicted_fusion"] = both
     if config.activation_limit is not None:
         kept = sorted(n for n, d in ctx.plan.items() if d.reason is Reason.ACTIVATION_RANGE)
         report["calibration"] = {"inputs": "given" if inputs is not None else "random",
@@ -206,6 +210,25 @@ def plan_policies(ctx: GraphContext) -> Plans:
         times[name] = estimate.plan_time(planning, plans[name])
     chosen, notes = choose_plan(config, plans, times)
     return Plans(plans, times, chosen, notes)
+
+
+def _both_costings(ctx: GraphContext, chosen: Plans) -> dict:
+    """The kept plan's predicted total costed with the fusion passes in view and without
+    (``plan_for_fusion``): the plan was chosen under one of them; the other says what it would
+    have been predicted to cost the other way (a fusion-blind plan run fused, for one)."""
+    config = ctx.config
+    padding = chosen.chosen == "campo" and config.pad_tensor_cores
+    kernel = ctx.cost.fused_kernel()
+    out = {"planned_for_fusion": config.plan_for_fusion,
+           "fused_kernel": {"bytes_per_us": kernel.bytes_per_us, "fixed_us": kernel.fixed_us, "measured": kernel.measured}}
+    for name, aware in (("fusion_aware_us", True), ("fusion_blind_us", False)):
+        ctx.config = config.replace(plan_for_fusion=aware)
+        try:
+            planning = Planning(ctx, chosen.plans[config.policy], padding=padding, analysis=True)
+            out[name] = round(estimate.plan_time(planning, chosen.plans[config.policy]).total_us, 3)
+        finally:
+            ctx.config = config
+    return out
 
 
 def choose_plan(config: OptimizeConfig, plans: dict[str, PrecisionPlan],

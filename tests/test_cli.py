@@ -246,7 +246,7 @@ RENAMED_FLAGS = {
     "keep_io_types": "--no-keep-io-types", "input_shapes": "--input-shape", "dim_values": "--dim",
     "exclude_ops": "--exclude-op", "include_ops": "--include-op", "exclude_nodes": "--exclude-node",
     "include_nodes": "--include-node", "pad_tensor_cores": "--no-pad", "compare_plans": "--no-compare-plans",
-    "loss_scaling": "--no-loss-scaling", "check_invariants": "--debug",
+    "loss_scaling": "--no-loss-scaling", "check_invariants": "--debug", "plan_for_fusion": "--no-plan-for-fusion",
 }
 
 

@@ -20,6 +20,11 @@ Inference (ONNX Runtime):
                     ``--fuse-elementwise`` (elementwise chains and their Casts as FusedElementwise
                     nodes); campo-fused-graph the same planned for and replayed as a CUDA graph;
                     campo-reduce(-graph) the reductions alone, campo-ew-graph the elementwise chains alone
+    campo-fused-blind-graph  campo-fused-graph's fusions and replay, its plan made fusion-blind
+                    (``plan_for_fusion=False``: costed as if no fusion ran); beside campo-fused-graph
+                    it shows what planning with fusion in view buys, predicted and measured
+    fp16-fused-graph  the all-fp16 plan with both fusions, replayed: the all-fp16 plan that
+                    campo-fused-graph must beat on equal terms
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
     fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused, campo-reduce
     (``--fuse-reductions`` alone)
@@ -46,7 +51,7 @@ import onnx
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
 GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
-                  "campo-ew-graph")
+                  "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph")
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
                       *GRAPH_POLICIES)
@@ -74,6 +79,11 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # chains as FusedElementwise (their Casts folded into both)
              "campo-fused": {"policy": "campo", **FUSIONS},
              "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
+             # the same fusions and replay, the plan made as if they did not run (the fusion-blind plan)
+             "campo-fused-blind-graph": {"policy": "campo", "execution": "cuda-graph", "plan_for_fusion": False,
+                                         **FUSIONS},
+             # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
+             "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
              # the reductions alone (BlockReduceSum), without FusedElementwise
              "campo-reduce": {"policy": "campo", "fuse_reductions": True},
              "campo-reduce-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_reductions": True},
@@ -225,6 +235,10 @@ def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tup
             "execution": report.get("execution"), "cost_graph": report.get("cost_graph"),
             "ort_nodes": report.get("ort_nodes"), "fuse": report.get("fuse"),
             "predicted_us": {plan: entry.get("total_us") for plan, entry in (report.get("predicted_us") or {}).items()},
+            # the chosen plan's predicted time (the policy's entry is the plan kept: choose_plan)
+            "predicted_plan_us": ((report.get("predicted_us") or {}).get(options["policy"]) or {}).get("total_us"),
+            "plan_for_fusion": options.get("plan_for_fusion", True),
+            **({"predicted_fusion": report["predicted_fusion"]} if "predicted_fusion" in report else {}),
             "casts_inserted": report.get("casts_inserted"), "pads_inserted": report.get("pads_inserted"),
             "cost_model": (report.get("cost_model") or {}).get("name"),
             **({"tuning": report["tuning"]} if "tuning" in report else {}),

@@ -464,6 +464,33 @@ def cuda_graph_comparison(rows: list[dict[str, Any]]) -> list[str]:
     return lines + ["", "Geometric means (" + "; ".join(means) + ")."]
 
 
+FUSION_PLANS = ("campo-fused-graph", "campo-fused-blind-graph", "fp16-fused-graph")
+
+
+def fusion_plan_comparison(rows: list[dict[str, Any]]) -> list[str]:
+    """Per model, the plan made with fusion in view (``campo-fused-graph``) beside the fusion-blind
+    one (``campo-fused-blind-graph``) and the all-fp16 plan (``fp16-fused-graph``), all fused and
+    replayed: each one's predicted ms (``predicted_plan_us``, as its own planning costed it) and
+    measured ms. Only groups holding both campo rows."""
+    groups = group_rows(rows)
+    lines = ["| model | mode | batch | " + " | ".join(f"{p} predicted / measured ms" for p in FUSION_PLANS)
+             + " | aware / blind throughput |", "|---|---|---:|" + "---:|" * (len(FUSION_PLANS) + 1)]
+    for key, group in sorted(groups.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+        if not (group.get(FUSION_PLANS[0]) and group.get(FUSION_PLANS[1])):
+            continue
+        cells = []
+        for policy in FUSION_PLANS:
+            row = group.get(policy)
+            predicted = (row or {}).get("predicted_plan_us")
+            measured = row["ms"] if _ok(row) else None
+            cells.append(f"{_fmt(predicted / 1e3 if predicted is not None else None, '.2f')} / {_fmt(measured, '.2f')}")
+        ratio = _ratio(group, FUSION_PLANS[0], FUSION_PLANS[1])
+        lines.append(f"| {key[0]} | {key[2]} | {key[1]} | " + " | ".join(cells) + f" | {_times(ratio)} |")
+    if len(lines) == 2:
+        return []
+    return lines
+
+
 def _where_time_goes(key, campo: dict[str, Any], name: str, best: dict[str, Any]) -> str:
     """One sentence per model where the ONNX Runtime step is slower than PyTorch: the breakdown's numbers."""
     text = (f"- {key[0]} b{key[1]}: campo's step takes {campo['ms']:.2f} ms, {campo['ms'] / best['ms']:.2f}x "
@@ -783,6 +810,13 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
               "replayed the same way, and `fp32-graph` shows how much of the gain is the replay rather than the "
               "precision plan.", ""]
     lines += cuda_graph_comparison(rows) + [""]
+    fusion = fusion_plan_comparison(rows)
+    if fusion:
+        lines += ["## Planning with fusion in view (fused and replayed)", "",
+                  "`campo-fused-graph` plans with the fused kernels' costs (`plan_for_fusion`, the default), "
+                  "`campo-fused-blind-graph` as if no fusion ran (`--no-plan-for-fusion`); both then run the same "
+                  "fusions. Predicted: the chosen plan's total as its own planning costed it.", ""]
+        lines += fusion + [""]
     lines += ["## Where a training step's time goes (ORT profiler, graph optimizations off, host time per node and step)", ""]
     lines += breakdown_table(rows) + [""]
     gpu = gpu_table(rows)

@@ -1,0 +1,66 @@
+"""The benchmark's fusion-plan variants: ``campo-fused-blind-graph`` (campo-fused-graph's fusions
+and replay, the plan made fusion-blind) and ``fp16-fused-graph`` (the all-fp16 plan, fused and
+replayed), their rows' predicted plan times, and the report's side-by-side table."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from benchkit import policies as bench_policies
+from benchkit import report as bench_report
+from helpers import parse
+
+from onnxcampo.ops import library_path
+
+MODEL = """
+g (float[64,256] x, float[256,256] w) => (float[64,256] y) {
+  [mm] m = MatMul(x, w)
+  [add] a = Add(m, m)
+  [tanh] t = Tanh(a)
+  [mul] y = Mul(t, a)
+}
+"""
+
+
+def test_the_fusion_plan_variants_are_graph_policies_with_both_fusions():
+    for policy in ("campo-fused-blind-graph", "fp16-fused-graph"):
+        assert policy in bench_policies.GRAPH_POLICIES and policy in bench_policies.INFERENCE_POLICIES
+        assert policy in bench_policies.TRAINING_POLICIES
+        options = bench_policies.ONNXCAMPO[policy]
+        assert options["execution"] == "cuda-graph" and options["fuse_elementwise"] and options["fuse_reductions"]
+        assert bench_policies.graph_base(policy) == policy  # planned for the replay, not a replay of another
+    assert bench_policies.ONNXCAMPO["campo-fused-blind-graph"]["plan_for_fusion"] is False
+    assert bench_policies.ONNXCAMPO["fp16-fused-graph"]["policy"] == "fp16"
+    assert "plan_for_fusion" not in bench_policies.ONNXCAMPO["campo-fused-graph"]  # fusion-aware, the default
+
+
+@pytest.mark.parametrize("policy", ["campo-fused-graph", "campo-fused-blind-graph", "fp16-fused-graph"])
+def test_a_fusion_plan_variant_records_its_predicted_plan_time(tmp_path, policy):
+    try:
+        library_path()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"custom-op library not built: {exc}")
+    source = tmp_path / "m.onnx"
+    onnx.save(parse(MODEL), source)
+    _, info = bench_policies.make_variant(policy, source, tmp_path / f"{policy}.onnx", {}, {}, provider="cpu")
+    plan = bench_policies.ONNXCAMPO[policy]["policy"]
+    assert info["predicted_plan_us"] == info["predicted_us"][plan] > 0
+    assert info["plan_for_fusion"] is (policy != "campo-fused-blind-graph")
+    both = info["predicted_fusion"]
+    assert both["planned_for_fusion"] is info["plan_for_fusion"]
+    assert both["fusion_aware_us" if info["plan_for_fusion"] else "fusion_blind_us"] == pytest.approx(
+        info["predicted_plan_us"], abs=1e-3)
+
+
+def _row(policy, ms, predicted_us):
+    return {"model": "bert", "batch": 8, "mode": "training", "policy": policy, "status": "ok", "ms": ms,
+            "throughput": 8 / ms * 1e3, "predicted_plan_us": predicted_us, "key": policy}
+
+
+def test_the_report_sets_the_fusion_aware_and_blind_plans_side_by_side():
+    rows = [_row("campo-fused-graph", 11.5, 10_800.0), _row("campo-fused-blind-graph", 12.0, 12_400.0),
+            _row("fp32", 30.0, None)]
+    lines = bench_report.fusion_plan_comparison(rows)
+    assert len(lines) == 3
+    assert lines[2].startswith("| bert | training | 8 | 10.80 / 11.50 | 12.40 / 12.00 | – / – | 1.04x")
+    assert bench_report.fusion_plan_comparison(rows[:1] + rows[2:]) == []  # the blind row missing: no table
