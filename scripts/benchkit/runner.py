@@ -520,6 +520,17 @@ def training_variant(group: Group, policy: str) -> tuple[Path, dict[str, Any]]:
     return path, info
 
 
+def _ew_kernel_stats() -> dict[str, int]:
+    """onnxcampo.ops.jit.kernel_stats of the loaded custom-op library ({} without one or CUDA)."""
+    try:
+        from onnxcampo import ops
+        from onnxcampo.ops import jit
+
+        return jit.kernel_stats(ops.check()) if ops.available() else {}
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        return {}
+
+
 def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -> dict[str, Any]:
     """One training variant: its step graph, a session, timed steps, and for the breakdown
     policies a profiled run. ``row["stage_s"]`` says how long each stage took; with
@@ -589,6 +600,9 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
         del runner
         gc.collect()
     row["stage_s"] = stages.seconds
+    stats = _ew_kernel_stats()
+    if stats:  # FusedElementwise's generated CUDA kernels so far in this process (a fallback shows here)
+        row["ew_kernels"] = stats
     if not row["finite"]:
         raise m.MeasureError(f"non-finite loss after {row['steps']} steps (last {row['loss_last']})")
     if policy in s.breakdown:
