@@ -1,5 +1,6 @@
-// FusedElementwise on CUDA: one launch per call (none for an empty output) on ORT's compute
-// stream. The program, its constants, the pointers, element types and strides travel by value
+// FusedElementwise's interpreter kernel on CUDA, the fallback of the generated kernels
+// (elementwise_jit.h; measured 3-7x slower than they): one launch per call (none for an empty
+// output) on ORT's compute stream. The program, its constants, the pointers, element types and strides travel by value
 // in one kernel parameter (Params, __grid_constant__, about 2.4 KB: read from the constant bank,
 // no device copy, no allocation, no host-device synchronisation), so the op can be captured in a
 // CUDA graph.
@@ -192,115 +193,6 @@ __global__ void __launch_bounds__(kThreads) FusedElementwiseKernel(const __grid_
   }
 }
 
-// ---- the small-program kernel ----------------------------------------------------------------
-// A program of at most kSmallRegisters registers runs one element per thread with its registers
-// held in eight scalars, each read and written through a switch on the register index: the
-// compiler keeps them in hardware registers (no shared or local memory), at the price of a
-// branch per operand. Which of the two kernels is faster on which programs is measured by
-// scripts/check_fused_elementwise_cuda.py: ONNXCAMPO_EW_KERNEL=registers takes this one for the
-// programs that fit (ops.cc). Both interpreters are the fallback of the generated kernels
-// (elementwise_jit.h), which are the default.
-constexpr int kSmallRegisters = 8;
-constexpr int kSmallThreads = 256;
-constexpr int kSmallBlocksPerSm = 8;
-
-struct File8 {
-  float r0 = 0.f, r1 = 0.f, r2 = 0.f, r3 = 0.f, r4 = 0.f, r5 = 0.f, r6 = 0.f, r7 = 0.f;
-  __device__ __forceinline__ float get(int i) const {
-    switch (i) {
-      case 0: return r0;
-      case 1: return r1;
-      case 2: return r2;
-      case 3: return r3;
-      case 4: return r4;
-      case 5: return r5;
-      case 6: return r6;
-      default: return r7;
-    }
-  }
-  __device__ __forceinline__ void set(int i, float v) {
-    switch (i) {
-      case 0: r0 = v; break;
-      case 1: r1 = v; break;
-      case 2: r2 = v; break;
-      case 3: r3 = v; break;
-      case 4: r4 = v; break;
-      case 5: r5 = v; break;
-      case 6: r6 = v; break;
-      default: r7 = v; break;
-    }
-  }
-};
-
-template <typename Index, bool kStrided>
-__global__ void __launch_bounds__(kSmallThreads) FusedElementwiseSmallKernel(const __grid_constant__ Params p) {
-  const Layout& t = p.layout;
-  const Index n = static_cast<Index>(t.n);
-  for (Index i = static_cast<Index>(blockIdx.x) * kSmallThreads + threadIdx.x; i < n;
-       i += static_cast<Index>(gridDim.x) * kSmallThreads) {
-    Index coord[kMaxDims];
-    if (kStrided) {
-      Index rest = i;
-#pragma unroll
-      for (int d = kMaxDims - 1; d >= 0; --d) {
-        if (d < t.rank) {
-          const Index size = static_cast<Index>(t.dim[d]);
-          coord[d] = rest % size;
-          rest /= size;
-        } else {
-          coord[d] = 0;
-        }
-      }
-    }
-    File8 f;
-    const Program& prog = p.program;
-    for (int k = 0; k < prog.count; ++k) {
-      const Instr in = prog.code[k];
-      float v;
-      switch (in.op) {
-        case kLoad: {
-          const int a = in.a;
-          const bool half = t.in_half >> a & 1;
-          Index offset = 0;
-          if (t.kind[a] == kScalar) {
-            offset = 0;
-          } else if (!kStrided || t.kind[a] == kFull) {
-            offset = i;
-          } else {
-#pragma unroll
-            for (int d = 0; d < kMaxDims; ++d) {
-              if (d < t.rank) offset += coord[d] * static_cast<Index>(t.stride[a][d]);
-            }
-          }
-          v = half ? HalfBitsToFloat(static_cast<const uint16_t*>(t.in[a])[offset])
-                   : static_cast<const float*>(t.in[a])[offset];
-          break;
-        }
-        case kConst:
-          v = prog.constants[in.a];
-          break;
-        case kStore: {
-          const float x = f.get(in.a);
-          if (t.out_half >> in.dst & 1) {
-            static_cast<uint16_t*>(t.out[in.dst])[i] = FloatToHalfBits(x);
-          } else {
-            static_cast<float*>(t.out[in.dst])[i] = x;
-          }
-          continue;
-        }
-        case kAdd: case kSub: case kMul: case kDiv: case kPow: case kMax: case kMin:
-        case kGreater: case kLess: case kGreaterEqual: case kLessEqual: case kEqual:
-          v = Binary(in.op, f.get(in.a), f.get(in.b));
-          break;
-        default:
-          v = Unary(in.op, f.get(in.a));
-          break;
-      }
-      f.set(in.dst, v);
-    }
-  }
-}
-
 bool Aligned(const void* pointer, bool half) {
   return reinterpret_cast<uintptr_t>(pointer) % (half ? 2 * kW : 4 * kW) == 0;
 }
@@ -333,7 +225,7 @@ void Launch(const Params& params, int blocks, cudaStream_t stream) {
 
 }  // namespace
 
-void FusedElementwiseCuda(const Program& program, const Layout& layout, void* stream_handle, bool registers) {
+void FusedElementwiseCuda(const Program& program, const Layout& layout, void* stream_handle) {
   if (layout.n == 0) return;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   Params params;
@@ -344,20 +236,6 @@ void FusedElementwiseCuda(const Program& program, const Layout& layout, void* st
   }
   for (int k = 0; k < layout.outputs; ++k) {
     if (Aligned(layout.out[k], layout.out_half >> k & 1)) params.out_aligned |= 1u << k;
-  }
-  if (program.registers <= kSmallRegisters && registers) {
-    const int64_t wanted = (layout.n + kSmallThreads - 1) / kSmallThreads;
-    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, MultiprocessorCount() * kSmallBlocksPerSm)));
-    const bool small_index = layout.n < (int64_t{1} << 31);
-    if (layout.any_strided) {
-      if (small_index) FusedElementwiseSmallKernel<uint32_t, true><<<blocks, kSmallThreads, 0, stream>>>(params);
-      else FusedElementwiseSmallKernel<int64_t, true><<<blocks, kSmallThreads, 0, stream>>>(params);
-    } else {
-      if (small_index) FusedElementwiseSmallKernel<uint32_t, false><<<blocks, kSmallThreads, 0, stream>>>(params);
-      else FusedElementwiseSmallKernel<int64_t, false><<<blocks, kSmallThreads, 0, stream>>>(params);
-    }
-    CudaCheck(cudaGetLastError(), "FusedElementwise launch");
-    return;
   }
   const int64_t groups = (layout.n + kW - 1) / kW;
   const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((groups + kThreads - 1) / kThreads, MaxBlocks())));

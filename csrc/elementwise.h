@@ -263,9 +263,9 @@ std::string Prepare(const std::vector<std::vector<int64_t>>& shapes, std::vector
 void FusedElementwiseCpu(const Program& program, const Layout& layout, const ParallelRunner& run);
 
 #ifdef ONNXCAMPO_WITH_CUDA
-// The interpreter kernel: one launch on `stream` (a cudaStream_t), none for an empty output; no
-// allocation, no sync. `registers`: the small-program kernel for programs of <= 8 registers.
-void FusedElementwiseCuda(const Program& program, const Layout& layout, void* stream, bool registers);
+// The interpreter kernel (the generated kernels' fallback, elementwise_jit.h): one launch on
+// `stream` (a cudaStream_t), none for an empty output; no allocation, no sync.
+void FusedElementwiseCuda(const Program& program, const Layout& layout, void* stream);
 #endif
 
 }  // namespace ew

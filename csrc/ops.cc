@@ -398,15 +398,11 @@ ONNXTensorElementDataType OutputType(const std::vector<int64_t>& output_types, s
 #ifdef ONNXCAMPO_WITH_CUDA
 // Which CUDA kernel runs FusedElementwise, read when ORT creates the kernel (so sessions made
 // under different settings in one process can be compared): the generated one
-// (elementwise_jit.h) unless $ONNXCAMPO_EW_KERNEL is "interpreter" or "registers"
-// (elementwise.cu's two interpreters).
-enum class EwKernel { kGenerated, kInterpreter, kRegisters };
+// (elementwise_jit.h) unless $ONNXCAMPO_EW_KERNEL is "interpreter" (elementwise.cu).
+enum class EwKernel { kGenerated, kInterpreter };
 EwKernel ChosenEwKernel() {
   const char* value = std::getenv("ONNXCAMPO_EW_KERNEL");
-  const std::string kernel = value ? value : "";
-  if (kernel == "interpreter") return EwKernel::kInterpreter;
-  if (kernel == "registers") return EwKernel::kRegisters;
-  return EwKernel::kGenerated;
+  return value != nullptr && std::string(value) == "interpreter" ? EwKernel::kInterpreter : EwKernel::kGenerated;
 }
 
 // Says once per process, on stderr, that the slower interpreter kernel runs and why.
@@ -509,7 +505,7 @@ struct FusedElementwise {
       std::string why;
       if (kernel == EwKernel::kGenerated && jit.Launch(program, layout, ctx.GetGPUComputeStream(), &why)) return;
       if (!why.empty()) WarnInterpreter(why);
-      return ew::FusedElementwiseCuda(program, layout, ctx.GetGPUComputeStream(), kernel == EwKernel::kRegisters);
+      return ew::FusedElementwiseCuda(program, layout, ctx.GetGPUComputeStream());
     }
 #endif
     ew::FusedElementwiseCpu(program, layout, ThreadPoolRunner(ctx));

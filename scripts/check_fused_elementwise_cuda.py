@@ -11,9 +11,9 @@ error of every output of every case, writes everything as JSON to ``--out``, and
 case is off by more than its tolerance (or fails to run). ``--provider cpu`` runs the same cases
 on the CPU kernel (tests/ops/test_fused_elementwise.py does that too).
 
-On CUDA every case runs on each kernel of ``--kernels`` (default all three: the generated kernel,
-NVRTC-compiled per program, which is the library's default, and the two interpreters), and the
-run fails when a generated kernel fell back to an interpreter.
+On CUDA every case runs on each kernel of ``--kernels`` (default both: the generated kernel,
+NVRTC-compiled per program, which is the library's default, and the interpreter, its fallback),
+and the run fails when a generated kernel fell back to the interpreter.
 
 Timing (``--timing``, default on for cuda): each benchmark's fused node (each kernel) against its unfused ONNX
 chain (Casts at the edges where a mixed-precision graph has them), inputs and pre-allocated
@@ -400,7 +400,7 @@ PROVIDERS = standalone.PROVIDERS
 
 # The CUDA kernels of FusedElementwise (the library reads $ONNXCAMPO_EW_KERNEL when a session
 # creates the kernel, so sessions of each kind live side by side in this process).
-KERNELS = ("generated", "interpreter", "registers")
+KERNELS = ("generated", "interpreter")
 
 
 def session(model_bytes: bytes, provider: str, threads: int | None = None,
@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-timing", dest="timing", action="store_false")
     parser.add_argument("--rounds", type=int, default=15, help="timing rounds (each times a block of every variant)")
     parser.add_argument("--block", type=int, default=20, help="runs per timed block")
-    parser.add_argument("--kernels", default="generated,interpreter,registers",
+    parser.add_argument("--kernels", default="generated,interpreter",
                         help="CUDA kernels to check and time, comma-separated, of " + ", ".join(KERNELS))
     args = parser.parse_args(argv)
     kernels = tuple(k for k in args.kernels.split(",") if k)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ENV_VAR = "ONNXCAMPO_NVRTC"
-KERNEL_ENV_VAR = "ONNXCAMPO_EW_KERNEL"  # "interpreter" or "registers": not the generated kernel
+KERNEL_ENV_VAR = "ONNXCAMPO_EW_KERNEL"  # "interpreter": the fallback kernel, not the generated one
 KERNEL_NAME = "onnxcampo_fused_elementwise"
 
 # Where the NVIDIA wheels put the library, relative to a site-packages folder (CUDA 13, 12).
