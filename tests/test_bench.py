@@ -33,7 +33,7 @@ def _isolated(tmp_path, monkeypatch):
 def test_scripts_import_without_torch():
     """The device-only parts import torch lazily: the scripts load on a machine without it."""
     code = ("import sys, benchkit.runner, benchkit.results, benchkit.report, benchkit.measure, benchkit.models, "
-            "benchkit.policies, benchkit.torch_twins, benchkit.custom_ops; assert 'torch' not in sys.modules, 'torch imported'")
+            "benchkit.policies, benchkit.torch_twins, benchkit.custom_ops, benchkit.loss_curves; assert 'torch' not in sys.modules, 'torch imported'")
     # scripts/ on the child's path the way a launcher has it (first); no empty entry, which is the cwd
     path = [str(SCRIPTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
