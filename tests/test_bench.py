@@ -43,7 +43,7 @@ def test_launchers_run_from_the_root_and_as_a_module():
     """``python3 scripts/bench.py`` from the repository root (scripts/ first on the path, so the
     installed onnxcampo is not shadowed by ./onnxcampo) and ``python -m benchkit`` from scripts/."""
     root = SCRIPTS.parent  # the children inherit this process's environment, not pytest's pythonpath
-    for script in ("bench.py", "bench_report.py", "bench_ops.py"):
+    for script in ("bench.py", "bench_report.py", "bench_ops.py", "loss_curves.py"):
         done = subprocess.run([sys.executable, f"scripts/{script}", "--help"], cwd=root, capture_output=True, text=True)
         assert done.returncode == 0 and "usage:" in done.stdout, (script, done.stderr[-500:])
     for module in ("benchkit", "benchkit.report", "benchkit.custom_ops"):
