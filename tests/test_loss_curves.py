@@ -167,3 +167,24 @@ def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
     again = json.loads(out.read_text())
     assert len(again["runs"]) == 2 and again["models"]["odd_mlp"]["policies"]["amp"]["run"] == data["runs"][0]["run"]
     assert lc.main([*args, "--plot-only"]) == 0
+
+
+def test_the_target_is_missed_when_a_variant_or_the_reference_diverges():
+    reference = _curve()
+    ok = {"status": "ok", "losses": [1.005 * v for v in reference]}
+    data = {"settings": {"steps": 200}, "models": {"m": {"policies": {
+        "fp32-notf32": {"status": "ok", "losses": reference}, "amp": ok,
+        "campo": {"status": "ok", "losses": [1.03 * v for v in reference]},
+        "campo-graph": {"status": "unavailable", "error": "CUDA graphs need the CUDA execution provider"}}}}}
+    lc.assess(data, window=10, tail=50, tolerance=0.02)
+    result = lc.targets(data)
+    assert not result["met"] and result["missed"] == ["m/campo"]
+    assert result["worst"] == {"model": "m", "policy": "campo", "max_rel_diff": pytest.approx(0.03)}
+    del data["models"]["m"]["policies"]["campo"]
+    lc.assess(data, window=10, tail=50, tolerance=0.02)
+    assert lc.targets(data)["met"]
+    rising = list(reversed(reference))
+    data["models"]["m"]["policies"]["fp32-notf32"]["losses"] = rising
+    data["models"]["m"]["policies"]["amp"]["losses"] = rising
+    lc.assess(data, window=10, tail=50, tolerance=0.02)
+    assert lc.targets(data)["missed"] == ["m/fp32-notf32 (the reference diverged)", "m/amp"]
