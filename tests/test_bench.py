@@ -33,7 +33,7 @@ def _isolated(tmp_path, monkeypatch):
 def test_scripts_import_without_torch():
     """The device-only parts import torch lazily: the scripts load on a machine without it."""
     code = ("import sys, benchkit.runner, benchkit.results, benchkit.report, benchkit.measure, benchkit.models, "
-            "benchkit.policies, benchkit.torch_twins, benchkit.custom_ops; assert 'torch' not in sys.modules, 'torch imported'")
+            "benchkit.policies, benchkit.torch_twins, benchkit.custom_ops, benchkit.loss_curves; assert 'torch' not in sys.modules, 'torch imported'")
     # scripts/ on the child's path the way a launcher has it (first); no empty entry, which is the cwd
     path = [str(SCRIPTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
@@ -43,7 +43,7 @@ def test_launchers_run_from_the_root_and_as_a_module():
     """``python3 scripts/bench.py`` from the repository root (scripts/ first on the path, so the
     installed onnxcampo is not shadowed by ./onnxcampo) and ``python -m benchkit`` from scripts/."""
     root = SCRIPTS.parent  # the children inherit this process's environment, not pytest's pythonpath
-    for script in ("bench.py", "bench_report.py", "bench_ops.py"):
+    for script in ("bench.py", "bench_report.py", "bench_ops.py", "loss_curves.py"):
         done = subprocess.run([sys.executable, f"scripts/{script}", "--help"], cwd=root, capture_output=True, text=True)
         assert done.returncode == 0 and "usage:" in done.stdout, (script, done.stderr[-500:])
     for module in ("benchkit", "benchkit.report", "benchkit.custom_ops"):

@@ -9,6 +9,7 @@ Modules:
     torch_twins  the PyTorch training variants (torch imported only when they run)
     report       JSON lines -> docs/benchmarks/h200.md, .json and plots (``scripts/bench_report.py``)
     custom_ops   the custom-op kernels and training steps with them (``scripts/bench_ops.py``)
+    loss_curves  the training variants' loss curves over many steps against fp32 (``scripts/loss_curves.py``)
 
 How it runs: the launchers ``scripts/bench.py``, ``scripts/bench_report.py`` and
 ``scripts/bench_ops.py`` are run as file paths from the repository root (``python3 scripts/bench.py

@@ -246,7 +246,9 @@ class StepRunner:
         missing = sorted(set(self.spec.batch) - set(batch))
         if missing:
             raise MeasureError(f"batch lacks {missing}")
-        self._batch = {name: put(np.ascontiguousarray(batch[name])) for name in self.spec.batch}
+        # copies too: on CPU set_batch writes into the bound buffer, which must not be the caller's array
+        self._batch = {name: put(np.array(batch[name], order="C", copy=True)) for name in self.spec.batch}
+        self._batch_types = {name: (np.asarray(batch[name]).dtype, tuple(np.shape(batch[name]))) for name in self.spec.batch}
         self._lr = put(np.array(lr, np.float32))
         self._loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device if cuda_graph else "cpu", 0)
         self._bindings = [self._binding(0), self._binding(1)]
@@ -281,6 +283,17 @@ class StepRunner:
         self._current = 1 - self._current
         self.losses.append(loss)
         return loss
+
+    def set_batch(self, batch: Mapping[str, np.ndarray]) -> None:
+        """Copy ``batch`` into the bound batch buffers: the next steps train on it. Names, shapes
+        and dtypes must be the first batch's; the bindings (and a captured CUDA graph, which reads
+        those buffers) stay valid."""
+        for name, value in self._batch.items():
+            array = np.ascontiguousarray(batch[name])
+            dtype, shape = self._batch_types[name]
+            if array.shape != shape or array.dtype != dtype:
+                raise MeasureError(f"batch {name} is {array.dtype}{list(array.shape)}, the bound one {dtype}{list(shape)}")
+            value.update_inplace(array)
 
     def state(self, name: str) -> float | None:
         value = self._buffers[self._current].get(name)

@@ -55,6 +55,21 @@ class Built:
     build_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     lr: float = 0.01  # the step graph's SGD learning rate (the PyTorch twins use the same)
+    # sample(index) -> feeds and labels of another batch (index >= 1), drawn the way ``feeds`` and
+    # ``labels`` are; for runs over several batches (scripts/loss_curves.py). None: no others.
+    sample: Callable[[int], dict[str, np.ndarray]] | None = None
+
+    def training_batch(self, index: int = 0) -> dict[str, np.ndarray]:
+        """Feeds and labels of batch ``index``: 0 is the benchmark's own (``feeds``, ``labels``),
+        the others come from ``sample(index)`` (seeded by the index, so every run and variant
+        gets the same ones)."""
+        if self.labels is None:
+            raise ValueError(f"{self.key} was built for inference: it has no labels")
+        if index == 0:
+            return {**self.feeds, "labels": self.labels}
+        if self.sample is None:
+            raise ValueError(f"{self.key} has only the one batch (no sample())")
+        return self.sample(index)
 
     @property
     def input_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -90,13 +105,29 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
-def hf_feeds(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+SAMPLE_SEED = 17  # with the batch index, the seed of the extra batches (Built.sample)
+
+
+def sample_rng(index: int) -> np.random.Generator:
+    """The generator of extra batch ``index`` (>= 1): a stream of its own, apart from the seeds
+    (0, 1, 2) that the benchmark's own feeds and labels come from and from every other index."""
+    return np.random.default_rng([SAMPLE_SEED, index])
+
+
+def _feeds_and_labels(batch: dict[str, np.ndarray], training: bool) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """A drawn batch split into the model's feeds and its labels (None when not training)."""
+    feeds = dict(batch)
+    labels = feeds.pop("labels")
+    return feeds, labels if training else None
+
+
+def hf_feeds(batch: int, seq: int, vocab: int, seed: int | np.random.Generator = 0) -> dict[str, np.ndarray]:
     """Token ids in range and an attention mask with zeros (padded tails on most rows).
 
     Zeros matter: the masked path (a large negative added before Softmax) is what overflows
     when converted carelessly to fp16, and all-ones masks never exercise it.
     """
-    rng = np.random.default_rng(seed)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     ids = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
     mask = np.ones((batch, seq), np.int64)
     for row in range(batch):
@@ -321,22 +352,27 @@ def _odd_mlp(batch: int, *, training: bool = False, quick: bool = False) -> Buil
     widths = [33, 32, 31, 9] if quick else [1001, 1000, 1001, 1000, 1001]
     name = f"odd_mlp-b{batch}{'-quick' if quick else ''}.onnx"
     path, seconds = _cached(name, lambda p: _save(odd_mlp_model(batch, widths), p))
-    rng = np.random.default_rng(1)
-    feeds = {"x": rng.standard_normal((batch, widths[0])).astype(np.float32)}
-    labels = rng.integers(0, widths[-1], batch, dtype=np.int64) if training else None
+
+    def draw(rng):
+        return {"x": rng.standard_normal((batch, widths[0])).astype(np.float32),
+                "labels": rng.integers(0, widths[-1], batch, dtype=np.int64)}
+    feeds, labels = _feeds_and_labels(draw(np.random.default_rng(1)), training)
     return Built("odd_mlp", batch, path, feeds, labels, _torch_twin(path, feeds, labels), build_s=seconds,
-                 shape_note=f"widths {'-'.join(map(str, widths))}")
+                 shape_note=f"widths {'-'.join(map(str, widths))}", sample=lambda index: draw(sample_rng(index)))
 
 
 def _odd_cnn(batch: int, *, training: bool = False, quick: bool = False) -> Built:
     channels, size, classes = ([3, 5, 7], 16, 9) if quick else ([3, 63, 127, 255], 112, 1001)
     name = f"odd_cnn-b{batch}{'-quick' if quick else ''}.onnx"
     path, seconds = _cached(name, lambda p: _save(odd_cnn_model(batch, channels, size, classes), p))
-    rng = np.random.default_rng(1)
-    feeds = {"x": rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
-    labels = rng.integers(0, classes, batch, dtype=np.int64) if training else None
+
+    def draw(rng):
+        return {"x": rng.standard_normal((batch, 3, size, size)).astype(np.float32),
+                "labels": rng.integers(0, classes, batch, dtype=np.int64)}
+    feeds, labels = _feeds_and_labels(draw(np.random.default_rng(1)), training)
     return Built("odd_cnn", batch, path, feeds, labels, _torch_twin(path, feeds, labels), build_s=seconds,
-                 shape_note=f"channels {'-'.join(map(str, channels))}, {size}x{size}, {classes} classes")
+                 shape_note=f"channels {'-'.join(map(str, channels))}, {size}x{size}, {classes} classes",
+                 sample=lambda index: draw(sample_rng(index)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,9 +395,10 @@ def _resnet50(batch: int, *, training: bool = False, quick: bool = False) -> Bui
         net = getattr(torchvision.models, arch)(weights=None, zero_init_residual=True).eval()
         return fold_batchnorm(distinct_parameters(net))
 
-    rng = np.random.default_rng(1)
-    feeds = {"x": rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
-    labels = rng.integers(0, 1000, batch, dtype=np.int64) if training else None
+    def draw(rng):
+        return {"x": rng.standard_normal((batch, 3, size, size)).astype(np.float32),
+                "labels": rng.integers(0, 1000, batch, dtype=np.int64)}
+    feeds, labels = _feeds_and_labels(draw(np.random.default_rng(1)), training)
 
     def make(path: Path) -> None:
         import torch
@@ -376,7 +413,7 @@ def _resnet50(batch: int, *, training: bool = False, quick: bool = False) -> Bui
         return module(), {"x": torch.from_numpy(feeds["x"])}, None if labels is None else torch.from_numpy(labels)
     # lr 1e-3: at 1e-2 (momentum 0.9) the loss on one batch of 8 jumped 2.3 -> 11.8 within 12 steps
     return Built("resnet50", batch, path, feeds, labels, twin, build_s=seconds, shape_note=f"{arch} {size}x{size}",
-                 lr=1e-3)
+                 lr=1e-3, sample=lambda index: draw(sample_rng(index)))
 
 
 def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
@@ -417,6 +454,10 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
     feeds = hf_feeds(batch, seq, vocab)
     labels = np.random.default_rng(2).integers(0, classes, label_shape, dtype=np.int64) if training else None
 
+    def sample(index: int) -> dict[str, np.ndarray]:  # random tokens (the same masks), random labels
+        rng = sample_rng(index)
+        return {**hf_feeds(batch, seq, vocab, rng), "labels": rng.integers(0, classes, label_shape, dtype=np.int64)}
+
     def make(path: Path) -> None:
         import torch
 
@@ -432,7 +473,7 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
         inputs = {k: torch.from_numpy(v) for k, v in feeds.items()}
         return module(), inputs, None if labels is None else torch.from_numpy(labels)
     note = f"s{seq}" + (" (untied LM head, vocab 50257)" if key == "gpt2" else (" (2-class head)" if training else " (hidden states)"))
-    return Built(key, batch, path, feeds, labels, twin, build_s=seconds, shape_note=note)
+    return Built(key, batch, path, feeds, labels, twin, build_s=seconds, shape_note=note, sample=sample)
 
 
 def _bert(batch: int, *, training: bool = False, quick: bool = False) -> Built:
@@ -515,12 +556,17 @@ def _corpus(key: str):
         path = cache_dir() / f"corpus-{key}-b{batch}{'-train' if training else ''}.onnx"
         _save(_finish(model), path)
         feeds = corpus.make_inputs(entry, proto=model)
-        labels = None
+        labels, sample = None, None
         if training:
             dims = _output_shape(model, path, feeds)
             labels = np.random.default_rng(2).integers(0, dims[-1], dims[:-1], dtype=np.int64)
+
+            def sample(index: int) -> dict[str, np.ndarray]:
+                seed = [SAMPLE_SEED, index]  # the corpus entry's value rules, another seed
+                return {**corpus.make_inputs(entry, seed=seed, proto=model),
+                        "labels": sample_rng(index).integers(0, dims[-1], dims[:-1], dtype=np.int64)}
         return Built(key, batch, path, feeds, labels, onnx_twin(path, feeds, labels), shape_note=note,
-                     lr=CORPUS_LR.get(key, 0.01))
+                     lr=CORPUS_LR.get(key, 0.01), sample=sample)
     return build
 
 
