@@ -64,3 +64,27 @@ def test_the_report_sets_the_fusion_aware_and_blind_plans_side_by_side():
     assert len(lines) == 3
     assert lines[2].startswith("| bert | training | 8 | 10.80 / 11.50 | 12.40 / 12.00 | – / – | 1.04x")
     assert bench_report.fusion_plan_comparison(rows[:1] + rows[2:]) == []  # the blind row missing: no table
+
+
+@pytest.mark.slow
+def test_the_cudnn_variant_trains_on_a_step_with_conv_weight_grad(tmp_path, monkeypatch):
+    """campo-fused-cudnn-graph (training only): campo-fused-graph on a step graph of its own,
+    built with conv_weight_grad="cudnn" (every Conv weight gradient one ConvWeightGrad), cached
+    apart from the group's step."""
+    from benchkit import runner as bench
+
+    try:
+        library_path()
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"custom-op library not built: {exc}")
+    assert "campo-fused-cudnn-graph" in bench_policies.TRAINING_POLICIES
+    assert "campo-fused-cudnn-graph" not in bench_policies.INFERENCE_POLICIES
+    monkeypatch.setenv("ONNXCAMPO_BENCH_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "w").mkdir()
+    group = bench.Group("odd_cnn", 4, "training", bench.Settings.make("cpu", True, False, ()), tmp_path / "w")
+    plain, cudnn = group.step_graph(), group.step_graph(**bench_policies.STEP_OPTIONS["campo-fused-cudnn-graph"])
+    assert plain != cudnn
+    ops = {path: {n.op_type for n in onnx.load(str(path)).graph.node} for path in (plain, cudnn)}
+    assert "ConvWeightGrad" in ops[cudnn] and "ConvWeightGrad" not in ops[plain]
+    path, _ = bench.training_variant(group, "campo-fused-cudnn-graph")
+    assert "ConvWeightGrad" in {n.op_type for n in onnx.load(str(path)).graph.node}

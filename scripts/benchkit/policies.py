@@ -19,7 +19,9 @@ Inference (ONNX Runtime):
                     (block ReduceSums and their Casts as BlockReduceSum nodes) and
                     ``--fuse-elementwise`` (elementwise chains and their Casts as FusedElementwise
                     nodes); campo-fused-graph the same planned for and replayed as a CUDA graph;
-                    campo-reduce(-graph) the reductions alone, campo-ew-graph the elementwise chains alone
+                    campo-reduce(-graph) the reductions alone, campo-ew-graph the elementwise chains alone;
+                    campo-fused-cudnn-graph (training) campo-fused-graph on a step graph built with
+                    ``conv_weight_grad="cudnn"`` (ConvWeightGrad for every Conv weight gradient)
     campo-fused-blind-graph  campo-fused-graph's fusions and replay, its plan made fusion-blind
                     (``plan_for_fusion=False``: costed as if no fusion ran); beside campo-fused-graph
                     it shows what planning with fusion in view buys, predicted and measured
@@ -51,10 +53,14 @@ import onnx
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
 GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
-                  "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph")
+                  "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph")
+# Training policies whose step graph is built otherwise than the group's (build_train_step's
+# options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
+# ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter) instead of Im2Col + Gemm.
+STEP_OPTIONS = {"campo-fused-cudnn-graph": {"conv_weight_grad": "cudnn"}}
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
-                      *GRAPH_POLICIES)
+                      *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS))
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
                      "campo-fused", "campo-reduce",
@@ -79,6 +85,7 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # chains as FusedElementwise (their Casts folded into both)
              "campo-fused": {"policy": "campo", **FUSIONS},
              "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
+             "campo-fused-cudnn-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              # the same fusions and replay, the plan made as if they did not run (the fusion-blind plan)
              "campo-fused-blind-graph": {"policy": "campo", "execution": "cuda-graph", "plan_for_fusion": False,
                                          **FUSIONS},

@@ -151,7 +151,7 @@ class Group:
         self.built = bench_models.MODELS[model].build(batch, training=mode == "training", quick=settings.quick)
         self.build_s = round(time.perf_counter() - start, 2)
         self._reference = None
-        self._step: Path | None = None
+        self._steps: dict[tuple, Path] = {}  # build_train_step options -> step graph file
         self.step_build_s: float | None = None
         self.step_error: str | None = None
         self._weights: dict | None = None
@@ -171,15 +171,17 @@ class Group:
             self._reference = runner.outputs()
         return self._reference
 
-    def step_graph(self) -> Path:
-        """The fp32 training-step graph (cross-entropy, SGD momentum), built once per model and
-        batch and cached on disk (every policy of the group, and later runs while /tmp lives,
-        start from the same file)."""
+    def step_graph(self, **options) -> Path:
+        """The fp32 training-step graph (cross-entropy, SGD momentum), built once per model,
+        batch and ``options`` (build_train_step's, pol.STEP_OPTIONS) and cached on disk (every
+        policy of the group, and later runs while /tmp lives, start from the same file)."""
         if self.step_error:
             raise pol.Unavailable(self.step_error)
-        if self._step is None:
+        key = tuple(sorted(options.items()))
+        if key not in self._steps:
             lr = "" if self.built.lr == 0.01 else f"-lr{self.built.lr:g}"
-            path = bench_models.cache_dir() / f"step-{self.built.path.stem}{lr}{_ops_tag()}.onnx"
+            tag = "".join(f"-{value}" for _, value in key)
+            path = bench_models.cache_dir() / f"step-{self.built.path.stem}{lr}{tag}{_ops_tag()}.onnx"
             if not path.is_file():
                 from onnxcampo import ir
                 from onnxcampo.training import build_train_step
@@ -187,14 +189,16 @@ class Group:
                 start = time.perf_counter()
                 try:
                     step = build_train_step(str(self.built.path), loss="cross_entropy", optimizer="momentum",
-                                            lr=self.built.lr, input_shapes=self.shapes)
+                                            lr=self.built.lr, input_shapes=self.shapes, **options)
                 except Exception as exc:  # noqa: BLE001 - onnx-ad's limits: record why
+                    if options:  # this policy's step only; the group's plain step may still build
+                        raise pol.Unavailable(f"build_train_step({options}) failed: {exc}") from None
                     self.step_error = f"build_train_step failed: {exc.__class__.__name__}: {str(exc)[:300]}"
                     raise pol.Unavailable(self.step_error) from None
                 ir.save_model(step, path)
                 self.step_build_s = round(time.perf_counter() - start, 1)
-            self._step = path
-        return self._step
+            self._steps[key] = path
+        return self._steps[key]
 
     def step_weights(self) -> dict:
         """The starting weights every policy's step graph trains from (read once per group from
@@ -504,7 +508,7 @@ def finish_group(group: Group | None, results: "Results", run: str, left_s: floa
 def training_variant(group: Group, policy: str) -> tuple[Path, dict[str, Any]]:
     """The step graph of ``policy``: the fp32 step itself, or its optimized copy, made once per
     model, batch and policy and cached on disk next to the step graph."""
-    step = group.step_graph()
+    step = group.step_graph(**pol.STEP_OPTIONS.get(policy, {}))
     policy = pol.graph_base(policy)  # a CUDA-graph policy replays its base policy's graph
     if policy in ("fp32", "fp32-notf32"):
         return step, {"convert_s": 0.0}
