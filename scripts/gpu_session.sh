@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The pending GPU work of issues 17 and 18 as one sequence of stages, for the H200 machine
+# (../shared/device/README.md: 30 minutes of device time a session, the machine handed back after
+# ~30 s idle, /tmp kept between runs that follow each other). Run from the repository root there,
+# after onnxruntime-gpu is installed into /tmp/ortgpu, the bench wheels copied to /tmp/bw and
+# onnxcampo installed into /tmp/oc (the install runs: docs/benchmarks/issue17.md, "Commands"):
+#
+#   bash scripts/gpu_session.sh STAGE [STAGE ...]      results under $OUT/<stage>/
+#
+# Stages (each under its own time limit; a failed stage does not stop the next; its exit status
+# and command are appended to $OUT/<stage>/rc):
+#   checks   the custom-op kernel checks: FusedElementwise (generated and interpreter kernels,
+#            comparisons included), ConvWeightGrad (cuDNN), Im2Col, BlockReduceSum, ScatterNDAdd,
+#            the Trainer's device batches and CUDA graphs                                  (~4 min)
+#   costs    FusedElementwise's bandwidth fit for the cost database                     (~1 min)
+#   bench    training steps: campo with both fusions (fusion-aware and -blind plans, and on a
+#            step with ConvWeightGrad), the fp16 plan with both fusions, greedy amp, torch.compile;
+#            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S, default 500)                         (~9 min)
+#   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
+#            stops printing "variants left")                                              (~9 min)
+# Copy what comes back into the repository before the next run (the machine keeps nothing):
+# $OUT/checks/* -> docs/benchmarks/custom-ops/issue17/<session>/, $OUT/bench/h200*.jsonl merged
+# into docs/benchmarks/raw/, $OUT/loss/loss-curves-h200.json -> docs/benchmarks/training/.
+set -uo pipefail
+: "${OUT:?set OUT to the folder that comes back}"
+export PYTHONPATH=/tmp/ortgpu:/tmp/oc:/tmp/benchpkgs:${PYTHONPATH:-}
+export ONNXCAMPO_OPS_LIBRARY=${ONNXCAMPO_OPS_LIBRARY:-$PWD/onnxcampo/ops/lib/libonnxcampo_ops.so}
+export ONNXCAMPO_KERNEL_CACHE=${ONNXCAMPO_KERNEL_CACHE:-/tmp/onnxcampo-kernels}
+WHEELS=${WHEELS:-/tmp/bw}
+
+stage() {  # stage NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/NAME/log
+  local name=$1 limit=$2
+  shift 2
+  mkdir -p "$OUT/$name"
+  echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/$name/log"
+  timeout "$limit" "$@" >>"$OUT/$name/log" 2>&1
+  local rc=$?
+  echo "$rc $*" >>"$OUT/$name/rc"
+  echo "== $name rc $rc" | tee -a "$OUT/$name/log"
+  tail -n 4 "$OUT/$name/log"
+}
+
+run_checks() {
+  local d=$OUT/checks
+  stage checks 150 python3 scripts/check_fused_elementwise_cuda.py --provider cuda --timing --rounds 7 \
+    --out "$d/fused_elementwise.json"
+  stage checks 200 python3 scripts/check_conv_grad_cuda.py --out "$d/conv_grad.json"
+  stage checks 120 python3 scripts/check_im2col_cuda.py --no-large --out "$d/im2col.json"
+  stage checks 90 python3 scripts/check_reduce_cuda.py --out "$d/reduce.json"
+  stage checks 90 python3 scripts/check_scatter_cuda.py --out "$d/scatter.json"
+  stage checks 120 python3 scripts/check_trainer_device.py --fused-ops --out "$d/trainer-device.json"
+}
+
+run_costs() {
+  stage costs 120 python3 scripts/measure_fused_elementwise_costs.py --out "$OUT/costs/fused_elementwise_costs.json"
+}
+
+run_bench() {
+  stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
+    --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
+    --policies campo-fused-graph,campo-fused-blind-graph,campo-fused-cudnn-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
+    --redo '*|*|training|*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
+}
+
+run_loss() {
+  stage loss 590 python3 scripts/loss_curves.py --wheels "$WHEELS" --mirror "$OUT/loss" --budget-s 540
+}
+
+if [ $# -eq 0 ]; then
+  sed -n '2,25p' "$0"
+  exit 2
+fi
+for name in "$@"; do
+  case $name in
+    checks) run_checks ;;
+    costs) run_costs ;;
+    bench) run_bench ;;
+    loss) run_loss ;;
+    *) echo "unknown stage $name (checks, costs, bench, loss)" >&2; exit 2 ;;
+  esac
+done
