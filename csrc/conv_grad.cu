@@ -58,12 +58,6 @@ struct Cudnn {
   std::string problem;  // why cuDNN is not usable ("" when it is)
 };
 
-template <typename F>
-bool Bind(void* library, const char* name, F* fn) {
-  *fn = reinterpret_cast<F>(dlsym(library, name));
-  return *fn != nullptr;
-}
-
 const Cudnn& LoadCudnn() {
   static const Cudnn cudnn = [] {
     Cudnn c;

@@ -18,10 +18,6 @@ namespace {
 
 constexpr const char* kName = "ConvWeightGrad";
 
-std::vector<int64_t> Or(std::vector<int64_t> value, bool present, std::vector<int64_t> fallback) {
-  return present ? value : fallback;
-}
-
 // Output type and shape for ORT's graph: x's element type and [Cout, Cin, kh, kw] when dy's and
 // x's channel counts and kernel_shape are known (numbers only), else the type alone.
 OrtStatusPtr InferConvWeightGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
@@ -65,14 +61,7 @@ OrtStatusPtr InferConvWeightGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) 
 struct ConvWeightGradKernel {
   ConvWeightGradKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
     who = NodeWho(kName, info);
-    bool have_kernel = false, have_strides = false, have_dilations = false, have_pads = false;
-    const auto kernel_shape = IntsAttribute(info, "kernel_shape", &have_kernel);
-    const auto strides = IntsAttribute(info, "strides", &have_strides);
-    const auto dilations = IntsAttribute(info, "dilations", &have_dilations);
-    const auto pads = IntsAttribute(info, "pads", &have_pads);
-    const std::string why = Im2ColCheck(kernel_shape, Or(strides, have_strides, {1, 1}),
-                                        Or(dilations, have_dilations, {1, 1}), Or(pads, have_pads, {0, 0, 0, 0}),
-                                        have_kernel, &attrs);
+    const std::string why = ReadIm2ColAttrs(info, &attrs);  // im2col_op.cc: the same four attributes
     if (!why.empty()) Fail(why);
   }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,14 @@ inline int MultiprocessorCount() {
     device = current;
   }
   return sms;
+}
+
+// `*fn` = the symbol `name` of a dlopen'ed `library` (NVRTC, cuDNN: loaded at run time, the
+// library links neither); false when it is missing.
+template <typename F>
+bool Bind(void* library, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(library, name));
+  return *fn != nullptr;
 }
 
 }  // namespace onnxcampo

@@ -45,12 +45,6 @@ struct Nvrtc {
   std::string where;  // the library file that was loaded
 };
 
-template <typename F>
-bool Bind(void* library, const char* name, F* fn) {
-  *fn = reinterpret_cast<F>(dlsym(library, name));
-  return *fn != nullptr;
-}
-
 const Nvrtc& LoadNvrtc() {
   static const Nvrtc nvrtc = [] {
     Nvrtc n;

@@ -16,7 +16,8 @@
 
 #include "parallel.h"
 
-struct OrtCustomOp;  // onnxruntime_c_api.h
+struct OrtCustomOp;    // onnxruntime_c_api.h
+struct OrtKernelInfo;  // onnxruntime_c_api.h
 
 namespace onnxcampo {
 
@@ -65,6 +66,10 @@ inline std::string Im2ColCheck(const std::vector<int64_t>& kernel_shape, const s
   out->pt = pads[0], out->pl = pads[1], out->pb = pads[2], out->pr = pads[3];
   return "";
 }
+
+// The node's kernel_shape, strides, dilations and pads (ONNX Conv's defaults where absent),
+// checked by Im2ColCheck: "" or why not (im2col_op.cc; ConvWeightGrad reads the same attributes).
+std::string ReadIm2ColAttrs(const OrtKernelInfo* info, Im2ColAttrs* out);
 
 // Ho and Wo for an H x W image; "" when the kernel fits the padded image, else why not.
 inline std::string Im2ColOutputSize(const Im2ColAttrs& a, int64_t h, int64_t w, int64_t* ho, int64_t* wo) {

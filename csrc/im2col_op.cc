@@ -78,14 +78,7 @@ OrtStatusPtr InferIm2Col(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept
 struct Im2ColKernel {
   Im2ColKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
     who = NodeWho(kName, info);
-    bool have_kernel = false, have_strides = false, have_dilations = false, have_pads = false;
-    const auto kernel_shape = IntsAttribute(info, "kernel_shape", &have_kernel);
-    const auto strides = IntsAttribute(info, "strides", &have_strides);
-    const auto dilations = IntsAttribute(info, "dilations", &have_dilations);
-    const auto pads = IntsAttribute(info, "pads", &have_pads);
-    const std::string why = Im2ColCheck(kernel_shape, Or(strides, have_strides, {1, 1}),
-                                        Or(dilations, have_dilations, {1, 1}), Or(pads, have_pads, {0, 0, 0, 0}),
-                                        have_kernel, &attrs);
+    const std::string why = ReadIm2ColAttrs(info, &attrs);
     if (!why.empty()) Fail(why);
   }
 
@@ -134,6 +127,16 @@ struct Im2ColCustomOp : UntypedUnaryOp<Im2ColCustomOp, Im2ColKernel> {
 };
 
 }  // namespace
+
+std::string ReadIm2ColAttrs(const OrtKernelInfo* info, Im2ColAttrs* out) {
+  bool have_kernel = false, have_strides = false, have_dilations = false, have_pads = false;
+  const auto kernel_shape = IntsAttribute(info, "kernel_shape", &have_kernel);
+  const auto strides = IntsAttribute(info, "strides", &have_strides);
+  const auto dilations = IntsAttribute(info, "dilations", &have_dilations);
+  const auto pads = IntsAttribute(info, "pads", &have_pads);
+  return Im2ColCheck(kernel_shape, Or(strides, have_strides, {1, 1}), Or(dilations, have_dilations, {1, 1}),
+                     Or(pads, have_pads, {0, 0, 0, 0}), have_kernel, out);
+}
 
 const OrtCustomOp* Im2ColOp(bool cuda) {
   static const Im2ColCustomOp cpu(false);
