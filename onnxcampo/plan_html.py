@@ -19,7 +19,7 @@ from collections import defaultdict
 import onnx
 
 from onnxcampo import ir
-from onnxcampo.plan_view import INSERTED, NodeRow, node_rows
+from onnxcampo.plan_view import INSERTED, UNPLANNED, NodeRow, node_rows
 
 # Fill colours by kind (plan_view.NodeRow.kind); the browser test looks for the first two.
 COLOURS = {"fp16": "#1f77b4", "fp32": "#ff7f0e", "cast": "#d62728", "pad": "#9467bd", "other": "#c7c7c7",
@@ -120,8 +120,10 @@ def _rows_by_node(nodes: list[onnx.NodeProto], report: dict) -> list[NodeRow]:
     for n in nodes:
         row = known.get(n.name)
         if row is None or row.op not in (n.op_type, "?"):
-            doc = n.doc_string.rsplit("onnxcampo: ", 1)[-1] if "onnxcampo: " in n.doc_string else "added by onnxcampo"
-            row = NodeRow(n.name, n.op_type, INSERTED, n.op_type.lower(), doc)
+            if "onnxcampo: " in n.doc_string:  # added after planning (loss scaling, fused kernels)
+                row = NodeRow(n.name, n.op_type, INSERTED, n.op_type.lower(), n.doc_string.rsplit("onnxcampo: ", 1)[-1])
+            else:  # a model written unchanged has no plan
+                row = NodeRow(n.name, n.op_type, UNPLANNED, UNPLANNED, "not planned: " + "; ".join(report.get("notes", [])))
         elif row.op == "?":
             row = dataclasses.replace(row, op=n.op_type)
         rows.append(row)
@@ -170,7 +172,8 @@ def _summary(report: dict, rows: list[NodeRow]) -> str:
              f"<tr><th>plan</th><th>total us</th><th>nodes us</th><th>casts us</th><th>Casts</th></tr>{table}</table>"
              if times else "")
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in report.get("notes", []))
-    return "<p>" + "<br>".join(parts) + "</p>" + plans + (f"<ul>{notes}</ul>" if notes else "")
+    return (f'<div class="top"><div><p>{"<br>".join(parts)}</p>{f"<ul>{notes}</ul>" if notes else ""}</div>'
+            f"{plans}</div>")
 
 
 def _table_row(i: int, row: NodeRow) -> str:
@@ -179,7 +182,7 @@ def _table_row(i: int, row: NodeRow) -> str:
 
     return (f'<tr data-i="{i}" class="k-{row.kind}"><td>{html.escape(row.name)}</td><td>{html.escape(row.op)}</td>'
             f"<td>{html.escape(row.precision)}</td><td>{us(row.fp32_us)}</td><td>{us(row.fp16_us)}</td>"
-            f"<td>{'' if row.precision == INSERTED else f'{row.casts:.3g}'}</td><td>{html.escape(row.reason_text)}</td></tr>")
+            f"<td>{f'{row.casts:.3g}' if row.precision in ('fp16', 'fp32') else ''}</td><td>{html.escape(row.reason_text)}</td></tr>")
 
 
 def _script_json(data) -> str:
@@ -189,19 +192,20 @@ def _script_json(data) -> str:
 
 _STYLE = """
 body{font:13px system-ui,sans-serif;margin:0;color:#222}
-header{padding:8px 16px;border-bottom:1px solid #ddd}
+header{padding:6px 16px;border-bottom:1px solid #ddd}
+.top{display:flex;gap:32px;align-items:flex-start}.top p{margin:4px 0}.top ul{margin:4px 0}
 h1{font-size:16px;margin:4px 0}
 .key{margin-right:14px;white-space:nowrap}.key svg{vertical-align:middle;margin-right:4px}
 table.plans{border-collapse:collapse;margin:4px 0}table.plans td,table.plans th{border:1px solid #ddd;padding:1px 6px;text-align:right}
 caption{text-align:left}
-main{display:flex;height:62vh;border-bottom:1px solid #ddd}
+main{display:flex;height:60vh;border-bottom:1px solid #ddd}
 #view{flex:1;overflow:auto;background:#fafafa}
 #details{width:360px;overflow:auto;padding:8px 12px;border-left:1px solid #ddd;white-space:pre-wrap;word-break:break-all}
 .e{fill:none;stroke:#999;stroke-width:1}
 .n{cursor:pointer}.n text{font-size:11px;text-anchor:middle;fill:#000;pointer-events:none}
 .n.sel rect{stroke:#000;stroke-width:3}.n.hit rect{stroke:#e6e600;stroke-width:3}
 #find{padding:6px 16px}#find input{width:320px}
-#rows{max-height:30vh;overflow:auto;padding:0 16px;position:relative}
+#rows{max-height:24vh;overflow:auto;padding:0 16px;position:relative}
 #rows table{border-collapse:collapse;width:100%}#rows td,#rows th{border-bottom:1px solid #eee;padding:1px 6px;text-align:left}
 #rows tr.sel{background:#ffe}#rows tbody tr{cursor:pointer}
 """
@@ -216,7 +220,7 @@ function select(i,scroll){
   if(selected!==null){document.getElementById('n'+selected).classList.remove('sel');rows[selected].classList.remove('sel')}
   selected=i;var n=nodes[i],g=document.getElementById('n'+i);g.classList.add('sel');rows[i].classList.add('sel');
   var text=n.name+'\\n'+n.op+'  '+n.precision+'\\n\\n'+n.reason_text;
-  if(n.precision!=='inserted'){
+  if(n.precision==='fp16'||n.precision==='fp32'){
     text+='\\n\\npredicted fp32 '+fmt(n.fp32_us)+' us, fp16 '+fmt(n.fp16_us)+' us\\nCasts it causes: '
       +Number(n.casts).toPrecision(3).replace(/\\.?0+$/,'')+' ('+fmt(n.cast_us)+' us)';
     var p=Object.keys(n.priced||{});

@@ -17,6 +17,7 @@ from onnxcampo.plan import Reason
 from onnxcampo.report import OTHER_NODES
 
 INSERTED = "inserted"
+UNPLANNED = "unplanned"  # a node of a model written unchanged (nothing to optimize)
 _OTHER = {kind.name.lower() for kind in OTHER_NODES}
 
 
@@ -24,7 +25,7 @@ _OTHER = {kind.name.lower() for kind in OTHER_NODES}
 class NodeRow:
     name: str
     op: str
-    precision: str  # fp16, fp32 or inserted
+    precision: str  # fp16, fp32, inserted (or, on the page of a model written unchanged, unplanned)
     reason: str  # the Reason's code (deny_list, ...); for an inserted node its op in lower case
     reason_text: str  # the Reason's words, or why an inserted node is there
     fp32_us: float | None = None
@@ -39,6 +40,8 @@ class NodeRow:
         pad (Pad/Slice for Tensor Cores) or added (an inserted constant)."""
         if self.precision == INSERTED:
             return {"Cast": "cast", "Pad": "pad", "Slice": "pad"}.get(self.op, "added")
+        if self.precision not in ("fp16", "fp32"):
+            return "other"
         return "other" if self.reason in _OTHER else self.precision
 
     def to_json(self) -> dict:

@@ -212,3 +212,23 @@ def test_rows_and_table_from_a_report():
     assert rows[0].priced == {"gain_us": 1.0}
     assert filter_rows(rows, precision="inserted") == rows[1:]
     assert table(rows).splitlines()[1].split() == ["fp16", "MatMul", "2.00", "1.00", "0.5", "0.25", "a", "allow_pays"]
+
+
+@pytest.mark.slow
+def test_a_training_steps_loss_scaling_nodes_say_where_they_come_from():
+    """amp on a training step: the planned nodes, the Casts and the loss scaling added after
+    planning all carry an onnxcampo doc_string."""
+    from onnxcampo.training import build_train_step
+
+    step = build_train_step(parse("""
+    g (float[32,64] x) => (float[32,64] y) <float[64,64] w = {""" + ",".join(["0.01"] * 4096) + """}> {
+      [mm] h = MatMul(x, w)
+      [relu] y = Relu(h)
+    }
+    """), loss="mse", optimizer="sgd", lr=0.1)
+    result = optimize(step, policy="amp", check_invariants=True)
+    assert result.report["loss_scaling"]
+    docs = [n.doc_string for n in result.model.graph.node]
+    assert all("onnxcampo: " in doc for doc in docs)
+    assert any(doc == "onnxcampo: added after planning (dynamic loss scaling)" for doc in docs)
+    assert any(doc.startswith("onnxcampo: fp32 (training step: loss") for doc in docs)
