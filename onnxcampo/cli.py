@@ -656,12 +656,12 @@ def _costdb(args: argparse.Namespace) -> int:
 
 def _node_headline(report: dict) -> str:
     """How many float compute nodes run fp16, the shape arithmetic and constants counted apart."""
+    from onnxcampo.report import counts_headline
+
     counts = report.get("node_counts")
     if not counts:
         return f"{report['nodes_fp16']} nodes fp16, {report['nodes_fp32']} fp32"
-    others = counts["shape_arithmetic"] + counts["constants"]
-    return (f"{counts['float_compute_fp16']} of {counts['float_compute']} float compute nodes fp16; {others} others "
-            f"({counts['shape_arithmetic']} shape arithmetic, {counts['constants']} constants) unchanged")
+    return counts_headline(counts)
 
 
 def summary(report: dict, output: Path | None) -> str:

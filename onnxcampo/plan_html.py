@@ -19,6 +19,7 @@ from collections import defaultdict
 import onnx
 
 from onnxcampo import ir
+from onnxcampo.report import counts_headline
 from onnxcampo.plan_view import INSERTED, UNPLANNED, NodeRow, node_rows
 
 # Fill colours by kind (plan_view.NodeRow.kind); the browser test looks for the first two.
@@ -158,10 +159,7 @@ def _summary(report: dict, rows: list[NodeRow]) -> str:
     parts = [f"policy <b>{html.escape(str(report.get('policy')))}</b>, plan kept: "
              f"<b>{html.escape(str(report.get('chosen_plan')))}</b>"]
     if counts:
-        others = counts["shape_arithmetic"] + counts["constants"]
-        parts.append(f"<b>{counts['float_compute_fp16']}</b> of {counts['float_compute']} float compute nodes fp16; "
-                     f"{others} others ({counts['shape_arithmetic']} shape arithmetic, {counts['constants']} "
-                     f"constants) unchanged")
+        parts.append(html.escape(counts_headline(counts)))
     parts.append(f"{report.get('casts_inserted', 0)} Casts, {report.get('pads_inserted', 0)} Pad/Slice inserted; "
                  f"{sum(r.kind == 'fp32' for r in rows)} fp32 float compute nodes")
     times = report.get("predicted_us") or {}

@@ -26,6 +26,17 @@ def node_counts(plan: PrecisionPlan) -> dict[str, int]:
     return counts
 
 
+def counts_headline(counts: dict[str, int]) -> str:
+    """``node_counts`` in words: "585 of 585 float compute nodes fp16; 825 others (729 shape
+    arithmetic, 96 constants) unchanged"."""
+    text = f"{counts['float_compute_fp16']} of {counts['float_compute']} float compute nodes fp16"
+    others = counts["shape_arithmetic"] + counts["constants"]
+    if others:
+        text += (f"; {others} others ({counts['shape_arithmetic']} shape arithmetic, {counts['constants']} "
+                 "constants) unchanged")
+    return text
+
+
 def build_report(ctx, source, plans, times, chosen, notes, results, node_costs=None) -> dict:
     """The JSON report of one optimization (``result.report``). ``node_costs``: each planned
     node's own numbers (``estimate.node_costs``), the report's ``plan_nodes``."""

@@ -21,6 +21,7 @@ from onnxcampo.passes.deny_propagation import DenyPropagation
 from onnxcampo.passes.fill_infer_clear import FillInferClear
 from onnxcampo.plan_html import render
 from onnxcampo.plan_view import filter_rows, node_rows, table
+from onnxcampo.report import counts_headline
 
 # policy fp16 with Exp excluded: the plan is known without a cost model; costed node by node
 FIXED = ["--policy", "fp16", "--exclude-op", "Exp", "--cost-graph", "onnx", "--fuse", "none"]
@@ -114,6 +115,12 @@ def test_counts_separate_float_compute_from_shape_arithmetic_and_constants():
         in summary(report, None)
 
 
+def test_headline_leaves_out_others_when_there_are_none():
+    counts = {"float_compute": 10, "float_compute_fp16": 8, "float_compute_fp32": 2, "shape_arithmetic": 0,
+              "constants": 0}
+    assert counts_headline(counts) == "8 of 10 float compute nodes fp16"
+
+
 def test_headline_of_an_old_report_keeps_the_old_words():
     old = {"policy": "campo", "nodes_fp16": 2, "nodes_fp32": 3, "casts_inserted": 0, "pads_inserted": 0,
            "initializers_converted": 0, "initializer_values_clamped": 0}
@@ -179,7 +186,7 @@ def test_inspect_html_is_one_self_contained_page_naming_every_node(model_path, t
     for name in ("mm", "const", "add", "shape", "exp", "x/cast_fp16", "b/cast_fp32"):
         assert f"<title>{name}</title>" in text and f"<td>{name}</td>" in text
     assert not re.search(r"https?://|<link|\ssrc=|@import", text)
-    assert "2</b> of 3 float compute nodes fp16" in text
+    assert "2 of 3 float compute nodes fp16; 2 others (1 shape arithmetic, 1 constants) unchanged" in text
     assert 'fill="#1f77b4"' in text and 'fill="#ff7f0e"' in text and 'fill="#d62728"' in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "plan.html"]  # no temporary file left
 
