@@ -38,8 +38,7 @@ def write_html(path: str | os.PathLike, model: onnx.ModelProto, report: dict, *,
 def render(model: onnx.ModelProto, report: dict, *, title: str = "") -> str:
     nodes = list(model.graph.node)
     rows = _rows_by_node(nodes, report)
-    depth, order = layout(nodes)
-    positions = _positions(depth, order)
+    positions = _positions(columns(nodes))
     svg = _svg(nodes, rows, positions)
     data = [{"name": n.name, "op": n.op_type, "doc": n.doc_string, "inputs": list(n.input), "outputs": list(n.output),
              **rows[i].to_json()} for i, n in enumerate(nodes)]
@@ -58,9 +57,23 @@ def render(model: onnx.ModelProto, report: dict, *, title: str = "") -> str:
 
 
 def layout(nodes: list[onnx.NodeProto]) -> tuple[list[int], dict[int, list[int]]]:
-    """Each node's layer (its longest path from the graph's inputs; a node no other node feeds
-    sits one layer above its first reader) and each layer's nodes, ordered by the mean position
-    of their producers (one sweep: few crossings on the chains of real models, in linear time)."""
+    """Each node's layer and column. A layer is the node's longest path from the graph's inputs
+    (a node no other node feeds, such as a Constant, sits one layer above its first reader); in a
+    layer, nodes are ordered by the mean column of their producers (a source by that of its
+    reader's other producers) and each takes that column, or the next free one: chains run
+    straight down, in one sweep, in linear time. Returns the layers and ``{layer: [node, ...]}``
+    in column order; :func:`columns` gives the columns."""
+    depth, layers, _ = _layout(nodes)
+    return depth, layers
+
+
+def columns(nodes: list[onnx.NodeProto]) -> dict[int, tuple[int, int]]:
+    """(column, layer) of each node."""
+    depth, _, column = _layout(nodes)
+    return {i: (column[i], depth[i]) for i in range(len(nodes))}
+
+
+def _layout(nodes):
     producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
     preds = [sorted({producer[t] for t in n.input if t in producer and producer[t] != i}) for i, n in enumerate(nodes)]
     succs: list[list[int]] = [[] for _ in nodes]
@@ -76,15 +89,21 @@ def layout(nodes: list[onnx.NodeProto]) -> tuple[list[int], dict[int, list[int]]
     layers: dict[int, list[int]] = defaultdict(list)
     for i in sorted(range(len(nodes)), key=lambda i: (depth[i], i)):
         layers[depth[i]].append(i)
-    slot: dict[int, float] = {}
+    column: dict[int, int] = {}
     for d in sorted(layers):
         members = layers[d]
-        key = {i: (sum(slot[p] for p in preds[i] if p in slot) / len(preds[i]) if preds[i] else float(k))
-               for k, i in enumerate(members)}
-        members.sort(key=lambda i: key[i])
+        wanted = {}
         for k, i in enumerate(members):
-            slot[i] = float(k)
-    return depth, dict(layers)
+            placed = [column[p] for p in preds[i] if p in column]
+            if not placed and succs[i]:  # a source: where its reader's other producers are
+                placed = [column[p] for p in preds[succs[i][0]] if p in column]
+            wanted[i] = sum(placed) / len(placed) if placed else float(k)
+        members.sort(key=lambda i: (wanted[i], i))
+        free = 0
+        for i in members:
+            column[i] = max(free, round(wanted[i]))
+            free = column[i] + 1
+    return depth, dict(layers), column
 
 
 def _topological(preds: list[list[int]], succs: list[list[int]]) -> list[int]:
@@ -103,14 +122,8 @@ def _topological(preds: list[list[int]], succs: list[list[int]]) -> list[int]:
     return order + [i for i in range(len(preds)) if i not in seen]  # a cycle: drawn at depth 0
 
 
-def _positions(depth: list[int], layers: dict[int, list[int]]) -> dict[int, tuple[int, int]]:
-    widest = max((len(m) for m in layers.values()), default=1)
-    positions = {}
-    for d, members in layers.items():
-        offset = (widest - len(members)) * (BOX_W + GAP_X) // 2  # layers centred under each other
-        for k, i in enumerate(members):
-            positions[i] = (MARGIN + offset + k * (BOX_W + GAP_X), MARGIN + d * (BOX_H + GAP_Y))
-    return positions
+def _positions(columns_: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    return {i: (MARGIN + c * (BOX_W + GAP_X), MARGIN + d * (BOX_H + GAP_Y)) for i, (c, d) in columns_.items()}
 
 
 def _rows_by_node(nodes: list[onnx.NodeProto], report: dict) -> list[NodeRow]:
@@ -248,7 +261,10 @@ document.getElementById('q').addEventListener('input',function(e){
 });
 document.getElementById('count').textContent=nodes.length+' nodes';
 var m=/#node=(.*)$/.exec(location.hash);
-if(m){var want=decodeURIComponent(m[1]);for(var i=0;i<nodes.length;i++)if(nodes[i].name===want){select(i,true);break}}
+var chosen=-1;
+if(m){var want=decodeURIComponent(m[1]);for(var i=0;i<nodes.length;i++)if(nodes[i].name===want){chosen=i;break}}
+if(chosen>=0)select(chosen,true);
+else if(nodes.length){var t0=document.getElementById('n0').transform.baseVal.consolidate().matrix;view.scrollLeft=t0.e-40}
 document.body.setAttribute('data-ready','1');
 })();
 """

@@ -192,8 +192,8 @@ def test_inspect_html_is_one_self_contained_page_naming_every_node(model_path, t
 
 
 def test_page_lays_a_diamond_out_in_layers_and_escapes_names():
-    """x -> a -> (b, c) -> d: depths 0, 1, 1, 2; a name with markup is escaped in the page and
-    in the embedded data."""
+    """x -> a -> (b, c) -> d: depths 0, 1, 1, 2, the chain straight down column 0; a name with
+    markup is escaped in the page and in the embedded data."""
     result = optimize(parse("""
     g (float[4,8] x) => (float[4,8] y) {
       [a] t = Relu(x)
@@ -202,10 +202,11 @@ def test_page_lays_a_diamond_out_in_layers_and_escapes_names():
       [d] y = Add(u, v)
     }
     """), policy="fp32", cost_graph="onnx", fuse="none")
-    from onnxcampo.plan_html import layout
+    from onnxcampo.plan_html import columns, layout
 
     depth, layers = layout(list(result.model.graph.node))
     assert depth == [0, 1, 1, 2] and layers == {0: [0], 1: [1, 2], 2: [3]}
+    assert columns(list(result.model.graph.node)) == {0: (0, 0), 1: (0, 1), 2: (1, 1), 3: (0, 2)}  # (column, layer)
     text = render(result.model, result.report)
     assert "<script>\"" not in text and "c&lt;script&gt;" in text and "c\\u003cscript\\u003e" in text
 
