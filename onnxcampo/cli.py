@@ -196,7 +196,25 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("input", type=Path, help="fp32 ONNX model")
     _add_plan_options(ins)
     ins.add_argument("--nodes", action="store_true",
-                     help="print one line per node: precision, name, reason and the numbers behind it")
+                     help="print the nodes table: one line per node (and per Cast or Pad/Slice onnxcampo inserts) "
+                          "with its precision, op type, its own predicted fp32 and fp16 times, the Casts it causes "
+                          "(a Cast belongs to the fp16 side of its boundary, shared equally among the fp16 nodes "
+                          "reading it), its name and the reason")
+    ins.add_argument("--op", action="append", default=[], metavar="OP",
+                     help="nodes table and --json: only nodes of this op type (repeatable; implies --nodes)")
+    ins.add_argument("--precision", choices=("fp16", "fp32", "inserted"),
+                     help="nodes table and --json: only nodes of this precision, or the nodes onnxcampo inserts "
+                          "(implies --nodes)")
+    ins.add_argument("--name", metavar="REGEX",
+                     help="nodes table and --json: only nodes whose names match (re.search; implies --nodes)")
+    ins.add_argument("--json", action="store_true",
+                     help="print the report (as optimize --report writes it) as JSON on stdout, with the nodes "
+                          "table's rows as its nodes entry, instead of the text")
+    ins.add_argument("--html", type=Path, metavar="FILE.html",
+                     help="write the plan as one self-contained page (written atomically): the planned graph "
+                          "coloured by precision, inserted Casts and Pad/Slice marked, a node's reason and predicted "
+                          "times on click, a searchable nodes table, the summary counts and every plan's predicted "
+                          "time")
 
     tg = sub.add_parser("train-graph", help="build a training-step graph (forward + loss + backward + update)")
     tg.add_argument("forward", type=Path, help="forward (inference) model; its float initializers are trained")
@@ -472,14 +490,31 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from onnxcampo.api import optimize
+    import re
 
+    from onnxcampo import ir
+    from onnxcampo.api import optimize
+    from onnxcampo.plan_html import write_html
+    from onnxcampo.plan_view import filter_rows, node_rows, table
+
+    if args.name is not None:
+        try:
+            re.compile(args.name)
+        except re.error as exc:
+            raise ConfigError(f"--name {args.name!r} is no regular expression: {exc}") from None
+    if args.html is not None:
+        ir.check_output_path(args.html, args.input if args.input.exists() else None)
     result = optimize(args.input, config=_config(args))
-    print(summary(result.report, None))
-    if args.nodes:
-        for name, entry in result.report["plan"].items():
-            numbers = " ".join(f"{k}={v:.2f}" for k, v in entry.get("numbers", {}).items())
-            print(f"{entry['precision']}  {name}  {entry['reason']}  {numbers}".rstrip())
+    rows = filter_rows(node_rows(result.report), ops=args.op, precision=args.precision, name=args.name)
+    if args.json:
+        print(json.dumps({**result.report, "nodes": [row.to_json() for row in rows]}, indent=1))
+    else:
+        print(summary(result.report, None))
+        if args.nodes or args.op or args.precision or args.name:
+            print(table(rows))
+    if args.html is not None:
+        write_html(args.html, result.model, result.report, title=args.input.name)
+        print(f"onnxcampo: wrote {args.html}", file=sys.stderr)
     return 0
 
 
@@ -637,12 +672,22 @@ def _costdb(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_headline(report: dict) -> str:
+    """How many float compute nodes run fp16, the shape arithmetic and constants counted apart."""
+    from onnxcampo.report import counts_headline
+
+    counts = report.get("node_counts")
+    if not counts:
+        return f"{report['nodes_fp16']} nodes fp16, {report['nodes_fp32']} fp32"
+    return counts_headline(counts)
+
+
 def summary(report: dict, output: Path | None) -> str:
     """The human summary: counts by reason, Casts and Pads, predicted times per plan."""
     lines = []
     if output is not None:
         lines.append(f"onnxcampo: wrote {output}")
-    lines.append(f"policy {report['policy']}: {report['nodes_fp16']} nodes fp16, {report['nodes_fp32']} fp32; "
+    lines.append(f"policy {report['policy']}: {_node_headline(report)}; "
                  f"{report['casts_inserted']} Casts, {report['pads_inserted']} Pad/Slice inserted; "
                  f"{report['initializers_converted']} constants converted "
                  f"({report['initializer_values_clamped']} values clamped to the fp16 range)")

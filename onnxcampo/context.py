@@ -80,6 +80,9 @@ class GraphContext:
     ort_nodes: int | None = None  # nodes ORT runs of the fp32 graph
     # a training step: ORT's statuses without the loss scaling a mixed plan brings (None: the same)
     ort_status_fp32: dict[str, str] | None = None
+    # nodes the mutating passes added: name -> {"op": ..., "why": ...} (the report's inserted_nodes,
+    # the written nodes' doc_string)
+    inserted: dict[str, dict[str, str]] = field(default_factory=dict)
 
     # --- construction -------------------------------------------------------------------
     @classmethod

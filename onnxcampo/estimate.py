@@ -547,3 +547,39 @@ def delta(ctx: GraphContext, plan: PrecisionPlan, nodes: list[gs.Node]) -> dict[
             fp16 += node_time(ctx, partner, plan.precision(name), follow(Precision.FP16))
     cast = cast_after - cast_before
     return {"fp32_us": fp32, "fp16_us": fp16, "cast_us": cast, "gain_us": fp32 - fp16 - cast}
+
+
+def node_costs(ctx: GraphContext, plan: PrecisionPlan) -> dict[str, dict[str, float]]:
+    """Each node's own numbers under the whole ``plan``: its time in fp32 and in fp16 (every other
+    node as planned) and the Casts it causes, with their time.
+
+    A Cast belongs to the fp16 side of its boundary: a Cast back to fp32 to the fp16 node that
+    produces the tensor, a Cast to fp16 to the fp16 nodes that read it, shared equally where
+    several do. The nodes' Casts then add up to the plan's (loss scaling's adjustments of a
+    training step aside). Decisions keep the numbers their rule priced (an island's are the
+    island's sums); these are the per-node view of the plan as a whole."""
+    precision_of = plan.precision
+
+    def own(node: gs.Node, precision: Precision) -> float:  # the node in ``precision``, the rest as planned
+        return node_time(ctx, node, precision, precision_function(plan, {node.name: precision}))
+
+    costs = {n.name: {"fp32_us": own(n, Precision.FP32), "fp16_us": own(n, Precision.FP16), "casts": 0.0,
+                      "cast_us": 0.0} for n in ctx.nodes}
+    tensors = {id(t): t for n in ctx.nodes if precision_of(n.name) is Precision.FP16 for t in (*n.inputs, *n.outputs)}
+    for tensor in tensors.values():
+        cast_us, casts = casts_time(ctx, [tensor], precision_of)
+        if not casts and not cast_us:
+            continue
+        producer = ctx.producer(tensor)
+        if producer is not None and produced_dtype(ctx, tensor, precision_of) == TensorProto.FLOAT16:
+            owners = [producer.name]
+        else:
+            owners = list(dict.fromkeys(use.node.name for use in ctx.uses(tensor)
+                                        if precision_of(use.node.name) is Precision.FP16))
+            if not owners and producer is not None:
+                owners = [producer.name]
+        for owner in owners:
+            if owner in costs:
+                costs[owner]["casts"] += casts / len(owners)
+                costs[owner]["cast_us"] += cast_us / len(owners)
+    return costs

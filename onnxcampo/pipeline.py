@@ -150,9 +150,12 @@ def run_loaded(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -
     chosen = plan_policies(prepared.ctx)
     # before the mutating passes change the graph
     both = _both_costings(prepared.ctx, chosen) if config.fuse_elementwise or config.fuse_reductions else None
-    ctx = Planning(prepared.ctx, chosen.plans[config.policy])  # the chosen plan, applied and exported
+    plan = chosen.plans[config.policy]
+    costs = node_rows(prepared.ctx, plan, padding=chosen.chosen == "campo" and config.pad_tensor_cores)
+    ctx = Planning(prepared.ctx, plan)  # the chosen plan, applied and exported
     results = apply(ctx)
-    report = build_report(ctx, loaded.source, chosen.plans, chosen.times, chosen.chosen, chosen.notes, results)
+    report = build_report(ctx, loaded.source, chosen.plans, chosen.times, chosen.chosen, chosen.notes, results,
+                          node_costs=costs)
     report["fuse"] = prepared.fused
     if both is not None:
         report["predicted_fusion"] = both
@@ -262,6 +265,13 @@ def choose_plan(config: OptimizeConfig, plans: dict[str, PrecisionPlan],
     return chosen, notes
 
 
+def node_rows(ctx: GraphContext, plan: PrecisionPlan, *, padding: bool) -> dict[str, dict]:
+    """Each planned node's op and own numbers under the chosen plan (``estimate.node_costs``),
+    read before the mutating passes change the graph."""
+    costs = estimate.node_costs(Planning(ctx, plan, padding=padding, analysis=True), plan)
+    return {node.name: {"op": node.op, **costs[node.name]} for node in ctx.nodes}
+
+
 def analyse(planning: Planning, passes) -> PrecisionPlan:
     """Run analysis ``passes`` on ``planning`` and return the plan they leave."""
     PassManager(passes, check_invariants=planning.config.check_invariants, name="analyse").run(planning)
@@ -282,9 +292,10 @@ def export(ctx: Planning, original: onnx.ModelProto, training: bool, report: dic
     metadata = {METADATA_KEY: config.policy, "onnxcampo.version": __version__}
     # read before the export, which reuses the planned model in place
     starts = [copy.deepcopy(t) for t in original.graph.initializer if t.name.startswith(INITIAL_PREFIX)] if training else []
+    before = {node.name: (node.op_type, node.doc_string) for node in _all_nodes(original.graph)}
     out = ir.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
     fuse.clean_export(out)  # no planning-only shapes; no tensor names that ORT's fusions generate at load
-    exported = Exported(out, ctx, training, report, starts)
+    exported = Exported(out, ctx, training, report, starts, before)
     PassManager(FINISHING, check_invariants=config.check_invariants, checker=_check_exported, name="finish").run(exported)
     return out
 
@@ -298,6 +309,7 @@ class Exported:
     training: bool
     report: dict
     starting_weights: list[onnx.TensorProto]
+    original_nodes: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (op type, doc_string)
 
 
 class KeepStartingWeights(PassBase):
@@ -382,10 +394,70 @@ class FuseReductions(PassBase):
         return PassResult(self.name, bool(result.fused), {"fused": result.fused, "replaced": result.reductions})
 
 
+class AnnotateNodes(PassBase):
+    """Every written node says in its doc_string what onnxcampo made of it (Netron shows it): a
+    planned node its precision, the reason and its own predicted times (``report["plan_nodes"]``),
+    a node onnxcampo inserted why it is there; the input's doc_string text is kept, ours appended.
+    Last: it sees the nodes the other finishing passes add."""
+
+    name = "annotate_nodes"
+    mutates = True
+
+    def run(self, exported: Exported) -> PassResult:
+        plan, report = exported.ctx.plan, exported.report
+        rows, inserted, original = report.get("plan_nodes", {}), exported.ctx.inserted, exported.original_nodes
+        annotated = 0
+        for node in _all_nodes(exported.model.graph):
+            op, doc = original.get(node.name, (None, ""))
+            decision = plan.get(node.name)
+            if decision is not None and op == node.op_type:
+                text = f"onnxcampo: {decision.precision.value} ({decision.reason.value})"
+                row = rows.get(node.name)
+                if row is not None:
+                    text += f"; {node_numbers_text(row)}"
+            elif node.name in inserted and inserted[node.name]["op"] == node.op_type:
+                text = f"onnxcampo: inserted: {inserted[node.name]['why']}"
+            else:
+                doc = doc if op == node.op_type else ""
+                added = "added after planning" + (" (dynamic loss scaling)" if report.get("loss_scaling") else "")
+                text = f"onnxcampo: {_ADDED.get(node.op_type, added)}"
+            node.doc_string = f"{doc}\n{text}" if doc and text not in doc else (doc or text)
+            annotated += 1
+        return PassResult(self.name, bool(annotated), {"nodes": annotated})
+
+
+def node_numbers_text(row: dict) -> str:
+    """A node's own predicted numbers in words (``report["plan_nodes"]`` row)."""
+    if row["fp32_us"] == row["fp16_us"]:
+        text = f"predicted {row['fp32_us']:.2f} us"
+    else:
+        text = f"predicted fp32 {row['fp32_us']:.2f} us, fp16 {row['fp16_us']:.2f} us"
+    if row.get("casts"):
+        text += f", causes {row['casts']:.3g} Cast{'' if row['casts'] == 1 else 's'} ({row['cast_us']:.2f} us)"
+    return text
+
+
+# What the finishing passes add, in words, for the doc_string of their nodes.
+_ADDED = {
+    "FusedElementwise": "a chain of elementwise ops (and their Casts) as one kernel (--fuse-elementwise)",
+    "BlockReduceSum": "a ReduceSum over a block of axes with its Reshapes and Casts as one kernel (--fuse-reductions)",
+    "AvgMatMulInteger": "MatMulInteger with 16-bit tree-averaging accumulation (--int8-avg)",
+}
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    """The graph's nodes and those of its If/Loop/Scan bodies, outer first."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for body in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+                yield from _all_nodes(body)
+
+
 # Passes on the written model: loss scaling and --int8-avg rewrite a model file (loss scaling is
 # also what read_executed_graph costs a mixed step with, on a copy of the input model), and the
-# fusions must see what loss scaling adds.
-FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), FuseReductions(), FuseElementwise())
+# fusions must see what loss scaling adds; the annotation sees every node.
+FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), FuseReductions(), FuseElementwise(), AnnotateNodes())
 
 
 def _check_exported(exported: Exported) -> list[str]:

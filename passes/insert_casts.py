@@ -14,7 +14,8 @@ Rules:
    duplicated;
 5. with ``keep_io_types`` off, a graph input read only in fp16 (and by readers of any dtype, such as
    Shape) becomes an fp16 input, and graph outputs take the dtype their producer gives them.
-The graph is topologically sorted at the end. Which dtype a tensor has and each use needs, and
+The graph is topologically sorted at the end. Every node the pass adds is recorded with why it is
+there (``ctx.inserted``: the report's ``inserted_nodes``, the written node's doc_string). Which dtype a tensor has and each use needs, and
 which names are pinned, are the rules of ``onnxcampo.casting``, which the estimate counts too.
 """
 
@@ -36,6 +37,7 @@ from onnxcampo.passes.manager import PassBase, PassResult
 FP16_MAX = float(np.finfo(np.float16).max)
 _NP = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 _SUFFIX = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16"}
+_NAMES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
 
 
 class InsertCasts(PassBase):
@@ -51,6 +53,7 @@ class InsertCasts(PassBase):
         self.cache: dict[tuple[str, int], gs.Tensor] = {}
         self.edit = GraphEditor(ctx)
         self.casts = self.retyped = self.converted = self.clamped = 0
+        self.made: list[gs.Node] = []
         precision_of = ctx.plan.precision
         tensors = self._float_tensors()
         for node in list(ctx.nodes):
@@ -62,6 +65,7 @@ class InsertCasts(PassBase):
             self._retype_graph_inputs()
         toposort(ctx.graph)
         ctx.nodes = list(ctx.graph.nodes)
+        self._record_inserted()
         counts = {"casts": self.casts, "retyped": self.retyped, "constants": self.converted, "clamped": self.clamped}
         return PassResult(self.name, bool(self.casts or self.retyped or self.converted), counts)
 
@@ -130,7 +134,8 @@ class InsertCasts(PassBase):
             values = self._converted(producer.attrs["value"].values, dtype)
             version = self.edit.variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
             constant = gs.Constant(self.edit.unique(f"{version.name}/value"), values)
-            self.edit.node("Constant", f"{producer.name}/{_SUFFIX[dtype]}", [], [version], {"value": constant})
+            self.made.append(self.edit.node("Constant", f"{producer.name}/{_SUFFIX[dtype]}", [], [version],
+                                            {"value": constant}))
         else:
             version = self.edit.variable(f"{tensor.name}/{_SUFFIX[dtype]}", dtype)
             self._cast(tensor, dtype, output=version)
@@ -187,5 +192,32 @@ class InsertCasts(PassBase):
 
     # --- helpers ------------------------------------------------------------------------
     def _cast(self, source: gs.Tensor, dtype: int, *, output: gs.Tensor) -> None:
-        self.edit.node("Cast", f"{source.name}/cast_{_SUFFIX[dtype]}", [source], [output], {"to": dtype})
+        self.made.append(self.edit.node("Cast", f"{source.name}/cast_{_SUFFIX[dtype]}", [source], [output], {"to": dtype}))
         self.casts += 1
+
+    def _record_inserted(self) -> None:
+        """Why each node this pass added is there, in words (rule 5 removed some Casts again)."""
+        ctx = self.ctx
+        precision_of = ctx.plan.precision
+        for node in self.made:
+            if not node.outputs:
+                continue
+            output = node.outputs[0]
+            readers = [f"{precision_of(r.name).value} {r.name}" for r in output.outputs]
+            if len(readers) > 4:
+                readers = readers[:4] + [f"{len(readers) - 4} more"]
+            if node.op == "Constant":
+                why = f"{output.name}: a Constant node's value converted offline to {_NAMES[ctx.dtypes[output.name]]}"
+            else:
+                source = node.inputs[0]
+                maker = source.inputs[0] if source.inputs else None
+                origin = "graph input" if maker is None else f"made by {precision_of(maker.name).value} {maker.name}"
+                why = f"Cast to {_NAMES[int(node.attrs['to'])]} of {source.name} ({origin})"
+            parts = [why]
+            if readers:
+                parts.append("for " + ", ".join(readers))
+            if output.name in ctx.graph_outputs:
+                parts.append(f"graph output {output.name} keeps its dtype")
+            elif output.name in ctx.implicit_names:
+                parts.append(f"{output.name} is read by an If/Loop/Scan body and keeps its dtype")
+            ctx.inserted[node.name] = {"op": node.op, "why": "; ".join(parts)}

@@ -12,7 +12,8 @@ Rules, per fp16 node whose weight is a constant:
 3. A node is padded only when ``fp16_time(padded) + pad/slice time < fp16_time(unpadded)``;
    aligned nodes are never touched. Zero padding adds exact zeros to every dot product, so the
    result equals the unpadded op's.
-Grouped convolutions are left unpadded.
+Grouped convolutions are left unpadded. Every Pad and Slice added is recorded with why it is there
+(``ctx.inserted``).
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class PadTensorCores(PassBase):
             pads[rank + axis] = k2 - k
             padded = self.edit.variable(f"{source.name}/padded", self.ctx.dtypes[source.name])
             pads_const = self.edit.constant(f"{node.name}/pads", pads)
-            self.edit.node("Pad", f"{node.name}/pad_k", [source, pads_const], [padded], {"mode": "constant"})
+            pad = self.edit.node("Pad", f"{node.name}/pad_k", [source, pads_const], [padded], {"mode": "constant"})
+            self._record(pad, f"zero-pads {source.name} from {k} to {k2} along the reduced axis of fp16 {node.op} "
+                              f"{node.name} for Tensor Cores: {self._gain(node, plan)}")
             node.inputs[0] = padded
             inserted += 1
         if n2 != n:
@@ -81,6 +84,15 @@ class PadTensorCores(PassBase):
             node.outputs[0] = wide
             starts, ends, axes = (self.edit.constant(f"{node.name}/slice_{label}", np.array([v], dtype=np.int64))
                                   for label, v in (("starts", 0), ("ends", n), ("axes", axis_out)))
-            self.edit.node("Slice", f"{node.name}/slice_n", [wide, starts, ends, axes], [result], {})
+            cut = self.edit.node("Slice", f"{node.name}/slice_n", [wide, starts, ends, axes], [result], {})
+            self._record(cut, f"slices the output of fp16 {node.op} {node.name}, padded from {n} to {n2} for Tensor "
+                              f"Cores, back to {n}: {self._gain(node, plan)}")
             inserted += 1
         return inserted
+
+    def _record(self, node: gs.Node, why: str) -> None:
+        self.ctx.inserted[node.name] = {"op": node.op, "why": why}
+
+    @staticmethod
+    def _gain(node: gs.Node, plan: PadPlan) -> str:
+        return f"predicted {plan.padded_us:.2f} us padded (Pad/Slice included) against {plan.fp16_us:.2f} us unpadded"

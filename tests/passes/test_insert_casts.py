@@ -526,3 +526,22 @@ def test_predicted_casts_match_inserted_casts_without_keep_io_types():
     result = optimize(model, config=config, check_invariants=True)
     assert result.report["casts_inserted"] == 1 and ops(result.model) == ["Cast", "Relu", "Exp"]
     assert result.report["predicted_us"]["fp16"]["casts"] == 1
+
+
+def test_every_cast_says_why_it_is_there():
+    """Each Cast the pass adds is recorded (``ctx.inserted``, the written node's doc_string) with
+    its tensor, where the tensor comes from and who reads it: x to fp16 for the three fp16
+    readers, each output back to fp32 because it is a graph output."""
+    ctx, model, _ = apply_counted("""
+    g (float[4,8] x) => (float[4,8] a, float[4,8] b, float[4,8] c, float[4,8] d) {
+      [relu] a = Relu(x)
+      [sig] b = Sigmoid(x)
+      [tanh] c = Tanh(x)
+      [exp] d = Exp(x)
+    }
+    """, {"relu": "fp16", "sig": "fp16", "tanh": "fp16", "exp": "fp32"})
+    assert sorted(ctx.inserted) == sorted(c.name for c in casts(model))
+    assert ctx.inserted["x/cast_fp16"] == {
+        "op": "Cast", "why": "Cast to float16 of x (graph input); for fp16 relu, fp16 sig, fp16 tanh"}
+    assert ctx.inserted["a/fp16/cast_fp32"]["why"] == (
+        "Cast to float32 of a/fp16 (made by fp16 relu); graph output a keeps its dtype")

@@ -208,5 +208,5 @@ def test_the_finishing_passes_are_data():
     from onnxcampo.pipeline import FINISHING
 
     assert [p.name for p in FINISHING] == ["starting_weights", "int8_avg", "loss_scaling", "fuse_reductions",
-                                            "fuse_elementwise"]
+                                            "fuse_elementwise", "annotate_nodes"]
     assert all(p.mutates for p in FINISHING)

@@ -1,0 +1,91 @@
+"""The plan as rows, one per node with its own numbers: what ``onnxcampo inspect`` prints
+(``--nodes``), emits (``--json``) and draws (``--html``, ``onnxcampo.plan_html``).
+
+A row's numbers are the node's own under the chosen plan (``report["plan_nodes"]``,
+``estimate.node_costs``): its fp32 and fp16 times and the Casts it causes. The numbers its
+deciding rule priced (``report["plan"][name]["numbers"]``; an island's are the island's sums, with
+the Casts that disappear as a negative cast cost) are the row's ``priced``. Nodes onnxcampo
+inserted (Casts, Pad/Slice) are rows too, with precision ``inserted`` and why they are there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from onnxcampo.plan import Reason
+from onnxcampo.report import OTHER_NODES
+
+INSERTED = "inserted"
+UNPLANNED = "unplanned"  # a node of a model written unchanged (nothing to optimize)
+_OTHER = {kind.name.lower() for kind in OTHER_NODES}
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    op: str
+    precision: str  # fp16, fp32, inserted (or, on the page of a model written unchanged, unplanned)
+    reason: str  # the Reason's code (deny_list, ...); for an inserted node its op in lower case
+    reason_text: str  # the Reason's words, or why an inserted node is there
+    fp32_us: float | None = None
+    fp16_us: float | None = None
+    casts: float = 0.0
+    cast_us: float = 0.0
+    priced: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        """What the page colours it as: fp16, fp32, other (shape arithmetic, constants), cast,
+        pad (Pad/Slice for Tensor Cores) or added (an inserted constant)."""
+        if self.precision == INSERTED:
+            return {"Cast": "cast", "Pad": "pad", "Slice": "pad"}.get(self.op, "added")
+        if self.precision not in ("fp16", "fp32"):
+            return "other"
+        return "other" if self.reason in _OTHER else self.precision
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "kind": self.kind}
+
+
+def node_rows(report: dict) -> list[NodeRow]:
+    """Every planned node (graph order, then If/Loop/Scan bodies), then every inserted one."""
+    plan, costs = report.get("plan", {}), report.get("plan_nodes", {})
+    rows = []
+    for name in (*costs, *(n for n in plan if n not in costs)):
+        entry = plan.get(name)
+        if entry is None:
+            continue
+        row = costs.get(name, {})
+        reason = Reason[entry["reason"].upper()]
+        rows.append(NodeRow(name, row.get("op", "?"), entry["precision"], entry["reason"], reason.value,
+                            row.get("fp32_us"), row.get("fp16_us"), row.get("casts", 0.0), row.get("cast_us", 0.0),
+                            dict(entry.get("numbers", {}))))
+    for name, entry in report.get("inserted_nodes", {}).items():
+        rows.append(NodeRow(name, entry["op"], INSERTED, entry["op"].lower(), entry["why"]))
+    return rows
+
+
+def filter_rows(rows: list[NodeRow], *, ops=(), precision: str | None = None, name: str | None = None) -> list[NodeRow]:
+    """Rows of the given op types (any, when none), precision and names matching the regular
+    expression ``name`` (``re.search``)."""
+    pattern = re.compile(name) if name else None
+    wanted = set(ops)
+    return [r for r in rows if (not wanted or r.op in wanted) and (precision is None or r.precision == precision)
+            and (pattern is None or pattern.search(r.name))]
+
+
+def table(rows: list[NodeRow]) -> str:
+    """One line per row: precision, op, own fp32/fp16 times, the Casts it causes, name, reason."""
+    op_width = max((len(r.op) for r in rows), default=2)
+    lines = [f"{'prec':8}  {'op':{op_width}}  {'fp32_us':>9}  {'fp16_us':>9}  {'casts':>5}  {'cast_us':>8}  name  reason"]
+    for r in rows:
+        times = (f"{_us(r.fp32_us):>9}  {_us(r.fp16_us):>9}  {r.casts:>5.3g}  {r.cast_us:>8.2f}"
+                 if r.precision != INSERTED else f"{'':>9}  {'':>9}  {'':>5}  {'':>8}")
+        reason = r.reason if r.precision != INSERTED else r.reason_text
+        lines.append(f"{r.precision:8}  {r.op:{op_width}}  {times}  {r.name}  {reason}")
+    return "\n".join(lines)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
