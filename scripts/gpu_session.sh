@@ -18,6 +18,8 @@
 #            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S, default 500)                         (~9 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
+#   infer    inference with the fusions (issue 17 item 4): campo with both fusions against campo
+#            and the best anchors, plain and replayed, on the transformer and CNN suite     (~8 min)
 # Copy what comes back into the repository before the next run (the machine keeps nothing):
 # $OUT/checks/* -> docs/benchmarks/custom-ops/issue17/<session>/, $OUT/bench/h200*.jsonl merged
 # into docs/benchmarks/raw/, $OUT/loss/loss-curves-h200.json -> docs/benchmarks/training/.
@@ -62,12 +64,19 @@ run_bench() {
     --redo '*|*|training|*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
 }
 
+run_infer() {
+  stage infer 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/infer" \
+    --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50,minilm --mode inference \
+    --policies fp32,amp,ortopt-fp16,campo,campo-fused,campo-graph,campo-fused-graph \
+    --redo '*|*|inference|campo*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
+}
+
 run_loss() {
   stage loss 590 python3 scripts/loss_curves.py --wheels "$WHEELS" --mirror "$OUT/loss" --budget-s 540
 }
 
 if [ $# -eq 0 ]; then
-  sed -n '2,25p' "$0"
+  sed -n '2,27p' "$0"
   exit 2
 fi
 for name in "$@"; do
@@ -76,6 +85,7 @@ for name in "$@"; do
     costs) run_costs ;;
     bench) run_bench ;;
     loss) run_loss ;;
-    *) echo "unknown stage $name (checks, costs, bench, loss)" >&2; exit 2 ;;
+    infer) run_infer ;;
+    *) echo "unknown stage $name (checks, costs, bench, loss, infer)" >&2; exit 2 ;;
   esac
 done
