@@ -76,7 +76,7 @@ run_loss() {
 }
 
 if [ $# -eq 0 ]; then
-  sed -n '2,27p' "$0"
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"  # this header
   exit 2
 fi
 for name in "$@"; do
