@@ -457,7 +457,8 @@ def test_conv_weight_grad_op_replaces_im2col_and_gemm():
     # dynamic loss scaling skips the first steps (as test_im2col_goes_fp16_with_its_gemm)
     skipped = next(k for k, loss in enumerate(curves["fp16"]) if loss != curves["fp16"][0]) - 1
     assert skipped < 6 and curves["fp16"][-1] < 0.5 * curves["fp16"][0]
-    np.testing.assert_allclose(curves["fp16"][skipped:], curves["fp32"][:len(curves["fp16"]) - skipped], rtol=0.05)
+    np.testing.assert_allclose(curves["fp16"][skipped:], curves["fp32"][:len(curves["fp16"]) - skipped], rtol=0.05,
+                               atol=1e-4 * curves["fp32"][0])
     with pytest.raises(ConfigError, match="unknown conv_weight_grad 'direct'"):
         build_train_step(forward, loss="cross_entropy", conv_weight_grad="direct")
 
@@ -513,7 +514,10 @@ def test_im2col_goes_fp16_with_its_gemm(policy, tmp_path):
     # dynamic loss scaling skips the first steps (the scale halves from 2^16 until nothing overflows)
     skipped = next(k for k, loss in enumerate(curves[policy]) if loss != curves[policy][0]) - 1
     assert skipped < 6 and curves[policy][-1] < 0.5 * curves[policy][0]
-    np.testing.assert_allclose(curves[policy][skipped:], curves["fp32"][:len(curves[policy]) - skipped], rtol=0.05)
+    # near zero the curves are sums of a few rounded terms, and ORT CPU's threads may add them in
+    # another order from run to run: relative closeness down to 1e-4 of the first loss
+    np.testing.assert_allclose(curves[policy][skipped:], curves["fp32"][:len(curves[policy]) - skipped], rtol=0.05,
+                               atol=1e-4 * curves["fp32"][0])
 
 
 @pytest.mark.slow
