@@ -343,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(min(level, logging.INFO) if args.command == "bench" else logging.NOTSET)
     try:
         if args.command == "optimize":
+            from onnxcampo.runtime import isolated
+
+            isolated.start()  # ORT's child process (test-load, --validate) imports while the model is planned
             return _optimize(args)
         if args.command == "costdb":
             return _costdb(args)
@@ -407,16 +410,17 @@ def _validate(args: argparse.Namespace, result) -> list[dict]:
     the report's rows."""
     import onnx
 
-    from onnxcampo.runtime import load_inputs_npz, validate
+    from onnxcampo.runtime import load_inputs_npz, validate_isolated
 
     if not args.tolerance > 0:
         raise ConfigError(f"--tolerance must be > 0, got {args.tolerance}")
     original = onnx.load(str(args.input))
     feeds = load_inputs_npz(args.inputs, original) if args.inputs else None
     config = _config(args)
-    checks = validate(original, result.model, feeds=feeds, provider=args.provider, tolerance=args.tolerance,
-                      rtol=args.rtol, atol=args.atol, input_shapes=config.input_shapes,
-                      dim_values=config.dim_values, execution=config.execution)
+    checks = validate_isolated(args.input, result.model, feeds=feeds, provider=args.provider,
+                               tolerance=args.tolerance, rtol=args.rtol, atol=args.atol,
+                               input_shapes=config.input_shapes, dim_values=config.dim_values,
+                               execution=config.execution)
     rows = []
     for check in checks:
         rows.append(check.to_json())

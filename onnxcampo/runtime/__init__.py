@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 # rotation), which it re-exports
 __all__ = [
     "require_provider", "available_providers", "graph_inputs", "load_inputs_npz", "make_session",
-    "preload_cuda_dlls", "random_inputs", "run", "validate",
+    "preload_cuda_dlls", "random_inputs", "run", "validate", "validate_isolated",
     "DEFAULT_TOLERANCE", "OutputCheck", "OutputDiff", "check_outputs", "compare_outputs", "output_error", "worst_error",
     "BlockTimes", "BoundRunner", "bound_runner", "check_feeds", "run_once", "time_in_rotation",
 ]
@@ -639,6 +639,48 @@ def validate(
     for check in checks:
         logger.debug("validate %s", check)
     return checks
+
+
+def validate_isolated(
+    original: onnx.ModelProto | str | os.PathLike[str],
+    optimized: onnx.ModelProto | str | os.PathLike[str],
+    **options,
+) -> list[OutputCheck]:
+    """:func:`validate` in a child process (:mod:`onnxcampo.runtime.isolated`, the process's
+    child, which the test-load of written models uses too): models as files (by path) or ModelProtos (sent serialized; over
+    2 GB written to a temporary folder first), ``options`` as :func:`validate`'s. An ORT crash
+    there is a :class:`RuntimeCrashError` saying so."""
+    from onnxcampo.errors import RuntimeCrashError
+    from onnxcampo.runtime import isolated
+
+    with tempfile.TemporaryDirectory(prefix="onnxcampo-validate-") as folder:
+        sources = [_sendable(model, os.path.join(folder, f"{index}.onnx"))
+                   for index, model in enumerate((original, optimized))]
+        try:
+            return isolated.call("validate", *sources, **options)
+        except RuntimeCrashError as exc:
+            raise RuntimeCrashError(f"{exc} running the models for --validate (ONNX Runtime {ort.__version__}, "
+                                    f"{options.get('provider', 'cpu')}); nothing was written", signal=exc.signal) from exc
+
+
+def _sendable(model: onnx.ModelProto | str | os.PathLike[str], path: str) -> str | bytes:
+    if not isinstance(model, onnx.ModelProto):
+        return str(model)
+    if not exceeds_protobuf_limit(model):
+        return model.SerializeToString()
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=os.path.basename(path) + ".data")
+    return path
+
+
+def validate_files(original: str | bytes, optimized: str | bytes, **options) -> list[OutputCheck]:
+    """:func:`validate` of two models given as paths or serialized bytes (what the child process
+    of :func:`validate_isolated` receives)."""
+    models = [onnx.load(source) if isinstance(source, str) else onnx.ModelProto.FromString(source)
+              for source in (original, optimized)]
+    return validate(*models, **options)
 
 
 # The fast way to run a model (bound, replayed) and the rotation timing build on the sessions above.

@@ -19,7 +19,11 @@ model that ORT cannot load must not replace anything. The check, case by case:
    onnxruntime does not list: no schema), is not test-loaded there, with a warning: no session
    here can load it, and the build that will run it must;
 4. a failure raises :class:`WrittenModelLoadError` with one line: the model, the EP and ORT's
-   cause without its source locations.
+   cause without its source locations;
+5. the sessions are created in a child process (:mod:`onnxcampo.runtime.isolated`; the file by its
+   path, a ModelProto as bytes): ORT segfaults on some graphs the checker accepts (an fp16
+   Transpose into a MatMul, ``onnxcampo.patterns.ort_cpu_crashing_transposes``), and a crash
+   there is a :class:`WrittenModelLoadError` naming the signal, not the end of onnxcampo.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import onnx.defs
 import onnxruntime as ort
 
 from onnxcampo import ops
-from onnxcampo.errors import CampoError, ModelLoadError, WrittenModelLoadError
+from onnxcampo.errors import CampoError, ModelLoadError, RuntimeCrashError, WrittenModelLoadError
+from onnxcampo.ir.io import exceeds_protobuf_limit
 
 log = logging.getLogger(__name__)
 
@@ -71,22 +76,40 @@ def check_loads(source: str | os.PathLike | onnx.ModelProto, *, model: onnx.Mode
             log.warning("%s: not test-loaded on the %s: this onnxruntime %s has no kernel for %s", label,
                         _short(provider), ort.__version__, ", ".join(missing[:5]))
             continue
-        if _load(source, provider, label, uses_ops):
+        if _load_isolated(source, provider, label, uses_ops):
             loaded.append(provider)
     return loaded
 
 
-def _load(source: str | os.PathLike | onnx.ModelProto, provider: str, label: str, uses_ops: bool) -> bool:
+def _load_isolated(source: str | os.PathLike | onnx.ModelProto, provider: str, label: str, uses_ops: bool) -> bool:
+    """:func:`_load` in a child process; a crash there is a :class:`WrittenModelLoadError`."""
+    from onnxcampo.runtime import isolated
+
+    if isinstance(source, onnx.ModelProto):
+        if exceeds_protobuf_limit(source):  # no bytes for it: this process writes it to a file and loads that
+            return _load(source, provider, label, uses_ops)
+        source = source.SerializeToString()
+    else:
+        source = str(source)
+    try:
+        return isolated.call("load", source, provider, label, uses_ops)
+    except RuntimeCrashError as exc:
+        raise WrittenModelLoadError(
+            f"{label}: {exc} loading the written model on the {_short(provider)} (ONNX Runtime {ort.__version__}, "
+            "ORT_ENABLE_ALL)") from exc
+
+
+def _load(source: str | os.PathLike | onnx.ModelProto | bytes, provider: str, label: str, uses_ops: bool) -> bool:
     from onnxcampo.runtime import make_session  # this package's door (the custom-op library included)
 
     try:
-        make_session(source if isinstance(source, onnx.ModelProto) else str(source),
+        make_session(source if isinstance(source, (onnx.ModelProto, bytes)) else str(source),
                      provider="cpu" if provider == CPU else "cuda", optimization_level="all", intra_op_threads=1,
                      log_severity=_FATAL_ONLY,
                      session_config={"session.inter_op_num_threads": 1, "session.disable_prepacking": "1"})
     except ModelLoadError as exc:
         error = exc.__cause__ or exc
-        cause = _cause(error, str(source) if not isinstance(source, onnx.ModelProto) else None, label)
+        cause = _cause(error, str(source) if not isinstance(source, (onnx.ModelProto, bytes)) else None, label)
         if provider == CUDA and _DEVICE_TROUBLE.search(cause):
             # the GPU, not the graph (the CPU session of the same file loaded): say so, keep the model
             log.warning("%s: not test-loaded on the CUDA EP: the device failed (%s)", label, cause)
