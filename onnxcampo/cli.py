@@ -374,7 +374,7 @@ def _optimize(args: argparse.Namespace) -> int:
     input_path = args.input if args.input.exists() else None
     output = ir.check_output_path(args.output, input_path)
     if args.report is not None:
-        ir.check_output_path(args.report, input_path)
+        ir.check_output_path(args.report, input_path, taken=(output,))
     inputs = None
     if args.inputs and not (config.tune or config.activation_limit is not None or args.validate):
         raise ConfigError("--inputs feeds --validate, --tune or --activation-limit; none of them is given")
@@ -531,6 +531,9 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.resume}: no such checkpoint")
     if args.save_checkpoint is not None and not args.save_checkpoint.parent.is_dir():
         raise ConfigError(f"{args.save_checkpoint}: folder {args.save_checkpoint.parent} does not exist")
+    for written in (args.log, args.save_checkpoint):  # writable, before any step
+        if written is not None:
+            ir.check_output_path(written, args.step)
     step_model, _ = ir.read_model(args.step)
     specs = input_specs(step_model)  # the batch files are checked before the session is made
     batches = NpzBatches(args.data, {name: specs[name] for name in step_spec(step_model).batch},

@@ -69,7 +69,7 @@ class Child:
         try:
             self.process.stdin.write(_HEADER.pack(len(request)) + request)
             self.process.stdin.flush()
-            answer = self._read(time.monotonic() + (TIMEOUT_S if timeout_s is None else timeout_s))
+            answer = self._read(TIMEOUT_S if timeout_s is None else timeout_s)
         except BrokenPipeError:
             answer = None
         if answer is None:
@@ -81,11 +81,12 @@ class Child:
             raise value
         return value
 
-    def _read(self, deadline: float) -> bytes | None:
-        header = self._read_exact(_HEADER.size, deadline)
-        return None if header is None else self._read_exact(_HEADER.unpack(header)[0], deadline)
+    def _read(self, limit_s: float) -> bytes | None:
+        deadline = time.monotonic() + limit_s
+        header = self._read_exact(_HEADER.size, deadline, limit_s)
+        return None if header is None else self._read_exact(_HEADER.unpack(header)[0], deadline, limit_s)
 
-    def _read_exact(self, size: int, deadline: float) -> bytes | None:
+    def _read_exact(self, size: int, deadline: float, limit_s: float) -> bytes | None:
         chunks, left, fd = [], size, self.process.stdout.fileno()
         while left:
             remaining = deadline - time.monotonic()
@@ -93,7 +94,7 @@ class Child:
             if not ready:
                 self.process.kill()
                 self.process.wait()
-                raise RuntimeCrashError(f"ONNX Runtime did not finish within {TIMEOUT_S:g} s (the child process "
+                raise RuntimeCrashError(f"ONNX Runtime did not finish within {limit_s:g} s (the child process "
                                         "was stopped; $ONNXCAMPO_CHILD_TIMEOUT_S sets the limit)")
             chunk = os.read(fd, min(left, 1 << 24))
             if not chunk:
