@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "optimize":
             from onnxcampo.runtime import isolated
 
-            isolated.start()  # ORT's child process (test-load, --validate) imports while the model is planned
+            isolated.start(validate=args.validate)  # ORT's child process imports while the model is planned
             return _optimize(args)
         if args.command == "costdb":
             return _costdb(args)

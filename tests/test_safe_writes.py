@@ -96,14 +96,17 @@ def test_with_the_rule_the_same_model_is_written_and_validated(tmp_path, capsys)
 def test_the_child_is_reused_restarted_after_a_crash_and_forwards_its_logs(tmp_path, caplog):
     """One child serves the process's requests; a crash ends it and the next request starts
     another; log records of the child's onnxcampo loggers are logged here under their names."""
+    from onnxcampo.runtime import session_recipe
+
     good = tmp_path / "good.onnx"
     onnx.save(transpose_matmul(), str(good))
-    isolated.call("load", str(good), "CPUExecutionProvider", "good", False)
+    recipe = session_recipe(provider="cpu")
+    assert isolated.call("session", str(good), recipe) == (True, ["CPUExecutionProvider"])
     first = isolated._shared[0].process.pid
-    isolated.call("load", str(good), "CPUExecutionProvider", "good", False)
-    assert isolated._shared[0].process.pid == first
+    ok, (kind, message) = isolated.call("session", b"not a model", recipe)
+    assert not ok and "INVALID_PROTOBUF" in message and isolated._shared[0].process.pid == first
     with pytest.raises(RuntimeCrashError, match="signal 11") as crash:
-        isolated.call("load", transpose_matmul(FLOAT16).SerializeToString(), "CPUExecutionProvider", "bad", False)
+        isolated.call("session", transpose_matmul(FLOAT16).SerializeToString(), recipe)
     assert crash.value.signal == 11
     with caplog.at_level(logging.INFO, logger="onnxcampo"):
         checks = isolated.call("validate", str(good), str(good), provider="cpu", execution="cuda-graph")
@@ -113,11 +116,13 @@ def test_the_child_is_reused_restarted_after_a_crash_and_forwards_its_logs(tmp_p
 
 
 def test_a_child_past_the_time_limit_is_stopped(tmp_path):
+    from onnxcampo.runtime import session_recipe
+
     good = tmp_path / "good.onnx"
     onnx.save(transpose_matmul(), str(good))
-    with pytest.raises(RuntimeCrashError, match="did not finish within 0.001 s"):
-        isolated.call("load", str(good), "CPUExecutionProvider", "good", False, timeout_s=0.001)
-    assert isolated.call("load", str(good), "CPUExecutionProvider", "good", False) is True
+    with pytest.raises(RuntimeCrashError, match="did not finish within 0 s"):
+        isolated.call("session", str(good), session_recipe(), timeout_s=0)
+    assert isolated.call("session", str(good), session_recipe())[0] is True
 
 
 # --- (c) output paths, before any work ----------------------------------------------------------

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 # rotation), which it re-exports
 __all__ = [
     "require_provider", "available_providers", "graph_inputs", "load_inputs_npz", "make_session",
-    "preload_cuda_dlls", "random_inputs", "run", "validate", "validate_isolated",
+    "preload_cuda_dlls", "random_inputs", "run", "session_recipe", "validate", "validate_isolated",
     "DEFAULT_TOLERANCE", "OutputCheck", "OutputDiff", "check_outputs", "compare_outputs", "output_error", "worst_error",
     "BlockTimes", "BoundRunner", "bound_runner", "check_feeds", "run_once", "time_in_rotation",
 ]
@@ -543,6 +543,37 @@ def make_session(
             "(check the CUDA/cuDNN libraries; see ORT's warnings above)"
         )
     return session
+
+
+def session_recipe(*, provider: str = "cpu", optimization_level: str = "all", intra_op_threads: int | None = None,
+                   log_severity: int | None = None, session_config: Mapping[str, object] | None = None) -> dict:
+    """What :func:`make_session` would give a session, as plain data for a process that has only
+    onnxruntime (:func:`onnxcampo.runtime.isolated.create_session`): the providers with their
+    options, the optimization level, SessionOptions attributes, config entries, custom-op
+    libraries (onnxcampo's when it loads) and environment variables they read."""
+    providers = _providers(provider)
+    probe = _session_options(profiling=False, optimization_level=optimization_level, custom_ops_library=None,
+                             intra_op_threads=intra_op_threads, profile_file_prefix=None, log_severity=log_severity)
+    attributes = {"intra_op_num_threads": probe.intra_op_num_threads, "log_severity_level": probe.log_severity_level}
+    entries = {}
+    for key, value in (session_config or {}).items():
+        name = key[len("session."):] if key.startswith("session.") else ""
+        if name and not name.startswith("_") and not callable(getattr(probe, name, callable)):
+            _configure(probe, key, value)  # checked and converted as make_session does
+            attributes[name] = getattr(probe, name)
+        else:
+            entries[str(key)] = str(value)
+    libraries = [ops.check()] if ops.available() else []
+    env = {}
+    if libraries:
+        from onnxcampo.ops import jit
+
+        path = jit.export_nvrtc()
+        if path and os.path.isabs(path):
+            env[jit.ENV_VAR] = path
+    level = {value: key for key, value in vars(ort.GraphOptimizationLevel).items() if key.startswith("ORT_")}
+    return {"providers": providers, "level": level[_OPT_LEVELS[optimization_level]], "attributes": attributes,
+            "entries": entries, "libraries": libraries, "env": env, "preload_dlls": provider == "cuda"}
 
 
 def run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

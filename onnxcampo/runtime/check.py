@@ -82,31 +82,58 @@ def check_loads(source: str | os.PathLike | onnx.ModelProto, *, model: onnx.Mode
 
 
 def _load_isolated(source: str | os.PathLike | onnx.ModelProto, provider: str, label: str, uses_ops: bool) -> bool:
-    """:func:`_load` in a child process; a crash there is a :class:`WrittenModelLoadError`."""
-    from onnxcampo.runtime import isolated
-
+    """:func:`_load` with the session made in the child process (rule 5); a crash there is a
+    :class:`WrittenModelLoadError`."""
     if isinstance(source, onnx.ModelProto):
-        if exceeds_protobuf_limit(source):  # no bytes for it: this process writes it to a file and loads that
+        if exceeds_protobuf_limit(source):  # no bytes for it (save_model gives files): loaded here
             return _load(source, provider, label, uses_ops)
         source = source.SerializeToString()
     else:
         source = str(source)
     try:
-        return isolated.call("load", source, provider, label, uses_ops)
+        return _load(source, provider, label, uses_ops, create=_create_in_child)
     except RuntimeCrashError as exc:
         raise WrittenModelLoadError(
             f"{label}: {exc} loading the written model on the {_short(provider)} (ONNX Runtime {ort.__version__}, "
             "ORT_ENABLE_ALL)") from exc
 
 
-def _load(source: str | os.PathLike | onnx.ModelProto | bytes, provider: str, label: str, uses_ops: bool) -> bool:
+# the session of a test-load: cheap (one thread, no weight prepacking), ORT's own log silenced
+_TEST_LOAD = dict(optimization_level="all", intra_op_threads=1, log_severity=_FATAL_ONLY,
+                  session_config={"session.inter_op_num_threads": 1, "session.disable_prepacking": "1"})
+
+
+def _create_in_child(source: str | bytes, provider: str) -> None:
+    """``make_session(source, **_TEST_LOAD)`` as the child process makes it, with its errors."""
+    from onnxcampo.runtime import isolated, session_recipe
+
+    ok, value = isolated.call("session", source, session_recipe(provider=provider, **_TEST_LOAD))
+    if not ok:
+        kind, message = value
+        if ops.DOMAIN in message and not ops.available():
+            ops.require()
+        raise ModelLoadError(f"ONNX Runtime could not load the model: {message}") from RuntimeError(message)
+    if provider == "cuda" and CUDA not in value:
+        raise CampoError("ONNX Runtime fell back to CPU: CUDAExecutionProvider failed to initialise "
+                         "(check the CUDA/cuDNN libraries)")
+
+
+def _load(source: str | os.PathLike | onnx.ModelProto | bytes, provider: str, label: str, uses_ops: bool,
+          *, create=None) -> bool:
+    """Create a session of ``source`` on ``provider`` (``create(source, "cpu"/"cuda")``, by default
+    ``make_session`` in this process); False, with a warning, where the device, not the model,
+    failed; a :class:`WrittenModelLoadError` where ORT refuses the model."""
     from onnxcampo.runtime import make_session  # this package's door (the custom-op library included)
 
+    key = "cpu" if provider == CPU else "cuda"
     try:
-        make_session(source if isinstance(source, (onnx.ModelProto, bytes)) else str(source),
-                     provider="cpu" if provider == CPU else "cuda", optimization_level="all", intra_op_threads=1,
-                     log_severity=_FATAL_ONLY,
-                     session_config={"session.inter_op_num_threads": 1, "session.disable_prepacking": "1"})
+        if create is not None:
+            create(source, key)
+        else:
+            make_session(source if isinstance(source, (onnx.ModelProto, bytes)) else str(source), provider=key,
+                         **_TEST_LOAD)
+    except RuntimeCrashError:
+        raise
     except ModelLoadError as exc:
         error = exc.__cause__ or exc
         cause = _cause(error, str(source) if not isinstance(source, (onnx.ModelProto, bytes)) else None, label)

@@ -8,16 +8,21 @@ The test-load of every written model (:mod:`onnxcampo.runtime.check`) and the CL
    ``multiprocessing``: spawning would re-import the caller's ``__main__``), with the parent's
    ``sys.path``; requests and answers are pickles over its stdin/stdout, which the child keeps for
    itself (ORT's own prints go to stderr);
-2. a request names a function of :data:`FUNCTIONS` (nothing else runs there); models go as file
+2. the child loads this file by its path, not the ``onnxcampo.runtime`` package, and imports
+   only onnxruntime at its start: a test-load (:func:`create_session`, from the recipe
+   :func:`onnxcampo.runtime.session_recipe` makes of ``make_session``'s options) needs nothing
+   else, so the child is ready in about the time ``import onnxruntime`` takes; ``--validate``'s
+   runs import the rest of onnxcampo there (early when :func:`start` is told they will come);
+3. a request names a function of :data:`FUNCTIONS` (nothing else runs there); models go as file
    paths or serialized bytes, never as live objects; the answer is the return value or the
    exception raised, plus the log records the child's ``onnxcampo`` loggers wrote, which the
    parent logs again under the same names;
-3. one child serves the process, started at the first request (or earlier by :func:`start`: the
+4. one child serves the process, started at the first request (or earlier by :func:`start`: the
    CLI's ``optimize`` starts it before planning, so that its imports, a second or two, overlap the
    work) and kept for the next (the test-load and ``--validate`` share it; a test run's saves
    too), until :func:`close` or the end of the process; after a crash the next request starts a
    new one;
-4. a child that dies (a negative return code: a signal) or does not answer within the time limit
+5. a child that dies (a negative return code: a signal) or does not answer within the time limit
    (:data:`TIMEOUT_S`, ``$ONNXCAMPO_CHILD_TIMEOUT_S``; then it is killed) raises
    :class:`~onnxcampo.errors.RuntimeCrashError`; the caller says what was being done.
 """
@@ -42,9 +47,9 @@ from onnxcampo.errors import RuntimeCrashError
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = float(os.environ.get("ONNXCAMPO_CHILD_TIMEOUT_S", "1800"))
-# what a request may run: name -> (module, function)
+# what a request may run: name -> (module, function); None: this file
 FUNCTIONS = {
-    "load": ("onnxcampo.runtime.check", "_load"),
+    "session": (None, "create_session"),
     "validate": ("onnxcampo.runtime", "validate_files"),
 }
 _HEADER = struct.Struct("<Q")
@@ -55,9 +60,10 @@ _shared: list["Child"] = []  # the process's child, once started
 class Child:
     """One child process serving requests until :meth:`close`."""
 
-    def __init__(self) -> None:
-        bootstrap = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
-                     "from onnxcampo.runtime.isolated import serve; serve()")
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
+        bootstrap = (f"import sys, importlib.util as u; sys.path[:0] = {[p for p in sys.path if p]!r}; "
+                     f"s = u.spec_from_file_location('onnxcampo_isolated', {os.path.abspath(__file__)!r}); "
+                     f"m = u.module_from_spec(s); s.loader.exec_module(m); m.serve({list(preload)!r})")
         self.process = subprocess.Popen([sys.executable, "-c", bootstrap], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, close_fds=True)
 
@@ -116,13 +122,16 @@ class Child:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def close(self) -> None:
-        """Close its stdin (it then ends); a child still importing, or busy, is killed after 1 s."""
+    def close(self, *, wait: bool = True) -> None:
+        """Close its stdin (it then ends); a child still importing, or busy, is killed after 1 s
+        (``wait=False``: left to end by itself)."""
         if self.process.poll() is None:
             try:
                 self.process.stdin.close()
             except BrokenPipeError:
                 pass
+            if not wait:
+                return
             try:
                 self.process.wait(timeout=1)
             except subprocess.TimeoutExpired:
@@ -131,10 +140,11 @@ class Child:
         self.process.stdout.close()
 
 
-def start() -> None:
-    """Start the process's child now (it imports ONNX Runtime while the caller works on)."""
+def start(*, validate: bool = False) -> None:
+    """Start the process's child now (it imports ONNX Runtime while the caller works on);
+    ``validate``: it imports what :data:`FUNCTIONS`' ``validate`` needs too."""
     with _lock:
-        _child()
+        _child(("onnxcampo.runtime",) if validate else ())
 
 
 def call(function: str, *args, **kwargs):
@@ -143,22 +153,23 @@ def call(function: str, *args, **kwargs):
         return _child().call(function, *args, **kwargs)
 
 
-def close() -> None:
-    """Stop the process's child (the next request starts another); also run at exit."""
+def close(*, wait: bool = True) -> None:
+    """Stop the process's child (the next request starts another); at exit without waiting for
+    it (it ends when it reads the end of its stdin)."""
     with _lock:
         while _shared:
-            _shared.pop().close()
+            _shared.pop().close(wait=wait)
 
 
-def _child() -> Child:
+def _child(preload: tuple[str, ...] = ()) -> Child:
     if not _shared or not _shared[0].alive():
         if _shared:
             _shared.pop().close()
-        _shared.append(Child())
+        _shared.append(Child(preload))
     return _shared[0]
 
 
-atexit.register(close)
+atexit.register(close, wait=False)
 
 
 class _Collect(logging.Handler):
@@ -170,12 +181,41 @@ class _Collect(logging.Handler):
         self.records.append((record.name, record.levelno, record.getMessage()))
 
 
-def serve() -> None:
+def create_session(source: str | bytes, recipe: dict) -> tuple[bool, object]:
+    """An ORT session of ``source`` made from ``recipe`` (:func:`onnxcampo.runtime.session_recipe`),
+    then dropped: ``(True, its providers)``, or ``(False, (ORT's exception class, message))``."""
+    import onnxruntime as ort
+
+    os.environ.update(recipe["env"])
+    if recipe["preload_dlls"] and hasattr(ort, "preload_dlls"):
+        try:
+            ort.preload_dlls()
+        except Exception:  # noqa: BLE001 - best effort, as make_session has it
+            pass
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, recipe["level"])
+    for name, value in recipe["attributes"].items():
+        setattr(options, name, value)
+    for key, value in recipe["entries"].items():
+        options.add_session_config_entry(key, value)
+    try:
+        for library in recipe["libraries"]:
+            options.register_custom_ops_library(library)
+        session = ort.InferenceSession(source, sess_options=options, providers=recipe["providers"])
+    except Exception as exc:  # noqa: BLE001 - ORT's pybind errors: the parent words them
+        return False, (exc.__class__.__name__, str(exc))
+    return True, session.get_providers()
+
+
+def serve(preload: list[str] = ()) -> None:
     """The child's loop: read a request, answer it, until stdin closes."""
     channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # native prints to stdout go to stderr: stdout is the channel
     sys.stdout = sys.stderr
     requests = sys.stdin.buffer
+    importlib.import_module("onnxruntime")  # while the parent works, not at its first request
+    for module in preload:
+        importlib.import_module(module)
     collect = _Collect()
     logger = logging.getLogger("onnxcampo")
     logger.addHandler(collect)
@@ -189,7 +229,8 @@ def serve() -> None:
         collect.records = []
         try:
             module, name = FUNCTIONS[function]
-            answer = (True, getattr(importlib.import_module(module), name)(*args, **kwargs), collect.records)
+            target = globals()[name] if module is None else getattr(importlib.import_module(module), name)
+            answer = (True, target(*args, **kwargs), collect.records)
         except Exception as exc:  # noqa: BLE001 - the parent raises it
             exc.__traceback__ = None
             answer = (False, _picklable(exc), collect.records)
