@@ -269,3 +269,17 @@ def test_cli_optimizes_a_model_with_a_node_name_that_is_not_utf8(tmp_path, capsy
     code, _, err = run_cli(capsys, "optimize", path, out, "--policy", "fp16", "--validate")
     assert code == 0, err
     assert "not valid UTF-8" in err and "internal error" not in err and out.exists()
+
+
+def test_a_graph_input_name_that_is_not_utf8_is_validated_under_its_escaped_name(tmp_path, capsys):
+    """--validate reads the original again (in the child): with the same escapes, so the feeds of
+    the two models match."""
+    model = transpose_matmul()
+    model.graph.node[0].input[0] = model.graph.input[0].name = "INPUT_NAME"
+    path = tmp_path / "bad_input.onnx"
+    path.write_bytes(with_bytes(model, b"INPUT_NAME", b"in\xff\xfe_name_"))
+    out = tmp_path / "out.onnx"
+    code, _, err = run_cli(capsys, "optimize", path, out, "--policy", "fp16", "--validate")
+    assert code == 0, err
+    assert "validate y: rel L2" in err and "ok" in err
+    assert onnx.load(str(out)).graph.input[0].name == "in\\xff\\xfe_name_"

@@ -709,8 +709,12 @@ def _sendable(model: onnx.ModelProto | str | os.PathLike[str], path: str) -> str
 def validate_files(original: str | bytes, optimized: str | bytes, **options) -> list[OutputCheck]:
     """:func:`validate` of two models given as paths or serialized bytes (what the child process
     of :func:`validate_isolated` receives)."""
+    from onnxcampo.ir.io import repair_utf8
+
     models = [onnx.load(source) if isinstance(source, str) else onnx.ModelProto.FromString(source)
               for source in (original, optimized)]
+    for model in models:
+        repair_utf8(model)  # the names the optimized model was written with (ir.read_model)
     return validate(*models, **options)
 
 
