@@ -109,7 +109,7 @@ def _create_in_child(source: str | bytes, provider: str) -> None:
 
     ok, value = isolated.call("session", source, session_recipe(provider=provider, **_TEST_LOAD))
     if not ok:
-        kind, message = value
+        _, message = value  # (ORT's exception class, its message)
         if ops.DOMAIN in message and not ops.available():
             ops.require()
         raise ModelLoadError(f"ONNX Runtime could not load the model: {message}") from RuntimeError(message)

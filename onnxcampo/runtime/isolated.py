@@ -116,7 +116,8 @@ class Child:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = "unknown signal"
-            return RuntimeCrashError(f"ONNX Runtime crashed (signal {-code}, {name})", signal=-code)
+            hint = ", killed: out of memory?" if -code == signal.SIGKILL else ""
+            return RuntimeCrashError(f"ONNX Runtime crashed (signal {-code}, {name}{hint})", signal=-code)
         return RuntimeCrashError(f"ONNX Runtime's child process exited with code {code} before answering")
 
     def alive(self) -> bool:
