@@ -2,9 +2,30 @@
 
 __version__ = "0.1.0"
 
-from onnxcampo.api import OptimizeResult, optimize  # noqa: E402
-from onnxcampo.config import OptimizeConfig  # noqa: E402
-from onnxcampo.errors import CampoError  # noqa: E402
-from onnxcampo.plan import Precision, PrecisionPlan  # noqa: E402
+# The public names are imported on first use (PEP 562): ``import onnxcampo.<module>`` stays cheap,
+# which the child process that test-loads written models (onnxcampo.runtime.isolated) and the
+# CLI's start rely on.
+_PUBLIC = {
+    "CampoError": "onnxcampo.errors",
+    "OptimizeConfig": "onnxcampo.config",
+    "OptimizeResult": "onnxcampo.api",
+    "Precision": "onnxcampo.plan",
+    "PrecisionPlan": "onnxcampo.plan",
+    "optimize": "onnxcampo.api",
+}
 
 __all__ = ["CampoError", "OptimizeConfig", "OptimizeResult", "Precision", "PrecisionPlan", "__version__", "optimize"]
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'onnxcampo' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

@@ -372,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(min(level, logging.INFO) if args.command == "bench" else logging.NOTSET)
     try:
         if args.command == "optimize":
+            from onnxcampo.runtime import isolated
+
+            isolated.start(validate=args.validate)  # ORT's child process imports while the model is planned
             return _optimize(args)
         if args.command == "costdb":
             return _costdb(args)
@@ -400,7 +403,7 @@ def _optimize(args: argparse.Namespace) -> int:
     input_path = args.input if args.input.exists() else None
     output = ir.check_output_path(args.output, input_path)
     if args.report is not None:
-        ir.check_output_path(args.report, input_path)
+        ir.check_output_path(args.report, input_path, taken=(output,))
     inputs = None
     if args.inputs and not (config.tune or config.activation_limit is not None or args.validate):
         raise ConfigError("--inputs feeds --validate, --tune or --activation-limit; none of them is given")
@@ -436,16 +439,17 @@ def _validate(args: argparse.Namespace, result) -> list[dict]:
     the report's rows."""
     import onnx
 
-    from onnxcampo.runtime import load_inputs_npz, validate
+    from onnxcampo.runtime import load_inputs_npz, validate_isolated
 
     if not args.tolerance > 0:
         raise ConfigError(f"--tolerance must be > 0, got {args.tolerance}")
     original = onnx.load(str(args.input))
     feeds = load_inputs_npz(args.inputs, original) if args.inputs else None
     config = _config(args)
-    checks = validate(original, result.model, feeds=feeds, provider=args.provider, tolerance=args.tolerance,
-                      rtol=args.rtol, atol=args.atol, input_shapes=config.input_shapes,
-                      dim_values=config.dim_values, execution=config.execution)
+    checks = validate_isolated(args.input, result.model, feeds=feeds, provider=args.provider,
+                               tolerance=args.tolerance, rtol=args.rtol, atol=args.atol,
+                               input_shapes=config.input_shapes, dim_values=config.dim_values,
+                               execution=config.execution)
     rows = []
     for check in checks:
         rows.append(check.to_json())
@@ -573,6 +577,9 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.resume}: no such checkpoint")
     if args.save_checkpoint is not None and not args.save_checkpoint.parent.is_dir():
         raise ConfigError(f"{args.save_checkpoint}: folder {args.save_checkpoint.parent} does not exist")
+    for written in (args.log, args.save_checkpoint):  # writable, before any step
+        if written is not None:
+            ir.check_output_path(written, args.step)
     step_model, _ = ir.read_model(args.step)
     specs = input_specs(step_model)  # the batch files are checked before the session is made
     batches = NpzBatches(args.data, {name: specs[name] for name in step_spec(step_model).batch},

@@ -54,3 +54,14 @@ class WrittenModelLoadError(ModelLoadError):
     the input: the message names the execution provider and ORT's cause."""
 
     exit_code = 3
+
+
+class RuntimeCrashError(CampoError):
+    """ONNX Runtime crashed (a signal) or hung in the child process onnxcampo runs it in
+    (:mod:`onnxcampo.runtime.isolated`); ``signal`` is the signal's number, if one."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, signal: int | None = None) -> None:
+        super().__init__(message)
+        self.signal = signal

@@ -19,6 +19,14 @@ The gradient of ``y = Softmax(x)`` is ``y * (dy - sum(y * dy))`` over the softma
 bounded by ``max |dy|`` like ReduceMean, and ONNX Runtime's kernels accumulate fp16 in fp32. Such a
 ``ReduceSum`` (of ``Mul(y', dy)`` with ``y'`` the Softmax output through shape-only ops, over the
 softmax axis) is an infer-list op.
+
+A ``Transpose`` that moves a batch axis next to the matrix axes (perm ``[1, ..., r-2, 0, r-1]`` or
+``[1, ..., r-2, r-1, 0]``) and feeds a ``MatMul`` whose other operand has rank 1 or 2 is what ONNX
+Runtime's ``MatmulTransposeFusion`` turns into a ``FusedMatMul`` with ``transBatchA/B``; in fp16,
+creating a CPU session of it at ``ORT_ENABLE_ALL`` crashes the process with SIGSEGV (ORT 1.32.0,
+either operand side, the operand an initializer, a Constant or a Cast of one; basic and extended
+levels, an fp32 graph and a 3-D operand load). Such a Transpose stays fp32 (a Cast between it and
+the MatMul keeps ORT from fusing them): :func:`ort_cpu_crashing_transposes`.
 """
 
 from __future__ import annotations
@@ -41,6 +49,58 @@ def _single_consumer(ctx, tensor: gs.Tensor, op: str) -> gs.Node | None:
 def _constant_operand(ctx, node: gs.Node, other: gs.Tensor) -> bool:
     operands = [t for t in node.inputs if t is not other]
     return len(operands) == 1 and ctx.is_constant(operands[0])
+
+
+def _moves_batch_axis(perm) -> bool:
+    rank = len(perm)
+    if rank < 3 or list(perm[:rank - 2]) != list(range(1, rank - 1)):
+        return False
+    return list(perm[rank - 2:]) in ([0, rank - 1], [rank - 1, 0])
+
+
+def ort_cpu_crashing_transposes(ctx) -> set[str]:
+    """Names of ``Transpose`` nodes that move a batch axis and feed a ``MatMul`` (directly or
+    through ``Identity``) whose other operand has rank <= 2, or an unknown rank (module
+    docstring: ORT's CPU EP crashes loading them in fp16)."""
+    found = set()
+    for node in ctx.nodes:
+        perm = node.attrs.get("perm") if node.op == "Transpose" else None
+        if not perm or not _moves_batch_axis([int(p) for p in perm]):
+            continue
+        readers, seen = list(node.outputs[0].outputs) if node.outputs else [], set()
+        while readers:
+            reader = readers.pop()
+            if id(reader) in seen:
+                continue
+            seen.add(id(reader))
+            if reader.op == "Identity" and reader.outputs:
+                readers.extend(reader.outputs[0].outputs)
+                continue
+            if reader.op != "MatMul" or len(reader.inputs) != 2:
+                continue
+            others = [t for t in reader.inputs if not _reads(t, node.outputs[0])]
+            ranks = [_rank(ctx, t) for t in others]
+            if not others or any(rank is None or rank <= 2 for rank in ranks):
+                found.add(node.name)
+                break
+    return found
+
+
+def _rank(ctx, tensor: gs.Tensor) -> int | None:
+    shape = _shape(ctx, tensor)
+    if shape is None and isinstance(tensor, gs.Constant):
+        shape = tensor.shape
+    return None if shape is None else len(shape)
+
+
+def _reads(tensor: gs.Tensor, source: gs.Tensor) -> bool:
+    """Whether ``tensor`` is ``source``, or ``source`` through Identity nodes."""
+    while tensor is not source:
+        producer = tensor.inputs[0] if tensor.inputs else None
+        if producer is None or producer.op != "Identity":
+            return False
+        tensor = producer.inputs[0]
+    return True
 
 
 def tanh_gelu_powers(ctx) -> set[str]:

@@ -25,6 +25,8 @@ class Reason(enum.Enum):
     PINNED_CAST = "Cast whose output keeps its dtype"
     TRAINING_STATE = "updates training state in place (gradient accumulator, optimizer): fp32 under every policy"
     DECLARED_OUTPUT_SHAPE = "ORT kernel reads its output's declared shape, lost if run fp16 through Casts: fp32 under every policy"
+    ORT_CPU_CRASH = ("Transpose moving a batch axis into a MatMul with a 1-D/2-D operand: ONNX Runtime's CPU EP "
+                     "crashes (SIGSEGV) creating a session of it in fp16 (its FusedMatMul fusion): fp32 under every policy")
     UNKNOWN_OP = "op in no list (no known fp16 behaviour)"
     CUSTOM_DOMAIN = "op of a custom domain"
     NO_FP16_SCHEMA = "no fp16 type in the op's schema at this opset"

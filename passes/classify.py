@@ -10,6 +10,8 @@ Rules, in order (the first that matches decides):
    output aliases their state input, so in fp16 they would update a Cast's copy of the buffer;
    so do ORT's pooling-gradient ops, whose kernels read the shape declared for their output
    (ORT's CPU, lacking an fp16 kernel, would run them on a new, undeclared output and crash);
+   so does a Transpose that moves a batch axis into a MatMul with a 1-D/2-D operand: ORT's CPU EP
+   crashes (SIGSEGV) creating a session of that pattern in fp16 (``patterns.ort_cpu_crashing_transposes``);
 4. quantization ops, and float ops reading a DequantizeLinear or feeding a QuantizeLinear
    (ONNX Runtime fuses those QDQ patterns only in fp32), stay fp32;
 5. user exclusions (``--exclude-op``, ``--exclude-node``) stay fp32, and so do the loss, its
@@ -38,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from onnxcampo import casting, oplists
+from onnxcampo import casting, oplists, patterns
 from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
@@ -54,6 +56,7 @@ class Classify(PassBase):
 
     def run(self, ctx: GraphContext) -> PassResult:
         counts: dict[str, int] = {}
+        self._crashing = patterns.ort_cpu_crashing_transposes(ctx)
         for node in ctx.nodes:
             decision = self._fixed(ctx, node)
             if decision is None:
@@ -87,6 +90,8 @@ class Classify(PassBase):
             return Precision.FP32, Reason.TRAINING_STATE
         if oplists.needs_declared_output_shape(node.op, node.domain or ""):
             return Precision.FP32, Reason.DECLARED_OUTPUT_SHAPE
+        if node.name in self._crashing:
+            return Precision.FP32, Reason.ORT_CPU_CRASH
         if category is Category.QUANTIZED or self._in_qdq(ctx, node):
             return Precision.FP32, Reason.QUANTIZED
         if ctx.excluded_by_user(node):

@@ -10,6 +10,7 @@ Runtime, then renamed.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -20,6 +21,8 @@ from google.protobuf.message import DecodeError
 
 from onnxcampo import oplists
 from onnxcampo.errors import ModelLoadError, OutputPathError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
 
 MIN_OPSET = 11
 _PROTOBUF_LIMIT = (1 << 31) - (1 << 20)
@@ -60,7 +63,65 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelP
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"{path}: cannot read its external data: {exc}") from None
     _check_opset(model, where)
+    repaired = repair_utf8(model)
+    if repaired:
+        names = dict((text, kind) for kind, text in reversed(repaired))  # each text once, its first field
+        shown = ", ".join(f"{kind} '{text}'" for text, kind in list(names.items())[:3])
+        log.warning("%s: %d string(s) not valid UTF-8 (%s%s): read with the bad bytes as \\xNN escapes, which the "
+                    "written model keeps", where, len(names), shown, ", ..." if len(names) > 3 else "")
     return model, path
+
+
+def repair_utf8(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """Make every string field of ``model`` valid UTF-8, in place; returns ``(field, new value)``
+    of those changed.
+
+    The checker and ONNX Runtime accept a node name (or any other string) that is not valid
+    UTF-8; Python's protobuf hands such a field over as ``bytes``, on which the graph editing and
+    the export fail. Each one becomes its text with the bad bytes as ``\\xNN`` escapes
+    (``bytes.decode("utf-8", "backslashreplace")``), the same everywhere it occurs, so a tensor
+    name stays connected; the written model has the escaped names (a protobuf string field
+    cannot be given the original bytes back from Python). Tensor data (``raw_data``, string
+    tensors' ``string_data``) are bytes fields and are not touched.
+    """
+    changed: list[tuple[str, str]] = []
+    _repair_message(model, changed)
+    return changed
+
+
+_STRING = 9  # FieldDescriptor.TYPE_STRING
+_TENSOR_STRINGS = ("name", "doc_string")  # a TensorProto's string fields (its data is left unread)
+
+
+def _repair_message(message, changed: list[tuple[str, str]]) -> None:
+    if isinstance(message, onnx.TensorProto):
+        for name in _TENSOR_STRINGS:
+            value = getattr(message, name)
+            if isinstance(value, bytes):
+                setattr(message, name, _decoded(value, changed, f"tensor {name}"))
+        for entry in message.external_data:
+            _repair_message(entry, changed)
+        return
+    kind = type(message).__name__.removesuffix("Proto").lower()
+    for field, value in message.ListFields():
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        if field.type == _STRING:
+            if repeated:
+                if any(isinstance(item, bytes) for item in value):
+                    fixed = [_decoded(item, changed, f"{kind} {field.name}") if isinstance(item, bytes) else item for item in value]
+                    del value[:]
+                    value.extend(fixed)
+            elif isinstance(value, bytes):
+                setattr(message, field.name, _decoded(value, changed, f"{kind} {field.name}"))
+        elif field.message_type is not None:
+            for item in value if repeated else (value,):
+                _repair_message(item, changed)
+
+
+def _decoded(value: bytes, changed: list[tuple[str, str]], kind: str) -> str:
+    text = value.decode("utf-8", "backslashreplace")
+    changed.append((kind, text))
+    return text
 
 
 def _checker_error(model: onnx.ModelProto | str) -> str | None:
@@ -171,16 +232,33 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [vi for vi in model.graph.input if vi.name not in initializers]
 
 
-def check_output_path(output: str | os.PathLike, input_path: Path | None) -> Path:
+def check_output_path(output: str | os.PathLike, input_path: Path | None, *,
+                      taken: tuple[str | os.PathLike, ...] = ()) -> Path:
+    """``output`` as a path onnxcampo can write, checked before any work; else one
+    :class:`OutputPathError` line. Refused: the input model itself (or a file the caller already
+    writes, ``taken``: the model and its ``--report``), a folder, a path in a folder that does not
+    exist or is not a folder, a folder where no file can be created (permissions, a read-only
+    file system: probed by creating and removing a temporary file there, which also holds for
+    root), and an existing output that is a folder's or cannot be replaced."""
     out = Path(output)
-    if input_path is not None and out.exists() and out.resolve() == input_path.resolve():
+    if input_path is not None and out.resolve() == Path(input_path).resolve():
         raise OutputPathError(f"{out}: the output path is the input model; choose another path")
-    if input_path is not None and out.resolve() == input_path.resolve():
-        raise OutputPathError(f"{out}: the output path is the input model; choose another path")
+    for other in taken:
+        if out.resolve() == Path(other).resolve():
+            raise OutputPathError(f"{out}: already the path of another output ({other}); choose another path")
     if out.is_dir():
-        raise OutputPathError(f"{out}: is a folder; give a file name for the output model")
-    if not out.parent.exists():
-        raise OutputPathError(f"{out}: folder {out.parent} does not exist")
+        raise OutputPathError(f"{out}: is a folder; give a file name for the output")
+    parent = out.parent
+    if not parent.exists():
+        raise OutputPathError(f"{out}: folder {parent} does not exist")
+    if not parent.is_dir():
+        raise OutputPathError(f"{out}: {parent} is not a folder")
+    try:
+        with tempfile.NamedTemporaryFile(prefix=f".{out.name}.", suffix=".probe", dir=parent):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise OutputPathError(f"{out}: cannot write in folder {parent} ({reason.lower()})") from None
     return out
 
 

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 # rotation), which it re-exports
 __all__ = [
     "require_provider", "available_providers", "graph_inputs", "load_inputs_npz", "make_session",
-    "preload_cuda_dlls", "random_inputs", "run", "validate",
+    "preload_cuda_dlls", "random_inputs", "run", "session_recipe", "validate", "validate_isolated",
     "DEFAULT_TOLERANCE", "OutputCheck", "OutputDiff", "check_outputs", "compare_outputs", "output_error", "worst_error",
     "BlockTimes", "BoundRunner", "bound_runner", "check_feeds", "run_once", "time_in_rotation",
 ]
@@ -545,6 +545,37 @@ def make_session(
     return session
 
 
+def session_recipe(*, provider: str = "cpu", optimization_level: str = "all", intra_op_threads: int | None = None,
+                   log_severity: int | None = None, session_config: Mapping[str, object] | None = None) -> dict:
+    """What :func:`make_session` would give a session, as plain data for a process that has only
+    onnxruntime (:func:`onnxcampo.runtime.isolated.create_session`): the providers with their
+    options, the optimization level, SessionOptions attributes, config entries, custom-op
+    libraries (onnxcampo's when it loads) and environment variables they read."""
+    providers = _providers(provider)
+    probe = _session_options(profiling=False, optimization_level=optimization_level, custom_ops_library=None,
+                             intra_op_threads=intra_op_threads, profile_file_prefix=None, log_severity=log_severity)
+    attributes = {"intra_op_num_threads": probe.intra_op_num_threads, "log_severity_level": probe.log_severity_level}
+    entries = {}
+    for key, value in (session_config or {}).items():
+        name = key[len("session."):] if key.startswith("session.") else ""
+        if name and not name.startswith("_") and not callable(getattr(probe, name, callable)):
+            _configure(probe, key, value)  # checked and converted as make_session does
+            attributes[name] = getattr(probe, name)
+        else:
+            entries[str(key)] = str(value)
+    libraries = [ops.check()] if ops.available() else []
+    env = {}
+    if libraries:
+        from onnxcampo.ops import jit
+
+        path = jit.export_nvrtc()
+        if path and os.path.isabs(path):
+            env[jit.ENV_VAR] = path
+    level = {value: key for key, value in vars(ort.GraphOptimizationLevel).items() if key.startswith("ORT_")}
+    return {"providers": providers, "level": level[_OPT_LEVELS[optimization_level]], "attributes": attributes,
+            "entries": entries, "libraries": libraries, "env": env, "preload_dlls": provider == "cuda"}
+
+
 def run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run once; output name -> array. Feed-name mistakes and ORT failures become CampoErrors."""
     expected = {i.name for i in session.get_inputs()}
@@ -639,6 +670,52 @@ def validate(
     for check in checks:
         logger.debug("validate %s", check)
     return checks
+
+
+def validate_isolated(
+    original: onnx.ModelProto | str | os.PathLike[str],
+    optimized: onnx.ModelProto | str | os.PathLike[str],
+    **options,
+) -> list[OutputCheck]:
+    """:func:`validate` in a child process (:mod:`onnxcampo.runtime.isolated`, the process's
+    child, which the test-load of written models uses too): models as files (by path) or ModelProtos (sent serialized; over
+    2 GB written to a temporary folder first), ``options`` as :func:`validate`'s. An ORT crash
+    there is a :class:`RuntimeCrashError` saying so."""
+    from onnxcampo.errors import RuntimeCrashError
+    from onnxcampo.runtime import isolated
+
+    with tempfile.TemporaryDirectory(prefix="onnxcampo-validate-") as folder:
+        sources = [_sendable(model, os.path.join(folder, f"{index}.onnx"))
+                   for index, model in enumerate((original, optimized))]
+        try:
+            return isolated.call("validate", *sources, **options)
+        except RuntimeCrashError as exc:
+            raise RuntimeCrashError(f"{exc} running the models for --validate (ONNX Runtime {ort.__version__}, "
+                                    f"{options.get('provider', 'cpu')}); nothing was written", signal=exc.signal) from exc
+
+
+def _sendable(model: onnx.ModelProto | str | os.PathLike[str], path: str) -> str | bytes:
+    if not isinstance(model, onnx.ModelProto):
+        return str(model)
+    if not exceeds_protobuf_limit(model):
+        return model.SerializeToString()
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=os.path.basename(path) + ".data")
+    return path
+
+
+def validate_files(original: str | bytes, optimized: str | bytes, **options) -> list[OutputCheck]:
+    """:func:`validate` of two models given as paths or serialized bytes (what the child process
+    of :func:`validate_isolated` receives)."""
+    from onnxcampo.ir.io import repair_utf8
+
+    models = [onnx.load(source) if isinstance(source, str) else onnx.ModelProto.FromString(source)
+              for source in (original, optimized)]
+    for model in models:
+        repair_utf8(model)  # the names the optimized model was written with (ir.read_model)
+    return validate(*models, **options)
 
 
 # The fast way to run a model (bound, replayed) and the rotation timing build on the sessions above.

@@ -19,7 +19,11 @@ model that ORT cannot load must not replace anything. The check, case by case:
    onnxruntime does not list: no schema), is not test-loaded there, with a warning: no session
    here can load it, and the build that will run it must;
 4. a failure raises :class:`WrittenModelLoadError` with one line: the model, the EP and ORT's
-   cause without its source locations.
+   cause without its source locations;
+5. the sessions are created in a child process (:mod:`onnxcampo.runtime.isolated`; the file by its
+   path, a ModelProto as bytes): ORT segfaults on some graphs the checker accepts (an fp16
+   Transpose into a MatMul, ``onnxcampo.patterns.ort_cpu_crashing_transposes``), and a crash
+   there is a :class:`WrittenModelLoadError` naming the signal, not the end of onnxcampo.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import onnx.defs
 import onnxruntime as ort
 
 from onnxcampo import ops
-from onnxcampo.errors import CampoError, ModelLoadError, WrittenModelLoadError
+from onnxcampo.errors import CampoError, ModelLoadError, RuntimeCrashError, WrittenModelLoadError
+from onnxcampo.ir.io import exceeds_protobuf_limit
 
 log = logging.getLogger(__name__)
 
@@ -71,22 +76,67 @@ def check_loads(source: str | os.PathLike | onnx.ModelProto, *, model: onnx.Mode
             log.warning("%s: not test-loaded on the %s: this onnxruntime %s has no kernel for %s", label,
                         _short(provider), ort.__version__, ", ".join(missing[:5]))
             continue
-        if _load(source, provider, label, uses_ops):
+        if _load_isolated(source, provider, label, uses_ops):
             loaded.append(provider)
     return loaded
 
 
-def _load(source: str | os.PathLike | onnx.ModelProto, provider: str, label: str, uses_ops: bool) -> bool:
+def _load_isolated(source: str | os.PathLike | onnx.ModelProto, provider: str, label: str, uses_ops: bool) -> bool:
+    """:func:`_load` with the session made in the child process (rule 5); a crash there is a
+    :class:`WrittenModelLoadError`."""
+    if isinstance(source, onnx.ModelProto):
+        if exceeds_protobuf_limit(source):  # no bytes for it (save_model gives files): loaded here
+            return _load(source, provider, label, uses_ops)
+        source = source.SerializeToString()
+    else:
+        source = str(source)
+    try:
+        return _load(source, provider, label, uses_ops, create=_create_in_child)
+    except RuntimeCrashError as exc:
+        raise WrittenModelLoadError(
+            f"{label}: {exc} loading the written model on the {_short(provider)} (ONNX Runtime {ort.__version__}, "
+            "ORT_ENABLE_ALL)") from exc
+
+
+# the session of a test-load: cheap (one thread, no weight prepacking), ORT's own log silenced
+_TEST_LOAD = dict(optimization_level="all", intra_op_threads=1, log_severity=_FATAL_ONLY,
+                  session_config={"session.inter_op_num_threads": 1, "session.disable_prepacking": "1"})
+
+
+def _create_in_child(source: str | bytes, provider: str) -> None:
+    """``make_session(source, **_TEST_LOAD)`` as the child process makes it, with its errors."""
+    from onnxcampo.runtime import isolated, session_recipe
+
+    ok, value = isolated.call("session", source, session_recipe(provider=provider, **_TEST_LOAD))
+    if not ok:
+        _, message = value  # (ORT's exception class, its message)
+        if ops.DOMAIN in message and not ops.available():
+            ops.require()
+        raise ModelLoadError(f"ONNX Runtime could not load the model: {message}") from RuntimeError(message)
+    if provider == "cuda" and CUDA not in value:
+        raise CampoError("ONNX Runtime fell back to CPU: CUDAExecutionProvider failed to initialise "
+                         "(check the CUDA/cuDNN libraries)")
+
+
+def _load(source: str | os.PathLike | onnx.ModelProto | bytes, provider: str, label: str, uses_ops: bool,
+          *, create=None) -> bool:
+    """Create a session of ``source`` on ``provider`` (``create(source, "cpu"/"cuda")``, by default
+    ``make_session`` in this process); False, with a warning, where the device, not the model,
+    failed; a :class:`WrittenModelLoadError` where ORT refuses the model."""
     from onnxcampo.runtime import make_session  # this package's door (the custom-op library included)
 
+    key = "cpu" if provider == CPU else "cuda"
     try:
-        make_session(source if isinstance(source, onnx.ModelProto) else str(source),
-                     provider="cpu" if provider == CPU else "cuda", optimization_level="all", intra_op_threads=1,
-                     log_severity=_FATAL_ONLY,
-                     session_config={"session.inter_op_num_threads": 1, "session.disable_prepacking": "1"})
+        if create is not None:
+            create(source, key)
+        else:
+            make_session(source if isinstance(source, (onnx.ModelProto, bytes)) else str(source), provider=key,
+                         **_TEST_LOAD)
+    except RuntimeCrashError:
+        raise
     except ModelLoadError as exc:
         error = exc.__cause__ or exc
-        cause = _cause(error, str(source) if not isinstance(source, onnx.ModelProto) else None, label)
+        cause = _cause(error, str(source) if not isinstance(source, (onnx.ModelProto, bytes)) else None, label)
         if provider == CUDA and _DEVICE_TROUBLE.search(cause):
             # the GPU, not the graph (the CPU session of the same file loaded): say so, keep the model
             log.warning("%s: not test-loaded on the CUDA EP: the device failed (%s)", label, cause)

@@ -476,3 +476,60 @@ def test_scatter_with_a_reduction_stays_fp32(reduction, fixed):
         assert precisions(ctx)[name] == "fp32" and reasons(ctx)[name] == "ACCUMULATING_SCATTER"
     else:
         assert name not in precisions(ctx)
+
+
+# --- rule 3, fifth part: a pattern ONNX Runtime's CPU EP crashes on in fp16 ----------------
+def _transpose_matmul(perm, weight_shape, *, weight_first=False):
+    dims = [2, 3, 4] if len(perm) == 3 else [2, 3, 6, 4]
+    moved = [dims[p] for p in perm]
+    if weight_first:
+        weight_shape = (5, moved[-2])
+    weight = "float[{}] w = {{{}}}".format(",".join(map(str, weight_shape)),
+                                            ",".join(["0.5"] * int(np.prod(weight_shape))))
+    product = "MatMul(w, t)" if weight_first else "MatMul(t, w)"
+    pair = (np.zeros(weight_shape), np.zeros(moved)) if weight_first else (np.zeros(moved), np.zeros(weight_shape))
+    out = ",".join(map(str, np.matmul(*pair).shape))
+    return parse(f"""
+    g (float[{",".join(map(str, dims))}] x) => (float[{out}] y) <{weight}> {{
+      [tr] t = Transpose<perm = [{",".join(map(str, perm))}]>(x)
+      [mm] y = {product}
+    }}""")
+
+
+@pytest.mark.parametrize("perm, weight_shape, weight_first", [
+    ([1, 0, 2], (4, 5), False), ([1, 2, 0], (2, 5), False), ([1, 0, 2], None, True),
+    ([1, 2, 0, 3], (4, 5), False), ([1, 2, 3, 0], (2, 5), False), ([1, 0, 2], (4,), False)])
+def test_transpose_moving_a_batch_axis_into_a_matmul_with_a_2d_operand_stays_fp32(perm, weight_shape, weight_first):
+    """Rule 3, fifth part: ORT 1.32's CPU EP segfaults creating a session of an fp16 Transpose
+    that moves the batch axis (``[1, 0, 2]``, ``[1, 2, 0]``, rank 4 alike) into a MatMul with a
+    1-D/2-D operand, on either side: the Transpose stays fp32 (ORT_CPU_CRASH), even when included;
+    the MatMul is left to the passes."""
+    model = _transpose_matmul(perm, weight_shape, weight_first=weight_first)
+    for options in ({}, {"include_ops": frozenset({"Transpose"})}):
+        assert reasons(classify(model, **options)) == {"tr": "ORT_CPU_CRASH"}
+
+
+@pytest.mark.parametrize("perm, weight_shape", [([0, 2, 1], (3, 5)), ([2, 1, 0], (2, 5)), ([1, 0, 2], (3, 4, 5)),
+                                                ([1, 0, 2, 3], (4, 5))])
+def test_other_transposes_into_a_matmul_are_left_to_the_passes(perm, weight_shape):
+    """Perms that do not move the batch axis next to the matrix axes, or a 3-D operand: ORT loads
+    them in fp16, and classify leaves them open."""
+    assert reasons(classify(_transpose_matmul(perm, weight_shape))) == {}
+
+
+@pytest.mark.parametrize("policy", ["fp16", "amp", "campo"])
+def test_written_model_with_the_crashing_pattern_loads_on_ort_cpu(policy, tmp_path):
+    """End to end: every policy writes the Transpose fp32, a Cast before the fp16 MatMul, and ONNX
+    Runtime's CPU EP creates a session of the written model (in a child process: the pattern
+    itself would kill this one)."""
+    import subprocess
+    import sys
+
+    result = optimize(_transpose_matmul([1, 0, 2], (4, 5)), policy=policy, input_shapes={})
+    assert result.report["plan"]["tr"]["reason"] == "ort_cpu_crash"
+    path = tmp_path / "out.onnx"
+    result.save(path)
+    code = ("import onnxruntime as ort, sys; o = ort.SessionOptions(); "
+            "o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL; "
+            "ort.InferenceSession(sys.argv[1], o, providers=['CPUExecutionProvider'])")
+    assert subprocess.run([sys.executable, "-c", code, str(path)]).returncode == 0
