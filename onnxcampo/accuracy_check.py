@@ -48,6 +48,7 @@ class Reference:
     outputs: dict[str, np.ndarray]
     inputs: str  # "given" or "generated"
     notes: list[str] = field(default_factory=list)  # non-finite reference values, per output
+    run_seconds: float = 0.0  # the fp32 model's run, session creation left out
 
 
 def _name(source) -> str:
@@ -66,7 +67,7 @@ def reference(original: onnx.ModelProto, *, feeds: Mapping[str, np.ndarray] | No
     where = "generated inputs" if generated else "the given inputs"
     hint = "; give --inputs" if generated else "; give other --inputs"
     try:
-        outputs = run_model(original, feeds, provider=provider, execution=execution)
+        outputs, seconds = _timed_run(original, feeds, provider=provider, execution=execution)
     except CampoError as exc:
         raise ReferenceError(f"the fp32 model {_name(source)} fails on {where}: {str(exc).splitlines()[0]}{hint}") from exc
     notes, usable = [], 0
@@ -86,7 +87,23 @@ def reference(original: onnx.ModelProto, *, feeds: Mapping[str, np.ndarray] | No
                              f"(NaN/inf in every output){hint}")
     for note in notes:
         log.warning("%s", note)
-    return Reference(dict(feeds), outputs, "generated" if generated else "given", notes)
+    return Reference(dict(feeds), outputs, "generated" if generated else "given", notes, seconds)
+
+
+def _timed_run(model, feeds, *, provider, execution):
+    """``run_model``'s outputs and the seconds of the run itself (ORT: the session made first)."""
+    if provider == "reference":
+        start = time.perf_counter()
+        outputs = run_model(model, feeds, provider=provider)
+        return outputs, time.perf_counter() - start
+    from onnxcampo.runtime.timing import bound_runner
+
+    runner = bound_runner(model, feeds, provider=provider, execution=execution)
+    start = time.perf_counter()
+    runner()
+    if runner.cuda_graph:
+        runner()
+    return runner.outputs(), time.perf_counter() - start
 
 
 def run_candidate(candidate: onnx.ModelProto, ref: Reference, *, provider: str = "cpu",
@@ -97,8 +114,10 @@ def run_candidate(candidate: onnx.ModelProto, ref: Reference, *, provider: str =
     return run_model(candidate, feeds_for(candidate, ref.feeds), provider=provider, execution=execution)
 
 
-REFERENCE_MAX_NODES = 400  # the ONNX reference evaluator (numpy, node by node) checks models up to this size
-REFERENCE_MAX_WEIGHTS = 4_000_000  # ... and this many weight elements, by default
+REFERENCE_MAX_NODES = 400  # the ONNX reference evaluator (numpy, node by node) checks models up to this size,
+REFERENCE_MAX_WEIGHTS = 4_000_000  # this many weight elements,
+REFERENCE_MAX_ORT_S = 0.005  # and whose fp32 run on ORT's CPU provider takes this long at most, by default
+# (numpy has no fp16 BLAS: an fp16 MatMul runs 100-1000x slower than ORT's fp32 one)
 REFERENCE_DOMAINS = ("", "ai.onnx")
 
 
@@ -127,9 +146,13 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *, provid
     return {o.name: np.asarray(v) for o, v in zip(model.graph.output, values)}
 
 
-def small_enough_for_reference(model: onnx.ModelProto) -> str | None:
-    """``None`` when the reference evaluator checks this model by default, else why not."""
+def small_enough_for_reference(model: onnx.ModelProto, ort_seconds: float = 0.0) -> str | None:
+    """``None`` when the reference evaluator checks this model by default, else why not
+    (``ort_seconds``: the fp32 model's run on ORT's CPU provider)."""
     from onnxcampo.corpus import iter_graphs
+
+    if ort_seconds > REFERENCE_MAX_ORT_S:
+        return f"its fp32 run takes {1e3 * ort_seconds:.0f} ms on ORT's CPU provider"
 
     nodes = sum(len(g.node) for g in iter_graphs(model.graph))
     if nodes > REFERENCE_MAX_NODES:
@@ -184,9 +207,11 @@ def exclusion(names) -> str:
 
 def find_culprits(model, config, ref: Reference, criterion: Criterion | str | float | None, first, *,
                   provider: str = "cpu", execution: str = "plain", max_culprits: int = 8, max_probes: int = 64,
-                  progress: Callable[[str], None] | None = None) -> Culprits:
+                  max_seconds: float = math.inf, progress: Callable[[str], None] | None = None) -> Culprits:
     """Case 3 of the module. ``model``: what ``optimize`` reads (path or proto); ``config``:
-    the optimization's; ``first``: its failing result."""
+    the optimization's; ``first``: its failing result. The search stops after ``max_probes``
+    re-optimizations or ``max_seconds``, whichever comes first (the culprits so far, and the
+    nodes before them kept fp32 too, are returned)."""
     from onnxcampo.api import optimize
 
     criterion = Criterion.parse(criterion)
@@ -197,6 +222,11 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
     if config.tune is not None:
         config = config.replace(tune=None)  # bisecting re-plans; timing every probe is not wanted
     probes = 0
+    deadline = time.perf_counter() + max_seconds
+
+    def budget() -> bool:
+        return probes < max_probes and time.perf_counter() < deadline
+
     cache: dict[tuple[str, ...], tuple[object, Verdict]] = {}
 
     def probe(kept: tuple[str, ...]):
@@ -226,9 +256,9 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
                                               "comes from elsewhere (Casts at the I/O, fused ops)")
     culprits: list[str] = []
     remaining = list(order)  # invariant: reverting culprits + remaining passes, culprits alone fails
-    while len(culprits) < max_culprits and probes < max_probes:
+    while len(culprits) < max_culprits and budget():
         lo, hi = 0, len(remaining)
-        while hi - lo > 1 and probes < max_probes:
+        while hi - lo > 1 and budget():
             mid = (lo + hi) // 2
             _, v = probe(tuple(culprits + remaining[:mid]))
             if v.ok:
@@ -236,7 +266,8 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
             else:
                 lo = mid
         if hi - lo > 1:
-            break  # out of probes mid-search
+            remaining = remaining[:hi]  # out of budget mid-search: the shortest prefix known to pass
+            break
         culprit = remaining[hi - 1]
         culprits.append(culprit)
         say(f"  culprit {len(culprits)}: {culprit}")
@@ -247,5 +278,6 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
     # the budget ran out: the culprits so far plus the nodes before them, which passes (invariant)
     result, verdict = probe(tuple(culprits + remaining))
     return done(culprits + remaining, verdict.ok, result if verdict.ok else None, verdict,
-                f"search stopped after {len(culprits)} culprits and {probes} probes; the other "
-                f"{len(remaining)} nodes before them are kept fp32 too")
+                f"search stopped after {len(culprits)} culprits, {probes} re-optimizations and "
+                f"{time.perf_counter() - start:.0f} s; {len(remaining)} more fp16 nodes (the shortest prefix known "
+                f"to pass) are kept fp32 too")

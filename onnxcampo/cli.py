@@ -417,7 +417,8 @@ def _optimize(args: argparse.Namespace) -> int:
 
 
 NOTHING_CONVERTED = "nothing converted"
-GUARD_MAX_BYTES = 1 << 30  # the accuracy check is skipped by default for models with more weights (two CPU runs)
+GUARD_MAX_BYTES = 1 << 30
+GUARD_SEARCH_S = 60.0  # the default check's culprit search stops after this (a warning should not take long)  # the accuracy check is skipped by default for models with more weights (two CPU runs)
 
 
 def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result):
@@ -425,6 +426,8 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result):
     failure warns): both models once on the same inputs, judged by ``--tolerance``
     (:mod:`onnxcampo.accuracy`); on failure the culprits are searched, and with ``--fix`` the
     model that keeps them fp32 replaces ``result``. Returns the result to write."""
+    import math
+
     import onnx
 
     from onnxcampo import accuracy_check as acc
@@ -443,17 +446,21 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result):
     original = onnx.load(str(args.input))
     if args.validate:
         provider, execution = args.provider, config.execution if args.provider != "reference" else "plain"
-    else:  # the reference evaluator sees fp16 numerics; ORT's CPU provider is faster on large models
-        too_big = acc.small_enough_for_reference(original) or acc.small_enough_for_reference(result.model)
-        provider, execution = ("cpu" if too_big else "reference"), "plain"
+    else:  # the fp32 model on ORT's CPU provider; the written one on the reference evaluator where quick
+        provider, execution = "cpu", "plain"
     feeds = load_inputs_npz(args.inputs, original) if args.inputs else None
-    where = "the ONNX reference evaluator" if provider == "reference" else f"ONNX Runtime {provider}"
-    print(f"onnxcampo: {what}: running the fp32 and the written model on {where}, "
-          f"{'the inputs of ' + str(args.inputs) if feeds is not None else 'generated inputs'} "
-          f"({criterion.describe()})", file=sys.stderr)
+    inputs_text = f"{'the inputs of ' + str(args.inputs) if feeds is not None else 'generated inputs'}"
     try:
         ref = acc.reference(original, feeds=feeds, source=args.input, provider=provider, execution=execution,
                             input_shapes=config.input_shapes, dim_values=config.dim_values)
+        if not args.validate and not (acc.small_enough_for_reference(original, ref.run_seconds)
+                                      or acc.small_enough_for_reference(result.model)):
+            provider = "reference"  # it computes fp16 nodes in fp16, which ORT's CPU provider does not
+        where = ("ONNX Runtime cpu (fp32) and the ONNX reference evaluator (written)" if provider == "reference"
+                 and not args.validate else "the ONNX reference evaluator" if provider == "reference"
+                 else f"ONNX Runtime {provider}")
+        print(f"onnxcampo: {what}: the fp32 and the written model on {where}, {inputs_text} "
+              f"({criterion.describe()})", file=sys.stderr)
     except acc.ReferenceError as exc:
         if args.validate:
             raise
@@ -495,8 +502,11 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result):
     figures = verdict.summary()
     culprits = None
     if config.policy != "fp32":
+        # the default check only warns: its search is bounded in time (--fix and --validate search to the end)
+        seconds = math.inf if args.fix or args.validate else GUARD_SEARCH_S
         culprits = acc.find_culprits(args.input, config, ref, criterion, result, provider=provider,
-                                     execution=execution, progress=lambda line: print(f"onnxcampo: {line}", file=sys.stderr))
+                                     execution=execution, max_seconds=seconds,
+                                     progress=lambda line: print(f"onnxcampo: {line}", file=sys.stderr))
         entry["culprits"] = culprits.to_json()
     if args.fix and culprits is not None and culprits.ok and culprits.result is not None:
         fixed = culprits.result

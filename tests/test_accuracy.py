@@ -151,6 +151,15 @@ def first_config():
     return OptimizeConfig(policy="fp16")
 
 
+def test_a_search_out_of_budget_keeps_the_nodes_before_the_culprits_fp32_too():
+    model = planted()
+    first = optimize(model, policy="fp16")
+    ref = acc.reference(model, provider="reference")
+    found = acc.find_culprits(model, first_config(), ref, None, first, provider="reference", max_probes=3)
+    assert found.ok and "search stopped after 0 culprits, 3 re-optimizations" in found.note
+    assert {"scale_up2", "scale_down"} <= set(found.nodes) and len(found.nodes) < 11  # probes: 11, 5, 8 nodes
+
+
 def test_a_search_with_no_fp16_node_says_the_difference_comes_from_elsewhere():
     model = planted()
     result = optimize(model, policy="fp32")
@@ -199,7 +208,8 @@ def test_cli_accuracy_check_warns_with_the_figures_and_names_the_culprits(plante
     out, report = tmp_path / "out.onnx", tmp_path / "r.json"
     assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--report", str(report)]) == 0
     err = capsys.readouterr().err
-    assert "accuracy check: running the fp32 and the written model on the ONNX reference evaluator, generated inputs" in err
+    assert ("accuracy check: the fp32 and the written model on ONNX Runtime cpu (fp32) and the ONNX reference "
+            "evaluator (written), generated inputs") in err
     assert "  accuracy check r3: rel L2 inf" in err and "FAIL (rel L2 > 0.01)" in err
     assert "bisect probe 1:" in err  # progress
     assert "warning: the written model fails rel L2 <= 0.01: r3 rel L2 inf > 0.01" in err
@@ -243,7 +253,7 @@ def test_cli_validate_on_ort_cpu_passes_what_cpu_computes_and_prints_the_statist
     assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--tolerance",
                  "rel_l2=0.01,p99_abs=0.1", "--report", str(report)]) == 0
     err = capsys.readouterr().err
-    assert "validate: running the fp32 and the written model on ONNX Runtime cpu, generated inputs (rel L2 <= 0.01, " \
+    assert "validate: the fp32 and the written model on ONNX Runtime cpu, generated inputs (rel L2 <= 0.01, " \
            "p99 abs <= 0.1)" in err
     line = next(line for line in err.splitlines() if line.startswith("  validate r3:"))
     assert line.startswith("  validate r3: rel L2 ") and ", p99 abs " in line and ", max rel " in line
@@ -264,7 +274,7 @@ def test_cli_fp32_failing_on_generated_inputs_is_an_input_problem(tmp_path, caps
     np.savez(tmp_path / "in.npz", x=np.ones(4, np.float32), attention_mask=np.zeros(4, np.int64))
     assert main(["optimize", str(src), str(out), "--policy", "fp16", "--validate", "--inputs",
                  str(tmp_path / "in.npz")]) == 0
-    assert "validate: running the fp32 and the written model on ONNX Runtime cpu, the inputs of" in capsys.readouterr().err
+    assert "validate: the fp32 and the written model on ONNX Runtime cpu, the inputs of" in capsys.readouterr().err
     # the default check only warns and writes the model
     assert main(["optimize", str(src), str(out), "--policy", "fp16"]) == 0
     assert "warning: accuracy check skipped: the fp32 model" in capsys.readouterr().err
