@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from onnxcampo import __version__
@@ -405,9 +406,10 @@ def _optimize(args: argparse.Namespace) -> int:
         # a training step is timed on its batch (and labels); weights and state come from the graph
         batch = step_spec(model).batch if is_train_step(model) else None
         inputs = load_inputs_npz(args.inputs, model, only=batch)
+    started = time.perf_counter()
     result = optimize(args.input, config=config, inputs=inputs)
     if args.validate or not args.no_accuracy_check:
-        result = _check_accuracy(args, config, result)
+        result = _check_accuracy(args, config, result, time.perf_counter() - started)
     report = result.report
     result.save(output)
     if args.report:
@@ -418,14 +420,17 @@ def _optimize(args: argparse.Namespace) -> int:
 
 NOTHING_CONVERTED = "nothing converted"
 GUARD_MAX_BYTES = 1 << 30
-GUARD_SEARCH_S = 60.0  # the default check's culprit search stops after this (a warning should not take long)  # the accuracy check is skipped by default for models with more weights (two CPU runs)
+GUARD_SEARCH_S = 60.0  # the default check's culprit search stops after this (a warning should not take long)
+GUARD_MIN_PROBES = 8  # ... and is not started unless this many re-optimizations fit in that time  # the accuracy check is skipped by default for models with more weights (two CPU runs)
 
 
-def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result):
+def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, optimize_s: float = 0.0):
     """``--validate`` (a failure exits 1, nothing written) or the default accuracy check (a
     failure warns): both models once on the same inputs, judged by ``--tolerance``
     (:mod:`onnxcampo.accuracy`); on failure the culprits are searched, and with ``--fix`` the
-    model that keeps them fp32 replaces ``result``. Returns the result to write."""
+    model that keeps them fp32 replaces ``result``; ``optimize_s``: how long the optimization took
+    (a probe of the search re-optimizes: the default check does not search when probes are slow).
+    Returns the result to write."""
     import math
 
     import onnx
@@ -501,7 +506,12 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result):
     needed = verdict.needed_text()
     figures = verdict.summary()
     culprits = None
-    if config.policy != "fp32":
+    searching = args.fix or args.validate or optimize_s * GUARD_MIN_PROBES <= GUARD_SEARCH_S
+    if config.policy != "fp32" and not searching:
+        entry["culprits"] = {"skipped": f"one re-optimization takes about {optimize_s:.0f} s"}
+        figures += (f"; the nodes responsible were not searched (each probe re-optimizes, {optimize_s:.0f} s): "
+                    "--fix or --validate searches them")
+    if config.policy != "fp32" and searching:
         # the default check only warns: its search is bounded in time (--fix and --validate search to the end)
         seconds = math.inf if args.fix or args.validate else GUARD_SEARCH_S
         culprits = acc.find_culprits(args.input, config, ref, criterion, result, provider=provider,
