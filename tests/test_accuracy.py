@@ -289,3 +289,21 @@ def test_cli_no_accuracy_check_runs_nothing(planted_file, tmp_path, capsys):
     assert "--fix acts on a failed accuracy check" in capsys.readouterr().err
     assert main(["optimize", str(planted_file), str(out), "--tolerance", "rel=1"]) == 2
     assert "unknown accuracy statistic 'rel'" in capsys.readouterr().err
+
+
+@pytest.mark.corpus
+def test_silero_vad_runs_on_generated_inputs_with_its_sample_rate():
+    """silero VAD refuses a random sample rate (its If branches check sr): a generated ``sr`` is
+    16000, so the fp32 model runs and its outputs are finite."""
+    from onnxcampo import corpus
+
+    entry = corpus.get("silero_vad")
+    try:
+        path = corpus.fetch(entry)
+    except corpus.CorpusUnavailable as exc:
+        pytest.skip(f"corpus model unavailable: {exc}")
+    model = onnx.load(str(path))
+    shapes = {name: tuple(dims) for name, dims in entry.input_shapes.items() if name != "sr"}
+    ref = acc.reference(model, source=path, input_shapes=shapes)
+    assert int(ref.feeds["sr"]) == 16000 and not ref.notes
+    assert all(np.isfinite(value).all() for value in ref.outputs.values())
