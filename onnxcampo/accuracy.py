@@ -269,8 +269,9 @@ class OutputVerdict:
         return f"{s.name} {', '.join(parts)}{extra}"
 
     def line(self, criterion: Criterion) -> str:
-        """``logits: rel L2 3.1e-03, max abs 0.012, p99 abs 0.004, max rel 0.4 ok`` -- the bounded
-        statistics first, then max/p99 of the absolute and relative errors."""
+        """``logits: rel L2 0.0031, max abs 0.012, p99 abs 0.004, max rel 0.4, p99 rel 0.02 ok (rel L2
+        <= 0.01)`` -- the bounded statistics first, then max/p99 of the absolute and relative
+        errors, then the verdict with the bounds it is against."""
         s = self.stats
         if s.broken:
             return f"{s.name}: {s.note} FAIL"
@@ -286,7 +287,9 @@ class OutputVerdict:
         if s.reference_nonfinite:
             extra.append(f"{s.reference_nonfinite} non-finite reference values left out")
         tail = f" [{'; '.join(extra)}]" if extra else ""
-        verdict = "ok" if self.ok else "FAIL (" + ", ".join(
+        bounds = {"mismatch": criterion.mismatch} if s.kind == "exact" else criterion.bounds
+        passed = "ok (" + ", ".join(f"{_LABELS[k]} <= {v:g}" for k, v in bounds.items()) + ")"
+        verdict = passed if self.ok else "FAIL (" + ", ".join(
             f"{_LABELS[k]} > {criterion.mismatch if k == 'mismatch' else criterion.bounds[k]:g}" for k in self.failed) + ")"
         return f"{s.name}: {', '.join(parts)}{tail} {verdict}"
 

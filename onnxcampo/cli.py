@@ -513,10 +513,14 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     if ok:
         return result
     needed = verdict.needed_text()
-    figures = verdict.summary()
+    parts = [o.failure(criterion) for o in verdict.failed]
+    parts += [f"{d.name} elements beyond --rtol/--atol (max abs {d.max_abs_err:.3g})"
+              for d in elementwise or () if not d.ok]
+    figures = f"outputs differ beyond the tolerance ({criterion.describe()}): {'; '.join(parts)}"
     culprits = None
-    searching = args.fix or args.validate or optimize_s * GUARD_MIN_PROBES <= GUARD_SEARCH_S
-    if config.policy != "fp32" and not searching:
+    # the search judges by the criterion: an element-wise failure alone is not searched
+    searching = (args.fix or args.validate or optimize_s * GUARD_MIN_PROBES <= GUARD_SEARCH_S) and not verdict.ok
+    if config.policy != "fp32" and not searching and not verdict.ok:
         entry["culprits"] = {"skipped": f"one re-optimization takes about {optimize_s:.0f} s"}
         figures += (f"; the nodes responsible were not searched (each probe re-optimizes, {optimize_s:.0f} s): "
                     "--fix or --validate searches them")
@@ -543,9 +547,11 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     blame = _blame(culprits)
     advice = (f"loosen --tolerance (--tolerance {needed} would pass)" if needed else "loosen --tolerance") + \
         ("" if args.fix or culprits is None or not culprits.nodes else ", or --fix to keep the culprits fp32")
+    if verdict.ok:  # only the element-wise check failed
+        advice = "loosen --rtol/--atol"
     if args.validate:
         raise ValidationError(f"{figures}{blame}; nothing written ({advice})")
-    warning = f"the written model {figures}{blame} ({advice}, or --exclude-node)"
+    warning = f"the written model's {figures}{blame} ({advice}, or --exclude-node)"
     report.setdefault("notes", []).append(f"accuracy check: {warning}")
     print(f"onnxcampo: warning: {warning}", file=sys.stderr)
     return result
