@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np

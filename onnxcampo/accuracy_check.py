@@ -27,7 +27,6 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -207,11 +206,14 @@ def exclusion(names) -> str:
 
 def find_culprits(model, config, ref: Reference, criterion: Criterion | str | float | None, first, *,
                   provider: str = "cpu", execution: str = "plain", max_culprits: int = 8, max_probes: int = 64,
-                  max_seconds: float = math.inf, progress: Callable[[str], None] | None = None) -> Culprits:
+                  max_seconds: float = math.inf, progress: Callable[[str], None] | None = None,
+                  inputs: Mapping[str, np.ndarray] | None = None) -> Culprits:
     """Case 3 of the module. ``model``: what ``optimize`` reads (path or proto); ``config``:
     the optimization's; ``first``: its failing result. The search stops after ``max_probes``
     re-optimizations or ``max_seconds``, whichever comes first (the culprits so far, and the
-    nodes before them kept fp32 too, are returned)."""
+    nodes before them kept fp32 too, are returned). ``inputs``: the optimization's own (``optimize``'s
+    ``inputs``: calibration with ``activation_limit``), given to every probe. ``tune`` is left out of
+    the probes: they are planned, not timed."""
     from onnxcampo.api import optimize
 
     criterion = Criterion.parse(criterion)
@@ -235,7 +237,7 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
             return cache[kept]
         probes += 1
         cfg = config.replace(exclude_nodes=base_excludes + ((exclusion(kept),) if kept else ()))
-        result = optimize(model, config=cfg)
+        result = optimize(model, config=cfg, inputs=inputs)
         verdict = check(result.model, ref, criterion, provider=provider, execution=execution)
         worst = verdict.worst()
         say(f"  bisect probe {probes}: {len(kept)} of {len(order)} fp16 nodes kept fp32 -> "

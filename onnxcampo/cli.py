@@ -409,7 +409,7 @@ def _optimize(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     result = optimize(args.input, config=config, inputs=inputs)
     if args.validate or not args.no_accuracy_check:
-        result = _check_accuracy(args, config, result, time.perf_counter() - started)
+        result = _check_accuracy(args, config, result, time.perf_counter() - started, inputs)
     report = result.report
     result.save(output)
     if args.report:
@@ -424,13 +424,15 @@ GUARD_SEARCH_S = 60.0  # the default check's culprit search stops after this (a 
 GUARD_MIN_PROBES = 8  # ... and is not started unless this many re-optimizations fit in that time  # the accuracy check is skipped by default for models with more weights (two CPU runs)
 
 
-def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, optimize_s: float = 0.0):
+def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, optimize_s: float = 0.0,
+                    inputs=None):
     """``--validate`` (a failure exits 1, nothing written) or the default accuracy check (a
     failure warns): both models once on the same inputs, judged by ``--tolerance``
     (:mod:`onnxcampo.accuracy`); on failure the culprits are searched, and with ``--fix`` the
     model that keeps them fp32 replaces ``result``; ``optimize_s``: how long the optimization took
-    (a probe of the search re-optimizes: the default check does not search when probes are slow).
-    Returns the result to write."""
+    (a probe of the search re-optimizes: the default check does not search when probes are slow);
+    ``inputs``: what the optimization was given (--tune, --activation-limit), given to every probe
+    too. Returns the result to write."""
     import math
 
     import onnx
@@ -505,10 +507,7 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
                                  "max_rel_err": d.max_rel_err} for d in elementwise]
     ok = verdict.ok and all(d.ok for d in elementwise or ())
     if args.validate:
-        report["validation"] = [{**row, "error": row.get("rel_l2", row.get("mismatch")),
-                                 "measure": "rel_l2" if "rel_l2" in row else "mismatch", "tolerance": str(criterion),
-                                 "max_abs_err": row.get("max_abs"), "max_rel_err": row.get("max_rel")}
-                                for row in entry["outputs"]]
+        report["validation"] = _validation_rows(entry["outputs"], criterion)
     report["accuracy"] = entry
     if ok:
         return result
@@ -528,7 +527,7 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
         # the default check only warns: its search is bounded in time (--fix and --validate search to the end)
         seconds = math.inf if args.fix or args.validate else GUARD_SEARCH_S
         culprits = acc.find_culprits(args.input, config, ref, criterion, result, provider=provider,
-                                     execution=execution, max_seconds=seconds,
+                                     execution=execution, max_seconds=seconds, inputs=inputs,
                                      progress=lambda line: print(f"onnxcampo: {line}", file=sys.stderr))
         entry["culprits"] = culprits.to_json()
     if args.fix and culprits is not None and culprits.ok and culprits.result is not None:
@@ -537,7 +536,7 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
                                     "before": {k: v for k, v in entry.items() if k != "culprits"},
                                     "culprits": culprits.to_json()}
         if args.validate:
-            fixed.report["validation"] = report["validation"]
+            fixed.report["validation"] = _validation_rows(fixed.report["accuracy"]["outputs"], criterion)
         fixed.report.setdefault("notes", []).append(
             f"--fix: kept fp32 {len(culprits.nodes)} nodes so that the model passes {criterion.describe()}: "
             f"{', '.join(culprits.nodes)} ({culprits.verdict.summary()})")
@@ -555,6 +554,13 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     report.setdefault("notes", []).append(f"accuracy check: {warning}")
     print(f"onnxcampo: warning: {warning}", file=sys.stderr)
     return result
+
+
+def _validation_rows(outputs: list[dict], criterion) -> list[dict]:
+    """The report's ``validation`` rows: the statistics plus the keys they always had."""
+    return [{**row, "error": row.get("rel_l2", row.get("mismatch")),
+             "measure": "rel_l2" if "rel_l2" in row else "mismatch", "tolerance": str(criterion),
+             "max_abs_err": row.get("max_abs"), "max_rel_err": row.get("max_rel")} for row in outputs]
 
 
 def _guard_skipped(args: argparse.Namespace, config: OptimizeConfig, result) -> str | None:

@@ -244,8 +244,12 @@ def test_cli_validate_fails_names_the_culprits_and_writes_nothing(planted_file, 
     assert "error: outputs differ beyond the tolerance (rel L2 <= 0.01): r3 rel L2 inf > 0.01" in err
     assert "scale_up2" in err
     assert "nothing written" in err and not out.exists()
+    report = tmp_path / "r.json"
     assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--provider",
-                 "reference", "--fix"]) == 0 and out.exists()
+                 "reference", "--fix", "--report", str(report)]) == 0 and out.exists()
+    written = json.loads(report.read_text())
+    assert all(row["ok"] for row in written["validation"])  # the rows of the model written, the fixed one
+    assert written["accuracy"]["fixed"] and written["accuracy"]["provider"] == "reference"
 
 
 def test_cli_validate_on_ort_cpu_passes_what_cpu_computes_and_prints_the_statistics(planted_file, tmp_path, capsys):
