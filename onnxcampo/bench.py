@@ -10,9 +10,10 @@
 3. all sessions stay alive and are timed in rotation in this one process
    (:func:`~onnxcampo.runtime.timing.time_in_rotation`): the median of each policy's block means,
    and their spread;
-4. each policy's outputs are compared with fp32's by the one criterion ``--validate`` and
-   ``--tune`` use (:func:`~onnxcampo.runtime.compare.worst_error`: relative L2 error, integer
-   outputs the share of elements that differ).
+4. each policy's outputs are judged against fp32's by the one criterion ``--validate``,
+   ``--tune`` and the accuracy guard use (:mod:`onnxcampo.accuracy`; default relative L2 error
+   <= 0.01 per output): ``rel_err`` is the worst relative L2 error, ``within_tolerance`` the
+   verdict, ``accuracy`` the per-output statistics.
 
 A policy that cannot be built or run is reported with its error and the others go on; fp32
 failing ends the bench.
@@ -32,7 +33,8 @@ import onnx
 from onnxcampo import ir
 from onnxcampo.config import EXECUTION_MODES, POLICIES, OptimizeConfig
 from onnxcampo.errors import CampoError, ConfigError
-from onnxcampo.runtime.compare import DEFAULT_TOLERANCE, worst_error
+from onnxcampo.accuracy import DEFAULT_CRITERION, Criterion, evaluate
+from onnxcampo.runtime.compare import worst_error
 from onnxcampo.runtime.timing import BLOCK_MS, ROUNDS, BlockTimes, bound_runner, time_in_rotation
 
 log = logging.getLogger(__name__)
@@ -51,22 +53,29 @@ class PolicyResult:
     name: str
     times: BlockTimes | None = None
     rel_err: float | None = None
+    accuracy: object | None = None  # onnxcampo.accuracy.Verdict against fp32's outputs
     casts: int | None = None  # Casts the policy inserted
     nodes_fp16: int | None = None
     chosen_plan: str | None = None  # campo may keep the fp32 or amp plan (the report's chosen_plan)
     error: str | None = None
 
     @property
+    def accurate(self) -> bool:
+        return self.accuracy is None or self.accuracy.ok
+
+    @property
     def ms(self) -> float | None:
         return self.times.median_ms if self.times is not None and self.error is None else None
 
-    def to_json(self, reference_ms: float | None, tolerance: float) -> dict:
+    def to_json(self, reference_ms: float | None, tolerance=None) -> dict:
         if self.error is not None:
             return {"error": self.error}
         row = dict(self.times.to_json())
         row["speedup"] = round(reference_ms / self.ms, 4) if reference_ms and self.ms else None
         row["rel_err"] = self.rel_err
-        row["within_tolerance"] = self.rel_err is None or self.rel_err <= tolerance
+        row["within_tolerance"] = self.accurate
+        if self.accuracy is not None:
+            row["accuracy"] = self.accuracy.to_json()
         row["casts"] = self.casts
         row["nodes_fp16"] = self.nodes_fp16
         if self.chosen_plan is not None:
@@ -87,7 +96,7 @@ class BenchResult:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dim_values: dict[str, int] = field(default_factory=dict)
     policies: dict[str, PolicyResult] = field(default_factory=dict)
-    tolerance: float = DEFAULT_TOLERANCE
+    tolerance: Criterion = DEFAULT_CRITERION
     config: OptimizeConfig = field(default_factory=OptimizeConfig)  # what every policy was optimized with
 
     def to_json(self) -> dict:
@@ -101,11 +110,12 @@ class BenchResult:
             "onnxruntime": ort.__version__, "onnxcampo": __version__,
             "rounds": self.rounds, "block_ms": self.block_ms, "inputs": self.inputs,
             "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
-            "dim_values": dict(self.dim_values), "reference": REFERENCE, "tolerance": self.tolerance,
+            "dim_values": dict(self.dim_values), "reference": REFERENCE, "tolerance": str(self.tolerance),
             "plan_options": {"device_db": str(self.config.device_db) if self.config.device_db else None,
                              "pad_tensor_cores": self.config.pad_tensor_cores, "cost_graph": self.config.cost_graph,
                              "fuse": self.config.fuse},
-            "error_measure": "relative L2 against fp32's outputs (integer outputs: share differing), worst output",
+            "error_measure": "rel_err: relative L2 against fp32's outputs (integer outputs: share differing), worst "
+                             "output; within_tolerance: the onnxcampo.accuracy criterion (tolerance)",
             "policies": {name: p.to_json(reference, self.tolerance) for name, p in self.policies.items()},
         }
 
@@ -121,8 +131,8 @@ class BenchResult:
                 continue
             t = p.times
             err = "-" if name == REFERENCE else "n/a" if p.rel_err is None else f"{p.rel_err:.2e}"
-            if p.rel_err is not None and p.rel_err > self.tolerance:
-                err += f" (> {self.tolerance:g})"
+            if not p.accurate:
+                err += f" (fails {self.tolerance.describe()})"
             plan = f" ({p.chosen_plan} plan)" if p.chosen_plan not in (None, name) else ""
             rows.append((name + plan, f"{t.median_ms:.4g}", f"{t.min_ms:.4g}-{t.max_ms:.4g}",
                          f"{reference / t.median_ms:.2f}x", err, str(p.casts)))
@@ -176,13 +186,14 @@ def bench(
     inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
     rounds: int = ROUNDS,
     block_ms: float = BLOCK_MS,
-    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance: Criterion | str | float | None = None,
     config: OptimizeConfig | None = None,
 ) -> BenchResult:
     """Optimize ``model`` under each of ``policies``, time the results side by side in rotation
     on ``provider`` in the ``execution`` mode and compare their outputs with fp32's (see the
     module's numbered steps). ``inputs``: an ``.npz`` path or arrays (default: random, from the
-    shapes and pins). ``tolerance`` only marks the policies whose error exceeds it. ``config``:
+    shapes and pins). ``tolerance``: the accuracy criterion (:class:`~onnxcampo.accuracy.Criterion` or its text; default
+    relative L2 <= 0.01), which only marks the policies that fail it. ``config``:
     the options every policy is optimized with (``device_db``, ``pad_tensor_cores``,
     ``cost_graph``, ``fuse``, ...); its policy, execution and pins are replaced by the bench's."""
     from onnxcampo.api import optimize
@@ -239,10 +250,15 @@ def bench(
         if times.error is not None:
             result.error = times.error
             continue
-        result.rel_err = 0.0 if name == REFERENCE else worst_error(reference, runners[name].outputs())
+        if name == REFERENCE:
+            result.rel_err = 0.0
+            continue
+        outputs = runners[name].outputs()
+        result.rel_err = worst_error(reference, outputs)
+        result.accuracy = evaluate(reference, outputs, Criterion.parse(tolerance), inputs="given")
     return BenchResult(model=str(source) if source else None, provider=provider, execution=execution, rounds=rounds,
                        block_ms=block_ms, inputs=described, input_shapes=input_shapes, dim_values=dim_values,
-                       policies=results, tolerance=tolerance, config=config)
+                       policies=results, tolerance=Criterion.parse(tolerance), config=config)
 
 
 def write_json(result: BenchResult, path: str | os.PathLike) -> None:

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from onnxcampo import __version__
@@ -67,10 +68,10 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "unless a mixed plan is --min-gain faster); inputs random, or (optimize) from --inputs "
                              "(a training step: its batch and labels). Needs the provider here: onnxruntime-gpu and a "
                              "GPU for cuda; --execution cuda-graph needs cuda")
-    parser.add_argument("--tune-tolerance", type=float, default=0.02, metavar="REL_L2",
-                        help="--tune keeps no inference candidate whose outputs differ from the fp32 plan's by more "
-                             "than this relative L2 error, ||out - ref|| / ||ref|| over the reference's finite elements "
-                             "(integer outputs: the share of elements that differ), the worst over the outputs (default 0.02; the --validate measure)")
+    parser.add_argument("--tune-tolerance", default=None, metavar="CRITERION",
+                        help="--tune keeps no inference candidate whose outputs fail this accuracy criterion against "
+                             "the fp32 plan's, as --tolerance writes it (default: optimize's --tolerance, else "
+                             "rel_l2=0.01)"),
     parser.add_argument("--activation-limit", type=float, default=None, metavar="MAX",
                         help="calibrate: run the fp32 model once on ORT's CPU provider on random inputs, or "
                              "(optimize) on --inputs, and keep fp32 every node reading or writing values beyond |MAX| "
@@ -155,7 +156,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         fuse_reductions=args.fuse_reductions,
         plan_for_fusion=args.plan_for_fusion,
         tune=args.tune,
-        tune_tolerance=args.tune_tolerance,
+        tune_tolerance=args.tune_tolerance if args.tune_tolerance is not None else getattr(args, "tolerance", None),
         activation_limit=args.activation_limit,
         execution=args.execution,
         **_cost_fields(args),
@@ -175,16 +176,33 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write the full report as JSON: counts by reason, Casts, Pads, the predicted times of every "
                           "plan, the per-node plan (precision, reason, numbers)")
     opt.add_argument("--validate", action="store_true",
-                     help="run both models on ORT (provider cuda: in the --execution mode) and compare outputs, one "
-                          "line per output: the relative L2 error, ||out - ref|| / ||ref|| (integer outputs: the "
-                          "share of elements that differ), must be <= --tolerance; beyond it exit 1 and write nothing")
-    opt.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
-                     help="ONNX Runtime provider for --validate (default cpu)")
+                     help="run both models on ORT (provider cuda: in the --execution mode) on --inputs or generated "
+                          "inputs, one line per output with its error statistics judged by --tolerance; on failure "
+                          "name the nodes most responsible (bisecting the fp16 nodes back to fp32), exit 1 and write "
+                          "nothing (with --fix: keep them fp32 and write the model that passes)")
+    opt.add_argument("--provider", choices=("cpu", "cuda", "reference"), default="cpu",
+                     help="where --validate runs both models: ONNX Runtime's cpu (default) or cuda provider, or the "
+                          "ONNX reference evaluator (reference: numpy in each tensor's dtype, so fp16 nodes round and "
+                          "overflow as fp16 does, which ORT's CPU provider, running most fp16 nodes in fp32, hides; "
+                          "slow on large models)")
     opt.add_argument("--inputs", type=Path, metavar="FILE.npz",
-                     help="inputs for --validate, --tune and --activation-limit (default: random)")
-    opt.add_argument("--tolerance", type=float, default=0.02, metavar="REL_L2",
-                     help="--validate fails an output whose relative L2 error exceeds this (default 0.02, as "
-                          "--tune-tolerance)")
+                     help="inputs for --validate, the accuracy check, --tune and --activation-limit (default: "
+                          "generated: floats standard normal, integers in [0, 8), *mask* ones, token_type_ids zeros, "
+                          "position_ids 0..n-1, sr 16000)")
+    opt.add_argument("--tolerance", default=None, metavar="CRITERION",
+                     help="the accuracy criterion of --validate, the accuracy check and --tune, per output: a "
+                          "number (a bound on the relative L2 error ||out - ref|| / ||ref||) or bounds "
+                          "STAT=VALUE,... on mean_abs, median_abs, p99_abs, max_abs, mean_rel, median_rel, p99_rel, "
+                          "max_rel, rel_l2 (float outputs) and mismatch (share of integer elements that differ); "
+                          "default rel_l2=0.01,mismatch=0.01 (fp16 models as good as the anchors: 0.06-0.5 %%)")
+    opt.add_argument("--fix", action="store_true",
+                     help="when the written model fails the criterion (--validate or the accuracy check), keep the "
+                          "nodes most responsible fp32 (found by bisection, at most 8 rounds) and write the model "
+                          "that passes")
+    opt.add_argument("--no-accuracy-check", action="store_true",
+                     help="do not run the accuracy check (on by default without --validate: both models once on "
+                          "ORT's CPU provider on --inputs or generated inputs; a failure is a warning, with the "
+                          "figures, in the report and on stderr)")
     opt.add_argument("--rtol", type=float, default=None, metavar="R",
                      help="--validate also checks every element, |out - ref| <= atol + rtol * |ref|, and fails "
                           "where one does not (off unless --rtol or --atol is given; the other then defaults to "
@@ -405,8 +423,12 @@ def _optimize(args: argparse.Namespace) -> int:
     if args.report is not None:
         ir.check_output_path(args.report, input_path, taken=(output,))
     inputs = None
-    if args.inputs and not (config.tune or config.activation_limit is not None or args.validate):
-        raise ConfigError("--inputs feeds --validate, --tune or --activation-limit; none of them is given")
+    if args.inputs and not (config.tune or config.activation_limit is not None or args.validate
+                            or not args.no_accuracy_check):
+        raise ConfigError("--inputs feeds --validate, the accuracy check, --tune or --activation-limit; none of them "
+                          "is on")
+    if args.fix and args.no_accuracy_check and not args.validate:
+        raise ConfigError("--fix acts on a failed accuracy check: drop --no-accuracy-check or give --validate")
     if (config.tune or config.activation_limit is not None) and args.inputs:
         from onnxcampo.runtime import load_inputs_npz
         from onnxcampo.training.scaling import is_train_step
@@ -416,17 +438,11 @@ def _optimize(args: argparse.Namespace) -> int:
         # a training step is timed on its batch (and labels); weights and state come from the graph
         batch = step_spec(model).batch if is_train_step(model) else None
         inputs = load_inputs_npz(args.inputs, model, only=batch)
+    started = time.perf_counter()
     result = optimize(args.input, config=config, inputs=inputs)
+    if args.validate or not args.no_accuracy_check:
+        result = _check_accuracy(args, config, result, time.perf_counter() - started, inputs)
     report = result.report
-    if args.validate:
-        report["validation"] = _validate(args, result)
-    failed = [_failure(row) for row in report.get("validation", []) if not row["ok"]]
-    if failed:
-        raise ValidationError(
-            f"outputs differ beyond the tolerance: {'; '.join(failed)}; "
-            f"nothing written (loosen --tolerance{' or --rtol/--atol' if args.rtol is not None or args.atol is not None else ''} "
-            f"or --exclude-op the culprits)"
-        )
     result.save(output)
     if args.report:
         ir.write_text_atomically(args.report, json.dumps(report, indent=1) + "\n")
@@ -434,45 +450,201 @@ def _optimize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validate(args: argparse.Namespace, result) -> list[dict]:
-    """Run both models, print one line per output (the measure against the tolerance), return
-    the report's rows."""
+NOTHING_CONVERTED = "nothing converted"
+GUARD_MAX_BYTES = 1 << 30
+GUARD_SEARCH_S = 60.0  # the default check's culprit search stops after this (a warning should not take long)
+GUARD_MIN_PROBES = 8  # ... and is not started unless this many re-optimizations fit in that time  # the accuracy check is skipped by default for models with more weights (two CPU runs)
+
+
+def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, optimize_s: float = 0.0,
+                    inputs=None):
+    """``--validate`` (a failure exits 1, nothing written) or the default accuracy check (a
+    failure warns): both models once on the same inputs, judged by ``--tolerance``
+    (:mod:`onnxcampo.accuracy`); on failure the culprits are searched, and with ``--fix`` the
+    model that keeps them fp32 replaces ``result``; ``optimize_s``: how long the optimization took
+    (a probe of the search re-optimizes: the default check does not search when probes are slow);
+    ``inputs``: what the optimization was given (--tune, --activation-limit), given to every probe
+    too. Returns the result to write."""
+    import math
+
     import onnx
 
-    from onnxcampo.runtime import load_inputs_npz, validate_isolated
+    from onnxcampo import accuracy_check as acc
+    from onnxcampo.accuracy import Criterion
+    from onnxcampo.runtime import load_inputs_npz
 
-    if not args.tolerance > 0:
-        raise ConfigError(f"--tolerance must be > 0, got {args.tolerance}")
+    criterion = Criterion.parse(args.tolerance)
+    what = "validate" if args.validate else "accuracy check"
+    report = result.report
+    skipped = None if args.validate else _guard_skipped(args, config, result)
+    if skipped:
+        report["accuracy"] = {"skipped": skipped}
+        if skipped != NOTHING_CONVERTED:
+            print(f"onnxcampo: accuracy check skipped: {skipped}", file=sys.stderr)
+        return result
     original = onnx.load(str(args.input))
+    if args.validate:
+        provider, execution = args.provider, config.execution if args.provider != "reference" else "plain"
+    else:  # the fp32 model on ORT's CPU provider; the written one on the reference evaluator where quick
+        provider, execution = "cpu", "plain"
     feeds = load_inputs_npz(args.inputs, original) if args.inputs else None
-    config = _config(args)
-    checks = validate_isolated(args.input, result.model, feeds=feeds, provider=args.provider,
-                               tolerance=args.tolerance, rtol=args.rtol, atol=args.atol,
-                               input_shapes=config.input_shapes, dim_values=config.dim_values,
-                               execution=config.execution)
-    rows = []
-    for check in checks:
-        rows.append(check.to_json())
-        measure = _MEASURES[check.measure]
-        error = "n/a (no finite reference value)" if check.error is None else f"{check.error:.3g}"
-        line = f"  validate {check.name}: {measure} {error} (tolerance {check.tolerance:g})"
-        if check.elementwise:
-            line += (f", max abs {check.max_abs_err:.3g}, max rel {check.max_rel_err:.3g} "
-                     f"{'within' if check.diff.ok else 'beyond'} rtol/atol")
-        if check.note:
-            line += f" [{check.note}]"
-        print(f"{line} {'ok' if check.ok else 'FAIL'}", file=sys.stderr)
-    return rows
+    inputs_text = f"{'the inputs of ' + str(args.inputs) if feeds is not None else 'generated inputs'}"
+    try:
+        ref = acc.reference(original, feeds=feeds, source=args.input, provider=provider, execution=execution,
+                            input_shapes=config.input_shapes, dim_values=config.dim_values)
+        if not args.validate and not (acc.small_enough_for_reference(original, ref.run_seconds)
+                                      or acc.small_enough_for_reference(result.model)):
+            provider = "reference"  # it computes fp16 nodes in fp16, which ORT's CPU provider does not
+        where = ("ONNX Runtime cpu (fp32) and the ONNX reference evaluator (written)" if provider == "reference"
+                 and not args.validate else "the ONNX reference evaluator" if provider == "reference"
+                 else f"ONNX Runtime {provider}")
+        print(f"onnxcampo: {what}: the fp32 and the written model on {where}, {inputs_text} "
+              f"({criterion.describe()})", file=sys.stderr)
+    except acc.ReferenceError as exc:
+        if args.validate:
+            raise
+        report["accuracy"] = {"skipped": str(exc)}
+        print(f"onnxcampo: warning: accuracy check skipped: {exc}", file=sys.stderr)
+        return result
+    except CampoError as exc:  # dynamic dims nothing pins, and the like
+        if args.validate:
+            raise
+        report["accuracy"] = {"skipped": str(exc)}
+        print(f"onnxcampo: accuracy check skipped: {exc}", file=sys.stderr)
+        return result
+    try:
+        # first loaded in the child process (onnxcampo.runtime.isolated): an ONNX Runtime crash on
+        # the written model is a clear error there, not the end of this process
+        from onnxcampo.runtime.check import check_loads
+
+        check_loads(result.model, label=f"the written model of {args.input}")
+        try:
+            outputs = acc.run_candidate(result.model, ref, provider=provider, execution=execution)
+        except CampoError as exc:
+            if args.validate or provider != "reference":
+                raise
+            print(f"onnxcampo: {what}: {str(exc).splitlines()[0]}; running the written model on ONNX Runtime cpu",
+                  file=sys.stderr)
+            provider = "cpu"
+            outputs = acc.run_candidate(result.model, ref, provider=provider, execution=execution)
+    except CampoError as exc:
+        if args.validate:
+            raise
+        # the written model is test-loaded when saved, and that names the fault
+        report["accuracy"] = {"skipped": f"the written model did not run: {str(exc).splitlines()[0]}"}
+        print(f"onnxcampo: warning: accuracy check skipped: {report['accuracy']['skipped']}", file=sys.stderr)
+        return result
+    verdict = acc.evaluate(ref.outputs, outputs, criterion, inputs=ref.inputs)
+    elementwise = _elementwise(args, ref.outputs, outputs)
+    for line in _verdict_lines(verdict, elementwise):
+        print(f"  {what} {line}", file=sys.stderr)
+    entry = {**verdict.to_json(), "provider": provider, **({"reference_notes": ref.notes} if ref.notes else {})}
+    if elementwise is not None:
+        entry["elementwise"] = [{"name": d.name, "ok": bool(d.ok), "max_abs_err": d.max_abs_err,
+                                 "max_rel_err": d.max_rel_err} for d in elementwise]
+    ok = verdict.ok and all(d.ok for d in elementwise or ())
+    if args.validate:
+        report["validation"] = _validation_rows(entry["outputs"], criterion)
+    report["accuracy"] = entry
+    if ok:
+        return result
+    needed = verdict.needed_text()
+    parts = [o.failure(criterion) for o in verdict.failed]
+    parts += [f"{d.name} elements beyond --rtol/--atol (max abs {d.max_abs_err:.3g})"
+              for d in elementwise or () if not d.ok]
+    figures = f"outputs differ beyond the tolerance ({criterion.describe()}): {'; '.join(parts)}"
+    culprits = None
+    # the search judges by the criterion: an element-wise failure alone is not searched
+    searching = (args.fix or args.validate or optimize_s * GUARD_MIN_PROBES <= GUARD_SEARCH_S) and not verdict.ok
+    if config.policy != "fp32" and not searching and not verdict.ok:
+        entry["culprits"] = {"skipped": f"one re-optimization takes about {optimize_s:.0f} s"}
+        figures += (f"; the nodes responsible were not searched (each probe re-optimizes, {optimize_s:.0f} s): "
+                    "--fix or --validate searches them")
+    if config.policy != "fp32" and searching:
+        # the default check only warns: its search is bounded in time (--fix and --validate search to the end)
+        seconds = math.inf if args.fix or args.validate else GUARD_SEARCH_S
+        culprits = acc.find_culprits(args.input, config, ref, criterion, result, provider=provider,
+                                     execution=execution, max_seconds=seconds, inputs=inputs,
+                                     progress=lambda line: print(f"onnxcampo: {line}", file=sys.stderr))
+        entry["culprits"] = culprits.to_json()
+    if args.fix and culprits is not None and culprits.ok and culprits.result is not None:
+        fixed = culprits.result
+        fixed.report["accuracy"] = {**culprits.verdict.to_json(), "provider": provider, "fixed": True,
+                                    "before": {k: v for k, v in entry.items() if k != "culprits"},
+                                    "culprits": culprits.to_json()}
+        if args.validate:
+            fixed.report["validation"] = _validation_rows(fixed.report["accuracy"]["outputs"], criterion)
+        fixed.report.setdefault("notes", []).append(
+            f"--fix: kept fp32 {len(culprits.nodes)} nodes so that the model passes {criterion.describe()}: "
+            f"{', '.join(culprits.nodes)} ({culprits.verdict.summary()})")
+        print(f"onnxcampo: --fix: kept fp32 {', '.join(culprits.nodes)}; {culprits.verdict.summary()} "
+              f"({culprits.probes} re-optimizations, {culprits.seconds:.1f} s)", file=sys.stderr)
+        return fixed
+    blame = _blame(culprits)
+    advice = (f"loosen --tolerance (--tolerance {needed} would pass)" if needed else "loosen --tolerance") + \
+        ("" if args.fix or culprits is None or not culprits.nodes else ", or --fix to keep the culprits fp32")
+    if verdict.ok:  # only the element-wise check failed
+        advice = "loosen --rtol/--atol"
+    if args.validate:
+        raise ValidationError(f"{figures}{blame}; nothing written ({advice})")
+    warning = f"the written model's {figures}{blame} ({advice}, or --exclude-node)"
+    report.setdefault("notes", []).append(f"accuracy check: {warning}")
+    print(f"onnxcampo: warning: {warning}", file=sys.stderr)
+    return result
 
 
-_MEASURES = {"rel_l2": "rel L2", "mismatch": "share differing"}
+def _validation_rows(outputs: list[dict], criterion) -> list[dict]:
+    """The report's ``validation`` rows: the statistics plus the keys they always had."""
+    return [{**row, "error": row.get("rel_l2", row.get("mismatch")),
+             "measure": "rel_l2" if "rel_l2" in row else "mismatch", "tolerance": str(criterion),
+             "max_abs_err": row.get("max_abs"), "max_rel_err": row.get("max_rel")} for row in outputs]
 
 
-def _failure(row: dict) -> str:
-    """A failed validation row in a few words."""
-    if row["error"] is not None and row["error"] > row["tolerance"]:
-        return f"{row['name']} ({_MEASURES[row['measure']]} {row['error']:.3g} > {row['tolerance']:g})"
-    return f"{row['name']} (elements beyond rtol/atol: max abs {row['max_abs_err']:.3g})"
+def _guard_skipped(args: argparse.Namespace, config: OptimizeConfig, result) -> str | None:
+    """Why the default accuracy check does not run, or ``None``."""
+    from onnxcampo.training.scaling import is_train_step
+
+    if not result.changed or config.policy == "fp32" or not result.report.get("nodes_fp16"):
+        return NOTHING_CONVERTED
+    if is_train_step(result.model):
+        return "a training step (its outputs are updated weights; check with onnxcampo train)"
+    size = args.input.stat().st_size if args.input.exists() else 0
+    if size > GUARD_MAX_BYTES and args.inputs is None:
+        return (f"the model is {size / 2**30:.1f} GiB: two CPU runs would take long; give --validate (or --inputs) "
+                "to check it")
+    return None
+
+
+def _elementwise(args: argparse.Namespace, reference, outputs):
+    """``--rtol`` / ``--atol``: the element-wise report, or ``None`` when neither is given."""
+    if args.rtol is None and args.atol is None:
+        return None
+    from onnxcampo.runtime.compare import ELEMENTWISE_ATOL, ELEMENTWISE_RTOL, compare_outputs
+
+    return compare_outputs(reference, outputs, rtol=ELEMENTWISE_RTOL if args.rtol is None else args.rtol,
+                           atol=ELEMENTWISE_ATOL if args.atol is None else args.atol)
+
+
+def _verdict_lines(verdict, elementwise) -> list[str]:
+    lines = []
+    diffs = {d.name: d for d in elementwise or ()}
+    for output in verdict.outputs:
+        line = output.line(verdict.criterion)
+        diff = diffs.get(output.name)
+        if diff is not None:
+            line += (f"; element-wise |out - ref| <= atol + rtol |ref| {'holds' if diff.ok else 'FAILS'} "
+                     f"(max abs {diff.max_abs_err:.3g})")
+        lines.append(line)
+    return lines
+
+
+def _blame(culprits) -> str:
+    if culprits is None:
+        return ""
+    if culprits.nodes:
+        return (f"; the nodes most responsible (bisection, {culprits.probes} re-optimizations): "
+                f"{', '.join(culprits.nodes[:8])}{' ...' if len(culprits.nodes) > 8 else ''}")
+    return f"; {culprits.note}" if culprits.note else ""
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -704,6 +876,13 @@ def summary(report: dict, output: Path | None) -> str:
     if predicted:
         parts = ", ".join(f"{name} {t['total_us']:.1f} us ({t['casts']} casts)" for name, t in predicted.items())
         lines.append(f"predicted time ({report['cost_model']['name']}): {parts}")
+    accuracy = report.get("accuracy")
+    if accuracy is not None and "skipped" not in accuracy:
+        worst = [row.get("rel_l2") for row in accuracy["outputs"] if isinstance(row.get("rel_l2"), (int, float))]
+        lines.append(f"accuracy ({accuracy['inputs']} inputs, {accuracy['provider']}): "
+                     f"{'passes' if accuracy['ok'] else 'FAILS'} {accuracy['criterion']}"
+                     + (f" (worst rel L2 {max(worst):.3g})" if worst else "")
+                     + (", after --fix" if accuracy.get("fixed") else ""))
     calibration = report.get("calibration")
     if calibration is not None:
         lines.append(f"calibration ({calibration['inputs']} inputs): {calibration['nodes_kept_fp32']} nodes kept fp32 "

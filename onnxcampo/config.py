@@ -59,10 +59,11 @@ class OptimizeConfig:
             fp32), time each on that provider in the ``execution`` mode and keep the fastest (fp32
             unless a mixed one is ``min_gain`` faster; ``onnxcampo.tune``). Needs the provider on
             this machine; ``execution="cuda-graph"`` needs ``cuda``.
-        tune_tolerance: with ``tune``, an inference candidate whose outputs differ from the fp32
-            plan's by more than this relative L2 error (||out - ref|| / ||ref||, the worst over the
-            outputs; integer outputs: the share of elements that differ;
-            ``onnxcampo.runtime.compare``, as ``--validate`` measures) is not kept (0.02).
+        tune_tolerance: with ``tune``, an inference candidate whose outputs fail this accuracy
+            criterion against the fp32 plan's is not kept: ``onnxcampo.accuracy.Criterion``, or
+            its text (``0.02``: a relative L2 bound; ``rel_l2=0.01,max_abs=1e-3``); ``None``
+            (the default) is the default criterion, relative L2 error <= 0.01 per float output,
+            the one ``--validate`` and the accuracy guard use.
         activation_limit: calibrate: run the fp32 model once on ONNX Runtime's CPU provider on the
             ``inputs`` given to :func:`onnxcampo.optimize` (random ones by default) and keep fp32
             every node that reads or writes a tensor reaching |x| > this there (fp16's values are
@@ -125,7 +126,7 @@ class OptimizeConfig:
     fuse_reductions: bool = False
     plan_for_fusion: bool = True
     tune: str | None = None
-    tune_tolerance: float = 0.02
+    tune_tolerance: float | str | None = None
     activation_limit: float | None = None
     execution: str = "plain"
     fuse: str = "auto"
@@ -154,8 +155,9 @@ class OptimizeConfig:
                 raise ConfigError(f"{name} must be an integer >= 0 (0: detect), got {value!r}")
         if self.activation_limit is not None and not self.activation_limit > 0:
             raise ConfigError(f"activation_limit must be > 0, got {self.activation_limit}")
-        if not self.tune_tolerance > 0:
-            raise ConfigError(f"tune_tolerance must be > 0, got {self.tune_tolerance}")
+        from onnxcampo.accuracy import Criterion
+
+        Criterion.parse(self.tune_tolerance)  # a bad bound is a ConfigError now, not at tuning
         if not 0 <= self.min_gain < 1:
             raise ConfigError(f"min_gain must be in [0, 1), got {self.min_gain}")
         for name, dims in self.input_shapes.items():

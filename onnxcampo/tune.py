@@ -20,10 +20,10 @@ pre-bound); training steps run in a :class:`~onnxcampo.training.trainer.Trainer`
 graph's starting weights, on one batch, as ``onnxcampo train`` runs them.
 
 Dropped: a candidate whose outputs (inference) or loss (training) are not finite where fp32's
-are, and (inference only) one whose outputs differ from the fp32 plan's on the same inputs by
-more than ``tune_tolerance`` (default 0.02) as :mod:`onnxcampo.runtime.compare` measures it, the
-measure ``--validate`` uses: the relative L2 error ||out - ref|| / ||ref|| for float outputs, the
-share of differing elements for integer ones, the worst over the outputs. Training
+are, and (inference only) one whose outputs fail the accuracy criterion against the fp32 plan's
+on the same inputs: :mod:`onnxcampo.accuracy`, the criterion ``--validate`` and the accuracy
+guard use, ``tune_tolerance`` (default: relative L2 error ||out - ref|| / ||ref|| <= 0.01 per
+float output, integer outputs at most 1 % of elements differing). Training
 candidates are judged by a finite loss only: their losses come after different numbers of steps. fp32 is kept unless a mixed candidate is measured at least ``min_gain`` faster: the
 same rule the predicted comparison follows, now on measured times.
 """
@@ -43,6 +43,7 @@ import onnx
 
 from onnxcampo import ir
 from onnxcampo import pipeline
+from onnxcampo.accuracy import Criterion, evaluate
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, ConfigError
 from onnxcampo.runtime.compare import worst_error
@@ -66,7 +67,9 @@ class Timing:
     blocks_ms: list[float] | None = None
     runs_per_block: int = 0
     finite: bool = True
-    rel_err: float | None = None  # inference: compare.worst_error against fp32's outputs on the same inputs
+    rel_err: float | None = None  # inference: the worst relative L2 error against fp32's outputs on the same inputs
+    accurate: bool | None = None  # inference: passes the accuracy criterion (onnxcampo.accuracy)
+    accuracy: dict | None = None  # inference: the criterion's verdict (per-output statistics)
     loss: float | None = None  # training: the loss of the last timed step (not compared: the
     # candidates ran different numbers of steps; a non-finite loss drops the candidate)
     same_as: str | None = None  # an identical candidate timed in its place
@@ -132,7 +135,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig,
     else:
         timed = _measure(results, config, inputs)
     timings = {name: timed.get(name) or Timing(name, same_as=same[name]) for name in built}
-    chosen = "fp32" if len(results) == 1 else choose(timings, config.min_gain, config.tune_tolerance)
+    chosen = "fp32" if len(results) == 1 else choose(timings, config.min_gain)
     result = results[chosen]
     ir.set_metadata(result.model, "onnxcampo.policy", "campo")
     report = result.report
@@ -142,7 +145,8 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig,
     report["fuse"] = fused
     report["tuning"] = {
         "provider": config.tune, "execution": config.execution, "chosen": chosen,
-        "tolerance": config.tune_tolerance, "error_measure": "relative L2 (integer outputs: share differing)",
+        "tolerance": str(Criterion.parse(config.tune_tolerance)),
+        "error_measure": "onnxcampo.accuracy criterion; rel_err: the worst relative L2 error",
         "block_ms": BLOCK_MS, "blocks": BLOCKS, "passes": PASSES,
         "candidates": {name: {**t.to_json(), **({"predicted_us": predicted[name]["total_us"]} if name in predicted else {})}
                        for name, t in timings.items()},
@@ -154,7 +158,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig,
     report["plans"] = built["campo"].report.get("plans", report.get("plans"))
     report["input"] = str(source) if source else report.get("input")
     mode = "" if config.execution == "plain" else f" ({config.execution})"
-    report.setdefault("notes", []).append(f"tuned on {config.tune}{mode}: {describe(timings, config.tune_tolerance)}; "
+    report.setdefault("notes", []).append(f"tuned on {config.tune}{mode}: {describe(timings)}; "
                                           f"keeping {chosen}")
     return result
 
@@ -224,10 +228,12 @@ def _check_inputs(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray]) -> N
 
 
 def choose(timings: Mapping[str, Timing], min_gain: float, tolerance: float = math.inf) -> str:
-    """The fastest usable candidate (timed, finite, within ``tolerance`` of fp32's outputs); fp32
-    unless a mixed one is at least ``min_gain`` faster."""
+    """The fastest usable candidate (timed, finite, not failing the accuracy criterion, and with
+    ``tolerance``, its relative L2 error within it); fp32 unless a mixed one is at least
+    ``min_gain`` faster."""
     usable = {name: t.ms for name, t in timings.items()
-              if t.ms is not None and t.finite and t.error is None and (t.rel_err or 0.0) <= tolerance}
+              if t.ms is not None and t.finite and t.error is None and t.accurate is not False
+              and (t.rel_err or 0.0) <= tolerance}
     if "fp32" not in usable:
         raise CampoError(f"--tune could not time the fp32 model: {timings['fp32'].error or 'non-finite outputs'}")
     fastest = min(usable, key=usable.get)
@@ -246,9 +252,10 @@ def describe(timings: Mapping[str, Timing], tolerance: float = math.inf) -> str:
         elif t.ms is None:
             parts.append(f"{name} not timed")
         else:
-            off = t.rel_err is not None and t.rel_err > tolerance
+            off = (t.rel_err is not None and t.rel_err > tolerance) or t.accurate is False
             parts.append(f"{name} {t.ms:.3f} ms" + ("" if t.finite else " (non-finite)")
-                         + (f" (error {t.rel_err:.2g} > {tolerance:g})" if off else ""))
+                         + (f" (inaccurate: rel L2 {t.rel_err:.2g})" if off and t.rel_err is not None else
+                            " (inaccurate)" if off else ""))
     return ", ".join(parts)
 
 
@@ -321,6 +328,7 @@ class _InferenceRun:
         feeds = feeds_for(model, inputs) if inputs is not None else random_inputs(
             model, input_shapes=config.input_shapes, dim_values=config.dim_values)
         self.runner = bound_runner(model, feeds, provider=config.tune, execution=config.execution)
+        self.criterion = Criterion.parse(config.tune_tolerance)
 
     def run(self) -> None:
         self.runner()
@@ -331,11 +339,14 @@ class _InferenceRun:
     def judge(self, timing: Timing, reference: dict[str, np.ndarray] | None) -> None:
         if reference is None:  # fp32 itself
             return
+        verdict = evaluate(reference, self.result(), self.criterion)
         timing.rel_err = output_error(reference, self.result())
         timing.finite = timing.rel_err is None or math.isfinite(timing.rel_err)
+        timing.accurate = verdict.ok
+        timing.accuracy = verdict.to_json()
 
 
-# the one output comparison (--validate's and bench's too): relative L2, integer outputs the share differing
+# the relative L2 error reported beside the verdict: the worst over the outputs, integer outputs the share differing
 output_error = worst_error
 
 

@@ -339,7 +339,9 @@ def test_output_error_keeps_the_rows_measures_and_adds_the_one_criterion():
     candidate = {"y": np.array([1.5, -4.0, 2.0], np.float16), "ids": np.array([1, 2, 3, 0])}
     row = bench_measure.output_error(reference, candidate)
     assert row == {"rel_err_max": pytest.approx(0.25), "rel_err_mean": pytest.approx(0.5 / 7.0),
-                   "output_error": worst_error(reference, candidate)}
+                   "output_error": worst_error(reference, candidate), "accurate": False,
+                   "criterion": "rel_l2=0.01,mismatch=0.01", "max_abs_err": pytest.approx(0.5),
+                   "p99_rel_err": pytest.approx(0.49)}  # onnxcampo.accuracy's verdict and statistics too
     assert row["output_error"] == pytest.approx(0.25)  # the share of differing ids; y's L2 error is 0.11
     for broken, message in (({"y": candidate["y"]}, "missing"), ({**candidate, "y": np.ones(2, np.float32)}, "shape"),
                             ({**candidate, "y": np.array([1.0, np.inf, 2.0], np.float32)}, "non-finite")):

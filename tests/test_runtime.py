@@ -117,8 +117,29 @@ def test_random_inputs_int_bool_and_initializer_inputs():
     assert ids.dtype == np.int64 and ids.shape == (64, 5)
     assert ids.min() >= 0 and ids.max() < 8
     assert len(np.unique(ids)) > 1
-    assert feeds["mask"].dtype == np.bool_ and feeds["mask"].any() and not feeds["mask"].all()
+    assert feeds["mask"].dtype == np.bool_ and feeds["mask"].all()  # a mask: everything attended
     run(make_session(embed()), feeds)  # ids are valid indices into the 8-row table
+
+
+def test_random_inputs_give_named_inputs_the_values_they_take():
+    """Masks ones, token type ids zeros, position ids 0..n-1, a sample rate 16000; an input the
+    names say nothing about stays random (bools: a fair coin)."""
+    from onnx import TensorProto as T
+
+    def vi(name, dtype, shape):
+        return onnx.helper.make_tensor_value_info(name, dtype, shape)
+
+    names = [("attention_mask", T.INT64, [2, 4]), ("token_type_ids", T.INT64, [2, 4]),
+             ("position_ids", T.INT64, [2, 4]), ("sr", T.INT64, []), ("flags", T.BOOL, [64]),
+             ("input_ids", T.INT64, [2, 4])]
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", [n], [n + "_out"]) for n, _, _ in names], "g",
+                                   [vi(*n) for n in names], [vi(n + "_out", t, s) for n, t, s in names])
+    feeds = random_inputs(onnx.helper.make_model(graph))
+    assert (feeds["attention_mask"] == 1).all() and (feeds["token_type_ids"] == 0).all()
+    assert feeds["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert feeds["sr"].shape == () and int(feeds["sr"]) == 16000
+    assert feeds["flags"].any() and not feeds["flags"].all()
+    assert len(np.unique(feeds["input_ids"])) > 1
 
 
 # ---- load_inputs_npz ------------------------------------------------------------------------

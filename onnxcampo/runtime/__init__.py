@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -203,6 +204,34 @@ def _random_array(rng: np.random.Generator, dtype: type[np.generic],
     return rng.standard_normal(shape).astype(dtype)
 
 
+# Inputs whose name says what values they take (a model's own checks or arithmetic break on
+# random ones: an attention mask of 0..7 where 0/1 is meant gives NaN rows in MiniLM, silero VAD
+# refuses a sample rate of 5): (pattern on the lowercased name, which dtypes, the value).
+_NAMED_INPUTS = (
+    (re.compile(r"mask"), "biuf", "ones"),  # attention / padding masks: everything attended
+    (re.compile(r"(token_)?type_ids?$|segment_ids?$"), "iu", "zeros"),  # one segment
+    (re.compile(r"position_ids?$|positions$"), "iu", "arange"),  # 0, 1, 2, ... along the last axis
+    (re.compile(r"^(sr|sample_rate|sampling_rate)$"), "iuf", 16000),  # speech models' sample rate
+)
+
+
+def _named_value(name: str, dtype: type[np.generic], shape: tuple[int, ...]) -> np.ndarray | None:
+    """The value an input of this name takes (see ``_NAMED_INPUTS``), or ``None``."""
+    kind = np.dtype(dtype).kind
+    for pattern, kinds, value in _NAMED_INPUTS:
+        if kind in kinds and pattern.search(name.lower()):
+            if value == "ones":
+                return np.ones(shape, dtype=dtype)
+            if value == "zeros":
+                return np.zeros(shape, dtype=dtype)
+            if value == "arange":
+                if not shape:
+                    return np.zeros(shape, dtype=dtype)
+                return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
+            return np.full(shape, value, dtype=dtype)
+    return None
+
+
 def random_inputs(
     model: onnx.ModelProto,
     *,
@@ -216,7 +245,10 @@ def random_inputs(
 
     Shapes come from ``input_shapes[name]`` (checked against rank and fixed sizes), else the
     static dim, else ``dim_values[dim_param]``; anything still dynamic raises ShapeError with
-    the flags that fix it. Values are reproducible for a given ``seed`` and input order.
+    the flags that fix it. Values are reproducible for a given ``seed`` and input order. Inputs
+    whose names say what they hold get such values: ``*mask*`` ones, ``token_type_ids`` zeros,
+    ``position_ids`` 0, 1, 2, ..., a sample rate ``sr`` 16000; others: floats standard normal,
+    integers in [0, 8), bools a fair coin.
     """
     input_shapes = dict(input_shapes or {})
     dim_values = dict(dim_values or {})
@@ -235,7 +267,8 @@ def random_inputs(
             continue
         dtype = _np_dtype(vi)
         shape = _resolve_shape(vi, input_shapes, dim_values)
-        feeds[vi.name] = _random_array(rng, dtype, shape)
+        named = _named_value(vi.name, dtype, shape)
+        feeds[vi.name] = named if named is not None else _random_array(rng, dtype, shape)
     return feeds
 
 

@@ -1,7 +1,9 @@
-"""The one output comparison: how far a candidate model's outputs are from a reference's.
+"""Output comparison helpers: how far a candidate model's outputs are from a reference's.
 
-``optimize --validate``, ``--tune`` and ``onnxcampo bench`` judge a model by the same number,
-:func:`output_error`, per output:
+Whether a model passes is :mod:`onnxcampo.accuracy`'s business (the one criterion of ``optimize
+--validate``, its default accuracy check, ``--tune`` and ``onnxcampo bench``: per-output
+statistics and bounds, default relative L2 <= 0.01). This module keeps the single number they
+report as ``rel_err``, :func:`output_error`, per output:
 
 1. float outputs: the relative L2 error ``||out - ref||_2 / ||ref||_2`` over the elements where
    the reference is finite; ``inf`` when the output is not finite at such an element (an fp16
@@ -10,13 +12,12 @@
 2. integer and bool outputs: the share of elements that differ (an arg-max that moved);
 3. a missing output or one whose shape changed: ``inf``.
 
-A model's error is the worst over its outputs (:func:`worst_error`). The default tolerance,
-:data:`DEFAULT_TOLERANCE` (0.02), passes fp16's rounding noise on small logits: the error is the
-energy of the difference against the signal's, so no single element (the largest difference
-against the largest reference, as a max-abs / max-ref measure takes it) decides.
+A model's error is the worst over its outputs (:func:`worst_error`). :func:`check_outputs`
+judges it against :data:`DEFAULT_TOLERANCE` (0.02), the tolerance of :func:`onnxcampo.runtime.validate`
+(a Python helper kept for its callers; the command line uses :mod:`onnxcampo.accuracy`).
 
 :func:`compare_outputs` (:class:`OutputDiff`) is the element-wise report ``|c - r| <= atol + rtol
-* |r|`` that ``--validate`` prints in addition when ``--rtol`` / ``--atol`` are given.
+* |r|`` that ``--validate`` adds to the criterion when ``--rtol`` / ``--atol`` are given.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import onnxruntime as ort
 from onnxcampo import ir
 from onnxcampo import runtime
 from onnxcampo.runtime import trace
+from onnxcampo.accuracy import evaluate
 from onnxcampo.runtime.compare import check_outputs, worst_error
 from onnxcampo.runtime.timing import BoundRunner, time_block
 from onnxcampo.training.scaling import initial_state
@@ -68,7 +69,9 @@ def output_error(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np
     ``rel_err_mean``, the worst over the float outputs of max|c - r| / max|r| and of
     mean|c - r| / mean|r| (what the report judges; integer outputs: the share of elements that
     differ), and ``output_error``, the one criterion of ``--validate``, ``--tune`` and
-    ``onnxcampo bench`` (relative L2, :func:`~onnxcampo.runtime.compare.worst_error`).
+    ``onnxcampo bench`` (relative L2, :func:`~onnxcampo.runtime.compare.worst_error`); from
+    :mod:`onnxcampo.accuracy`: ``accurate`` (the default criterion's verdict, ``criterion``),
+    ``max_abs_err`` and ``p99_rel_err`` (the worst over the float outputs).
 
     A missing output, a changed shape, or non-finite values where the reference is finite raise
     MeasureError (a NaN or overflow is a failed conversion, not a large error).
@@ -82,7 +85,10 @@ def output_error(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np
             continue
         worst_max = max(worst_max, check.diff.scaled_max_err)
         worst_mean = max(worst_mean, check.diff.scaled_mean_err)
-    return {"rel_err_max": worst_max, "rel_err_mean": worst_mean, "output_error": worst_error(reference, candidate)}
+    verdict = evaluate(reference, candidate)
+    return {"rel_err_max": worst_max, "rel_err_mean": worst_mean, "output_error": worst_error(reference, candidate),
+            "accurate": verdict.ok, "criterion": str(verdict.criterion),
+            "max_abs_err": verdict.worst("max_abs"), "p99_rel_err": verdict.worst("p99_rel")}
 
 
 def node_counts(model: onnx.ModelProto) -> dict[str, int]:

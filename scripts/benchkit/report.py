@@ -51,7 +51,12 @@ from typing import Any
 from benchkit import policies as pol
 
 ROOT = Path(__file__).resolve().parents[2]
-INFER_TOL = 0.02  # max |out - ref| / max |ref| against fp32 without TF32
+from onnxcampo.accuracy import DEFAULT_CRITERION
+
+# inference: the relative L2 error (rows' output_error, onnxcampo.accuracy's default criterion) against fp32
+# without TF32; rows measured before output_error existed: max |out - ref| / max |ref| <= LEGACY_INFER_TOL
+INFER_TOL = DEFAULT_CRITERION.bounds["rel_l2"]
+LEGACY_INFER_TOL = 0.02
 TRAIN_TOL = 0.02  # |loss_N - loss_N(ref)| / (loss_0(ref) - loss_N(ref)) after the same N steps on the same batch
 TRAIN_TARGET_OVER_AMP = 1.20
 GEOMEAN_TARGET_OVER_BEST = 1.10
@@ -152,12 +157,12 @@ TRAIN_TOL_CAP = 10 * TRAIN_TOL  # fp32's spread widens the training tolerance up
 
 
 def accuracy(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> float | None:
-    """Inference: max relative output error. Training: the gap between the row's loss and the
+    """Inference: the relative L2 output error (``output_error``; older rows: ``rel_err_max``). Training: the gap between the row's loss and the
     reference's after the same N steps, as a share of the reference's loss decrease over them
     (``|L - L_ref| / (L_first - L_ref)``; a share of the loss itself made tiny gaps huge where
     training drives the loss to ~0, magika: 6e-4)."""
     if row.get("mode") == "inference":
-        return row.get("rel_err_max")
+        return row["output_error"] if "output_error" in row else row.get("rel_err_max")
     ref = group.get(pol.REFERENCE)
     if not ref or ref.get("status") != "ok" or "loss_last" not in row or ref.get("loss_last") is None:
         return None
@@ -167,11 +172,11 @@ def accuracy(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> float | N
 
 
 def tolerance(row: dict[str, Any], group: dict[str, dict[str, Any]]) -> float:
-    """Inference: INFER_TOL. Training: TRAIN_TOL, or the largest gap of the fp32 (TF32) runs of
+    """Inference: INFER_TOL (rows without ``output_error``: LEGACY_INFER_TOL on ``rel_err_max``). Training: TRAIN_TOL, or the largest gap of the fp32 (TF32) runs of
     the same step graph when that is larger (at most TRAIN_TOL_CAP): what TF32 and run-to-run
     kernel choice alone move the loss by (PP-OCR's recognizer: the same fp32 graph ended 10.20 and 9.52 in two runs)."""
     if row.get("mode") == "inference":
-        return INFER_TOL
+        return INFER_TOL if "output_error" in row else LEGACY_INFER_TOL
     spread = [accuracy(group[p], group) for p in FP32_FAMILY if _ok(group.get(p))]
     return min(max([TRAIN_TOL, *(v for v in spread if v is not None)]), TRAIN_TOL_CAP)
 
@@ -316,7 +321,7 @@ def evaluate_targets(rows: list[dict[str, Any]], campo: str = "campo") -> list[d
             bad.append(f"{key[0]} b{key[1]} {key[2]}: {'n/a' if value is None else f'{value:.2e}'}"
                        + (f" (tolerance {widened:.2e}: fp32's own spread)" if widened > TRAIN_TOL and key[2] == "training" else "")
                        + (" (the fp32 graph itself: run-to-run variation)" if vs_fp32(group, campo)[1] == "same graph" else ""))
-    out.append({"name": f"{campo} accuracy within tolerance (inference max rel err <= {INFER_TOL}, "
+    out.append({"name": f"{campo} accuracy within tolerance (inference relative L2 error <= {INFER_TOL}, "
                         f"training loss gap <= {TRAIN_TOL} of the loss decrease, or fp32's own spread up to {TRAIN_TOL_CAP:g})",
                 "met": (not bad) if checked else None,
                 "text": f"outside on {'; '.join(bad)}" if bad else f"within on all {checked}"})
@@ -633,7 +638,8 @@ def throughput_json(rows: list[dict[str, Any]], runs: list[dict[str, Any]], raw:
                           "which some policy ran (models.<m>.batch.<mode>; null: nothing measured); "
                           "models.<m>.batches.<mode>.<batch> has every batch tried",
         "absent": "a policy whose row failed (status not ok, or no finite throughput) or was not measured is absent",
-        "inaccurate": f"policies outside the accuracy tolerance (inference max rel err > {INFER_TOL}, training "
+        "inaccurate": f"policies outside the accuracy tolerance (inference relative L2 error > {INFER_TOL}, or for rows measured before it was "
+                      f"recorded max rel err > {LEGACY_INFER_TOL}; training "
                       f"loss gap > {TRAIN_TOL} of the loss decrease against fp32_notf32, or more than fp32 (TF32) runs of the same "
                       f"step graph differ from it); their throughput is kept, exclude them "
                       "when comparing; 'unchecked': accuracy could not be judged (no reference row); "
@@ -747,7 +753,9 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
         "pre-bound, warm-up, then the median over 7 timed blocks (inference) or 5 blocks of 10 steps "
         "(training) of the mean time per run. fp32 runs with TF32 on (ORT's default) unless marked "
         "`fp32-notf32`. Accuracy is against fp32 without TF32 on the same inputs (attention masks with "
-        f"zeros): max |out - ref| / max |ref| <= {INFER_TOL} for inference; for training the loss after "
+        f"zeros): for inference the criterion of `onnxcampo optimize --validate` (onnxcampo.accuracy), the relative L2 error "
+        f"||out - ref|| / ||ref|| <= {INFER_TOL} per output (rows measured before it was recorded: max |out - ref| / max |ref| "
+        f"<= {LEGACY_INFER_TOL}); for training the loss after "
         f"the same N steps on the same batch within {TRAIN_TOL:.0%} of the reference's loss decrease over "
         "those steps, or within the gap that fp32 (TF32) runs of the same step graph show (TF32 and "
         "run-to-run kernel choice alone), when that is larger. \"TC share\" is "

@@ -1,0 +1,315 @@
+"""The accuracy criterion (onnxcampo.accuracy) and its runs (onnxcampo.accuracy_check, the CLI):
+statistics on made-up arrays, the tolerance that would pass, the fp32 model failing on its
+inputs, the bisection finding a planted culprit, --fix, the default accuracy check."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from onnxcampo import accuracy_check as acc
+from onnxcampo.accuracy import DEFAULT_CRITERION, Criterion, evaluate, output_stats
+from onnxcampo.api import optimize
+from onnxcampo.cli import main
+from onnxcampo.errors import ConfigError
+
+
+# ---- statistics ------------------------------------------------------------------------------
+
+
+def test_each_statistic_on_made_up_arrays():
+    ref = np.array([1.0, -2.0, 4.0, 0.0, 8.0], np.float32)
+    out = np.array([1.1, -2.0, 4.0, 0.5, 8.0], np.float32)
+    s = output_stats("y", ref, out).values
+    diff = np.array([0.1, 0.0, 0.0, 0.5, 0.0])
+    assert s["max_abs"] == pytest.approx(0.5) and s["mean_abs"] == pytest.approx(diff.mean(), rel=1e-6)
+    assert s["median_abs"] == pytest.approx(0.0, abs=1e-7)
+    assert s["p99_abs"] == pytest.approx(np.percentile(diff, 99), rel=1e-5)
+    # relative errors where |r| > 1e-6 max|r|: the zero is left out
+    rel = np.array([0.1, 0.0, 0.0, 0.0])
+    assert s["max_rel"] == pytest.approx(0.1, rel=1e-5) and s["mean_rel"] == pytest.approx(rel.mean(), rel=1e-5)
+    assert s["median_rel"] == pytest.approx(0.0, abs=1e-7)
+    assert s["rel_l2"] == pytest.approx(np.linalg.norm(diff) / np.linalg.norm(ref), rel=1e-5)
+
+
+def test_non_finite_values_reference_left_out_candidate_infinite_integers_by_share():
+    ref = np.array([1.0, np.nan, 3.0, 4.0], np.float32)
+    left_out = output_stats("y", ref, np.array([1.0, 7.0, 3.0, 4.0], np.float32))
+    assert left_out.values["rel_l2"] == 0.0 and left_out.reference_nonfinite == 1 and left_out.compared == 3
+    overflow = output_stats("y", ref, np.array([1.0, 2.0, np.inf, 4.0], np.float16))
+    assert overflow.values["rel_l2"] == math.inf and overflow.candidate_nonfinite == 1
+    ids = output_stats("ids", np.array([1, 2, 3, 4]), np.array([1, 2, 3, 0]))
+    assert ids.values == {"mismatch": 0.25}
+    assert output_stats("y", ref, None).broken and output_stats("y", ref, ref[:2]).broken
+    nothing = output_stats("y", np.full(3, np.nan, np.float32), np.zeros(3, np.float32))
+    assert nothing.kind == "none" and evaluate({"y": np.full(3, np.nan)}, {"y": np.zeros(3)}).ok  # cannot judge
+
+
+def test_the_default_passes_fp16_rounding_and_fails_an_fp16_overflow():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((64, 64)).astype(np.float32)
+    rounded = ref.astype(np.float16)  # 2^-11 relative rounding: rel L2 ~3e-4
+    assert evaluate({"y": ref}, {"y": rounded}).ok
+    noisy = (ref + 0.05 * rng.standard_normal(ref.shape)).astype(np.float32)  # 5 % noise
+    verdict = evaluate({"y": ref}, {"y": noisy})
+    assert not verdict.ok and verdict.failed[0].failed == ("rel_l2",)
+    assert not evaluate({"y": ref}, {"y": np.where(ref > 2, np.inf, ref)}).ok
+
+
+def test_the_tolerance_that_would_pass():
+    ref = {"a": np.array([3.0, 4.0], np.float32), "b": np.array([1.0, 1.0], np.float32)}
+    out = {"a": np.array([3.0, 4.5], np.float32), "b": np.array([1.0, 1.02], np.float32)}
+    verdict = evaluate(ref, out, "rel_l2=0.01,max_abs=0.1")
+    assert [o.name for o in verdict.failed] == ["a", "b"]  # a: both bounds; b: rel L2 0.0141
+    assert verdict.needed() == {"rel_l2": pytest.approx(0.1), "max_abs": pytest.approx(0.5)}
+    assert verdict.needed_text() == "rel_l2=0.1,max_abs=0.5"
+    assert evaluate(ref, out, Criterion.parse(verdict.needed_text())).ok
+    assert evaluate(ref, out, "0.15").ok and not evaluate(ref, out, 0.05).ok
+
+
+def test_criterion_text_and_its_errors():
+    assert Criterion.parse(None) is DEFAULT_CRITERION
+    assert str(DEFAULT_CRITERION) == "rel_l2=0.01,mismatch=0.01"
+    assert Criterion.parse("0.02").bounds == {"rel_l2": 0.02}
+    both = Criterion.parse("p99_abs=1e-3,max_rel=0.5,mismatch=0")
+    assert both.bounds == {"p99_abs": 1e-3, "max_rel": 0.5} and both.mismatch == 0.0
+    assert Criterion.parse("mismatch=0").bounds == {"rel_l2": 0.01}
+    for bad, message in [("rel=0.1", "unknown accuracy statistic"), ("rel_l2=x", "not a number"),
+                         ("rel_l2=-1", "must be a number >= 0"), ("mismatch=2", "share in"), (",", "expected")]:
+        with pytest.raises(ConfigError, match=message):
+            Criterion.parse(bad)
+
+
+def test_verdict_lines_say_the_figures_and_the_bound():
+    verdict = evaluate({"y": np.array([3.0, 4.0], np.float32)}, {"y": np.array([3.0, 4.5], np.float32)})
+    line = verdict.outputs[0].line(verdict.criterion)
+    assert line.startswith("y: rel L2 0.1, max abs 0.5, p99 abs 0.495, max rel 0.125") and line.endswith(
+        "FAIL (rel L2 > 0.01)")
+    assert verdict.summary() == "fails rel L2 <= 0.01: y rel L2 0.1 > 0.01"
+    row = verdict.to_json()
+    assert row["criterion"] == "rel_l2=0.01,mismatch=0.01" and row["needed_tolerance"] == "rel_l2=0.1"
+    assert row["outputs"][0]["failed"] == ["rel_l2"] and row["outputs"][0]["rel_l2"] == pytest.approx(0.1)
+    json.dumps(evaluate({"y": np.ones(2)}, {"y": np.array([1.0, np.inf])}).to_json())  # inf written as "inf"
+
+
+# ---- models ----------------------------------------------------------------------------------
+
+
+def planted(width: int = 16, depth: int = 4, culprit: int = 2) -> onnx.ModelProto:
+    """MatMul -> Relu layers; after layer ``culprit`` its output is multiplied by 400 twice (up to
+    160000, beyond fp16's 65504) and divided back: in fp16 the second Mul overflows to inf."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(depth):
+        inits.append(nh.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), f"w{i}"))
+        nodes.append(h.make_node("MatMul", [x, f"w{i}"], [f"mm{i}"], name=f"matmul{i}"))
+        x = f"mm{i}"
+        if i == culprit:
+            inits += [nh.from_array(np.array(400.0, np.float32), "big"),
+                      nh.from_array(np.array(1 / 160000.0, np.float32), "small")]
+            nodes += [h.make_node("Mul", [x, "big"], ["up1"], name="scale_up1"),
+                      h.make_node("Mul", ["up1", "big"], ["up2"], name="scale_up2"),
+                      h.make_node("Mul", ["up2", "small"], ["down"], name="scale_down")]
+            x = "down"
+        nodes.append(h.make_node("Relu", [x], [f"r{i}"], name=f"relu{i}"))
+        x = f"r{i}"
+    graph = h.make_graph(nodes, "planted", [h.make_tensor_value_info("x", T.FLOAT, [8, width])],
+                         [h.make_tensor_value_info(x, T.FLOAT, [8, width])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_the_bisection_finds_the_planted_culprit_and_keeping_it_fp32_passes():
+    """fp16 everywhere overflows in scale_up2's output (read by scale_down): the reference
+    evaluator sees it (ORT's CPU provider computes the fp16 Muls in fp32 and hides it); keeping
+    those two fp32 passes."""
+    model = planted()
+    first = optimize(model, policy="fp16")
+    ref = acc.reference(model, source="planted.onnx", provider="reference")
+    assert ref.inputs == "generated"
+    verdict = acc.check(first.model, ref, provider="reference")
+    assert not verdict.ok and verdict.outputs[0].stats.candidate_nonfinite > 0
+    lines = []
+    found = acc.find_culprits(model, first_config(), ref, None, first, provider="reference", progress=lines.append)
+    assert found.ok and set(found.nodes) == {"scale_up2", "scale_down"}
+    assert found.probes <= 16 and lines[0].startswith("searching the nodes responsible: 11 fp16 nodes")  # 4 MatMul, 4 Relu, 3 Mul
+    assert any("culprit 1:" in line for line in lines)
+    assert acc.check(found.result.model, ref, provider="reference").ok
+    plan = found.result.report["plan"]
+    assert plan["scale_up2"]["precision"] == "fp32" and plan["matmul0"]["precision"] == "fp16"
+
+
+def first_config():
+    from onnxcampo.config import OptimizeConfig
+
+    return OptimizeConfig(policy="fp16")
+
+
+def test_a_search_out_of_budget_keeps_the_nodes_before_the_culprits_fp32_too():
+    model = planted()
+    first = optimize(model, policy="fp16")
+    ref = acc.reference(model, provider="reference")
+    found = acc.find_culprits(model, first_config(), ref, None, first, provider="reference", max_probes=3)
+    assert found.ok and "search stopped after 0 culprits, 3 re-optimizations" in found.note
+    assert {"scale_up2", "scale_down"} <= set(found.nodes) and len(found.nodes) < 11  # probes: 11, 5, 8 nodes
+
+
+def test_a_search_with_no_fp16_node_says_the_difference_comes_from_elsewhere():
+    model = planted()
+    result = optimize(model, policy="fp32")
+    ref = acc.reference(model, provider="reference")
+    found = acc.find_culprits(model, first_config().replace(policy="fp32"), ref, None, result, provider="reference")
+    assert not found.ok and found.nodes == [] and "no fp16 node" in found.note
+
+
+def mask_divides(nan: bool = True) -> onnx.ModelProto:
+    """y = x / (mask - 1): NaN/inf where the mask is 1 (as random masks of ones give)."""
+    one = nh.from_array(np.array(1.0 if nan else 5.0, np.float32), "one")
+    nodes = [h.make_node("Cast", ["attention_mask"], ["m"], to=T.FLOAT), h.make_node("Sub", ["m", "one"], ["d"]),
+             h.make_node("Div", ["x", "d"], ["q"]), h.make_node("Sub", ["q", "q"], ["y"])]
+    graph = h.make_graph(nodes, "mask", [h.make_tensor_value_info("x", T.FLOAT, [4]),
+                                         h.make_tensor_value_info("attention_mask", T.INT64, [4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [4])], [one])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_an_fp32_model_that_fails_or_gives_nan_on_generated_inputs_is_named():
+    with pytest.raises(acc.ReferenceError, match=r"the fp32 model m\.onnx gives no finite output value on generated "
+                                                 r"inputs .*; give --inputs"):
+        acc.reference(mask_divides(), source="m.onnx")
+    reshape = h.make_node("Reshape", ["x", "shape"], ["x2"])
+    failing = h.make_model(h.make_graph([reshape], "r", [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                                        [h.make_tensor_value_info("x2", T.FLOAT, None)],
+                                        [nh.from_array(np.array([3], np.int64), "shape")]),
+                           opset_imports=[h.make_opsetid("", 17)])
+    with pytest.raises(acc.ReferenceError, match=r"the fp32 model f\.onnx fails on generated inputs: .*; give --inputs"):
+        acc.reference(failing, source="f.onnx")
+    with pytest.raises(acc.ReferenceError, match="fails on the given inputs: .*; give other --inputs"):
+        acc.reference(failing, feeds={"x": np.ones(4, np.float32)}, source="f.onnx")
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def planted_file(tmp_path):
+    path = tmp_path / "planted.onnx"
+    onnx.save(planted(), path)
+    return path
+
+
+def test_cli_accuracy_check_warns_with_the_figures_and_names_the_culprits(planted_file, tmp_path, capsys):
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--report", str(report)]) == 0
+    err = capsys.readouterr().err
+    assert ("accuracy check: the fp32 and the written model on ONNX Runtime cpu (fp32) and the ONNX reference "
+            "evaluator (written), generated inputs") in err
+    assert "  accuracy check r3: rel L2 inf" in err and "FAIL (rel L2 > 0.01)" in err
+    assert "bisect probe 1:" in err  # progress
+    assert "warning: the written model's outputs differ beyond the tolerance (rel L2 <= 0.01): r3 rel L2 inf > 0.01 (" in err
+    assert " non-finite values); the nodes most responsible" in err
+    assert "the nodes most responsible" in err and "scale_up2" in err and "or --fix to keep the culprits fp32" in err
+    assert out.exists()  # a warning: written anyway
+    written = json.loads(report.read_text())
+    assert written["accuracy"]["ok"] is False and set(written["accuracy"]["culprits"]["nodes"]) == {"scale_up2",
+                                                                                                    "scale_down"}
+    assert any(note.startswith("accuracy check: the written model's outputs differ") for note in written["notes"])
+
+
+def test_cli_fix_keeps_the_culprits_fp32_and_writes_the_model_that_passes(planted_file, tmp_path, capsys):
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--fix", "--report", str(report)]) == 0
+    err = capsys.readouterr().err
+    assert "--fix: kept fp32 scale_" in err and "passes rel L2 <= 0.01" in err
+    written = json.loads(report.read_text())
+    assert written["accuracy"]["ok"] is True and written["accuracy"]["fixed"] is True
+    assert written["accuracy"]["before"]["ok"] is False
+    assert written["plan"]["scale_up2"]["precision"] == "fp32"
+    ref = acc.reference(onnx.load(planted_file), provider="reference")
+    assert acc.check(onnx.load(out), ref, provider="reference").ok
+
+
+def test_cli_validate_fails_names_the_culprits_and_writes_nothing(planted_file, tmp_path, capsys):
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate",
+                 "--provider", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "  validate r3: rel L2 inf" in err
+    assert "error: outputs differ beyond the tolerance (rel L2 <= 0.01): r3 rel L2 inf > 0.01" in err
+    assert "scale_up2" in err
+    assert "nothing written" in err and not out.exists()
+    report = tmp_path / "r.json"
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--provider",
+                 "reference", "--fix", "--report", str(report)]) == 0 and out.exists()
+    written = json.loads(report.read_text())
+    assert all(row["ok"] for row in written["validation"])  # the rows of the model written, the fixed one
+    assert written["accuracy"]["fixed"] and written["accuracy"]["provider"] == "reference"
+
+
+def test_cli_validate_on_ort_cpu_passes_what_cpu_computes_and_prints_the_statistics(planted_file, tmp_path, capsys):
+    """ORT's CPU provider runs the fp16 Muls in fp32 between Casts it removes: no overflow there.
+    The line gives the bounded statistic first, then max/p99 of the absolute and relative errors."""
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--tolerance",
+                 "rel_l2=0.01,p99_abs=0.1", "--report", str(report)]) == 0
+    err = capsys.readouterr().err
+    assert "validate: the fp32 and the written model on ONNX Runtime cpu, generated inputs (rel L2 <= 0.01, " \
+           "p99 abs <= 0.1)" in err
+    line = next(line for line in err.splitlines() if line.startswith("  validate r3:"))
+    assert line.startswith("  validate r3: rel L2 ") and ", p99 abs " in line and ", max rel " in line
+    assert line.endswith(" ok (rel L2 <= 0.01, p99 abs <= 0.1)")  # the verdict names what it judged
+    rows = json.loads(report.read_text())["validation"]
+    assert rows[0]["ok"] and rows[0]["measure"] == "rel_l2" and rows[0]["tolerance"] == "rel_l2=0.01,p99_abs=0.1,mismatch=0.01"
+    assert {"mean_abs", "median_abs", "p99_abs", "max_abs", "mean_rel", "median_rel", "p99_rel", "max_rel",
+            "rel_l2"} <= set(rows[0])
+
+
+def test_cli_fp32_failing_on_generated_inputs_is_an_input_problem(tmp_path, capsys):
+    src, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(mask_divides(), src)
+    assert main(["optimize", str(src), str(out), "--policy", "fp16", "--validate"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: the fp32 model {src} gives no finite output value on generated inputs" in err
+    assert "give --inputs" in err and not out.exists()
+    np.savez(tmp_path / "in.npz", x=np.ones(4, np.float32), attention_mask=np.zeros(4, np.int64))
+    assert main(["optimize", str(src), str(out), "--policy", "fp16", "--validate", "--inputs",
+                 str(tmp_path / "in.npz")]) == 0
+    assert "validate: the fp32 and the written model on ONNX Runtime cpu, the inputs of" in capsys.readouterr().err
+    # the default check only warns and writes the model
+    assert main(["optimize", str(src), str(out), "--policy", "fp16"]) == 0
+    assert "warning: accuracy check skipped: the fp32 model" in capsys.readouterr().err
+
+
+def test_cli_no_accuracy_check_runs_nothing(planted_file, tmp_path, capsys):
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--no-accuracy-check",
+                 "--report", str(report)]) == 0
+    assert "accuracy check" not in capsys.readouterr().err and "accuracy" not in json.loads(report.read_text())
+    assert main(["optimize", str(planted_file), str(out), "--fix", "--no-accuracy-check"]) == 2
+    assert "--fix acts on a failed accuracy check" in capsys.readouterr().err
+    assert main(["optimize", str(planted_file), str(out), "--tolerance", "rel=1"]) == 2
+    assert "unknown accuracy statistic 'rel'" in capsys.readouterr().err
+
+
+@pytest.mark.corpus
+def test_silero_vad_runs_on_generated_inputs_with_its_sample_rate():
+    """silero VAD refuses a random sample rate (its If branches check sr): a generated ``sr`` is
+    16000, so the fp32 model runs and its outputs are finite."""
+    from onnxcampo import corpus
+
+    entry = corpus.get("silero_vad")
+    try:
+        path = corpus.fetch(entry)
+    except corpus.CorpusUnavailable as exc:
+        pytest.skip(f"corpus model unavailable: {exc}")
+    model = onnx.load(str(path))
+    shapes = {name: tuple(dims) for name, dims in entry.input_shapes.items() if name != "sr"}
+    ref = acc.reference(model, source=path, input_shapes=shapes)
+    assert int(ref.feeds["sr"]) == 16000 and not ref.notes
+    assert all(np.isfinite(value).all() for value in ref.outputs.values())
