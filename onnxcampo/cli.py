@@ -467,8 +467,6 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     too. Returns the result to write."""
     import math
 
-    import onnx
-
     from onnxcampo import accuracy_check as acc
     from onnxcampo.accuracy import Criterion
     from onnxcampo.runtime import load_inputs_npz
@@ -482,7 +480,17 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
         if skipped != NOTHING_CONVERTED:
             print(f"onnxcampo: accuracy check skipped: {skipped}", file=sys.stderr)
         return result
-    original = onnx.load(str(args.input))
+    # the written model is first loaded in the child process (onnxcampo.runtime.isolated), as its
+    # save will: an ONNX Runtime crash on it is one clear error, not the end of this process
+    from onnxcampo import ir
+    from onnxcampo.errors import WrittenModelLoadError
+    from onnxcampo.runtime.check import check_loads
+
+    try:
+        check_loads(result.model, label=str(args.output))
+    except WrittenModelLoadError as exc:
+        raise WrittenModelLoadError(f"{exc}; nothing was written") from exc.__cause__
+    original, _ = ir.read_model(args.input)  # names that are not UTF-8 escaped as the plan saw them
     if args.validate:
         provider, execution = args.provider, config.execution if args.provider != "reference" else "plain"
     else:  # the fp32 model on ORT's CPU provider; the written one on the reference evaluator where quick
@@ -513,11 +521,6 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
         print(f"onnxcampo: accuracy check skipped: {exc}", file=sys.stderr)
         return result
     try:
-        # first loaded in the child process (onnxcampo.runtime.isolated): an ONNX Runtime crash on
-        # the written model is a clear error there, not the end of this process
-        from onnxcampo.runtime.check import check_loads
-
-        check_loads(result.model, label=f"the written model of {args.input}")
         try:
             outputs = acc.run_candidate(result.model, ref, provider=provider, execution=execution)
         except CampoError as exc:
