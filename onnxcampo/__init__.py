@@ -4,12 +4,11 @@ __version__ = "0.1.0"
 
 from onnxcampo.config import OptimizeConfig  # noqa: E402
 from onnxcampo.errors import CampoError  # noqa: E402
+from onnxcampo.install import onnxruntime_error  # noqa: E402
 from onnxcampo.plan import Precision, PrecisionPlan  # noqa: E402
 
-try:  # the core does not pin ONNX Runtime (onnxcampo[cpu] or onnxcampo[gpu] brings one)
-    import onnxruntime as _onnxruntime  # noqa: F401
-except ImportError:  # the API says so, in one line, when it is used (onnxcampo.install)
-    def __getattr__(name: str):
+if onnxruntime_error() is not None:  # the core pins no ONNX Runtime: onnxcampo[cpu] or onnxcampo[gpu]
+    def __getattr__(name: str):  # the API says what to install when it is used (onnxcampo.install)
         if name in ("OptimizeResult", "optimize"):
             from onnxcampo.install import require_onnxruntime
 

@@ -30,12 +30,25 @@ def installed_wheels() -> set[str]:
     return found
 
 
+def onnxruntime_error() -> Exception | None:
+    """Why ONNX Runtime cannot be used here, or None. ``import onnxruntime`` alone is not enough:
+    after ``pip uninstall onnxruntime`` next to ``onnxruntime-gpu`` the folder's leftovers still
+    import (as a namespace package) without the compiled module."""
+    try:
+        import onnxruntime
+        from onnxruntime.capi import onnxruntime_pybind11_state  # noqa: F401
+
+        onnxruntime.InferenceSession  # noqa: B018
+    except (ImportError, AttributeError) as exc:
+        return exc
+    return None
+
+
 def require_onnxruntime() -> None:
     """Raise :class:`OnnxRuntimeMissingError` (one line: what is wrong, what to run) unless
-    ``import onnxruntime`` works."""
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError as exc:
+    ONNX Runtime imports whole."""
+    exc = onnxruntime_error()
+    if exc is not None:
         raise OnnxRuntimeMissingError(f"onnxcampo needs ONNX Runtime, but `import onnxruntime` fails ({exc}); "
                                       f"{_repair(installed_wheels())}") from exc
 
