@@ -2,7 +2,9 @@
 {measure | fit | fit-step-dispatch | fit-fused-elementwise | eval}``.
 
 User errors print one line on stderr and exit 2 (validation failures exit 1); no traceback
-unless ``--debug``.
+unless ``--debug``. Options are never abbreviated (a usage error names the closest one); ``-q``
+keeps only warnings and errors on stderr, ``--log-file`` writes the full log; messages of the code
+shared with the Python API name flags here (:func:`onnxcampo.errors.command_line`).
 
 Every option is described once, in its help text here: ``docs/guide/cli-reference.md`` is
 rendered from :func:`build_parser` (``python -m onnxcampo.cli_reference``), and a test fails when
@@ -12,6 +14,8 @@ it is out of date.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import sys
@@ -21,75 +25,145 @@ from pathlib import Path
 from onnxcampo import __version__
 from onnxcampo.config import (COST_GRAPHS, EXECUTION_MODES, FUSE_MODES, POLICIES, PROFILE_MODES, TUNE_PROVIDERS,
                               OptimizeConfig, parse_dim_value, parse_input_shape)
-from onnxcampo.errors import CampoError, ConfigError, ValidationError
+from onnxcampo.errors import CampoError, ConfigError, ValidationError, command_line, did_you_mean
+from onnxcampo.install import require_onnxruntime
 
 log = logging.getLogger("onnxcampo")
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options (``--input-shap`` is an error, not ``--input-shape``); a usage
+    error is one line on stderr, exit 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)  # epilogs keep their lines
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"onnxcampo: error: {self.prog}: {message} ({self.prog} --help lists the options)\n")
+
+
+def _group(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
+    """The parser's argument group of this title (made on first use), as ``--help`` shows it."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+EXAMPLE = "onnxcampo/examples/mlp_block.onnx"
+EPILOGS = {
+    "optimize": _examples(f"onnxcampo optimize {EXAMPLE} out.onnx --input-shape x:16384,256 --validate",
+                          "onnxcampo optimize model.onnx out.onnx --dim batch=32 --exclude-op Softmax --report r.json",
+                          "onnxcampo optimize model.onnx out.onnx --dim batch=8 --tune cuda --execution cuda-graph"),
+    "inspect": _examples(f"onnxcampo inspect {EXAMPLE} --input-shape x:16384,256 --nodes",
+                         "onnxcampo inspect model.onnx --dim batch=1 --policy amp"),
+    "train-graph": _examples("onnxcampo train-graph fwd.onnx step.onnx --loss cross_entropy --optimizer adamw --lr 1e-3",
+                             "onnxcampo train-graph fwd.onnx step.onnx --input-shape x:32,3,224,224 --train-mode"),
+    "train": _examples("onnxcampo train step.onnx --data batches/ --steps 500 --log loss.jsonl --forward fwd.onnx "
+                       "--out trained.onnx",
+                       "onnxcampo train step.onnx --data b.npz --provider cuda --lr-schedule warmup:100,cosine:1000"),
+    "bench": _examples("onnxcampo bench model.onnx --dim batch=32 --policies fp32,amp,campo --json bench.json",
+                       "onnxcampo bench model.onnx --dim batch=1 --execution cuda-graph --rounds 20"),
+    "costdb": _examples("onnxcampo costdb measure --out samples.jsonl --budget-s 540",
+                        "onnxcampo costdb fit samples.jsonl db.json",
+                        "onnxcampo costdb eval db.json samples.jsonl --report eval.md"),
+    "measure": _examples("onnxcampo costdb measure --out samples.jsonl --budget-s 540 --seed 0"),
+    "fit": _examples("onnxcampo costdb fit samples.jsonl costdb/data/nvidia-h200.json --holdout 0.2"),
+    "fit-step-dispatch": _examples("onnxcampo costdb fit-step-dispatch docs/benchmarks/raw/h200.jsonl db.json"),
+    "eval": _examples("onnxcampo costdb eval db.json samples.jsonl --report eval.md --png eval.png"),
+}
+
+
+def _add_common_options(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """``-q`` and ``--log-file``, given before or after the subcommand (a subcommand's copy sets
+    them only when given, so it does not undo the program's)."""
+    common = _group(parser, "common options")
+    default = {} if top else {"default": argparse.SUPPRESS}
+    common.add_argument("-q", "--quiet", action="store_true", **({"default": False} if top else default),
+                        help="warnings and errors only: no progress, summaries or 'wrote' lines on stderr (what a "
+                             "command prints on stdout, inspect's plan or bench's table, stays)")
+    common.add_argument("--log-file", type=Path, metavar="FILE", **({"default": None} if top else default),
+                        help="also write the full log (debug level, timestamped, whatever -v or -q) to FILE")
+
+
 def _add_shape_options(parser: argparse.ArgumentParser, inputs_pin: str) -> None:
     """``inputs_pin``: when the inputs of ``--inputs`` pin the dims no option pins."""
-    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
+    shapes = _group(parser, "input shapes")
+    shapes.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
                         help="pin a dynamic input's shape for cost estimation and runs (repeatable); campo needs "
                              "the sizes. " + inputs_pin)
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
-                        help="pin a named dynamic dim (e.g. batch=8) wherever it occurs (repeatable)")
+    shapes.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                        help="pin a named dynamic dim (e.g. batch=8) wherever it occurs (repeatable; NAME is one of "
+                             "the model's symbolic dims, another is an error naming the closest)")
 
 
 def _add_plan_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", choices=POLICIES, default="campo",
+    plan = _group(parser, "precision plan")
+    plan.add_argument("--policy", choices=POLICIES, default="campo",
                         help="campo (default): cost-aware, the four passes; amp: TensorFlow-AMP-style greedy "
                              "painting with a Cast at every boundary (the paper's baseline); fp16: every op that may "
                              "run fp16; fp32: nothing converted")
     _add_shape_options(parser, "The written model keeps its dynamic shapes. With --tune or --activation-limit, "
                                "the inputs of --inputs (optimize) pin the dynamic dims nothing else pins")
-    parser.add_argument("--exclude-op", action="append", default=[], metavar="OP", help="op type kept fp32 (repeatable)")
-    parser.add_argument("--include-op", action="append", default=[], metavar="OP",
-                        help="op type forced fp16 where it has an fp16 schema (repeatable)")
-    parser.add_argument("--exclude-node", action="append", default=[], metavar="REGEX",
+    timing = _group(parser, "timing and tuning")
+    custom = _group(parser, "custom ops (need the library: python -m onnxcampo.ops.build)")
+    plan.add_argument("--exclude-op", action="append", default=[], metavar="OP",
+                      help="op type kept fp32 (repeatable; case-sensitive: one of the model's op types, an ONNX op "
+                           "or one of onnxcampo's op lists, e.g. ORT's fused Attention; any other name is an error "
+                           "naming the closest)")
+    plan.add_argument("--include-op", action="append", default=[], metavar="OP",
+                        help="op type forced fp16 where it has an fp16 schema (repeatable; names as --exclude-op)")
+    plan.add_argument("--exclude-node", action="append", default=[], metavar="REGEX",
                         help="nodes whose names match kept fp32 (repeatable)")
-    parser.add_argument("--include-node", action="append", default=[], metavar="REGEX",
+    plan.add_argument("--include-node", action="append", default=[], metavar="REGEX",
                         help="nodes whose names match forced fp16 where they have an fp16 schema (repeatable)")
-    parser.add_argument("--profile", choices=PROFILE_MODES, default="predict",
+    timing.add_argument("--profile", choices=PROFILE_MODES, default="predict",
                         help="fp32 node times: predicted by the cost model (predict, default) or measured by one "
                              "ONNX Runtime profiling run on cpu or cuda")
-    parser.add_argument("--min-gain", type=float, default=0.02, metavar="SHARE",
+    plan.add_argument("--min-gain", type=float, default=0.02, metavar="SHARE",
                         help="campo keeps fp32 unless a mixed plan is predicted at least this share faster "
                              "(default 0.02: 2 %%; smaller predicted gains are within the cost model's error)")
-    parser.add_argument("--no-keep-io-types", action="store_true",
+    plan.add_argument("--no-keep-io-types", action="store_true",
                         help="let graph inputs/outputs become fp16 (a training step keeps its own, with a warning; "
                              "refused for ONNX Runtime training artifacts, bound by name and dtype to their checkpoint)")
-    parser.add_argument("--no-loss-scaling", action="store_true",
+    plan.add_argument("--no-loss-scaling", action="store_true",
                         help="training steps: do not insert dynamic loss scaling (on by default when fp16 is used)")
-    parser.add_argument("--no-compare-plans", action="store_true",
+    plan.add_argument("--no-compare-plans", action="store_true",
                         help="keep campo's plan even if the fp32 or amp plan is predicted faster")
-    parser.add_argument("--tune", choices=TUNE_PROVIDERS, metavar="PROVIDER",
+    timing.add_argument("--tune", choices=TUNE_PROVIDERS, metavar="PROVIDER",
                         help="time campo's candidate plans (all-fp16, its own, without padding, amp, fp32) on this "
                              "ONNX Runtime provider (cuda or cpu) in the --execution mode and keep the fastest (fp32 "
                              "unless a mixed plan is --min-gain faster); inputs random, or (optimize) from --inputs "
                              "(a training step: its batch and labels). Needs the provider here: onnxruntime-gpu and a "
                              "GPU for cuda; --execution cuda-graph needs cuda")
-    parser.add_argument("--tune-tolerance", default=None, metavar="CRITERION",
-                        help="--tune keeps no inference candidate whose outputs fail this accuracy criterion against "
-                             "the fp32 plan's, as --tolerance writes it (default: optimize's --tolerance, else "
-                             "rel_l2=0.01)"),
-    parser.add_argument("--activation-limit", type=float, default=None, metavar="MAX",
+    timing.add_argument("--tune-tolerance", default=None, metavar="CRITERION",
+                         help="--tune keeps no inference candidate whose outputs fail this accuracy criterion against "
+                              "the fp32 plan's, as --tolerance writes it (default: optimize's --tolerance, else "
+                              "rel_l2=0.01)")
+    plan.add_argument("--activation-limit", type=float, default=None, metavar="MAX",
                         help="calibrate: run the fp32 model once on ORT's CPU provider on random inputs, or "
                              "(optimize) on --inputs, and keep fp32 every node reading or writing values beyond |MAX| "
                              "there (reason 'reads or writes values beyond --activation-limit'; the report's "
                              "calibration entry lists the nodes). fp16 values are 0.5 apart above 512 and 2 apart "
                              "above 2048; ModelOpt AutoCast's data_max is 512. Inference models only; off by default")
-    parser.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
+    timing.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
                         help="how ORT will run the model, which plans are costed, tuned and validated for: plain "
                              "(node by node, default) or cuda-graph (captured once and replayed as a CUDA graph: no "
                              "per-node host time; needs static shapes and every node on the CUDA EP)")
     _add_cost_options(parser)
-    parser.add_argument("--int8-avg", action="store_true",
+    custom.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
-    parser.add_argument("--fuse-elementwise", action="store_true",
+    custom.add_argument("--fuse-elementwise", action="store_true",
                         help="after the plan: chains of elementwise ops, their Casts included, as ai.onnxcampo "
                              "FusedElementwise nodes, one kernel each (needs the custom-op library; docs/ops.md)")
-    parser.add_argument("--fuse-reductions", action="store_true",
+    custom.add_argument("--fuse-reductions", action="store_true",
                         help="after the plan: ReduceSums over leading/trailing blocks of axes (bias, LayerNorm and "
                              "Conv-bias gradients), with the Reshapes and float16->float32 Casts around them, as "
                              "ai.onnxcampo BlockReduceSum nodes, one kernel each (needs the custom-op library; "
@@ -104,16 +178,17 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
 def _add_cost_options(parser: argparse.ArgumentParser) -> None:
     """How plans are costed and what the graph looks like before planning: options of
     ``optimize`` and ``inspect`` that ``bench`` passes to every policy too."""
-    parser.add_argument("--device-db", type=Path, metavar="DB.json",
+    cost = _group(parser, "cost model and graph fusion")
+    cost.add_argument("--device-db", type=Path, metavar="DB.json",
                         help="regression cost database (JSON, schema in costdb/regression.py; default: the one shipped "
                              "for the GPU nvidia-smi names, costdb/data/<gpu>.json, else the analytic H200 model; "
                              "$ONNXCAMPO_DEVICE, a GPU name or none for the analytic model, overrides the detection)")
-    parser.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
-    parser.add_argument("--cost-graph", choices=COST_GRAPHS, default="ort",
+    cost.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
+    cost.add_argument("--cost-graph", choices=COST_GRAPHS, default="ort",
                         help="cost plans on the nodes ORT will run (ort, default: its own optimized graph, read on "
                              "the CPU provider without its CPU-only fusions; aliased ops free, a fused group one "
                              "launch, a Cast inside a group breaks it) or on every ONNX node (onnx)")
-    parser.add_argument("--fuse", choices=FUSE_MODES, default="auto",
+    cost.add_argument("--fuse", choices=FUSE_MODES, default="auto",
                         help="before planning, run ONNX Runtime's transformers optimizer (its Python fusions: "
                              "SkipLayerNormalization, Attention, BiasGelu, EmbedLayerNormalization, ...), so that "
                              "the graph ORT users run on the GPU is planned: auto (default) fuses graphs it "
@@ -122,9 +197,9 @@ def _add_cost_options(parser: argparse.ArgumentParser) -> None:
                              "model type; none never fuses. Training steps, quantized graphs (under auto) and graphs "
                              "already fused are left alone; the report's fuse entry counts the fused ops, or says "
                              "why nothing was fused")
-    parser.add_argument("--num-heads", type=int, default=0, metavar="N",
+    cost.add_argument("--num-heads", type=int, default=0, metavar="N",
                         help="attention heads for --fuse (default 0: detected from the graph, else by ORT's optimizer)")
-    parser.add_argument("--hidden-size", type=int, default=0, metavar="N",
+    cost.add_argument("--hidden-size", type=int, default=0, metavar="N",
                         help="hidden size for --fuse (default 0: detected from the graph, else by ORT's optimizer)")
 
 
@@ -164,50 +239,55 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onnxcampo", description="Cost-aware mixed-precision optimizer for ONNX graphs")
-    parser.add_argument("--version", action="version", version=f"onnxcampo {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="onnxcampo", description="Cost-aware mixed-precision optimizer for ONNX graphs",
+                     epilog=_examples(f"onnxcampo optimize {EXAMPLE} out.onnx --input-shape x:16384,256 --validate",
+                                      "onnxcampo COMMAND --help"))
+    parser.add_argument("--version", action="version", version=f"onnxcampo {__version__}",
+                        help="print the version and exit")
+    _add_common_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     opt = sub.add_parser("optimize", help="write a mixed fp16/fp32 model")
     opt.add_argument("input", type=Path, help="fp32 ONNX model")
     opt.add_argument("output", type=Path, help="where to write the optimized model (written atomically)")
     _add_plan_options(opt)
-    opt.add_argument("--report", type=Path, metavar="FILE.json",
+    out = _group(opt, "report and validation")
+    out.add_argument("--report", type=Path, metavar="FILE.json",
                      help="write the full report as JSON: counts by reason, Casts, Pads, the predicted times of every "
                           "plan, the per-node plan (precision, reason, numbers)")
-    opt.add_argument("--validate", action="store_true",
-                     help="run both models on ORT (provider cuda: in the --execution mode) on --inputs or generated "
-                          "inputs, one line per output with its error statistics judged by --tolerance; on failure "
-                          "name the nodes most responsible (bisecting the fp16 nodes back to fp32), exit 1 and write "
-                          "nothing (with --fix: keep them fp32 and write the model that passes)")
-    opt.add_argument("--provider", choices=("cpu", "cuda", "reference"), default="cpu",
-                     help="where --validate runs both models: ONNX Runtime's cpu (default) or cuda provider, or the "
-                          "ONNX reference evaluator (reference: numpy in each tensor's dtype, so fp16 nodes round and "
-                          "overflow as fp16 does, which ORT's CPU provider, running most fp16 nodes in fp32, hides; "
-                          "slow on large models)")
-    opt.add_argument("--inputs", type=Path, metavar="FILE.npz",
-                     help="inputs for --validate, the accuracy check, --tune and --activation-limit (default: "
-                          "generated: floats standard normal, integers in [0, 8), *mask* ones, token_type_ids zeros, "
-                          "position_ids 0..n-1, sr 16000)")
-    opt.add_argument("--tolerance", default=None, metavar="CRITERION",
-                     help="the accuracy criterion of --validate, the accuracy check and --tune, per output: a "
-                          "number (a bound on the relative L2 error ||out - ref|| / ||ref||) or bounds "
-                          "STAT=VALUE,... on mean_abs, median_abs, p99_abs, max_abs, mean_rel, median_rel, p99_rel, "
-                          "max_rel, rel_l2 (float outputs) and mismatch (share of integer elements that differ); "
-                          "default rel_l2=0.01,mismatch=0.01 (fp16 models as good as the anchors: 0.06-0.5 %%)")
-    opt.add_argument("--fix", action="store_true",
-                     help="when the written model fails the criterion (--validate or the accuracy check), keep the "
-                          "nodes most responsible fp32 (found by bisection, at most 8 rounds) and write the model "
-                          "that passes")
-    opt.add_argument("--no-accuracy-check", action="store_true",
-                     help="do not run the accuracy check (on by default without --validate: both models once on "
-                          "ORT's CPU provider on --inputs or generated inputs; a failure is a warning, with the "
-                          "figures, in the report and on stderr)")
-    opt.add_argument("--rtol", type=float, default=None, metavar="R",
+    out.add_argument("--validate", action="store_true",
+                      help="run both models on ORT (provider cuda: in the --execution mode) on --inputs or generated "
+                           "inputs, one line per output with its error statistics judged by --tolerance; on failure "
+                           "name the nodes most responsible (bisecting the fp16 nodes back to fp32), exit 1 and write "
+                           "nothing (with --fix: keep them fp32 and write the model that passes)")
+    out.add_argument("--provider", choices=("cpu", "cuda", "reference"), default="cpu",
+                      help="where --validate runs both models: ONNX Runtime's cpu (default) or cuda provider, or the "
+                           "ONNX reference evaluator (reference: numpy in each tensor's dtype, so fp16 nodes round and "
+                           "overflow as fp16 does, which ORT's CPU provider, running most fp16 nodes in fp32, hides; "
+                           "slow on large models)")
+    out.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                      help="inputs for --validate, the accuracy check, --tune and --activation-limit (default: "
+                           "generated: floats standard normal, integers in [0, 8), *mask* ones, token_type_ids zeros, "
+                           "position_ids 0..n-1, sr 16000)")
+    out.add_argument("--tolerance", default=None, metavar="CRITERION",
+                      help="the accuracy criterion of --validate, the accuracy check and --tune, per output: a "
+                           "number (a bound on the relative L2 error ||out - ref|| / ||ref||) or bounds "
+                           "STAT=VALUE,... on mean_abs, median_abs, p99_abs, max_abs, mean_rel, median_rel, p99_rel, "
+                           "max_rel, rel_l2 (float outputs) and mismatch (share of integer elements that differ); "
+                           "default rel_l2=0.01,mismatch=0.01 (fp16 models as good as the anchors: 0.06-0.5 %%)")
+    out.add_argument("--fix", action="store_true",
+                      help="when the written model fails the criterion (--validate or the accuracy check), keep the "
+                           "nodes most responsible fp32 (found by bisection, at most 8 rounds) and write the model "
+                           "that passes")
+    out.add_argument("--no-accuracy-check", action="store_true",
+                      help="do not run the accuracy check (on by default without --validate: both models once on "
+                           "ORT's CPU provider on --inputs or generated inputs; a failure is a warning, with the "
+                           "figures, in the report and on stderr)")
+    out.add_argument("--rtol", type=float, default=None, metavar="R",
                      help="--validate also checks every element, |out - ref| <= atol + rtol * |ref|, and fails "
                           "where one does not (off unless --rtol or --atol is given; the other then defaults to "
                           "0.02 / 1e-3)")
-    opt.add_argument("--atol", type=float, default=None, metavar="A",
+    out.add_argument("--atol", type=float, default=None, metavar="A",
                      help="absolute tolerance of --rtol's element-wise check")
 
     ins = sub.add_parser("inspect", help="print the precision plan without writing a model")
@@ -237,101 +317,104 @@ def build_parser() -> argparse.ArgumentParser:
     tg = sub.add_parser("train-graph", help="build a training-step graph (forward + loss + backward + update)")
     tg.add_argument("forward", type=Path, help="forward (inference) model; its float initializers are trained")
     tg.add_argument("output", type=Path, help="training-step model to write")
-    tg.add_argument("--loss", choices=("mse", "cross_entropy", "bce_with_logits", "l1", "huber"), default="mse",
+    loss, update, graph = (_group(tg, title) for title in ("loss", "weight update", "step graph"))
+    loss.add_argument("--loss", choices=("mse", "cross_entropy", "bce_with_logits", "l1", "huber"), default="mse",
                     help="loss on the prediction against the batch input labels, a mean: mse (default), l1, huber "
                          "(see --huber-delta) and bce_with_logits (binary cross-entropy on logits) take float "
                          "targets of the prediction's shape; cross_entropy int64 class indices (softmax over the "
                          "last axis)")
-    tg.add_argument("--output", dest="loss_output", metavar="NAME",
+    loss.add_argument("--output", dest="loss_output", metavar="NAME",
                     help="the model output the loss reads (default: the first); the step graph returns the loss "
                          "and the updated state, not the model's outputs")
-    tg.add_argument("--huber-delta", type=float, default=1.0,
+    loss.add_argument("--huber-delta", type=float, default=1.0,
                     help="where huber turns from quadratic to linear (default 1.0)")
-    tg.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"), default="sgd",
+    update.add_argument("--optimizer", choices=("sgd", "momentum", "adamw"), default="sgd",
                     help="weight update (default sgd): sgd, momentum (0.9) or adamw (betas 0.9/0.999, eps 1e-8, "
                          "weight decay 0.01); its state is graph inputs paired with <name>.updated outputs")
-    tg.add_argument("--lr", type=float, default=0.01,
+    update.add_argument("--lr", type=float, default=0.01,
                     help="default learning rate (default 0.01; lr is an input of the graph, so schedules need no "
                          "new graph)")
-    tg.add_argument("--freeze", metavar="REGEX", help="initializers kept constant (besides BatchNorm statistics, "
+    update.add_argument("--freeze", metavar="REGEX", help="initializers kept constant (besides BatchNorm statistics, "
                     "Resize scales, formula constants and grouped Conv/ConvTranspose weights, frozen automatically)")
-    tg.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
+    graph.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
                     help="pin a dynamic input's shape (repeatable); the shape arithmetic it makes constant is folded")
-    tg.add_argument("--train-mode", action="store_const", const=True, default=None,
+    graph.add_argument("--train-mode", action="store_const", const=True, default=None,
                     help="every BatchNormalization and Dropout runs in training mode: batch statistics (their "
                          "gradient included), running mean/variance as state updated each step, a dropout mask "
                          "drawn from the dropout_seed state (default: each node as exported; a "
                          "training-mode export trains so anyway); evaluation uses the running statistics")
-    tg.add_argument("--bn-running-var", choices=("unbiased", "biased"), default="unbiased",
+    graph.add_argument("--bn-running-var", choices=("unbiased", "biased"), default="unbiased",
                     help="the batch variance a training BatchNormalization's running variance takes: unbiased "
                          "n/(n-1) (default, as PyTorch) or biased (the ONNX specification, ONNX Runtime)")
-    tg.add_argument("--no-simplify", dest="simplify", action="store_false",
+    graph.add_argument("--no-simplify", dest="simplify", action="store_false",
                     help="keep onnx-ad's backward graph as emitted (default: Conv weight gradients as one GEMM "
                          "over an im2col, seed-axis Transposes and no-op copies removed; same math)")
-    tg.add_argument("--no-fused-ops", dest="fused_ops", action="store_false",
+    graph.add_argument("--no-fused-ops", dest="fused_ops", action="store_false",
                     help="standard ONNX ops only (default, when the custom-op library is built: the update as "
                          "one ai.onnxcampo multi-tensor op, each Conv weight gradient's im2col as one Im2Col, "
                          "onnx-ad's Gather adjoints (embedding gradients) as ScatterNDAdd)")
-    tg.add_argument("--conv-weight-grad", choices=("gemm", "cudnn"), default="gemm",
+    graph.add_argument("--conv-weight-grad", choices=("gemm", "cudnn"), default="gemm",
                     help="with the fused ops, each Conv weight gradient as the Gemm over one Im2Col (default) or "
                          "as one ConvWeightGrad op (cuDNN's backward filter on CUDA; not yet checked on a GPU)")
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
-    tr.add_argument("--forward", type=Path, metavar="FWD.onnx", help="the forward model: initial weights (default: those the step "
+    data, run, state = (_group(tr, title) for title in ("weights and batches", "run", "checkpoints and outputs"))
+    data.add_argument("--forward", type=Path, metavar="FWD.onnx", help="the forward model: initial weights (default: those the step "
                     "graph carries) and, with --out, the model the trained weights are written into")
-    tr.add_argument("--data", type=Path, required=True, metavar="FILE.npz|FOLDER",
+    data.add_argument("--data", type=Path, required=True, metavar="FILE.npz|FOLDER",
                     help=".npz with the batch inputs and 'labels' (an extra leading axis = one batch per step, cycled), "
                          "or a folder of such .npz files, one batch each, taken in sorted name order and cycled; every "
                          "file is checked against the step graph before the first step")
-    tr.add_argument("--partial-batch", choices=("error", "drop"), default="error",
+    data.add_argument("--partial-batch", choices=("error", "drop"), default="error",
                     help="a batch file with fewer rows than the step graph takes (a folder's last one, say; the step "
                          "graph's shapes are static): error (default, naming the sizes) or drop (left out of the cycle)")
-    tr.add_argument("--steps", type=int, default=100, metavar="N",
+    run.add_argument("--steps", type=int, default=100, metavar="N",
                     help="training steps to run (default 100); with --resume, steps to run after the checkpoint's")
-    tr.add_argument("--lr", type=float, help="learning rate, the base of --lr-schedule (default: the one the graph was "
+    run.add_argument("--lr", type=float, help="learning rate, the base of --lr-schedule (default: the one the graph was "
                     "built with; with --resume and no --lr, the checkpoint's)")
-    tr.add_argument("--lr-schedule", metavar="SCHEDULE",
+    run.add_argument("--lr-schedule", metavar="SCHEDULE",
                     help="learning rate per step from --lr: constant | step:STEP_SIZE:GAMMA (times GAMMA every STEP_SIZE "
                          "steps) | cosine:TOTAL_STEPS[:MIN_LR] | warmup:STEPS[,SCHEDULE] (linear warmup, then SCHEDULE "
                          "counted from its end; default constant); steps count from the start of the run, resumed or not")
-    tr.add_argument("--resume", type=Path, metavar="CKPT.npz",
+    state.add_argument("--resume", type=Path, metavar="CKPT.npz",
                     help="start from a checkpoint (written by --save-checkpoint): weights, optimizer and loss-scaling "
                          "state, step count; the batches and the schedule continue where it stopped")
-    tr.add_argument("--save-checkpoint", type=Path, metavar="CKPT.npz",
+    state.add_argument("--save-checkpoint", type=Path, metavar="CKPT.npz",
                     help="write a checkpoint after the last step (.npz, written atomically; see docs/guide/training.md)")
-    tr.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider (default cpu)")
-    graphs = tr.add_mutually_exclusive_group()
+    run.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime provider (default cpu)")
+    graphs = run.add_mutually_exclusive_group()
     graphs.add_argument("--cuda-graph", dest="cuda_graph", action="store_const", const=True, default=None,
                         help="replay each step as a CUDA graph, refused unless --provider cuda and every input shape of "
                              "the step graph is static (default: so on cuda when the shapes are static; -v says why not): "
                              "removes the host's per-node launch cost; every batch keeps the first one's shapes")
     graphs.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_const", const=False,
                         help="run each step node by node, also where a CUDA graph would be replayed by default")
-    tr.add_argument("--seed", type=int, default=0, metavar="N",
+    run.add_argument("--seed", type=int, default=0, metavar="N",
                     help="the starting dropout_seed of a step graph with training-mode Dropout (default 0; one "
                          "more each step, so a run is reproduced by its seed; a checkpoint restores it)")
-    tr.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
-    tr.add_argument("--out", type=Path, metavar="OUT.onnx", help="write the forward model with the trained weights")
+    state.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
+    state.add_argument("--out", type=Path, metavar="OUT.onnx", help="write the forward model with the trained weights")
 
     bn = sub.add_parser("bench", help="optimize a model under several policies and time them side by side on ORT")
     bn.add_argument("input", type=Path, help="fp32 ONNX model")
-    bn.add_argument("--policies", default="fp32,fp16,amp,campo", metavar="P1,P2,...",
+    timed = _group(bn, "policies and timing")
+    timed.add_argument("--policies", default="fp32,fp16,amp,campo", metavar="P1,P2,...",
                     help=f"comma-separated policies of {', '.join(POLICIES)} (default fp32,fp16,amp,campo; fp32 is "
                          "always timed: it is the reference)")
-    bn.add_argument("--provider", choices=("cuda", "cpu"), default="cuda", help="ONNX Runtime provider (default cuda)")
-    bn.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
+    timed.add_argument("--provider", choices=("cuda", "cpu"), default="cuda", help="ONNX Runtime provider (default cuda)")
+    timed.add_argument("--execution", choices=EXECUTION_MODES, default="plain",
                     help="plain (node by node, default) or cuda-graph (captured once and replayed; --provider cuda); "
                          "the plans are costed for it too")
     _add_shape_options(bn, "The inputs of --inputs pin the dynamic dims nothing else pins")
-    bn.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs to run on (default: random)")
-    bn.add_argument("--json", type=Path, metavar="FILE.json",
+    timed.add_argument("--inputs", type=Path, metavar="FILE.npz", help="inputs to run on (default: random)")
+    timed.add_argument("--json", type=Path, metavar="FILE.json",
                     help='write the results as JSON (atomically): {"policies": {name: {"ms", "min_ms", "max_ms", '
                          '"q1_ms", "q3_ms", "blocks_ms", "speedup", "rel_err", "casts", ...}}, "provider", '
                          '"execution", "plan_options", ...}')
-    bn.add_argument("--rounds", type=int, default=10, metavar="N",
+    timed.add_argument("--rounds", type=int, default=10, metavar="N",
                     help="rotation rounds: each times one block of every policy, in a rotated order (default 10)")
-    bn.add_argument("--block-ms", type=float, default=20.0, metavar="MS",
+    timed.add_argument("--block-ms", type=float, default=20.0, metavar="MS",
                     help="a timed block lasts at least this long (default 20)")
     _add_cost_options(bn)  # every policy is optimized with them
 
@@ -372,37 +455,39 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--png", type=Path, metavar="FILE.png", help="predicted-vs-measured plot to write (needs matplotlib)")
 
     for p in (opt, ins, bn, measure, fit, step_dispatch, fused_cost, evaluate, tg, tr):
-        p.add_argument("-v", "--verbose", action="count", default=0, help="-v: info lines (optimizing: one per pass); -vv: debug lines")
-        p.add_argument("--debug", action="store_true",
-                       help="check graph invariants after every pass (optimizing); show tracebacks instead of "
-                            "one-line errors")
+        common = _group(p, "common options")
+        common.add_argument("-v", "--verbose", action="count", default=0, help="-v: info lines (optimizing: one per pass); -vv: debug lines")
+        common.add_argument("--debug", action="store_true",
+                            help="check graph invariants after every pass (optimizing); show tracebacks instead of "
+                                 "one-line errors")
+        _add_common_options(p)
+    for p in (parser, cost):
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    child.epilog = EPILOGS.get(name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
-    # timing candidates takes a while: show its progress (and only then)
-    logging.getLogger("onnxcampo.tune").setLevel(min(level, logging.INFO) if getattr(args, "tune", None) else logging.NOTSET)
-    for name in ("onnxcampo.bench", "onnxcampo.runtime.timing"):  # so does a bench
-        logging.getLogger(name).setLevel(min(level, logging.INFO) if args.command == "bench" else logging.NOTSET)
     try:
-        if args.command == "optimize":
-            from onnxcampo.runtime import isolated
-
-            isolated.start(validate=args.validate)  # ORT's child process imports while the model is planned
-            return _optimize(args)
-        if args.command == "costdb":
-            return _costdb(args)
-        if args.command == "train-graph":
-            return _train_graph(args)
-        if args.command == "train":
-            return _train(args)
-        if args.command == "bench":
-            return _bench(args)
-        return _inspect(args)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            _unrecognized(parser, args, extras)
+    except SystemExit as exc:  # --help, --version, or a usage error (one line, printed already)
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.quiet and args.verbose:
+        print("onnxcampo: error: -q and -v exclude each other", file=sys.stderr)
+        return 2
+    if args.log_file is not None and not args.log_file.parent.is_dir():
+        print(f"onnxcampo: error: --log-file {args.log_file}: folder {args.log_file.parent} does not exist", file=sys.stderr)
+        return 2
+    _configure_logging(args)
+    try:
+        with command_line(), _quiet(args.quiet):
+            require_onnxruntime()  # not pinned by the core: onnxcampo[cpu] or onnxcampo[gpu]
+            return _run(args)
     except CampoError as exc:
         print(f"onnxcampo: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -411,6 +496,76 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"onnxcampo: internal error: {exc.__class__.__name__}: {exc} (rerun with --debug for details)", file=sys.stderr)
         return 3
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """The usage error of the (sub)command given, naming the closest option of that command."""
+    for name in (args.command, getattr(args, "costdb_command", None)):
+        action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if name is None or action is None:
+            break
+        parser = action.choices[name]
+    flags = [flag for action in parser._actions for flag in action.option_strings]
+    unknown = next((extra.split("=")[0] for extra in extras if extra.startswith("-")), None)
+    hint = did_you_mean(unknown, flags, cutoff=0.75) if unknown else ""
+    parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+# timing candidates and benchmarks take a while: their info lines are shown without -v
+PROGRESS_LOGGERS = {"tune": ("onnxcampo.tune",), "bench": ("onnxcampo.bench", "onnxcampo.runtime.timing")}
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """stderr: warnings and errors (-q too), info with -v, debug with -vv, and the progress of
+    --tune and bench unless -q; --log-file: every record, debug level, timestamped."""
+    level = logging.WARNING if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    progress = () if args.quiet else (
+        *(PROGRESS_LOGGERS["tune"] if getattr(args, "tune", None) else ()),
+        *(PROGRESS_LOGGERS["bench"] if args.command == "bench" else ()))
+
+    def shown(record: logging.LogRecord) -> bool:
+        return record.levelno >= level or (record.levelno >= logging.INFO and any(
+            record.name == name or record.name.startswith(name + ".") for name in progress))
+
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter(LOG_FORMAT))
+    console.addFilter(shown)
+    handlers: list[logging.Handler] = [console]
+    if args.log_file is not None:
+        log_file = logging.FileHandler(args.log_file, mode="w", encoding="utf-8")
+        log_file.setFormatter(logging.Formatter("%(asctime)s " + LOG_FORMAT))
+        handlers.append(log_file)
+    root = logging.DEBUG if args.log_file is not None else min(level, logging.INFO if progress else level)
+    logging.basicConfig(level=root, handlers=handlers, force=True)
+
+
+@contextlib.contextmanager
+def _quiet(quiet: bool):
+    """-q: the commands' own stderr lines (summaries, 'wrote', validation and progress lines)
+    are dropped; the log handler keeps the real stderr, so warnings and errors still show."""
+    if not quiet:
+        yield
+        return
+    with contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "optimize":
+        from onnxcampo.runtime import isolated
+
+        isolated.start(validate=args.validate)  # ORT's child process imports while the model is planned
+        return _optimize(args)
+    if args.command == "costdb":
+        return _costdb(args)
+    if args.command == "train-graph":
+        return _train_graph(args)
+    if args.command == "train":
+        return _train(args)
+    if args.command == "bench":
+        return _bench(args)
+    return _inspect(args)
 
 
 def _optimize(args: argparse.Namespace) -> int:

@@ -120,6 +120,8 @@ def render() -> str:
         if description:
             out += [description[0].upper() + description[1:] + ".", ""]
         out += ["```", _usage(line, parser), "```"]
+        if parser.epilog:  # the examples --help ends with
+            out += ["", "Examples:", "", "```", *(example.strip() for example in parser.epilog.splitlines()[1:]), "```"]
         rows = arguments(parser)
         if rows:
             out += ["", "| argument | value | default | description |", "|---|---|---|---|"]

@@ -6,6 +6,11 @@ at fault (file, input, node, option) and, where there is one, the fix.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+
 
 class CampoError(Exception):
     """Base class: a problem the user can act on (bad file, bad option, unsupported model)."""
@@ -48,6 +53,12 @@ class OpsLibraryError(CampoError):
     how to build it."""
 
 
+class OnnxRuntimeMissingError(CampoError, ImportError):
+    """``import onnxruntime`` fails: no ONNX Runtime installed (onnxcampo's core does not pin one:
+    ``onnxcampo[cpu]`` or ``onnxcampo[gpu]``), or a broken one; the message says what to run
+    (:mod:`onnxcampo.install`)."""
+
+
 class WrittenModelLoadError(ModelLoadError):
     """ONNX Runtime cannot load a model onnxcampo was about to write (``ir.save_model``
     test-loads it first), so nothing was written. A bug of onnxcampo or of ONNX Runtime, not of
@@ -65,3 +76,51 @@ class RuntimeCrashError(CampoError):
     def __init__(self, message: str, *, signal: int | None = None) -> None:
         super().__init__(message)
         self.signal = signal
+
+
+# --- naming options in messages ----------------------------------------------------------------
+# Messages raised by code that the Python API and the command line share name an option the way
+# the caller gave it: the OptimizeConfig field (``exclude_ops``) from Python, the flag
+# (``--exclude-op``) under ``onnxcampo`` (cli.main runs inside :func:`command_line`).
+_COMMAND_LINE: ContextVar[bool] = ContextVar("onnxcampo_command_line", default=False)
+_FLAGS = {"input_shapes": "--input-shape", "dim_values": "--dim", "exclude_ops": "--exclude-op",
+          "include_ops": "--include-op", "exclude_nodes": "--exclude-node", "include_nodes": "--include-node",
+          "check_invariants": "--debug"}
+_NEGATED_FLAGS = {"keep_io_types": "--no-keep-io-types", "pad_tensor_cores": "--no-pad",
+                  "compare_plans": "--no-compare-plans", "loss_scaling": "--no-loss-scaling"}
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def command_line() -> Iterator[None]:
+    """Within it, :func:`option` spells options as command-line flags."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def on_command_line() -> bool:
+    return _COMMAND_LINE.get()
+
+
+def option(field: str, value: object = _UNSET) -> str:
+    """An option as the caller gave it: ``option("tune", "cuda")`` is ``tune='cuda'`` from
+    Python and ``--tune cuda`` on the command line; ``option("keep_io_types", False)`` is
+    ``keep_io_types=False`` or ``--no-keep-io-types``."""
+    if not _COMMAND_LINE.get():
+        return field if value is _UNSET else f"{field}={value!r}"
+    if value is False and field in _NEGATED_FLAGS:
+        return _NEGATED_FLAGS[field]
+    flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+    return flag if value is _UNSET or value is True else f"{flag} {value}"
+
+
+def did_you_mean(name: str, candidates: Iterable[str], *, cutoff: float = 0.6) -> str:
+    """``": did you mean 'MatMul'?"`` for the closest candidate (a case-insensitive match first,
+    else difflib's), or ``""``."""
+    candidates = sorted(set(candidates))
+    folded = [c for c in candidates if c.lower() == name.lower()]
+    close = folded or difflib.get_close_matches(name, candidates, n=1, cutoff=cutoff)
+    return f": did you mean {close[0]!r}?" if close else ""

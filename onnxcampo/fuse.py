@@ -57,7 +57,7 @@ from onnx import numpy_helper
 from onnxcampo import ir
 from onnxcampo import oplists
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.errors import CampoError, UnsupportedModelError
+from onnxcampo.errors import CampoError, UnsupportedModelError, option
 from onnxcampo.ir.topology import toposort_model
 from onnxcampo.training import scaling
 
@@ -158,7 +158,7 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig) -> tuple[on
         text = str(exc).strip().splitlines()
         failure = f"ONNX Runtime's transformers optimizer failed ({exc.__class__.__name__}: {text[0] if text else ''})"
         if mode != "auto":
-            raise UnsupportedModelError(f"--fuse {mode}: {failure}; --fuse none plans the graph unfused") from None
+            raise UnsupportedModelError(f"{option('fuse', mode)}: {failure}; {option('fuse', 'none')} plans the graph unfused") from None
         log.warning("fuse: %s as %s; the graph is planned unfused", failure, model_type)
         return model, _left_alone(mode, failure)
     ops = _fused_op_counts(model, fused)
@@ -173,7 +173,7 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig) -> tuple[on
     invalid = _checker_problem(fused)
     if invalid:
         if mode != "auto":
-            raise UnsupportedModelError(f"--fuse {mode}: {invalid}; --fuse none plans the graph unfused")
+            raise UnsupportedModelError(f"{option('fuse', mode)}: {invalid}; {option('fuse', 'none')} plans the graph unfused")
         log.warning("fuse: %s as %s; the graph is planned unfused", invalid, model_type)
         return model, _left_alone(mode, invalid)
     shaped = _add_planning_shapes(fused, config)

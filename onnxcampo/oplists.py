@@ -307,3 +307,8 @@ NCHW_FP16_LAYOUT_OPS = frozenset({"Conv", "ConvTranspose", "FusedConv"})
 NCHW_FP16_LAYOUT_LAUNCHES = 2
 
 SCATTER_OPS = frozenset({"ScatterND", "ScatterElements"})  # reduction != none: accumulating (classify 7b)
+
+
+# Every op type the lists above name: with ONNX's own ops, what --exclude-op/--include-op accept
+# (besides the model's op types), so that a misspelt name is an error, not a no-op.
+KNOWN_OPS = ALLOW | DENY | INFER | CLEAR | NEUTRAL | IN_PLACE_STATE | CUDA_FP16_KERNELS_MS | ORT_DEFAULT_DOMAIN_OPS | QUANTIZE_OPS

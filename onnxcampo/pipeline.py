@@ -25,7 +25,7 @@ from onnxcampo import ir
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext, Planning
 from onnxcampo.costdb.select import load_cost_model
-from onnxcampo.errors import ConfigError
+from onnxcampo.errors import ConfigError, did_you_mean, option
 from onnxcampo.passes.allow_by_cost import AllowByCost
 from onnxcampo.passes.allow_islands import AllowIslands
 from onnxcampo.passes.amp_casts import AmpCasts
@@ -116,15 +116,16 @@ class Plans:
 def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None) -> Loaded | OptimizeResult:
     """Read the model and check the request; an :class:`OptimizeResult` when there is nothing to do."""
     original, source = ir.read_model(model)
+    _check_names(original, config)
     if not config.keep_io_types and any(oplists.updates_state_in_place(n.op_type, n.domain) for n in original.graph.node):
         raise ConfigError(
-            f"{source or 'model'}: --no-keep-io-types cannot apply to an ONNX Runtime training graph: its "
+            f"{source or 'model'}: {option('keep_io_types', False)} cannot apply to an ONNX Runtime training graph: its "
             "inputs and outputs (parameters, gradient buffers) are bound by name and dtype to its checkpoint"
         )
     if config.fuse_elementwise:
-        _require_ops_library("--fuse-elementwise")
+        _require_ops_library(option("fuse_elementwise"))
     if config.fuse_reductions:
-        _require_ops_library("--fuse-reductions")
+        _require_ops_library(option("fuse_reductions"))
     reason = _nothing_to_do(original)
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
@@ -192,7 +193,7 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
         read_executed_graph(ctx)
     if config.activation_limit is not None:
         if training:
-            raise ConfigError("--activation-limit calibrates inference models: a training step's activations "
+            raise ConfigError(f"{option('activation_limit')} calibrates inference models: a training step's activations "
                               "change as it trains (and its inputs include the weights)")
         _calibrate(ctx, inputs)
     if config.profile != "predict":
@@ -480,6 +481,32 @@ def _replace_matmul_integer(model: onnx.ModelProto) -> dict:
         log.warning("the model now uses %s ops; build the custom-op library (%s) to run it", ops.DOMAIN,
                     ops.BUILD_COMMAND)
     return result.to_json()
+
+
+def _check_names(model: onnx.ModelProto, config: OptimizeConfig) -> None:
+    """Op types of ``exclude_ops``/``include_ops`` and dims of ``dim_values`` must exist, or a
+    typo would silently change nothing: an op type is one of the model's (subgraphs included), an
+    ONNX op or one the op lists name (ORT's fused ops, which ``fuse`` may create); a dim is one of
+    the model's symbolic dims. The error names the closest valid name."""
+    ir.check_dim_names(model, config.dim_values)
+    asked = [(name, op) for name in ("exclude_ops", "include_ops") for op in sorted(getattr(config, name))]
+    if not asked:
+        return
+    known = {schema.name for schema in onnx.defs.get_all_schemas()} | oplists.KNOWN_OPS | _op_types(model.graph)
+    for name, op in asked:
+        if op not in known:
+            raise ConfigError(f"{option(name)}: unknown op type {op!r} (op types are case-sensitive: the model's, "
+                              f"ONNX's, or those onnxcampo's op lists name){did_you_mean(op, known)}")
+
+
+def _op_types(graph: onnx.GraphProto) -> set[str]:
+    found = set()
+    for node in graph.node:
+        found.add(node.op_type)
+        for attr in node.attribute:
+            for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                found |= _op_types(body)
+    return found
 
 
 def _require_ops_library(option: str) -> None:

@@ -45,7 +45,7 @@ from onnxcampo import ir
 from onnxcampo import pipeline
 from onnxcampo.accuracy import Criterion, evaluate
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.errors import CampoError, ConfigError
+from onnxcampo.errors import CampoError, ConfigError, option
 from onnxcampo.runtime.compare import worst_error
 from onnxcampo.runtime.timing import bound_runner, runs_per_block, time_block, warm_up
 
@@ -102,9 +102,11 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig,
     from onnxcampo.runtime import require_provider
 
     if config.policy != "campo":
-        raise ConfigError(f"--tune chooses among campo's candidate plans; it does not apply to --policy {config.policy}")
+        raise ConfigError(f"{option('tune')} chooses among campo's candidate plans; it does not apply to "
+                          f"{option('policy', config.policy)}")
     if config.execution == "cuda-graph" and config.tune != "cuda":
-        raise ConfigError(f"--execution cuda-graph replays on the CUDA EP: tune with --tune cuda, not {config.tune}")
+        raise ConfigError(f"{option('execution', 'cuda-graph')} replays on the CUDA EP: tune with {option('tune', 'cuda')}, "
+                          f"not {config.tune}")
     require_provider(config.tune)  # no GPU, no onnxruntime-gpu: say so before building anything
     if inputs is not None:
         _check_inputs(model, inputs)
@@ -235,7 +237,7 @@ def choose(timings: Mapping[str, Timing], min_gain: float, tolerance: float = ma
               if t.ms is not None and t.finite and t.error is None and t.accurate is not False
               and (t.rel_err or 0.0) <= tolerance}
     if "fp32" not in usable:
-        raise CampoError(f"--tune could not time the fp32 model: {timings['fp32'].error or 'non-finite outputs'}")
+        raise CampoError(f"{option('tune')} could not time the fp32 model: {timings['fp32'].error or 'non-finite outputs'}")
     fastest = min(usable, key=usable.get)
     if fastest != "fp32" and usable[fastest] > (1 - min_gain) * usable["fp32"]:
         return "fp32"
@@ -289,7 +291,7 @@ def _measure(results: Mapping, config: OptimizeConfig, inputs: Mapping[str, np.n
                         reference = runner.result()
             except Exception as exc:  # an ORT failure of a mixed candidate must not end the tuning
                 if name == "fp32":
-                    raise CampoError(f"--tune could not run the fp32 model on {config.tune}: {exc}") from exc
+                    raise CampoError(f"{option('tune')} could not run the fp32 model on {config.tune}: {exc}") from exc
                 log.warning("%s cannot run on %s: %s", name, config.tune, exc)
                 timing.error = str(exc)
             finally:

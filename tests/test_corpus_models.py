@@ -99,6 +99,20 @@ def test_if_subgraphs_stay_fp32_with_reason():
     assert all(v["precision"] == "fp32" and v["reason"] == "in_subgraph" for v in inner)
 
 
+def test_if_bodies_nothing_changed_do_not_grow_the_model():
+    """silero_vad_16k_op15's LSTM weights live in the outer graph and are read by both branches of
+    an If, which stay fp32: the written model holds them once, in the outer graph (graphsurgeon's
+    export copied them into each branch, 1.41x the size), and its outputs are the input model's."""
+    entry = corpus.get("silero_vad_op15")
+    path, proto, feeds = _load(entry)
+    result = onnxcampo.optimize(path, input_shapes=entry.input_shapes)
+    assert result.model.ByteSize() < 1.01 * proto.ByteSize()
+    assert {t.name for t in result.model.graph.initializer} == {t.name for t in proto.graph.initializer}
+    reference = run(make_session(proto), feeds)
+    candidate = run(make_session(result.model), feeds)
+    assert max(_relative_errors(reference, candidate).values()) < 1e-6
+
+
 def test_bn_variance_beyond_fp16_range_keeps_node_fp32():
     """ppocr_det has a BatchNormalization variance of 9.8e7: clamping it would change the model."""
     entry = corpus.get("ppocr_det")

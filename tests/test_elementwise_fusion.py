@@ -158,7 +158,7 @@ def test_the_option_without_the_custom_op_library_is_one_clear_error(monkeypatch
 
     model = _model("g (float[4] x) => (float[4] y) {\n a = Relu(x)\n y = Neg(a)\n}")
     monkeypatch.setattr(ops, "available", lambda: False)
-    with pytest.raises(ConfigError, match="--fuse-elementwise .* custom-op library is not available"):
+    with pytest.raises(ConfigError, match="^fuse_elementwise .* custom-op library is not available"):
         optimize(model, config=OptimizeConfig(fuse_elementwise=True))
 
 

@@ -254,7 +254,7 @@ def test_an_optimizer_failure_leaves_auto_unfused_and_fails_a_forced_mode(monkey
     fused, report = fuse.fuse_transformer(model, OptimizeConfig())
     assert fused is model
     assert report["reason"] == "ONNX Runtime's transformers optimizer failed (RuntimeError: pattern matcher fell over)"
-    with pytest.raises(UnsupportedModelError, match="--fuse bert: .*--fuse none"):
+    with pytest.raises(UnsupportedModelError, match="fuse='bert': .*fuse='none'"):
         fuse.fuse_transformer(model, OptimizeConfig(fuse="bert"))
 
 

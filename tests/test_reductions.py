@@ -271,7 +271,7 @@ def test_the_option_without_the_custom_op_library_is_one_clear_error(monkeypatch
     model = _model("g (float[4,3] x) => (float[3] y) { y = ReduceSum <keepdims = 0> (x, axes) }")
     _ints(model, "axes", [0])
     monkeypatch.setattr(ops, "available", lambda: False)
-    with pytest.raises(ConfigError, match="--fuse-reductions .* custom-op library is not available"):
+    with pytest.raises(ConfigError, match="^fuse_reductions .* custom-op library is not available"):
         optimize(model, config=OptimizeConfig(fuse_reductions=True))
 
 

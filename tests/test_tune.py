@@ -195,7 +195,7 @@ def _batch(step: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def test_tune_applies_to_campo_only():
-    with pytest.raises(ConfigError, match="does not apply to --policy amp"):
+    with pytest.raises(ConfigError, match="does not apply to policy='amp'"):
         onnxcampo.optimize(odd_mlp(batch=8), policy="amp", tune="cpu")
     with pytest.raises(ConfigError, match="unknown tuning provider"):
         OptimizeConfig(tune="tpu")
@@ -311,7 +311,7 @@ def test_the_all_fp16_plan_is_a_candidate_of_its_own_where_it_converts_more():
 
 
 def test_tune_with_cuda_graphs_needs_the_cuda_provider(capsys, tmp_path):
-    with pytest.raises(ConfigError, match="--execution cuda-graph replays on the CUDA EP: tune with --tune cuda"):
+    with pytest.raises(ConfigError, match="execution='cuda-graph' replays on the CUDA EP: tune with tune='cuda'"):
         onnxcampo.optimize(odd_mlp(batch=8), tune="cpu", execution="cuda-graph")
     source = tmp_path / "odd.onnx"
     onnx.save(odd_mlp(batch=8), source)

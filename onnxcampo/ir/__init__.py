@@ -35,10 +35,12 @@ from onnxcampo.ir.io import (
 from onnxcampo.ir.shapes import (
     FLOAT_TYPES,
     TensorInfo,
+    check_dim_names,
     fill_unknown_shapes,
     infer_tensor_info,
     pin_input_shapes,
     skeleton,
+    symbolic_dims,
 )
 from onnxcampo.ir.topology import (
     CONTROL_FLOW_ATTRS,
@@ -52,10 +54,10 @@ from onnxcampo.ir.export import export_model, to_graphsurgeon
 from onnxcampo.ir.edit import ModelEdit, attribute
 
 __all__ = [
-    "CONTROL_FLOW_ATTRS", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "TensorInfo", "attribute", "check_model", "check_output_path",
+    "CONTROL_FLOW_ATTRS", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "TensorInfo", "attribute", "check_dim_names", "check_model", "check_output_path",
     "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
     "outer_scope_names", "pin_input_shapes", "read_model", "save_model", "set_metadata", "skeleton",
-    "subgraph_node_names", "to_graphsurgeon", "toposort", "toposort_model", "write_bytes_atomically",
+    "subgraph_node_names", "symbolic_dims", "to_graphsurgeon", "toposort", "toposort_model", "write_bytes_atomically",
     "write_text_atomically",
 ]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxcampo.ir.topology import CONTROL_FLOW_ATTRS, _implicit_inputs, has_subgraph, outer_scope_names
+
 
 def to_graphsurgeon(model: onnx.ModelProto) -> gs.Graph:
     """The graph the passes edit; its constants read ``model``'s initializers lazily."""
@@ -38,9 +40,10 @@ def export_model(
     declared = {vi.name: onnx.ValueInfoProto.FromString(vi.SerializeToString())
                 for vi in (*original.graph.input, *original.graph.output)}
 
+    nodes, body_reads = _export_nodes(graph, original, OnnxExporter)  # before the in-place export clears them
     del graph_proto.node[:]
-    graph_proto.node.extend(OnnxExporter.export_node(node) for node in graph.nodes)
-    _export_initializers(graph, graph_proto, in_place, LazyValues, OnnxExporter)
+    graph_proto.node.extend(nodes)
+    _export_initializers(graph, graph_proto, in_place, LazyValues, OnnxExporter, body_reads)
 
     produced = {o for n in graph_proto.node for o in n.output}
     del graph_proto.value_info[:]
@@ -90,12 +93,84 @@ def _copy_fields(source, target, *, skip: str) -> None:
             setattr(target, field.name, value)
 
 
-def _export_initializers(graph: gs.Graph, graph_proto: onnx.GraphProto, in_place: bool, lazy_type, exporter) -> None:
+def _export_nodes(graph: gs.Graph, original: onnx.ModelProto, exporter) -> tuple[list[onnx.NodeProto], list[gs.Constant]]:
+    """The graph's nodes as protos, and the outer constants that kept If/Loop/Scan bodies read.
+
+    graphsurgeon exports a body with a copy of every outer constant it reads (and the outer graph
+    then drops those read only there): an unchanged body would grow the model by its weights once
+    per branch. A body that comes out as it went in (:func:`_same_graph`) is written as it was
+    read (each attribute on its own: an If's unchanged branch, even when the other changed), and
+    the outer constants it reads stay in the outer graph; a changed body is written as
+    graphsurgeon exports it, copies included (the outer graph may no longer hold what it reads).
+    """
+    sources = {tuple(node.output): node for node in original.graph.node if has_subgraph(node)}
+    nodes, body_reads = [], []
+    for node in graph.nodes:
+        proto = exporter.export_node(node)
+        source = sources.get(tuple(proto.output))
+        if source is not None and source.op_type == proto.op_type:
+            originals = {attr.name: attr for attr in source.attribute if attr.type in CONTROL_FLOW_ATTRS}
+            kept = onnx.NodeProto()  # holds the bodies written as read, for what they read outside
+            for attr in proto.attribute:
+                if attr.name in originals and _same_attribute(attr, originals[attr.name]):
+                    attr.CopyFrom(originals[attr.name])
+                    kept.attribute.append(attr)
+            outer = outer_scope_names(kept)
+            body_reads.extend(t for t in _implicit_inputs(node) if isinstance(t, gs.Constant) and t.name in outer)
+        nodes.append(proto)
+    return nodes, body_reads
+
+
+def _graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    return [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+
+
+def _same_attribute(exported: onnx.AttributeProto, source: onnx.AttributeProto) -> bool:
+    ours, theirs = _graphs(exported), _graphs(source)
+    return exported.type == source.type and len(ours) == len(theirs) and all(map(_same_graph, ours, theirs))
+
+
+def _same_bodies(exported: onnx.NodeProto, source: onnx.NodeProto) -> bool:
+    ours = {attr.name: attr for attr in exported.attribute if attr.type in CONTROL_FLOW_ATTRS}
+    theirs = {attr.name: attr for attr in source.attribute if attr.type in CONTROL_FLOW_ATTRS}
+    return ours.keys() == theirs.keys() and all(_same_attribute(ours[name], theirs[name]) for name in ours)
+
+
+def _same_graph(exported: onnx.GraphProto, source: onnx.GraphProto) -> bool:
+    """Whether graphsurgeon's export of a body is the body as read: the same nodes (attributes,
+    nested bodies) in the same order, inputs, outputs and own initializers; the initializers the
+    export adds for outer constants do not count."""
+    own = {tensor.name: tensor for tensor in source.initializer}
+    initializers = {tensor.name: tensor for tensor in exported.initializer if tensor.name in own}
+    if initializers.keys() != own.keys() or any(initializers[name] != own[name] for name in own):
+        return False
+    for ours, theirs in ((exported.input, source.input), (exported.output, source.output)):
+        if [(v.name, v.type.tensor_type.elem_type) for v in ours] != [(v.name, v.type.tensor_type.elem_type) for v in theirs]:
+            return False
+    if len(exported.node) != len(source.node):
+        return False
+    for ours, theirs in zip(exported.node, source.node):
+        if (ours.op_type, ours.domain, list(ours.input), list(ours.output)) != (
+                theirs.op_type, theirs.domain, list(theirs.input), list(theirs.output)):
+            return False
+        plain = sorted((a.SerializeToString(deterministic=True) for a in ours.attribute if a.type not in CONTROL_FLOW_ATTRS))
+        if plain != sorted(a.SerializeToString(deterministic=True) for a in theirs.attribute if a.type not in CONTROL_FLOW_ATTRS):
+            return False
+        if not _same_bodies(ours, theirs):
+            return False
+    return True
+
+
+def _export_initializers(graph: gs.Graph, graph_proto: onnx.GraphProto, in_place: bool, lazy_type, exporter,
+                         body_reads: list[gs.Constant]) -> None:
     """Initializers of the exported graph: untouched ones are kept in place (in-place export),
-    unused ones dropped, new or rewritten ones exported."""
+    unused ones dropped, new or rewritten ones exported; ``body_reads``, outer constants that
+    bodies written as they were read use, count as used."""
     constants = {
         name: tensor for name, tensor in graph.tensors().items() if isinstance(tensor, gs.Constant)
     }
+    for tensor in body_reads:
+        constants.setdefault(tensor.name, tensor)
     kept: set[str] = set()
     if in_place:
         for index in range(len(graph_proto.initializer) - 1, -1, -1):

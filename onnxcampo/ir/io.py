@@ -301,6 +301,7 @@ def save_model(model: onnx.ModelProto, output: Path, *, check_loads: bool = True
                     if entry.key == "location":
                         entry.value = data_name
             tmp.write_bytes(saved.SerializeToString())
+            _apply_umask(tmp_data)  # onnx writes it 0600: it gets the model file's mode
             os.replace(tmp_data, directory / data_name)
         _apply_umask(tmp)  # mkstemp creates 0600; a saved model gets the usual permissions
         os.replace(tmp, output)

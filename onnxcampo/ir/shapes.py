@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto
 
-from onnxcampo.errors import ConfigError, ShapeError
+from onnxcampo.errors import ConfigError, ShapeError, did_you_mean, on_command_line, option
 from onnxcampo.ir.io import default_opset, graph_inputs
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,38 @@ class TensorInfo:
         return self.dtype in FLOAT_TYPES
 
 
+def symbolic_dims(model: onnx.ModelProto) -> set[str]:
+    """The named (symbolic) dims of the graph's inputs, outputs and value infos."""
+    names = set()
+    for value_info in (*model.graph.input, *model.graph.output, *model.graph.value_info):
+        if value_info.type.HasField("tensor_type"):
+            names.update(d.dim_param for d in value_info.type.tensor_type.shape.dim if d.dim_param)
+    return names
+
+
+def check_dim_names(model: onnx.ModelProto, dim_values: dict[str, int]) -> None:
+    """A :class:`ConfigError` naming the closest dim when ``dim_values`` names a dim the model
+    does not have (before any pinning replaces the names by values)."""
+    symbolic = symbolic_dims(model)
+    unknown = sorted(set(dim_values) - symbolic)
+    if unknown:
+        raise ConfigError(
+            f"{option('dim_values')}: the model has no dim {unknown[0]!r} (its symbolic dims: "
+            f"{', '.join(map(repr, sorted(symbolic))) or 'none'}){did_you_mean(unknown[0], symbolic)}"
+        )
+
+
+def _shape_pin(name: str, example: str = "D0,D1,...") -> str:
+    """How to pin an input's shape, as the caller writes it."""
+    if on_command_line():
+        return f"--input-shape {name}:{example}"
+    return f"input_shapes={{{name!r}: ({example})}}"
+
+
+def _dim_pin(name: str) -> str:
+    return f"--dim {name}=N" if on_command_line() else f"dim_values={{{name!r}: N}}"
+
+
 def pin_input_shapes(
     model: onnx.ModelProto,
     input_shapes: dict[str, tuple[int, ...]],
@@ -78,8 +110,8 @@ def pin_input_shapes(
     unknown = sorted(set(input_shapes) - set(inputs))
     if unknown:
         raise ConfigError(
-            f"--input-shape names {', '.join(map(repr, unknown))}, but the model's inputs are "
-            f"{', '.join(map(repr, inputs)) or 'none'}"
+            f"{option('input_shapes')} names {', '.join(map(repr, unknown))}, but the model's inputs are "
+            f"{', '.join(map(repr, inputs)) or 'none'}{did_you_mean(unknown[0], inputs)}"
         )
     left = []
     for name, value_info in inputs.items():
@@ -91,21 +123,19 @@ def pin_input_shapes(
                 for d in input_shapes[name]:
                     tensor_type.shape.dim.add().dim_value = d
             elif require_static:
-                raise ShapeError(
-                    f"input {name!r} has no shape; give it with --input-shape {name}:D0,D1,..."
-                )
+                raise ShapeError(f"input {name!r} has no shape; give it with {_shape_pin(name)}")
             continue
         dims = tensor_type.shape.dim
         if name in input_shapes:
             pinned = input_shapes[name]
             if len(pinned) != len(dims):
                 raise ShapeError(
-                    f"--input-shape {name}: {len(pinned)} dims given, the input has rank {len(dims)}"
+                    f"{option('input_shapes')} {name}: {len(pinned)} dims given, the input has rank {len(dims)}"
                 )
             for dim, value in zip(dims, pinned):
                 if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != value:
                     raise ShapeError(
-                        f"--input-shape {name}: dim {value} conflicts with the model's fixed {dim.dim_value}"
+                        f"{option('input_shapes')} {name}: dim {value} conflicts with the model's fixed {dim.dim_value}"
                     )
                 dim.dim_value = value
             continue
@@ -119,9 +149,9 @@ def pin_input_shapes(
             example = ",".join(
                 str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else "N" for d in dims
             )
-            hint = f"pin it with --input-shape {name}:{example}"
+            hint = f"pin it with {_shape_pin(name, example)}"
             if dim.dim_param:
-                hint += f" or --dim {dim.dim_param}=N"
+                hint += f" or {_dim_pin(dim.dim_param)}"
             if require_static:
                 raise ShapeError(f"input {name!r} has dynamic dim {label!r} (axis {axis}); {hint}")
             left.append(f"{name}[{axis}]={label}")

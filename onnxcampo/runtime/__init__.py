@@ -379,10 +379,12 @@ def _providers(provider: str, cuda_graph: bool = False, *, tf32: bool = True,
     preload_cuda_dlls()
     available = available_providers()
     if "CUDAExecutionProvider" not in available:
+        from onnxcampo.install import cuda_provider_hint
+
         raise CampoError(
             "provider 'cuda' needs onnxruntime-gpu with CUDAExecutionProvider, but this "
-            f"onnxruntime {ort.__version__} offers only {available}; install onnxruntime-gpu "
-            "(and uninstall onnxruntime) or choose the cpu provider"
+            f"onnxruntime {ort.__version__} offers only {available}; {cuda_provider_hint()}; "
+            "or choose the cpu provider"
         )
     options = {"use_tf32": "1" if tf32 else "0"}
     if cuda_graph:
