@@ -75,6 +75,8 @@ EPILOGS = {
                         "onnxcampo costdb eval db.json samples.jsonl --report eval.md"),
     "measure": _examples("onnxcampo costdb measure --out samples.jsonl --budget-s 540 --seed 0"),
     "fit": _examples("onnxcampo costdb fit samples.jsonl costdb/data/nvidia-h200.json --holdout 0.2"),
+    "fit-fused-elementwise": _examples(
+        "onnxcampo costdb fit-fused-elementwise fused_elementwise_costs.json costdb/data/nvidia-h200.json"),
     "fit-step-dispatch": _examples("onnxcampo costdb fit-step-dispatch docs/benchmarks/raw/h200.jsonl db.json"),
     "eval": _examples("onnxcampo costdb eval db.json samples.jsonl --report eval.md --png eval.png"),
 }
