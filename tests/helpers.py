@@ -263,3 +263,26 @@ g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
   [mm2] y = MatMul(s, w)
 }}
 """
+
+
+# --- the command line -----------------------------------------------------------------------
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """``onnxcampo.cli.main(argv)`` in this process: its exit code, stdout and stderr."""
+    from onnxcampo.cli import main
+
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error_line(err: str, *fragments: str) -> str:
+    """Assert that stderr is one ``onnxcampo: error:`` line holding every fragment, no traceback;
+    return the line."""
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("onnxcampo: error:") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+

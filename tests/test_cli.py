@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo.cli import main
+from helpers import one_error_line as assert_one_line_error, run_cli
 
 EXAMPLE = Path(str(resources.files("onnxcampo.examples") / "mlp_block.onnx"))
 # The H200 database (what an H200 user gets), and no minimum gain: the example's bias Adds are
@@ -23,21 +24,6 @@ EXAMPLE = Path(str(resources.files("onnxcampo.examples") / "mlp_block.onnx"))
 # predicted less than 2 % faster than fp32 (these tests are about the command line, not that margin).
 PIN = ["--input-shape", "x:16384,256", "--device-db", str(resources.files("onnxcampo.costdb") / "data" / "nvidia-h200.json"),
        "--min-gain", "0"]
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(err: str, *fragments: str) -> None:
-    lines = [line for line in err.strip().splitlines() if line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("onnxcampo: error:"), err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def tiny_model(opset: int = 17, dtype: int = TensorProto.FLOAT, dims=("batch", 16)) -> onnx.ModelProto:

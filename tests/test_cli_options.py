@@ -17,24 +17,12 @@ from onnxcampo import optimize
 from onnxcampo.cli import EPILOGS, build_parser, main
 from onnxcampo.cli_reference import arguments, commands
 from onnxcampo.errors import ConfigError, ShapeError
+from helpers import one_error_line, run_cli
 
 EXAMPLE = str(resources.files("onnxcampo.examples") / "mlp_block.onnx")
 PIN = ("--input-shape", "x:64,256")
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def one_error_line(err: str, *fragments: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("onnxcampo: error:") and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def _parsers():

@@ -18,22 +18,11 @@ from onnxcampo import ir, optimize, patterns
 from onnxcampo.cli import main
 from onnxcampo.errors import OutputPathError, RuntimeCrashError, WrittenModelLoadError
 from onnxcampo.runtime import isolated
+from helpers import one_error_line, run_cli
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def one_error_line(err: str, *fragments: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line]
-    assert len(lines) == 1 and lines[0].startswith("onnxcampo: error:") and "Traceback" not in err, err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def transpose_matmul(dtype: int = FLOAT) -> onnx.ModelProto:
