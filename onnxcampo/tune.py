@@ -125,7 +125,7 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig,
         log.info("building the %s candidate", name)
         # a calibrating candidate calibrates on the same inputs it is timed on
         built[name] = pipeline.run(model, candidate, inputs if candidate.activation_limit is not None else None)
-        key = built[name].model.graph.SerializeToString(deterministic=True)
+        key = ir.graph_key(built[name].model.graph)  # the same computation, whatever the doc_strings say
         if key in seen:
             same[name] = seen[key]
         else:

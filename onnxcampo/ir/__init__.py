@@ -44,6 +44,7 @@ from onnxcampo.ir.shapes import (
 )
 from onnxcampo.ir.topology import (
     CONTROL_FLOW_ATTRS,
+    graph_key,
     has_subgraph,
     outer_scope_names,
     subgraph_node_names,
@@ -55,7 +56,7 @@ from onnxcampo.ir.edit import ModelEdit, attribute
 
 __all__ = [
     "CONTROL_FLOW_ATTRS", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "TensorInfo", "attribute", "check_dim_names", "check_model", "check_output_path",
-    "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs",
+    "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs", "graph_key",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
     "outer_scope_names", "pin_input_shapes", "read_model", "save_model", "set_metadata", "skeleton",
     "subgraph_node_names", "symbolic_dims", "to_graphsurgeon", "toposort", "toposort_model", "write_bytes_atomically",

@@ -89,6 +89,25 @@ def subgraph_node_names(node: onnx.NodeProto) -> list[str]:
     return found
 
 
+def graph_key(graph: onnx.GraphProto) -> bytes:
+    """The graph's bytes without the nodes' doc_strings (subgraphs included): two graphs with one
+    key compute the same (onnxcampo writes its reasons into doc_strings; ``tune`` times a
+    candidate only when its key is new)."""
+    copy = onnx.GraphProto()
+    copy.CopyFrom(graph)
+
+    def strip(g: onnx.GraphProto) -> None:
+        for node in g.node:
+            node.doc_string = ""
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    strip(attr.g)
+                for body in attr.graphs:
+                    strip(body)
+    strip(copy)
+    return copy.SerializeToString(deterministic=True)
+
+
 def toposort(graph: gs.Graph) -> None:
     """Put ``graph.nodes`` in topological order (the module's rule), in place."""
     graph.nodes = _stable_order(

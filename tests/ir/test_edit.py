@@ -39,3 +39,22 @@ def test_fresh_names_are_new_to_the_graph_and_to_each_other():
 def test_attribute_gives_the_value_or_the_default():
     node = onnx.helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])
     assert ir.attribute(node, "perm") == [1, 0] and ir.attribute(node, "axis", 7) == 7
+
+
+def test_graph_key_ignores_doc_strings_in_bodies_too():
+    from onnx import helper
+
+    from onnxcampo import ir
+
+    body = helper.make_graph([helper.make_node("Identity", ["x"], ["y"], doc_string="a")], "b", [],
+                             [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body, doc_string="onnxcampo: fp32")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    other = onnx.GraphProto()
+    other.CopyFrom(graph)
+    other.node[0].doc_string = ""
+    other.node[0].attribute[0].g.node[0].doc_string = "changed"
+    assert ir.graph_key(graph) == ir.graph_key(other) and graph.node[0].doc_string == "onnxcampo: fp32"
+    other.node[0].attribute[0].g.node[0].op_type = "Neg"
+    assert ir.graph_key(graph) != ir.graph_key(other)
