@@ -4,7 +4,6 @@ folder), the README installs the CPU one, CI runs the README's own command, the 
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,8 +42,9 @@ def test_the_readme_installs_the_cpu_build_and_shows_the_gpu_one():
 
 
 def test_ci_runs_the_readmes_second_command():
-    printed = subprocess.run(["bash", str(ROOT / ".ci" / "run"), "--print"], capture_output=True, text=True, check=True)
-    assert printed.stdout.strip() == _readme_commands()[1]
+    """.ci/run holds the README's second command verbatim, as its last line."""
+    last = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert last == _readme_commands()[1]
 
 
 def test_license_and_metadata():
