@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import glob
 import os
 import sys
@@ -42,6 +43,13 @@ def nvrtc_library() -> str | None:
     override = os.environ.get(ENV_VAR)
     if override:
         return override if Path(override).is_file() else None
+    return _installed_nvrtc()
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_nvrtc() -> str | None:
+    """The search of :func:`nvrtc_library` past the variable, once a process (every session with
+    the custom-op library asks)."""
     for folder in sys.path:
         for pattern in _WHEEL_PATTERNS:
             found = sorted(glob.glob(os.path.join(folder or ".", pattern)))
