@@ -4,15 +4,22 @@
 // few cuDNN 9 entry points and constants used (cudnn_ops.h, cudnn_cnn.h; opaque handles).
 //
 // Per (device, stream): one cuDNN handle and one workspace, grown to the largest a shape needs.
-// Per shape (in the process): the algorithm cudnnFindConvolutionBackwardFilterAlgorithm timed
-// fastest among those whose workspace fits kMaxWorkspace, found on the first call of the shape
-// (it synchronises and allocates: ORT's runs before a CUDA-graph capture make those calls).
+// Per shape (in the process): the algorithm that runs fastest on the first call of the shape,
+// timed here (cudaEvents, a warm-up then the best of two blocks of three calls each) among those
+// cudnnFindConvolutionBackwardFilterAlgorithm lists as working within kMaxWorkspace. Find's own
+// single-trial ranking was not trusted: on the H200 it chose wgrad_alg0 (0.76 ms) for the
+// ResNet-50 1x1 c128 28 x 28 shape where a GEMM-based algorithm takes about 0.04 ms
+// (docs/benchmarks/custom-ops/issue17/session11/conv_grad.json). Planning synchronises and
+// allocates: ORT's runs before a CUDA-graph capture make those calls.
+// ONNXCAMPO_CONV_GRAD_LOG=1 prints each shape's candidates and choice to stderr.
 // float16 tensors run with Tensor Core math and float32 accumulation (compute type float), as
 // ORT's Conv does; float32 tensors with cuDNN's default math (TF32 on Ampere and later, as
 // ORT's use_tf32 default).
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -130,7 +137,59 @@ int Narrow(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
-Plan MakePlan(const Cudnn& c, Handle handle, const ConvGradArgs& g) {
+// Times each candidate on the call's own tensors (dw is overwritten by the real call after) and
+// returns the fastest: per algorithm one warm-up call, then two blocks of three calls between
+// cudaEvents, the faster block counting. A temporary workspace of the largest candidate's size.
+int FastestAlgo(const Cudnn& c, Handle handle, const Plan& p, const ConvGradArgs& g,
+                const std::vector<AlgoPerf>& candidates, cudaStream_t stream) {
+  size_t largest = 0;
+  for (const AlgoPerf& a : candidates) largest = std::max(largest, a.memory);
+  void* workspace = nullptr;
+  if (largest > 0) CudaCheck(cudaMalloc(&workspace, largest), "cudaMalloc (cuDNN algorithm timing)");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CudaCheck(cudaEventCreate(&start), "cudaEventCreate");
+  CudaCheck(cudaEventCreate(&stop), "cudaEventCreate");
+  const float one = 1.0f, zero = 0.0f;
+  const bool log = std::getenv("ONNXCAMPO_CONV_GRAD_LOG") != nullptr;
+  int best = candidates[0].algo;
+  float best_ms = -1.0f;
+  std::string report;
+  for (const AlgoPerf& a : candidates) {
+    auto call = [&] {
+      return c.backward_filter(handle, &one, p.x, g.x, p.dy, g.dy, p.conv, a.algo, workspace, largest, &zero, p.dw, g.dw);
+    };
+    if (call() != 0) continue;  // listed but not runnable here: not a candidate
+    float ms = -1.0f;
+    for (int block = 0; block < 2; ++block) {
+      CudaCheck(cudaEventRecord(start, stream), "cudaEventRecord");
+      for (int k = 0; k < 3; ++k) Check(c, call(), "cudnnConvolutionBackwardFilter (timing)");
+      CudaCheck(cudaEventRecord(stop, stream), "cudaEventRecord");
+      CudaCheck(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      float elapsed = 0.0f;
+      CudaCheck(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+      if (ms < 0.0f || elapsed / 3.0f < ms) ms = elapsed / 3.0f;
+    }
+    if (log) report += " algo " + std::to_string(a.algo) + " " + std::to_string(ms) + " ms (find " + std::to_string(a.time) + ");";
+    if (best_ms < 0.0f || ms < best_ms) {
+      best_ms = ms;
+      best = a.algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  CudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (workspace != nullptr) CudaCheck(cudaFree(workspace), "cudaFree");
+  if (log) {
+    std::fprintf(stderr, "onnxcampo ConvWeightGrad x[%lld,%lld,%lld,%lld] dy[%lld,%lld,%lld,%lld] k%lldx%lld s%lld:%s chosen %d\n",
+                 static_cast<long long>(g.n), static_cast<long long>(g.cin), static_cast<long long>(g.h),
+                 static_cast<long long>(g.w), static_cast<long long>(g.n), static_cast<long long>(g.cout),
+                 static_cast<long long>(g.ho), static_cast<long long>(g.wo), static_cast<long long>(g.a.kh),
+                 static_cast<long long>(g.a.kw), static_cast<long long>(g.a.sh), report.c_str(), best);
+  }
+  return best;
+}
+
+Plan MakePlan(const Cudnn& c, Handle handle, const ConvGradArgs& g, cudaStream_t stream) {
   const Im2ColAttrs& a = g.a;
   Plan p;
   const int type = g.half ? kHalf : kFloat;
@@ -152,14 +211,15 @@ Plan MakePlan(const Cudnn& c, Handle handle, const ConvGradArgs& g) {
   AlgoPerf perf[8] = {};
   int found = 0;
   Check(c, c.find(handle, p.x, p.dy, p.conv, p.dw, 8, &found, perf), "cudnnFindConvolutionBackwardFilterAlgorithm");
-  bool chosen = false;
-  for (int k = 0; k < found && !chosen; ++k) {  // fastest first
-    if (perf[k].status == 0 && perf[k].memory <= kMaxWorkspace) {
-      p.algo = perf[k].algo;
-      chosen = true;
-    }
+  std::vector<AlgoPerf> candidates;
+  for (int k = 0; k < found; ++k) {
+    if (perf[k].status == 0 && perf[k].memory <= kMaxWorkspace) candidates.push_back(perf[k]);
   }
-  if (!chosen) throw std::runtime_error("cuDNN has no backward-filter algorithm for this shape within 256 MB of workspace");
+  if (candidates.empty()) {
+    throw std::runtime_error("cuDNN has no backward-filter algorithm for this shape within 256 MB of workspace");
+  }
+  p.algo = candidates[0].algo;
+  if (candidates.size() > 1) p.algo = FastestAlgo(c, handle, p, g, candidates, stream);
   Check(c, c.workspace(handle, p.x, p.dy, p.conv, p.dw, p.algo, &p.workspace), "cudnnGetConvolutionBackwardFilterWorkspaceSize");
   return p;
 }
@@ -193,7 +253,7 @@ void ConvWeightGradCuda(const ConvGradArgs& g, void* stream_handle) {
       throw std::runtime_error("a new shape cannot be planned while the stream is captured into a CUDA graph: "
                                "run the model once before capturing");
     }
-    found = Plans().emplace(key, MakePlan(c, state.handle, g)).first;
+    found = Plans().emplace(key, MakePlan(c, state.handle, g, stream)).first;
   }
   const Plan& p = found->second;
   if (p.workspace > state.size) {
