@@ -355,9 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="standard ONNX ops only (default, when the custom-op library is built: the update as "
                          "one ai.onnxcampo multi-tensor op, each Conv weight gradient's im2col as one Im2Col, "
                          "onnx-ad's Gather adjoints (embedding gradients) as ScatterNDAdd)")
-    graph.add_argument("--conv-weight-grad", choices=("gemm", "cudnn"), default="gemm",
-                    help="with the fused ops, each Conv weight gradient as the Gemm over one Im2Col (default) or "
-                         "as one ConvWeightGrad op (cuDNN's backward filter on CUDA; not yet checked on a GPU)")
+    graph.add_argument("--conv-weight-grad", choices=("auto", "gemm", "cudnn"), default="auto",
+                    help="with the fused ops, each Conv weight gradient as the Gemm over one Im2Col (gemm) or "
+                         "as one ConvWeightGrad op (cudnn: cuDNN's backward filter on CUDA, a slow direct loop on "
+                         "the CPU); auto (default): cudnn where onnxruntime has the CUDA provider and the "
+                         "custom-op library its CUDA kernels, else gemm")
 
     tr = sub.add_parser("train", help="run a training-step graph on ONNX Runtime")
     tr.add_argument("step", type=Path, help="training-step model (from train-graph, optionally optimized)")
@@ -866,7 +868,7 @@ def _train_graph(args: argparse.Namespace) -> int:
                             output=args.loss_output, huber_delta=args.huber_delta, freeze=args.freeze,
                             input_shapes=shapes, fused=None if args.fused_ops else False, simplify=args.simplify,
                             train_mode=args.train_mode, running_var=args.bn_running_var,
-                            conv_weight_grad=args.conv_weight_grad)
+                            conv_weight_grad=None if args.conv_weight_grad == "auto" else args.conv_weight_grad)
     ir.save_model(step, output)
     spec = step_spec(step)
     update = "fused ai.onnxcampo op" if ops.uses_ops(step) else "standard ops"

@@ -60,7 +60,7 @@ run_costs() {
 run_bench() {
   stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
-    --policies campo-fused-graph,campo-fused-blind-graph,campo-fused-cudnn-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
+    --policies campo-fused-graph,campo-fused-gemm-graph,campo-fused-blind-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
     --redo '*|*|training|*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
 }
 

@@ -113,10 +113,12 @@ def build_train_step(
     fused ops when the custom-op library is available.
     ``simplify``: rewrite onnx-ad's backward graph with the same math in fewer, cheaper ops
     (:func:`onnxcampo.training.simplify.simplify_backward`); False keeps it as emitted.
-    ``conv_weight_grad`` (with the fused ops): ``"gemm"`` (the default, None) each Conv weight
-    gradient as the Gemm over Im2Col, ``"cudnn"`` as one ``ai.onnxcampo::ConvWeightGrad`` (cuDNN's
-    backward filter on CUDA; on the CPU a direct loop, slower than the Gemm). ``"cudnn"`` is not
-    the default until its CUDA kernel has been checked on a GPU (scripts/check_conv_grad_cuda.py).
+    ``conv_weight_grad`` (with the fused ops): ``"gemm"`` each Conv weight gradient as the Gemm
+    over Im2Col, ``"cudnn"`` as one ``ai.onnxcampo::ConvWeightGrad`` (cuDNN's backward filter on
+    CUDA; on the CPU a direct loop, slower than the Gemm); None (the default) ``"cudnn"`` where
+    this onnxruntime has the CUDA execution provider and the custom-op library its CUDA kernels,
+    else ``"gemm"`` (H200, ResNet-50 b64: the step 1.21x faster with ConvWeightGrad,
+    docs/benchmarks/issue17.md).
     ``output``: the model output the loss reads (default: the first); the step graph does not
     return the model's outputs. ``huber_delta``: where ``huber`` turns from quadratic to linear.
     ``train_mode``: which BatchNormalization and Dropout nodes run in training mode (batch
@@ -179,10 +181,20 @@ def build_train_step(
 def _conv_weight_grad(choice: str | None, fused: bool) -> str:
     """rule 1's emission (simplify_backward's conv_weight_grad) for build_train_step's choice."""
     if choice is None:
-        return "gemm"
+        return "cudnn" if fused and cuda_kernels_here() else "gemm"
     if choice not in CONV_WEIGHT_GRADS:
         raise ConfigError(f"unknown conv_weight_grad {choice!r}; choose one of {', '.join(CONV_WEIGHT_GRADS)}")
     return choice
+
+
+def cuda_kernels_here() -> bool:
+    """Whether a step built here will run its custom ops on CUDA: this onnxruntime offers the CUDA
+    execution provider and the custom-op library was built with its CUDA kernels."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers() or not ops.available():
+        return False
+    return ops.build_info().get("kernels") == "cpu+cuda"
 
 
 def step_spec(step: onnx.ModelProto) -> StepSpec:

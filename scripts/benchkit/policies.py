@@ -20,8 +20,10 @@ Inference (ONNX Runtime):
                     ``--fuse-elementwise`` (elementwise chains and their Casts as FusedElementwise
                     nodes); campo-fused-graph the same planned for and replayed as a CUDA graph;
                     campo-reduce(-graph) the reductions alone, campo-ew-graph the elementwise chains alone;
-                    campo-fused-cudnn-graph (training) campo-fused-graph on a step graph built with
-                    ``conv_weight_grad="cudnn"`` (ConvWeightGrad for every Conv weight gradient)
+                    campo-fused-cudnn-graph / campo-fused-gemm-graph (training) campo-fused-graph on a
+                    step graph built with ``conv_weight_grad="cudnn"`` (ConvWeightGrad for every Conv
+                    weight gradient) / ``"gemm"`` (the Gemm over Im2Col); the group's own step takes
+                    build_train_step's default (cudnn where the CUDA provider and kernels are)
     campo-fused-blind-graph  campo-fused-graph's fusions and replay, its plan made fusion-blind
                     (``plan_for_fusion=False``: costed as if no fusion ran); beside campo-fused-graph
                     it shows what planning with fusion in view buys, predicted and measured
@@ -53,11 +55,14 @@ import onnx
 # "-graph": the same model or step graph replayed as a CUDA graph (ORT's enable_cuda_graph), CUDA only
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
 GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
-                  "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph")
+                  "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
+                  "campo-fused-gemm-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
-# ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter) instead of Im2Col + Gemm.
-STEP_OPTIONS = {"campo-fused-cudnn-graph": {"conv_weight_grad": "cudnn"}}
+# ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
+# Im2Col + Gemm, whatever build_train_step's default picks for the group's step.
+STEP_OPTIONS = {"campo-fused-cudnn-graph": {"conv_weight_grad": "cudnn"},
+                "campo-fused-gemm-graph": {"conv_weight_grad": "gemm"}}
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
                       *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS))
@@ -86,6 +91,7 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-fused": {"policy": "campo", **FUSIONS},
              "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              "campo-fused-cudnn-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
+             "campo-fused-gemm-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              # the same fusions and replay, the plan made as if they did not run (the fusion-blind plan)
              "campo-fused-blind-graph": {"policy": "campo", "execution": "cuda-graph", "plan_for_fusion": False,
                                          **FUSIONS},
