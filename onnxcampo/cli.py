@@ -162,14 +162,17 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     custom.add_argument("--int8-avg", action="store_true",
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
-    custom.add_argument("--fuse-elementwise", action="store_true",
+    custom.add_argument("--fuse-elementwise", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan: chains of elementwise ops, their Casts included, as ai.onnxcampo "
-                             "FusedElementwise nodes, one kernel each (needs the custom-op library; docs/ops.md)")
-    custom.add_argument("--fuse-reductions", action="store_true",
+                             "FusedElementwise nodes, one kernel each (needs the custom-op library; docs/ops.md). "
+                             "Default: on for a training step where the library's CUDA kernels and NVRTC are "
+                             "(onnxruntime-gpu), off otherwise")
+    custom.add_argument("--fuse-reductions", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan: ReduceSums over leading/trailing blocks of axes (bias, LayerNorm and "
                              "Conv-bias gradients), with the Reshapes and float16->float32 Casts around them, as "
                              "ai.onnxcampo BlockReduceSum nodes, one kernel each (needs the custom-op library; "
-                             "docs/ops.md)")
+                             "docs/ops.md). Default: on for a training step where the library's CUDA kernels are, "
+                             "off otherwise")
     parser.add_argument("--no-plan-for-fusion", dest="plan_for_fusion", action="store_false",
                         help="with --fuse-elementwise/--fuse-reductions: plan as if neither fusion ran (every Cast "
                              "and elementwise op costed as a kernel of its own: the fusion-blind plan); the fusions "

@@ -91,7 +91,12 @@ class OptimizeConfig:
         fuse_elementwise: after the plan, its Casts and loss scaling, replace chains of
             elementwise ops (their Casts included) by ``ai.onnxcampo::FusedElementwise`` nodes,
             one kernel each (``onnxcampo.elementwise_fusion``). Needs the custom-op library, to
-            write the model (it is test-loaded) and to run it.
+            write the model (it is test-loaded) and to run it. None (the default, for it and
+            ``fuse_reductions``): on for a training step when this machine runs the fused ops'
+            CUDA kernels (``onnxcampo.ops.cuda_kernels_here``; FusedElementwise also needs NVRTC
+            for its generated kernels, ``ops.generated_kernels_here``), off otherwise and for
+            inference models (on the H200 both pay 1.2-1.7x on training steps; at inference they
+            lose at batch 1: docs/benchmarks/issue17.md).
         fuse_reductions: after the plan, its Casts and loss scaling (before ``fuse_elementwise``),
             replace ReduceSums over leading and/or trailing blocks of axes (bias, LayerNorm-scale
             and Conv-bias gradients; ``simplify``'s ReduceSum pairs), with the Reshapes and the
@@ -122,8 +127,8 @@ class OptimizeConfig:
     check_invariants: bool = False
     loss_scaling: bool = True
     int8_avg: bool = False
-    fuse_elementwise: bool = False
-    fuse_reductions: bool = False
+    fuse_elementwise: bool | None = None
+    fuse_reductions: bool | None = None
     plan_for_fusion: bool = True
     tune: str | None = None
     tune_tolerance: float | str | None = None

@@ -87,7 +87,8 @@ _FLAGS = {"input_shapes": "--input-shape", "dim_values": "--dim", "exclude_ops":
           "include_ops": "--include-op", "exclude_nodes": "--exclude-node", "include_nodes": "--include-node",
           "check_invariants": "--debug"}
 _NEGATED_FLAGS = {"keep_io_types": "--no-keep-io-types", "pad_tensor_cores": "--no-pad",
-                  "compare_plans": "--no-compare-plans", "loss_scaling": "--no-loss-scaling"}
+                  "compare_plans": "--no-compare-plans", "loss_scaling": "--no-loss-scaling",
+                  "fuse_elementwise": "--no-fuse-elementwise", "fuse_reductions": "--no-fuse-reductions"}
 _UNSET = object()
 
 

@@ -117,6 +117,7 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
     """Read the model and check the request; an :class:`OptimizeResult` when there is nothing to do."""
     original, source = ir.read_model(model)
     _check_names(original, config)
+    config = _default_fusions(original, config, source)
     if not config.keep_io_types and any(oplists.updates_state_in_place(n.op_type, n.domain) for n in original.graph.node):
         raise ConfigError(
             f"{source or 'model'}: {option('keep_io_types', False)} cannot apply to an ONNX Runtime training graph: its "
@@ -135,6 +136,26 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
             raise ConfigError("optimize(inputs=...) feeds tune or activation_limit; without either it has no use")
         config = _shapes_from_inputs(original, config, inputs)
     return Loaded(original, source, config)
+
+
+def _default_fusions(model: onnx.ModelProto, config: OptimizeConfig, source) -> OptimizeConfig:
+    """``fuse_elementwise`` / ``fuse_reductions`` left None: on for a training step where the fused
+    ops' CUDA kernels run (FusedElementwise: and NVRTC for its generated kernels), else off."""
+    unset = [name for name in ("fuse_elementwise", "fuse_reductions") if getattr(config, name) is None]
+    if not unset:
+        return config
+    from onnxcampo import ops
+
+    training = scaling.is_train_step(model)
+    here = {"fuse_reductions": training and ops.cuda_kernels_here(),
+            "fuse_elementwise": training and ops.generated_kernels_here()}
+    chosen = {name: here[name] for name in unset}
+    on = [name for name, value in chosen.items() if value]
+    if on:
+        log.info("%s: a training step on a machine with the fused ops' CUDA kernels: %s on by default (%s to turn "
+                 "off)", source or "model", " and ".join(option(name) for name in on),
+                 " / ".join(option(name, False) for name in on))
+    return config.replace(**chosen)
 
 
 def run(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None = None) -> OptimizeResult:

@@ -87,6 +87,20 @@ def available() -> bool:
     return _load_error(path) is None
 
 
+def cuda_kernels_here() -> bool:
+    """Whether a model written here would run its custom ops on CUDA: this onnxruntime offers the
+    CUDA execution provider and the library loads and was built with its CUDA kernels."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers() or not available():
+        return False
+    return build_info().get("kernels") == "cpu+cuda"
+
+
+def generated_kernels_here() -> bool:
+    """:func:`cuda_kernels_here` and NVRTC found: FusedElementwise's generated kernels (without
+    NVRTC its CUDA kernel is the interpreter, slower than ONNX Runtime's unfused ops)."""
+    return cuda_kernels_here() and jit.nvrtc_library() is not None
+
+
 def check() -> str:
     """The library's path once it is known to load; :class:`OpsLibraryError` otherwise."""
     path = library_path()

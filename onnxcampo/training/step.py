@@ -181,20 +181,10 @@ def build_train_step(
 def _conv_weight_grad(choice: str | None, fused: bool) -> str:
     """rule 1's emission (simplify_backward's conv_weight_grad) for build_train_step's choice."""
     if choice is None:
-        return "cudnn" if fused and cuda_kernels_here() else "gemm"
+        return "cudnn" if fused and ops.cuda_kernels_here() else "gemm"
     if choice not in CONV_WEIGHT_GRADS:
         raise ConfigError(f"unknown conv_weight_grad {choice!r}; choose one of {', '.join(CONV_WEIGHT_GRADS)}")
     return choice
-
-
-def cuda_kernels_here() -> bool:
-    """Whether a step built here will run its custom ops on CUDA: this onnxruntime offers the CUDA
-    execution provider and the custom-op library was built with its CUDA kernels."""
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers() or not ops.available():
-        return False
-    return ops.build_info().get("kernels") == "cpu+cuda"
 
 
 def step_spec(step: onnx.ModelProto) -> StepSpec:

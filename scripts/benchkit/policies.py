@@ -102,6 +102,12 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-reduce-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_reductions": True},
              # the elementwise chains alone (FusedElementwise), without BlockReduceSum
              "campo-ew-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_elementwise": True}}
+# The fusions are named by each variant: optimize's default (on for a training step where the
+# fused CUDA kernels are) would otherwise turn the unfused variants and the amp/fp16 anchors into
+# fused ones on the GPU machine.
+for _options in ONNXCAMPO.values():
+    _options.setdefault("fuse_elementwise", False)
+    _options.setdefault("fuse_reductions", False)
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))

@@ -182,9 +182,9 @@ class Group:
             lr = "" if self.built.lr == 0.01 else f"-lr{self.built.lr:g}"
             tag = "".join(f"-{value}" for _, value in key)
             if "conv_weight_grad" not in options:  # build_train_step's default depends on the host
-                from onnxcampo.training.step import cuda_kernels_here
+                from onnxcampo import ops
 
-                tag += "-cwg" if cuda_kernels_here() else ""
+                tag += "-cwg" if ops.cuda_kernels_here() else ""
             path = bench_models.cache_dir() / f"step-{self.built.path.stem}{lr}{tag}{_ops_tag()}.onnx"
             if not path.is_file():
                 from onnxcampo import ir

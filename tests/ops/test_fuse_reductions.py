@@ -168,3 +168,26 @@ def test_an_fp16_reduction_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there
     assert fuse_reductions(fused).fused == 1
     got = make_session(fused).run(None, feeds)[0]
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3)
+
+
+@pytest.mark.parametrize("cuda, nvrtc", [(True, True), (True, False), (False, True)])
+def test_the_fusions_default_to_on_for_training_steps_where_the_cuda_kernels_run(library, monkeypatch, cuda, nvrtc):
+    """fuse_elementwise / fuse_reductions None (the default): a training step gets BlockReduceSum
+    where the library's CUDA kernels run here and FusedElementwise where NVRTC is there too (the
+    machine's facts faked: this one has no GPU); an inference model never; an explicit False wins.
+    The written step loads on ORT's CPU (wiring)."""
+    from onnxcampo import ops
+
+    monkeypatch.setattr(ops, "cuda_kernels_here", lambda: cuda)
+    monkeypatch.setattr(ops, "generated_kernels_here", lambda: cuda and nvrtc)
+    label, forward = next(iter(_forward_models()))
+    step = build_train_step(forward, optimizer="adamw")
+    result = onnxcampo.optimize(step, policy="campo")
+    found = {n.op_type for n in result.model.graph.node}
+    assert ("BlockReduceSum" in found) == cuda, label
+    assert ("FusedElementwise" in found) == (cuda and nvrtc), label
+    make_session(result.model, provider="cpu")
+    off = onnxcampo.optimize(step, policy="campo", fuse_elementwise=False, fuse_reductions=False)
+    assert not {"BlockReduceSum", "FusedElementwise"} & {n.op_type for n in off.model.graph.node}
+    inference = onnxcampo.optimize(forward, policy="campo")
+    assert not {"BlockReduceSum", "FusedElementwise"} & {n.op_type for n in inference.model.graph.node}

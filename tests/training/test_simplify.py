@@ -467,13 +467,13 @@ def test_the_default_conv_weight_gradient_follows_the_host(tmp_path, monkeypatch
     """conv_weight_grad=None (train-graph's --conv-weight-grad auto): ConvWeightGrad where the
     step's ops will run on CUDA (onnxruntime's CUDA provider and the library's CUDA kernels), the
     Gemm over Im2Col elsewhere; without the fused ops always standard ops."""
+    from onnxcampo import ops
     from onnxcampo.cli import main
-    from onnxcampo.training import step as step_module
 
     _needs_ops()
     forward = small_cnn()
     for here, op in ((True, "ConvWeightGrad"), (False, "Im2Col")):
-        monkeypatch.setattr(step_module, "cuda_kernels_here", lambda here=here: here)
+        monkeypatch.setattr(ops, "cuda_kernels_here", lambda here=here: here)
         found = Counter(n.op_type for n in build_train_step(forward, loss="cross_entropy").graph.node)
         assert found[op] > 0 and found["Im2Col" if here else "ConvWeightGrad"] == 0
         plain = Counter(n.op_type for n in build_train_step(forward, loss="cross_entropy", fused=False).graph.node)
@@ -484,11 +484,9 @@ def test_the_default_conv_weight_gradient_follows_the_host(tmp_path, monkeypatch
         assert Counter(n.op_type for n in onnx.load(out).graph.node)[op] > 0
     import onnxruntime as ort
 
-    from onnxcampo import ops
-
     expected = "CUDAExecutionProvider" in ort.get_available_providers() and ops.build_info()["kernels"] == "cpu+cuda"
     monkeypatch.undo()
-    assert step_module.cuda_kernels_here() == expected
+    assert ops.cuda_kernels_here() == expected
 
 
 def test_train_graph_cli_chooses_the_conv_weight_gradient(tmp_path):
