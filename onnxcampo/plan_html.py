@@ -14,11 +14,13 @@ import dataclasses
 import html
 import json
 import os
+import re
 from collections import defaultdict
 
 import onnx
 
 from onnxcampo import ir
+from onnxcampo.plan import Reason
 from onnxcampo.report import counts_headline
 from onnxcampo.plan_view import INSERTED, UNPLANNED, NodeRow, node_rows
 
@@ -126,22 +128,46 @@ def _positions(columns_: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int
     return {i: (MARGIN + c * (BOX_W + GAP_X), MARGIN + d * (BOX_H + GAP_Y)) for i, (c, d) in columns_.items()}
 
 
+# What AnnotateNodes writes on a planned node: "onnxcampo: fp16 (reason words); predicted ..."
+# (the words may hold parentheses themselves; the times: pipeline.node_numbers_text)
+_WRITTEN = re.compile(r"onnxcampo: (fp16|fp32) \((.*)\)$")
+_TIMES = re.compile(r"fp32 ([\d.]+) us, fp16 ([\d.]+) us|([\d.]+) us")
+_REASONS = {reason.value: reason.name.lower() for reason in Reason}
+
+
 def _rows_by_node(nodes: list[onnx.NodeProto], report: dict) -> list[NodeRow]:
-    """The plan's row of each written node; nodes the plan does not know (added after planning:
-    loss scaling, fused kernels) get a row of their own."""
+    """The plan's row of each written node; nodes the plan does not know get a row of their own:
+    those of a model onnxcampo wrote before (inspected again: nothing to plan) from the precision,
+    reason and times their doc_strings carry, those added after planning (loss scaling, fused
+    kernels) and inserted ones as inserted."""
     known = {r.name: r for r in node_rows(report)}
     rows = []
     for n in nodes:
         row = known.get(n.name)
         if row is None or row.op not in (n.op_type, "?"):
-            if "onnxcampo: " in n.doc_string:  # added after planning (loss scaling, fused kernels)
-                row = NodeRow(n.name, n.op_type, INSERTED, n.op_type.lower(), n.doc_string.rsplit("onnxcampo: ", 1)[-1])
-            else:  # a model written unchanged has no plan
-                row = NodeRow(n.name, n.op_type, UNPLANNED, UNPLANNED, "not planned: " + "; ".join(report.get("notes", [])))
+            row = _written_row(n) or NodeRow(n.name, n.op_type, UNPLANNED, UNPLANNED,
+                                             "not planned: " + "; ".join(report.get("notes", [])))
         elif row.op == "?":
             row = dataclasses.replace(row, op=n.op_type)
         rows.append(row)
     return rows
+
+
+def _written_row(n: onnx.NodeProto) -> NodeRow | None:
+    """The row a node's onnxcampo doc_string describes (the last one, if several), or None."""
+    if "onnxcampo: " not in n.doc_string:
+        return None
+    text = "onnxcampo: " + n.doc_string.rsplit("onnxcampo: ", 1)[-1]
+    head, _, numbers = text.partition("; predicted ")
+    found = _WRITTEN.match(head.strip())
+    if found is None:  # "onnxcampo: inserted: ...", or added after planning (loss scaling, fused kernels)
+        return NodeRow(n.name, n.op_type, INSERTED, n.op_type.lower(), text[len("onnxcampo: "):].removeprefix("inserted: "))
+    precision, words = found.groups()
+    times = _TIMES.match(numbers)
+    fp32, fp16, same = times.groups() if times else (None, None, None)
+    fp32_us = float(fp32 or same) if (fp32 or same) else None
+    fp16_us = float(fp16 or same) if (fp16 or same) else None
+    return NodeRow(n.name, n.op_type, precision, _REASONS.get(words, "written"), words, fp32_us, fp16_us)
 
 
 def _svg(nodes, rows, positions) -> str:
@@ -169,12 +195,21 @@ def _svg(nodes, rows, positions) -> str:
 
 def _summary(report: dict, rows: list[NodeRow]) -> str:
     counts = report.get("node_counts") or {}
+    # a model onnxcampo wrote, inspected again: nothing planned, its nodes' doc_strings say what they are
+    written = not counts and any(r.precision in ("fp16", "fp32") and r.name not in report.get("plan", {}) for r in rows)
+    kept = report.get("chosen_plan")
     parts = [f"policy <b>{html.escape(str(report.get('policy')))}</b>, plan kept: "
-             f"<b>{html.escape(str(report.get('chosen_plan')))}</b>"]
+             f"<b>{html.escape(str(kept) if kept else 'none (nothing planned)')}</b>"]
     if counts:
         parts.append(html.escape(counts_headline(counts)))
-    parts.append(f"{report.get('casts_inserted', 0)} Casts, {report.get('pads_inserted', 0)} Pad/Slice inserted; "
-                 f"{sum(r.kind == 'fp32' for r in rows)} fp32 float compute nodes")
+    if written:
+        parts.append(f"as written (the nodes' doc_strings): {sum(r.kind == 'fp16' for r in rows)} fp16 and "
+                     f"{sum(r.kind == 'fp32' for r in rows)} fp32 float compute nodes, "
+                     f"{sum(r.kind == 'cast' for r in rows)} Casts and {sum(r.kind == 'pad' for r in rows)} Pad/Slice "
+                     "onnxcampo inserted")
+    else:
+        parts.append(f"{report.get('casts_inserted', 0)} Casts, {report.get('pads_inserted', 0)} Pad/Slice inserted; "
+                     f"{sum(r.kind == 'fp32' for r in rows)} fp32 float compute nodes")
     times = report.get("predicted_us") or {}
     cost = (report.get("cost_model") or {}).get("name", "")
     table = "".join(f"<tr><td>{html.escape(name)}</td><td>{t['total_us']:.1f}</td><td>{t['nodes_us']:.1f}</td>"

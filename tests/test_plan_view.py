@@ -191,6 +191,23 @@ def test_inspect_html_is_one_self_contained_page_naming_every_node(model_path, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "plan.html"]  # no temporary file left
 
 
+def test_inspecting_a_model_onnxcampo_wrote_reads_its_plan_from_the_doc_strings(model_path, tmp_path, capsys):
+    """The output of optimize, inspected again (nothing to plan: already optimized), is drawn as
+    written: each node's precision, reason and own times from its doc_string, the inserted Casts as
+    Casts; not every node "added by onnxcampo"."""
+    out, page = tmp_path / "out.onnx", tmp_path / "again.html"
+    assert run_cli(capsys, "optimize", model_path, out, *FIXED, "--no-accuracy-check")[0] == 0
+    code, _, err = run_cli(capsys, "inspect", out, *FIXED, "--html", page)
+    assert code == 0, err
+    text = page.read_text()
+    assert "as written (the nodes' doc_strings): 2 fp16 and 1 fp32 float compute nodes, 2 Casts" in text
+    assert "plan kept: <b>none (nothing planned)</b>" in text
+    for name, op, kind in (("mm", "MatMul", "fp16"), ("add", "Add", "fp16"), ("exp", "Exp", "fp32"),
+                           ("x/cast_fp16", "Cast", "cast")):
+        assert re.search(rf'<tr data-i="\d+" class="k-{kind}"><td>{re.escape(name)}</td><td>{op}</td>', text), name
+    assert re.search(r'class="k-fp16"><td>mm</td><td>MatMul</td><td>fp16</td><td>[\d.]+</td><td>[\d.]+</td>', text)
+
+
 def test_page_lays_a_diamond_out_in_layers_and_escapes_names():
     """x -> a -> (b, c) -> d: depths 0, 1, 1, 2, the chain straight down column 0; a name with
     markup is escaped in the page and in the embedded data."""

@@ -36,6 +36,7 @@ from onnxcampo.errors import (
     ShapeError,
     UnsupportedModelError,
     ValidationError,
+    option,
 )
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,23 @@ def _pin_hint(name: str, dims: list[onnx.TensorShapeProto.Dimension],
         if static is None and dim.dim_param in dim_values:
             static = dim_values[dim.dim_param]
         sizes.append(str(static if static is not None else 1))
+    if option("input_shapes") == "input_shapes":  # the Python API
+        return f"input_shapes={{{name!r}: ({', '.join(sizes)}{',' if len(sizes) == 1 else ''})}}"
     return f"--input-shape {name}:{','.join(sizes)}"
+
+
+def _no_shape_hint(name: str) -> str:
+    """How to pin an input the model gives no shape, spelled as the caller gives options."""
+    if option("input_shapes") == "input_shapes":
+        return f"input_shapes={{{name!r}: (D0, D1, ...)}}"
+    return f"--input-shape {name}:D0,D1,..."
+
+
+def _dim_hint(param: str) -> str:
+    """How to give a named dim's size, spelled as the caller gives options."""
+    if option("dim_values") == "dim_values":
+        return f"dim_values={{{param!r}: N}}"
+    return f"--dim {param}=N"
 
 
 def _check_pinned(name: str, pinned: tuple[int, ...],
@@ -144,12 +161,12 @@ def _check_pinned(name: str, pinned: tuple[int, ...],
     """Validate a user pin against the declared rank and fixed sizes of the input."""
     pinned = tuple(int(d) for d in pinned)
     if any(d < 0 for d in pinned):
-        raise ShapeError(f"input '{name}': --input-shape {pinned} has a negative size")
+        raise ShapeError(f"input '{name}': {option('input_shapes')} gives {pinned}, a negative size")
     if dims is None:
         return pinned
     if len(pinned) != len(dims):
         raise ShapeError(
-            f"input '{name}' has rank {len(dims)} but --input-shape gives {len(pinned)} dims "
+            f"input '{name}' has rank {len(dims)} but {option('input_shapes')} gives {len(pinned)} dims "
             f"{pinned}"
         )
     for axis, (size, dim) in enumerate(zip(pinned, dims)):
@@ -157,7 +174,7 @@ def _check_pinned(name: str, pinned: tuple[int, ...],
         if static is not None and static != size:
             raise ShapeError(
                 f"input '{name}' axis {axis} is fixed at {static} in the model but "
-                f"--input-shape gives {size}"
+                f"{option('input_shapes')} gives {size}"
             )
     return pinned
 
@@ -171,7 +188,7 @@ def _resolve_shape(vi: onnx.ValueInfoProto, input_shapes: Mapping[str, tuple[int
     if dims is None:
         raise ShapeError(
             f"input '{vi.name}' has no shape in the model; pin it with "
-            f"--input-shape {vi.name}:D0,D1,..."
+            f"{_no_shape_hint(vi.name)}"
         )
     shape = []
     for axis, dim in enumerate(dims):
@@ -179,13 +196,13 @@ def _resolve_shape(vi: onnx.ValueInfoProto, input_shapes: Mapping[str, tuple[int
         if static is None and dim.dim_param and dim.dim_param in dim_values:
             static = int(dim_values[dim.dim_param])
             if static < 0:
-                raise ShapeError(f"--dim {dim.dim_param}={static} is negative")
+                raise ShapeError(f"{option('dim_values')} gives {dim.dim_param}={static}, a negative size")
         if static is None:
             hint = _pin_hint(vi.name, dims, dim_values)
             if dim.dim_param:
                 raise ShapeError(
                     f"input '{vi.name}' has dynamic dim '{dim.dim_param}' (axis {axis}); "
-                    f"pin it with {hint} or --dim {dim.dim_param}=N"
+                    f"pin it with {hint} or {_dim_hint(dim.dim_param)}"
                 )
             raise ShapeError(
                 f"input '{vi.name}' has an unnamed dynamic dim (axis {axis}); pin it with {hint}"
@@ -256,7 +273,7 @@ def random_inputs(
     unknown = sorted(set(input_shapes) - {vi.name for vi in inputs})
     if unknown:
         raise ConfigError(
-            f"--input-shape names unknown input(s) {unknown}; model inputs are "
+            f"{option('input_shapes')} names unknown input(s) {unknown}; model inputs are "
             f"{[vi.name for vi in inputs]}"
         )
     rng = np.random.default_rng(seed)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from onnxcampo.errors import ConfigError
+from onnxcampo.errors import ConfigError, option
 
 Schedule = Callable[[int], float]
 
@@ -65,11 +65,18 @@ def linear_warmup(warmup_steps: int, then: Schedule | float) -> Schedule:
     return schedule
 
 
+def _named() -> str:
+    """The schedule as the caller gave it: ``--lr-schedule`` under the command line, else
+    ``schedule`` (parse_schedule's text)."""
+    flag = option("lr_schedule")
+    return flag if flag.startswith("--") else "schedule"
+
+
 def _number(text: str, kind: type, what: str, spec: str) -> float | int:
     try:
         return kind(text)
     except ValueError:
-        raise ConfigError(f"--lr-schedule {spec!r}: {what} must be {'an integer' if kind is int else 'a number'}, "
+        raise ConfigError(f"{_named()} {spec!r}: {what} must be {'an integer' if kind is int else 'a number'}, "
                           f"not {text!r} (syntax: {SYNTAX})") from None
 
 
@@ -81,18 +88,18 @@ def parse_schedule(spec: str, lr: float) -> Schedule:
         head, _, rest = text.partition(",")
         parts = head.split(":")
         if len(parts) != 2:
-            raise ConfigError(f"--lr-schedule {spec!r}: warmup takes one number, warmup:STEPS (syntax: {SYNTAX})")
+            raise ConfigError(f"{_named()} {spec!r}: warmup takes one number, warmup:STEPS (syntax: {SYNTAX})")
         steps = _number(parts[1], int, "the warmup steps", spec)
         if rest.strip().startswith("warmup"):
-            raise ConfigError(f"--lr-schedule {spec!r}: one warmup at most (syntax: {SYNTAX})")
+            raise ConfigError(f"{_named()} {spec!r}: one warmup at most (syntax: {SYNTAX})")
         return linear_warmup(steps, parse_schedule(rest, lr) if rest.strip() else constant(lr))
     name, *args = text.split(":")
     arity = {"constant": (0, 0), "step": (2, 2), "cosine": (1, 2)}
     if name not in arity:
-        raise ConfigError(f"--lr-schedule {spec!r}: unknown schedule {name!r} (syntax: {SYNTAX})")
+        raise ConfigError(f"{_named()} {spec!r}: unknown schedule {name!r} (syntax: {SYNTAX})")
     low, high = arity[name]
     if not low <= len(args) <= high:
-        raise ConfigError(f"--lr-schedule {spec!r}: {name} takes {low if low == high else f'{low} or {high}'} "
+        raise ConfigError(f"{_named()} {spec!r}: {name} takes {low if low == high else f'{low} or {high}'} "
                           f"number{'s' if high != 1 else ''} (syntax: {SYNTAX})")
     try:
         if name == "constant":
@@ -103,7 +110,8 @@ def parse_schedule(spec: str, lr: float) -> Schedule:
                       _number(args[1], float, "the minimum lr", spec) if len(args) > 1 else 0.0)
     except ConfigError as exc:
         message = str(exc)
-        raise ConfigError(message if message.startswith("--lr-schedule") else f"--lr-schedule {spec!r}: {message}") from None
+        flag = _named()
+        raise ConfigError(message if message.startswith(flag) else f"{flag} {spec!r}: {message}") from None
 
 
 __all__ = ["SYNTAX", "Schedule", "constant", "cosine", "linear_warmup", "parse_schedule", "step_decay"]

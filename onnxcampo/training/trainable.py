@@ -37,7 +37,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnxcampo import ir
-from onnxcampo.errors import ConfigError, UnsupportedModelError
+from onnxcampo.errors import ConfigError, UnsupportedModelError, option
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
     try:
         pattern = re.compile(freeze) if freeze else None
     except re.error as exc:
-        raise ConfigError(f"--freeze {freeze!r} is not a regular expression: {exc}") from None
+        raise ConfigError(f"{option('freeze')} {freeze!r} is not a regular expression: {exc}") from None
     graph = model.graph
     prediction = prediction or graph.output[0].name
     consumers = _consumers(graph)

@@ -60,6 +60,13 @@ def test_parse_schedule(spec, expected):
     ("constant:1", "constant takes 0 numbers"),
 ])
 def test_bad_schedules_give_one_line(spec, message):
+    """One line naming the text as the caller gave it: the schedule from Python, the flag under the
+    command line."""
+    from onnxcampo.errors import command_line
+
     with pytest.raises(ConfigError, match=message) as error:
         parse_schedule(spec, 0.1)
-    assert "\n" not in str(error.value) and str(error.value).startswith("--lr-schedule")
+    assert "\n" not in str(error.value) and str(error.value).startswith(f"schedule {spec!r}")
+    with command_line(), pytest.raises(ConfigError, match=message) as error:
+        parse_schedule(spec, 0.1)
+    assert str(error.value).startswith(f"--lr-schedule {spec!r}")
