@@ -20,9 +20,14 @@
 #            stops printing "variants left")                                              (~9 min)
 #   infer    inference with the fusions (issue 17 item 4): campo with both fusions against campo
 #            and the best anchors, plain and replayed, on the transformer and CNN suite     (~8 min)
+#   train18  issue 18 on CUDA: scripts/check_training_cuda.py (BatchNorm/Dropout train mode,
+#            evaluate, checkpoints and resume, schedule, partial batches; CUDA against the CPU)
+#            and scripts/example_finetune.py (magika, frozen and --train-all); carry
+#            .benchcorpus/magika-1.0.3 (CORPUS_DIR, default .benchcorpus)                  (~3 min)
 # Copy what comes back into the repository before the next run (the machine keeps nothing):
 # $OUT/checks/* -> docs/benchmarks/custom-ops/issue17/<session>/, $OUT/bench/h200*.jsonl merged
-# into docs/benchmarks/raw/, $OUT/loss/loss-curves-h200.json -> docs/benchmarks/training/.
+# into docs/benchmarks/raw/, $OUT/loss/loss-curves-h200.json and $OUT/train18/* ->
+# docs/benchmarks/training/.
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 export PYTHONPATH=/tmp/ortgpu:/tmp/oc:/tmp/benchpkgs:${PYTHONPATH:-}
@@ -71,6 +76,14 @@ run_infer() {
     --redo '*|*|inference|campo*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
 }
 
+run_train18() {
+  local d=$OUT/train18 corpus=${CORPUS_DIR:-.benchcorpus}
+  stage train18 200 python3 scripts/check_training_cuda.py --out "$d/check-training-h200.json"
+  stage train18 200 python3 scripts/example_finetune.py --provider cuda --corpus-dir "$corpus" --out "$d"
+  stage train18 200 python3 scripts/example_finetune.py --provider cuda --train-all --lr 3e-4 --corpus-dir "$corpus" \
+    --out "$d"
+}
+
 run_loss() {
   stage loss 590 python3 scripts/loss_curves.py --wheels "$WHEELS" --mirror "$OUT/loss" --budget-s 540
 }
@@ -86,6 +99,7 @@ for name in "$@"; do
     bench) run_bench ;;
     loss) run_loss ;;
     infer) run_infer ;;
-    *) echo "unknown stage $name (checks, costs, bench, loss, infer)" >&2; exit 2 ;;
+    train18) run_train18 ;;
+    *) echo "unknown stage $name (checks, costs, bench, loss, infer, train18)" >&2; exit 2 ;;
   esac
 done
