@@ -173,6 +173,10 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "ai.onnxcampo BlockReduceSum nodes, one kernel each (needs the custom-op library; "
                              "docs/ops.md). Default: on for a training step where the library's CUDA kernels are, "
                              "off otherwise")
+    custom.add_argument("--yield-to-ort-fusions", action="store_true",
+                        help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
+                             "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "
+                             "as the fusion-aware costing assumes (experimental: off until measured on the GPU)")
     parser.add_argument("--no-plan-for-fusion", dest="plan_for_fusion", action="store_false",
                         help="with --fuse-elementwise/--fuse-reductions: plan as if neither fusion ran (every Cast "
                              "and elementwise op costed as a kernel of its own: the fusion-blind plan); the fusions "
@@ -235,6 +239,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         fuse_elementwise=args.fuse_elementwise,
         fuse_reductions=args.fuse_reductions,
         plan_for_fusion=args.plan_for_fusion,
+        yield_to_ort_fusions=args.yield_to_ort_fusions,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance if args.tune_tolerance is not None else getattr(args, "tolerance", None),
         activation_limit=args.activation_limit,

@@ -102,6 +102,11 @@ class OptimizeConfig:
             and Conv-bias gradients; ``simplify``'s ReduceSum pairs), with the Reshapes and the
             float16 -> float32 Casts around them, by ``ai.onnxcampo::BlockReduceSum`` nodes
             (``onnxcampo.reductions``). Needs the custom-op library, like ``fuse_elementwise``.
+        yield_to_ort_fusions: with ``fuse_elementwise``, leave to ONNX Runtime the nodes its own
+            graph optimizations fuse or fold (a MatMul's scale Mul into FusedMatMul, a
+            LayerNormalization's skip Add, a bias Add into a Gemm; read on the planning graph),
+            as the fusion-aware costing assumes; off by default until the H200 decides
+            (``campo-fused-yield-graph`` in the benchmark; docs/ops.md).
         plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions``, cost the plans as the
             fused model runs (``onnxcampo.estimate``: a Cast inside a fused group costs nothing,
             one at its edge the bytes it changes there, a fused elementwise op its share of the
@@ -130,6 +135,7 @@ class OptimizeConfig:
     fuse_elementwise: bool | None = None
     fuse_reductions: bool | None = None
     plan_for_fusion: bool = True
+    yield_to_ort_fusions: bool = False
     tune: str | None = None
     tune_tolerance: float | str | None = None
     activation_limit: float | None = None

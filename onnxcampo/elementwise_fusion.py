@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,8 +90,12 @@ class _Group:
     instructions: int = 0  # at most what the members' program takes (see _instructions)
 
 
-def fuse_elementwise(model: onnx.ModelProto) -> FusionResult:
-    """Replace the elementwise chains of ``model`` (in place) by ``FusedElementwise`` nodes."""
+def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = ()) -> FusionResult:
+    """Replace the elementwise chains of ``model`` (in place) by ``FusedElementwise`` nodes.
+    ``leave``: names of nodes not to fuse (the pipeline's: those ONNX Runtime fuses into kernels of
+    its own, such as a MatMul's scale Mul, a Softmax's mask Add or a LayerNormalization's skip Add;
+    taking them would undo ORT's fusion and cost a kernel more)."""
+    leave = frozenset(leave)
     result = FusionResult()
     info, _ = ir.infer_tensor_info(model)
     edit = ir.ModelEdit(model, fresh_prefix="fused")
@@ -119,7 +124,7 @@ def fuse_elementwise(model: onnx.ModelProto) -> FusionResult:
     depends: dict[str, frozenset[int]] = {}  # tensor -> groups it depends on (through any node)
     for node in model.graph.node:
         upstream = frozenset().union(*(depends.get(name, frozenset()) for name in node.input if name))
-        shape = _fusable_shape(node, static, scalars, mask)
+        shape = _fusable_shape(node, static, scalars, mask) if node.name not in leave else None
         group = None
         if shape is not None:
             group = _join(node, shape, group_of, depends, scalars)

@@ -65,14 +65,15 @@ run_costs() {
 run_bench() {
   stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
-    --policies campo-fused-graph,campo-fused-gemm-graph,campo-fused-blind-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
+    --policies campo-fused,campo-fused-graph,campo-fused-gemm-graph,campo-fused-yield-graph,campo-fused-blind-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
+    --breakdown-policies campo-fused \
     --redo '*|*|training|*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
 }
 
 run_infer() {
   stage infer 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/infer" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50,minilm --mode inference \
-    --policies fp32,amp,ortopt-fp16,campo,campo-fused,campo-graph,campo-fused-graph \
+    --policies fp32,amp,ortopt-fp16,campo,campo-fused,campo-graph,campo-fused-graph,campo-fused-yield-graph \
     --redo '*|*|inference|campo*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
 }
 

@@ -24,6 +24,8 @@ Inference (ONNX Runtime):
                     step graph built with ``conv_weight_grad="cudnn"`` (ConvWeightGrad for every Conv
                     weight gradient) / ``"gemm"`` (the Gemm over Im2Col); the group's own step takes
                     build_train_step's default (cudnn where the CUDA provider and kernels are)
+    campo-fused-yield-graph  campo-fused-graph with ``yield_to_ort_fusions``: the nodes ONNX
+                    Runtime fuses itself are left to it
     campo-fused-blind-graph  campo-fused-graph's fusions and replay, its plan made fusion-blind
                     (``plan_for_fusion=False``: costed as if no fusion ran); beside campo-fused-graph
                     it shows what planning with fusion in view buys, predicted and measured
@@ -56,7 +58,7 @@ import onnx
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
 GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
                   "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
-                  "campo-fused-gemm-graph")
+                  "campo-fused-gemm-graph", "campo-fused-yield-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -94,6 +96,9 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-fused-gemm-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              # the same fusions and replay, the plan made as if they did not run (the fusion-blind plan)
              "campo-fused-blind-graph": {"policy": "campo", "execution": "cuda-graph", "plan_for_fusion": False,
+                                         **FUSIONS},
+             # the same fusions and replay, the nodes ORT fuses itself left to it (yield_to_ort_fusions)
+             "campo-fused-yield-graph": {"policy": "campo", "execution": "cuda-graph", "yield_to_ort_fusions": True,
                                          **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},

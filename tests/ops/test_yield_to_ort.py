@@ -1,0 +1,45 @@
+"""optimize(yield_to_ort_fusions=True) with the custom-op library: the elementwise fusion leaves
+to ONNX Runtime the nodes its own graph optimizations fuse (read from ORT's optimized graph on
+the CPU provider; the written models load on it: a wiring check)."""
+
+from __future__ import annotations
+
+import onnx
+
+from onnxcampo import ir
+
+
+def _model(text: str) -> onnx.ModelProto:
+    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
+    ir.name_nodes(model)
+    return model
+
+
+def _ops(model):
+    return [n.op_type for n in model.graph.node]
+
+
+
+def test_yield_to_ort_fusions_leaves_a_matmuls_scale_to_onnx_runtime(library):
+    """optimize(yield_to_ort_fusions=True): the Mul by a constant scalar after a MatMul, which
+    ORT's MatMulScaleFusion folds into FusedMatMul (read from ORT's optimized graph), is not
+    fused; without it the Mul joins the chain. The report counts the nodes left to ORT."""
+    import onnxcampo
+
+    text = """
+    g (float[64,64] x, float[64,64] bias) => (float[64,64] y) {
+      w = Constant <value = float[64,64] {%s}> ()
+      m = MatMul(x, w)
+      s = Constant <value = float {0.125}> ()
+      a = Mul(m, s)
+      b = Add(a, bias)
+      c = Relu(b)
+      y = Exp(c)
+    }
+    """ % ", ".join(["0.01"] * 64 * 64)
+    kept = onnxcampo.optimize(_model(text), policy="fp32", fuse_elementwise=True, cost_graph="ort", fuse="none")
+    left = onnxcampo.optimize(_model(text), policy="fp32", fuse_elementwise=True, cost_graph="ort", fuse="none",
+                              yield_to_ort_fusions=True)
+    assert kept.report["fuse_elementwise"]["nodes_replaced"] == 4 and kept.report["fuse_elementwise"]["left_to_ort"] == 0
+    assert left.report["fuse_elementwise"]["left_to_ort"] >= 1 and "Mul" in _ops(left.model)
+    assert left.report["fuse_elementwise"]["nodes_replaced"] == 3
