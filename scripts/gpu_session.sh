@@ -24,6 +24,9 @@
 #            evaluate, checkpoints and resume, schedule, partial batches; CUDA against the CPU)
 #            and scripts/example_finetune.py (magika, frozen and --train-all); carry
 #            .benchcorpus/magika-1.0.3 (CORPUS_DIR, default .benchcorpus)                  (~3 min)
+# bench and infer re-measure rows older than BENCH_SINCE (default: now); a stage its budget cut
+# continues in the next call with the same BENCH_SINCE (e.g. BENCH_SINCE=2026-12-02T10:00), after
+# the rows that came back are merged into docs/benchmarks/raw/.
 # Copy what comes back into the repository before the next run (the machine keeps nothing):
 # $OUT/checks/* -> docs/benchmarks/custom-ops/issue17/<session>/, $OUT/bench/h200*.jsonl merged
 # into docs/benchmarks/raw/, $OUT/loss/loss-curves-h200.json and $OUT/train18/* ->
@@ -65,16 +68,16 @@ run_costs() {
 run_bench() {
   stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
-    --policies campo-fused,campo-fused-graph,campo-fused-gemm-graph,campo-fused-yield-graph,campo-fused-blind-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
+    --policies campo-fused,campo-fused-graph,campo-fused-gemm-graph,campo-fused-yield-graph,campo-fused-nhwc-graph,campo-fused-blind-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
     --breakdown-policies campo-fused \
-    --redo '*|*|training|*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
+    --redo '*|*|training|*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
 }
 
 run_infer() {
   stage infer 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/infer" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50,minilm --mode inference \
     --policies fp32,amp,ortopt-fp16,campo,campo-fused,campo-graph,campo-fused-graph,campo-fused-yield-graph \
-    --redo '*|*|inference|campo*' --redo-before "$(date -u +%Y-%m-%dT%H:%M)"
+    --redo '*|*|inference|campo*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
 }
 
 run_train18() {

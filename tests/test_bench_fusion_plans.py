@@ -88,3 +88,14 @@ def test_the_cudnn_variant_trains_on_a_step_with_conv_weight_grad(tmp_path, monk
     assert "ConvWeightGrad" in ops[cudnn] and "ConvWeightGrad" not in ops[plain]
     path, _ = bench.training_variant(group, "campo-fused-cudnn-graph")
     assert "ConvWeightGrad" in {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def test_the_nhwc_variant_is_campo_fused_graph_in_a_session_that_prefers_nhwc():
+    """campo-fused-nhwc-graph (training only): campo-fused-graph's optimize options, its session
+    with the CUDA EP's prefer_nhwc; no other policy adds CUDA options."""
+    assert "campo-fused-nhwc-graph" in bench_policies.TRAINING_POLICIES
+    assert "campo-fused-nhwc-graph" not in bench_policies.INFERENCE_POLICIES
+    assert bench_policies.ONNXCAMPO["campo-fused-nhwc-graph"] == bench_policies.ONNXCAMPO["campo-fused-graph"]
+    assert bench_policies.cuda_options_of("campo-fused-nhwc-graph") == {"prefer_nhwc": "1"}
+    assert all(bench_policies.cuda_options_of(p) is None for p in bench_policies.TRAINING_POLICIES
+               if p != "campo-fused-nhwc-graph")

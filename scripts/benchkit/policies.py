@@ -26,6 +26,8 @@ Inference (ONNX Runtime):
                     build_train_step's default (cudnn where the CUDA provider and kernels are)
     campo-fused-yield-graph  campo-fused-graph with ``yield_to_ort_fusions``: the nodes ONNX
                     Runtime fuses itself are left to it
+    campo-fused-nhwc-graph  (training) campo-fused-graph's model in a session with the CUDA EP's
+                    ``prefer_nhwc`` (Convs and their neighbours in NHWC)
     campo-fused-blind-graph  campo-fused-graph's fusions and replay, its plan made fusion-blind
                     (``plan_for_fusion=False``: costed as if no fusion ran); beside campo-fused-graph
                     it shows what planning with fusion in view buys, predicted and measured
@@ -58,16 +60,20 @@ import onnx
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
 GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
                   "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
-                  "campo-fused-gemm-graph", "campo-fused-yield-graph")
+                  "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
 # Im2Col + Gemm, whatever build_train_step's default picks for the group's step.
 STEP_OPTIONS = {"campo-fused-cudnn-graph": {"conv_weight_grad": "cudnn"},
                 "campo-fused-gemm-graph": {"conv_weight_grad": "gemm"}}
+# Training policies whose session gets CUDA EP options of its own: campo-fused-nhwc-graph runs
+# campo-fused-graph's model with ``prefer_nhwc`` (ORT's layout transformer puts Conv, pooling and
+# their neighbours in NHWC; cuDNN's NCHW <-> NHWC transforms around each Conv go).
+CUDA_OPTIONS = {"campo-fused-nhwc-graph": {"prefer_nhwc": "1"}}
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
-                      *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS))
+                      *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
                      "campo-fused", "campo-reduce",
@@ -94,6 +100,7 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-fused-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              "campo-fused-cudnn-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              "campo-fused-gemm-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
+             "campo-fused-nhwc-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              # the same fusions and replay, the plan made as if they did not run (the fusion-blind plan)
              "campo-fused-blind-graph": {"policy": "campo", "execution": "cuda-graph", "plan_for_fusion": False,
                                          **FUSIONS},
@@ -124,6 +131,11 @@ class Unavailable(RuntimeError):
 
 def tf32_of(policy: str) -> bool:
     return policy != "fp32-notf32"
+
+
+def cuda_options_of(policy: str) -> dict[str, str] | None:
+    """The CUDA EP options a policy's session adds (CUDA_OPTIONS), or None."""
+    return CUDA_OPTIONS.get(policy)
 
 
 def graph_base(policy: str) -> str:

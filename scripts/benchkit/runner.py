@@ -573,7 +573,7 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
     batch = {**group.built.feeds, "labels": group.built.labels}
     with stages("session"):
         runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy),
-                              model=step_model, cuda_graph=graph)
+                              model=step_model, cuda_graph=graph, cuda_options=pol.cuda_options_of(policy))
     if prepare_only:
         del runner
         return {**row, "stage_s": stages.seconds}
@@ -589,7 +589,7 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
 
     def again() -> list[float]:
         runner = m.StepRunner(path, weights=weights, batch=batch, provider=s.provider, tf32=pol.tf32_of(policy),
-                              model=step_model, cuda_graph=graph)
+                              model=step_model, cuda_graph=graph, cuda_options=pol.cuda_options_of(policy))
         return m.timed_blocks(runner, warmup=s.train_warmup, blocks=s.train_blocks, per_block=s.train_per_block)
     _more_sessions(row, s.sessions, again, stages)
 
