@@ -59,6 +59,15 @@ order, each until nothing matches, then drops nodes nothing reads:
    Reshape(dy)``; without the Reshapes between them ``--fuse-elementwise`` makes the comparison,
    its Cast and the product one kernel.
 
+8. **LayerNorm statistics from the forward node**: onnx-ad's adjoint of a ``LayerNormalization``
+   recomputes the statistics the forward node already has: ``mean = ReduceMean(x)``, ``d = x -
+   mean``, ``invstd = Reciprocal(Sqrt(ReduceMean(d * d) + epsilon))`` over the normalized axes
+   (two row reductions and three more elementwise kernels per LayerNorm, on BERT-base b32 each over
+   [4096, 768]). The forward node's optional outputs ``Mean`` and ``InvStdDev`` (float32,
+   ``stash_type`` 1) are the same values (ORT computes them in float32 as the recompute does, in
+   another order of additions): the rule gives the node those outputs and lets the adjoint read
+   them; the recompute is dropped. Only where the epsilon, the axes and the float32 input match.
+
 A rule never touches a value that is a graph output (its name is the step's interface), and
 every rewrite uses static shapes from one shape inference run at the start; a node whose shapes
 are not fully static is left alone. The rules are exact: the outputs are the same values, up to
@@ -788,6 +797,87 @@ class _Rule(PassBase):
 
 UNTIL_FIXED = sys.maxsize  # PassManager steps: rounds until a rule fires no more
 
+def _mean_axes(g: _Graph, node) -> tuple[int, ...] | None:
+    """A ReduceMean's axes (attribute, or from opset 18 the constant second input), non-negative,
+    when it keeps the reduced dims; else None."""
+    if _attr(node, "keepdims", 1) != 1:
+        return None
+    rank = len(g.shapes.get(node.input[0], ()))
+    if len(node.input) > 1 and node.input[1]:
+        axes = g.constants.get(node.input[1])
+        axes = None if axes is None else [int(a) for a in np.asarray(axes).ravel()]
+    else:
+        axes = _attr(node, "axes", None)
+    if not axes or not rank:
+        return None
+    return tuple(sorted(a % rank for a in axes))
+
+
+def _float_scalar(g: _Graph, name: str) -> float | None:
+    """The value of a float scalar initializer or Constant node output, else None."""
+    for tensor in g.model.graph.initializer:
+        if tensor.name == name:
+            value = numpy_helper.to_array(tensor)
+            return float(value) if value.size == 1 and value.dtype.kind == "f" else None
+    producer = g.producers().get(name)
+    if producer is not None and producer.op_type == "Constant":
+        for attribute in producer.attribute:
+            if attribute.name == "value":
+                value = numpy_helper.to_array(attribute.t)
+                return float(value) if value.size == 1 and value.dtype.kind == "f" else None
+    return None
+
+
+def layernorm_statistics(g: _Graph) -> int:
+    """Rule 8."""
+    count = 0
+    consumers = g.consumers()
+
+    def only(name: str, op_type: str):
+        return _only_consumer(g, consumers, name, op_type)
+
+    for ln in list(g.nodes):
+        if ln.op_type != "LayerNormalization" or (ln.domain or "") not in ("", "ai.onnx") \
+                or _attr(ln, "stash_type", 1) != 1 or g.dtypes.get(ln.input[0]) != onnx.TensorProto.FLOAT:
+            continue
+        x, rank = ln.input[0], len(g.shapes.get(ln.input[0], ()))
+        if not rank or (len(ln.output) > 1 and ln.output[1]) or (len(ln.output) > 2 and ln.output[2]):
+            continue  # the node's statistics already go somewhere: left as they are
+        axis, epsilon = _attr(ln, "axis", -1) % rank, float(_attr(ln, "epsilon", 1e-5))
+        normalized = tuple(range(axis, rank))
+        for mean_node in [n for n in consumers.get(x, []) if n.op_type == "ReduceMean"]:
+            if _mean_axes(g, mean_node) != normalized or mean_node.output[0] in g.protected:
+                continue
+            mean = mean_node.output[0]
+            sub = next((n for n in consumers.get(mean, []) if n.op_type == "Sub" and list(n.input) == [x, mean]), None)
+            square = sub and next((n for n in consumers.get(sub.output[0], [])
+                                   if n.op_type == "Mul" and list(n.input) == [sub.output[0]] * 2), None)
+            variance = square and only(square.output[0], "ReduceMean")
+            if variance is None or _mean_axes(g, variance) != normalized:
+                continue
+            plus = only(variance.output[0], "Add")
+            other = plus and next((i for i in plus.input if i != variance.output[0]), None)
+            value = _float_scalar(g, other) if other else None
+            if value is None or abs(value - epsilon) > 1e-6 * max(abs(epsilon), 1e-12):
+                continue
+            root = only(plus.output[0], "Sqrt")
+            inverse = root and only(root.output[0], "Reciprocal")
+            if inverse is None or inverse.output[0] in g.protected:
+                continue
+            stats = [g.fresh("ln_mean"), g.fresh("ln_invstd")]
+            while len(ln.output) < 3:
+                ln.output.append("")
+            ln.output[1], ln.output[2] = stats
+            for made, old in zip(stats, (mean, inverse.output[0])):
+                g.shapes[made], g.dtypes[made] = g.shapes.get(old), onnx.TensorProto.FLOAT
+                g.replace_uses(old, made)
+            log.debug("LayerNorm %s: the adjoint reads its Mean and InvStdDev", ln.name)
+            count += 1
+            consumers = g.consumers()
+            break
+    return count
+
+
 RULES = (
     ("conv weight gradient as Gemm", conv_weight_gradient),
     ("same-shape Expand", same_shape_expand),
@@ -800,6 +890,7 @@ RULES = (
     ("Reshape chain", reshape_chains),
     ("full Slice", full_slice),
     ("elementwise of Reshapes", elementwise_of_reshapes),
+    ("LayerNorm statistics from the forward", layernorm_statistics),
 )
 
 

@@ -567,3 +567,106 @@ def test_elementwise_of_reshapes_moves_the_reshape_after_the_op():
     np.testing.assert_array_equal(make_session(model).run(None, feeds)[0], want)
     step = build_train_step(small_cnn(), loss="cross_entropy", optimizer="sgd", fused=False, simplify=False)
     assert simplify_backward(step)["elementwise of Reshapes"] >= 5  # one per ReLU mask product at least
+
+
+# --- rule 8: LayerNorm statistics from the forward node -----------------------------------------
+
+LN_RULE = ["LayerNorm statistics from the forward"]
+
+
+def _layernorm_recompute(epsilon_used: float = 1e-5) -> onnx.ModelProto:
+    """A LayerNormalization (epsilon 1e-5) and the statistics onnx-ad's adjoint recomputes from its
+    input: mean, x - mean, 1 / sqrt(mean((x - mean)^2) + epsilon_used), read by outputs."""
+    model = onnx.parser.parse_model(f"""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[4,6,8] x, float[8] s, float[8] b) => (float[4,6,8] y, float[4,6,8] xhat) {{
+      y = LayerNormalization <axis = -1, epsilon = 0.00001> (x, s, b)
+      mean = ReduceMean <axes = [2], keepdims = 1> (x)
+      d = Sub(x, mean)
+      sq = Mul(d, d)
+      var = ReduceMean <axes = [2], keepdims = 1> (sq)
+      eps = Constant <value = float {{{epsilon_used}}}> ()
+      ve = Add(var, eps)
+      root = Sqrt(ve)
+      invstd = Reciprocal(root)
+      xhat = Mul(d, invstd)
+    }}
+    """)
+    from onnxcampo import ir
+
+    ir.name_nodes(model)
+    return model
+
+
+def test_the_adjoint_reads_the_layernorms_own_mean_and_inverse_deviation():
+    """The recompute goes; the LayerNormalization gets its Mean and InvStdDev outputs, which the
+    adjoint reads; the values are the same (ORT's float32 statistics, summed in another order)."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _layernorm_recompute()
+    x = RNG.standard_normal((4, 6, 8)).astype(np.float32) * 3 + 1
+    feeds = {"x": x, "s": np.ones(8, np.float32), "b": np.zeros(8, np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)
+    counts = simplify_backward(model, rules=LN_RULE)
+    assert counts["LayerNorm statistics from the forward"] == 1
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("ReduceMean") == 0 and "Sqrt" not in ops and "Reciprocal" not in ops
+    ln = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    assert len(ln.output) == 3 and all(ln.output)
+    got = ReferenceEvaluator(model).run(None, feeds)
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    session = make_session(model, provider="cpu")  # ORT's CPU LayerNormalization writes them too
+    np.testing.assert_allclose(session.run(None, feeds)[1], want[1], rtol=1e-4, atol=1e-5)
+
+
+def test_another_epsilon_or_a_used_statistic_output_leaves_the_recompute():
+    model = _layernorm_recompute(epsilon_used=1e-6)
+    assert simplify_backward(model, rules=LN_RULE)["LayerNorm statistics from the forward"] == 0
+    assert [n.op_type for n in model.graph.node].count("ReduceMean") == 2
+    model = _layernorm_recompute()
+    ln = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    ln.output.extend(["m", ""])  # the node's Mean already goes somewhere (a training-mode export)
+    model.graph.output.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [4, 6, 1]))
+    assert simplify_backward(model, rules=LN_RULE)["LayerNorm statistics from the forward"] == 0
+
+
+def _mlp_layernorm() -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(RNG.standard_normal((16, 32)).astype(np.float32) * 0.3, "w"),
+             numpy_helper.from_array((1 + 0.1 * RNG.standard_normal(32)).astype(np.float32), "g"),
+             numpy_helper.from_array((0.1 * RNG.standard_normal(32)).astype(np.float32), "b"),
+             numpy_helper.from_array(RNG.standard_normal((32, 4)).astype(np.float32) * 0.3, "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("LayerNormalization", ["h", "g", "b"], ["n"], name="ln", axis=-1, epsilon=1e-5),
+             helper.make_node("MatMul", ["n", "w2"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 5, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 5, 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_a_layernorm_step_trains_as_without_the_rule_and_in_fp16():
+    """On onnx-ad's own adjoint: the simplified step has two ReduceMeans fewer per LayerNorm, and
+    its losses and weights follow the unsimplified step's; its fp16 plan (the LayerNorm fp16, its
+    statistics float32) loads and trains on ORT's CPU (a wiring check)."""
+    from onnxcampo.api import optimize
+
+    forward = _mlp_layernorm()
+    step = build_train_step(forward, loss="mse", optimizer="sgd", lr=0.1)
+    plain = build_train_step(forward, loss="mse", optimizer="sgd", lr=0.1, simplify=False)
+    ln = next(n for n in step.graph.node if n.op_type == "LayerNormalization")
+    assert len(ln.output) == 3 and all(ln.output)
+    means = [Counter(n.op_type for n in m.graph.node)["ReduceMean"] for m in (step, plain)]
+    assert means[0] <= means[1] - 2
+    x = RNG.standard_normal((8, 5, 16)).astype(np.float32)
+    batch = {"x": x, "labels": RNG.standard_normal((8, 5, 4)).astype(np.float32)}
+    a, b = Trainer(step, weights=initial_weights(forward, step)), Trainer(plain, weights=initial_weights(forward, plain))
+    losses = [(a.step(batch), b.step(batch)) for _ in range(6)]
+    np.testing.assert_allclose([p for p, _ in losses], [q for _, q in losses], rtol=1e-5)
+    sa, sb = a.state_dict(), b.state_dict()
+    for name in ("w", "g", "b", "w2"):
+        np.testing.assert_allclose(sa[name], sb[name], rtol=1e-4, atol=1e-6)
+    half = optimize(step, policy="fp16")
+    assert half.plan.is_fp16(ln.name)
+    trainer = Trainer(half.model, weights=initial_weights(forward, half.model))
+    curve = [trainer.step(batch) for _ in range(6)]
+    assert all(np.isfinite(curve)) and curve[-1] < 0.6 * curve[0]
