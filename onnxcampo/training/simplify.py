@@ -67,6 +67,9 @@ order, each until nothing matches, then drops nodes nothing reads:
    ``stash_type`` 1) are the same values (ORT computes them in float32 as the recompute does, in
    another order of additions): the rule gives the node those outputs and lets the adjoint read
    them; the recompute is dropped. Only where the epsilon, the axes and the float32 input match.
+   (ORT's SkipLayerNormFusion, whose CUDA kernel writes no statistics, cannot take such a node:
+   the adjoint's ``x - mean`` keeps a second reader on the residual Add it would fuse, and the
+   fusion needs the Add's output read once.)
 
 A rule never touches a value that is a graph output (its name is the step's interface), and
 every rewrite uses static shapes from one shape inference run at the start; a node whose shapes
