@@ -280,19 +280,28 @@ def test_a_mask_read_as_bool_elsewhere_stays_unfused():
     assert "Greater" in _ops(fused) and "Cast" in _ops(fused) and result.groups == 0
 
 
-def test_nodes_left_to_onnx_runtime_are_not_fused():
-    """leave: those nodes stay as they are (ORT fuses them itself); the chain around them fuses
-    in the parts it still has, with the same values."""
-    text = """
-    g (float[4,8] x, float[8,8] w, float[4,8] bias) => (float[4,8] y) {
+def scaled_chain(n: int, weight: str | None = None) -> str:
+    """MatMul -> Mul by a constant 0.125 (ORT's MatMulScaleFusion folds it) -> Add -> Relu -> Exp
+    on [n, n]; the weight an input, or ``weight`` (ONNX text) a Constant."""
+    head = f"float[{n},{n}] x, float[{n},{n}] bias" + ("" if weight else f", float[{n},{n}] w")
+    const = f"w = Constant <value = float[{n},{n}] {{{weight}}}> ()" if weight else ""
+    return f"""
+    g ({head}) => (float[{n},{n}] y) {{
+      {const}
       m = MatMul(x, w)
-      s = Constant <value = float {0.125}> ()
+      s = Constant <value = float {{0.125}}> ()
       a = Mul(m, s)
       b = Add(a, bias)
       c = Relu(b)
       y = Exp(c)
-    }
+    }}
     """
+
+
+def test_nodes_left_to_onnx_runtime_are_not_fused():
+    """leave: those nodes stay as they are (ORT fuses them itself); the chain around them fuses
+    in the parts it still has, with the same values."""
+    text = scaled_chain(8)
     model = _model(text)
     plain = onnx.ModelProto()
     plain.CopyFrom(model)
@@ -300,8 +309,8 @@ def test_nodes_left_to_onnx_runtime_are_not_fused():
     mul = next(n.name for n in model.graph.node if n.op_type == "Mul")
     result = fuse_elementwise(model, leave={mul})
     assert result.groups == 1 and result.nodes == 3 and "Mul" in _ops(model)
-    feeds = {"x": np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8), "w": np.eye(8, dtype=np.float32),
-             "bias": np.full((4, 8), 0.25, np.float32)}
+    feeds = {"x": np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), "w": np.eye(8, dtype=np.float32),
+             "bias": np.full((8, 8), 0.25, np.float32)}
     want = ReferenceEvaluator(_model(text)).run(None, feeds)[0]
     got = ReferenceEvaluator(model, new_ops=[ew.reference_op()]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -5,6 +5,7 @@ the CPU provider; the written models load on it: a wiring check)."""
 from __future__ import annotations
 
 import onnx
+from test_elementwise_fusion import scaled_chain
 
 from onnxcampo import ir
 
@@ -26,17 +27,7 @@ def test_yield_to_ort_fusions_leaves_a_matmuls_scale_to_onnx_runtime(library):
     fused; without it the Mul joins the chain. The report counts the nodes left to ORT."""
     import onnxcampo
 
-    text = """
-    g (float[64,64] x, float[64,64] bias) => (float[64,64] y) {
-      w = Constant <value = float[64,64] {%s}> ()
-      m = MatMul(x, w)
-      s = Constant <value = float {0.125}> ()
-      a = Mul(m, s)
-      b = Add(a, bias)
-      c = Relu(b)
-      y = Exp(c)
-    }
-    """ % ", ".join(["0.01"] * 64 * 64)
+    text = scaled_chain(64, ", ".join(["0.01"] * 64 * 64))
     kept = onnxcampo.optimize(_model(text), policy="fp32", fuse_elementwise=True, cost_graph="ort", fuse="none")
     left = onnxcampo.optimize(_model(text), policy="fp32", fuse_elementwise=True, cost_graph="ort", fuse="none",
                               yield_to_ort_fusions=True)
