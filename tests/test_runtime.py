@@ -90,14 +90,14 @@ def test_random_inputs_dynamic_dim_error_has_pin_hint():
         random_inputs(mlp())
     msg = str(info.value)
     assert "input 'x' has dynamic dim 'batch' (axis 0)" in msg
-    assert "input_shapes={'x': (1, 4)}" in msg and "dim_values={'batch': N}" in msg and "--" not in msg
+    assert "input_shapes={'x': (1,4)}" in msg and "dim_values={'batch': N}" in msg and "--" not in msg
     with command_line(), pytest.raises(ShapeError) as info:
         random_inputs(mlp())
     assert "--input-shape x:1,4" in str(info.value) and "--dim batch=N" in str(info.value)
 
 
 def test_random_inputs_unnamed_dynamic_dim():
-    with pytest.raises(ShapeError, match=r"unnamed dynamic dim \(axis 0\).*input_shapes=\{'x': \(1, 4\)\}"):
+    with pytest.raises(ShapeError, match=r"unnamed dynamic dim \(axis 0\).*input_shapes=\{'x': \(1,4\)\}"):
         random_inputs(mlp(batch=0))  # dim_value 0, no dim_param: dynamic
 
 

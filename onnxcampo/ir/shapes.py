@@ -83,14 +83,14 @@ def check_dim_names(model: onnx.ModelProto, dim_values: dict[str, int]) -> None:
         )
 
 
-def _shape_pin(name: str, example: str = "D0,D1,...") -> str:
+def shape_pin(name: str, example: str = "D0,D1,...") -> str:
     """How to pin an input's shape, as the caller writes it."""
     if on_command_line():
         return f"--input-shape {name}:{example}"
     return f"input_shapes={{{name!r}: ({example})}}"
 
 
-def _dim_pin(name: str) -> str:
+def dim_pin(name: str) -> str:
     return f"--dim {name}=N" if on_command_line() else f"dim_values={{{name!r}: N}}"
 
 
@@ -123,7 +123,7 @@ def pin_input_shapes(
                 for d in input_shapes[name]:
                     tensor_type.shape.dim.add().dim_value = d
             elif require_static:
-                raise ShapeError(f"input {name!r} has no shape; give it with {_shape_pin(name)}")
+                raise ShapeError(f"input {name!r} has no shape; give it with {shape_pin(name)}")
             continue
         dims = tensor_type.shape.dim
         if name in input_shapes:
@@ -149,9 +149,9 @@ def pin_input_shapes(
             example = ",".join(
                 str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else "N" for d in dims
             )
-            hint = f"pin it with {_shape_pin(name, example)}"
+            hint = f"pin it with {shape_pin(name, example)}"
             if dim.dim_param:
-                hint += f" or {_dim_pin(dim.dim_param)}"
+                hint += f" or {dim_pin(dim.dim_param)}"
             if require_static:
                 raise ShapeError(f"input {name!r} has dynamic dim {label!r} (axis {axis}); {hint}")
             left.append(f"{name}[{axis}]={label}")

@@ -27,6 +27,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
 from onnxcampo import ops
 from onnxcampo.ir.io import exceeds_protobuf_limit, graph_inputs
+from onnxcampo.ir.shapes import dim_pin, shape_pin
 from onnxcampo.runtime.compare import (DEFAULT_TOLERANCE, OutputCheck, OutputDiff, check_outputs, compare_outputs,
                                        output_error, worst_error)
 from onnxcampo.errors import (
@@ -130,30 +131,14 @@ def _static_value(dim: onnx.TensorShapeProto.Dimension) -> int | None:
 
 def _pin_hint(name: str, dims: list[onnx.TensorShapeProto.Dimension],
               dim_values: Mapping[str, int]) -> str:
-    """An example --input-shape for this input: known sizes kept, unknown ones shown as 1."""
+    """An example pin for this input, as the caller writes it: known sizes kept, unknown ones 1."""
     sizes = []
     for dim in dims:
         static = _static_value(dim)
         if static is None and dim.dim_param in dim_values:
             static = dim_values[dim.dim_param]
         sizes.append(str(static if static is not None else 1))
-    if option("input_shapes") == "input_shapes":  # the Python API
-        return f"input_shapes={{{name!r}: ({', '.join(sizes)}{',' if len(sizes) == 1 else ''})}}"
-    return f"--input-shape {name}:{','.join(sizes)}"
-
-
-def _no_shape_hint(name: str) -> str:
-    """How to pin an input the model gives no shape, spelled as the caller gives options."""
-    if option("input_shapes") == "input_shapes":
-        return f"input_shapes={{{name!r}: (D0, D1, ...)}}"
-    return f"--input-shape {name}:D0,D1,..."
-
-
-def _dim_hint(param: str) -> str:
-    """How to give a named dim's size, spelled as the caller gives options."""
-    if option("dim_values") == "dim_values":
-        return f"dim_values={{{param!r}: N}}"
-    return f"--dim {param}=N"
+    return shape_pin(name, ",".join(sizes))
 
 
 def _check_pinned(name: str, pinned: tuple[int, ...],
@@ -188,7 +173,7 @@ def _resolve_shape(vi: onnx.ValueInfoProto, input_shapes: Mapping[str, tuple[int
     if dims is None:
         raise ShapeError(
             f"input '{vi.name}' has no shape in the model; pin it with "
-            f"{_no_shape_hint(vi.name)}"
+            f"{shape_pin(vi.name)}"
         )
     shape = []
     for axis, dim in enumerate(dims):
@@ -202,7 +187,7 @@ def _resolve_shape(vi: onnx.ValueInfoProto, input_shapes: Mapping[str, tuple[int
             if dim.dim_param:
                 raise ShapeError(
                     f"input '{vi.name}' has dynamic dim '{dim.dim_param}' (axis {axis}); "
-                    f"pin it with {hint} or {_dim_hint(dim.dim_param)}"
+                    f"pin it with {hint} or {dim_pin(dim.dim_param)}"
                 )
             raise ShapeError(
                 f"input '{vi.name}' has an unnamed dynamic dim (axis {axis}); pin it with {hint}"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from onnxcampo.errors import ConfigError, option
+from onnxcampo.errors import ConfigError, on_command_line
 
 Schedule = Callable[[int], float]
 
@@ -68,8 +68,7 @@ def linear_warmup(warmup_steps: int, then: Schedule | float) -> Schedule:
 def _named() -> str:
     """The schedule as the caller gave it: ``--lr-schedule`` under the command line, else
     ``schedule`` (parse_schedule's text)."""
-    flag = option("lr_schedule")
-    return flag if flag.startswith("--") else "schedule"
+    return "--lr-schedule" if on_command_line() else "schedule"
 
 
 def _number(text: str, kind: type, what: str, spec: str) -> float | int:
