@@ -165,14 +165,14 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     custom.add_argument("--fuse-elementwise", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan: chains of elementwise ops, their Casts included, as ai.onnxcampo "
                              "FusedElementwise nodes, one kernel each (needs the custom-op library; docs/ops.md). "
-                             "Default: on for a training step where the library's CUDA kernels and NVRTC are "
-                             "(onnxruntime-gpu), off otherwise")
+                             "Default: on for a training step built with the fused ops where the library's CUDA "
+                             "kernels and NVRTC are (onnxruntime-gpu), off otherwise")
     custom.add_argument("--fuse-reductions", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan: ReduceSums over leading/trailing blocks of axes (bias, LayerNorm and "
                              "Conv-bias gradients), with the Reshapes and float16->float32 Casts around them, as "
                              "ai.onnxcampo BlockReduceSum nodes, one kernel each (needs the custom-op library; "
-                             "docs/ops.md). Default: on for a training step where the library's CUDA kernels are, "
-                             "off otherwise")
+                             "docs/ops.md). Default: on for a training step built with the fused ops where the "
+                             "library's CUDA kernels are, off otherwise")
     custom.add_argument("--yield-to-ort-fusions", action="store_true",
                         help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
                              "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "

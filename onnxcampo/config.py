@@ -92,8 +92,8 @@ class OptimizeConfig:
             elementwise ops (their Casts included) by ``ai.onnxcampo::FusedElementwise`` nodes,
             one kernel each (``onnxcampo.elementwise_fusion``). Needs the custom-op library, to
             write the model (it is test-loaded) and to run it. None (the default, for it and
-            ``fuse_reductions``): on for a training step when this machine runs the fused ops'
-            CUDA kernels (``onnxcampo.ops.cuda_kernels_here``; FusedElementwise also needs NVRTC
+            ``fuse_reductions``): on for a training step built with the fused ops (it runs the
+            library's ops already) when this machine runs their CUDA kernels (``onnxcampo.ops.cuda_kernels_here``; FusedElementwise also needs NVRTC
             for its generated kernels, ``ops.generated_kernels_here``), off otherwise and for
             inference models (on the H200 both pay 1.2-1.7x on training steps; at inference they
             lose at batch 1: docs/benchmarks/issue17.md).

@@ -172,9 +172,10 @@ def test_an_fp16_reduction_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there
 
 @pytest.mark.parametrize("cuda, nvrtc", [(True, True), (True, False), (False, True)])
 def test_the_fusions_default_to_on_for_training_steps_where_the_cuda_kernels_run(library, monkeypatch, cuda, nvrtc):
-    """fuse_elementwise / fuse_reductions None (the default): a training step gets BlockReduceSum
-    where the library's CUDA kernels run here and FusedElementwise where NVRTC is there too (the
-    machine's facts faked: this one has no GPU); an inference model never; an explicit False wins.
+    """fuse_elementwise / fuse_reductions None (the default): a training step built with the fused
+    ops gets BlockReduceSum where the library's CUDA kernels run here and FusedElementwise where
+    NVRTC is there too (the machine's facts faked: this one has no GPU); an inference model and a
+    step built with standard ops never; an explicit False wins.
     The written step loads on ORT's CPU (wiring)."""
     from onnxcampo import ops
 
@@ -191,3 +192,6 @@ def test_the_fusions_default_to_on_for_training_steps_where_the_cuda_kernels_run
     assert not {"BlockReduceSum", "FusedElementwise"} & {n.op_type for n in off.model.graph.node}
     inference = onnxcampo.optimize(forward, policy="campo")
     assert not {"BlockReduceSum", "FusedElementwise"} & {n.op_type for n in inference.model.graph.node}
+    standard = build_train_step(forward, optimizer="adamw", fused=False)  # built to run without the library
+    kept = onnxcampo.optimize(standard, policy="campo")
+    assert not {"BlockReduceSum", "FusedElementwise"} & {n.op_type for n in kept.model.graph.node}
