@@ -878,6 +878,8 @@ def layernorm_statistics(g: _Graph) -> int:
             count += 1
             consumers = g.consumers()
             break
+    if count:  # the adjoint now reads the forward node: keep the nodes in topological order
+        ir.toposort_model(g.model)
     return count
 
 
