@@ -110,7 +110,8 @@ class Checks:
         print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + shown if shown else ''}", flush=True)
 
 
-def train(step: onnx.ModelProto, provider: str, data, steps: int, lr: float, *, checkpoint_at: int | None = None,
+def train(step: onnx.ModelProto, provider: str, data, steps: int, lr: float, *,
+          checkpoint: tuple[int, Path] | None = None,
           resume_from: Path | None = None, start: int = 0):
     """Steps start .. steps - 1 of one run (from a checkpoint when given): losses, lrs, the
     Trainer, the seconds per step after the first."""
@@ -128,8 +129,8 @@ def train(step: onnx.ModelProto, provider: str, data, steps: int, lr: float, *, 
         times.append(time.perf_counter() - began)
         losses.append(float(loss) if loss is not None else float("nan"))
         lrs.append(trainer.lr)
-        if checkpoint_at is not None and k + 1 == checkpoint_at:
-            trainer.save_checkpoint(checkpoint_path(checkpoint_at, provider, step))
+        if checkpoint is not None and k + 1 == checkpoint[0]:
+            trainer.save_checkpoint(checkpoint[1])
     return losses, lrs, trainer, times[1:]
 
 
@@ -137,8 +138,6 @@ _FOLDER = Path(tempfile.mkdtemp(prefix="onnxcampo-check-training-"))  # the chec
 atexit.register(shutil.rmtree, _FOLDER, True)
 
 
-def checkpoint_path(at: int, provider: str, step: onnx.ModelProto) -> Path:
-    return _FOLDER / f"{provider}-{step.graph.name}-{at}.npz"
 
 
 def run_variant(label: str, step: onnx.ModelProto, provider: str, data, held_out, args, checks: Checks) -> dict:
@@ -146,9 +145,9 @@ def run_variant(label: str, step: onnx.ModelProto, provider: str, data, held_out
     from onnxcampo.training import Trainer
     from onnxcampo.training.train_mode import running_stats
 
-    step.graph.name = f"{label}"
     half = args.steps // 2
-    losses, lrs, trainer, times = train(step, provider, data, args.steps, args.lr, checkpoint_at=half)
+    saved = _FOLDER / f"{label}-{provider}-{half}.npz"
+    losses, lrs, trainer, times = train(step, provider, data, args.steps, args.lr, checkpoint=(half, saved))
     tag = f"{label}/{provider}"
     finite = all(math.isfinite(v) for v in losses)
     quarter = max(1, len(losses) // 4)
@@ -174,7 +173,7 @@ def run_variant(label: str, step: onnx.ModelProto, provider: str, data, held_out
                and unchanged, loss=float(evaluated["loss"]), accuracy=accuracy)
 
     resumed_losses, _, resumed, _ = train(step, provider, data, args.steps, args.lr,
-                                          resume_from=checkpoint_path(half, provider, step), start=half)
+                                          resume_from=saved, start=half)
     resumed_state = resumed.state_dict()
     if provider == "cpu":
         same = all(np.array_equal(state[k], resumed_state[k]) for k in state) and resumed_losses == losses[half:]
@@ -237,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, model in steps.items():
         for provider in providers:
             try:
-                report["variants"][f"{label}/{provider}"] = run_variant(label, onnx.ModelProto.FromString(
-                    model.SerializeToString()), provider, data, held_out, args, checks)
+                report["variants"][f"{label}/{provider}"] = run_variant(label, model, provider, data, held_out, args,
+                                                                        checks)
             except Exception as exc:  # noqa: BLE001 - one variant's failure is a failed check, the others run
                 checks.add(f"{label}/{provider}: trains", False, error=f"{type(exc).__name__}: {exc}"[:300])
                 traceback.print_exc(file=sys.stderr)

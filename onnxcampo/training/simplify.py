@@ -801,34 +801,17 @@ class _Rule(PassBase):
 UNTIL_FIXED = sys.maxsize  # PassManager steps: rounds until a rule fires no more
 
 def _mean_axes(g: _Graph, node) -> tuple[int, ...] | None:
-    """A ReduceMean's axes (attribute, or from opset 18 the constant second input), non-negative,
-    when it keeps the reduced dims; else None."""
-    if _attr(node, "keepdims", 1) != 1:
-        return None
+    """A ReduceMean's axes (rule 7's :func:`_reduce_axes`) when it keeps the reduced dims, else None."""
     rank = len(g.shapes.get(node.input[0], ()))
-    if len(node.input) > 1 and node.input[1]:
-        axes = g.constants.get(node.input[1])
-        axes = None if axes is None else [int(a) for a in np.asarray(axes).ravel()]
-    else:
-        axes = _attr(node, "axes", None)
-    if not axes or not rank:
-        return None
-    return tuple(sorted(a % rank for a in axes))
+    axes = _reduce_axes(g, node, rank) if rank and _attr(node, "keepdims", 1) == 1 else None
+    return tuple(axes) if axes else None
 
 
 def _float_scalar(g: _Graph, name: str) -> float | None:
-    """The value of a float scalar initializer or Constant node output, else None."""
-    for tensor in g.model.graph.initializer:
-        if tensor.name == name:
-            value = numpy_helper.to_array(tensor)
-            return float(value) if value.size == 1 and value.dtype.kind == "f" else None
-    producer = g.producers().get(name)
-    if producer is not None and producer.op_type == "Constant":
-        for attribute in producer.attribute:
-            if attribute.name == "value":
-                value = numpy_helper.to_array(attribute.t)
-                return float(value) if value.size == 1 and value.dtype.kind == "f" else None
-    return None
+    """The value of a float scalar initializer or Constant (``ModelEdit.constants``), else None."""
+    tensor = ir.ModelEdit.constants(g).get(name)  # _Graph.constants is the int64 table
+    value = None if tensor is None else numpy_helper.to_array(tensor)
+    return float(value) if value is not None and value.size == 1 and value.dtype.kind == "f" else None
 
 
 def layernorm_statistics(g: _Graph) -> int:
