@@ -315,3 +315,41 @@ def test_nodes_left_to_onnx_runtime_are_not_fused():
     got = ReferenceEvaluator(model, new_ops=[ew.reference_op()]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
+
+
+CONV_RELU = """
+g (float16[2,3,6,6] x, float16[4,3,3,3] w, float16[4] b) => (float16[2,4,6,6] y, float16[2,4,3,3] p) {{
+  c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
+  r = Relu(c)
+  y = Add(r, r)
+  p = {reader}(c)
+}}
+"""
+
+
+def _conv_feeds():
+    rng = np.random.default_rng(3)
+    return {"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float16),
+            "w": (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float16),
+            "b": rng.standard_normal(4).astype(np.float16)}
+
+
+def test_a_conv_bias_moves_into_the_group_that_reads_the_conv():
+    """Conv(x, W, b) -> Relu: the bias Add joins the Relu's group (cuDNN's separate bias pass
+    gone); same values in fp16 (the reference rounds the convolution before the bias, as cuDNN)."""
+    model = _model(CONV_RELU.format(reader="Neg").replace("float16[2,4,3,3] p", "float16[2,4,6,6] p"))
+    fused, result = _same_values(model, _conv_feeds(), exact=False)
+    conv = next(n for n in fused.graph.node if n.op_type == "Conv")
+    assert list(conv.input) == ["x", "w"] and result.conv_biases == 1
+    group = next(n for n in fused.graph.node if n.op_type == ew.OP_TYPE)
+    assert "b" not in group.input and any("conv_bias" in name for name in group.input)
+    assert _ops(fused).count(ew.OP_TYPE) == 1 and "Add" not in _ops(fused)
+
+
+def test_a_conv_bias_stays_when_a_reader_cannot_be_fused_or_when_asked():
+    model = _model(CONV_RELU.format(reader="MaxPool <kernel_shape = [2, 2], strides = [2, 2]>"))
+    fused, result = _same_values(model, _conv_feeds(), exact=False)
+    assert result.conv_biases == 0 and len(next(n for n in fused.graph.node if n.op_type == "Conv").input) == 3
+    model = _model(CONV_RELU.format(reader="Neg").replace("float16[2,4,3,3] p", "float16[2,4,6,6] p"))
+    assert fuse_elementwise(model, split_conv_bias=False).conv_biases == 0
+    assert len(next(n for n in model.graph.node if n.op_type == "Conv").input) == 3
