@@ -28,6 +28,7 @@ class PadPlan:
     n_padded: int
     fp16_us: float  # unpadded fp16 time
     padded_us: float  # padded fp16 time plus the Pad/Slice time
+    dynamic: bool = False  # the weight is computed in the graph: a Pad node pads it each run
 
     @property
     def gain_us(self) -> float:
@@ -47,17 +48,22 @@ def pad_plan(ctx, node: gs.Node) -> PadPlan | None:
     return found
 
 
-def _layout(node: gs.Node):
-    weight = node.inputs[1]
-    shape = tuple(weight.shape)
+def _layout(ctx, node: gs.Node, shape: tuple):
     if node.op == "MatMul" and len(shape) == 2:
         return shape[0], shape[1], (-1, -1, (0, 1))
-    if node.op == "Gemm" and len(shape) == 2 and int(node.attrs.get("transA", 0)) == 0:
+    if node.op == "Gemm" and len(shape) == 2:
         k, n, axes = (shape[1], shape[0], (1, 0)) if int(node.attrs.get("transB", 0)) else (shape[0], shape[1], (0, 1))
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         # Only a bias of exactly [N] can be padded with N; a broadcast one ([1], [M, N]) cannot.
         if bias is not None and not (isinstance(bias, gs.Constant) and tuple(bias.shape) == (n,)):
             return None
+        # transA: A is stored [K, M], K on its axis 0, and M is its row stride, which must be aligned
+        # already (M is never padded)
+        if int(node.attrs.get("transA", 0)):
+            a = _static_shape(ctx, node, 0)
+            if a is None or len(a) != 2 or a[1] % TENSOR_CORE_MULTIPLE:
+                return None
+            return k, n, (0, -1, axes)
         return k, n, (-1, -1, axes)
     if node.op in ("Conv", "ConvTranspose") and len(shape) >= 3 and int(node.attrs.get("group", 1)) == 1:
         # Conv weight [C_out, C_in, k...]; ConvTranspose weight [C_in, C_out, k...].
@@ -75,9 +81,16 @@ def _compute(ctx, node: gs.Node) -> PadPlan | None:
     features = ctx.features.get(node.name)
     if features is None or not features.known or features.gemm is None or features.tensor_core_aligned:
         return None
-    if len(node.inputs) < 2 or not isinstance(node.inputs[1], gs.Constant):
+    if len(node.inputs) < 2:
         return None
-    layout = _layout(node)
+    weight = node.inputs[1]
+    dynamic = not isinstance(weight, gs.Constant)
+    if dynamic and node.op not in ("MatMul", "Gemm"):
+        return None
+    shape = _static_shape(ctx, node, 1)
+    if shape is None:
+        return None
+    layout = _layout(ctx, node, shape)
     if layout is None:
         return None
     k, n, (input_axis, output_axis, weight_axes) = layout
@@ -94,6 +107,22 @@ def _compute(ctx, node: gs.Node) -> PadPlan | None:
         after += ctx.cost.pad_time(source.numel * k2 // max(k, 1), "Pad")
     if n2 != n:
         after += ctx.cost.pad_time(features.elements_out, "Slice")
+    if dynamic:  # a weight computed in the graph (a training step's) is padded by a Pad node each run
+        after += ctx.cost.pad_time(k2 * n2, "Pad")
     if after >= before:
         return None
-    return PadPlan(len(source.shape), input_axis, output_axis, weight_axes, k, k2, n, n2, before, after)
+    return PadPlan(len(source.shape), input_axis, output_axis, weight_axes, k, k2, n, n2, before, after, dynamic)
+
+
+def _static_shape(ctx, node: gs.Node, index: int) -> tuple[int, ...] | None:
+    """The shape of the node's input ``index`` when every dim is known: a Constant's, else the
+    shape inference's for the tensor the node read before the plan's Casts."""
+    tensor = node.inputs[index]
+    shape = tuple(tensor.shape) if isinstance(tensor, gs.Constant) else None
+    if shape is None:
+        originals = ctx.original_inputs.get(node.name) or ()
+        entry = ctx.info.get(originals[index] if index < len(originals) else tensor.name)
+        shape = tuple(entry.shape) if entry is not None and entry.shape is not None else None
+    if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    return shape

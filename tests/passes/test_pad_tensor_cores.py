@@ -152,14 +152,24 @@ def test_fp32_nodes_never_padded():
     assert ops(padded) == ["MatMul"] and result.counts["nodes"] == 0
 
 
-def test_matmul_with_activation_weight_not_padded():
-    """Rules apply to nodes whose weight is a constant: A @ B of two inputs is left alone."""
+def test_a_weight_computed_in_the_graph_is_padded_by_a_pad_node_with_the_same_values():
+    """Rule 1 with a weight that is no constant (a training step's weights and the gradients its
+    backward multiplies): ``a[16,1001] @ b[1001,1001]`` gets a Pad on a's last axis, a Pad of b on
+    both axes each run and a Slice of the result; the values equal the unpadded fp16 graph's."""
     model = make_model(
         [helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")],
         [tensor_vi("a", [16, 1001]), tensor_vi("b", [1001, 1001])], [tensor_vi("y", [16, 1001])],
     )
-    _, padded, result = run(model, pad_us=0.0)
-    assert result.counts["nodes"] == 0 and "Pad" not in ops(padded)
+    ctx, padded, result = run(model, pad_us=0.0)
+    assert result.counts == {"nodes": 1, "pad_slice_nodes": 3}
+    mm = node(padded, "mm")
+    pad_b = producer(padded, mm.input[1])
+    assert pad_b.op_type == "Pad" and initializer(padded, pad_b.input[1]).tolist() == [0, 0, 7, 7]
+    assert "each run" in ctx.inserted[pad_b.name]["why"]
+    assert slice_spec(padded, 2) == ([0], [1001], [1])
+    _, unpadded, _ = run(model, pad=False)
+    feeds = {"a": rng_array((16, 1001), 1, scale=1.0), "b": rng_array((1001, 1001), 2)}
+    np.testing.assert_array_equal(reference_run(padded, feeds)[0], reference_run(unpadded, feeds)[0])
 
 
 @pytest.mark.slow
@@ -203,18 +213,31 @@ def test_gemm_with_bias_padded_and_identical(trans_b):
     np.testing.assert_array_equal(reference_run(padded, {"x": x})[0], reference_run(unpadded, {"x": x})[0])
 
 
-def test_gemm_trans_a_or_2d_bias_not_padded():
-    """Rule 1 conditions: Gemm with transA=1, or with a 2-D bias, is left unpadded."""
+def test_gemm_trans_a_padded_only_when_m_is_aligned_and_a_2d_bias_never():
+    """Rule 1 conditions: Gemm with transA=1 (A stored [K, M], as a training step's weight
+    gradient ``x^T @ dy``) pads K on A's axis 0 when M, A's row stride, is aligned; with M
+    unaligned, or with a 2-D bias, the Gemm is left unpadded."""
     w = rng_array((1001, 1001), 0)
-    trans_a = make_model(
-        [helper.make_node("Gemm", ["x", "w"], ["y"], name="mm", transA=1)],
-        [tensor_vi("x", [1001, 16])], [tensor_vi("y", [16, 1001])], [init("w", w)],
-    )
+
+    def trans_a(m):
+        return make_model(
+            [helper.make_node("Gemm", ["x", "w"], ["y"], name="mm", transA=1)],
+            [tensor_vi("x", [1001, m])], [tensor_vi("y", [m, 1001])], [init("w", w)],
+        )
+
+    model = trans_a(16)
+    _, padded, result = run(model, pad_us=0.0)
+    assert result.counts["nodes"] == 1
+    pad = producer(padded, node(padded, "mm").input[0])
+    assert pad.op_type == "Pad" and initializer(padded, pad.input[1]).tolist() == [0, 0, 7, 0]
+    _, unpadded, _ = run(model, pad=False)
+    x = rng_array((1001, 16), 3, scale=1.0)
+    np.testing.assert_array_equal(reference_run(padded, {"x": x})[0], reference_run(unpadded, {"x": x})[0])
     bias_2d = make_model(
         [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="mm")],
         [tensor_vi("x", [16, 1001])], [tensor_vi("y", [16, 1001])], [init("w", w), init("b", rng_array((16, 1001), 1))],
     )
-    for model in (trans_a, bias_2d):
+    for model in (trans_a(15), bias_2d):
         _, padded, result = run(model, pad_us=0.0)
         assert result.counts["nodes"] == 0 and "Pad" not in ops(padded) and "Slice" not in ops(padded)
 
