@@ -27,16 +27,17 @@ model ORT will run; the plan's passes never see the custom op). Rules:
 3. A group of two or more nodes becomes one node; its outputs are the member outputs read outside
    it or graph outputs, under their names and types. A lone node stays as it is.
 
-Before the groups are formed, a Conv's bias moves out of it when every reader of its output can be
-fused (rule 1) and none is left to ORT: ``Conv(x, W, b)`` becomes ``Add(Conv(x, W), Reshape(b,
-[C, 1, ...]))``, and the Add joins its readers' group. ORT's CUDA Conv adds the bias in a pass of
-its own (cuDNN's ``cudnnAddTensor``: reading and writing the whole output, 2.5 of the 15.7 GPU ms
-of the ResNet-50 b64 training step); in the group it is one more input read per element. Values
-are the same: cuDNN writes the convolution in the output's type before it adds the bias, as the
-Add does (``split_conv_bias=False`` keeps the bias in the Conv).
-
-The values are those of the unfused graph up to the math library's last bits: a value the graph
-holds in float16 is rounded to float16 where the graph rounds it (``ROUND_F16``).
+Before the groups are formed, a Conv's or Gemm's bias moves out of it when every reader of its
+output can be fused (rule 1) and none is left to ORT: ``Conv(x, W, b)`` becomes ``Add(Conv(x, W),
+Reshape(b, [C, 1, ...]))``, ``Gemm(a, B, c)`` (beta 1, c of [N]) ``Add(Gemm(a, B), c)``, also
+through one Reshape that keeps the last axis (a torch Linear exported as ``addmm`` and ``view``),
+and the Add joins its readers' group. ORT's CUDA Conv adds the bias in a pass of its own (cuDNN's
+``cudnnAddTensor``, reading and writing the whole output: 2.5 of the 15.7 GPU ms of the ResNet-50
+b64 training step), its Gemm broadcasts the bias into the output before the product reads it
+back (``BroadcastBiasKernel``: 0.7 of GPT-2's 15.5); in the group the bias is one more input read
+per element. A Conv's values do not change (cuDNN writes the convolution in the output's type
+before it adds the bias, as the Add reads it); a Gemm's bias is added after the product is
+rounded to its type, one rounding more (``split_biases=False`` keeps the biases in their nodes).
 """
 
 from __future__ import annotations
@@ -81,12 +82,12 @@ class FusionResult:
     groups: int = 0  # fused nodes made
     nodes: int = 0  # nodes they replace
     by_size: Counter = field(default_factory=Counter)  # nodes per group -> groups
-    conv_biases: int = 0  # Conv biases moved into the group reading the Conv
+    biases: int = 0  # Conv and Gemm biases moved into the group reading the node
 
     def to_json(self) -> dict:
         return {"fused_nodes": self.groups, "nodes_replaced": self.nodes,
                 "group_sizes": {str(k): v for k, v in sorted(self.by_size.items())},
-                "conv_biases": self.conv_biases}
+                "biases": self.biases}
 
 
 @dataclass
@@ -101,12 +102,12 @@ class _Group:
 
 
 def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
-                     split_conv_bias: bool = True) -> FusionResult:
+                     split_biases: bool = True) -> FusionResult:
     """Replace the elementwise chains of ``model`` (in place) by ``FusedElementwise`` nodes.
     ``leave``: names of nodes not to fuse (the pipeline's: those ONNX Runtime fuses into kernels of
     its own, such as a MatMul's scale Mul, a Softmax's mask Add or a LayerNormalization's skip Add;
-    taking them would undo ORT's fusion and cost a kernel more). ``split_conv_bias``: move a Conv's
-    bias into the group that reads its output (the module docstring)."""
+    taking them would undo ORT's fusion and cost a kernel more). ``split_biases``: move a Conv's or
+    Gemm's bias into the group that reads its output (the module docstring)."""
     leave = frozenset(leave)
     result = FusionResult()
     info, _ = ir.infer_tensor_info(model)
@@ -131,9 +132,9 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
             return None
         return static(name, (TensorProto.BOOL,))
 
-    if split_conv_bias:
-        result.conv_biases = _split_conv_biases(model, edit, static, mask, scalars, consumers, graph_outputs, leave)
-    if result.conv_biases:
+    if split_biases:
+        result.biases = _split_biases(model, edit, static, mask, scalars, consumers, graph_outputs, leave)
+    if result.biases:
         info, _ = ir.infer_tensor_info(model)
         consumers = edit.consumers()
 
@@ -189,32 +190,56 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
     return result
 
 
-def _split_conv_biases(model, edit: ir.ModelEdit, static, mask, scalars, consumers, graph_outputs, leave) -> int:
-    """Rewrites ``Conv(x, W, b) -> y`` as ``Conv(x, W) -> y0; Add(y0, Reshape(b)) -> y`` where
-    every reader of ``y`` can be fused; returns how many Convs changed."""
-    nodes: list[onnx.NodeProto] = []
+def _split_biases(model, edit: ir.ModelEdit, static, mask, scalars, consumers, graph_outputs, leave) -> int:
+    """Moves biases out of Conv and Gemm nodes whose output only fusable nodes read: ``Conv(x, W,
+    b) -> y`` becomes ``Conv(x, W) -> y0; Add(y0, Reshape(b, [C, 1, ...])) -> y``, ``Gemm(a, B, c)
+    -> y`` (beta 1, c of [N]) ``Gemm(a, B) -> y0; Add(y0, c) -> y``, also when one Reshape that
+    keeps the last axis stands between the Gemm and the fusable readers (a torch Linear's
+    ``addmm`` and ``view``). Returns how many nodes changed."""
+    def fusable_readers(name: str) -> bool:
+        readers = consumers.get(name, [])
+        return bool(readers) and name not in graph_outputs and all(
+            r.name not in leave and _fusable_shape(r, static, scalars, mask) is not None for r in readers)
+
+    after: dict[int, list[onnx.NodeProto]] = {}  # id of a node -> the nodes to place after it
     changed = 0
     for node in model.graph.node:
-        nodes.append(node)
-        if node.op_type != "Conv" or node.domain not in oplists.DEFAULT_DOMAINS or len(node.input) != 3 \
-                or not node.input[2] or len(node.output) != 1:
+        if node.op_type not in ("Conv", "Gemm") or node.domain not in oplists.DEFAULT_DOMAINS \
+                or len(node.input) != 3 or not node.input[2] or len(node.output) != 1:
             continue
-        out = node.output[0]
-        shape, bias = static(out), static(node.input[2])
-        readers = consumers.get(out, [])
-        if shape is None or len(shape) < 3 or bias != (shape[1],) or out in graph_outputs or not readers \
-                or any(r.name in leave or _fusable_shape(r, static, scalars, mask) is None for r in readers):
+        out, bias_input = node.output[0], node.input[2]
+        shape, bias = static(out), static(bias_input)
+        if shape is None or bias is None:
             continue
-        raw, target, reshaped = edit.fresh("conv_raw"), edit.fresh("conv_bias_shape"), edit.fresh("conv_bias")
-        model.graph.initializer.append(
-            numpy_helper.from_array(np.array([shape[1]] + [1] * (len(shape) - 2), np.int64), target))
-        bias_input = node.input[2]
+        if node.op_type == "Conv":
+            if len(shape) < 3 or bias != (shape[1],) or not fusable_readers(out):
+                continue
+            target, reshaped = edit.fresh("conv_bias_shape"), edit.fresh("conv_bias")
+            model.graph.initializer.append(
+                numpy_helper.from_array(np.array([shape[1]] + [1] * (len(shape) - 2), np.int64), target))
+            reshape = onnx.helper.make_node("Reshape", [bias_input, target], [reshaped],
+                                            name=edit.fresh("conv_bias_reshape"))
+            bias_input, anchor, adds = reshaped, node, [reshape]
+        else:
+            if ir.attribute(node, "beta", 1.0) != 1.0 or len(shape) != 2 or bias != (shape[1],):
+                continue
+            readers = consumers.get(out, [])
+            anchor, adds = node, []
+            if not fusable_readers(out):
+                view = readers[0] if len(readers) == 1 else None
+                if view is None or view.op_type != "Reshape" or view.domain not in oplists.DEFAULT_DOMAINS \
+                        or out in graph_outputs or (static(view.output[0]) or (None,))[-1] != shape[1] \
+                        or not fusable_readers(view.output[0]):
+                    continue
+                anchor, out = view, view.output[0]
+        raw = edit.fresh(f"{node.op_type.lower()}_raw")
         del node.input[2]
-        node.output[0] = raw
-        nodes.append(onnx.helper.make_node("Reshape", [bias_input, target], [reshaped], name=edit.fresh("conv_bias_reshape")))
-        nodes.append(onnx.helper.make_node("Add", [raw, reshaped], [out], name=edit.fresh("conv_bias_add")))
+        anchor.output[0] = raw
+        adds.append(onnx.helper.make_node("Add", [raw, bias_input], [out], name=edit.fresh(f"{node.op_type.lower()}_bias_add")))
+        after.setdefault(id(anchor), []).extend(adds)
         changed += 1
     if changed:
+        nodes = [n for node in model.graph.node for n in (node, *after.get(id(node), ()))]
         del model.graph.node[:]
         model.graph.node.extend(nodes)
     return changed

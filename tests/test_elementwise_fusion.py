@@ -340,7 +340,7 @@ def test_a_conv_bias_moves_into_the_group_that_reads_the_conv():
     model = _model(CONV_RELU.format(reader="Neg").replace("float16[2,4,3,3] p", "float16[2,4,6,6] p"))
     fused, result = _same_values(model, _conv_feeds(), exact=False)
     conv = next(n for n in fused.graph.node if n.op_type == "Conv")
-    assert list(conv.input) == ["x", "w"] and result.conv_biases == 1
+    assert list(conv.input) == ["x", "w"] and result.biases == 1
     group = next(n for n in fused.graph.node if n.op_type == ew.OP_TYPE)
     assert "b" not in group.input and any("conv_bias" in name for name in group.input)
     assert _ops(fused).count(ew.OP_TYPE) == 1 and "Add" not in _ops(fused)
@@ -349,7 +349,27 @@ def test_a_conv_bias_moves_into_the_group_that_reads_the_conv():
 def test_a_conv_bias_stays_when_a_reader_cannot_be_fused_or_when_asked():
     model = _model(CONV_RELU.format(reader="MaxPool <kernel_shape = [2, 2], strides = [2, 2]>"))
     fused, result = _same_values(model, _conv_feeds(), exact=False)
-    assert result.conv_biases == 0 and len(next(n for n in fused.graph.node if n.op_type == "Conv").input) == 3
+    assert result.biases == 0 and len(next(n for n in fused.graph.node if n.op_type == "Conv").input) == 3
     model = _model(CONV_RELU.format(reader="Neg").replace("float16[2,4,3,3] p", "float16[2,4,6,6] p"))
-    assert fuse_elementwise(model, split_conv_bias=False).conv_biases == 0
+    assert fuse_elementwise(model, split_biases=False).biases == 0
     assert len(next(n for n in model.graph.node if n.op_type == "Conv").input) == 3
+
+
+def test_a_gemm_bias_moves_into_the_group_also_through_a_reshape_that_keeps_the_last_axis():
+    """Gemm(a, B, c) -> Reshape -> Add(residual) as a torch Linear exports: the bias Add joins the
+    residual's group after the Reshape; fp16 values within one rounding of the unfused graph."""
+    model = _model("""
+    g (float16[6,8] a, float16[8,4] w, float16[4] c, float16[2,3,4] r) => (float16[2,3,4] y) {
+      m = Gemm(a, w, c)
+      v = Reshape(m, shape)
+      y = Add(v, r)
+    }
+    """)
+    model.graph.initializer.append(numpy_helper.from_array(np.array([2, 3, 4], np.int64), "shape"))
+    rng = np.random.default_rng(5)
+    feeds = {"a": rng.standard_normal((6, 8)).astype(np.float16), "w": rng.standard_normal((8, 4)).astype(np.float16),
+             "c": rng.standard_normal(4).astype(np.float16), "r": rng.standard_normal((2, 3, 4)).astype(np.float16)}
+    fused, result = _same_values(model, feeds, exact=False)
+    assert result.biases == 1 and _ops(fused) == ["Gemm", "Reshape", ew.OP_TYPE]
+    assert list(next(n for n in fused.graph.node if n.op_type == "Gemm").input) == ["a", "w"]
+    assert "c" in next(n for n in fused.graph.node if n.op_type == ew.OP_TYPE).input
