@@ -19,6 +19,11 @@ from onnxcampo.ir.topology import has_subgraph, outer_scope_names
 from onnxcampo.oplists import DEFAULT_DOMAINS
 
 
+# metadata of a training step naming its prediction (the forward output the loss reads), which
+# Trainer.evaluate prunes the step to: a tensor every rewrite keeps, as it keeps graph outputs
+PREDICTION_KEY = "onnxcampo.prediction"
+
+
 def attribute(node: onnx.NodeProto, name: str, default=None):
     """The value of ``node``'s attribute ``name`` (``default`` when it has none)."""
     for attr in node.attribute:
@@ -65,9 +70,12 @@ class ModelEdit:
         return found
 
     def interface(self) -> set[str]:
-        """Names a rewrite must keep: graph inputs and outputs, and what If/Loop/Scan bodies read
-        from this graph (no reader there is seen by a rule on the main graph)."""
+        """Names a rewrite must keep: graph inputs and outputs, a training step's prediction
+        (:data:`PREDICTION_KEY`), and what If/Loop/Scan bodies read from this graph (no reader
+        there is seen by a rule on the main graph)."""
         names = {o.name for o in self.graph.output} | {i.name for i in self.graph.input}
+        if self.model is not None:
+            names |= {p.value for p in self.model.metadata_props if p.key == PREDICTION_KEY}
         for node in self.nodes:
             if has_subgraph(node):
                 names |= outer_scope_names(node)
@@ -94,4 +102,4 @@ class ModelEdit:
                     node.input[i] = new
 
 
-__all__ = ["ModelEdit", "attribute"]
+__all__ = ["PREDICTION_KEY", "ModelEdit", "attribute"]

@@ -20,7 +20,7 @@ from onnxcampo.errors import ConfigError
 from onnxcampo.training.step import LOSS
 from onnxcampo.training.train_mode import TRAIN_FLAG
 
-PREDICTION_KEY = "onnxcampo.prediction"
+PREDICTION_KEY = ir.PREDICTION_KEY
 
 
 def prediction_name(step: onnx.ModelProto) -> str:

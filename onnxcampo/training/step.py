@@ -166,7 +166,7 @@ def build_train_step(
     gradients.metadata_props.add(key="onnxcampo.lr", value=repr(float(lr)))
     if loss == "huber":
         gradients.metadata_props.add(key="onnxcampo.huber_delta", value=repr(float(huber_delta)))
-    gradients.metadata_props.add(key="onnxcampo.prediction", value=prediction)  # where the loss starts
+    gradients.metadata_props.add(key=ir.PREDICTION_KEY, value=prediction)  # where the loss starts
     gradients.metadata_props.add(key="onnxcampo.loss_seed", value=seed)  # d loss / d loss, 1 until scaled
     if trained.running:
         ir.set_metadata(gradients, RUNNING_KEY, json.dumps(trained.running))

@@ -470,3 +470,28 @@ def test_amp_optimized_train_mode_step_keeps_the_running_statistics_fp32_state()
     assert not np.allclose(state["bn.running_var"], RUNNING["bn.running_var"])
     params, running = {k: state[k] for k in PARAMS}, {k: state[k] for k in RUNNING}
     np.testing.assert_allclose(trainer.evaluate({"x": X})["out"], eval_reference(params, running, X), rtol=2e-2, atol=2e-3)
+
+
+def test_the_fusion_keeps_the_prediction_that_evaluate_prunes_to():
+    """fp16 plan + --fuse-elementwise: the classifier's Gemm bias joins the Cast the loss reads,
+    so the prediction would live only inside a fused kernel; the pass keeps it (metadata
+    onnxcampo.prediction is an interface name) and evaluate still finds it (found on the H200,
+    where the fusions are on by default)."""
+    import importlib.util
+    from pathlib import Path
+
+    from onnxcampo import optimize
+    from onnxcampo.ops import elementwise as ew
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "check_training_cuda.py"
+    spec = importlib.util.spec_from_file_location("check_training_cuda", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    step = build_train_step(script.cnn(), loss="cross_entropy", optimizer="adamw", lr=1e-2, train_mode=True)
+    fused = optimize(step, policy="fp16", fuse_elementwise=True).model
+    assert any(n.op_type == ew.OP_TYPE for n in fused.graph.node)
+    trainer = Trainer(fused, provider="cpu", seed=0)
+    batch = script.batches(1)[0]
+    trainer.step(batch)
+    out = trainer.evaluate(batch)
+    assert out["logits"].shape == (script.N, script.CLASSES) and np.isfinite(out["loss"])
