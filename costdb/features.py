@@ -192,6 +192,10 @@ def _gemm_dims(op_type, input_shapes, output_shapes, attrs) -> tuple[tuple[int, 
             n = b2[1]
             out = output_shapes[0]
             batch = math.prod(out[:-2]) if out is not None and len(out) > 2 else 1
+            if batch > 1 and len(b) <= 2 and not trans_a:
+                # A [..., M, K] times a 2-D B: ORT runs one GEMM of M = batch x M (as cuBLAS sees
+                # it, and as the database measured a [batch x M, K] input)
+                batch, m = 1, batch * m
             return (int(batch), int(m), int(k), int(n)), 1
         if op_type == "ConvWeightGrad":  # x [N, Cin, H, W], dy [N, Cout, Ho, Wo] -> [Cout, Cin, kh, kw]
             x, dy, dw = input_shapes[0], input_shapes[1], output_shapes[0]

@@ -96,3 +96,21 @@ def test_contrib_ops_named_like_onnx_ops_are_costed_under_their_domain():
     features = op_features("Gelu", [(4, 8)], [(4, 8)])
     assert keyed(features, "com.microsoft").op_type == "com.microsoft.Gelu"
     assert keyed(features, "com.microsoft").flops == features.flops and keyed(features, "") is features
+
+
+def test_a_matmul_with_a_2d_weight_is_one_gemm_of_the_batch_rows_and_finds_its_measurement():
+    """[8, 256, 768] x [768, 50257] runs as one GEMM of M = 2048 (ORT flattens A's leading dims for
+    a 2-D B): the same features, and the same entry of the shipped database's measured table, as
+    [2048, 768] x [768, 50257] (GPT-2's LM head in a training step had fallen to the regression,
+    which predicted 539 us for a measured 1231 us). A batched B stays batched."""
+    from onnxcampo.costdb.regression import shape_key
+    from onnxcampo.costdb.select import load_cost_model
+    from pathlib import Path
+
+    folded = op_features("MatMul", [(8, 256, 768), (768, 50257)], [(8, 256, 50257)], {})
+    flat = op_features("MatMul", [(2048, 768), (768, 50257)], [(2048, 50257)], {})
+    assert folded.gemm == flat.gemm == (1, 2048, 768, 50257) and shape_key(folded) == shape_key(flat)
+    batched = op_features("MatMul", [(8, 256, 64), (8, 64, 256)], [(8, 256, 256)], {})
+    assert batched.gemm == (8, 256, 64, 256)
+    cost = load_cost_model(Path(__file__).resolve().parents[2] / "costdb" / "data" / "nvidia-h200.json")
+    assert cost.fp16_time(folded, cost.fp32_time(folded)) == pytest.approx(1230.7759)

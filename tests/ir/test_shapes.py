@@ -92,7 +92,7 @@ def test_symbolic_inference_resolves_the_contrib_op_and_the_matmul_is_costed():
     ctx = build_context(_skip_ln_matmul(), cost=FakeCost(cast_us=0.0))
     run_passes(ctx, Classify(), AllowByCost())
     assert reasons(ctx)["mm"] == "ALLOW_PAYS"
-    assert ctx.features["mm"].gemm == (2, 8, 64, 256)
+    assert ctx.features["mm"].gemm == (1, 16, 64, 256)  # [2, 8, 64] x [64, 256]: one GEMM of M = 16
 
 
 def test_a_dim_lost_through_a_computed_reshape_is_resolved_and_known_dims_are_kept(without_symbolic, monkeypatch):
