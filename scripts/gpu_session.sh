@@ -12,9 +12,12 @@
 #   checks   the custom-op kernel checks: FusedElementwise (generated and interpreter kernels,
 #            comparisons included), ConvWeightGrad (cuDNN), Im2Col, BlockReduceSum, ScatterNDAdd,
 #            the Trainer's device batches and CUDA graphs                                  (~4 min)
-#   costs    FusedElementwise's bandwidth fit for the cost database                     (~1 min)
-#   bench    training steps: campo with both fusions (fusion-aware and -blind plans, and on a
-#            step with ConvWeightGrad), the fp16 plan with both fusions, greedy amp, torch.compile;
+#   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
+#            cases not measured yet (GPT-2's backward LM-head GEMMs); copy
+#            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
+#            costdb/data/raw/nvidia-h200.jsonl costdb/data/nvidia-h200.json`)          (~2 min)
+#   bench    training steps: campo with both fusions (and the Im2Col + Gemm and
+#            yield-to-ORT ablations), the fp16 plan with both fusions, greedy amp, torch.compile;
 #            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S, default 500)                         (~9 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
@@ -63,12 +66,15 @@ run_checks() {
 
 run_costs() {
   stage costs 120 python3 scripts/measure_fused_elementwise_costs.py --out "$OUT/costs/fused_elementwise_costs.json"
+  # the cost database's grid cases not measured yet (the samples file resumes: only those run)
+  cp costdb/data/raw/nvidia-h200.jsonl "$OUT/costs/nvidia-h200.jsonl"
+  stage costs 300 python3 -m onnxcampo costdb measure --out "$OUT/costs/nvidia-h200.jsonl" --budget-s 240
 }
 
 run_bench() {
   stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
-    --policies campo-fused,campo-fused-graph,campo-fused-gemm-graph,campo-fused-yield-graph,campo-fused-nhwc-graph,campo-fused-blind-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
+    --policies campo-fused,campo-fused-graph,campo-fused-gemm-graph,campo-fused-yield-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
     --breakdown-policies campo-fused \
     --redo '*|*|training|*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
 }
