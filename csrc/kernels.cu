@@ -245,7 +245,43 @@ __global__ void __launch_bounds__(kThreads) AdamWKernel(const __grid_constant__ 
   });
 }
 
+// slots: 0 the float32 input, 1 the float16 output
+static_assert(kVec == 8, "CastKernel stores a vector step as one uint4 of 8 float16");
+__global__ void __launch_bounds__(kThreads) CastKernel(const __grid_constant__ Table<2> t) {
+  ForEach(t, [&](auto width, int k, int64_t i) {
+    constexpr int W = decltype(width)::value;
+    const Vec<W> x = Load<W>(t.ptr[0][k], i);
+    __half* out = static_cast<__half*>(const_cast<void*>(t.ptr[1][k])) + i;
+    if constexpr (W == 1) {
+      *out = __float2half_rn(x.x[0]);
+    } else {
+      uint4 raw;
+      __half2* pairs = reinterpret_cast<__half2*>(&raw);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pairs[q] = __floats2half2_rn(x.x[2 * q], x.x[2 * q + 1]);
+      *reinterpret_cast<uint4*>(out) = raw;  // kVec == 8 halves: one 16-byte store
+    }
+  });
+}
+
 }  // namespace
+
+void MultiTensorCastCuda(const CastArgs& args, void* stream_handle) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  Grads inputs;  // what Fill reads: the sizes, float32 data
+  inputs.data.assign(args.in.begin(), args.in.end());
+  inputs.half.assign(args.in.size(), 0);
+  inputs.size = args.size;
+  Table<2> table;
+  size_t next = 0;
+  do {
+    next = Fill(table, inputs, next, [&](size_t k, int p) -> const void* {
+      return p == 0 ? static_cast<const void*>(args.in[k]) : static_cast<const void*>(args.out[k]);
+    });
+    CastKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table);
+    CudaCheck(cudaGetLastError(), "MultiTensorCast launch");
+  } while (next < inputs.count());
+}
 
 void UnscaleCheckFiniteCuda(const UnscaleArgs& args, void* stream_handle) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);

@@ -59,18 +59,28 @@ struct AdamWArgs {
   float* step_out = nullptr;
 };
 
+// out_i = float16(in_i), rounded to nearest even (ONNX's Cast): a step's fp32 master weights
+// cast for its fp16 compute in one call instead of a Cast node (a launch) each.
+struct CastArgs {
+  std::vector<const float*> in;
+  std::vector<uint16_t*> out;  // float16 bits
+  std::vector<int64_t> size;   // elements
+};
+
 // The CPU kernels cut all elements of a call into chunks (kernels_cpu.cc) that `run` spreads
 // over threads; every element is computed as in a serial loop, so results do not depend on
 // the thread count.
 void UnscaleCheckFiniteCpu(const UnscaleArgs& args, const ParallelRunner& run);
 void MultiTensorSgdCpu(const SgdArgs& args, const ParallelRunner& run);
 void MultiTensorAdamWCpu(const AdamWArgs& args, const ParallelRunner& run);
+void MultiTensorCastCpu(const CastArgs& args, const ParallelRunner& run);
 
 #ifdef ONNXCAMPO_WITH_CUDA
 // One kernel launch per call (per ~460+ tensors; see kernels.cu), on `stream` (a cudaStream_t).
 void UnscaleCheckFiniteCuda(const UnscaleArgs& args, void* stream);
 void MultiTensorSgdCuda(const SgdArgs& args, void* stream);
 void MultiTensorAdamWCuda(const AdamWArgs& args, void* stream);
+void MultiTensorCastCuda(const CastArgs& args, void* stream);
 #endif
 
 }  // namespace onnxcampo

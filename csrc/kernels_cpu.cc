@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "elementwise.h"  // FloatToHalfBits
 #include "kernels.h"
 
 namespace onnxcampo {
@@ -206,6 +207,17 @@ void MultiTensorAdamWCpu(const AdamWArgs& args, const ParallelRunner& run) {
       WithGradient(args.grads, k, [&](const auto* g) {
         AdamWRange(g, args.w[k], args.m[k], args.v[k], args.w_out[k], args.m_out[k], args.v_out[k], h, begin, end);
       });
+    });
+  });
+}
+
+void MultiTensorCastCpu(const CastArgs& args, const ParallelRunner& run) {
+  const Chunks chunks(args.size);
+  run(chunks.count(), [&](size_t c) {
+    chunks.ForEach(c, [&](size_t k, int64_t begin, int64_t end) {
+      const float* in = args.in[k];
+      uint16_t* out = args.out[k];
+      for (int64_t i = begin; i < end; ++i) out[i] = ew::FloatToHalfBits(in[i]);
     });
   });
 }

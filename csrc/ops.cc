@@ -19,6 +19,8 @@
 //   BlockReduceSum[sizes, output_type, output_shape](x) -> y   (x as [P, Q, R], summed over P and
 //       R in float32: reduce_op.cc, reduce.h)
 //   ScatterNDAdd(data, indices, updates) -> output  (ONNX ScatterND, reduction "add"; scatter_op.cc)
+//   MultiTensorCast(x_1..x_n) -> (y_1..y_n)  (float32 -> float16, each y_i = Cast(x_i, to=FLOAT16):
+//       a training step's weight Casts in one call)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -624,6 +626,80 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
   return nullptr;
 }
 
+struct MultiTensorCast : Kernel<MultiTensorCast> {
+  static constexpr const char* kName = "MultiTensorCast";
+  MultiTensorCast(const OrtKernelInfo*, bool cuda) : Kernel(cuda) {}
+
+  void Compute(OrtKernelContext* raw) {
+    Ort::KernelContext ctx(raw);
+    const size_t n = ctx.GetInputCount();
+    if (ctx.GetOutputCount() != n) {
+      Fail(kName, "expected as many outputs as inputs, got " + std::to_string(n) + " inputs and " +
+                      std::to_string(ctx.GetOutputCount()) + " outputs");
+    }
+    CastArgs args;
+    for (size_t k = 0; k < n; ++k) {
+      Ort::ConstValue value = ctx.GetInput(k);
+      auto info = value.GetTensorTypeAndShapeInfo();
+      if (info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+        Fail(kName, "input " + std::to_string(k + 1) + " must be float32");
+      }
+      args.in.push_back(value.GetTensorData<float>());
+      args.size.push_back(static_cast<int64_t>(info.GetElementCount()));
+      args.out.push_back(
+          static_cast<uint16_t*>(ctx.GetOutput(k, info.GetShape()).GetTensorMutableRawData()));
+    }
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) return MultiTensorCastCuda(args, ctx.GetGPUComputeStream());
+#endif
+    MultiTensorCastCpu(args, ThreadPoolRunner(ctx));
+  }
+};
+
+// Output k: float16, input k's shape (dims and symbols): what the Casts it replaces told the
+// nodes after them (without it ORT would know no rank downstream of a cast weight).
+OrtStatusPtr ORT_API_CALL InferMultiTensorCast(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
+  const OrtApi& api = Ort::GetApi();
+  OrtTensorTypeAndShapeInfo* out = nullptr;
+  try {
+    size_t inputs = 0;
+    Ort::ThrowOnError(api.ShapeInferContext_GetInputCount(ctx, &inputs));
+    for (size_t k = 0; k < inputs; ++k) {
+      std::vector<int64_t> dims;
+      std::vector<std::string> names;
+      ONNXTensorElementDataType type;
+      ShapeInferInput(ctx, k, &dims, &names, &type);
+      std::vector<const char*> symbols(dims.size());
+      for (size_t d = 0; d < dims.size(); ++d) symbols[d] = names[d].c_str();
+      Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
+      Ort::ThrowOnError(api.SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16));
+      Ort::ThrowOnError(api.SetDimensions(out, dims.data(), dims.size()));
+      Ort::ThrowOnError(api.SetSymbolicDimensions(out, symbols.data(), symbols.size()));
+      Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, k, out));
+      api.ReleaseTensorTypeAndShapeInfo(out);
+      out = nullptr;
+    }
+  } catch (...) {  // nothing may unwind into ORT
+  }
+  if (out != nullptr) api.ReleaseTensorTypeAndShapeInfo(out);
+  return nullptr;
+}
+
+// float32 tensors in, as many float16 tensors out (both variadic and homogeneous);
+// InferMultiTensorCast gives each output its input's shape.
+struct MultiTensorCastOp : OpBase<MultiTensorCastOp, MultiTensorCast> {
+  explicit MultiTensorCastOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferMultiTensorCast; }
+  const char* GetName() const { return MultiTensorCast::kName; }
+  size_t GetInputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
+  bool GetVariadicInputHomogeneity() const { return true; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
+  bool GetVariadicOutputHomogeneity() const { return true; }
+};
+
 // One variadic heterogeneous input (float16/float32 tensors) and one variadic heterogeneous
 // output: ORT's own type inference gives up on such outputs, InferFusedElementwise sets them.
 struct FusedElementwiseOp : OpBase<FusedElementwiseOp, FusedElementwise> {
@@ -646,11 +722,13 @@ struct Library {
   MatMulU8Op<Accumulation::kTreeAverage> avg_matmul_cpu{"AvgMatMulInteger"};
   MatMulU8Op<Accumulation::kExact32> exact_matmul_cpu{"ExactMatMulInteger"};
   FusedElementwiseOp fused_elementwise_cpu{false};
+  MultiTensorCastOp cast_cpu{false};
 #ifdef ONNXCAMPO_WITH_CUDA
   Op<UnscaleCheckFinite> unscale_cuda{true};
   Op<MultiTensorSGD> sgd_cuda{true};
   Op<MultiTensorAdamW> adamw_cuda{true};
   FusedElementwiseOp fused_elementwise_cuda{true};
+  MultiTensorCastOp cast_cuda{true};
 #endif
   Ort::CustomOpDomain domain{kDomain};
 
@@ -665,6 +743,7 @@ struct Library {
     domain.Add(&avg_matmul_cpu);
     domain.Add(&exact_matmul_cpu);
     domain.Add(&fused_elementwise_cpu);
+    domain.Add(&cast_cpu);
     domain.Add(Im2ColOp(false));
     domain.Add(ConvWeightGradOp(false));
 #ifdef ONNXCAMPO_WITH_CUDA
@@ -672,6 +751,7 @@ struct Library {
     domain.Add(&sgd_cuda);
     domain.Add(&adamw_cuda);
     domain.Add(&fused_elementwise_cuda);
+    domain.Add(&cast_cuda);
     domain.Add(Im2ColOp(true));
     domain.Add(ConvWeightGradOp(true));
 #endif

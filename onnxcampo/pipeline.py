@@ -481,6 +481,7 @@ def node_numbers_text(row: dict) -> str:
 _ADDED = {
     "FusedElementwise": "a chain of elementwise ops (and their Casts) as one kernel (--fuse-elementwise)",
     "BlockReduceSum": "a ReduceSum over a block of axes with its Reshapes and Casts as one kernel (--fuse-reductions)",
+    "MultiTensorCast": "the float32 -> float16 Casts of the weights as one kernel (--fuse-elementwise)",
     "AvgMatMulInteger": "MatMulInteger with 16-bit tree-averaging accumulation (--int8-avg)",
 }
 

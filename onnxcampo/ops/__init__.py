@@ -20,6 +20,8 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
   -> [C*kh*kw, N*Ho*Wo] of x's type: a Conv's column matrix, for the weight gradient's Gemm)
 * ``ConvWeightGrad[kernel_shape, strides, dilations, pads](x, dy) -> dw`` (a Conv's weight
   gradient, [Cout, Cin, kh, kw]; cuDNN's backward filter on CUDA, a direct loop on the CPU)
+* ``MultiTensorCast(x_1..x_n) -> (y_1..y_n)`` (float32 -> float16, ``y_i = Cast(x_i)``, one
+  launch for all: what ``--fuse-elementwise`` writes for a training step's weight Casts)
 * ``BlockReduceSum[sizes=[P, Q, R], output_type, output_shape](x) -> y`` (x as a contiguous
   [P, Q, R] array summed over P and R in float32, one rounding to float32 or float16; what
   ``--fuse-reductions`` writes for ReduceSums and the Casts around them)

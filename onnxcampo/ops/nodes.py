@@ -28,6 +28,30 @@ def unscale_check_finite(inv_scale: str, grads: Sequence[str], *, found_inf: str
     return helper.make_node("UnscaleCheckFinite", [inv_scale, *grads], [found_inf, *outputs], name=name, domain=DOMAIN)
 
 
+MULTI_TENSOR_CAST = "MultiTensorCast"
+
+
+def multi_tensor_cast(inputs: Sequence[str], outputs: Sequence[str], *, name: str) -> onnx.NodeProto:
+    """``(y_1..y_n) = MultiTensorCast(x_1..x_n)``: ``y_i = Cast(x_i, to=FLOAT16)`` for float32
+    ``x_i``, all in one kernel launch."""
+    _same_length(name, inputs=inputs, outputs=outputs)
+    return helper.make_node(MULTI_TENSOR_CAST, list(inputs), list(outputs), name=name, domain=DOMAIN)
+
+
+def multi_tensor_cast_reference_op():
+    """``MultiTensorCast`` for :class:`onnx.reference.ReferenceEvaluator` (``new_ops=[...]``)."""
+    import numpy as np
+    from onnx.reference.op_run import OpRun
+
+    class MultiTensorCast(OpRun):
+        op_domain = DOMAIN
+
+        def _run(self, *inputs):
+            return tuple(np.asarray(x, np.float32).astype(np.float16) for x in inputs)
+
+    return MultiTensorCast
+
+
 def multi_tensor_sgd(lr: str, found_inf: str, weights: Sequence[str], grads: Sequence[str],
                      velocities: Sequence[str] = (), *, outputs: Sequence[str], velocity_outputs: Sequence[str] = (),
                      momentum: float = 0.0, name: str) -> onnx.NodeProto:
