@@ -179,10 +179,17 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
         built = _build(group, info, consumers, graph_outputs, edit)
         if built is not None:
             replaced.append((group, built))
-    if not replaced:
-        if group_weight_casts:
-            result.weight_casts = _group_weight_casts(model, edit, info, leave)
-        return result
+    if replaced:
+        _replace(model, replaced, result)
+    if group_weight_casts:
+        result.weight_casts = _group_weight_casts(model, edit, info, leave)
+    log.info("fuse-elementwise: %d chains of %d nodes as FusedElementwise, %d weight Casts as one", result.groups,
+             result.nodes, result.weight_casts)
+    return result
+
+
+def _replace(model: onnx.ModelProto, replaced: list[tuple[_Group, onnx.NodeProto]], result: FusionResult) -> None:
+    """Each group's members out, its fused node in (rule 3); the graph in topological order."""
     members = {id(n) for group, _ in replaced for n in group.nodes}
     kept = [n for n in model.graph.node if id(n) not in members]
     del model.graph.node[:]
@@ -198,11 +205,6 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
         result.groups += 1
         result.nodes += len(group.nodes)
         result.by_size[len(group.nodes)] += 1
-    if group_weight_casts:
-        result.weight_casts = _group_weight_casts(model, edit, info, leave)
-    log.info("fuse-elementwise: %d chains of %d nodes as FusedElementwise, %d weight Casts as one", result.groups,
-             result.nodes, result.weight_casts)
-    return result
 
 
 def _group_weight_casts(model: onnx.ModelProto, edit: ir.ModelEdit, info, leave) -> int:
