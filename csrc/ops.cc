@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -550,6 +551,21 @@ void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_
   }
 }
 
+// Declares output `index` of the node as `type` with `dims` (-1: unknown) and `symbols` (a name
+// per dimension, "" for none).
+void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
+                      const std::vector<int64_t>& dims, const std::vector<const char*>& symbols) {
+  const OrtApi& api = Ort::GetApi();
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&info));
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> owned(
+      info, [](OrtTensorTypeAndShapeInfo* p) { Ort::GetApi().ReleaseTensorTypeAndShapeInfo(p); });
+  Ort::ThrowOnError(api.SetTensorElementType(info, type));
+  Ort::ThrowOnError(api.SetDimensions(info, dims.data(), dims.size()));
+  Ort::ThrowOnError(api.SetSymbolicDimensions(info, const_cast<const char**>(symbols.data()), symbols.size()));
+  Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, index, info));
+}
+
 // ORT's type and shape inference for the node: element types from `output_types`, every
 // output of the numpy broadcast of the input shapes. A dimension is a number where some input
 // has a number other than 1, an input's symbol where the others have 1 or the same symbol, and
@@ -561,7 +577,6 @@ void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_
 // checks that it matches (ORT 1.32 refuses an index beyond the outputs; 1.21 does not check).
 OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
   const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* out = nullptr;
   try {
     std::vector<int64_t> types;
     if (!InferInts(ctx, "output_types", &types) || types.empty() || types.size() > ew::kMaxOutputs) return nullptr;
@@ -612,17 +627,10 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
     for (size_t d = 0; d < rank; ++d) symbol_pointers[d] = symbols[d].c_str();
     for (size_t k = 0; k < types.size(); ++k) {
       if (types[k] != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && types[k] != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) continue;
-      Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
-      Ort::ThrowOnError(api.SetTensorElementType(out, OutputType(types, k, in_float32)));
-      Ort::ThrowOnError(api.SetDimensions(out, shape.data(), rank));
-      Ort::ThrowOnError(api.SetSymbolicDimensions(out, symbol_pointers.data(), rank));
-      Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, k, out));
-      api.ReleaseTensorTypeAndShapeInfo(out);
-      out = nullptr;
+      ShapeInferOutput(ctx, k, OutputType(types, k, in_float32), shape, symbol_pointers);
     }
   } catch (...) {  // nothing may unwind into ORT
   }
-  if (out != nullptr) api.ReleaseTensorTypeAndShapeInfo(out);
   return nullptr;
 }
 
@@ -660,7 +668,6 @@ struct MultiTensorCast : Kernel<MultiTensorCast> {
 // nodes after them (without it ORT would know no rank downstream of a cast weight).
 OrtStatusPtr ORT_API_CALL InferMultiTensorCast(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
   const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* out = nullptr;
   try {
     size_t inputs = 0;
     Ort::ThrowOnError(api.ShapeInferContext_GetInputCount(ctx, &inputs));
@@ -671,17 +678,10 @@ OrtStatusPtr ORT_API_CALL InferMultiTensorCast(const OrtCustomOp*, OrtShapeInfer
       ShapeInferInput(ctx, k, &dims, &names, &type);
       std::vector<const char*> symbols(dims.size());
       for (size_t d = 0; d < dims.size(); ++d) symbols[d] = names[d].c_str();
-      Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
-      Ort::ThrowOnError(api.SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16));
-      Ort::ThrowOnError(api.SetDimensions(out, dims.data(), dims.size()));
-      Ort::ThrowOnError(api.SetSymbolicDimensions(out, symbols.data(), symbols.size()));
-      Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, k, out));
-      api.ReleaseTensorTypeAndShapeInfo(out);
-      out = nullptr;
+      ShapeInferOutput(ctx, k, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, dims, symbols);
     }
   } catch (...) {  // nothing may unwind into ORT
   }
-  if (out != nullptr) api.ReleaseTensorTypeAndShapeInfo(out);
   return nullptr;
 }
 
