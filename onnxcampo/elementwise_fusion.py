@@ -23,7 +23,11 @@ model ORT will run; the plan's passes never see the custom op). Rules:
    node depends on the group through a node outside it) and when the group stays within the
    kernel's limits (inputs, outputs, registers, instructions). Otherwise it starts a group.
    A lone node whose output only one group reads joins that group whatever its shape (a bias's
-   Cast, computed per element of the group's output).
+   Cast, computed per element of the group's output). A node does not join a group when the
+   fusable chain it starts reaches a node with another input that depends on that group (rule 2c:
+   a backward node, such as the product of a gradient with a ReLU's mask computed from a forward
+   value): the chain then starts a group of its own, which its backward reader joins, and the
+   forward group writes the value the chain reads instead of the chain's result.
 3. A group of two or more nodes becomes one node; its outputs are the member outputs read outside
    it or graph outputs, under their names and types. A lone node stays as it is.
 
@@ -157,7 +161,11 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
         group = None
         if shape is not None:
             group = _join(node, shape, group_of, depends, scalars)
-            if group is None and node.op_type == "Cast" and info[node.input[0]].dtype == TensorProto.BOOL:
+            bool_cast = node.op_type == "Cast" and info[node.input[0]].dtype == TensorProto.BOOL
+            if group is not None and not bool_cast and _leads_back(node, group, group_of, consumers, depends, static,
+                                                                 scalars, mask, leave):
+                group = None  # rule 2c: the chain it heads belongs with the backward node that reads it
+            if group is None and bool_cast:
                 shape = None  # a mask's Cast only in its comparison's group (no bool input to a kernel)
             elif group is None:
                 group = _Group(len(groups), shape)
@@ -334,6 +342,32 @@ def _join(node, shape, group_of, depends, scalars) -> _Group | None:
             continue
         return group
     return None
+
+
+def _leads_back(node, group: _Group, group_of, consumers, depends, static, scalars, mask, leave,
+                limit: int = 8) -> bool:
+    """Rule 2c: whether a fusable chain that ``node`` starts (its fusable readers, theirs, up to
+    ``limit`` nodes) reaches a node with another input that depends on ``group`` through a node
+    outside it: a backward node
+    that reads what ``node`` computes from a forward value (a ReLU's mask and the gradient it
+    gates). Joining would make ``group`` write the chain's result for that reader, which cannot
+    join it (a cycle); not joining lets the chain and its reader form one group that reads the
+    forward value instead."""
+    chain = {id(node)}
+    produced = set(node.output)
+    frontier = list(node.output)
+    while frontier and len(chain) <= limit:
+        name = frontier.pop()
+        for reader in consumers.get(name, []):
+            if id(reader) in chain or reader.name in leave or _fusable_shape(reader, static, scalars, mask) is None:
+                continue
+            if any(i and i not in produced and i not in scalars and group_of.get(i) is not group
+                   and group.index in depends.get(i, ()) for i in reader.input):
+                return True
+            chain.add(id(reader))
+            produced.update(reader.output)
+            frontier.extend(reader.output)
+    return False
 
 
 def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outputs, scalars) -> None:

@@ -373,3 +373,34 @@ def test_a_gemm_bias_moves_into_the_group_also_through_a_reshape_that_keeps_the_
     assert result.biases == 1 and _ops(fused) == ["Gemm", "Reshape", ew.OP_TYPE]
     assert list(next(n for n in fused.graph.node if n.op_type == "Gemm").input) == ["a", "w"]
     assert "c" in next(n for n in fused.graph.node if n.op_type == ew.OP_TYPE).input
+
+
+def test_a_backward_chain_reading_a_forward_value_is_not_pulled_into_the_forward_group():
+    """Rule 2c: y = Relu(x + b) in the forward, dh = MatMul(MatMul(y, w), w) standing for the
+    gradient that reaches the ReLU, and the backward mask Cast(Greater(y, 0)) * dh. The mask's
+    chain would join the forward group (its producer), which would then write the mask for the
+    product (dh depends on the forward group through the MatMuls: the product cannot join it).
+    Instead the chain and the product form one group that reads y: the forward group writes y
+    alone. Same values."""
+    model = _model("""
+    g (float[4,8] x, float[8] b, float[8,8] w) => (float[4,8] h, float[4,8] dx) {
+      a = Add(x, b)
+      y = Relu(a)
+      h = MatMul(y, w)
+      dh = MatMul(h, w)
+      yf = Identity(y)
+      m = Greater(yf, zero)
+      mf = Cast <to = 1> (m)
+      dx = Mul(dh, mf)
+    }
+    """)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32),
+             "w": rng.standard_normal((8, 8)).astype(np.float32)}
+    fused, result = _same_values(model, feeds)
+    groups = [n for n in fused.graph.node if n.op_type == ew.OP_TYPE]
+    forward = next(n for n in groups if "x" in n.input)
+    backward = next(n for n in groups if "dx" in n.output)
+    assert list(forward.output) == ["y"]  # the mask is not written
+    assert "y" in backward.input and "Mul" not in _ops(fused) and len(groups) == 2

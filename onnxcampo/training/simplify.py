@@ -71,6 +71,13 @@ order, each until nothing matches, then drops nodes nothing reads:
    the adjoint's ``x - mean`` keeps a second reader on the residual Add it would fuse, and the
    fusion needs the Add's output read once.)
 
+9. **A ReLU's mask from its output**: onnx-ad's adjoint of ``y = Relu(x)`` gates the gradient with
+   ``Greater(x, 0)``, which keeps ``x`` alive from the forward into the backward besides ``y``
+   (which the next layer's weight gradient reads anyway). ``x > 0`` exactly when ``y > 0`` (NaN:
+   false both), so the comparison reads ``y``: with ``--fuse-elementwise`` the forward group that
+   computes ``x`` (a Conv's bias, a residual Add) and ``y`` then writes ``y`` alone, and the mask,
+   its Cast and the product become one backward kernel (ResNet-50: 33 ReLUs).
+
 A rule never touches a value that is a graph output (its name is the step's interface), and
 every rewrite uses static shapes from one shape inference run at the start; a node whose shapes
 are not fully static is left alone. The rules are exact: the outputs are the same values, up to
@@ -866,6 +873,27 @@ def layernorm_statistics(g: _Graph) -> int:
     return count
 
 
+def relu_mask_from_output(g: _Graph) -> int:
+    """Rule 9."""
+    count = 0
+    consumers = g.consumers()
+    for node in list(g.nodes):
+        if node.op_type != "Greater" or (node.domain or "") not in ("", "ai.onnx") or len(node.input) != 2:
+            continue
+        x, zero = node.input
+        if _float_scalar(g, zero) != 0.0:
+            continue
+        relu = next((n for n in consumers.get(x, []) if n.op_type == "Relu" and (n.domain or "") in ("", "ai.onnx")),
+                    None)
+        if relu is None or g.shapes.get(relu.output[0]) != g.shapes.get(x) or g.shapes.get(x) is None:
+            continue
+        node.input[0] = relu.output[0]
+        count += 1
+    if count:  # the comparison now reads the Relu: keep the nodes in topological order
+        ir.toposort_model(g.model)
+    return count
+
+
 RULES = (
     ("conv weight gradient as Gemm", conv_weight_gradient),
     ("same-shape Expand", same_shape_expand),
@@ -879,6 +907,7 @@ RULES = (
     ("full Slice", full_slice),
     ("elementwise of Reshapes", elementwise_of_reshapes),
     ("LayerNorm statistics from the forward", layernorm_statistics),
+    ("ReLU mask from the output", relu_mask_from_output),
 )
 
 

@@ -670,3 +670,44 @@ def test_a_layernorm_step_trains_as_without_the_rule_and_in_fp16():
     trainer = Trainer(half.model, weights=initial_weights(forward, half.model))
     curve = [trainer.step(batch) for _ in range(6)]
     assert all(np.isfinite(curve)) and curve[-1] < 0.6 * curve[0]
+
+
+# --- rule 9: a ReLU's mask from its output --------------------------------------------------------
+
+RELU_RULE = ["ReLU mask from the output"]
+
+
+def test_the_relu_mask_reads_the_relus_output_with_the_same_values():
+    """Greater(x, 0) -> Greater(Relu(x), 0): the same mask (x > 0 exactly when Relu(x) > 0; NaN
+    false both), and x is no longer read after the forward; a comparison with another constant,
+    or an x without a Relu, stays."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[4,6] x, float[4,6] dy, float[4,6] z) => (float[4,6] dx, bool[4,6] other, bool[4,6] plain) {
+      y = Relu(x)
+      zero = Constant <value = float {0.0}> ()
+      half = Constant <value = float {0.5}> ()
+      m = Greater(x, zero)
+      mf = Cast <to = 1> (m)
+      g1 = Mul(dy, mf)
+      dx = Mul(g1, y)
+      other = Greater(x, half)
+      plain = Greater(z, zero)
+    }
+    """)
+    from onnxcampo import ir
+
+    ir.name_nodes(model)
+    x = RNG.standard_normal((4, 6)).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, np.nan]
+    feeds = {"x": x, "dy": RNG.standard_normal((4, 6)).astype(np.float32),
+             "z": RNG.standard_normal((4, 6)).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)
+    assert simplify_backward(model, rules=RELU_RULE)["ReLU mask from the output"] == 1
+    greater = {n.output[0]: list(n.input) for n in model.graph.node if n.op_type == "Greater"}
+    assert greater["m"][0] == "y" and greater["other"][0] == "x" and greater["plain"][0] == "z"
+    got = ReferenceEvaluator(model).run(None, feeds)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(b, a)
