@@ -75,8 +75,8 @@ run_costs() {
 run_bench() {
   stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
-    --policies campo-fused,campo-fused-graph,campo-fused-gemm-graph,campo-fused-yield-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
-    --breakdown-policies campo-fused \
+    --policies campo-fused,fp16-fused,campo-fused-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp,campo-fused-gemm-graph,campo-fused-yield-graph \
+    --breakdown-policies campo-fused,fp16-fused \
     --redo '*|*|training|*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
 }
 

@@ -33,6 +33,8 @@ Inference (ONNX Runtime):
     campo-fused-blind-graph  campo-fused-graph's fusions and replay, its plan made fusion-blind
                     (``plan_for_fusion=False``: costed as if no fusion ran); beside campo-fused-graph
                     it shows what planning with fusion in view buys, predicted and measured
+    fp16-fused      (training) the all-fp16 plan with both fusions, plain (its CUPTI breakdown
+                    beside campo-fused's: where the two plans' kernels differ)
     fp16-fused-graph  the all-fp16 plan with both fusions, replayed: the all-fp16 plan that
                     campo-fused-graph must beat on equal terms
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
@@ -78,7 +80,7 @@ INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp1
                       *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
-                     "campo-fused", "campo-reduce",
+                     "campo-fused", "campo-reduce", "fp16-fused",
                      *GRAPH_POLICIES,
                      *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp")
@@ -111,6 +113,8 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
                                          **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
+             # its plain run (for a CUPTI breakdown beside campo-fused's)
+             "fp16-fused": {"policy": "fp16", **FUSIONS},
              # the reductions alone (BlockReduceSum), without FusedElementwise
              "campo-reduce": {"policy": "campo", "fuse_reductions": True},
              "campo-reduce-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_reductions": True},
