@@ -163,8 +163,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
                              "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
     custom.add_argument("--fuse-elementwise", action=argparse.BooleanOptionalAction, default=None,
-                        help="after the plan: chains of elementwise ops, their Casts included, as ai.onnxcampo "
-                             "FusedElementwise nodes, one kernel each (needs the custom-op library; docs/ops.md). "
+                        help="after the plan: chains of elementwise ops, their Casts and the Conv/Gemm biases they "
+                             "read included, as ai.onnxcampo FusedElementwise nodes, one kernel each, and a training "
+                             "step's weight Casts as one MultiTensorCast (needs the custom-op library; docs/ops.md). "
                              "Default: on for a training step built with the fused ops where the library's CUDA "
                              "kernels and NVRTC are (onnxruntime-gpu), off otherwise")
     custom.add_argument("--fuse-reductions", action=argparse.BooleanOptionalAction, default=None,
@@ -1071,8 +1072,11 @@ def summary(report: dict, output: Path | None) -> str:
                      "nodes")
     chains = report.get("fuse_elementwise")
     if chains is not None:
+        extra = [f"{chains[key]} {what}" for key, what in (("biases", "Conv/Gemm biases moved in"),
+                                                             ("weight_casts", "weight Casts as one MultiTensorCast"))
+                 if chains.get(key)]
         lines.append(f"fuse-elementwise: {chains['nodes_replaced']} nodes as {chains['fused_nodes']} FusedElementwise "
-                     "nodes")
+                     "nodes" + (f" ({', '.join(extra)})" if extra else ""))
     fused = report.get("fuse") or {}
     if fused.get("model_type"):
         lines.append(f"fused as {fused['model_type']} by ONNX Runtime's transformers optimizer before planning (--fuse "
