@@ -147,9 +147,8 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
         return static(name, (TensorProto.BOOL,))
 
     if split_biases:
-        result.biases = _split_biases(model, edit, static, mask, scalars, consumers, graph_outputs, leave)
+        result.biases = _split_biases(model, edit, info, static, mask, scalars, consumers, graph_outputs, leave)
     if result.biases:
-        info, _ = ir.infer_tensor_info(model)
         consumers = edit.consumers()
 
     groups: list[_Group] = []
@@ -235,12 +234,13 @@ def _group_weight_casts(model: onnx.ModelProto, edit: ir.ModelEdit, info, leave)
     return len(casts)
 
 
-def _split_biases(model, edit: ir.ModelEdit, static, mask, scalars, consumers, graph_outputs, leave) -> int:
+def _split_biases(model, edit: ir.ModelEdit, info, static, mask, scalars, consumers, graph_outputs, leave) -> int:
     """Moves biases out of Conv and Gemm nodes whose output only fusable nodes read: ``Conv(x, W,
     b) -> y`` becomes ``Conv(x, W) -> y0; Add(y0, Reshape(b, [C, 1, ...])) -> y``, ``Gemm(a, B, c)
     -> y`` (beta 1, c of [N]) ``Gemm(a, B) -> y0; Add(y0, c) -> y``, also when one Reshape that
     keeps the last axis stands between the Gemm and the fusable readers (a torch Linear's
-    ``addmm`` and ``view``). Returns how many nodes changed."""
+    ``addmm`` and ``view``). The tensors it makes go into ``info`` (no second shape inference).
+    Returns how many nodes changed."""
     def fusable_readers(name: str) -> bool:
         readers = consumers.get(name, [])
         return bool(readers) and name not in graph_outputs and all(
@@ -264,6 +264,8 @@ def _split_biases(model, edit: ir.ModelEdit, static, mask, scalars, consumers, g
                 numpy_helper.from_array(np.array([shape[1]] + [1] * (len(shape) - 2), np.int64), target))
             reshape = onnx.helper.make_node("Reshape", [bias_input, target], [reshaped],
                                             name=edit.fresh("conv_bias_reshape"))
+            info[target] = ir.TensorInfo(TensorProto.INT64, (len(shape) - 1,))
+            info[reshaped] = ir.TensorInfo(info[bias_input].dtype, (shape[1],) + (1,) * (len(shape) - 2))
             bias_input, anchor, adds = reshaped, node, [reshape]
         else:
             if ir.attribute(node, "beta", 1.0) != 1.0 or len(shape) != 2 or bias != (shape[1],):
@@ -278,6 +280,7 @@ def _split_biases(model, edit: ir.ModelEdit, static, mask, scalars, consumers, g
                     continue
                 anchor, out = view, view.output[0]
         raw = edit.fresh(f"{node.op_type.lower()}_raw")
+        info[raw] = info[out]  # the Add's first input: the output without the bias, same type and shape
         del node.input[2]
         anchor.output[0] = raw
         adds.append(onnx.helper.make_node("Add", [raw, bias_input], [out], name=edit.fresh(f"{node.op_type.lower()}_bias_add")))
