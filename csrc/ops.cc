@@ -21,6 +21,9 @@
 //   ScatterNDAdd(data, indices, updates) -> output  (ONNX ScatterND, reduction "add"; scatter_op.cc)
 //   MultiTensorCast(x_1..x_n) -> (y_1..y_n)  (float32 -> float16, each y_i = Cast(x_i, to=FLOAT16):
 //       a training step's weight Casts in one call)
+//   SoftmaxCrossEntropy(x, labels) -> (picked, lse), SoftmaxCrossEntropyGrad(x, lse, labels, scale)
+//       -> dx  (the cross-entropy loss over the last axis and its gradient, one pass each:
+//       xent_op.cc, xent.h)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -47,6 +50,7 @@
 #include "kernels.h"
 #include "op_util.h"
 #include "scatter.h"
+#include "xent.h"
 
 namespace onnxcampo {
 
@@ -736,6 +740,10 @@ struct Library {
     for (const OrtCustomOp* op : ScatterNDAddCustomOps(false)) domain.Add(op);  // scatter_op.cc
 #ifdef ONNXCAMPO_WITH_CUDA
     for (const OrtCustomOp* op : ScatterNDAddCustomOps(true)) domain.Add(op);
+#endif
+    for (const OrtCustomOp* op : SoftmaxCrossEntropyCustomOps(false)) domain.Add(op);  // xent_op.cc
+#ifdef ONNXCAMPO_WITH_CUDA
+    for (const OrtCustomOp* op : SoftmaxCrossEntropyCustomOps(true)) domain.Add(op);
 #endif
     domain.Add(&unscale_cpu);
     domain.Add(&sgd_cpu);

@@ -42,7 +42,8 @@ estimate that is not measured, :data:`onnxcampo.costdb.model.DEFAULT_FUSED_KERNE
 
 With ``fuse_reductions`` (and ``plan_for_fusion``) a Cast to fp32 whose every reader is an fp32
 ReduceSum costs nothing: ``--fuse-reductions`` folds it into the BlockReduceSum, which reads either
-type (``onnxcampo.reductions``).
+type (``onnxcampo.reductions``); so does the Cast of a cross-entropy loss's logits to its fp32
+LogSoftmax (``onnxcampo.loss_fusion``: SoftmaxCrossEntropy reads float16).
 """
 
 from __future__ import annotations
@@ -426,8 +427,13 @@ def _group_cast_us(ctx: GraphContext, tensor: gs.Tensor, precision_of: Precision
 
 def _reduction_reads(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:
     """Whether every reader of ``tensor`` is an fp32 ReduceSum (``--fuse-reductions`` folds a Cast
-    to fp32 in front of one into its BlockReduceSum; a Cast to fp16 rounds every element and stays)."""
+    to fp32 in front of one into its BlockReduceSum; a Cast to fp16 rounds every element and stays),
+    or the tensor is the logits of a cross-entropy loss: one fp32 LogSoftmax over the last axis
+    reads it (``onnxcampo.loss_fusion`` folds that Cast: SoftmaxCrossEntropy reads float16)."""
     readers = [use.node for use in ctx.uses(tensor)]
+    if len(readers) == 1 and readers[0].op == "LogSoftmax" and (readers[0].domain or "") in oplists.DEFAULT_DOMAINS:
+        last = len(tensor.shape or ()) - 1
+        return precision_of(readers[0].name) is Precision.FP32 and readers[0].attrs.get("axis", -1) in (-1, last)
     return bool(readers) and all(n.op == "ReduceSum" and (n.domain or "") in oplists.DEFAULT_DOMAINS
                                  and precision_of(n.name) is Precision.FP32 for n in readers)
 

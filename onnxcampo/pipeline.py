@@ -417,9 +417,10 @@ def ort_fused_nodes(ctx: GraphContext, model: onnx.ModelProto) -> set[str]:
 
 
 class FuseReductions(PassBase):
-    """``--fuse-reductions``: ReduceSums over leading/trailing blocks of axes, with the Reshapes
-    and Casts around them, as BlockReduceSum nodes; after loss scaling (whose Casts it folds),
-    before the elementwise fusion (which then sees the reductions' Casts gone)."""
+    """``--fuse-reductions``: a cross-entropy loss and its gradient as SoftmaxCrossEntropy(Grad)
+    nodes, then ReduceSums over leading/trailing blocks of axes, with the Reshapes and Casts around
+    them, as BlockReduceSum nodes; after loss scaling (whose Casts it folds), before the
+    elementwise fusion (which then sees the reductions' Casts gone)."""
 
     name = "fuse_reductions"
     mutates = True
@@ -427,11 +428,14 @@ class FuseReductions(PassBase):
     def run(self, exported: Exported) -> PassResult:
         if not exported.ctx.config.fuse_reductions:
             return PassResult(self.name, False)
+        from onnxcampo.loss_fusion import fuse_softmax_cross_entropy
         from onnxcampo.reductions import fuse_reductions
 
+        loss = fuse_softmax_cross_entropy(exported.model)  # first: its ReduceSums are the loss's
         result = fuse_reductions(exported.model)
-        exported.report["fuse_reductions"] = result.to_json()
-        return PassResult(self.name, bool(result.fused), {"fused": result.fused, "replaced": result.reductions})
+        exported.report["fuse_reductions"] = {**result.to_json(), "loss": loss.to_json()}
+        fused = result.fused + loss.forward + loss.backward
+        return PassResult(self.name, bool(fused), {"fused": fused, "replaced": result.reductions + loss.nodes})
 
 
 class AnnotateNodes(PassBase):
@@ -481,6 +485,10 @@ def node_numbers_text(row: dict) -> str:
 _ADDED = {
     "FusedElementwise": "a chain of elementwise ops (and their Casts) as one kernel (--fuse-elementwise)",
     "BlockReduceSum": "a ReduceSum over a block of axes with its Reshapes and Casts as one kernel (--fuse-reductions)",
+    "SoftmaxCrossEntropy": "the cross-entropy loss (LogSoftmax, OneHot, Mul, ReduceSum) in one pass over the logits "
+                           "(--fuse-reductions)",
+    "SoftmaxCrossEntropyGrad": "the cross-entropy loss's gradient (g - exp(logp) * ReduceSum(g)) in one pass "
+                               "(--fuse-reductions)",
     "MultiTensorCast": "the float32 -> float16 Casts of the weights as one kernel (--fuse-elementwise)",
     "AvgMatMulInteger": "MatMulInteger with 16-bit tree-averaging accumulation (--int8-avg)",
 }

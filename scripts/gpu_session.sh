@@ -11,7 +11,8 @@
 # and command are appended to $OUT/<stage>/rc):
 #   checks   the custom-op kernel checks: FusedElementwise (generated and interpreter kernels,
 #            comparisons included), ConvWeightGrad (cuDNN), Im2Col, BlockReduceSum, ScatterNDAdd,
-#            the Trainer's device batches and CUDA graphs, MultiTensorCast             (~5 min)
+#            the Trainer's device batches and CUDA graphs, MultiTensorCast,
+#            SoftmaxCrossEntropy(Grad) (values, and timed against the unfused GPT-2 loss) (~6 min)
 #   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
 #            cases not measured yet (GPT-2's backward LM-head GEMMs); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
@@ -63,6 +64,7 @@ run_checks() {
   stage checks 90 python3 scripts/check_scatter_cuda.py --out "$d/scatter.json"
   stage checks 120 python3 scripts/check_trainer_device.py --fused-ops --out "$d/trainer-device.json"
   stage checks 120 python3 scripts/check_multi_tensor_cast_cuda.py --out "$d/multi_tensor_cast.json"
+  stage checks 120 python3 scripts/check_cross_entropy_cuda.py --out "$d/cross_entropy.json"
 }
 
 run_costs() {

@@ -207,3 +207,35 @@ def block_reduce_sum(x: str, *, output: str, sizes: Sequence[int], output_type: 
             raise ValueError(f"{name}: output_shape {shape} must hold Q = {sizes[1]} elements")
         attributes["output_shape"] = shape
     return helper.make_node("BlockReduceSum", [x], [output], name=name, domain=DOMAIN, **attributes)
+
+
+def _output_type(name: str, output_type: int) -> int:
+    if output_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+        raise ValueError(f"{name}: output_type must be 1 (float32) or 10 (float16), got {output_type}")
+    return int(output_type)
+
+
+def softmax_cross_entropy(x: str, labels: str, *, picked: str, lse: str, classes: int | None = None,
+                          output_type: int = onnx.TensorProto.FLOAT, name: str) -> onnx.NodeProto:
+    """``(picked, lse) = SoftmaxCrossEntropy(x, labels)``: the log softmax of each row of ``x`` (its
+    first ``classes`` columns) at the row's label, and the row's log-sum-exp (float32); both
+    shaped like ``labels`` (``onnxcampo.ops.cross_entropy``)."""
+    attributes = {"output_type": _output_type(name, output_type)}
+    if classes is not None:
+        attributes["classes"] = int(classes)
+    return helper.make_node("SoftmaxCrossEntropy", [x, labels], [picked, lse], name=name, domain=DOMAIN, **attributes)
+
+
+def softmax_cross_entropy_grad(x: str, lse: str, labels: str, scale: str, *, output: str, classes: int | None = None,
+                               output_type: int = onnx.TensorProto.FLOAT, output_shape: Sequence[int] | None = None,
+                               name: str) -> onnx.NodeProto:
+    """``dx = SoftmaxCrossEntropyGrad(x, lse, labels, scale)``: ``scale * (OneHot(labels) -
+    softmax(x))`` row by row, ``scale`` one value or one per row; shaped ``output_shape`` (default
+    x's shape with the last dimension ``classes``)."""
+    attributes = {"output_type": _output_type(name, output_type)}
+    if classes is not None:
+        attributes["classes"] = int(classes)
+    if output_shape is not None:
+        attributes["output_shape"] = [int(d) for d in output_shape]
+    return helper.make_node("SoftmaxCrossEntropyGrad", [x, lse, labels, scale], [output], name=name, domain=DOMAIN,
+                            **attributes)

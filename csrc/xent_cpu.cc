@@ -1,0 +1,75 @@
+// SoftmaxCrossEntropy and its gradient on the CPU (xent.h has the arithmetic): rows spread over
+// the session's thread pool in chunks, each row computed by one thread in column order (max,
+// then the float64 sum of the float32 exp(x - max)), so results do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "elementwise.h"  // HalfBitsToFloat, FloatToHalfBits
+#include "xent.h"
+
+namespace onnxcampo {
+namespace {
+
+constexpr int64_t kRowsPerTask = 16;
+
+float Load(const void* p, bool half, int64_t i) {
+  return half ? ew::HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+void Store(void* p, bool half, int64_t i, float v) {
+  if (half) {
+    static_cast<uint16_t*>(p)[i] = ew::FloatToHalfBits(v);
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+
+// The label of row r as a column, or -1 when it lies outside [-C, C).
+int64_t Column(int64_t label, int64_t classes) {
+  if (label < 0) label += classes;
+  return label >= 0 && label < classes ? label : -1;
+}
+
+template <typename Row>
+void ForRows(int64_t rows, const ParallelRunner& run, Row row) {
+  const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+  run(static_cast<size_t>(tasks), [&](size_t task) {
+    const int64_t begin = static_cast<int64_t>(task) * kRowsPerTask;
+    const int64_t end = std::min(rows, begin + kRowsPerTask);
+    for (int64_t r = begin; r < end; ++r) row(r);
+  });
+}
+
+}  // namespace
+
+void SoftmaxCrossEntropyCpu(const XentArgs& a, const ParallelRunner& run) {
+  ForRows(a.rows, run, [&](int64_t r) {
+    const int64_t base = r * a.width;
+    float most = -INFINITY;
+    for (int64_t j = 0; j < a.classes; ++j) most = std::max(most, Load(a.x, a.x_half, base + j));
+    double sum = 0.0;  // float64: a serial float32 sum of 50257 terms drifts by 1e-5 (the CUDA kernel's tree does not)
+    for (int64_t j = 0; j < a.classes; ++j) sum += std::exp(Load(a.x, a.x_half, base + j) - most);
+    const float lse = static_cast<float>(most + std::log(sum));
+    const int64_t column = Column(a.labels[r], a.classes);
+    a.lse_out[r] = lse;
+    Store(a.picked, a.picked_half, r, column < 0 ? 0.0f : Load(a.x, a.x_half, base + column) - lse);
+  });
+}
+
+void SoftmaxCrossEntropyGradCpu(const XentArgs& a, const ParallelRunner& run) {
+  ForRows(a.rows, run, [&](int64_t r) {
+    const int64_t base = r * a.width, out = r * a.classes;
+    const float s = Load(a.scale, a.scale_half, a.scale_per_row ? r : 0);
+    const int64_t column = Column(a.labels[r], a.classes);
+    const float total = column < 0 ? 0.0f : s;  // ReduceSum(g) of the unfused graph
+    for (int64_t j = 0; j < a.classes; ++j) {
+      const float g = j == column ? s : 0.0f;
+      const float p = std::exp(Load(a.x, a.x_half, base + j) - a.lse[r]);
+      Store(a.dx, a.dx_half, out + j, g - p * total);
+    }
+  });
+}
+
+}  // namespace onnxcampo
