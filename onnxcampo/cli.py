@@ -169,11 +169,12 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "Default: on for a training step built with the fused ops where the library's CUDA "
                              "kernels and NVRTC are (onnxruntime-gpu), off otherwise")
     custom.add_argument("--fuse-reductions", action=argparse.BooleanOptionalAction, default=None,
-                        help="after the plan: ReduceSums over leading/trailing blocks of axes (bias, LayerNorm and "
-                             "Conv-bias gradients), with the Reshapes and float16->float32 Casts around them, as "
-                             "ai.onnxcampo BlockReduceSum nodes, one kernel each (needs the custom-op library; "
-                             "docs/ops.md). Default: on for a training step built with the fused ops where the "
-                             "library's CUDA kernels are, off otherwise")
+                        help="after the plan: a cross-entropy loss and its gradient as ai.onnxcampo "
+                             "SoftmaxCrossEntropy(Grad) nodes (one pass over the logits each), and ReduceSums over "
+                             "leading/trailing blocks of axes (bias, LayerNorm and Conv-bias gradients), with the "
+                             "Reshapes and float16->float32 Casts around them, as BlockReduceSum nodes, one kernel "
+                             "each (needs the custom-op library; docs/ops.md). Default: on for a training step built "
+                             "with the fused ops where the library's CUDA kernels are, off otherwise")
     custom.add_argument("--yield-to-ort-fusions", action="store_true",
                         help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
                              "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "
@@ -1067,9 +1068,12 @@ def summary(report: dict, output: Path | None) -> str:
                      + (f"; kept: {skipped}" if skipped else ""))
     reductions = report.get("fuse_reductions")
     if reductions is not None:
+        loss = reductions.get("loss") or {}
         lines.append(f"fuse-reductions: {reductions['reduce_sums_replaced']} ReduceSums, {reductions['casts_folded']} "
                      f"Casts and {reductions['reshapes_folded']} Reshapes as {reductions['fused_nodes']} BlockReduceSum "
-                     "nodes")
+                     "nodes" + (f"; the cross-entropy loss ({loss['nodes_replaced']} nodes) as SoftmaxCrossEntropy"
+                                + (" and its gradient" if loss.get("softmax_cross_entropy_grad") else "")
+                                if loss.get("softmax_cross_entropy") else ""))
     chains = report.get("fuse_elementwise")
     if chains is not None:
         extra = [f"{chains[key]} {what}" for key, what in (("biases", "Conv/Gemm biases moved in"),

@@ -14,7 +14,7 @@
 #            the Trainer's device batches and CUDA graphs, MultiTensorCast,
 #            SoftmaxCrossEntropy(Grad) (values, and timed against the unfused GPT-2 loss) (~6 min)
 #   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
-#            cases not measured yet (GPT-2's backward LM-head GEMMs); copy
+#            cases not measured yet (costdb/data/raw/harvested-cases.json: none left in session 13); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
 #            costdb/data/raw/nvidia-h200.jsonl costdb/data/nvidia-h200.json`)          (~2 min)
 #   bench    training steps: campo with both fusions (and the Im2Col + Gemm and
@@ -71,7 +71,8 @@ run_costs() {
   stage costs 120 python3 scripts/measure_fused_elementwise_costs.py --out "$OUT/costs/fused_elementwise_costs.json"
   # the cost database's grid cases not measured yet (the samples file resumes: only those run)
   cp costdb/data/raw/nvidia-h200.jsonl "$OUT/costs/nvidia-h200.jsonl"
-  stage costs 300 python3 -m onnxcampo costdb measure --out "$OUT/costs/nvidia-h200.jsonl" --budget-s 240
+  # -P: the checkout (cwd) is not on the path, the installed onnxcampo is (the checkout has no onnxcampo.costdb)
+  stage costs 300 python3 -P -m onnxcampo costdb measure --out "$OUT/costs/nvidia-h200.jsonl" --budget-s 240
 }
 
 run_bench() {
