@@ -24,6 +24,8 @@
 //   SoftmaxCrossEntropy(x, labels) -> (picked, lse), SoftmaxCrossEntropyGrad(x, lse, labels, scale)
 //       -> dx  (the cross-entropy loss over the last axis and its gradient, one pass each:
 //       xent_op.cc, xent.h)
+//   LayerNormGrad(dy, xhat, invstd, gamma[, acc]) -> dx  (a layer normalization's input gradient,
+//       one pass over the rows: norm_op.cc, norm.h)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -50,6 +52,7 @@
 #include "kernels.h"
 #include "op_util.h"
 #include "scatter.h"
+#include "norm.h"
 #include "xent.h"
 
 namespace onnxcampo {
@@ -754,6 +757,7 @@ struct Library {
     domain.Add(&cast_cpu);
     domain.Add(Im2ColOp(false));
     domain.Add(ConvWeightGradOp(false));
+    domain.Add(LayerNormGradOp(false));  // norm_op.cc
 #ifdef ONNXCAMPO_WITH_CUDA
     domain.Add(&unscale_cuda);
     domain.Add(&sgd_cuda);
@@ -762,6 +766,7 @@ struct Library {
     domain.Add(&cast_cuda);
     domain.Add(Im2ColOp(true));
     domain.Add(ConvWeightGradOp(true));
+    domain.Add(LayerNormGradOp(true));
 #endif
     AddBlockReduceSumOps(domain);
   }

@@ -429,13 +429,16 @@ class FuseReductions(PassBase):
         if not exported.ctx.config.fuse_reductions:
             return PassResult(self.name, False)
         from onnxcampo.loss_fusion import fuse_softmax_cross_entropy
+        from onnxcampo.norm_fusion import fuse_layer_norm_grad
         from onnxcampo.reductions import fuse_reductions
 
-        loss = fuse_softmax_cross_entropy(exported.model)  # first: its ReduceSums are the loss's
+        loss = fuse_softmax_cross_entropy(exported.model)  # first: their reductions are the loss's,
+        norms = fuse_layer_norm_grad(exported.model)  # the layer norms'
         result = fuse_reductions(exported.model)
-        exported.report["fuse_reductions"] = {**result.to_json(), "loss": loss.to_json()}
-        fused = result.fused + loss.forward + loss.backward
-        return PassResult(self.name, bool(fused), {"fused": fused, "replaced": result.reductions + loss.nodes})
+        exported.report["fuse_reductions"] = {**result.to_json(), "loss": loss.to_json(), "layer_norms": norms.to_json()}
+        fused = result.fused + loss.forward + loss.backward + norms.fused
+        return PassResult(self.name, bool(fused),
+                          {"fused": fused, "replaced": result.reductions + loss.nodes + norms.nodes})
 
 
 class AnnotateNodes(PassBase):
@@ -489,6 +492,8 @@ _ADDED = {
                            "(--fuse-reductions)",
     "SoftmaxCrossEntropyGrad": "the cross-entropy loss's gradient (g - exp(logp) * ReduceSum(g)) in one pass "
                                "(--fuse-reductions)",
+    "LayerNormGrad": "a layer norm's input gradient (Muls, Subs, two ReduceMeans, the residual Sum) in one pass "
+                     "(--fuse-reductions)",
     "MultiTensorCast": "the float32 -> float16 Casts of the weights as one kernel (--fuse-elementwise)",
     "AvgMatMulInteger": "MatMulInteger with 16-bit tree-averaging accumulation (--int8-avg)",
 }

@@ -12,7 +12,8 @@
 #   checks   the custom-op kernel checks: FusedElementwise (generated and interpreter kernels,
 #            comparisons included), ConvWeightGrad (cuDNN), Im2Col, BlockReduceSum, ScatterNDAdd,
 #            the Trainer's device batches and CUDA graphs, MultiTensorCast,
-#            SoftmaxCrossEntropy(Grad) (values, and timed against the unfused GPT-2 loss) (~6 min)
+#            SoftmaxCrossEntropy(Grad), LayerNormGrad (values, and timed against the unfused
+#            GPT-2 loss and BERT layer-norm backward)                                  (~7 min)
 #   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
 #            cases not measured yet (costdb/data/raw/harvested-cases.json: none left in session 13); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
@@ -65,6 +66,7 @@ run_checks() {
   stage checks 120 python3 scripts/check_trainer_device.py --fused-ops --out "$d/trainer-device.json"
   stage checks 120 python3 scripts/check_multi_tensor_cast_cuda.py --out "$d/multi_tensor_cast.json"
   stage checks 120 python3 scripts/check_cross_entropy_cuda.py --out "$d/cross_entropy.json"
+  stage checks 120 python3 scripts/check_layer_norm_grad_cuda.py --out "$d/layer_norm_grad.json"
 }
 
 run_costs() {

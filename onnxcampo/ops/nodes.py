@@ -239,3 +239,15 @@ def softmax_cross_entropy_grad(x: str, lse: str, labels: str, scale: str, *, out
         attributes["output_shape"] = [int(d) for d in output_shape]
     return helper.make_node("SoftmaxCrossEntropyGrad", [x, lse, labels, scale], [output], name=name, domain=DOMAIN,
                             **attributes)
+
+
+def layer_norm_grad(dy: str, xhat: str, invstd: str, gamma: str, acc: str | None = None, *, output: str,
+                    output_type: int = onnx.TensorProto.FLOAT, output_shape: Sequence[int] | None = None,
+                    name: str) -> onnx.NodeProto:
+    """``dx = LayerNormGrad(dy, xhat, invstd, gamma[, acc])``: a layer normalization's input
+    gradient row by row (``onnxcampo.ops.layer_norm``), ``acc`` added when given."""
+    attributes = {"output_type": _output_type(name, output_type)}
+    if output_shape is not None:
+        attributes["output_shape"] = [int(d) for d in output_shape]
+    inputs = [dy, xhat, invstd, gamma] + ([acc] if acc else [])
+    return helper.make_node("LayerNormGrad", inputs, [output], name=name, domain=DOMAIN, **attributes)

@@ -1,0 +1,275 @@
+"""``--fuse-reductions``, layer norms: the backward of a LayerNormalization over the last axis as one
+``ai.onnxcampo::LayerNormGrad`` node (``onnxcampo/ops/layer_norm.py``, ``docs/ops.md``).
+
+onnx-ad and ``training.simplify`` write a layer norm's input gradient from the standardized input
+``xhat`` as ``g = dy * gamma``, ``dx = invstd * ((g - ReduceMean(g)) - xhat * ReduceMean(g * xhat))``:
+four elementwise products, two Subs and two ReduceMeans over the normalized axis, each a pass over
+``[rows, cols]`` (BERT-base b32: 25 layer norms of ``[4096, 768]``), and ORT's CUDA ReduceMean
+runs well below the memory bandwidth. One LayerNormGrad reads dy and xhat once (a row twice, the
+second time from cache) and writes dx once, the residual branch's gradient added in. Runs on the
+written model after the precision plan, with the loss fusion, before the block reductions and the
+elementwise fusion. Rules:
+
+1. The pattern: ``p = Mul(dy, gamma)``; ``a = ReduceMean(p)``, ``d1 = Sub(p, a)``; ``q = Mul(xhat,
+   p)``, ``b = ReduceMean(q)``, ``m = Mul(xhat, b)``; ``d2 = Sub(d1, m)``; ``dx = Mul(invstd, d2)``
+   (either operand order of each Mul). ``dy``, ``xhat``, ``p`` and ``dx`` have one static shape
+   whose reduced axes (constant, keepdims) are the last axes of size > 1 and hold ``cols``
+   elements, the rest ``rows``; ``gamma`` holds ``cols`` elements and ``invstd`` ``rows``, each
+   broadcast along the other axes only. ``p`` is read by the two ReduceMeans' branches and the
+   Sub only, every other value between by the next node only, none is a graph output.
+2. A two-input ``Sum(acc, dx)`` (or Add) that is dx's only reader is folded: the node adds ``acc``
+   and writes the Sum's output.
+3. The node takes the place of dx's Mul (or of the Sum). It reads invstd and gamma before the
+   views (Reshape, Squeeze, Unsqueeze, Flatten, Identity) that broadcast them, invstd also before
+   a Cast between the float types (the float32 invstd of the LayerNormalization: the plan's
+   float16 copy then stays in its elementwise group instead of a Cast kernel of its own); views
+   and Casts that only the removed nodes read are removed too.
+
+The result is the float32 evaluation of the same expression, rounded once to dx's type (the
+unfused plan rounds each node's output to float16 where the plan put the node in fp16).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import onnx
+from onnx import TensorProto, helper
+
+from onnxcampo import ir, oplists
+from onnxcampo.reductions import MOVES, _axes, _drop_unread
+
+log = logging.getLogger(__name__)
+
+FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
+
+
+@dataclass
+class NormFusionResult:
+    fused: int = 0  # LayerNormGrad nodes made
+    nodes: int = 0  # nodes they replace (views and Casts left unread included)
+    sums: int = 0  # residual Sums folded in
+
+    def to_json(self) -> dict:
+        return {"layer_norm_grad": self.fused, "nodes_replaced": self.nodes, "sums_folded": self.sums}
+
+
+@dataclass
+class _Match:
+    dy: str
+    xhat: str
+    invstd: str
+    gamma: str
+    acc: str | None
+    output: str
+    at: onnx.NodeProto
+    removed: list[onnx.NodeProto]
+
+
+def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
+    """Replace the layer-norm input gradients of ``model`` (in place) by LayerNormGrad nodes."""
+    result = NormFusionResult()
+    if sum(n.op_type == "ReduceMean" for n in model.graph.node) < 2:
+        return result
+    from onnxcampo.ops import nodes as op_nodes
+
+    info, _ = ir.infer_tensor_info(model)
+    edit = ir.ModelEdit(model, fresh_prefix="lngrad")
+    constants = edit.constants()
+    producers, consumers = edit.producers(), edit.consumers()
+    protected = edit.interface()
+
+    def static(name: str) -> tuple[int, ...] | None:
+        entry = info.get(name)
+        if entry is None or entry.shape is None:
+            return None
+        shape = tuple(entry.shape)
+        return shape if all(isinstance(d, int) and d > 0 for d in shape) else None
+
+    def dtype(name: str) -> int | None:
+        entry = info.get(name)
+        return entry.dtype if entry is not None else None
+
+    def readers(name: str) -> list[onnx.NodeProto]:
+        return consumers.get(name, [])
+
+    def made_by(name: str, op: str) -> onnx.NodeProto | None:
+        node = producers.get(name)
+        ok = node is not None and node.op_type == op and node.domain in oplists.DEFAULT_DOMAINS
+        return node if ok and name not in protected else None
+
+    def only(name: str, reader: onnx.NodeProto) -> bool:
+        return name not in protected and readers(name) == [reader]
+
+    def operands(node: onnx.NodeProto) -> tuple[str, str] | None:
+        return (node.input[0], node.input[1]) if len(node.input) == 2 else None
+
+    def broadcast(name: str, shape: tuple[int, ...], keep: set[int]) -> bool:
+        """Whether ``name`` is static, no longer than ``shape`` and, right-aligned, 1 on every
+        axis outside ``keep`` and ``shape``'s size on those in it."""
+        own = static(name)
+        if own is None or len(own) > len(shape):
+            return False
+        padded = (1,) * (len(shape) - len(own)) + own
+        return all(padded[k] == (shape[k] if k in keep else 1) for k in range(len(shape)))
+
+    def mean_of(node: onnx.NodeProto | None, x: str, shape: tuple[int, ...], axes: set[int]) -> bool:
+        return (node is not None and node.input[0] == x and ir.attribute(node, "keepdims", 1) == 1
+                and set(_axes(node, constants, len(shape)) or []) == axes)
+
+    def source(name: str, count: int, *, casts: bool) -> str:
+        """Rule 3's inputs: ``name`` back through views (and with ``casts`` Casts between the float
+        types: the op reads either, and the float32 invstd is the exact one) to the first tensor."""
+        while True:
+            node = producers.get(name)
+            if node is None or node.domain not in oplists.DEFAULT_DOMAINS or not node.input:
+                return name
+            before = node.input[0]
+            moves = node.op_type in MOVES or (casts and node.op_type == "Cast" and dtype(before) in FLOATS)
+            if not moves or static(before) is None or math.prod(static(before)) != count or dtype(before) not in FLOATS:
+                return name
+            name = before
+
+    def match(dx_node: onnx.NodeProto) -> _Match | None:
+        pair = operands(dx_node)
+        if pair is None:
+            return None
+        for invstd, d2 in (pair, pair[::-1]):
+            sub2 = made_by(d2, "Sub")
+            if sub2 is not None and only(d2, dx_node):
+                break
+        else:
+            return None
+        d1, m = sub2.input
+        sub1, mul_m = made_by(d1, "Sub"), made_by(m, "Mul")
+        if sub1 is None or mul_m is None or not only(d1, sub2) or not only(m, sub2):
+            return None
+        p, a = sub1.input
+        shape = static(p)
+        mean_a = made_by(a, "ReduceMean")
+        if shape is None or mean_a is None or not only(a, sub1) or static(dx_node.output[0]) != shape:
+            return None
+        reduced = set(_axes(mean_a, constants, len(shape)) or [])
+        big = [k for k, d in enumerate(shape) if d > 1]
+        tail = set(range(min(reduced, default=len(shape)), len(shape)))
+        if not reduced or not {k for k in tail if shape[k] > 1} <= reduced <= tail or not big:
+            return None
+        if not mean_of(mean_a, p, shape, reduced):
+            return None
+        cols = math.prod(shape[k] for k in reduced)
+        rows = math.prod(shape) // cols
+        row_axes = set(range(len(shape))) - tail
+        # m = Mul(xhat, b), b = ReduceMean(q), q = Mul(xhat, p)
+        for xhat, b in (tuple(mul_m.input), tuple(mul_m.input)[::-1]):
+            mean_b = made_by(b, "ReduceMean")
+            if mean_b is not None and only(b, mul_m):
+                break
+        else:
+            return None
+        q = mean_b.input[0]
+        mul_q = made_by(q, "Mul")
+        if mul_q is None or not only(q, mean_b) or not mean_of(mean_b, q, shape, reduced):
+            return None
+        if sorted(mul_q.input) != sorted([xhat, p]) or static(xhat) != shape:
+            return None
+        # p = Mul(dy, gamma), read by the two branches' nodes and the first Sub only
+        mul_p = made_by(p, "Mul")
+        if mul_p is None or sorted(id(n) for n in readers(p)) != sorted(id(n) for n in (mean_a, sub1, mul_q)):
+            return None
+        dy, gamma = mul_p.input
+        if static(dy) != shape:
+            dy, gamma = gamma, dy
+        if static(dy) != shape or not broadcast(gamma, shape, reduced) or math.prod(static(gamma)) != cols:
+            return None
+        if not broadcast(invstd, shape, row_axes) or math.prod(static(invstd)) != rows:
+            return None
+        invstd, gamma = source(invstd, rows, casts=True), source(gamma, cols, casts=False)
+        names = (dy, xhat, invstd, gamma, dx_node.output[0])
+        if any(dtype(n) not in FLOATS for n in names):
+            return None
+        removed = [mul_p, mean_a, sub1, mul_q, mean_b, mul_m, sub2, dx_node]
+        out, acc, at = dx_node.output[0], None, dx_node
+        users = readers(out)
+        if out not in protected and len(users) == 1 and users[0].op_type in ("Sum", "Add") \
+                and users[0].domain in oplists.DEFAULT_DOMAINS and len(users[0].input) == 2 \
+                and users[0].input[0] != users[0].input[1]:
+            total = users[0]
+            other = total.input[1] if total.input[0] == out else total.input[0]
+            if static(other) == shape and static(total.output[0]) == shape and dtype(other) in FLOATS:
+                acc, out, at = other, total.output[0], total
+                removed.append(total)
+        return _Match(dy, xhat, invstd, gamma, acc, out, at, removed)
+
+    matches: list[_Match] = []
+    taken: set[int] = set()
+    for node in list(model.graph.node):
+        if node.op_type != "Mul" or node.domain not in oplists.DEFAULT_DOMAINS or id(node) in taken:
+            continue
+        found = match(node)
+        if found is None or any(id(n) in taken for n in found.removed):
+            continue
+        taken.update(id(n) for n in found.removed)
+        matches.append(found)
+    if not matches:
+        return result
+
+    removed = {id(n) for m in matches for n in m.removed}
+    # rule 3: views and Casts whose every reader goes
+    read_after: dict[str, int] = {}
+    for node in model.graph.node:
+        if id(node) not in removed:
+            for name in node.input:
+                read_after[name] = read_after.get(name, 0) + 1
+    for m in matches:  # what the new nodes read
+        for name in (m.dy, m.xhat, m.invstd, m.gamma, m.acc):
+            if name:
+                read_after[name] = read_after.get(name, 0) + 1
+    frontier = [i for m in matches for n in m.removed for i in n.input]
+    while frontier:
+        name = frontier.pop()
+        node = producers.get(name)
+        if (node is None or id(node) in removed or node.domain not in oplists.DEFAULT_DOMAINS
+                or node.op_type not in (*MOVES, "Cast") or read_after.get(name, 0) or name in protected
+                or any(o != name and (read_after.get(o, 0) or o in protected) for o in node.output)):
+            continue
+        if any(id(r) not in removed for r in readers(name)):
+            continue
+        removed.add(id(node))
+        matches[0].removed.append(node)  # counted once; the nodes go
+        frontier.extend(node.input)
+
+    made: dict[int, onnx.NodeProto] = {}
+    new_info = []
+    for m in matches:
+        made[id(m.at)] = op_nodes.layer_norm_grad(m.dy, m.xhat, m.invstd, m.gamma, m.acc, output=m.output,
+                                                  output_type=dtype(m.output), output_shape=list(static(m.output)),
+                                                  name=edit.fresh(f"{m.at.name or 'layer_norm'}/layer_norm_grad"))
+        new_info.append(helper.make_tensor_value_info(m.output, dtype(m.output), list(static(m.output))))
+        result.fused += 1
+        result.sums += m.acc is not None
+    result.nodes = len(removed)
+    kept = []
+    for node in model.graph.node:
+        if id(node) in made:
+            kept.append(made[id(node)])
+        elif id(node) not in removed:
+            kept.append(node)
+    read_by_removed = {i for m in matches for n in m.removed for i in n.input if i}
+    gone = {o for m in matches for n in m.removed for o in n.output}
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    _drop_unread(model, read_by_removed)
+    written = {v.name for v in new_info}
+    declared = {o.name for o in model.graph.output}
+    kept_info = [v for v in model.graph.value_info if v.name not in gone and v.name not in written]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept_info + [v for v in new_info if v.name not in declared])
+    op_nodes.import_domain(model)
+    log.info("fuse-reductions: %d layer-norm gradients as LayerNormGrad nodes (%d nodes replaced, %d Sums folded)",
+             result.fused, result.nodes, result.sums)
+    return result
+
+
+__all__ = ["NormFusionResult", "fuse_layer_norm_grad"]

@@ -1,0 +1,222 @@
+"""Check ``ai.onnxcampo::LayerNormGrad`` on CUDA against the numpy reference, then time it against
+the unfused layer-norm backward of a step graph (BERT-base's ``[4096, 768]``, float16).
+
+Run from the repository root on the GPU machine (onnxruntime-gpu, numpy and onnx; onnxcampo need
+not be installed), with the library built with CUDA or pointed at:
+
+    export PYTHONPATH=/tmp/ortgpu:$PYTHONPATH ONNXCAMPO_OPS_LIBRARY=$PWD/onnxcampo/ops/lib/libonnxcampo_ops.so
+    python3 scripts/check_layer_norm_grad_cuda.py --out $OUT/layer_norm_grad.json
+
+Checks: float32 and float16 tensors (mixed), with and without ``acc``, row lengths 1 to 4096 (one
+warp to 1024 threads a row), plain and replayed as a CUDA graph; dx within float32 rounding of the
+reference (float16 outputs: one float16 rounding, relative to the row's largest value). Timing
+(cuda): the op against the unfused graph (Mul, ReduceMean, Sub, Mul, ReduceMean, Mul, Sub, Mul,
+Sum, as ORT runs them, all float16), interleaved in rounds, bound on the device, replayed and
+plain; median ms a run and CUPTI device time where torch is installed.
+
+Prints a line per check, writes JSON to ``--out``; exit 1 when a check fails, 2 when the CUDA EP
+is missing. ``--provider cpu --quick`` runs the checks on ORT's CPU provider
+(tests/ops/test_layer_norm_grad.py runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+standalone = _load("_onnxcampo_standalone_sessions", "onnxcampo/runtime/standalone.py")  # no onnxcampo needed
+ln = _load("_onnxcampo_layer_norm", "onnxcampo/ops/layer_norm.py")  # the numpy reference
+DOMAIN = "ai.onnxcampo"
+F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+NUMPY = {F32: np.float32, F16: np.float16}
+NAMES = ("dy", "xhat", "invstd", "gamma", "acc")
+
+
+def _shapes(rows, cols):
+    return {"dy": [rows, cols], "xhat": [rows, cols], "invstd": [rows, 1], "gamma": [cols], "acc": [rows, cols]}
+
+
+def _fused_model(types: dict, rows: int, cols: int, out_type: int, acc: bool) -> bytes:
+    names = list(NAMES if acc else NAMES[:4])
+    shapes = _shapes(rows, cols)
+    node = helper.make_node("LayerNormGrad", names, ["dx"], domain=DOMAIN, output_type=out_type)
+    graph = helper.make_graph([node], "lngrad", [helper.make_tensor_value_info(n, types[n], shapes[n]) for n in names],
+                              [helper.make_tensor_value_info("dx", out_type, [rows, cols])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=10)
+    return model.SerializeToString()
+
+
+def _unfused_model(rows: int, cols: int) -> bytes:
+    """The step graph's layer-norm input gradient, every node float16 (the campo plan's)."""
+    nodes = [helper.make_node("Mul", ["dy", "gamma"], ["p"]),
+             helper.make_node("ReduceMean", ["p"], ["a"], axes=[-1], keepdims=1),
+             helper.make_node("Sub", ["p", "a"], ["d1"]),
+             helper.make_node("Mul", ["xhat", "p"], ["q"]),
+             helper.make_node("ReduceMean", ["q"], ["b"], axes=[-1], keepdims=1),
+             helper.make_node("Mul", ["xhat", "b"], ["m"]),
+             helper.make_node("Sub", ["d1", "m"], ["d2"]),
+             helper.make_node("Mul", ["invstd", "d2"], ["d"]),
+             helper.make_node("Sum", ["acc", "d"], ["dx"])]
+    shapes = _shapes(rows, cols)
+    graph = helper.make_graph(nodes, "unfused", [helper.make_tensor_value_info(n, F16, shapes[n]) for n in NAMES],
+                              [helper.make_tensor_value_info("dx", F16, [rows, cols])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
+
+
+class Bound:
+    """A session with inputs and outputs bound on the device (fixed addresses, as a replayed graph needs)."""
+
+    def __init__(self, model: bytes, feeds: dict, out: tuple, library: str, provider: str, graph: bool):
+        device = "cuda" if provider == "cuda" else "cpu"
+        self.session = standalone.custom_op_session(model, library, provider, cuda_graph=graph)
+        self.inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, device, 0) for k, v in feeds.items()}
+        self.output = ort.OrtValue.ortvalue_from_shape_and_type(list(out[0]), out[1], device, 0)
+        self.binding = self.session.io_binding()
+        for k, v in self.inputs.items():
+            self.binding.bind_ortvalue_input(k, v)
+        self.binding.bind_ortvalue_output("dx", self.output)
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.binding)
+
+    def result(self) -> np.ndarray:
+        return self.output.numpy()
+
+
+def _feeds(types: dict, rows: int, cols: int, acc: bool, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    shapes = _shapes(rows, cols)
+    feeds = {n: rng.standard_normal(shapes[n]).astype(NUMPY[types[n]]) for n in (NAMES if acc else NAMES[:4])}
+    feeds["invstd"] = (np.abs(feeds["invstd"].astype(np.float32)) + 0.5).astype(NUMPY[types["invstd"]])
+    return feeds
+
+
+def _cases(quick: bool):
+    """(types of dy, xhat, invstd, gamma, acc; output type; rows; cols; acc given)."""
+    half, full = dict.fromkeys(NAMES, F16), dict.fromkeys(NAMES, F32)
+    mixed = {"dy": F16, "xhat": F16, "invstd": F32, "gamma": F16, "acc": F32}
+    cases = [(full, F32, 3, 1, True), (full, F32, 5, 33, False), (half, F16, 7, 768, True), (mixed, F32, 4, 100, True),
+             (half, F32, 2, 4096, False)]
+    if not quick:
+        cases += [(half, F16, 4096, 768, True), (mixed, F16, 2048, 768, True), (full, F32, 512, 3072, False)]
+    return cases
+
+
+def check(library: str, provider: str, quick: bool) -> list[dict]:
+    rows_out = []
+    for k, (types, out_type, rows, cols, acc) in enumerate(_cases(quick)):
+        feeds = _feeds(types, rows, cols, acc, k)
+        want = ln.reference(feeds["dy"], feeds["xhat"], feeds["invstd"], feeds["gamma"], feeds.get("acc"),
+                            output_type=out_type).astype(np.float64)
+        model = _fused_model(types, rows, cols, out_type, acc)
+        for graph in ((False, True) if provider == "cuda" else (False,)):
+            bound = Bound(model, feeds, ((rows, cols), NUMPY[out_type]), library, provider, graph)
+            for _ in range(3 if graph else 1):
+                bound.run()
+            got = bound.result().astype(np.float64)
+            scale = np.maximum(1.0, np.abs(want).max(axis=1, keepdims=True))
+            error = float(np.max(np.abs(got - want) / scale))
+            tol = 2.0 ** -10 if out_type == F16 else 2e-6
+            rows_out.append({"check": f"{provider}{' graph' if graph else ''}: [{rows}, {cols}] "
+                                      f"{'/'.join(np.dtype(NUMPY[types[n]]).name for n in NAMES[:4])}"
+                                      f"{' + acc' if acc else ''} -> {np.dtype(NUMPY[out_type]).name}",
+                             "ok": error <= tol, "error": error})
+    return rows_out
+
+
+def _median_ms(fn, runs: int) -> float:
+    fn()
+    blocks = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(runs):
+            fn()
+        blocks.append((time.perf_counter() - start) * 1e3 / runs)
+    return statistics.median(blocks)
+
+
+def time_bert(library: str, rounds: int) -> dict:
+    rows, cols = 4096, 768
+    types = dict.fromkeys(NAMES, F16)
+    feeds = _feeds(types, rows, cols, True, 99)
+    out = ((rows, cols), np.float16)
+    variants = {}
+    for graph in (True, False):
+        suffix = "-graph" if graph else ""
+        variants[f"fused{suffix}"] = Bound(_fused_model(types, rows, cols, F16, True), feeds, out, library, "cuda", graph)
+        variants[f"unfused{suffix}"] = Bound(_unfused_model(rows, cols), feeds, out, library, "cuda", graph)
+    times = {key: [] for key in variants}
+    for turn in range(rounds):
+        keys = list(variants)
+        for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
+            times[key].append(_median_ms(variants[key].run, 20))
+    ms = {key: statistics.median(v) for key, v in times.items()}
+    difference = float(np.max(np.abs(variants["fused-graph"].result().astype(np.float64)
+                                     - variants["unfused-graph"].result().astype(np.float64))))
+    entry = {"shape": [rows, cols], "dtype": "float16", "ms": ms, "max_abs_difference": difference}
+    gpu = {}
+    for kind in ("fused", "unfused"):
+        measured = standalone.gpu_time_per_call(variants[kind].run, 10)
+        if measured is not None:
+            gpu[kind] = {"total_ms": measured["total_ms"], "launches": measured["launches"]}
+    entry["gpu"] = gpu or None
+    print(f"  BERT layer norm [{rows}, {cols}] float16: fused {ms['fused-graph']:.4f} ms replayed ({ms['fused']:.4f} "
+          f"plain), unfused {ms['unfused-graph']:.4f} ({ms['unfused']:.4f})"
+          + (f"; GPU {gpu['fused']['total_ms']:.4f} vs {gpu['unfused']['total_ms']:.4f} ms" if len(gpu) == 2 else "")
+          + f"; max |difference| {difference:.2e}", flush=True)
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--quick", action="store_true", help="small cases only, no timing")
+    parser.add_argument("--rounds", type=int, default=5, help="timing rounds (default 5)")
+    parser.add_argument("--library", help="the custom-op library (default $ONNXCAMPO_OPS_LIBRARY or the built one)")
+    parser.add_argument("--out", type=Path, help="write the JSON here too")
+    args = parser.parse_args(argv)
+    library = args.library or os.environ.get("ONNXCAMPO_OPS_LIBRARY") or str(ROOT / "onnxcampo/ops/lib/libonnxcampo_ops.so")
+    if not Path(library).is_file():
+        print(f"error: no custom-op library at {library}: run `python3 -m onnxcampo.ops.build`", file=sys.stderr)
+        return 2
+    if args.provider == "cuda":
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            print("error: --provider cuda needs onnxruntime-gpu with the CUDA execution provider", file=sys.stderr)
+            return 2
+    rows = check(library, args.provider, args.quick)
+    for row in rows:
+        print(f"{'ok  ' if row['ok'] else 'FAIL'} {row['check']} (error {row['error']:.1e})")
+    report = {"command": " ".join(["python3", "scripts/check_layer_norm_grad_cuda.py", *(argv or sys.argv[1:])]),
+              "onnxruntime": ort.__version__, "checks": rows}
+    if args.provider == "cuda" and not args.quick:
+        report["timing"] = time_bert(library, args.rounds)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 1 if any(not row["ok"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
