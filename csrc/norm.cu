@@ -1,4 +1,4 @@
-// LayerNormGrad on CUDA (norm.h has the arithmetic): one block per row. Pass 1: each thread adds
+// LayerNormGrad and SoftmaxGrad on CUDA (norm.h has the arithmetic): one block per row. Pass 1: each thread adds
 // g and g * xhat over its columns (t, t + T, ...), the warp and then the block add the pairs.
 // Pass 2 reads the row again (from L1/L2: a BERT row is 1.5 KB of float16) and writes dx. Built
 // with -fmad=false like the other kernels.
@@ -63,6 +63,37 @@ __global__ void LayerNormGradKernel(const NormGradArgs a) {
   }
 }
 
+// The sum of `v` over the block (every thread gets it); `shared` holds 32 floats.
+__device__ __forceinline__ float BlockSum(float v, float* shared) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? shared[lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) shared[0] = v;
+  }
+  __syncthreads();
+  return shared[0];
+}
+
+__global__ void SoftmaxGradKernel(const SoftmaxGradArgs a) {
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * a.cols;
+  float dot = 0.0f;
+  for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) dot += Load(a.dy, a.dy_half, base + j) * Load(a.y, a.y_half, base + j);
+  __shared__ float shared[32];
+  dot = BlockSum(dot, shared);
+  for (int64_t j = threadIdx.x; j < a.cols; j += blockDim.x) {
+    const float v = a.scale * (Load(a.y, a.y_half, base + j) * (Load(a.dy, a.dy_half, base + j) - dot));
+    if (a.dx_half) {
+      static_cast<__half*>(a.dx)[base + j] = __float2half_rn(v);
+    } else {
+      static_cast<float*>(a.dx)[base + j] = v;
+    }
+  }
+}
+
 // A thread for every 2 columns up to 1024 (a power of two, at least a warp).
 int Threads(int64_t cols) {
   int threads = 32;
@@ -76,6 +107,12 @@ void LayerNormGradCuda(const NormGradArgs& a, void* stream_handle) {
   if (a.rows == 0 || a.cols == 0) return;
   LayerNormGradKernel<<<static_cast<unsigned>(a.rows), Threads(a.cols), 0, static_cast<cudaStream_t>(stream_handle)>>>(a);
   CudaCheck(cudaGetLastError(), "LayerNormGrad launch");
+}
+
+void SoftmaxGradCuda(const SoftmaxGradArgs& a, void* stream_handle) {
+  if (a.rows == 0 || a.cols == 0) return;
+  SoftmaxGradKernel<<<static_cast<unsigned>(a.rows), Threads(a.cols), 0, static_cast<cudaStream_t>(stream_handle)>>>(a);
+  CudaCheck(cudaGetLastError(), "SoftmaxGrad launch");
 }
 
 }  // namespace onnxcampo

@@ -1,3 +1,6 @@
+// LayerNormGrad and SoftmaxGrad: the input gradients of a layer normalization and of a softmax
+// over the last axis.
+//
 // LayerNormGrad: the input gradient of a layer normalization over the last axis, one pass over
 // the rows (two reads of a row: the second from cache), given the standardized input:
 //
@@ -11,7 +14,11 @@
 // computes from xhat = (x - mean) * invstd (onnx-ad, simplify): Mul, two ReduceMeans, two Subs,
 // two Muls, and the Sum that adds the residual branch's gradient (acc).
 //
-// Free of ONNX Runtime types: norm_op.cc reads the call, norm_cpu.cc and norm.cu compute it.
+// SoftmaxGrad: dx_j = scale * y_j * (dy_j - sum_k(dy_k * y_k)) over each row of `cols` elements,
+// y the softmax's output: what onnx-ad's backward of Softmax computes (Mul, ReduceSum, Sub, Mul;
+// `scale` a constant factor after it, the attention's 1/sqrt(head size)).
+//
+// Free of ONNX Runtime types: norm_op.cc reads the calls, norm_cpu.cc and norm.cu compute them.
 #pragma once
 
 #include <cstdint>
@@ -38,14 +45,28 @@ struct NormGradArgs {
   int64_t rows = 0, cols = 0;
 };
 
+struct SoftmaxGradArgs {
+  const void* dy = nullptr;
+  bool dy_half = false;
+  const void* y = nullptr;
+  bool y_half = false;
+  void* dx = nullptr;
+  bool dx_half = false;
+  float scale = 1.0f;
+  int64_t rows = 0, cols = 0;
+};
+
 void LayerNormGradCpu(const NormGradArgs& args, const ParallelRunner& run);
+void SoftmaxGradCpu(const SoftmaxGradArgs& args, const ParallelRunner& run);
 
 #ifdef ONNXCAMPO_WITH_CUDA
 // One block per row on `stream` (a cudaStream_t); nothing allocated or synchronised.
 void LayerNormGradCuda(const NormGradArgs& args, void* stream);
+void SoftmaxGradCuda(const SoftmaxGradArgs& args, void* stream);
 #endif
 
-// The op for ONNX Runtime's CPU or CUDA provider (norm_op.cc); it lives as long as the process.
+// The ops for ONNX Runtime's CPU or CUDA provider (norm_op.cc); they live as long as the process.
 const OrtCustomOp* LayerNormGradOp(bool cuda);
+const OrtCustomOp* SoftmaxGradOp(bool cuda);
 
 }  // namespace onnxcampo

@@ -1,4 +1,4 @@
-// LayerNormGrad on the CPU (norm.h has the arithmetic): rows spread over the session's thread
+// LayerNormGrad and SoftmaxGrad on the CPU (norm.h has the arithmetic): rows spread over the session's thread
 // pool in chunks, each row by one thread in column order, so results do not depend on the
 // thread count.
 #include <algorithm>
@@ -38,6 +38,27 @@ void LayerNormGradCpu(const NormGradArgs& a, const ParallelRunner& run) {
         const float g = Load(a.dy, a.dy_half, base + j) * Load(a.gamma, a.gamma_half, j);
         float v = inv * ((g - mean_g) - Load(a.xhat, a.xhat_half, base + j) * mean_gx);
         if (a.acc != nullptr) v += Load(a.acc, a.acc_half, base + j);
+        if (a.dx_half) {
+          static_cast<uint16_t*>(a.dx)[base + j] = ew::FloatToHalfBits(v);
+        } else {
+          static_cast<float*>(a.dx)[base + j] = v;
+        }
+      }
+    }
+  });
+}
+
+void SoftmaxGradCpu(const SoftmaxGradArgs& a, const ParallelRunner& run) {
+  const int64_t tasks = (a.rows + kRowsPerTask - 1) / kRowsPerTask;
+  run(static_cast<size_t>(tasks), [&](size_t task) {
+    const int64_t begin = static_cast<int64_t>(task) * kRowsPerTask;
+    const int64_t end = std::min(a.rows, begin + kRowsPerTask);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t base = r * a.cols;
+      float dot = 0.0f;
+      for (int64_t j = 0; j < a.cols; ++j) dot += Load(a.dy, a.dy_half, base + j) * Load(a.y, a.y_half, base + j);
+      for (int64_t j = 0; j < a.cols; ++j) {
+        const float v = a.scale * (Load(a.y, a.y_half, base + j) * (Load(a.dy, a.dy_half, base + j) - dot));
         if (a.dx_half) {
           static_cast<uint16_t*>(a.dx)[base + j] = ew::FloatToHalfBits(v);
         } else {

@@ -1,12 +1,14 @@
-// The ONNX Runtime op ai.onnxcampo::LayerNormGrad (norm.h has the arithmetic, docs/ops.md the
-// decisions):
+// The ONNX Runtime ops ai.onnxcampo::LayerNormGrad and SoftmaxGrad (norm.h has the arithmetic,
+// docs/ops.md the decisions):
 //
 //   LayerNormGrad[output_type, output_shape](dy, xhat, invstd, gamma[, acc]) -> dx
+//   SoftmaxGrad[cols, scale, output_type, output_shape](dy, y) -> dx
 //
 // dy, xhat (and acc): float32 or float16, rows x cols elements each (any shapes of that many);
 // gamma: cols elements (cols = its element count); invstd: rows elements. dx: `output_type` (1
 // float32, the default; 10 float16), shaped `output_shape` (default: dy's shape). ORT learns dx's
-// type and shape from the attributes and dy (InferLayerNormGrad).
+// type and shape from the attributes and dy (InferLayerNormGrad). SoftmaxGrad: dy and y float32 or
+// float16, the same rows of `cols` elements; `scale` (default 1) multiplies dx.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
@@ -21,6 +23,7 @@ namespace onnxcampo {
 namespace {
 
 constexpr const char* kName = "LayerNormGrad";
+constexpr const char* kSoftmaxName = "SoftmaxGrad";
 constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
@@ -136,7 +139,87 @@ struct LayerNormGradOpType : OpBase<LayerNormGradOpType, LayerNormGradKernel> {
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
+struct SoftmaxGradKernel {
+  SoftmaxGradKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
+    who = NodeWho(kSoftmaxName, info);
+    output_type = IntAttribute(info, "output_type", kFloat);
+    if (output_type != kFloat && output_type != kHalf) {
+      Fail(who, "attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
+    }
+    cols = IntAttribute(info, "cols", 0);
+    if (cols < 1) Fail(who, "attribute 'cols' (the softmax axis' length, >= 1) is missing or < 1");
+    scale = FloatAttribute(info, "scale", 1.0f);
+    shape = IntsAttribute(info, "output_shape", &has_shape);
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
+  }
+
+  void Compute(OrtKernelContext* raw) {
+    Ort::KernelContext ctx(raw);
+    Ort::ConstValue dy = ctx.GetInput(0);
+    Ort::ConstValue y = ctx.GetInput(1);
+    auto dy_info = dy.GetTensorTypeAndShapeInfo();
+    auto y_info = y.GetTensorTypeAndShapeInfo();
+    if (!IsFloatOrHalf(dy_info.GetElementType()) || !IsFloatOrHalf(y_info.GetElementType())) {
+      Fail(who, "dy and y must be float32 or float16");
+    }
+    const int64_t count = static_cast<int64_t>(dy_info.GetElementCount());
+    if (static_cast<int64_t>(y_info.GetElementCount()) != count || count % cols != 0) {
+      Fail(who, "dy " + ShapeText(dy_info.GetShape()) + " and y " + ShapeText(y_info.GetShape()) +
+                    " must be the same rows of " + std::to_string(cols) + " elements");
+    }
+    const std::vector<int64_t> out_shape = has_shape ? shape : dy_info.GetShape();
+    int64_t out_count = 1;
+    for (int64_t d : out_shape) out_count *= d;
+    if (out_count != count) Fail(who, "attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
+    SoftmaxGradArgs a;
+    a.dy = dy.GetTensorRawData();
+    a.dy_half = dy_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    a.y = y.GetTensorRawData();
+    a.y_half = y_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    a.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
+    a.dx_half = output_type == kHalf;
+    a.scale = scale;
+    a.cols = cols;
+    a.rows = count / cols;
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) return SoftmaxGradCuda(a, ctx.GetGPUComputeStream());
+#endif
+    SoftmaxGradCpu(a, ThreadPoolRunner(ctx));
+  }
+
+  std::string who;
+  bool cuda;
+  int64_t output_type = kFloat, cols = 0;
+  float scale = 1.0f;
+  bool has_shape = false;
+  std::vector<int64_t> shape;
+};
+
+// Two inputs of any float type, one output typed by the inference (the same function: dx is
+// shaped like the first input or output_shape).
+struct SoftmaxGradOpType : OpBase<SoftmaxGradOpType, SoftmaxGradKernel> {
+  explicit SoftmaxGradOpType(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferLayerNormGrad; }
+  const char* GetName() const { return kSoftmaxName; }
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+};
+
 }  // namespace
+
+const OrtCustomOp* SoftmaxGradOp(bool cuda) {
+  static const SoftmaxGradOpType cpu{false};
+#ifdef ONNXCAMPO_WITH_CUDA
+  static const SoftmaxGradOpType on_cuda{true};
+  if (cuda) return &on_cuda;
+#endif
+  (void)cuda;
+  return &cpu;
+}
 
 const OrtCustomOp* LayerNormGradOp(bool cuda) {
   static const LayerNormGradOpType cpu{false};

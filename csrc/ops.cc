@@ -26,6 +26,7 @@
 //       xent_op.cc, xent.h)
 //   LayerNormGrad(dy, xhat, invstd, gamma[, acc]) -> dx  (a layer normalization's input gradient,
 //       one pass over the rows: norm_op.cc, norm.h)
+//   SoftmaxGrad[cols, scale](dy, y) -> dx  (a softmax's input gradient over rows of cols: norm_op.cc)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -758,6 +759,7 @@ struct Library {
     domain.Add(Im2ColOp(false));
     domain.Add(ConvWeightGradOp(false));
     domain.Add(LayerNormGradOp(false));  // norm_op.cc
+    domain.Add(SoftmaxGradOp(false));
 #ifdef ONNXCAMPO_WITH_CUDA
     domain.Add(&unscale_cuda);
     domain.Add(&sgd_cuda);
@@ -767,6 +769,7 @@ struct Library {
     domain.Add(Im2ColOp(true));
     domain.Add(ConvWeightGradOp(true));
     domain.Add(LayerNormGradOp(true));
+    domain.Add(SoftmaxGradOp(true));
 #endif
     AddBlockReduceSumOps(domain);
   }

@@ -170,7 +170,8 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "kernels and NVRTC are (onnxruntime-gpu), off otherwise")
     custom.add_argument("--fuse-reductions", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan: a cross-entropy loss and its gradient as ai.onnxcampo "
-                             "SoftmaxCrossEntropy(Grad) nodes (one pass over the logits each), and ReduceSums over "
+                             "SoftmaxCrossEntropy(Grad) nodes (one pass over the logits each), layer-norm and softmax "
+                             "input gradients as LayerNormGrad / SoftmaxGrad nodes, and ReduceSums over "
                              "leading/trailing blocks of axes (bias, LayerNorm and Conv-bias gradients), with the "
                              "Reshapes and float16->float32 Casts around them, as BlockReduceSum nodes, one kernel "
                              "each (needs the custom-op library; docs/ops.md). Default: on for a training step built "
@@ -1068,12 +1069,15 @@ def summary(report: dict, output: Path | None) -> str:
                      + (f"; kept: {skipped}" if skipped else ""))
     reductions = report.get("fuse_reductions")
     if reductions is not None:
-        loss = reductions.get("loss") or {}
+        loss, norms = reductions.get("loss") or {}, reductions.get("layer_norms") or {}
         lines.append(f"fuse-reductions: {reductions['reduce_sums_replaced']} ReduceSums, {reductions['casts_folded']} "
                      f"Casts and {reductions['reshapes_folded']} Reshapes as {reductions['fused_nodes']} BlockReduceSum "
                      "nodes" + (f"; the cross-entropy loss ({loss['nodes_replaced']} nodes) as SoftmaxCrossEntropy"
                                 + (" and its gradient" if loss.get("softmax_cross_entropy_grad") else "")
-                                if loss.get("softmax_cross_entropy") else ""))
+                                if loss.get("softmax_cross_entropy") else "")
+                     + (f"; {norms['layer_norm_grad']} layer-norm and {norms['softmax_grad']} softmax gradients as "
+                        f"LayerNormGrad / SoftmaxGrad ({norms['nodes_replaced']} nodes)"
+                        if norms.get("layer_norm_grad") or norms.get("softmax_grad") else ""))
     chains = report.get("fuse_elementwise")
     if chains is not None:
         extra = [f"{chains[key]} {what}" for key, what in (("biases", "Conv/Gemm biases moved in"),

@@ -1,5 +1,6 @@
-"""``--fuse-reductions``, layer norms: the backward of a LayerNormalization over the last axis as one
-``ai.onnxcampo::LayerNormGrad`` node (``onnxcampo/ops/layer_norm.py``, ``docs/ops.md``).
+"""``--fuse-reductions``, row gradients: the backward of a LayerNormalization over the last axis as
+one ``ai.onnxcampo::LayerNormGrad`` node (``onnxcampo/ops/layer_norm.py``), and a Softmax's as one
+``SoftmaxGrad`` (``onnxcampo/ops/softmax.py``; ``docs/ops.md``).
 
 onnx-ad and ``training.simplify`` write a layer norm's input gradient from the standardized input
 ``xhat`` as ``g = dy * gamma``, ``dx = invstd * ((g - ReduceMean(g)) - xhat * ReduceMean(g * xhat))``:
@@ -25,6 +26,12 @@ elementwise fusion. Rules:
    float16 copy then stays in its elementwise group instead of a Cast kernel of its own); views
    and Casts that only the removed nodes read are removed too.
 
+4. Softmax: ``p = Mul(y, dy)``, ``t = ReduceSum(p)`` over the last axes of size > 1 (keepdims),
+   ``dx = Mul(y, Sub(dy, t))`` (either operand order of the Muls), one static shape, each value
+   between read by the next node only: ``SoftmaxGrad(dy, y)`` with ``cols`` the reduced length. A
+   Mul by a one-element constant that is dx's only reader (the attention's scale) is folded
+   (``scale``); dy and y are read before views and float Casts as in rule 3.
+
 The result is the float32 evaluation of the same expression, rounded once to dx's type (the
 unfused plan rounds each node's output to float16 where the plan put the node in fp16).
 """
@@ -33,10 +40,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
 from onnxcampo.reductions import MOVES, _axes, _drop_unread
@@ -49,29 +58,32 @@ FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
 @dataclass
 class NormFusionResult:
     fused: int = 0  # LayerNormGrad nodes made
+    softmax: int = 0  # SoftmaxGrad nodes made
     nodes: int = 0  # nodes they replace (views and Casts left unread included)
-    sums: int = 0  # residual Sums folded in
+    sums: int = 0  # residual Sums folded into LayerNormGrad
+    scales: int = 0  # constant factors folded into SoftmaxGrad
 
     def to_json(self) -> dict:
-        return {"layer_norm_grad": self.fused, "nodes_replaced": self.nodes, "sums_folded": self.sums}
+        return {"layer_norm_grad": self.fused, "softmax_grad": self.softmax, "nodes_replaced": self.nodes,
+                "sums_folded": self.sums, "scales_folded": self.scales}
 
 
 @dataclass
 class _Match:
-    dy: str
-    xhat: str
-    invstd: str
-    gamma: str
-    acc: str | None
+    reads: list[str]  # what the new node reads
     output: str
-    at: onnx.NodeProto
+    at: onnx.NodeProto  # the node whose place it takes
     removed: list[onnx.NodeProto]
+    build: Callable[[str], onnx.NodeProto]  # the new node, given its name
+    kind: str  # "layer_norm" | "softmax"
+    folded: bool = False  # a residual Sum (layer_norm) or a constant factor (softmax)
 
 
 def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
-    """Replace the layer-norm input gradients of ``model`` (in place) by LayerNormGrad nodes."""
+    """Replace the layer-norm and softmax input gradients of ``model`` (in place) by LayerNormGrad
+    and SoftmaxGrad nodes."""
     result = NormFusionResult()
-    if sum(n.op_type == "ReduceMean" for n in model.graph.node) < 2:
+    if not any(n.op_type in ("ReduceMean", "ReduceSum") for n in model.graph.node):
         return result
     from onnxcampo.ops import nodes as op_nodes
 
@@ -200,14 +212,72 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
             if static(other) == shape and static(total.output[0]) == shape and dtype(other) in FLOATS:
                 acc, out, at = other, total.output[0], total
                 removed.append(total)
-        return _Match(dy, xhat, invstd, gamma, acc, out, at, removed)
+        shape_out = list(static(out))
+
+        def build(name: str, dy=dy, xhat=xhat, invstd=invstd, gamma=gamma, acc=acc, out=out) -> onnx.NodeProto:
+            return op_nodes.layer_norm_grad(dy, xhat, invstd, gamma, acc, output=out, output_type=dtype(out),
+                                            output_shape=shape_out, name=name)
+
+        reads = [dy, xhat, invstd, gamma] + ([acc] if acc else [])
+        return _Match(reads, out, at, removed, build, "layer_norm", acc is not None)
+
+    def softmax(dx_node: onnx.NodeProto) -> _Match | None:
+        """Rule 4."""
+        pair = operands(dx_node)
+        if pair is None:
+            return None
+        for y, s in (pair, pair[::-1]):
+            sub = made_by(s, "Sub")
+            if sub is not None and only(s, dx_node):
+                break
+        else:
+            return None
+        dy, t = sub.input
+        total = made_by(t, "ReduceSum")
+        shape = static(dy)
+        if total is None or not only(t, sub) or shape is None or static(y) != shape:
+            return None
+        p = total.input[0]
+        mul_p = made_by(p, "Mul")
+        if mul_p is None or not only(p, total) or sorted(mul_p.input) != sorted([y, dy]):
+            return None
+        reduced = set(_axes(total, constants, len(shape)) or [])
+        tail = set(range(min(reduced, default=len(shape)), len(shape)))
+        if not reduced or not {k for k in tail if shape[k] > 1} <= reduced <= tail:
+            return None
+        if not mean_of(total, p, shape, reduced) or static(dx_node.output[0]) != shape:
+            return None
+        cols = math.prod(shape[k] for k in reduced)
+        removed = [mul_p, total, sub, dx_node]
+        out, at, scale = dx_node.output[0], dx_node, 1.0
+        users = readers(out)
+        if out not in protected and len(users) == 1 and users[0].op_type == "Mul" \
+                and users[0].domain in oplists.DEFAULT_DOMAINS and len(users[0].input) == 2:
+            factor = users[0].input[1] if users[0].input[0] == out else users[0].input[0]
+            value = constants.get(factor)
+            if value is not None and factor != out and static(users[0].output[0]) == shape:
+                array = numpy_helper.to_array(value)
+                if array.size == 1 and np.isfinite(array).all():
+                    scale, out, at = float(array.reshape(-1)[0]), users[0].output[0], users[0]
+                    removed.append(users[0])
+        count = math.prod(shape)
+        dy, y = source(dy, count, casts=True), source(y, count, casts=True)
+        if any(dtype(n) not in FLOATS for n in (dy, y, out)):
+            return None
+        shape_out = list(static(out))
+
+        def build(name: str, dy=dy, y=y, out=out, scale=scale) -> onnx.NodeProto:
+            return op_nodes.softmax_grad(dy, y, output=out, cols=cols, scale=scale, output_type=dtype(out),
+                                         output_shape=shape_out, name=name)
+
+        return _Match([dy, y], out, at, removed, build, "softmax", scale != 1.0)
 
     matches: list[_Match] = []
     taken: set[int] = set()
     for node in list(model.graph.node):
         if node.op_type != "Mul" or node.domain not in oplists.DEFAULT_DOMAINS or id(node) in taken:
             continue
-        found = match(node)
+        found = match(node) or softmax(node)
         if found is None or any(id(n) in taken for n in found.removed):
             continue
         taken.update(id(n) for n in found.removed)
@@ -223,9 +293,8 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
             for name in node.input:
                 read_after[name] = read_after.get(name, 0) + 1
     for m in matches:  # what the new nodes read
-        for name in (m.dy, m.xhat, m.invstd, m.gamma, m.acc):
-            if name:
-                read_after[name] = read_after.get(name, 0) + 1
+        for name in m.reads:
+            read_after[name] = read_after.get(name, 0) + 1
     frontier = [i for m in matches for n in m.removed for i in n.input]
     while frontier:
         name = frontier.pop()
@@ -243,12 +312,15 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
     made: dict[int, onnx.NodeProto] = {}
     new_info = []
     for m in matches:
-        made[id(m.at)] = op_nodes.layer_norm_grad(m.dy, m.xhat, m.invstd, m.gamma, m.acc, output=m.output,
-                                                  output_type=dtype(m.output), output_shape=list(static(m.output)),
-                                                  name=edit.fresh(f"{m.at.name or 'layer_norm'}/layer_norm_grad"))
+        stem = "layer_norm_grad" if m.kind == "layer_norm" else "softmax_grad"
+        made[id(m.at)] = m.build(edit.fresh(f"{m.at.name or m.kind}/{stem}"))
         new_info.append(helper.make_tensor_value_info(m.output, dtype(m.output), list(static(m.output))))
-        result.fused += 1
-        result.sums += m.acc is not None
+        if m.kind == "layer_norm":
+            result.fused += 1
+            result.sums += m.folded
+        else:
+            result.softmax += 1
+            result.scales += m.folded
     result.nodes = len(removed)
     kept = []
     for node in model.graph.node:
@@ -267,8 +339,8 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
     del model.graph.value_info[:]
     model.graph.value_info.extend(kept_info + [v for v in new_info if v.name not in declared])
     op_nodes.import_domain(model)
-    log.info("fuse-reductions: %d layer-norm gradients as LayerNormGrad nodes (%d nodes replaced, %d Sums folded)",
-             result.fused, result.nodes, result.sums)
+    log.info("fuse-reductions: %d layer-norm and %d softmax gradients as LayerNormGrad / SoftmaxGrad nodes (%d "
+             "nodes replaced)", result.fused, result.softmax, result.nodes)
     return result
 
 

@@ -1,5 +1,6 @@
-"""Check ``ai.onnxcampo::LayerNormGrad`` on CUDA against the numpy reference, then time it against
-the unfused layer-norm backward of a step graph (BERT-base's ``[4096, 768]``, float16).
+"""Check ``ai.onnxcampo::LayerNormGrad`` and ``SoftmaxGrad`` on CUDA against the numpy references,
+then time them against the unfused backward of a step graph (BERT-base's layer norm ``[4096,
+768]``, GPT-2's attention softmax ``[8 * 12 * 256, 256]``, float16).
 
 Run from the repository root on the GPU machine (onnxruntime-gpu, numpy and onnx; onnxcampo need
 not be installed), with the library built with CUDA or pointed at:
@@ -11,8 +12,9 @@ Checks: float32 and float16 tensors (mixed), with and without ``acc``, row lengt
 warp to 1024 threads a row), plain and replayed as a CUDA graph; dx within float32 rounding of the
 reference (float16 outputs: one float16 rounding, relative to the row's largest value). Timing
 (cuda): the op against the unfused graph (Mul, ReduceMean, Sub, Mul, ReduceMean, Mul, Sub, Mul,
-Sum, as ORT runs them, all float16), interleaved in rounds, bound on the device, replayed and
-plain; median ms a run and CUPTI device time where torch is installed.
+Sum, as ORT runs them, all float16; SoftmaxGrad: Mul, ReduceSum, Sub, Mul, Mul), interleaved in
+rounds, bound on the device, replayed and plain; median ms a run and CUPTI device time where torch
+is installed.
 
 Prints a line per check, writes JSON to ``--out``; exit 1 when a check fails, 2 when the CUDA EP
 is missing. ``--provider cpu --quick`` runs the checks on ORT's CPU provider
@@ -45,7 +47,8 @@ def _load(name: str, path: str):
 
 
 standalone = _load("_onnxcampo_standalone_sessions", "onnxcampo/runtime/standalone.py")  # no onnxcampo needed
-ln = _load("_onnxcampo_layer_norm", "onnxcampo/ops/layer_norm.py")  # the numpy reference
+ln = _load("_onnxcampo_layer_norm", "onnxcampo/ops/layer_norm.py")  # the numpy references
+sm = _load("_onnxcampo_softmax", "onnxcampo/ops/softmax.py")
 DOMAIN = "ai.onnxcampo"
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NUMPY = {F32: np.float32, F16: np.float16}
@@ -145,6 +148,76 @@ def check(library: str, provider: str, quick: bool) -> list[dict]:
     return rows_out
 
 
+def _softmax_model(types, rows, cols, out_type, scale, fused: bool) -> bytes:
+    if fused:
+        nodes = [helper.make_node("SoftmaxGrad", ["dy", "y"], ["dx"], domain=DOMAIN, cols=cols, scale=scale,
+                                  output_type=out_type)]
+        inits = []
+    else:  # the step graph's backward of Softmax, then the attention's scale
+        nodes = [helper.make_node("Mul", ["y", "dy"], ["p"]), helper.make_node("ReduceSum", ["p", "axes"], ["t"], keepdims=1),
+                 helper.make_node("Sub", ["dy", "t"], ["s"]), helper.make_node("Mul", ["y", "s"], ["d"]),
+                 helper.make_node("Mul", ["d", "scale"], ["dx"])]
+        inits = [numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+                 numpy_helper.from_array(np.array([scale], NUMPY[out_type]), "scale")]
+    graph = helper.make_graph(nodes, "softmax_grad", [helper.make_tensor_value_info("dy", types[0], [rows, cols]),
+                                                      helper.make_tensor_value_info("y", types[1], [rows, cols])],
+                              [helper.make_tensor_value_info("dx", out_type, [rows, cols])], inits)
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(DOMAIN, 1)] if fused else [])
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
+
+
+def _softmax_feeds(types, rows, cols, seed):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((rows, cols)) * 2
+    y = np.exp(logits - logits.max(axis=1, keepdims=True))
+    y /= y.sum(axis=1, keepdims=True)
+    return {"dy": rng.standard_normal((rows, cols)).astype(NUMPY[types[0]]), "y": y.astype(NUMPY[types[1]])}
+
+
+def check_softmax(library: str, provider: str, quick: bool) -> list[dict]:
+    cases = [((F32, F32), F32, 5, 1, 1.0), ((F16, F16), F16, 7, 128, 0.125), ((F32, F16), F32, 3, 1000, 0.5)]
+    if not quick:
+        cases += [((F16, F16), F16, 24576, 256, 0.125), ((F16, F16), F16, 49152, 128, 0.125)]
+    rows_out = []
+    for k, (types, out_type, rows, cols, scale) in enumerate(cases):
+        feeds = _softmax_feeds(types, rows, cols, k)
+        want = sm.reference(feeds["dy"], feeds["y"], cols=cols, scale=scale, output_type=out_type).astype(np.float64)
+        model = _softmax_model(types, rows, cols, out_type, scale, True)
+        for graph in ((False, True) if provider == "cuda" else (False,)):
+            bound = Bound(model, feeds, ((rows, cols), NUMPY[out_type]), library, provider, graph)
+            for _ in range(3 if graph else 1):
+                bound.run()
+            got = bound.result().astype(np.float64)
+            scale_of = np.maximum(1e-3, np.abs(want).max(axis=1, keepdims=True))
+            error = float(np.max(np.abs(got - want) / scale_of))
+            tol = 2.0 ** -10 if out_type == F16 else 2e-6
+            rows_out.append({"check": f"{provider}{' graph' if graph else ''}: SoftmaxGrad [{rows}, {cols}] "
+                                      f"{np.dtype(NUMPY[types[0]]).name}/{np.dtype(NUMPY[types[1]]).name} scale {scale}"
+                                      f" -> {np.dtype(NUMPY[out_type]).name}", "ok": error <= tol, "error": error})
+    return rows_out
+
+
+def time_softmax(library: str, rounds: int) -> dict:
+    rows, cols = 8 * 12 * 256, 256
+    feeds = _softmax_feeds((F16, F16), rows, cols, 98)
+    out = ((rows, cols), np.float16)
+    variants = {}
+    for graph in (True, False):
+        suffix = "-graph" if graph else ""
+        for fused in (True, False):
+            model = _softmax_model((F16, F16), rows, cols, F16, 0.125, fused)
+            variants[f"{'fused' if fused else 'unfused'}{suffix}"] = Bound(model, feeds, out, library, "cuda", graph)
+    times = {key: [] for key in variants}
+    for turn in range(rounds):
+        keys = list(variants)
+        for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
+            times[key].append(_median_ms(variants[key].run, 20))
+    ms = {key: statistics.median(v) for key, v in times.items()}
+    print(f"  GPT-2 attention softmax [{rows}, {cols}] float16: fused {ms['fused-graph']:.4f} ms replayed, unfused "
+          f"{ms['unfused-graph']:.4f}", flush=True)
+    return {"shape": [rows, cols], "dtype": "float16", "ms": ms}
+
+
 def _median_ms(fn, runs: int) -> float:
     fn()
     blocks = []
@@ -206,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             print("error: --provider cuda needs onnxruntime-gpu with the CUDA execution provider", file=sys.stderr)
             return 2
-    rows = check(library, args.provider, args.quick)
+    rows = check(library, args.provider, args.quick) + check_softmax(library, args.provider, args.quick)
     for row in rows:
         print(f"{'ok  ' if row['ok'] else 'FAIL'} {row['check']} (error {row['error']:.1e})")
     report = {"command": " ".join(["python3", "scripts/check_layer_norm_grad_cuda.py", *(argv or sys.argv[1:])]),
               "onnxruntime": ort.__version__, "checks": rows}
     if args.provider == "cuda" and not args.quick:
         report["timing"] = time_bert(library, args.rounds)
+        report["timing_softmax"] = time_softmax(library, args.rounds)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 1 if any(not row["ok"] for row in rows) else 0

@@ -158,3 +158,51 @@ def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
     assert script.main(["--provider", "cpu", "--quick", "--library", library, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["checks"] and all(row["ok"] for row in report["checks"])
+
+
+@pytest.mark.parametrize("dy_type, y_type, out_type, scale", [(F32, F32, F32, 1.0), (F16, F16, F16, 0.125),
+                                                               (F32, F16, F16, 0.5)])
+def test_the_softmax_grad_cpu_kernel_matches_numpy(library, dy_type, y_type, out_type, scale):
+    from onnxcampo.ops import softmax as sm
+
+    rng = np.random.default_rng(7)
+    dy = rng.standard_normal((3, 4, 50, 1)).astype(NUMPY[dy_type])
+    logits = rng.standard_normal((3, 4, 50, 1))
+    y = (np.exp(logits) / np.exp(logits).sum(axis=2, keepdims=True)).astype(NUMPY[y_type])
+    node = op_nodes.softmax_grad("dy", "y", output="dx", cols=50, scale=scale, output_type=out_type, name="sg")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("dy", dy_type, list(dy.shape)),
+                                            helper.make_tensor_value_info("y", y_type, list(y.shape))],
+                              [helper.make_tensor_value_info("dx", out_type, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    op_nodes.import_domain(model)
+    got = run(make_session(model), {"dy": dy, "y": y})["dx"]
+    want = sm.reference(dy, y, cols=50, scale=scale, output_type=out_type)
+    assert got.dtype == NUMPY[out_type] and got.shape == dy.shape
+    tol = 2.0 ** -10 if out_type == F16 else 2e-6
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+def _attention():
+    """x [2, 6, 16]: scores = MatMul(q, k^T) * 0.25, Softmax over the last axis, MatMul with v."""
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), n) for n in ("Wq", "Wk")]
+    inits.append(numpy_helper.from_array(np.array(0.25, np.float32), "scale"))
+    nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q"]), helper.make_node("MatMul", ["x", "Wk"], ["k"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["ss"]), helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", F32, [2, 6, 16])],
+                              [helper.make_tensor_value_info("y", F32, [2, 6, 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_softmax_gradient_fuses_with_the_unfused_values_on_ort_cpu(library):
+    step = build_train_step(_attention(), loss="mse", optimizer="momentum")
+    fused, result = _fused(step)
+    onnx.checker.check_model(fused)
+    assert result.softmax == 1 and result.fused == 0
+    assert "SoftmaxGrad" in [n.op_type for n in fused.graph.node]
+    feeds = _feeds(step)
+    want, got = run(make_session(step), feeds), run(make_session(fused), feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=3e-6, atol=3e-6, err_msg=name)
