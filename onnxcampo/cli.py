@@ -176,6 +176,10 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "Reshapes and float16->float32 Casts around them, as BlockReduceSum nodes, one kernel "
                              "each (needs the custom-op library; docs/ops.md). Default: on for a training step built "
                              "with the fused ops where the library's CUDA kernels are, off otherwise")
+    custom.add_argument("--no-fuse-row-gradients", dest="fuse_row_gradients", action="store_false",
+                        help="with --fuse-reductions: leave layer-norm and softmax input gradients to the block "
+                             "reductions and the elementwise fusion instead of one LayerNormGrad / SoftmaxGrad node "
+                             "each (an A/B of those kernels). Default: fused")
     custom.add_argument("--yield-to-ort-fusions", action="store_true",
                         help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
                              "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "
@@ -243,6 +247,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         fuse_reductions=args.fuse_reductions,
         plan_for_fusion=args.plan_for_fusion,
         yield_to_ort_fusions=args.yield_to_ort_fusions,
+        fuse_row_gradients=args.fuse_row_gradients,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance if args.tune_tolerance is not None else getattr(args, "tolerance", None),
         activation_limit=args.activation_limit,

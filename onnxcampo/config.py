@@ -27,8 +27,8 @@ class OptimizeConfig:
     ``include_ops`` (``--include-op``), ``exclude_nodes`` (``--exclude-node``), ``include_nodes``
     (``--include-node``) (one value a flag, repeatable), ``pad_tensor_cores`` (``--no-pad``),
     ``compare_plans`` (``--no-compare-plans``), ``loss_scaling`` (``--no-loss-scaling``),
-    ``plan_for_fusion`` (``--no-plan-for-fusion``) and
-    ``check_invariants`` (``--debug``, which also shows tracebacks).
+    ``plan_for_fusion`` (``--no-plan-for-fusion``), ``fuse_row_gradients``
+    (``--no-fuse-row-gradients``) and ``check_invariants`` (``--debug``, which also shows tracebacks).
 
     Attributes:
         policy: ``campo`` (cost-aware four passes, the default), ``amp`` (greedy TensorFlow-AMP
@@ -107,6 +107,10 @@ class OptimizeConfig:
             LayerNormalization's skip Add, a bias Add into a Gemm; read on the planning graph),
             as the fusion-aware costing assumes; off by default until the H200 decides
             (``campo-fused-yield-graph`` in the benchmark; docs/ops.md).
+        fuse_row_gradients: with ``fuse_reductions``, also write a layer norm's and a softmax's
+            input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.norm_fusion``);
+            ``False`` leaves them to the block reductions and the elementwise fusion (the
+            benchmark's ``campo-fused-norows-graph``, the A/B of the two kernels).
         plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions``, cost the plans as the
             fused model runs (``onnxcampo.estimate``: a Cast inside a fused group costs nothing,
             one at its edge the bytes it changes there, a fused elementwise op its share of the
@@ -136,6 +140,7 @@ class OptimizeConfig:
     fuse_reductions: bool | None = None
     plan_for_fusion: bool = True
     yield_to_ort_fusions: bool = False
+    fuse_row_gradients: bool = True
     tune: str | None = None
     tune_tolerance: float | str | None = None
     activation_limit: float | None = None

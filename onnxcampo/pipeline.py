@@ -429,11 +429,13 @@ class FuseReductions(PassBase):
         if not exported.ctx.config.fuse_reductions:
             return PassResult(self.name, False)
         from onnxcampo.loss_fusion import fuse_softmax_cross_entropy
-        from onnxcampo.norm_fusion import fuse_layer_norm_grad
+        from onnxcampo.norm_fusion import NormFusionResult, fuse_layer_norm_grad
         from onnxcampo.reductions import fuse_reductions
 
-        loss = fuse_softmax_cross_entropy(exported.model)  # first: their reductions are the loss's,
-        norms = fuse_layer_norm_grad(exported.model)  # the layer norms'
+        # first the patterns whose reductions the block reductions would take: the loss's, the
+        # layer norms' and softmaxes' input gradients
+        loss = fuse_softmax_cross_entropy(exported.model)
+        norms = fuse_layer_norm_grad(exported.model) if exported.ctx.config.fuse_row_gradients else NormFusionResult()
         result = fuse_reductions(exported.model)
         exported.report["fuse_reductions"] = {**result.to_json(), "loss": loss.to_json(), "layer_norms": norms.to_json()}
         fused = result.fused + loss.forward + loss.backward + norms.fused

@@ -26,6 +26,8 @@ Inference (ONNX Runtime):
                     build_train_step's default (cudnn where the CUDA provider and kernels are)
     campo-fused-yield-graph  campo-fused-graph with ``yield_to_ort_fusions``: the nodes ONNX
                     Runtime fuses itself are left to it
+    campo-fused-norows-graph  campo-fused-graph without LayerNormGrad / SoftmaxGrad
+                    (``fuse_row_gradients=False``): their elementwise parts fused, reductions apart
     campo-fused-nhwc-graph  (training) campo-fused-graph's model in a session with the CUDA EP's
                     ``prefer_nhwc`` (Convs and their neighbours in NHWC; ORT 1.31 has no NHWC
                     ConvTranspose, so a CNN step's dgrads go to the CPU and its graph cannot be
@@ -64,7 +66,8 @@ import onnx
 # (onnxcampo's -graph variants are planned for the replay: ``execution="cuda-graph"``)
 GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
                   "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
-                  "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph")
+                  "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph",
+                  "campo-fused-norows-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -111,6 +114,9 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same fusions and replay, the nodes ORT fuses itself left to it (yield_to_ort_fusions)
              "campo-fused-yield-graph": {"policy": "campo", "execution": "cuda-graph", "yield_to_ort_fusions": True,
                                          **FUSIONS},
+             # the same without LayerNormGrad / SoftmaxGrad (fuse_row_gradients=False): their A/B
+             "campo-fused-norows-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_row_gradients": False,
+                                          **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
              # its plain run (for a CUPTI breakdown beside campo-fused's)

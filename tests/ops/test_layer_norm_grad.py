@@ -206,3 +206,10 @@ def test_a_softmax_gradient_fuses_with_the_unfused_values_on_ort_cpu(library):
     want, got = run(make_session(step), feeds), run(make_session(fused), feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=3e-6, atol=3e-6, err_msg=name)
+
+
+def test_the_option_off_leaves_the_row_gradients_unfused(library):
+    step = build_train_step(_block(), loss="mse", optimizer="momentum")
+    off = onnxcampo.optimize(step, policy="campo", fuse_reductions=True, fuse_elementwise=False, fuse_row_gradients=False)
+    assert off.report["fuse_reductions"]["layer_norms"]["layer_norm_grad"] == 0
+    assert "LayerNormGrad" not in {n.op_type for n in off.model.graph.node}
