@@ -46,7 +46,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
-from onnxcampo.reductions import MOVES, _axes, _drop_unread
+from onnxcampo.reductions import MOVES, _axes, _dtype
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +97,10 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
     def static(name: str) -> tuple[int, ...] | None:
-        entry = info.get(name)
-        if entry is None or entry.shape is None:
-            return None
-        shape = tuple(entry.shape)
-        return shape if all(isinstance(d, int) and d > 0 for d in shape) else None
+        return ir.static_shape(info, name, empty=False)
 
     def dtype(name: str) -> int | None:
-        entry = info.get(name)
-        return entry.dtype if entry is not None else None
+        return _dtype(info, name)
 
     def readers(name: str) -> list[onnx.NodeProto]:
         return [] if name in protected else consumers.get(name, [])
@@ -295,44 +290,29 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
     if not matches:
         return result
 
-    made: dict[int, list[onnx.NodeProto]] = {}
+    made: dict[int, onnx.NodeProto] = {}
     new_info: list[onnx.ValueInfoProto] = []
     for match in matches:
         classes = match.classes if match.width != match.classes else None
         lse = edit.fresh(f"{match.picked}/lse")
-        made.setdefault(id(match.forward_at), []).append(op_nodes.softmax_cross_entropy(
+        made[id(match.forward_at)] = op_nodes.softmax_cross_entropy(
             match.x, match.labels, picked=match.picked, lse=lse, classes=classes,
-            output_type=dtype(match.picked), name=edit.fresh(f"{match.forward_at.name or 'loss'}/softmax_cross_entropy")))
+            output_type=dtype(match.picked), name=edit.fresh(f"{match.forward_at.name or 'loss'}/softmax_cross_entropy"))
         new_info += [helper.make_tensor_value_info(match.picked, dtype(match.picked), list(static(match.picked))),
                      helper.make_tensor_value_info(lse, TensorProto.FLOAT, list(static(match.picked)))]
         result.forward += 1
         if match.dx is not None:
-            made.setdefault(id(match.backward_at), []).append(op_nodes.softmax_cross_entropy_grad(
+            made[id(match.backward_at)] = op_nodes.softmax_cross_entropy_grad(
                 match.x, lse, match.labels, match.scale, output=match.dx, classes=classes,
                 output_type=dtype(match.dx), output_shape=list(static(match.dx)),
-                name=edit.fresh(f"{match.backward_at.name or 'loss'}/softmax_cross_entropy_grad")))
+                name=edit.fresh(f"{match.backward_at.name or 'loss'}/softmax_cross_entropy_grad"))
             new_info.append(helper.make_tensor_value_info(match.dx, dtype(match.dx), list(static(match.dx))))
             result.backward += 1
         result.nodes += len(match.removed)
         result.casts += match.casts
         result.slices += match.slices
 
-    removed = {id(n) for m in matches for n in m.removed}
-    kept: list[onnx.NodeProto] = []
-    for node in model.graph.node:
-        kept += made.get(id(node), [])
-        if id(node) not in removed:
-            kept.append(node)
-    read_by_removed = {i for m in matches for n in m.removed for i in n.input if i}
-    gone = {o for m in matches for n in m.removed for o in n.output}
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-    _drop_unread(model, read_by_removed)
-    written = {v.name for v in new_info}
-    kept_info = [v for v in model.graph.value_info if v.name not in gone and v.name not in written]
-    declared = {o.name for o in model.graph.output}
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(kept_info + [v for v in new_info if v.name not in declared])
+    edit.replace_nodes(made, {id(n) for m in matches for n in m.removed}, new_info)
     op_nodes.import_domain(model)
     log.info("fuse-reductions: %d cross-entropy loss(es) (%d with the gradient) as fused ops, %d nodes replaced",
              result.forward, result.backward, result.nodes)

@@ -48,7 +48,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
-from onnxcampo.reductions import MOVES, _axes, _drop_unread
+from onnxcampo.reductions import MOVES, _axes, _dtype
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +94,10 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
     protected = edit.interface()
 
     def static(name: str) -> tuple[int, ...] | None:
-        entry = info.get(name)
-        if entry is None or entry.shape is None:
-            return None
-        shape = tuple(entry.shape)
-        return shape if all(isinstance(d, int) and d > 0 for d in shape) else None
+        return ir.static_shape(info, name, empty=False)
 
     def dtype(name: str) -> int | None:
-        entry = info.get(name)
-        return entry.dtype if entry is not None else None
+        return _dtype(info, name)
 
     def readers(name: str) -> list[onnx.NodeProto]:
         return consumers.get(name, [])
@@ -322,22 +317,7 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
             result.softmax += 1
             result.scales += m.folded
     result.nodes = len(removed)
-    kept = []
-    for node in model.graph.node:
-        if id(node) in made:
-            kept.append(made[id(node)])
-        elif id(node) not in removed:
-            kept.append(node)
-    read_by_removed = {i for m in matches for n in m.removed for i in n.input if i}
-    gone = {o for m in matches for n in m.removed for o in n.output}
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-    _drop_unread(model, read_by_removed)
-    written = {v.name for v in new_info}
-    declared = {o.name for o in model.graph.output}
-    kept_info = [v for v in model.graph.value_info if v.name not in gone and v.name not in written]
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(kept_info + [v for v in new_info if v.name not in declared])
+    edit.replace_nodes(made, removed, new_info)
     op_nodes.import_domain(model)
     log.info("fuse-reductions: %d layer-norm and %d softmax gradients as LayerNormGrad / SoftmaxGrad nodes (%d "
              "nodes replaced)", result.fused, result.softmax, result.nodes)

@@ -47,7 +47,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -94,15 +93,10 @@ def fuse_reductions(model: onnx.ModelProto) -> ReductionFusionResult:
     protected = edit.interface()
 
     def static(name: str) -> tuple[int, ...] | None:
-        entry = info.get(name)
-        if entry is None or entry.shape is None:
-            return None
-        shape = tuple(entry.shape)
-        return shape if all(isinstance(d, int) and d >= 0 for d in shape) else None
+        return ir.static_shape(info, name)
 
     def dtype(name: str) -> int | None:
-        entry = info.get(name)
-        return entry.dtype if entry is not None else None
+        return _dtype(info, name)
 
     def sole_reader(name: str) -> onnx.NodeProto | None:
         """The one node reading ``name`` when it is read once and is no graph output."""
@@ -205,25 +199,8 @@ def fuse_reductions(model: onnx.ModelProto) -> ReductionFusionResult:
         p, _, r = chain.sizes
         result.kinds["column_sums" if r == 1 else "row_sums" if p == 1 else "blocks"] += 1
     removed = {id(n) for chain in chains for n in chain.nodes}
-    kept = []
-    for n in model.graph.node:
-        if id(n) in made:
-            kept.append(made[id(n)])
-        elif id(n) not in removed:
-            kept.append(n)
-    gone = {o for chain in chains for n in chain.nodes for o in n.output} - {c.output for c in chains}
-    readers_gone = {i for chain in chains for n in chain.nodes for i in n.input[1:] if i}
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-    _drop_unread(model, readers_gone)
-    outputs = {c.output: c for c in chains}
-    kept_info = [v for v in model.graph.value_info if v.name not in gone and v.name not in outputs]
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(kept_info)
-    declared = {o.name for o in model.graph.output}
-    for name in outputs:
-        if name not in declared:
-            model.graph.value_info.append(helper.make_tensor_value_info(name, dtype(name), list(static(name))))
+    edit.replace_nodes(made, removed, [helper.make_tensor_value_info(c.output, dtype(c.output), list(static(c.output)))
+                                       for c in chains])
     op_nodes.import_domain(model)
     log.info("fuse-reductions: %d ReduceSums (%d Casts, %d Reshapes) as %d BlockReduceSum nodes",
              result.reductions, result.casts, result.reshapes, result.fused)
@@ -245,25 +222,9 @@ def _axes(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto], rank: in
     return sorted({a % rank for a in values})
 
 
-def _drop_unread(model: onnx.ModelProto, names: set[str]) -> None:
-    """Initializers and Constant nodes among ``names`` (inputs of removed nodes: shapes, axes)
-    that nothing reads any more."""
-    graph = model.graph
-    read = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
-    for node in graph.node:  # what subgraphs read from the main graph
-        if ir.has_subgraph(node):
-            read |= ir.outer_scope_names(node)
-    unread = names - read
-    if not unread:
-        return
-    initializers = [t for t in graph.initializer if t.name not in unread]
-    if len(initializers) != len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(initializers)
-    nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output and n.output[0] in unread)]
-    if len(nodes) != len(graph.node):
-        del graph.node[:]
-        graph.node.extend(nodes)
+def _dtype(info: dict, name: str) -> int | None:
+    entry = info.get(name)
+    return entry.dtype if entry is not None else None
 
 
 __all__ = ["ReductionFusionResult", "fuse_reductions"]

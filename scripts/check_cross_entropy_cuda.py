@@ -30,7 +30,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -98,25 +97,9 @@ def _unfused_model(rows, classes) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
 
 
-class Bound:
-    """A session with inputs and outputs bound on the device (fixed addresses, as a replayed graph needs)."""
-
-    def __init__(self, model: bytes, feeds: dict, outputs: dict, library: str, provider: str, graph: bool):
-        device = "cuda" if provider == "cuda" else "cpu"
-        self.session = standalone.custom_op_session(model, library, provider, cuda_graph=graph)
-        self.inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, device, 0) for k, v in feeds.items()}
-        self.outputs = {k: ort.OrtValue.ortvalue_from_shape_and_type(list(s), t, device, 0) for k, (s, t) in outputs.items()}
-        self.binding = self.session.io_binding()
-        for k, v in self.inputs.items():
-            self.binding.bind_ortvalue_input(k, v)
-        for k, v in self.outputs.items():
-            self.binding.bind_ortvalue_output(k, v)
-
-    def run(self) -> None:
-        self.session.run_with_iobinding(self.binding)
-
-    def results(self) -> dict:
-        return {k: v.numpy() for k, v in self.outputs.items()}
+def Bound(model: bytes, feeds: dict, outputs: dict, library: str, provider: str, graph: bool):
+    """Inputs and outputs bound on the device (fixed addresses, as a replayed graph needs)."""
+    return standalone.BoundSession(model, library, provider, feeds, outputs, cuda_graph=graph)
 
 
 def _cases(quick: bool):
@@ -169,15 +152,6 @@ def check(library: str, provider: str, quick: bool) -> list[dict]:
     return rows_out
 
 
-def _median_ms(fn, runs: int) -> float:
-    fn()
-    blocks = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(runs):
-            fn()
-        blocks.append((time.perf_counter() - start) * 1e3 / runs)
-    return statistics.median(blocks)
 
 
 def time_gpt2(library: str, rounds: int) -> dict:
@@ -194,7 +168,7 @@ def time_gpt2(library: str, rounds: int) -> dict:
     for turn in range(rounds):
         keys = list(variants)
         for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
-            times[key].append(_median_ms(variants[key].run, 10))
+            times[key].append(standalone.median_ms(variants[key].run, 10))
     ms = {key: statistics.median(v) for key, v in times.items()}
     fused, unfused = variants["fused-graph"].results(), variants["unfused-graph"].results()
     entry = {"shape": [rows, classes], "x": "float16", "ms": ms,

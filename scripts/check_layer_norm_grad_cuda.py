@@ -29,7 +29,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -87,24 +86,9 @@ def _unfused_model(rows: int, cols: int) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
 
 
-class Bound:
-    """A session with inputs and outputs bound on the device (fixed addresses, as a replayed graph needs)."""
-
-    def __init__(self, model: bytes, feeds: dict, out: tuple, library: str, provider: str, graph: bool):
-        device = "cuda" if provider == "cuda" else "cpu"
-        self.session = standalone.custom_op_session(model, library, provider, cuda_graph=graph)
-        self.inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, device, 0) for k, v in feeds.items()}
-        self.output = ort.OrtValue.ortvalue_from_shape_and_type(list(out[0]), out[1], device, 0)
-        self.binding = self.session.io_binding()
-        for k, v in self.inputs.items():
-            self.binding.bind_ortvalue_input(k, v)
-        self.binding.bind_ortvalue_output("dx", self.output)
-
-    def run(self) -> None:
-        self.session.run_with_iobinding(self.binding)
-
-    def result(self) -> np.ndarray:
-        return self.output.numpy()
+def Bound(model: bytes, feeds: dict, out: tuple, library: str, provider: str, graph: bool):
+    """dx preallocated and everything bound on the device (fixed addresses, as a replayed graph needs)."""
+    return standalone.BoundSession(model, library, provider, feeds, {"dx": out}, cuda_graph=graph)
 
 
 def _feeds(types: dict, rows: int, cols: int, acc: bool, seed: int) -> dict:
@@ -137,7 +121,7 @@ def check(library: str, provider: str, quick: bool) -> list[dict]:
             bound = Bound(model, feeds, ((rows, cols), NUMPY[out_type]), library, provider, graph)
             for _ in range(3 if graph else 1):
                 bound.run()
-            got = bound.result().astype(np.float64)
+            got = bound.results()["dx"].astype(np.float64)
             scale = np.maximum(1.0, np.abs(want).max(axis=1, keepdims=True))
             error = float(np.max(np.abs(got - want) / scale))
             tol = 2.0 ** -10 if out_type == F16 else 2e-6
@@ -187,7 +171,7 @@ def check_softmax(library: str, provider: str, quick: bool) -> list[dict]:
             bound = Bound(model, feeds, ((rows, cols), NUMPY[out_type]), library, provider, graph)
             for _ in range(3 if graph else 1):
                 bound.run()
-            got = bound.result().astype(np.float64)
+            got = bound.results()["dx"].astype(np.float64)
             scale_of = np.maximum(1e-3, np.abs(want).max(axis=1, keepdims=True))
             error = float(np.max(np.abs(got - want) / scale_of))
             tol = 2.0 ** -10 if out_type == F16 else 2e-6
@@ -211,22 +195,13 @@ def time_softmax(library: str, rounds: int) -> dict:
     for turn in range(rounds):
         keys = list(variants)
         for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
-            times[key].append(_median_ms(variants[key].run, 20))
+            times[key].append(standalone.median_ms(variants[key].run, 20))
     ms = {key: statistics.median(v) for key, v in times.items()}
     print(f"  GPT-2 attention softmax [{rows}, {cols}] float16: fused {ms['fused-graph']:.4f} ms replayed, unfused "
           f"{ms['unfused-graph']:.4f}", flush=True)
     return {"shape": [rows, cols], "dtype": "float16", "ms": ms}
 
 
-def _median_ms(fn, runs: int) -> float:
-    fn()
-    blocks = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(runs):
-            fn()
-        blocks.append((time.perf_counter() - start) * 1e3 / runs)
-    return statistics.median(blocks)
 
 
 def time_bert(library: str, rounds: int) -> dict:
@@ -243,10 +218,10 @@ def time_bert(library: str, rounds: int) -> dict:
     for turn in range(rounds):
         keys = list(variants)
         for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
-            times[key].append(_median_ms(variants[key].run, 20))
+            times[key].append(standalone.median_ms(variants[key].run, 20))
     ms = {key: statistics.median(v) for key, v in times.items()}
-    difference = float(np.max(np.abs(variants["fused-graph"].result().astype(np.float64)
-                                     - variants["unfused-graph"].result().astype(np.float64))))
+    difference = float(np.max(np.abs(variants["fused-graph"].results()["dx"].astype(np.float64)
+                                     - variants["unfused-graph"].results()["dx"].astype(np.float64))))
     entry = {"shape": [rows, cols], "dtype": "float16", "ms": ms, "max_abs_difference": difference}
     gpu = {}
     for kind in ("fused", "unfused"):

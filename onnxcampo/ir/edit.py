@@ -94,6 +94,45 @@ class ModelEdit:
                 self._taken.add(name)
                 return name
 
+    def replace_nodes(self, made: dict[int, onnx.NodeProto], removed: set[int],
+                      outputs: list[onnx.ValueInfoProto]) -> None:
+        """The rewrite of a fusion pass, applied: every node whose id is in ``made`` replaced by
+        ``made[id]`` (in its place), the others whose id is in ``removed`` dropped; then the
+        initializers and Constant nodes only the removed nodes read, the value_info of their
+        outputs, and ``outputs`` (the new nodes' types and shapes, which later passes and ORT read)
+        written as value_info unless they are graph outputs."""
+        gone = [node for node in self.nodes if id(node) in removed or id(node) in made]
+        kept = [made.get(id(node), node) for node in self.nodes if id(node) in made or id(node) not in removed]
+        del self.graph.node[:]
+        self.graph.node.extend(kept)
+        self.drop_unread({name for node in gone for name in node.input if name})
+        written = {v.name for v in outputs}
+        dead = {name for node in gone for name in node.output} | written
+        declared = {o.name for o in self.graph.output}
+        kept_info = [v for v in self.graph.value_info if v.name not in dead]
+        del self.graph.value_info[:]
+        self.graph.value_info.extend(kept_info + [v for v in outputs if v.name not in declared])
+
+    def drop_unread(self, names: set[str]) -> None:
+        """Initializers and Constant nodes among ``names`` that nothing reads any more (what
+        subgraphs read from this graph counts)."""
+        graph = self.graph
+        read = {i for n in graph.node for i in n.input if i} | {o.name for o in graph.output}
+        for node in graph.node:
+            if has_subgraph(node):
+                read |= outer_scope_names(node)
+        unread = names - read
+        if not unread:
+            return
+        initializers = [t for t in graph.initializer if t.name not in unread]
+        if len(initializers) != len(graph.initializer):
+            del graph.initializer[:]
+            graph.initializer.extend(initializers)
+        nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output and n.output[0] in unread)]
+        if len(nodes) != len(graph.node):
+            del graph.node[:]
+            graph.node.extend(nodes)
+
     def replace_uses(self, old: str, new: str) -> None:
         """Every reader of ``old`` in the main graph reads ``new`` instead."""
         for node in self.nodes:

@@ -62,6 +62,16 @@ class TensorInfo:
         return self.dtype in FLOAT_TYPES
 
 
+def static_shape(info: dict[str, TensorInfo], name: str, *, empty: bool = True) -> tuple[int, ...] | None:
+    """``name``'s shape when every dimension is a known number (with ``empty=False``: none 0)."""
+    entry = info.get(name)
+    if entry is None or entry.shape is None:
+        return None
+    shape = tuple(entry.shape)
+    low = 0 if empty else 1
+    return shape if all(isinstance(d, int) and d >= low for d in shape) else None
+
+
 def symbolic_dims(model: onnx.ModelProto) -> set[str]:
     """The named (symbolic) dims of the graph's inputs, outputs and value infos."""
     names = set()

@@ -82,3 +82,47 @@ def gpu_time_per_call(fn, runs: int = 10) -> dict | None:
         return None
     return {"total_ms": sum(us for _, us, _ in rows) / 1e3, "launches": sum(n for _, _, n in rows),
             "kernels_ms": {name[:100]: us / 1e3 for name, us, _ in rows}}
+
+
+class BoundSession:
+    """A :func:`custom_op_session` with its inputs and outputs bound once, on the device for
+    ``"cuda"`` (fixed addresses, as a replayed CUDA graph needs): ``feeds`` name -> array,
+    ``outputs`` name -> (shape, numpy dtype) preallocated there."""
+
+    def __init__(self, model: bytes | str, library: str, provider: str, feeds: dict, outputs: dict, *,
+                 cuda_graph: bool = False):
+        import onnxruntime
+
+        device = "cuda" if provider == "cuda" else "cpu"
+        self.session = custom_op_session(model, library, provider, cuda_graph=cuda_graph)
+        self.inputs = {k: onnxruntime.OrtValue.ortvalue_from_numpy(v, device, 0) for k, v in feeds.items()}
+        self.outputs = {k: onnxruntime.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, device, 0)
+                        for k, (shape, dtype) in outputs.items()}
+        self.binding = self.session.io_binding()
+        for k, v in self.inputs.items():
+            self.binding.bind_ortvalue_input(k, v)
+        for k, v in self.outputs.items():
+            self.binding.bind_ortvalue_output(k, v)
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.binding)
+
+    def results(self) -> dict:
+        return {k: v.numpy() for k, v in self.outputs.items()}
+
+
+def median_ms(fn, runs: int, blocks: int = 5) -> float:
+    """One warm-up call of ``fn``, then the median over ``blocks`` blocks of ``runs`` calls, in ms
+    a call (wall time: a run bound on the device returns once its work is queued and, for ORT's
+    CUDA provider, synchronised)."""
+    import statistics
+    import time
+
+    fn()
+    times = []
+    for _ in range(blocks):
+        start = time.perf_counter()
+        for _ in range(runs):
+            fn()
+        times.append((time.perf_counter() - start) * 1e3 / runs)
+    return statistics.median(times)
