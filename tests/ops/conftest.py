@@ -16,3 +16,4 @@ def library(monkeypatch) -> str:
         return ops.check()
     except OpsLibraryError as exc:
         pytest.fail(f"{exc} (the README's set-up runs it)", pytrace=False)
+

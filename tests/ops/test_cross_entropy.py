@@ -22,6 +22,8 @@ from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import build_train_step
 
+from reference import check_script_passes_on_the_cpu
+
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NUMPY = {F32: np.float32, F16: np.float16}
 
@@ -181,15 +183,4 @@ def test_a_log_softmax_read_elsewhere_or_another_loss_is_left_alone(library):
 
 def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
     """scripts/check_cross_entropy_cuda.py (run on the GPU machine) on the CPU provider."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "check_cross_entropy_cuda.py"
-    spec = importlib.util.spec_from_file_location("check_cross_entropy_cuda", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    out = tmp_path / "r.json"
-    assert script.main(["--provider", "cpu", "--quick", "--library", library, "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert report["checks"] and all(row["ok"] for row in report["checks"])
+    check_script_passes_on_the_cpu("check_cross_entropy_cuda.py", library, tmp_path)

@@ -8,9 +8,6 @@ the fp16 plan, with the ONNX reference evaluator (float16 numerics)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -24,6 +21,8 @@ from onnxcampo.ops import layer_norm as ln
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import build_train_step
+
+from reference import check_script_passes_on_the_cpu
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NUMPY = {F32: np.float32, F16: np.float16}
@@ -150,36 +149,8 @@ def test_a_changed_pattern_is_left_alone(library):
 
 def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
     """scripts/check_layer_norm_grad_cuda.py (run on the GPU machine) on the CPU provider."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "check_layer_norm_grad_cuda.py"
-    spec = importlib.util.spec_from_file_location("check_layer_norm_grad_cuda", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    out = tmp_path / "r.json"
-    assert script.main(["--provider", "cpu", "--quick", "--library", library, "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert report["checks"] and all(row["ok"] for row in report["checks"])
+    check_script_passes_on_the_cpu("check_layer_norm_grad_cuda.py", library, tmp_path)
 
-
-@pytest.mark.parametrize("dy_type, y_type, out_type, scale", [(F32, F32, F32, 1.0), (F16, F16, F16, 0.125),
-                                                               (F32, F16, F16, 0.5)])
-def test_the_softmax_grad_cpu_kernel_matches_numpy(library, dy_type, y_type, out_type, scale):
-    from onnxcampo.ops import softmax as sm
-
-    rng = np.random.default_rng(7)
-    dy = rng.standard_normal((3, 4, 50, 1)).astype(NUMPY[dy_type])
-    logits = rng.standard_normal((3, 4, 50, 1))
-    y = (np.exp(logits) / np.exp(logits).sum(axis=2, keepdims=True)).astype(NUMPY[y_type])
-    node = op_nodes.softmax_grad("dy", "y", output="dx", cols=50, scale=scale, output_type=out_type, name="sg")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("dy", dy_type, list(dy.shape)),
-                                            helper.make_tensor_value_info("y", y_type, list(y.shape))],
-                              [helper.make_tensor_value_info("dx", out_type, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    op_nodes.import_domain(model)
-    got = run(make_session(model), {"dy": dy, "y": y})["dx"]
-    want = sm.reference(dy, y, cols=50, scale=scale, output_type=out_type)
-    assert got.dtype == NUMPY[out_type] and got.shape == dy.shape
-    tol = 2.0 ** -10 if out_type == F16 else 2e-6
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
 
 
 def _attention():

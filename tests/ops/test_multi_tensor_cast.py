@@ -18,6 +18,8 @@ from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
 
+from reference import check_script_passes_on_the_cpu
+
 
 def _cast_model(shapes):
     names = [f"x{k}" for k in range(len(shapes))]
@@ -105,15 +107,4 @@ def test_one_cast_or_the_option_off_leaves_the_casts(library):
 
 def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
     """scripts/check_multi_tensor_cast_cuda.py (run on the GPU machine) on the CPU provider."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "check_multi_tensor_cast_cuda.py"
-    spec = importlib.util.spec_from_file_location("check_multi_tensor_cast_cuda", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    out = tmp_path / "r.json"
-    assert script.main(["--provider", "cpu", "--quick", "--library", library, "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert report["checks"] and all(row["ok"] for row in report["checks"])
+    check_script_passes_on_the_cpu("check_multi_tensor_cast_cuda.py", library, tmp_path)
