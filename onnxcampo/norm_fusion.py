@@ -25,7 +25,6 @@ elementwise fusion. Rules:
    a Cast between the float types (the float32 invstd of the LayerNormalization: the plan's
    float16 copy then stays in its elementwise group instead of a Cast kernel of its own); views
    and Casts that only the removed nodes read are removed too.
-
 4. Softmax: ``p = Mul(y, dy)``, ``t = ReduceSum(p)`` over the last axes of size > 1 (keepdims),
    ``dx = Mul(y, Sub(dy, t))`` (either operand order of the Muls), one static shape, each value
    between read by the next node only: ``SoftmaxGrad(dy, y)`` with ``cols`` the reduced length. A
@@ -301,7 +300,6 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
         if any(id(r) not in removed for r in readers(name)):
             continue
         removed.add(id(node))
-        matches[0].removed.append(node)  # counted once; the nodes go
         frontier.extend(node.input)
 
     made: dict[int, onnx.NodeProto] = {}
