@@ -152,6 +152,27 @@ def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
     check_script_passes_on_the_cpu("check_layer_norm_grad_cuda.py", library, tmp_path)
 
 
+@pytest.mark.parametrize("dy_type, y_type, out_type, scale", [(F32, F32, F32, 1.0), (F16, F16, F16, 0.125),
+                                                               (F32, F16, F16, 0.5)])
+def test_the_softmax_grad_cpu_kernel_matches_numpy(library, dy_type, y_type, out_type, scale):
+    from onnxcampo.ops import softmax as sm
+
+    rng = np.random.default_rng(7)
+    dy = rng.standard_normal((3, 4, 50, 1)).astype(NUMPY[dy_type])
+    logits = rng.standard_normal((3, 4, 50, 1))
+    y = (np.exp(logits) / np.exp(logits).sum(axis=2, keepdims=True)).astype(NUMPY[y_type])
+    node = op_nodes.softmax_grad("dy", "y", output="dx", cols=50, scale=scale, output_type=out_type, name="sg")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("dy", dy_type, list(dy.shape)),
+                                            helper.make_tensor_value_info("y", y_type, list(y.shape))],
+                              [helper.make_tensor_value_info("dx", out_type, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    op_nodes.import_domain(model)
+    got = run(make_session(model), {"dy": dy, "y": y})["dx"]
+    want = sm.reference(dy, y, cols=50, scale=scale, output_type=out_type)
+    assert got.dtype == NUMPY[out_type] and got.shape == dy.shape
+    tol = 2.0 ** -10 if out_type == F16 else 2e-6
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
 
 def _attention():
     """x [2, 6, 16]: scores = MatMul(q, k^T) * 0.25, Softmax over the last axis, MatMul with v."""
