@@ -418,9 +418,10 @@ def ort_fused_nodes(ctx: GraphContext, model: onnx.ModelProto) -> set[str]:
 
 class FuseReductions(PassBase):
     """``--fuse-reductions``: a cross-entropy loss and its gradient as SoftmaxCrossEntropy(Grad)
-    nodes, then ReduceSums over leading/trailing blocks of axes, with the Reshapes and Casts around
-    them, as BlockReduceSum nodes; after loss scaling (whose Casts it folds), before the
-    elementwise fusion (which then sees the reductions' Casts gone)."""
+    nodes, layer-norm and softmax input gradients as LayerNormGrad / SoftmaxGrad nodes
+    (``fuse_row_gradients``), then ReduceSums over leading/trailing blocks of axes, with the
+    Reshapes and Casts around them, as BlockReduceSum nodes; after loss scaling (whose Casts it
+    folds), before the elementwise fusion (which then sees the reductions' Casts gone)."""
 
     name = "fuse_reductions"
     mutates = True
@@ -438,7 +439,7 @@ class FuseReductions(PassBase):
         norms = fuse_layer_norm_grad(exported.model) if exported.ctx.config.fuse_row_gradients else NormFusionResult()
         result = fuse_reductions(exported.model)
         exported.report["fuse_reductions"] = {**result.to_json(), "loss": loss.to_json(), "layer_norms": norms.to_json()}
-        fused = result.fused + loss.forward + loss.backward + norms.fused
+        fused = result.fused + loss.forward + loss.backward + norms.fused + norms.softmax
         return PassResult(self.name, bool(fused),
                           {"fused": fused, "replaced": result.reductions + loss.nodes + norms.nodes})
 
@@ -496,6 +497,8 @@ _ADDED = {
                                "(--fuse-reductions)",
     "LayerNormGrad": "a layer norm's input gradient (Muls, Subs, two ReduceMeans, the residual Sum) in one pass "
                      "(--fuse-reductions)",
+    "SoftmaxGrad": "a softmax's input gradient (Mul, ReduceSum, Sub, Mul and a constant scale) in one pass "
+                   "(--fuse-reductions)",
     "MultiTensorCast": "the float32 -> float16 Casts of the weights as one kernel (--fuse-elementwise)",
     "AvgMatMulInteger": "MatMulInteger with 16-bit tree-averaging accumulation (--int8-avg)",
 }

@@ -18,8 +18,8 @@
 #            cases not measured yet (costdb/data/raw/harvested-cases.json: none left in session 13); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
 #            costdb/data/raw/nvidia-h200.jsonl costdb/data/nvidia-h200.json`)          (~2 min)
-#   bench    training steps: campo with both fusions (and the Im2Col + Gemm and
-#            yield-to-ORT ablations), the fp16 plan with both fusions, greedy amp, torch.compile;
+#   bench    training steps: campo with both fusions (and without LayerNormGrad / SoftmaxGrad:
+#            campo-fused-norows-graph), the fp16 plan with both fusions, greedy amp, torch.compile;
 #            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S, default 500)                         (~9 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
@@ -80,7 +80,7 @@ run_costs() {
 run_bench() {
   stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
-    --policies campo-fused,fp16-fused,campo-fused-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp,campo-fused-gemm-graph,campo-fused-yield-graph \
+    --policies campo-fused,fp16-fused,campo-fused-graph,campo-fused-norows-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
     --breakdown-policies campo-fused,fp16-fused \
     --redo '*|*|training|*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
 }

@@ -184,3 +184,18 @@ def test_a_log_softmax_read_elsewhere_or_another_loss_is_left_alone(library):
 def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
     """scripts/check_cross_entropy_cuda.py (run on the GPU machine) on the CPU provider."""
     check_script_passes_on_the_cpu("check_cross_entropy_cuda.py", library, tmp_path)
+
+
+@pytest.mark.parametrize("policy", ["fp16", "campo"])
+def test_planned_steps_with_every_fusion_run_on_ort_cpu_with_the_unfused_values(library, policy):
+    """Wiring on ORT CPU (which computes float16 nodes in float32): the planned step with both
+    fusions against the planned step without, the padded logits included."""
+    step = build_train_step(_classifier(pad_to=16), loss="cross_entropy", optimizer="momentum")
+    fused = onnxcampo.optimize(step, policy=policy, fuse_reductions=True, fuse_elementwise=True)
+    plain = onnxcampo.optimize(step, policy=policy, fuse_reductions=False, fuse_elementwise=False)
+    assert fused.report["fuse_reductions"]["loss"]["softmax_cross_entropy_grad"] == 1
+    feeds = _feeds(fused.model, 10)
+    want, got = run(make_session(plain.model), feeds), run(make_session(fused.model), feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name].astype(np.float64), want[name].astype(np.float64), rtol=2e-3, atol=2e-3,
+                                   err_msg=name)

@@ -205,3 +205,18 @@ def test_the_option_off_leaves_the_row_gradients_unfused(library):
     off = onnxcampo.optimize(step, policy="campo", fuse_reductions=True, fuse_elementwise=False, fuse_row_gradients=False)
     assert off.report["fuse_reductions"]["layer_norms"]["layer_norm_grad"] == 0
     assert "LayerNormGrad" not in {n.op_type for n in off.model.graph.node}
+
+
+@pytest.mark.parametrize("policy", ["fp16", "campo"])
+def test_planned_steps_with_the_row_gradients_fused_run_on_ort_cpu_with_the_unfused_values(library, policy):
+    """Wiring on ORT CPU (which computes float16 nodes in float32): a planned block step with
+    LayerNormGrad against the planned step without."""
+    step = build_train_step(_block(), loss="mse", optimizer="momentum")
+    fused = onnxcampo.optimize(step, policy=policy, fuse_reductions=True, fuse_elementwise=False)
+    plain = onnxcampo.optimize(step, policy=policy, fuse_reductions=False, fuse_elementwise=False)
+    assert fused.report["fuse_reductions"]["layer_norms"]["layer_norm_grad"] == 2
+    feeds = _feeds(fused.model)
+    want, got = run(make_session(plain.model), feeds), run(make_session(fused.model), feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name].astype(np.float64), want[name].astype(np.float64), rtol=2e-3, atol=2e-3,
+                                   err_msg=name)
