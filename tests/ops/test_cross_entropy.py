@@ -199,3 +199,23 @@ def test_planned_steps_with_every_fusion_run_on_ort_cpu_with_the_unfused_values(
     for name in want:
         np.testing.assert_allclose(got[name].astype(np.float64), want[name].astype(np.float64), rtol=2e-3, atol=2e-3,
                                    err_msg=name)
+
+
+def test_evaluation_of_a_fused_step_gives_the_unfused_loss_and_prediction(library):
+    """Trainer.evaluate's graph (the step pruned to the prediction and the loss) keeps the fused
+    forward op and the padded head's Slice the prediction needs."""
+    from onnxcampo.training.evaluate import eval_model
+
+    step = build_train_step(_classifier(pad_to=16), loss="cross_entropy", optimizer="momentum")
+    fused, result = _fused(step)
+    assert result.forward == 1
+    feeds = _feeds(step, 10)
+    outputs = {}
+    for model in (step, fused):
+        evaluation = eval_model(model, with_loss=True)
+        names = {i.name for i in evaluation.graph.input}
+        outputs[id(model)] = run(make_session(evaluation), {k: v for k, v in feeds.items() if k in names})
+    want, got = outputs[id(step)], outputs[id(fused)]
+    assert ce.FORWARD in {n.op_type for n in eval_model(fused, with_loss=True).graph.node}
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=2e-6, atol=2e-6, err_msg=name)
