@@ -24,7 +24,10 @@ the block reductions and the elementwise fusion. Rules:
 3. In front of ``x``: a Cast float16 -> float32 read only by the LogSoftmax is folded (the fused
    ops read float16, exactly); then a Slice of the last axis ``[0, C)`` (step 1) of a wider tensor
    (the padded LM head: ``onnxcampo.padding``) is read past: the ops take ``classes = C`` and the
-   padded rows; the Slice goes when nothing else reads it.
+   padded rows; the Slice goes when nothing else reads it. When it computes the step's prediction
+   (``onnxcampo.prediction``) and nothing else, it goes too (ORT would run it every step, a 206 MB
+   copy on GPT-2) and ``onnxcampo.prediction_slice`` records ``{"input", "columns"}``: evaluation
+   (``training.evaluate.eval_model``) slices the prediction back from the padded tensor.
 4. ``SoftmaxCrossEntropy(x, labels) -> (picked, lse)`` takes the forward's place (the position
    of the later of the LogSoftmax and the OneHot), ``SoftmaxCrossEntropyGrad(x, lse, labels, s)
    -> dx`` the Sub's; ``picked`` and ``dx`` keep their names, types and shapes (value_info).
@@ -37,6 +40,7 @@ log-sum-exp (LogSoftmax's ``x - max - log(sum)`` in another order), ``dx`` is ``
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -60,10 +64,12 @@ class LossFusionResult:
     nodes: int = 0  # nodes they replace
     casts: int = 0  # Casts of the logits folded in
     slices: int = 0  # Slices of padded logits read past
+    prediction_slices: int = 0  # of those, Slices of the prediction removed (evaluation slices it back)
 
     def to_json(self) -> dict:
         return {"softmax_cross_entropy": self.forward, "softmax_cross_entropy_grad": self.backward,
-                "nodes_replaced": self.nodes, "casts_folded": self.casts, "slices_read_past": self.slices}
+                "nodes_replaced": self.nodes, "casts_folded": self.casts, "slices_read_past": self.slices,
+                "prediction_slices_removed": self.prediction_slices}
 
 
 @dataclass
@@ -80,6 +86,7 @@ class _Match:
     backward_at: onnx.NodeProto | None = None
     casts: int = 0
     slices: int = 0
+    prediction_slice: dict | None = None
 
 
 def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
@@ -94,6 +101,8 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
     constants = edit.constants()
     producers, consumers = edit.producers(), edit.consumers()
     protected = edit.interface()
+    prediction = ir.metadata(model, ir.PREDICTION_KEY)
+    kept_names = protected - {prediction}  # graph inputs and outputs, what subgraphs read
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
     def static(name: str) -> tuple[int, ...] | None:
@@ -272,6 +281,9 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
                 match.slices += 1
                 if len(readers(x)) == 1 and x not in protected:
                     match.removed.append(cut)
+                elif x == prediction and x not in kept_names and len(consumers.get(x, [])) == 1:
+                    match.removed.append(cut)  # rule 3: evaluation slices the prediction back
+                    match.prediction_slice = {"input": cut.input[0], "columns": match.classes}
                 x = cut.input[0]
         match.x = x
 
@@ -313,6 +325,10 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
         result.slices += match.slices
 
     edit.replace_nodes(made, {id(n) for m in matches for n in m.removed}, new_info)
+    for match in matches:
+        if match.prediction_slice is not None:
+            ir.set_metadata(model, ir.PREDICTION_SLICE_KEY, json.dumps(match.prediction_slice))
+            result.prediction_slices += 1
     op_nodes.import_domain(model)
     log.info("fuse-reductions: %d cross-entropy loss(es) (%d with the gradient) as fused ops, %d nodes replaced",
              result.forward, result.backward, result.nodes)

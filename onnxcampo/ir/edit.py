@@ -22,6 +22,9 @@ from onnxcampo.oplists import DEFAULT_DOMAINS
 # metadata of a training step naming its prediction (the forward output the loss reads), which
 # Trainer.evaluate prunes the step to: a tensor every rewrite keeps, as it keeps graph outputs
 PREDICTION_KEY = "onnxcampo.prediction"
+# metadata of a step whose prediction is the first `columns` columns of a wider tensor that a
+# fusion left unread (JSON {"input": name, "columns": C}): evaluation slices it back
+PREDICTION_SLICE_KEY = "onnxcampo.prediction_slice"
 
 
 def attribute(node: onnx.NodeProto, name: str, default=None):
@@ -141,4 +144,4 @@ class ModelEdit:
                     node.input[i] = new
 
 
-__all__ = ["PREDICTION_KEY", "ModelEdit", "attribute"]
+__all__ = ["PREDICTION_KEY", "PREDICTION_SLICE_KEY", "ModelEdit", "attribute"]

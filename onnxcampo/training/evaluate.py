@@ -6,10 +6,14 @@ the gradients and the update. Pruned to the prediction (and the loss, when label
 is the forward on the fp32 master weights: no gradient, no update, no state written. Where the
 step trains BatchNormalization or Dropout (:mod:`onnxcampo.training.train_mode`), every ``Where``
 reading the flag ``onnxcampo.train_mode`` takes its false branch first, so the pruned forward is
-the inference one: running statistics, no dropout (the batch statistics and the mask go).
+the inference one: running statistics, no dropout (the batch statistics and the mask go). Where
+``--fuse-reductions`` removed the Slice that cut a padded LM head's output to the prediction (no
+training node reads it; metadata ``onnxcampo.prediction_slice``), the pruned graph slices it back.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import onnx
@@ -45,7 +49,7 @@ def _read_names(node: onnx.NodeProto) -> set[str]:
 def eval_model(step: onnx.ModelProto, *, with_loss: bool) -> onnx.ModelProto:
     """``step`` pruned to the nodes the prediction (and ``loss``) need; inputs and initializers
     no kept node reads are dropped. The outputs: the prediction, then ``loss`` if ``with_loss``."""
-    step = _inference_mode(step)
+    step = _restore_prediction(_inference_mode(step))
     prediction = prediction_name(step)
     wanted = [prediction, LOSS] if with_loss else [prediction]
     producers = {out: index for index, node in enumerate(step.graph.node) for out in node.output}
@@ -83,6 +87,25 @@ def eval_model(step: onnx.ModelProto, *, with_loss: bool) -> onnx.ModelProto:
         graph.output.append(known[name] if name in known else helper.ValueInfoProto(name=name))
     del graph.value_info[:]
     graph.value_info.extend(vi for vi in step.graph.value_info if vi.name in seen)
+    return model
+
+
+def _restore_prediction(step: onnx.ModelProto) -> onnx.ModelProto:
+    """``step`` with its prediction computed again where the loss fusion removed the Slice that
+    made it (metadata ``onnxcampo.prediction_slice``: the first ``columns`` columns of ``input``,
+    a padded LM head's output); a copy, or the step itself when nothing was removed."""
+    recorded = ir.metadata(step, ir.PREDICTION_SLICE_KEY)
+    prediction = ir.metadata(step, PREDICTION_KEY)
+    if not recorded or not prediction or any(prediction in n.output for n in step.graph.node):
+        return step
+    spec = json.loads(recorded)
+    model = onnx.ModelProto()
+    model.CopyFrom(step)
+    names = [f"{prediction}/restore_{part}" for part in ("starts", "ends", "axes")]
+    for name, value in zip(names, (0, int(spec["columns"]), -1)):
+        model.graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), name))
+    model.graph.node.append(helper.make_node("Slice", [spec["input"], *names], [prediction],
+                                             name=f"{prediction}/restore_slice"))
     return model
 
 

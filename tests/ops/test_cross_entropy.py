@@ -8,6 +8,8 @@ rounding) and with the ONNX reference evaluator for a mixed-precision plan (floa
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -134,7 +136,9 @@ def test_a_cross_entropy_step_fuses_and_gives_the_unfused_values_on_ort_cpu(libr
     assert not {"LogSoftmax", "OneHot", "Exp"} & set(ops)
     forward = next(n for n in fused.graph.node if n.op_type == ce.FORWARD)
     assert forward.input[0] == ("wide" if pad_to else "logits")  # read past the Slice
-    assert ops.count("Slice") == (1 if pad_to else 0)  # the prediction keeps its Slice (evaluation)
+    assert "Slice" not in ops  # the prediction's Slice goes; evaluation slices it back (metadata)
+    recorded = ir.metadata(fused, ir.PREDICTION_SLICE_KEY)
+    assert (json.loads(recorded) == {"input": "wide", "columns": 10}) if pad_to else recorded is None
     feeds = _feeds(step, 10)
     a, b = make_session(step), make_session(fused)
     want, got = run(a, feeds), run(b, feeds)
@@ -203,7 +207,7 @@ def test_planned_steps_with_every_fusion_run_on_ort_cpu_with_the_unfused_values(
 
 def test_evaluation_of_a_fused_step_gives_the_unfused_loss_and_prediction(library):
     """Trainer.evaluate's graph (the step pruned to the prediction and the loss) keeps the fused
-    forward op and the padded head's Slice the prediction needs."""
+    forward op and gets back the padded head's Slice that the prediction needs."""
     from onnxcampo.training.evaluate import eval_model
 
     step = build_train_step(_classifier(pad_to=16), loss="cross_entropy", optimizer="momentum")
@@ -216,6 +220,7 @@ def test_evaluation_of_a_fused_step_gives_the_unfused_loss_and_prediction(librar
         names = {i.name for i in evaluation.graph.input}
         outputs[id(model)] = run(make_session(evaluation), {k: v for k, v in feeds.items() if k in names})
     want, got = outputs[id(step)], outputs[id(fused)]
-    assert ce.FORWARD in {n.op_type for n in eval_model(fused, with_loss=True).graph.node}
+    evaluated = {n.op_type for n in eval_model(fused, with_loss=True).graph.node}
+    assert ce.FORWARD in evaluated and "Slice" in evaluated
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=2e-6, atol=2e-6, err_msg=name)
