@@ -50,7 +50,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
-from onnxcampo.reductions import MOVES, _axes, _dtype
+from onnxcampo.reductions import MOVES, reduce_axes
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +89,18 @@ class _Match:
     prediction_slice: dict | None = None
 
 
-def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
-    """Replace the cross-entropy losses of ``model`` (in place) and their gradients by the fused ops."""
+def fuse_softmax_cross_entropy(model: onnx.ModelProto,
+                               info: dict[str, ir.TensorInfo] | None = None) -> LossFusionResult:
+    """Replace the cross-entropy losses of ``model`` (in place) and their gradients by the fused ops.
+    ``info``: the model's tensor types and shapes when the caller has them (else inferred here);
+    the tensors the rewrite makes are added to it."""
     result = LossFusionResult()
     if not any(n.op_type == "LogSoftmax" for n in model.graph.node):
         return result
     from onnxcampo.ops import nodes as op_nodes
 
-    info, _ = ir.infer_tensor_info(model)
+    if info is None:
+        info, _ = ir.infer_tensor_info(model)
     edit = ir.ModelEdit(model, fresh_prefix="xent")
     constants = edit.constants()
     producers, consumers = edit.producers(), edit.consumers()
@@ -109,7 +113,7 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
         return ir.static_shape(info, name, empty=False)
 
     def dtype(name: str) -> int | None:
-        return _dtype(info, name)
+        return ir.tensor_dtype(info, name)
 
     def readers(name: str) -> list[onnx.NodeProto]:
         return [] if name in protected else consumers.get(name, [])
@@ -174,13 +178,13 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
         total = sole(mul.output[0])
         if not default(total, "ReduceSum") or static(total.output[0]) != static(labels):
             return None
-        if _axes(total, constants, rank) != [rank - 1] or dtype(total.output[0]) not in FLOATS:
+        if reduce_axes(total, constants, rank) != [rank - 1] or dtype(total.output[0]) not in FLOATS:
             return None
         onehot_users = readers(onehot_out)
         if mul not in onehot_users or len(onehot_users) > 2:
             return None
         removed = [node, onehot, mul, total]
-        forward_at = max((node, onehot), key=position.__getitem__)
+        forward_at = max((node, onehot), key=lambda n: position[id(n)])
         match = _Match(x=xf, labels=labels, classes=classes, width=classes, picked=total.output[0],
                        forward_at=forward_at, removed=removed)
         if exp:
@@ -223,7 +227,7 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
             return False
         t = t_node.output[0]
         class_axes = list(range(split, len(g_shape)))
-        reduced = _axes(t_node, constants, len(g_shape))
+        reduced = reduce_axes(t_node, constants, len(g_shape))
         row_shape = tuple(g_shape[:split]) + (1,) * (len(g_shape) - split)
         if (reduced is None or not set(d for d in class_axes if g_shape[d] > 1) <= set(reduced) <= set(class_axes)
                 or static(t) != row_shape or ir.attribute(t_node, "keepdims", 1) != 1):
@@ -288,7 +292,6 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
         match.x = x
 
     position = {id(n): k for k, n in enumerate(model.graph.node)}
-    position = _Positions(position)
     matches: list[_Match] = []
     taken: set[int] = set()
     for node in list(model.graph.node):
@@ -325,6 +328,7 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
         result.slices += match.slices
 
     edit.replace_nodes(made, {id(n) for m in matches for n in m.removed}, new_info)
+    ir.record_value_infos(info, new_info)
     for match in matches:
         if match.prediction_slice is not None:
             ir.set_metadata(model, ir.PREDICTION_SLICE_KEY, json.dumps(match.prediction_slice))
@@ -333,13 +337,6 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto) -> LossFusionResult:
     log.info("fuse-reductions: %d cross-entropy loss(es) (%d with the gradient) as fused ops, %d nodes replaced",
              result.forward, result.backward, result.nodes)
     return result
-
-
-class _Positions(dict):
-    """Node -> its index in the graph (keyed by id)."""
-
-    def __getitem__(self, node: onnx.NodeProto) -> int:
-        return super().__getitem__(id(node))
 
 
 def _row_split(shape: tuple[int, ...], rows: int, classes: int) -> int | None:

@@ -47,7 +47,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
-from onnxcampo.reductions import MOVES, _axes, _dtype
+from onnxcampo.reductions import MOVES, reduce_axes
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +78,16 @@ class _Match:
     folded: bool = False  # a residual Sum (layer_norm) or a constant factor (softmax)
 
 
-def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
+def fuse_layer_norm_grad(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | None = None) -> NormFusionResult:
     """Replace the layer-norm and softmax input gradients of ``model`` (in place) by LayerNormGrad
-    and SoftmaxGrad nodes."""
+    and SoftmaxGrad nodes. ``info`` as for :func:`onnxcampo.loss_fusion.fuse_softmax_cross_entropy`."""
     result = NormFusionResult()
     if not any(n.op_type in ("ReduceMean", "ReduceSum") for n in model.graph.node):
         return result
     from onnxcampo.ops import nodes as op_nodes
 
-    info, _ = ir.infer_tensor_info(model)
+    if info is None:
+        info, _ = ir.infer_tensor_info(model)
     edit = ir.ModelEdit(model, fresh_prefix="lngrad")
     constants = edit.constants()
     producers, consumers = edit.producers(), edit.consumers()
@@ -96,7 +97,7 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
         return ir.static_shape(info, name, empty=False)
 
     def dtype(name: str) -> int | None:
-        return _dtype(info, name)
+        return ir.tensor_dtype(info, name)
 
     def readers(name: str) -> list[onnx.NodeProto]:
         return consumers.get(name, [])
@@ -121,9 +122,10 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
         padded = (1,) * (len(shape) - len(own)) + own
         return all(padded[k] == (shape[k] if k in keep else 1) for k in range(len(shape)))
 
-    def mean_of(node: onnx.NodeProto | None, x: str, shape: tuple[int, ...], axes: set[int]) -> bool:
+    def reduces(node: onnx.NodeProto | None, x: str, shape: tuple[int, ...], axes: set[int]) -> bool:
+        """Whether the ReduceMean/ReduceSum ``node`` reduces ``x`` over ``axes``, keeping dims."""
         return (node is not None and node.input[0] == x and ir.attribute(node, "keepdims", 1) == 1
-                and set(_axes(node, constants, len(shape)) or []) == axes)
+                and set(reduce_axes(node, constants, len(shape)) or []) == axes)
 
     def source(name: str, count: int, *, casts: bool) -> str:
         """Rule 3's inputs: ``name`` back through views (and with ``casts`` Casts between the float
@@ -157,12 +159,12 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
         mean_a = made_by(a, "ReduceMean")
         if shape is None or mean_a is None or not only(a, sub1) or static(dx_node.output[0]) != shape:
             return None
-        reduced = set(_axes(mean_a, constants, len(shape)) or [])
+        reduced = set(reduce_axes(mean_a, constants, len(shape)) or [])
         big = [k for k, d in enumerate(shape) if d > 1]
         tail = set(range(min(reduced, default=len(shape)), len(shape)))
         if not reduced or not {k for k in tail if shape[k] > 1} <= reduced <= tail or not big:
             return None
-        if not mean_of(mean_a, p, shape, reduced):
+        if not reduces(mean_a, p, shape, reduced):
             return None
         cols = math.prod(shape[k] for k in reduced)
         rows = math.prod(shape) // cols
@@ -176,7 +178,7 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
             return None
         q = mean_b.input[0]
         mul_q = made_by(q, "Mul")
-        if mul_q is None or not only(q, mean_b) or not mean_of(mean_b, q, shape, reduced):
+        if mul_q is None or not only(q, mean_b) or not reduces(mean_b, q, shape, reduced):
             return None
         if sorted(mul_q.input) != sorted([xhat, p]) or static(xhat) != shape:
             return None
@@ -235,11 +237,11 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
         mul_p = made_by(p, "Mul")
         if mul_p is None or not only(p, total) or sorted(mul_p.input) != sorted([y, dy]):
             return None
-        reduced = set(_axes(total, constants, len(shape)) or [])
+        reduced = set(reduce_axes(total, constants, len(shape)) or [])
         tail = set(range(min(reduced, default=len(shape)), len(shape)))
         if not reduced or not {k for k in tail if shape[k] > 1} <= reduced <= tail:
             return None
-        if not mean_of(total, p, shape, reduced) or static(dx_node.output[0]) != shape:
+        if not reduces(total, p, shape, reduced) or static(dx_node.output[0]) != shape:
             return None
         cols = math.prod(shape[k] for k in reduced)
         removed = [mul_p, total, sub, dx_node]
@@ -316,6 +318,7 @@ def fuse_layer_norm_grad(model: onnx.ModelProto) -> NormFusionResult:
             result.scales += m.folded
     result.nodes = len(removed)
     edit.replace_nodes(made, removed, new_info)
+    ir.record_value_infos(info, new_info)
     op_nodes.import_domain(model)
     log.info("fuse-reductions: %d layer-norm and %d softmax gradients as LayerNormGrad / SoftmaxGrad nodes (%d "
              "nodes replaced)", result.fused, result.softmax, result.nodes)

@@ -434,10 +434,13 @@ class FuseReductions(PassBase):
         from onnxcampo.reductions import fuse_reductions
 
         # first the patterns whose reductions the block reductions would take: the loss's, the
-        # layer norms' and softmaxes' input gradients
-        loss = fuse_softmax_cross_entropy(exported.model)
-        norms = fuse_layer_norm_grad(exported.model) if exported.ctx.config.fuse_row_gradients else NormFusionResult()
-        result = fuse_reductions(exported.model)
+        # layer norms' and softmaxes' input gradients; one shape inference for the three (each
+        # records the tensors it makes)
+        info, _ = ir.infer_tensor_info(exported.model)
+        loss = fuse_softmax_cross_entropy(exported.model, info)
+        norms = (fuse_layer_norm_grad(exported.model, info) if exported.ctx.config.fuse_row_gradients
+                 else NormFusionResult())
+        result = fuse_reductions(exported.model, info)
         exported.report["fuse_reductions"] = {**result.to_json(), "loss": loss.to_json(), "layer_norms": norms.to_json()}
         fused = result.fused + loss.forward + loss.backward + norms.fused + norms.softmax
         return PassResult(self.name, bool(fused),

@@ -81,12 +81,14 @@ class _Chain:
     reductions: int
 
 
-def fuse_reductions(model: onnx.ModelProto) -> ReductionFusionResult:
-    """Replace the block reductions of ``model`` (in place) by ``BlockReduceSum`` nodes."""
+def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | None = None) -> ReductionFusionResult:
+    """Replace the block reductions of ``model`` (in place) by ``BlockReduceSum`` nodes; ``info``:
+    the model's tensor types and shapes when the caller has them (else inferred here)."""
     from onnxcampo.ops import nodes as op_nodes
 
     result = ReductionFusionResult()
-    info, _ = ir.infer_tensor_info(model)
+    if info is None:
+        info, _ = ir.infer_tensor_info(model)
     edit = ir.ModelEdit(model, fresh_prefix="reduce")
     constants = edit.constants()
     producers, consumers = edit.producers(), edit.consumers()
@@ -96,7 +98,7 @@ def fuse_reductions(model: onnx.ModelProto) -> ReductionFusionResult:
         return ir.static_shape(info, name)
 
     def dtype(name: str) -> int | None:
-        return _dtype(info, name)
+        return ir.tensor_dtype(info, name)
 
     def sole_reader(name: str) -> onnx.NodeProto | None:
         """The one node reading ``name`` when it is read once and is no graph output."""
@@ -110,7 +112,7 @@ def fuse_reductions(model: onnx.ModelProto) -> ReductionFusionResult:
         shape, out = static(node.input[0]), static(node.output[0])
         if shape is None or out is None or 0 in shape or dtype(node.input[0]) not in FLOATS:
             return None
-        axes = _axes(node, constants, len(shape))
+        axes = reduce_axes(node, constants, len(shape))
         if axes is None:
             return None
         sizes = _split_sizes(shape, axes)
@@ -207,8 +209,9 @@ def fuse_reductions(model: onnx.ModelProto) -> ReductionFusionResult:
     return result
 
 
-def _axes(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto], rank: int) -> list[int] | None:
-    """The normalized axes a ReduceSum reduces (attribute before opset 13, input since), or None
+def reduce_axes(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto], rank: int) -> list[int] | None:
+    """The normalized axes a ReduceSum/ReduceMean reduces (attribute before opset 13 / 18, input
+    since; the loss and row-gradient fusions read them too), or None
     when they are not a known constant or empty (all axes, or none with noop_with_empty_axes)."""
     if len(node.input) > 1 and node.input[1]:
         tensor = constants.get(node.input[1])
@@ -222,9 +225,4 @@ def _axes(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto], rank: in
     return sorted({a % rank for a in values})
 
 
-def _dtype(info: dict, name: str) -> int | None:
-    entry = info.get(name)
-    return entry.dtype if entry is not None else None
-
-
-__all__ = ["ReductionFusionResult", "fuse_reductions"]
+__all__ = ["MOVES", "ReductionFusionResult", "fuse_reductions", "reduce_axes"]

@@ -28,7 +28,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -164,12 +163,7 @@ def time_gpt2(library: str, rounds: int) -> dict:
         variants[f"fused{suffix}"] = Bound(_fused_model(F16, F32, rows, classes, classes, rows), feeds,
                                            {**outputs, "lse": ((rows,), np.float32)}, library, "cuda", graph)
         variants[f"unfused{suffix}"] = Bound(_unfused_model(rows, classes), feeds, outputs, library, "cuda", graph)
-    times = {key: [] for key in variants}
-    for turn in range(rounds):
-        keys = list(variants)
-        for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
-            times[key].append(standalone.median_ms(variants[key].run, 10))
-    ms = {key: statistics.median(v) for key, v in times.items()}
+    ms = standalone.time_in_rotation({key: bound.run for key, bound in variants.items()}, rounds, 10)
     fused, unfused = variants["fused-graph"].results(), variants["unfused-graph"].results()
     entry = {"shape": [rows, classes], "x": "float16", "ms": ms,
              "max_abs_difference": {k: float(np.max(np.abs(fused[k] - unfused[k]))) for k in ("picked", "dx")}}

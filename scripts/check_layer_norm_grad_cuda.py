@@ -27,7 +27,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -191,12 +190,7 @@ def time_softmax(library: str, rounds: int) -> dict:
         for fused in (True, False):
             model = _softmax_model((F16, F16), rows, cols, F16, 0.125, fused)
             variants[f"{'fused' if fused else 'unfused'}{suffix}"] = Bound(model, feeds, out, library, "cuda", graph)
-    times = {key: [] for key in variants}
-    for turn in range(rounds):
-        keys = list(variants)
-        for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
-            times[key].append(standalone.median_ms(variants[key].run, 20))
-    ms = {key: statistics.median(v) for key, v in times.items()}
+    ms = standalone.time_in_rotation({key: bound.run for key, bound in variants.items()}, rounds, 20)
     print(f"  GPT-2 attention softmax [{rows}, {cols}] float16: fused {ms['fused-graph']:.4f} ms replayed, unfused "
           f"{ms['unfused-graph']:.4f}", flush=True)
     return {"shape": [rows, cols], "dtype": "float16", "ms": ms}
@@ -214,12 +208,7 @@ def time_bert(library: str, rounds: int) -> dict:
         suffix = "-graph" if graph else ""
         variants[f"fused{suffix}"] = Bound(_fused_model(types, rows, cols, F16, True), feeds, out, library, "cuda", graph)
         variants[f"unfused{suffix}"] = Bound(_unfused_model(rows, cols), feeds, out, library, "cuda", graph)
-    times = {key: [] for key in variants}
-    for turn in range(rounds):
-        keys = list(variants)
-        for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
-            times[key].append(standalone.median_ms(variants[key].run, 20))
-    ms = {key: statistics.median(v) for key, v in times.items()}
+    ms = standalone.time_in_rotation({key: bound.run for key, bound in variants.items()}, rounds, 20)
     difference = float(np.max(np.abs(variants["fused-graph"].results()["dx"].astype(np.float64)
                                      - variants["unfused-graph"].results()["dx"].astype(np.float64))))
     entry = {"shape": [rows, cols], "dtype": "float16", "ms": ms, "max_abs_difference": difference}

@@ -27,9 +27,7 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -130,17 +128,6 @@ def check(library: str, provider: str, quick: bool) -> list[dict]:
     return rows
 
 
-def _median_ms(fn, runs: int) -> float:
-    fn()
-    blocks = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(runs):
-            fn()
-        blocks.append((time.perf_counter() - start) * 1e3 / runs)
-    return statistics.median(blocks)
-
-
 def time_sets(library: str, rounds: int) -> dict:
     out = {}
     for label, shapes in weight_sets().items():
@@ -148,17 +135,9 @@ def time_sets(library: str, rounds: int) -> dict:
         arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         variants = {(kind, graph): Bound(_model(shapes, separate=kind == "casts"), arrays, library, "cuda", graph)
                     for kind in ("multi", "casts") for graph in (True, False)}
-        times = {key: [] for key in variants}
-        for turn in range(rounds):
-            keys = list(variants)
-            for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
-                bound = variants[key]
-
-                def run(bound=bound):
-                    bound.run()
-                times[key].append(_median_ms(run, 20))
+        ms = standalone.time_in_rotation({key: bound.run for key, bound in variants.items()}, rounds, 20)
         entry = {"tensors": len(shapes), "elements": int(sum(int(np.prod(s)) for s in shapes)),
-                 "ms": {f"{kind}{'-graph' if graph else ''}": statistics.median(v) for (kind, graph), v in times.items()}}
+                 "ms": {f"{kind}{'-graph' if graph else ''}": v for (kind, graph), v in ms.items()}}
         gpu = {}
         for kind in ("multi", "casts"):
             measured = standalone.gpu_time_per_call(variants[(kind, False)].run, 10)

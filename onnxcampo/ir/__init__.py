@@ -39,9 +39,11 @@ from onnxcampo.ir.shapes import (
     fill_unknown_shapes,
     infer_tensor_info,
     pin_input_shapes,
+    record_value_infos,
     skeleton,
     static_shape,
     symbolic_dims,
+    tensor_dtype,
 )
 from onnxcampo.ir.topology import (
     CONTROL_FLOW_ATTRS,
@@ -59,7 +61,7 @@ __all__ = [
     "CONTROL_FLOW_ATTRS", "PREDICTION_KEY", "PREDICTION_SLICE_KEY", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "TensorInfo", "attribute", "check_dim_names", "check_model", "check_output_path",
     "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs", "graph_key",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
-    "outer_scope_names", "pin_input_shapes", "read_model", "save_model", "set_metadata", "skeleton", "static_shape",
-    "subgraph_node_names", "symbolic_dims", "to_graphsurgeon", "toposort", "toposort_model", "write_bytes_atomically",
+    "outer_scope_names", "pin_input_shapes", "read_model", "record_value_infos", "save_model", "set_metadata", "skeleton", "static_shape",
+    "subgraph_node_names", "symbolic_dims", "tensor_dtype", "to_graphsurgeon", "toposort", "toposort_model", "write_bytes_atomically",
     "write_text_atomically",
 ]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx
@@ -70,6 +71,21 @@ def static_shape(info: dict[str, TensorInfo], name: str, *, empty: bool = True) 
     shape = tuple(entry.shape)
     low = 0 if empty else 1
     return shape if all(isinstance(d, int) and d >= low for d in shape) else None
+
+
+def tensor_dtype(info: dict[str, TensorInfo], name: str) -> int | None:
+    """``name``'s element type, or None when ``info`` does not know it."""
+    entry = info.get(name)
+    return entry.dtype if entry is not None else None
+
+
+def record_value_infos(info: dict[str, TensorInfo], values: Iterable[onnx.ValueInfoProto]) -> None:
+    """Add the tensors a rewrite made (their value_info) to ``info``, so that a later rewrite reads
+    them without a second shape inference."""
+    for value in values:
+        entry = _value_info_to_info(value, {})
+        if entry is not None:
+            info[value.name] = entry
 
 
 def symbolic_dims(model: onnx.ModelProto) -> set[str]:

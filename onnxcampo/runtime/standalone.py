@@ -111,6 +111,20 @@ class BoundSession:
         return {k: v.numpy() for k, v in self.outputs.items()}
 
 
+def time_in_rotation(variants: dict, rounds: int, runs: int) -> dict:
+    """Median ms a call of each variant (key -> a callable), timed side by side: ``rounds`` rounds,
+    each timing every variant once (:func:`median_ms` of ``runs`` calls), starting one further
+    along each round so that no variant always goes first."""
+    import statistics
+
+    keys = list(variants)
+    times = {key: [] for key in keys}
+    for turn in range(rounds):
+        for key in keys[turn % len(keys):] + keys[:turn % len(keys)]:
+            times[key].append(median_ms(variants[key], runs))
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 def median_ms(fn, runs: int, blocks: int = 5) -> float:
     """One warm-up call of ``fn``, then the median over ``blocks`` blocks of ``runs`` calls, in ms
     a call (wall time: a run bound on the device returns once its work is queued and, for ORT's
