@@ -115,16 +115,20 @@ class _Group:
 
 
 def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
-                     split_biases: bool = True, group_weight_casts: bool = True) -> FusionResult:
+                     split_biases: bool = True, group_weight_casts: bool = True,
+                     info: dict[str, ir.TensorInfo] | None = None) -> FusionResult:
     """Replace the elementwise chains of ``model`` (in place) by ``FusedElementwise`` nodes.
     ``leave``: names of nodes not to fuse (the pipeline's: those ONNX Runtime fuses into kernels of
     its own, such as a MatMul's scale Mul, a Softmax's mask Add or a LayerNormalization's skip Add;
     taking them would undo ORT's fusion and cost a kernel more). ``split_biases``: move a Conv's or
     Gemm's bias into the group that reads its output; ``group_weight_casts``: the float32 ->
-    float16 Casts of graph inputs as one MultiTensorCast (the module docstring)."""
+    float16 Casts of graph inputs as one MultiTensorCast (the module docstring). ``info``: the
+    model's tensor types and shapes when the caller has them (the pipeline's, from
+    ``--fuse-reductions``), else inferred here."""
     leave = frozenset(leave)
     result = FusionResult()
-    info, _ = ir.infer_tensor_info(model)
+    if info is None:
+        info, _ = ir.infer_tensor_info(model)
     edit = ir.ModelEdit(model, fresh_prefix="fused")
     scalars = _scalar_constants(edit)
     consumers = edit.consumers()

@@ -334,6 +334,9 @@ class Exported:
     report: dict
     starting_weights: list[onnx.TensorProto]
     original_nodes: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (op type, doc_string)
+    # the model's tensor types and shapes as --fuse-reductions left them (it records what it makes):
+    # --fuse-elementwise reads them instead of inferring them again
+    tensor_info: dict | None = None
 
 
 class KeepStartingWeights(PassBase):
@@ -396,7 +399,7 @@ class FuseElementwise(PassBase):
         from onnxcampo.elementwise_fusion import fuse_elementwise
 
         leave = ort_fused_nodes(exported.ctx, exported.model) if exported.ctx.config.yield_to_ort_fusions else set()
-        result = fuse_elementwise(exported.model, leave=leave)
+        result = fuse_elementwise(exported.model, leave=leave, info=exported.tensor_info)
         exported.report["fuse_elementwise"] = {**result.to_json(), "left_to_ort": len(leave)}
         return PassResult(self.name, bool(result.groups), {"fused": result.groups, "replaced": result.nodes})
 
@@ -441,6 +444,7 @@ class FuseReductions(PassBase):
         norms = (fuse_layer_norm_grad(exported.model, info) if exported.ctx.config.fuse_row_gradients
                  else NormFusionResult())
         result = fuse_reductions(exported.model, info)
+        exported.tensor_info = info
         exported.report["fuse_reductions"] = {**result.to_json(), "loss": loss.to_json(), "layer_norms": norms.to_json()}
         fused = result.fused + loss.forward + loss.backward + norms.fused + norms.softmax
         return PassResult(self.name, bool(fused),
