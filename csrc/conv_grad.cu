@@ -1,4 +1,5 @@
-// ConvWeightGrad on CUDA (conv_grad.h): cuDNN's backward-filter convolution, cuDNN loaded at run
+// cuDNN convolutions on CUDA (conv_grad.h): ConvWeightGrad's backward filter (NCHW) and the NHWC
+// ops' forward, backward-data and backward-filter calls (conv_nhwc.h), cuDNN loaded at run
 // time (dlopen: the library links no cuDNN; ONNX Runtime's CUDA provider has loaded it already,
 // else $ONNXCAMPO_CUDNN or libcudnn.so.9 on the loader's path). The declarations below are the
 // few cuDNN 9 entry points and constants used (cudnn_ops.h, cudnn_cnn.h; opaque handles).
@@ -36,8 +37,8 @@ namespace {
 
 using Handle = void*;
 using Desc = void*;
-enum : int { kNchw = 0, kFloat = 0, kHalf = 2, kCrossCorrelation = 1, kDefaultMath = 0, kTensorOpMath = 1 };
-struct AlgoPerf {  // cudnnConvolutionBwdFilterAlgoPerf_t
+enum : int { kNchw = 0, kNhwc = 1, kFloat = 0, kHalf = 2, kCrossCorrelation = 1, kDefaultMath = 0, kTensorOpMath = 1 };
+struct AlgoPerf {  // cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t (one layout)
   int algo;
   int status;
   float time;
@@ -57,10 +58,16 @@ struct Cudnn {
   int (*create_conv)(Desc*) = nullptr;
   int (*set_conv)(Desc, int, int, int, int, int, int, int, int) = nullptr;
   int (*set_math)(Desc, int) = nullptr;
-  int (*find)(Handle, Desc, Desc, Desc, Desc, int, int*, AlgoPerf*) = nullptr;
-  int (*workspace)(Handle, Desc, Desc, Desc, Desc, int, size_t*) = nullptr;
-  int (*backward_filter)(Handle, const void*, Desc, const void*, Desc, const void*, Desc, int, void*, size_t,
-                         const void*, Desc, void*) = nullptr;
+  // per ConvKind (forward, data, filter): Find, the workspace size and the call; the descriptor
+  // arguments in cuDNN's order for that kind (forward x, w, conv, y; data w, dy, conv, dx;
+  // filter x, dy, conv, dw)
+  using Find = int (*)(Handle, Desc, Desc, Desc, Desc, int, int*, AlgoPerf*);
+  using Workspace = int (*)(Handle, Desc, Desc, Desc, Desc, int, size_t*);
+  using Call = int (*)(Handle, const void*, Desc, const void*, Desc, const void*, Desc, int, void*, size_t,
+                       const void*, Desc, void*);
+  Find find[3] = {nullptr, nullptr, nullptr};
+  Workspace workspace[3] = {nullptr, nullptr, nullptr};
+  Call call[3] = {nullptr, nullptr, nullptr};
   const char* (*error)(int) = nullptr;
   std::string problem;  // why cuDNN is not usable ("" when it is)
 };
@@ -86,11 +93,17 @@ const Cudnn& LoadCudnn() {
         Bind(library, "cudnnCreateConvolutionDescriptor", &c.create_conv) &&
         Bind(library, "cudnnSetConvolution2dDescriptor", &c.set_conv) &&
         Bind(library, "cudnnSetConvolutionMathType", &c.set_math) &&
-        Bind(library, "cudnnFindConvolutionBackwardFilterAlgorithm", &c.find) &&
-        Bind(library, "cudnnGetConvolutionBackwardFilterWorkspaceSize", &c.workspace) &&
-        Bind(library, "cudnnConvolutionBackwardFilter", &c.backward_filter) &&
+        Bind(library, "cudnnFindConvolutionForwardAlgorithm", &c.find[0]) &&
+        Bind(library, "cudnnGetConvolutionForwardWorkspaceSize", &c.workspace[0]) &&
+        Bind(library, "cudnnConvolutionForward", &c.call[0]) &&
+        Bind(library, "cudnnFindConvolutionBackwardDataAlgorithm", &c.find[1]) &&
+        Bind(library, "cudnnGetConvolutionBackwardDataWorkspaceSize", &c.workspace[1]) &&
+        Bind(library, "cudnnConvolutionBackwardData", &c.call[1]) &&
+        Bind(library, "cudnnFindConvolutionBackwardFilterAlgorithm", &c.find[2]) &&
+        Bind(library, "cudnnGetConvolutionBackwardFilterWorkspaceSize", &c.workspace[2]) &&
+        Bind(library, "cudnnConvolutionBackwardFilter", &c.call[2]) &&
         Bind(library, "cudnnGetErrorString", &c.error);
-    if (!bound) c.problem = "libcudnn.so.9 lacks a cuDNN entry point ConvWeightGrad uses";
+    if (!bound) c.problem = "libcudnn.so.9 lacks a cuDNN convolution entry point the library uses";
     return c;
   }();
   return cudnn;
@@ -106,10 +119,35 @@ constexpr size_t kMaxWorkspace = size_t{256} << 20;  // an algorithm needing mor
 
 // The descriptors and algorithm of one shape.
 struct Plan {
-  Desc x = nullptr, dy = nullptr, dw = nullptr, conv = nullptr;
+  Desc x = nullptr, y = nullptr, filter = nullptr, conv = nullptr;
   int algo = 0;
   size_t workspace = 0;
 };
+
+int KindIndex(ConvKind kind) { return kind == ConvKind::kForward ? 0 : kind == ConvKind::kData ? 1 : 2; }
+const char* KindName(ConvKind kind) {
+  return kind == ConvKind::kForward ? "forward" : kind == ConvKind::kData ? "backward-data" : "backward-filter";
+}
+
+// The four descriptors in cuDNN's order for the call's kind, and its two data pointers.
+struct Operands {
+  Desc d[4];
+  const void* in[2];
+};
+Operands OperandsOf(const Plan& p, const ConvCall& g) {
+  switch (g.kind) {
+    case ConvKind::kForward: return {{p.x, p.filter, p.conv, p.y}, {g.x, g.w}};
+    case ConvKind::kData: return {{p.filter, p.y, p.conv, p.x}, {g.w, g.dy}};
+    default: return {{p.x, p.y, p.conv, p.filter}, {g.x, g.dy}};
+  }
+}
+
+int Launch(const Cudnn& c, Handle handle, const Plan& p, const ConvCall& g, int algo, void* workspace, size_t size) {
+  const float one = 1.0f, zero = 0.0f;
+  const Operands o = OperandsOf(p, g);
+  return c.call[KindIndex(g.kind)](handle, &one, o.d[0], o.in[0], o.d[1], o.in[1], o.d[2], algo, workspace, size,
+                                   &zero, o.d[3], g.out);
+}
 
 // A stream's cuDNN handle and workspace.
 struct StreamState {
@@ -125,7 +163,7 @@ std::map<std::pair<int, cudaStream_t>, StreamState>& Streams() {
   return streams;
 }
 
-using ShapeKey = std::tuple<int, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+using ShapeKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int64_t, int64_t, int64_t, int64_t>;
 std::map<ShapeKey, Plan>& Plans() {
   static std::map<ShapeKey, Plan> plans;
@@ -140,7 +178,7 @@ int Narrow(int64_t value, const char* what) {
 // Times each candidate on the call's own tensors (dw is overwritten by the real call after) and
 // returns the fastest: per algorithm one warm-up call, then two blocks of three calls between
 // cudaEvents, the faster block counting. A temporary workspace of the largest candidate's size.
-int FastestAlgo(const Cudnn& c, Handle handle, const Plan& p, const ConvGradArgs& g,
+int FastestAlgo(const Cudnn& c, Handle handle, const Plan& p, const ConvCall& g,
                 const std::vector<AlgoPerf>& candidates, cudaStream_t stream) {
   size_t largest = 0;
   for (const AlgoPerf& a : candidates) largest = std::max(largest, a.memory);
@@ -149,20 +187,17 @@ int FastestAlgo(const Cudnn& c, Handle handle, const Plan& p, const ConvGradArgs
   cudaEvent_t start = nullptr, stop = nullptr;
   CudaCheck(cudaEventCreate(&start), "cudaEventCreate");
   CudaCheck(cudaEventCreate(&stop), "cudaEventCreate");
-  const float one = 1.0f, zero = 0.0f;
   const bool log = std::getenv("ONNXCAMPO_CONV_GRAD_LOG") != nullptr;
   int best = candidates[0].algo;
   float best_ms = -1.0f;
   std::string report;
   for (const AlgoPerf& a : candidates) {
-    auto call = [&] {
-      return c.backward_filter(handle, &one, p.x, g.x, p.dy, g.dy, p.conv, a.algo, workspace, largest, &zero, p.dw, g.dw);
-    };
+    auto call = [&] { return Launch(c, handle, p, g, a.algo, workspace, largest); };
     if (call() != 0) continue;  // listed but not runnable here: not a candidate
     float ms = -1.0f;
     for (int block = 0; block < 2; ++block) {
       CudaCheck(cudaEventRecord(start, stream), "cudaEventRecord");
-      for (int k = 0; k < 3; ++k) Check(c, call(), "cudnnConvolutionBackwardFilter (timing)");
+      for (int k = 0; k < 3; ++k) Check(c, call(), "cuDNN convolution (timing)");
       CudaCheck(cudaEventRecord(stop, stream), "cudaEventRecord");
       CudaCheck(cudaEventSynchronize(stop), "cudaEventSynchronize");
       float elapsed = 0.0f;
@@ -180,60 +215,71 @@ int FastestAlgo(const Cudnn& c, Handle handle, const Plan& p, const ConvGradArgs
   CudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (workspace != nullptr) CudaCheck(cudaFree(workspace), "cudaFree");
   if (log) {
-    std::fprintf(stderr, "onnxcampo ConvWeightGrad x[%lld,%lld,%lld,%lld] dy[%lld,%lld,%lld,%lld] k%lldx%lld s%lld:%s chosen %d\n",
-                 static_cast<long long>(g.n), static_cast<long long>(g.cin), static_cast<long long>(g.h),
-                 static_cast<long long>(g.w), static_cast<long long>(g.n), static_cast<long long>(g.cout),
+    std::fprintf(stderr, "onnxcampo cuDNN %s%s x[%lld,%lld,%lld,%lld] dy[%lld,%lld,%lld,%lld] k%lldx%lld s%lld:%s chosen %d\n",
+                 KindName(g.kind), g.nhwc ? " NHWC" : "", static_cast<long long>(g.n), static_cast<long long>(g.cin),
+                 static_cast<long long>(g.h), static_cast<long long>(g.w_), static_cast<long long>(g.n),
+                 static_cast<long long>(g.cout),
                  static_cast<long long>(g.ho), static_cast<long long>(g.wo), static_cast<long long>(g.a.kh),
                  static_cast<long long>(g.a.kw), static_cast<long long>(g.a.sh), report.c_str(), best);
   }
   return best;
 }
 
-Plan MakePlan(const Cudnn& c, Handle handle, const ConvGradArgs& g, cudaStream_t stream) {
+Plan MakePlan(const Cudnn& c, Handle handle, const ConvCall& g, cudaStream_t stream) {
   const Im2ColAttrs& a = g.a;
   Plan p;
   const int type = g.half ? kHalf : kFloat;
+  const int layout = g.nhwc ? kNhwc : kNchw;
   Check(c, c.create_tensor(&p.x), "cudnnCreateTensorDescriptor");
-  Check(c, c.set_tensor(p.x, kNchw, type, Narrow(g.n, "N"), Narrow(g.cin, "Cin"), Narrow(g.h, "H"), Narrow(g.w, "W")),
+  Check(c, c.set_tensor(p.x, layout, type, Narrow(g.n, "N"), Narrow(g.cin, "Cin"), Narrow(g.h, "H"), Narrow(g.w_, "W")),
         "cudnnSetTensor4dDescriptor (x)");
-  Check(c, c.create_tensor(&p.dy), "cudnnCreateTensorDescriptor");
-  Check(c, c.set_tensor(p.dy, kNchw, type, Narrow(g.n, "N"), Narrow(g.cout, "Cout"), Narrow(g.ho, "Ho"), Narrow(g.wo, "Wo")),
-        "cudnnSetTensor4dDescriptor (dy)");
-  Check(c, c.create_filter(&p.dw), "cudnnCreateFilterDescriptor");
-  Check(c, c.set_filter(p.dw, type, kNchw, Narrow(g.cout, "Cout"), Narrow(g.cin, "Cin"), Narrow(a.kh, "kh"),
-                        Narrow(a.kw, "kw")),
+  Check(c, c.create_tensor(&p.y), "cudnnCreateTensorDescriptor");
+  Check(c, c.set_tensor(p.y, layout, type, Narrow(g.n, "N"), Narrow(g.cout, "Cout"), Narrow(g.ho, "Ho"), Narrow(g.wo, "Wo")),
+        "cudnnSetTensor4dDescriptor (y)");
+  Check(c, c.create_filter(&p.filter), "cudnnCreateFilterDescriptor");
+  Check(c, c.set_filter(p.filter, type, g.krsc ? kNhwc : kNchw, Narrow(g.cout, "Cout"), Narrow(g.cin, "Cin"),
+                        Narrow(a.kh, "kh"), Narrow(a.kw, "kw")),
         "cudnnSetFilter4dDescriptor");
   Check(c, c.create_conv(&p.conv), "cudnnCreateConvolutionDescriptor");
   Check(c, c.set_conv(p.conv, Narrow(a.pt, "pad"), Narrow(a.pl, "pad"), Narrow(a.sh, "stride"), Narrow(a.sw, "stride"),
                       Narrow(a.dh, "dilation"), Narrow(a.dw, "dilation"), kCrossCorrelation, kFloat),
         "cudnnSetConvolution2dDescriptor");
   Check(c, c.set_math(p.conv, g.half ? kTensorOpMath : kDefaultMath), "cudnnSetConvolutionMathType");
-  AlgoPerf perf[8] = {};
+  AlgoPerf perf[10] = {};
   int found = 0;
-  Check(c, c.find(handle, p.x, p.dy, p.conv, p.dw, 8, &found, perf), "cudnnFindConvolutionBackwardFilterAlgorithm");
+  const Operands o = OperandsOf(p, g);
+  const int kind = KindIndex(g.kind);
+  Check(c, c.find[kind](handle, o.d[0], o.d[1], o.d[2], o.d[3], 10, &found, perf), "cudnnFindConvolution*Algorithm");
   std::vector<AlgoPerf> candidates;
   for (int k = 0; k < found; ++k) {
     if (perf[k].status == 0 && perf[k].memory <= kMaxWorkspace) candidates.push_back(perf[k]);
   }
   if (candidates.empty()) {
-    throw std::runtime_error("cuDNN has no backward-filter algorithm for this shape within 256 MB of workspace");
+    throw std::runtime_error(std::string("cuDNN has no ") + KindName(g.kind) +
+                             " algorithm for this shape within 256 MB of workspace");
   }
   p.algo = candidates[0].algo;
   if (candidates.size() > 1) p.algo = FastestAlgo(c, handle, p, g, candidates, stream);
-  Check(c, c.workspace(handle, p.x, p.dy, p.conv, p.dw, p.algo, &p.workspace), "cudnnGetConvolutionBackwardFilterWorkspaceSize");
+  Check(c, c.workspace[kind](handle, o.d[0], o.d[1], o.d[2], o.d[3], p.algo, &p.workspace),
+        "cudnnGetConvolution*WorkspaceSize");
   return p;
 }
 
 }  // namespace
 
-void ConvWeightGradCuda(const ConvGradArgs& g, void* stream_handle) {
-  if (g.cout * g.cin * g.a.kh * g.a.kw == 0) return;
+void CudnnConvolution(const ConvCall& g, void* stream_handle) {
+  const int64_t out_size = g.kind == ConvKind::kForward ? g.n * g.cout * g.ho * g.wo
+                           : g.kind == ConvKind::kData  ? g.n * g.cin * g.h * g.w_
+                                                        : g.cout * g.cin * g.a.kh * g.a.kw;
+  if (out_size == 0) return;
   const Cudnn& c = LoadCudnn();
   if (!c.problem.empty()) throw std::runtime_error(c.problem);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  if (g.n * g.ho * g.wo == 0) {  // an empty sum: zeros
-    CudaCheck(cudaMemsetAsync(g.dw, 0, static_cast<size_t>(g.cout * g.cin * g.a.kh * g.a.kw) * (g.half ? 2 : 4), stream),
-              "cudaMemsetAsync");
+  const int64_t summed = g.kind == ConvKind::kForward ? g.cin * g.a.kh * g.a.kw
+                         : g.kind == ConvKind::kData  ? g.cout * g.a.kh * g.a.kw
+                                                      : g.n * g.ho * g.wo;
+  if (summed == 0) {  // an empty sum: zeros
+    CudaCheck(cudaMemsetAsync(g.out, 0, static_cast<size_t>(out_size) * (g.half ? 2 : 4), stream), "cudaMemsetAsync");
     return;
   }
   int device = 0;
@@ -243,7 +289,8 @@ void ConvWeightGradCuda(const ConvGradArgs& g, void* stream_handle) {
   if (state.handle == nullptr) Check(c, c.create(&state.handle), "cudnnCreate");
   Check(c, c.set_stream(state.handle, stream), "cudnnSetStream");
   const Im2ColAttrs& a = g.a;
-  const ShapeKey key{device, g.half, g.n, g.cin, g.h, g.w, g.cout, g.ho, g.wo, a.kh, a.kw, a.sh, a.sw, a.dh, a.dw,
+  const int variant = KindIndex(g.kind) * 8 + (g.half ? 4 : 0) + (g.nhwc ? 2 : 0) + (g.krsc ? 1 : 0);
+  const ShapeKey key{device, variant, g.n, g.cin, g.h, g.w_, g.cout, g.ho, g.wo, a.kh, a.kw, a.sh, a.sw, a.dh, a.dw,
                      a.pt * 1000003 + a.pl};
   auto found = Plans().find(key);
   if (found == Plans().end()) {
@@ -268,10 +315,16 @@ void ConvWeightGradCuda(const ConvGradArgs& g, void* stream_handle) {
     CudaCheck(cudaMalloc(&state.workspace, p.workspace), "cudaMalloc (cuDNN workspace)");
     state.size = p.workspace;
   }
-  const float one = 1.0f, zero = 0.0f;
-  Check(c, c.backward_filter(state.handle, &one, p.x, g.x, p.dy, g.dy, p.conv, p.algo, state.workspace, state.size,
-                             &zero, p.dw, g.dw),
-        "cudnnConvolutionBackwardFilter");
+  Check(c, Launch(c, state.handle, p, g, p.algo, state.workspace, state.size), "cuDNN convolution");
+}
+
+void ConvWeightGradCuda(const ConvGradArgs& g, void* stream) {
+  ConvCall call;
+  call.kind = ConvKind::kFilter;
+  call.x = g.x, call.dy = g.dy, call.out = g.dw, call.half = g.half;
+  call.n = g.n, call.cin = g.cin, call.h = g.h, call.w_ = g.w, call.cout = g.cout, call.ho = g.ho, call.wo = g.wo;
+  call.a = g.a;
+  CudnnConvolution(call, stream);
 }
 
 }  // namespace onnxcampo

@@ -37,7 +37,28 @@ struct ConvGradArgs {
 // results do not depend on the thread count.
 void ConvWeightGradCpu(const ConvGradArgs& args, const ParallelRunner& run);
 
+// One cuDNN convolution call of any direction and layout: what ConvWeightGrad (NCHW backward
+// filter) and the NHWC ops of conv_nhwc.h run on CUDA. Shapes are logical: x [N, Cin, H, W],
+// y / dy [N, Cout, Ho, Wo], the filter [Cout, Cin, kh, kw]; `nhwc` stores x and y / dy as
+// [N, H, W, C], `krsc` the filter as [Cout, kh, kw, Cin] (else [Cout, Cin, kh, kw]).
+enum class ConvKind { kForward, kData, kFilter };  // y = conv(x, w); dx from (dy, w); dw from (x, dy)
+struct ConvCall {
+  ConvKind kind = ConvKind::kFilter;
+  const void* x = nullptr;   // forward, filter
+  const void* w = nullptr;   // forward, data
+  const void* dy = nullptr;  // data, filter
+  void* out = nullptr;       // y, dx or dw
+  bool half = false, nhwc = false, krsc = false;
+  int64_t n = 0, cin = 0, h = 0, w_ = 0, cout = 0, ho = 0, wo = 0;
+  Im2ColAttrs a;
+};
+
 #ifdef ONNXCAMPO_WITH_CUDA
+// `call` on `stream` with cuDNN (loaded at run time); cuDNN pads symmetrically (top/left; the op
+// checks that this gives the call's Ho, Wo). The first call of a shape picks the fastest
+// algorithm (synchronises, allocates); later calls are capturable into a CUDA graph.
+void CudnnConvolution(const ConvCall& call, void* stream);
+
 // cuDNN's cudnnConvolutionBackwardFilter on `stream` (a cudaStream_t). Needs symmetric pads
 // (pt == pb or the extra bottom rows unused, likewise left/right: checked by the op). The first
 // call of a shape picks the fastest algorithm (cudnnFind..., which synchronises and allocates)

@@ -47,6 +47,7 @@
 
 #include "avg_matmul.h"
 #include "conv_grad.h"
+#include "conv_nhwc.h"
 #include "elementwise.h"
 #include "elementwise_jit.h"
 #include "im2col.h"
@@ -758,6 +759,9 @@ struct Library {
     domain.Add(&cast_cpu);
     domain.Add(Im2ColOp(false));
     domain.Add(ConvWeightGradOp(false));
+    domain.Add(ConvNhwcOp(false));  // conv_nhwc_op.cc
+    domain.Add(ConvNhwcDataGradOp(false));
+    domain.Add(ConvNhwcWeightGradOp(false));
     domain.Add(LayerNormGradOp(false));  // norm_op.cc
     domain.Add(SoftmaxGradOp(false));
 #ifdef ONNXCAMPO_WITH_CUDA
@@ -768,6 +772,9 @@ struct Library {
     domain.Add(&cast_cuda);
     domain.Add(Im2ColOp(true));
     domain.Add(ConvWeightGradOp(true));
+    domain.Add(ConvNhwcOp(true));
+    domain.Add(ConvNhwcDataGradOp(true));
+    domain.Add(ConvNhwcWeightGradOp(true));
     domain.Add(LayerNormGradOp(true));
     domain.Add(SoftmaxGradOp(true));
 #endif

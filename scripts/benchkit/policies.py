@@ -42,7 +42,9 @@ Inference (ONNX Runtime):
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
     fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused, campo-reduce
     (``--fuse-reductions`` alone)
-    torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see torch_twins.py)
+    torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see torch_twins.py), and for
+    image models the same four in channels_last: torch-eager-cl, torch-eager-amp-cl,
+    torch-compile-cl, torch-compile-amp-cl
 
 Anchors, what a user picks today and what campo must beat: fp32 (TF32), occ-fp16, ort-fp16,
 modelopt and amp (greedy, cast-blind; TensorFlow AMP's painting) for inference; fp32, amp and the
@@ -81,7 +83,8 @@ CUDA_OPTIONS = {"campo-fused-nhwc-graph": {"prefer_nhwc": "1"}}
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
                       *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
-TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp")
+TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp",
+                  "torch-eager-cl", "torch-eager-amp-cl", "torch-compile-cl", "torch-compile-amp-cl")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
                      "campo-fused", "campo-reduce", "fp16-fused",
                      *GRAPH_POLICIES,

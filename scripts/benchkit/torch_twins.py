@@ -3,7 +3,9 @@
 The same model, batch, loss and optimizer as the ONNX step graph (cross-entropy, SGD with
 momentum 0.9, lr 0.01) in four variants: eager and ``torch.compile``, each in fp32 (TF32 allowed
 for matmuls and cuDNN, matching ORT's default ``use_tf32``) and with ``torch.autocast(float16)``
-plus ``GradScaler``. The module runs in eval mode (frozen BatchNorm statistics, no dropout),
+plus ``GradScaler``; for image models each also in ``channels_last`` (the ``-cl`` policies: the
+module and the batch in NHWC memory format, PyTorch's recommended setting for convolutions on
+Tensor Cores, where cuDNN needs no NCHW <-> NHWC transform around each convolution). The module runs in eval mode (frozen BatchNorm statistics, no dropout),
 which is what the onnx-ad step graph computes. The batch stays on the device; the loss is read
 back at the end of each timed block only (a step of the ONNX runner reads it every step).
 Corpus models have no PyTorch source: their module is the ONNX file converted by onnx2torch,
@@ -32,11 +34,15 @@ def train(built, policy: str, *, provider: str, warmup: int, blocks: int, per_bl
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    amp = policy.endswith("-amp")
+    channels_last = policy.endswith("-cl")
+    amp = policy.removesuffix("-cl").endswith("-amp")
     compiled = policy.startswith("torch-compile")
     module, inputs, labels = built.torch_module()
-    module = module.to(device).eval()
-    inputs = {k: v.to(device) for k, v in inputs.items()}
+    if channels_last and not any(v.dim() == 4 for v in inputs.values()):
+        raise Unavailable("channels_last applies to models with image (4-D) inputs")
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    module = module.to(device, memory_format=layout).eval()
+    inputs = {k: v.to(device, memory_format=layout) if v.dim() == 4 else v.to(device) for k, v in inputs.items()}
     labels = labels.to(device)
     optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum)
     forward = torch.compile(module) if compiled else module
@@ -73,7 +79,8 @@ def train(built, policy: str, *, provider: str, warmup: int, blocks: int, per_bl
         times.append((time.perf_counter() - start) * 1e3 / per_block)
     out = {"ms_blocks": times, "loss_first": first, "loss_last": float(loss.detach()), "steps": warmup + blocks * per_block,
            "first_step_s": round(first_step_s, 2), "tf32": device.type == "cuda",
-           "loss_scale": float(scaler.get_scale()) if amp else None}
+           "loss_scale": float(scaler.get_scale()) if amp else None,
+           "memory_format": "channels_last" if channels_last else "contiguous"}
     del module, optimizer, forward, inputs, labels
     if device.type == "cuda":
         torch.cuda.empty_cache()

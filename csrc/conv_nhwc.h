@@ -1,0 +1,33 @@
+// The NHWC convolution ops of a channels-last step graph (onnxcampo/layout.py), group 1, ONNX
+// Conv attributes (kernel_shape, strides, dilations, pads [top, left, bottom, right]):
+//
+//   ConvNhwc(x [N, H, W, Cin], w) -> y [N, Ho, Wo, Cout]
+//     y[n, oh, ow, co] = sum over i, j, ci of x[n, oh*sh + i*dh - pt, ow*sw + j*dw - pl, ci] * w[co, i, j, ci]
+//   ConvNhwcDataGrad[input_spatial = (H, W)](dy [N, Ho, Wo, Cout], w) -> dx [N, H, W, Cin]
+//     the adjoint of ConvNhwc in x (what ConvTranspose computes for a Conv's input gradient)
+//   ConvNhwcWeightGrad(x [N, H, W, Cin], dy [N, Ho, Wo, Cout]) -> dw
+//     the adjoint in w (ConvWeightGrad's sums over an NHWC x and dy)
+//
+// The filter w / dw is [Cout, kh, kw, Cin] with filter_layout "KRSC" (the default: cuDNN's NHWC
+// filter), or ONNX's [Cout, Cin, kh, kw] with "KCRS". All tensors float32, or all float16 (the
+// sums in float32, one rounding). On CUDA cuDNN (conv_grad.cu's CudnnConvolution), on the CPU a
+// direct loop per output row, every sum in one fixed order (the same bits for any thread count).
+#pragma once
+
+#include <cstdint>
+
+#include "conv_grad.h"
+#include "parallel.h"
+
+struct OrtCustomOp;  // onnxruntime_c_api.h
+
+namespace onnxcampo {
+
+const OrtCustomOp* ConvNhwcOp(bool cuda);
+const OrtCustomOp* ConvNhwcDataGradOp(bool cuda);
+const OrtCustomOp* ConvNhwcWeightGradOp(bool cuda);
+
+// `call` with nhwc set (krsc as the op's filter_layout) on the CPU.
+void ConvNhwcCpu(const ConvCall& call, const ParallelRunner& run);
+
+}  // namespace onnxcampo

@@ -1,0 +1,137 @@
+"""ai.onnxcampo::ConvNhwc, ConvNhwcDataGrad and ConvNhwcWeightGrad on the CPU (ORT's CPU provider
+runs the library's reference kernels; scripts/check_conv_nhwc_cuda.py checks cuDNN's the same way):
+against float64 numpy (onnxcampo.ops.conv_nhwc) in float32 and float16 (the kernel's own float16
+arithmetic: the op's inputs stay float16 on the CPU provider), against ORT's own NCHW Conv and
+ConvTranspose, the same bits for any thread count, inferred output shapes, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from onnxcampo.ops import conv_nhwc as ref
+from onnxcampo.ops import nodes
+from onnxcampo.runtime import make_session
+
+pytestmark = pytest.mark.usefixtures("library")  # fails (never skips) without the built library
+RNG = np.random.default_rng(0)
+# (N, H, W, Cin), kernel, strides, dilations, pads, Cout
+CASES = [
+    ((2, 5, 6, 3), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 4),
+    ((2, 8, 8, 4), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 5),  # ResNet's strided 3x3
+    ((1, 8, 7, 3), (1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 6),  # a strided 1x1 shortcut
+    ((2, 9, 9, 2), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 3),  # the stem
+    ((1, 7, 8, 3), (3, 2), (1, 2), (2, 1), (2, 0, 1, 1), 2),  # dilation, asymmetric pads
+    ((0, 4, 4, 3), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 2),  # an empty batch
+]
+IDS = ["3x3", "3x3-s2", "1x1-s2", "7x7-s2", "dilated-asym", "empty"]
+TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
+
+
+def _model(node, inputs, out_shape, dtype):
+    graph = helper.make_graph([node], "conv_nhwc", [helper.make_tensor_value_info(k, TYPES[dtype], list(v.shape))
+                                                    for k, v in inputs.items()],
+                              [helper.make_tensor_value_info(node.output[0], TYPES[dtype], list(out_shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    nodes.import_domain(model)
+    return model
+
+
+def _case(shape, kernel, strides, dilations, pads, cout, dtype, rng):
+    ho, wo = ref.output_hw(shape[1], shape[2], kernel, strides, dilations, pads)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((cout, *kernel, shape[3])).astype(dtype)
+    dy = rng.standard_normal((shape[0], ho, wo, cout)).astype(dtype)
+    return x, w, dy
+
+
+def _run_all(shape, kernel, strides, dilations, pads, cout, dtype, threads=1, seed=0):
+    attrs = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads}
+    x, w, dy = _case(shape, kernel, strides, dilations, pads, cout, dtype, np.random.default_rng(seed))
+    out = {}
+    out["y"] = make_session(_model(nodes.conv_nhwc("x", "w", output="y", name="f", **attrs), {"x": x, "w": w},
+                                   dy.shape, dtype), intra_op_threads=threads).run(None, {"x": x, "w": w})[0]
+    out["dx"] = make_session(_model(nodes.conv_nhwc_data_grad("dy", "w", output="dx", input_spatial=shape[1:3],
+                                                              name="d", **attrs),
+                                    {"dy": dy, "w": w}, x.shape, dtype), intra_op_threads=threads).run(None, {"dy": dy, "w": w})[0]
+    out["dw"] = make_session(_model(nodes.conv_nhwc_weight_grad("x", "dy", output="dw", name="g", **attrs),
+                                    {"x": x, "dy": dy}, w.shape, dtype), intra_op_threads=threads).run(None, {"x": x, "dy": dy})[0]
+    return (x, w, dy), out
+
+
+def _close(got, want, rtol):
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
+    return got.shape == want.shape and float(np.abs(got.astype(np.float64) - want).max(initial=0.0)) <= rtol * scale
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 1e-5), (np.float16, 2e-3)], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape, kernel, strides, dilations, pads, cout", CASES, ids=IDS)
+def test_matches_numpy(shape, kernel, strides, dilations, pads, cout, dtype, rtol):
+    (x, w, dy), out = _run_all(shape, kernel, strides, dilations, pads, cout, dtype)
+    attrs = {"strides": strides, "dilations": dilations, "pads": pads}
+    assert all(v.dtype == dtype for v in out.values())
+    assert _close(out["y"], ref.conv_nhwc(x, w, **attrs), rtol)
+    assert _close(out["dx"], ref.conv_nhwc_data_grad(dy, w, shape[1:3], **attrs), rtol)
+    assert _close(out["dw"], ref.conv_nhwc_weight_grad(x, dy, kernel, **attrs), rtol)
+
+
+@pytest.mark.parametrize("shape, kernel, strides, dilations, pads, cout", CASES[:4], ids=IDS[:4])
+def test_matches_onnx_runtime_conv_and_conv_transpose(shape, kernel, strides, dilations, pads, cout):
+    """The NCHW ops a step graph had: ONNX Conv and the ConvTranspose onnx-ad writes for its input
+    gradient (output_shape given, the Conv's pads), on ORT's own CPU kernels."""
+    (x, w, dy), out = _run_all(shape, kernel, strides, dilations, pads, cout, np.float32)
+    nchw = {"x": x.transpose(0, 3, 1, 2), "w": w.transpose(0, 3, 1, 2), "dy": dy.transpose(0, 3, 1, 2)}
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=list(kernel), strides=list(strides),
+                            dilations=list(dilations), pads=list(pads))
+    transpose = helper.make_node("ConvTranspose", ["dy", "w"], ["dx"], strides=list(strides), dilations=list(dilations),
+                                 pads=list(pads), output_shape=list(shape[1:3]))
+    graph = helper.make_graph([conv, transpose], "nchw", [helper.make_tensor_value_info(k, 1, list(v.shape))
+                                                          for k, v in nchw.items()],
+                              [helper.make_tensor_value_info("y", 1, None), helper.make_tensor_value_info("dx", 1, None)])
+    y, dx = make_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)).run(
+        None, nchw)
+    np.testing.assert_allclose(out["y"], y.transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["dx"], dx.transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_same_bits_for_any_thread_count():
+    case = ((3, 11, 10, 5), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 6)
+    runs = [_run_all(*case, np.float32, threads=t)[1] for t in (1, 2, 4)]
+    for key in ("y", "dx", "dw"):
+        assert all(np.array_equal(r[key].view(np.uint32), runs[0][key].view(np.uint32)) for r in runs)
+
+
+def test_undeclared_outputs_get_type_and_shape_from_the_ops():
+    attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}
+    graph_nodes = [nodes.conv_nhwc("x", "w", output="y", name="f", **attrs),
+                   nodes.conv_nhwc_data_grad("y", "w", output="dx", input_spatial=(8, 7), name="d", **attrs),
+                   nodes.conv_nhwc_weight_grad("x", "y", output="dw", name="g", **attrs)]
+    graph_nodes += [helper.make_node("Identity", [t], [t + "_out"]) for t in ("y", "dx", "dw")]
+    graph = helper.make_graph(graph_nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 8, 7, 3]),
+                                                 helper.make_tensor_value_info("w", TensorProto.FLOAT16, [3, 3, 3, 3])],
+                              [helper.make_tensor_value_info(t + "_out", TensorProto.FLOAT16, None) for t in ("y", "dx", "dw")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    nodes.import_domain(model)
+    feeds = {"x": RNG.standard_normal((2, 8, 7, 3)).astype(np.float16),
+             "w": RNG.standard_normal((3, 3, 3, 3)).astype(np.float16)}
+    y, dx, dw = make_session(model).run(None, feeds)
+    assert (y.shape, dx.shape, dw.shape) == ((2, 4, 4, 3), (2, 8, 7, 3), (3, 3, 3, 3))
+    assert y.dtype == dx.dtype == dw.dtype == np.float16
+
+
+@pytest.mark.parametrize("w_shape, message", [((4, 3, 3, 2), "w has shape [4, 3, 3, 2]"),
+                                              ((4, 2, 3, 3), "w has shape [4, 2, 3, 3]")])
+def test_bad_filter_fails_clearly(w_shape, message):
+    node = nodes.conv_nhwc("x", "w", output="y", kernel_shape=(3, 3), pads=(1, 1, 1, 1), name="f")
+    x, w = np.zeros((1, 5, 5, 3), np.float32), np.zeros(w_shape, np.float32)
+    model = _model(node, {"x": x, "w": w}, (1, 5, 5, 4), np.float32)
+    with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
+        make_session(model).run(None, {"x": x, "w": w})
+
+
+def test_builders_refuse_bad_attributes():
+    with pytest.raises(ValueError, match="ConvNhwc: strides must be 2 positive ints"):
+        nodes.conv_nhwc("x", "w", output="y", kernel_shape=(3, 3), strides=(0, 1), name="f")
+    with pytest.raises(ValueError, match="input_spatial must be 2 positive ints"):
+        nodes.conv_nhwc_data_grad("dy", "w", output="dx", input_spatial=(4,), kernel_shape=(3, 3), name="d")
