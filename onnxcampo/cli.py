@@ -180,6 +180,12 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="with --fuse-reductions: leave layer-norm and softmax input gradients to the block "
                              "reductions and the elementwise fusion instead of one LayerNormGrad / SoftmaxGrad node "
                              "each (an A/B of those kernels). Default: fused")
+    custom.add_argument("--channels-last", action="store_true",
+                        help="after the plan, before the fusions: store the 2-D convolutions' activations "
+                             "channels-last (NHWC) and run the convolutions and their gradients as ai.onnxcampo "
+                             "ConvNhwc / ConvNhwcDataGrad / ConvNhwcWeightGrad nodes (cuDNN's NHWC kernels, no layout "
+                             "transform around each; needs the custom-op library; docs/ops.md). Convolutions whose "
+                             "channels are not multiples of 8 stay NCHW. Default: off")
     custom.add_argument("--yield-to-ort-fusions", action="store_true",
                         help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
                              "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "
@@ -248,6 +254,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         plan_for_fusion=args.plan_for_fusion,
         yield_to_ort_fusions=args.yield_to_ort_fusions,
         fuse_row_gradients=args.fuse_row_gradients,
+        channels_last=args.channels_last,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance if args.tune_tolerance is not None else getattr(args, "tolerance", None),
         activation_limit=args.activation_limit,

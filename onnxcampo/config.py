@@ -111,6 +111,12 @@ class OptimizeConfig:
             input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.norm_fusion``);
             ``False`` leaves them to the block reductions and the elementwise fusion (the
             benchmark's ``campo-fused-norows-graph``, the A/B of the two kernels).
+        channels_last: after the plan, its Casts and loss scaling (before the fusions), store the
+            activations of the 2-D convolutions channels-last and run them, their input and weight
+            gradients as ``ai.onnxcampo::ConvNhwc`` / ``ConvNhwcDataGrad`` / ``ConvNhwcWeightGrad``
+            (cuDNN's NHWC kernels: no NCHW <-> NHWC transform around each; ``onnxcampo.layout``).
+            Convolutions whose channels are not multiples of 8 stay NCHW; graph inputs and
+            outputs keep their layout. Needs the custom-op library. Off by default.
         plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions``, cost the plans as the
             fused model runs (``onnxcampo.estimate``: a Cast inside a fused group costs nothing,
             one at its edge the bytes it changes there, a fused elementwise op its share of the
@@ -141,6 +147,7 @@ class OptimizeConfig:
     plan_for_fusion: bool = True
     yield_to_ort_fusions: bool = False
     fuse_row_gradients: bool = True
+    channels_last: bool = False
     tune: str | None = None
     tune_tolerance: float | str | None = None
     activation_limit: float | None = None

@@ -127,6 +127,8 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
         _require_ops_library(option("fuse_elementwise"))
     if config.fuse_reductions:
         _require_ops_library(option("fuse_reductions"))
+    if config.channels_last:
+        _require_ops_library(option("channels_last"))
     reason = _nothing_to_do(original)
     if reason:
         log.warning("%s: nothing to optimize: %s; the model is written unchanged", source or "model", reason)
@@ -419,6 +421,25 @@ def ort_fused_nodes(ctx: GraphContext, model: onnx.ModelProto) -> set[str]:
             if name in ops and ops[name] != "Cast" and ops[name] not in oplists.ALIASED}
 
 
+class ChannelsLast(PassBase):
+    """``--channels-last``: the 2-D convolutions and their gradients as ai.onnxcampo's NHWC ops,
+    their activations channels-last (``onnxcampo.layout``); after loss scaling, before the
+    fusions (which then fuse the channels-last elementwise ops and reductions)."""
+
+    name = "channels_last"
+    mutates = True
+
+    def run(self, exported: Exported) -> PassResult:
+        if not exported.ctx.config.channels_last:
+            return PassResult(self.name, False)
+        from onnxcampo.layout import to_channels_last
+
+        result = to_channels_last(exported.model)
+        exported.report["channels_last"] = result.to_json()
+        converted = result.convolutions + result.data_grads + result.weight_grads
+        return PassResult(self.name, bool(converted), {"converted": converted, "transposes": result.transposes})
+
+
 class FuseReductions(PassBase):
     """``--fuse-reductions``: a cross-entropy loss and its gradient as SoftmaxCrossEntropy(Grad)
     nodes, layer-norm and softmax input gradients as LayerNormGrad / SoftmaxGrad nodes
@@ -523,7 +544,8 @@ def _all_nodes(graph: onnx.GraphProto):
 # Passes on the written model: loss scaling and --int8-avg rewrite a model file (loss scaling is
 # also what read_executed_graph costs a mixed step with, on a copy of the input model), and the
 # fusions must see what loss scaling adds; the annotation sees every node.
-FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), FuseReductions(), FuseElementwise(), AnnotateNodes())
+FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), ChannelsLast(), FuseReductions(), FuseElementwise(),
+             AnnotateNodes())
 
 
 def _check_exported(exported: Exported) -> list[str]:

@@ -8,3 +8,19 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("ONNXCAMPO_DEVICE", "none")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def library(monkeypatch) -> str:
+    """The path of the built custom-op library (``$ONNXCAMPO_OPS_LIBRARY`` cleared): a test that
+    needs it fails (never skips) without it, and says how to build it."""
+    from onnxcampo import ops
+    from onnxcampo.errors import OpsLibraryError
+
+    monkeypatch.delenv(ops.ENV_VAR, raising=False)
+    try:
+        return ops.check()
+    except OpsLibraryError as exc:
+        pytest.fail(f"{exc} (the README's set-up runs it)", pytrace=False)

@@ -27,6 +27,9 @@ Inference (ONNX Runtime):
     campo-fused-yield-graph  campo-fused-graph with ``yield_to_ort_fusions``: the nodes ONNX
                     Runtime fuses itself are left to it
     campo-fused-norows-graph  campo-fused-graph without LayerNormGrad / SoftmaxGrad
+    campo-fused-cl-graph, fp16-fused-cl-graph, campo-fused-cl  campo-fused-graph, fp16-fused-graph and
+                    campo-fused with ``channels_last`` (the convolutions as ai.onnxcampo's NHWC ops,
+                    their activations channels-last: onnxcampo.layout)
                     (``fuse_row_gradients=False``): their elementwise parts fused, reductions apart
     campo-fused-nhwc-graph  (training) campo-fused-graph's model in a session with the CUDA EP's
                     ``prefer_nhwc`` (Convs and their neighbours in NHWC; ORT 1.31 has no NHWC
@@ -69,7 +72,7 @@ import onnx
 GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
                   "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
                   "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph",
-                  "campo-fused-norows-graph")
+                  "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -82,11 +85,11 @@ STEP_OPTIONS = {"campo-fused-cudnn-graph": {"conv_weight_grad": "cudnn"},
 CUDA_OPTIONS = {"campo-fused-nhwc-graph": {"prefer_nhwc": "1"}}
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
-                      *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
+                      "campo-fused-cl", *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp",
                   "torch-eager-cl", "torch-eager-amp-cl", "torch-compile-cl", "torch-compile-amp-cl")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
-                     "campo-fused", "campo-reduce", "fp16-fused",
+                     "campo-fused", "campo-reduce", "fp16-fused", "campo-fused-cl",
                      *GRAPH_POLICIES,
                      *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp")
@@ -120,6 +123,10 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same without LayerNormGrad / SoftmaxGrad (fuse_row_gradients=False): their A/B
              "campo-fused-norows-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_row_gradients": False,
                                           **FUSIONS},
+             # the convolutions channels-last (onnxcampo.layout), with both fusions
+             "campo-fused-cl": {"policy": "campo", "channels_last": True, **FUSIONS},
+             "campo-fused-cl-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
+             "fp16-fused-cl-graph": {"policy": "fp16", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
              # its plain run (for a CUPTI breakdown beside campo-fused's)
@@ -289,6 +296,7 @@ def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tup
             # the chosen plan's predicted time (the policy's entry is the plan kept: choose_plan)
             "predicted_plan_us": ((report.get("predicted_us") or {}).get(options["policy"]) or {}).get("total_us"),
             "plan_for_fusion": options.get("plan_for_fusion", True),
+            **({"channels_last": report["channels_last"]} if "channels_last" in report else {}),
             **({"predicted_fusion": report["predicted_fusion"]} if "predicted_fusion" in report else {}),
             "casts_inserted": report.get("casts_inserted"), "pads_inserted": report.get("pads_inserted"),
             "cost_model": (report.get("cost_model") or {}).get("name"),

@@ -135,3 +135,11 @@ def test_builders_refuse_bad_attributes():
         nodes.conv_nhwc("x", "w", output="y", kernel_shape=(3, 3), strides=(0, 1), name="f")
     with pytest.raises(ValueError, match="input_spatial must be 2 positive ints"):
         nodes.conv_nhwc_data_grad("dy", "w", output="dx", input_spatial=(4,), kernel_shape=(3, 3), name="d")
+
+
+def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
+    """scripts/check_conv_nhwc_cuda.py --provider cpu --quick: its small checks against numpy pass
+    with the CPU kernels (the script's own wiring; on the GPU machine it checks cuDNN's)."""
+    from reference import check_script_passes_on_the_cpu
+
+    check_script_passes_on_the_cpu("check_conv_nhwc_cuda.py", library, tmp_path)

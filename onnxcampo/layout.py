@@ -1,0 +1,579 @@
+"""Channels-last convolutions: a model's 2-D convolutions as ai.onnxcampo's NHWC ops.
+
+cuDNN's float16 convolution kernels on Tensor Cores read and write NHWC; an NCHW graph pays a
+layout transform of the input and output around every Conv, ConvTranspose and weight gradient
+(on ResNet-50's b64 training step 3.3 of 14.6 GPU ms in PyTorch's NCHW step, none in its
+channels_last one: ``docs/benchmarks/custom-ops/issue17/session14/torch-layout.json``). This pass
+(``channels_last``, ``--channels-last``) rewrites
+
+- ``Conv`` (group 1, 2-D) as ``ConvNhwc`` plus an ``Add`` of its bias over the last axis,
+- onnx-ad's ``ConvTranspose`` of a Conv's input gradient (``output_shape`` given) as ``ConvNhwcDataGrad``,
+- ``ConvWeightGrad`` as ``ConvNhwcWeightGrad`` and a ``Transpose`` of the small filter gradient
+  back to ONNX's ``[Cout, Cin, kh, kw]``,
+
+and stores every activation those ops touch channels-last, with the channel axis moved to the
+end, together with all tensors connected to them through layout-agnostic nodes (elementwise ops,
+Casts, reshapes that only add or drop unit dims, reductions, Expand, GlobalAveragePool, whose
+axes, broadcast constants and shapes it permutes). Where such a tensor meets a node that reads a
+layout (MaxPool, Flatten, a graph output, ...) one ``Transpose`` (or a free ``Reshape`` where the
+bytes agree) converts it; the filters get one ``Transpose`` each to cuDNN's ``[Cout, kh, kw,
+Cin]``. Convolutions whose channel counts are not multiples of ``align`` (8: the Tensor Core
+kernels' granule; ResNet's 3-channel stem) stay NCHW. Graph inputs and outputs keep their layout.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxcampo import ir
+from onnxcampo.ir.edit import ModelEdit, attribute
+from onnxcampo.ops import DOMAIN, nodes
+
+ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Relu", "LeakyRelu", "Sigmoid",
+    "Tanh", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Identity", "Cast", "Clip", "Greater",
+    "GreaterOrEqual", "Less", "LessOrEqual", "Equal", "Not", "And", "Or", "IsNaN", "IsInf", "Softplus",
+    "HardSigmoid", "HardSwish", "Gelu"})
+REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
+ALIGN = 8
+
+
+@dataclass
+class LayoutResult:
+    """What :func:`to_channels_last` did."""
+
+    convolutions: int = 0  # Conv -> ConvNhwc
+    data_grads: int = 0  # ConvTranspose -> ConvNhwcDataGrad
+    weight_grads: int = 0  # ConvWeightGrad -> ConvNhwcWeightGrad
+    channels_last: int = 0  # activations stored channels-last
+    transposes: int = 0  # Transposes of activations written (layout boundaries)
+    filter_transposes: int = 0  # Transposes of filters and filter gradients
+    left: dict[str, int] = field(default_factory=dict)  # convolutions kept NCHW, by reason
+
+    def to_json(self) -> dict:
+        return {"convolutions": self.convolutions, "data_grads": self.data_grads, "weight_grads": self.weight_grads,
+                "channels_last": self.channels_last, "transposes": self.transposes,
+                "filter_transposes": self.filter_transposes, "left": dict(self.left)}
+
+
+def to_physical_perm(rank: int, c: int) -> list[int]:
+    """The Transpose perm that stores a tensor of ``rank`` with its axis ``c`` last."""
+    return [i for i in range(rank) if i != c] + [c]
+
+
+def to_logical_perm(rank: int, c: int) -> list[int]:
+    """The inverse of :func:`to_physical_perm`."""
+    return [i if i < c else rank - 1 if i == c else i - 1 for i in range(rank)]
+
+
+def physical_shape(shape, c: int) -> list[int]:
+    return [int(shape[p]) for p in to_physical_perm(len(shape), c)]
+
+
+def _same_bytes(shape, c: int) -> bool:
+    """True when moving axis ``c`` last keeps the element order (the dims after it are all 1)."""
+    return all(int(d) == 1 for d in shape[c + 1:])
+
+
+def _reshaped_channel(source, target, c: int) -> int | None:
+    """Where a Reshape from ``source`` to ``target`` puts axis ``c`` when it keeps that axis whole
+    (the dims before it and after it regroup among themselves only: then the Reshape of the
+    channels-last tensors is the same Reshape); None when it does not."""
+    before, size = int(np.prod(source[:c], dtype=np.int64)), int(source[c])
+    after = int(np.prod(source[c + 1:], dtype=np.int64))
+    prefix = 1
+    for k, d in enumerate(target):
+        if prefix == before and int(d) == size and int(np.prod(target[k + 1:], dtype=np.int64)) == after:
+            return k
+        prefix *= int(d)
+        if prefix > before:
+            return None
+    return None
+
+
+def _ints(edit_constants, name: str) -> list[int] | None:
+    tensor = edit_constants.get(name)
+    return None if tensor is None else [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
+
+
+class _Layout:
+    def __init__(self, model: onnx.ModelProto, info: dict, align: int):
+        self.model, self.info, self.align = model, info, align
+        self.edit = ModelEdit(model, fresh_prefix="onnxcampo/nhwc")
+        self.graph = model.graph
+        self.constants = self.edit.constants()
+        self.producers = self.edit.producers()
+        self.consumers = self.edit.consumers()
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+        self.external = self.edit.interface() | set(self.constants)
+        self.chan: dict[str, int] = {}
+        self.result = LayoutResult()
+        self.out_nodes: list[onnx.NodeProto] = []
+        self.value_infos: dict[str, tuple[int, list[int]]] = {}
+        self.initializers: list[onnx.TensorProto] = []
+        self.to_physical_cache: dict[tuple[str, int], str] = {}
+        self.to_logical_cache: dict[str, str] = {}
+        self.filter_cache: dict[str, str] = {}
+        self.convs: dict[int, list[str]] = {}  # id(node) -> its activations
+
+    # ---- shapes ----------------------------------------------------------------------------
+    def shape(self, name: str):
+        return ir.static_shape(self.info, name)
+
+    def dtype(self, name: str) -> int:
+        if name in self.value_infos:
+            return self.value_infos[name][0]
+        return ir.tensor_dtype(self.info, name) or TensorProto.FLOAT
+
+    # ---- which convolutions ----------------------------------------------------------------
+    def activations(self, node: onnx.NodeProto) -> list[str] | str:
+        """The activation tensors of a convertible convolution node (channel axis 1 each), or
+        why it stays NCHW."""
+        op = node.op_type
+        if op == "Conv" and node.domain in ("", "ai.onnx"):
+            x, w = node.input[0], node.input[1]
+            if attribute(node, "group", 1) != 1 or attribute(node, "auto_pad", "NOTSET") != "NOTSET":
+                return "grouped or auto_pad"
+            xs, ws, ys = self.shape(x), self.shape(w), self.shape(node.output[0])
+            if xs is None or ws is None or ys is None or len(xs) != 4 or len(ws) != 4:
+                return "not 2-D with static shapes"
+            channels = (xs[1], ws[0])
+            tensors = [x, node.output[0]]
+        elif op == "ConvTranspose" and node.domain in ("", "ai.onnx"):
+            dy, w = node.input[0], node.input[1]
+            out_hw = attribute(node, "output_shape")
+            if (attribute(node, "group", 1) != 1 or attribute(node, "auto_pad", "NOTSET") != "NOTSET" or len(node.input) > 2
+                    or any(attribute(node, "output_padding", [0, 0])) or not out_hw or len(out_hw) != 2):
+                return "not a Conv's input gradient (group, bias, output_padding or no output_shape)"
+            ds, ws, xs = self.shape(dy), self.shape(w), self.shape(node.output[0])
+            if ds is None or ws is None or xs is None or len(ds) != 4 or len(ws) != 4:
+                return "not 2-D with static shapes"
+            pads = list(attribute(node, "pads", [0, 0, 0, 0]))
+            from onnxcampo.ops.conv_nhwc import output_hw
+            if output_hw(out_hw[0], out_hw[1], ws[2:], attribute(node, "strides", [1, 1]),
+                         attribute(node, "dilations", [1, 1]), pads) != tuple(ds[2:]):
+                return "output_shape and pads are not a Conv's"
+            channels = (ws[1], ws[0])
+            tensors = [dy, node.output[0]]
+        elif op == "ConvWeightGrad" and node.domain == DOMAIN:
+            x, dy = node.input
+            xs, ds = self.shape(x), self.shape(dy)
+            if xs is None or ds is None or len(xs) != 4 or len(ds) != 4:
+                return "not 2-D with static shapes"
+            channels = (xs[1], ds[1])
+            tensors = [x, dy]
+        else:
+            return "not a convolution"
+        if any(c % self.align for c in channels):
+            return f"channels not multiples of {self.align}"
+        if self.dtype(tensors[0]) not in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            return "not float32 or float16"
+        return tensors
+
+    # ---- marking ---------------------------------------------------------------------------
+    def neighbours(self, node: onnx.NodeProto, tensor: str, c: int) -> dict[str, int] | None:
+        """The channel axis of ``node``'s other tensors when ``tensor`` has it at ``c``; None when
+        the node reads or writes a layout (a barrier)."""
+        op = node.op_type
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        shape = self.shape(tensor)
+        if shape is None:
+            return None
+        rank = len(shape)
+        if op in ELEMENTWISE or op == "GlobalAveragePool":
+            out = {}
+            for name in (*node.input, *node.output):
+                s = self.shape(name) if name else None
+                if s is not None and len(s) == rank:
+                    out[name] = c
+            return out
+        if op == "Expand":
+            target = _ints(self.constants, node.input[1])
+            if target is None or len(target) != rank:
+                return None
+            other = [n for n in (node.input[0], node.output[0]) if self.shape(n) is not None and len(self.shape(n)) == rank]
+            return {n: c for n in other} if len(other) == 2 else None
+        if op == "Reshape":
+            data, out = node.input[0], node.output[0]
+            a, b = self.shape(data), self.shape(out)
+            if a is None or b is None or _ints(self.constants, node.input[1]) is None:
+                return None
+            here, there = (a, b) if tensor == data else (b, a)
+            mapped = _reshaped_channel(here, there, c)
+            if mapped is None:
+                return None
+            return {data if tensor == out else out: mapped, tensor: c}
+        if op in REDUCTIONS:
+            data, out = node.input[0], node.output[0]
+            axes = self.reduce_axes(node)
+            a = self.shape(data)
+            if axes is None or a is None:
+                return None
+            keep = attribute(node, "keepdims", 1)
+            if tensor == data:
+                if c in axes:
+                    return None
+                return {data: c, out: c if keep else c - sum(1 for x in axes if x < c)}
+            if keep:
+                return None if c in axes else {data: c, out: c}
+            kept = [i for i in range(len(a)) if i not in axes]
+            return {data: kept[c], out: c}
+        return None
+
+    def reduce_axes(self, node: onnx.NodeProto) -> list[int] | None:
+        rank = len(self.shape(node.input[0]) or ())
+        axes = attribute(node, "axes")
+        if axes is None and len(node.input) > 1 and node.input[1]:
+            axes = _ints(self.constants, node.input[1])
+            if axes is None:
+                return None
+        if axes is None:
+            return None if attribute(node, "noop_with_empty_axes", 0) else list(range(rank))
+        return sorted(int(a) % rank for a in axes)
+
+    def mark(self, seeds: list[str]) -> None:
+        queue: deque[str] = deque()
+
+        def visit(name: str, c: int) -> None:
+            if name in self.external or name in self.chan or self.shape(name) is None:
+                return
+            self.chan[name] = c
+            queue.append(name)
+
+        for name in seeds:
+            visit(name, 1)
+        while queue:
+            name = queue.popleft()
+            c = self.chan[name]
+            around = ([self.producers[name]] if name in self.producers else []) + self.consumers.get(name, [])
+            for node in around:
+                if id(node) in self.convs:
+                    continue
+                found = self.neighbours(node, name, c)
+                for other, axis in (found or {}).items():
+                    if other and other != name and self.chan.get(other, axis) == axis:
+                        visit(other, axis)
+
+    # ---- writing ---------------------------------------------------------------------------
+    def add(self, op: str, inputs: list[str], output: str, *, domain: str = "", **attrs) -> None:
+        self.out_nodes.append(helper.make_node(op, inputs, [output], name=self.edit.fresh(op), domain=domain, **attrs))
+
+    def constant(self, value: np.ndarray, stem: str) -> str:
+        name = self.edit.fresh(stem)
+        self.initializers.append(numpy_helper.from_array(value, name))
+        return name
+
+    def record(self, name: str, dtype: int, shape) -> None:
+        self.value_infos[name] = (dtype, [int(d) for d in shape])
+
+    def physical(self, name: str, c: int, shape=None) -> str:
+        """``name`` (logical, shaped ``shape``: its own unless given, for a broadcast operand
+        right-aligned to a higher rank) stored with axis ``c`` last."""
+        if shape is None and self.chan.get(name) == c:
+            return name
+        if shape is None and name in self.chan:
+            name = self.logical(name)
+        logical = list(shape if shape is not None else self.shape(name))
+        key = (name, c) if shape is None else (f"{name}|{logical}", c)
+        if key in self.to_physical_cache:
+            return self.to_physical_cache[key]
+        target = physical_shape(logical, c)
+        if name in self.constants:
+            value = numpy_helper.to_array(self.constants[name]).reshape(logical)
+            out = self.constant(np.ascontiguousarray(value.transpose(to_physical_perm(len(logical), c))), "permuted")
+        else:
+            source = name
+            if shape is not None and list(self.shape(name)) != logical:
+                source = self.edit.fresh("unsqueezed")
+                self.add("Reshape", [name, self.constant(np.array(logical, np.int64), "shape")], source)
+                self.record(source, self.dtype(name), logical)
+            out = self.edit.fresh("nhwc")
+            if [d for d in logical if d != 1] == [d for d in target if d != 1]:  # the same bytes
+                self.add("Reshape", [source, self.constant(np.array(target, np.int64), "shape")], out)
+            else:
+                self.add("Transpose", [source], out, perm=to_physical_perm(len(logical), c))
+                self.result.transposes += 1
+            self.record(out, self.dtype(name), target)
+        self.to_physical_cache[key] = out
+        return out
+
+    def logical(self, name: str) -> str:
+        """A channels-last ``name`` in its own (logical) layout."""
+        if name not in self.chan:
+            return name
+        c, shape = self.chan[name], self.shape(name)
+        if c == len(shape) - 1:
+            return name
+        if name not in self.to_logical_cache:
+            out = self.edit.fresh("nchw")
+            self.convert(name, out, shape, c, to_logical=True)
+            self.to_logical_cache[name] = out
+        return self.to_logical_cache[name]
+
+    def filter_move(self, source: str, target: str, shape: list[int], perm: list[int]) -> None:
+        """``target`` (shaped ``shape``) = ``source`` between [Cout, Cin, kh, kw] and [Cout, kh, kw,
+        Cin]: a Reshape for a 1x1 filter (the same bytes), else a Transpose."""
+        kept = [shape[k] for k in sorted(range(4), key=lambda k: perm[k]) if shape[k] != 1]  # source's dims in order
+        if kept == [d for d in shape if d != 1]:
+            self.add("Reshape", [source, self.constant(np.array(shape, np.int64), "shape")], target)
+        else:
+            self.add("Transpose", [source], target, perm=perm)
+            self.result.filter_transposes += 1
+        self.record(target, self.dtype(source), shape)
+
+    def krsc(self, w: str) -> str:
+        """A filter [Cout, Cin, kh, kw] as [Cout, kh, kw, Cin]."""
+        if w not in self.filter_cache:
+            shape = self.shape(w)
+            if w in self.constants:
+                value = numpy_helper.to_array(self.constants[w])
+                out = self.constant(np.ascontiguousarray(value.transpose(0, 2, 3, 1)), "krsc")
+            else:
+                out = self.edit.fresh("krsc")
+                self.filter_move(w, out, [shape[0], shape[2], shape[3], shape[1]], [0, 2, 3, 1])
+            self.filter_cache[w] = out
+        return self.filter_cache[w]
+
+    def convert(self, source: str, target: str, logical_shape, c: int, *, to_logical: bool) -> None:
+        """``target`` = ``source`` moved between its logical layout (``logical_shape``) and
+        channels-last at ``c``: a Reshape where the bytes agree, else a Transpose."""
+        rank = len(logical_shape)
+        shape = list(logical_shape) if to_logical else physical_shape(logical_shape, c)
+        if _same_bytes(logical_shape, c):
+            self.add("Reshape", [source, self.constant(np.array(shape, np.int64), "shape")], target)
+        else:
+            self.add("Transpose", [source], target, perm=to_logical_perm(rank, c) if to_logical else to_physical_perm(rank, c))
+            self.result.transposes += 1
+        self.record(target, self.dtype(source), shape)
+
+    def output_name(self, name: str, c: int) -> tuple[str, bool]:
+        """Where a rewritten node writes ``name`` (channels-last at ``c``): the name itself when it
+        is marked, else a fresh one converted to ``name`` after the node (second value True)."""
+        if self.chan.get(name) == c:
+            return name, False
+        return self.edit.fresh("nhwc_out"), True
+
+    def finish_output(self, name: str, written: str, c: int) -> None:
+        """``name`` (kept in its layout: a graph output, a barrier's input) from ``written``, its
+        channels-last value."""
+        shape = self.shape(name)
+        self.record(written, self.dtype(name), physical_shape(shape, c))
+        self.convert(written, name, shape, c, to_logical=True)
+
+    def conv_node(self, node: onnx.NodeProto) -> None:
+        op = node.op_type
+        attrs = {"strides": list(attribute(node, "strides", [1, 1])), "dilations": list(attribute(node, "dilations", [1, 1])),
+                 "pads": list(attribute(node, "pads", [0, 0, 0, 0]))}
+        if op == "Conv":
+            x, w = node.input[0], node.input[1]
+            kernel = list(self.shape(w)[2:])
+            y = node.output[0]
+            out, convert = self.output_name(y, 1)
+            bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+            conv_out = self.edit.fresh("conv") if bias else out
+            self.out_nodes.append(nodes.conv_nhwc(self.physical(x, 1), self.krsc(w), output=conv_out, kernel_shape=kernel,
+                                                  name=node.name or self.edit.fresh("ConvNhwc"), **attrs))
+            self.record(conv_out, self.dtype(y), physical_shape(self.shape(y), 1))
+            if bias:
+                self.add("Add", [conv_out, bias], out)
+                self.record(out, self.dtype(y), physical_shape(self.shape(y), 1))
+            if convert:
+                self.finish_output(y, out, 1)
+            self.result.convolutions += 1
+        elif op == "ConvTranspose":
+            dy, w = node.input[0], node.input[1]
+            dx = node.output[0]
+            out, convert = self.output_name(dx, 1)
+            self.out_nodes.append(nodes.conv_nhwc_data_grad(
+                self.physical(dy, 1), self.krsc(w), output=out, input_spatial=list(attribute(node, "output_shape")),
+                kernel_shape=list(self.shape(w)[2:]), name=node.name or self.edit.fresh("ConvNhwcDataGrad"), **attrs))
+            self.record(out, self.dtype(dx), physical_shape(self.shape(dx), 1))
+            if convert:
+                self.finish_output(dx, out, 1)
+            self.result.data_grads += 1
+        else:  # ConvWeightGrad
+            x, dy = node.input
+            dw = node.output[0]
+            shape = self.shape(dw) or [self.shape(dy)[1], self.shape(x)[1], *attribute(node, "kernel_shape")]
+            krsc = self.edit.fresh("dw_krsc")
+            self.out_nodes.append(nodes.conv_nhwc_weight_grad(
+                self.physical(x, 1), self.physical(dy, 1), output=krsc, kernel_shape=list(attribute(node, "kernel_shape")),
+                name=node.name or self.edit.fresh("ConvNhwcWeightGrad"), **attrs))
+            self.record(krsc, self.dtype(x), [shape[0], shape[2], shape[3], shape[1]])
+            self.filter_move(krsc, dw, list(shape), [0, 3, 1, 2])
+            self.result.weight_grads += 1
+
+    def agnostic_node(self, node: onnx.NodeProto, c: int) -> None:
+        """``node`` (layout-agnostic, its output channels-last at ``c``) on channels-last operands."""
+        op = node.op_type
+        out_name = node.output[0]
+        rank = len(self.shape(out_name))
+        made = onnx.NodeProto()
+        made.CopyFrom(node)
+        if op in ELEMENTWISE:
+            for k, name in enumerate(node.input):
+                shape = self.shape(name) if name else None
+                if not name or shape is None:
+                    continue
+                if len(shape) == rank:
+                    made.input[k] = self.physical(name, c)
+                elif int(np.prod(shape)) != 1:
+                    made.input[k] = self.physical(name, c, [1] * (rank - len(shape)) + list(shape))
+        elif op == "GlobalAveragePool":
+            made = self.reduce_mean(node.input[0], out_name, c)
+        elif op == "Expand":
+            made.input[0] = self.physical(node.input[0], c)
+            made.input[1] = self.constant(np.array(physical_shape(_ints(self.constants, node.input[1]), c), np.int64), "shape")
+        elif op == "Reshape":
+            c_in = self.neighbours(node, out_name, c)[node.input[0]]
+            made.input[0] = self.physical(node.input[0], c_in)
+            made.input[1] = self.constant(np.array(physical_shape(self.shape(out_name), c), np.int64), "shape")
+        elif op in REDUCTIONS:
+            c_in = self.neighbours(node, out_name, c)[node.input[0]]
+            made.input[0] = self.physical(node.input[0], c_in)
+            perm = to_physical_perm(len(self.shape(node.input[0])), c_in)
+            axes = sorted(perm.index(a) for a in self.reduce_axes(node))
+            if attribute(node, "axes") is not None:
+                del made.attribute[:]
+                made.attribute.extend([a for a in node.attribute if a.name != "axes"] + [helper.make_attribute("axes", axes)])
+            else:
+                while len(made.input) < 2:
+                    made.input.append("")
+                made.input[1] = self.constant(np.array(axes, np.int64), "axes")
+        renamed = []
+        for k, name in enumerate(node.output):
+            if name and self.chan.get(name) != c:
+                made.output[k] = self.edit.fresh("nhwc_out")
+                renamed.append((name, made.output[k]))
+            elif name:
+                self.record(name, self.dtype(name), physical_shape(self.shape(name), c))
+        self.out_nodes.append(made)
+        for name, written in renamed:
+            self.finish_output(name, written, c)
+
+    def reduce_mean(self, x: str, y: str, c: int) -> onnx.NodeProto:
+        """GlobalAveragePool of a channels-last x at ``c``: ReduceMean over the other non-batch axes."""
+        rank = len(self.shape(x))
+        axes = [to_physical_perm(rank, c).index(a) for a in range(2, rank)]
+        if self.opset >= 18:
+            return helper.make_node("ReduceMean", [x if self.chan.get(x) == c else self.physical(x, c),
+                                                   self.constant(np.array(axes, np.int64), "axes")], [y],
+                                    name=self.edit.fresh("ReduceMean"), keepdims=1)
+        return helper.make_node("ReduceMean", [self.physical(x, c)], [y], name=self.edit.fresh("ReduceMean"),
+                                axes=axes, keepdims=1)
+
+    def barrier_node(self, node: onnx.NodeProto) -> None:
+        """A node that reads a layout: its channels-last inputs converted back, its channels-last
+        outputs (a convolution's input made here) converted after it."""
+        if node.op_type == "Shape" and node.input[0] in self.chan and len(node.input) == 1 and not node.attribute:
+            value = np.array(self.shape(node.input[0]), np.int64)
+            self.out_nodes.append(helper.make_node("Constant", [], [node.output[0]], name=node.name or self.edit.fresh("Shape"),
+                                                   value=numpy_helper.from_array(value)))
+            return
+        made = onnx.NodeProto()
+        made.CopyFrom(node)
+        for k, name in enumerate(node.input):
+            if name in self.chan:
+                made.input[k] = self.logical(name)
+        written = []
+        for k, name in enumerate(node.output):
+            if name in self.chan:
+                made.output[k] = self.edit.fresh("nchw_out")
+                self.info[made.output[k]] = self.info[name]
+                written.append((name, made.output[k]))
+        self.out_nodes.append(made)
+        for name, logical in written:
+            self.convert(logical, name, self.shape(name), self.chan[name], to_logical=False)
+
+    def merge_reduce_sums(self) -> None:
+        """A channels-last ReduceSum (keepdims 0) read only by another ReduceSum (keepdims 0) as
+        one ReduceSum over both's axes: the step's bias gradients sum [N, C, H*W] over H*W, then
+        over N; channels-last that is [N, H*W, C] over H*W (a middle axis) then N, which as one
+        sum over the leading block [N, H*W] is what --fuse-reductions writes as one kernel."""
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in self.out_nodes:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        constants = {t.name: t for t in self.initializers} | self.constants
+        gone: set[int] = set()
+        for first in self.out_nodes:
+            if (first.op_type != "ReduceSum" or id(first) in gone or attribute(first, "keepdims", 1) != 0
+                    or first.input[0] not in self.chan or len(first.input) < 2):
+                continue
+            middle = first.output[0]
+            after = readers.get(middle, [])
+            if len(after) != 1 or middle in self.external:
+                continue
+            second = after[0]
+            if (second.op_type != "ReduceSum" or attribute(second, "keepdims", 1) != 0 or len(second.input) < 2
+                    or second.input[0] != middle or attribute(second, "noop_with_empty_axes", 0)):
+                continue
+            a1, a2 = _ints(constants, first.input[1]), _ints(constants, second.input[1])
+            rank = len(self.value_infos.get(first.input[0], (0, self.shape(first.input[0])))[1])
+            if a1 is None or a2 is None or not rank:
+                continue
+            a1 = sorted(a % rank for a in a1)
+            kept = [i for i in range(rank) if i not in a1]
+            merged = sorted(a1 + [kept[a % len(kept)] for a in a2])
+            second.input[0] = first.input[0]
+            second.input[1] = self.constant(np.array(merged, np.int64), "axes")
+            gone.add(id(first))
+            self.value_infos.pop(middle, None)
+        self.out_nodes = [n for n in self.out_nodes if id(n) not in gone]
+
+    def run(self) -> LayoutResult:
+        convs = self.convs
+        for node in self.graph.node:
+            found = self.activations(node)
+            if isinstance(found, str):
+                if found != "not a convolution":
+                    self.result.left[found] = self.result.left.get(found, 0) + 1
+                continue
+            convs[id(node)] = found
+        if not convs:
+            return self.result
+        self.mark([t for found in convs.values() for t in found])
+        for node in self.graph.node:
+            if id(node) in convs:
+                self.conv_node(node)
+                continue
+            outs = [o for o in node.output if o in self.chan]
+            if outs and self.neighbours(node, outs[0], self.chan[outs[0]]) is not None:
+                self.agnostic_node(node, self.chan[outs[0]])
+            else:
+                self.barrier_node(node)
+        self.result.channels_last = len(self.chan)
+        self.merge_reduce_sums()
+        del self.graph.node[:]
+        self.graph.node.extend(self.out_nodes)
+        self.graph.initializer.extend(self.initializers)
+        declared = {o.name for o in self.graph.output}
+        kept = [v for v in self.graph.value_info if v.name not in self.value_infos]
+        made = [helper.make_tensor_value_info(name, dtype, shape) for name, (dtype, shape) in self.value_infos.items()
+                if name not in declared]
+        del self.graph.value_info[:]
+        self.graph.value_info.extend(kept + made)
+        ir.record_value_infos(self.info, made)
+        self.edit.drop_unread(set(self.constants))
+        return self.result
+
+
+def to_channels_last(model: onnx.ModelProto, info: dict | None = None, *, align: int = ALIGN) -> LayoutResult:
+    """Rewrite ``model`` in place (module docstring); ``info``: its tensor types and shapes
+    (``ir.infer_tensor_info``), inferred here when not given; updated with what the rewrite makes."""
+    if info is None:
+        info, _ = ir.infer_tensor_info(model)
+    layout = _Layout(model, info, align)
+    result = layout.run()
+    if result.convolutions or result.data_grads or result.weight_grads:
+        nodes.import_domain(model)
+    return result
+
+
+__all__ = ["ALIGN", "LayoutResult", "physical_shape", "to_channels_last", "to_logical_perm", "to_physical_perm"]

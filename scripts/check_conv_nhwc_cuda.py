@@ -1,0 +1,202 @@
+"""Check ai.onnxcampo's NHWC convolutions (ConvNhwc, ConvNhwcDataGrad, ConvNhwcWeightGrad) on a GPU
+and time them against the NCHW ops a step graph runs otherwise.
+
+1. Small shapes (strides, dilation, 1x1, 7x7, odd sizes), float32 and float16: each op on CUDA
+   (cuDNN, NHWC tensors, KRSC filters) against the float64 numpy reference
+   (``onnxcampo.ops.conv_nhwc``), within ``--rtol`` of the largest value.
+2. ResNet-50 b64's convolution shapes (float16, the stem aside: it stays NCHW): the three NHWC ops
+   against ORT's Conv, ConvTranspose and the library's NCHW ConvWeightGrad on the same numbers
+   (transposed), a CUDA-graph replay against the plain run; then both triples (forward, input
+   gradient, weight gradient) replayed as CUDA graphs, timed side by side in rotation, and summed
+   over the step's 52 convolutions.
+
+    python3 scripts/check_conv_nhwc_cuda.py --out $OUT/checks/conv_nhwc.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from check_conv_grad_cuda import resnet_cout  # noqa: E402
+from check_im2col_cuda import RESNET50_B64, check  # noqa: E402
+from onnxcampo.ops import conv_nhwc as ref  # noqa: E402
+from onnxcampo.ops import nodes  # noqa: E402
+
+SMALL = [((2, 9, 11, 3), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 5), ((2, 8, 8, 8), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 16),
+         ((1, 8, 7, 16), (1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 8), ((2, 9, 9, 8), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 8),
+         ((1, 11, 10, 8), (3, 3), (1, 1), (2, 2), (2, 2, 2, 2), 24), ((3, 5, 6, 32), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 64)]
+TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
+
+
+def _model(graph_nodes, inputs: dict, outputs: dict, dtype):
+    graph = helper.make_graph(graph_nodes, "conv_nhwc",
+                              [helper.make_tensor_value_info(k, TYPES[dtype], list(v)) for k, v in inputs.items()],
+                              [helper.make_tensor_value_info(k, TYPES[dtype], list(v)) for k, v in outputs.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    nodes.import_domain(model)
+    return model.SerializeToString()
+
+
+def nhwc_model(x_shape, kernel, strides, dilations, pads, cout, dtype):
+    """y = ConvNhwc(x, w); dx = ConvNhwcDataGrad(dy, w); dw = ConvNhwcWeightGrad(x, dy)."""
+    n, h, w, cin = x_shape
+    ho, wo = ref.output_hw(h, w, kernel, strides, dilations, pads)
+    attrs = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": pads}
+    made = [nodes.conv_nhwc("x", "w", output="y", name="f", **attrs),
+            nodes.conv_nhwc_data_grad("dy", "w", output="dx", input_spatial=(h, w), name="d", **attrs),
+            nodes.conv_nhwc_weight_grad("x", "dy", output="dw", name="g", **attrs)]
+    shapes = {"x": x_shape, "w": (cout, *kernel, cin), "dy": (n, ho, wo, cout)}
+    outputs = {"y": (n, ho, wo, cout), "dx": x_shape, "dw": (cout, *kernel, cin)}
+    return _model(made, shapes, outputs, dtype), shapes, outputs
+
+
+def nchw_model(x_shape, kernel, strides, pads, cout, dtype):
+    """The same three in NCHW as a step graph had them: Conv, ConvTranspose, ConvWeightGrad."""
+    n, cin, h, w = x_shape
+    ho, wo = ref.output_hw(h, w, kernel, strides, (1, 1), pads)
+    made = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=list(kernel), strides=list(strides), pads=list(pads)),
+            helper.make_node("ConvTranspose", ["dy", "w"], ["dx"], strides=list(strides), pads=list(pads),
+                             output_shape=[h, w]),
+            nodes.conv_weight_grad("x", "dy", output="dw", kernel_shape=kernel, strides=strides, pads=pads, name="g")]
+    shapes = {"x": x_shape, "w": (cout, cin, *kernel), "dy": (n, cout, ho, wo)}
+    outputs = {"y": (n, cout, ho, wo), "dx": x_shape, "dw": (cout, cin, *kernel)}
+    return _model(made, shapes, outputs, dtype), shapes, outputs
+
+
+def _close(got, want, rtol) -> dict:
+    got = np.asarray(got, np.float64)
+    scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
+    error = float(np.abs(got - want).max(initial=0.0)) / scale
+    return {"ok": bool(got.shape == want.shape and np.isfinite(got).all() and error <= rtol), "max_error_over_max": error}
+
+
+PROVIDER = "cuda"
+
+
+def _bound(model, library, feeds, outputs, dtype, cuda_graph=False):
+    from onnxcampo.runtime.standalone import BoundSession
+
+    return BoundSession(model, library, PROVIDER, feeds, {k: (v, dtype) for k, v in outputs.items()},
+                        cuda_graph=cuda_graph and PROVIDER == "cuda")
+
+
+def small_checks(results, library, rng, rtol) -> None:
+    for x_shape, kernel, strides, dilations, pads, cout in SMALL:
+        for dtype in (np.float32, np.float16):
+            def one(x_shape=x_shape, kernel=kernel, strides=strides, dilations=dilations, pads=pads, cout=cout, dtype=dtype):
+                model, shapes, outputs = nhwc_model(x_shape, kernel, strides, dilations, pads, cout, dtype)
+                feeds = {k: rng.standard_normal(v).astype(dtype) for k, v in shapes.items()}
+                session = _bound(model, library, feeds, outputs, dtype)
+                session.run()
+                got = session.results()
+                attrs = {"strides": strides, "dilations": dilations, "pads": pads}
+                want = {"y": ref.conv_nhwc(feeds["x"], feeds["w"], **attrs),
+                        "dx": ref.conv_nhwc_data_grad(feeds["dy"], feeds["w"], x_shape[1:3], **attrs),
+                        "dw": ref.conv_nhwc_weight_grad(feeds["x"], feeds["dy"], kernel, **attrs)}
+                parts = {k: _close(got[k], want[k], rtol) for k in want}
+                return {"ok": all(p["ok"] for p in parts.values()), **parts}
+            check(f"small {x_shape} k{kernel} s{strides} d{dilations} {np.dtype(dtype).name}: the three ops against numpy",
+                  one, results)
+
+
+def resnet_shapes():
+    """(label, NCHW input shape, kernel, strides, pads, Cout, count) of ResNet-50 b64 less the stem."""
+    return [(label, shape, kernel, stride, pads, resnet_cout(shape, kernel, stride), count)
+            for label, shape, kernel, stride, pads, count in RESNET50_B64 if shape[1] % 8 == 0]
+
+
+def resnet_checks(results, library, rng, rounds: int, runs: int) -> dict:
+    from onnxcampo.runtime.standalone import time_in_rotation
+
+    totals = {"nchw_ms": 0.0, "nhwc_ms": 0.0, "convolutions": 0, "shapes": []}
+    for label, shape, kernel, strides, pads, cout, count in resnet_shapes():
+        n, cin, h, w = shape
+        plain, p_shapes, p_out = nchw_model(shape, kernel, strides, pads, cout, np.float16)
+        channels_last, c_shapes, c_out = nhwc_model((n, h, w, cin), kernel, strides, (1, 1), pads, cout, np.float16)
+        feeds = {k: (0.5 * rng.standard_normal(v)).astype(np.float16) for k, v in p_shapes.items()}
+        moved = {"x": feeds["x"].transpose(0, 2, 3, 1).copy(), "w": feeds["w"].transpose(0, 2, 3, 1).copy(),
+                 "dy": feeds["dy"].transpose(0, 2, 3, 1).copy()}
+        entry = {}
+
+        def compare(plain=plain, p_out=p_out, channels_last=channels_last, c_out=c_out, feeds=feeds, moved=moved):
+            a = _bound(plain, library, feeds, p_out, np.float16)
+            b = _bound(channels_last, library, moved, c_out, np.float16)
+            a.run()
+            b.run()
+            got, want = b.results(), a.results()
+            back = {"y": got["y"].transpose(0, 3, 1, 2), "dx": got["dx"].transpose(0, 3, 1, 2),
+                    "dw": got["dw"].transpose(0, 3, 1, 2)}
+            parts = {k: _close(back[k], want[k].astype(np.float64), 1e-2) for k in want}
+            replayed = _bound(channels_last, library, moved, c_out, np.float16, cuda_graph=True)
+            for _ in range(3):
+                replayed.run()
+            again = replayed.results()
+            same = all(np.array_equal(again[k].view(np.uint16), got[k].view(np.uint16)) for k in got)
+            entry.update(parts)
+            return {"ok": all(p["ok"] for p in parts.values()) and same, "replay_bitwise_equal": same, **parts}
+        check(f"ResNet-50 {label} float16: NHWC ops against Conv + ConvTranspose + ConvWeightGrad, and replayed",
+              compare, results)
+
+        def timing(plain=plain, p_out=p_out, channels_last=channels_last, c_out=c_out, feeds=feeds, moved=moved,
+                   label=label, count=count):
+            a = _bound(plain, library, feeds, p_out, np.float16, cuda_graph=True)
+            b = _bound(channels_last, library, moved, c_out, np.float16, cuda_graph=True)
+            ms = time_in_rotation({"nchw": a.run, "nhwc": b.run}, rounds, runs)
+            totals["nchw_ms"] += count * ms["nchw"]
+            totals["nhwc_ms"] += count * ms["nhwc"]
+            totals["convolutions"] += count
+            totals["shapes"].append({"shape": label, "count": count, "nchw_ms": round(ms["nchw"], 4),
+                                     "nhwc_ms": round(ms["nhwc"], 4)})
+            return {"ok": True, "nchw_ms": ms["nchw"], "nhwc_ms": ms["nhwc"]}
+        check(f"ResNet-50 {label}: forward + input gradient + weight gradient, NCHW vs NHWC, replayed", timing, results)
+    return totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    global PROVIDER
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--provider", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: the library's reference kernels (a check of this script; default cuda)")
+    parser.add_argument("--library", help="the custom-op library (default: the built one)")
+    parser.add_argument("--out", type=Path, required=True, help="JSON report to write")
+    parser.add_argument("--rtol", type=float, default=4e-3, help="small checks: max |error| over max |reference|")
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds (default 3)")
+    parser.add_argument("--runs", type=int, default=10, help="calls per timed block (default 10)")
+    parser.add_argument("--quick", action="store_true", help="small checks only")
+    args = parser.parse_args(argv)
+    import onnxruntime
+
+    from onnxcampo import ops
+
+    PROVIDER = args.provider
+    if PROVIDER == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        print("error: onnxruntime has no CUDA provider (install onnxruntime-gpu)", file=sys.stderr)
+        return 2
+    if PROVIDER == "cuda" and hasattr(onnxruntime, "preload_dlls"):
+        onnxruntime.preload_dlls()
+    library = args.library or ops.check()
+    rng = np.random.default_rng(0)
+    results: list = []
+    small_checks(results, library, rng, args.rtol)
+    totals = None if args.quick else resnet_checks(results, library, rng, args.rounds, args.runs)
+    report = {"checks": results, "passed": sum(r["ok"] for r in results), "total": len(results),
+              "resnet50_b64": totals, "onnxruntime": onnxruntime.__version__}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1, default=float) + "\n")
+    print(f"{report['passed']}/{report['total']} checks passed", file=sys.stderr)
+    if totals:
+        print(f"ResNet-50 b64, {totals['convolutions']} convolutions x (forward, input gradient, weight gradient): "
+              f"NCHW {totals['nchw_ms']:.3f} ms, NHWC {totals['nhwc_ms']:.3f} ms", file=sys.stderr)
+    return 0 if report["passed"] == report["total"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
