@@ -286,8 +286,11 @@ def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tup
     with _cost_model(blind):
         calibrated = options.get("tune") or options.get("activation_limit") is not None
         result = onnxcampo.optimize(str(source), input_shapes=shapes, inputs=inputs if calibrated else None, **options)
-    _save(result.model, target)
     report = result.report
+    if options.get("channels_last") and not (report.get("channels_last") or {}).get("convolutions"):
+        raise Unavailable("channels_last: no convolution of this model is stored channels-last (the model would "
+                          "be campo-fused's)")
+    _save(result.model, target)
     return {"chosen_plan": report.get("chosen_plan"), "nodes_fp16": report.get("nodes_fp16"),
             # the cost model's prediction of every plan it compared, for the prediction metrics
             "execution": report.get("execution"), "cost_graph": report.get("cost_graph"),
