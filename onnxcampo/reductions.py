@@ -26,7 +26,9 @@ Runs on the written model, after the precision plan, its Casts and loss scaling,
    ``[P, Q, R] -> [P*Q] -> [Q]``).
 3. Before the chain, views and Casts float16 -> float32 (exact: no value changes) whose output
    is read only by the chain and is no graph output are folded: the node reads their input. A
-   Cast to float16 before it stays (it rounds each element).
+   Cast to float16 before it stays (it rounds each element). 3b: a Cast float16 -> float32 read
+   by other nodes too (a residual gradient whose two bias gradients each sum it) is read
+   through: the chain reads the Cast's input, and the Cast goes once no other node reads it.
 4. After the chain, views and Casts between float32 and float16 that are the only reader of the
    value before them (no graph output) are folded: the node writes the last one's name, shape
    and type.
@@ -137,6 +139,7 @@ def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | Non
 
     taken: set[int] = set()
     chains: list[_Chain] = []
+    shared: dict[int, onnx.NodeProto] = {}  # rule 3b's Casts, read through by some chains
     for node in model.graph.node:
         if id(node) in taken:
             continue
@@ -170,20 +173,30 @@ def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | Non
                 break
             members.append(nxt)
             output = nxt.output[0]
-        # rule 3: the moves before it
+        # rule 3: the moves before it (rule 3b: a widening move others read too is read through)
         x = node.input[0]
+        through: list[onnx.NodeProto] = []
         while True:
             before = producers.get(x)
-            if before is None or id(before) in taken or sole_reader(x) is not members[0]:
+            if before is None or id(before) in taken or not before.input:
                 break
-            if not before.input or not moves(before, before.input[0], widen_only=True):
+            if not moves(before, before.input[0], widen_only=True):
                 break
-            members.insert(0, before)
+            if sole_reader(x) is members[0] and not through:
+                members.insert(0, before)
+            elif x not in protected and before.op_type in ("Cast", *MOVES):
+                through.append(before)  # the chain reads its input; it stays for its other readers
+            else:
+                break
             x = before.input[0]
+        if through and (any(n.op_type in MOVES for n in through)
+                        or static(x) is None or math.prod(static(x)) != p * q * r):
+            x, through = through[0].output[0], []  # read through Casts only, over the same elements
         if dtype(x) not in FLOATS or dtype(output) not in FLOATS or static(output) is None:
             continue
         taken.update(id(n) for n in members)
         chains.append(_Chain(members, x, (p, q, r), output, reductions))
+        shared.update({id(n): n for n in through})
 
     if not chains:
         return result
@@ -203,6 +216,12 @@ def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | Non
     removed = {id(n) for chain in chains for n in chain.nodes}
     edit.replace_nodes(made, removed, [helper.make_tensor_value_info(c.output, dtype(c.output), list(static(c.output)))
                                        for c in chains])
+    read = {name for n in model.graph.node for name in n.input} | protected
+    unread = {n.output[0] for n in shared.values() if not any(o in read for o in n.output)}
+    if unread:  # every reader of a shared Cast was a chain: it goes (graph.node holds copies: by name)
+        result.casts += len(unread)
+        dead = [n for n in model.graph.node if n.output and n.output[0] in unread]  # held: their ids stay theirs
+        edit.replace_nodes({}, {id(n) for n in dead}, [])
     op_nodes.import_domain(model)
     log.info("fuse-reductions: %d ReduceSums (%d Casts, %d Reshapes) as %d BlockReduceSum nodes",
              result.reductions, result.casts, result.reshapes, result.fused)

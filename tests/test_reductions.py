@@ -134,7 +134,9 @@ def test_a_cast_to_float32_read_only_by_the_reduction_is_folded():
     assert result.casts == 1
 
 
-def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_output():
+def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_input():
+    """Rule 3b: the widening Cast is read through (the node reads the float16 dy, half the
+    bytes); it stays for the Neg."""
     model = _model("""
     g (float16[64,8] dy) => (float[8] db, float[64,8] n) {
       d32 = Cast <to = 1> (dy)
@@ -143,8 +145,27 @@ def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_output():
     }""")
     _ints(model, "axes", [0])
     fused, result = _fuse(model)
-    assert sorted(_ops(fused)) == sorted([OP, "Cast", "Neg"]) and list(_node(fused)[0].input) == ["d32"]
+    assert sorted(_ops(fused)) == sorted([OP, "Cast", "Neg"]) and list(_node(fused)[0].input) == ["dy"]
     assert result.casts == 0
+
+
+def test_a_cast_read_only_by_two_reductions_goes():
+    """A residual gradient's two bias gradients (a ResNet stage's first block: the conv3 and the
+    downsample bias) each sum the same float32 Cast of a float16 tensor: both read the float16
+    tensor and the Cast goes."""
+    model = _model("""
+    g (float16[64,8,5] dy) => (float[8] a, float[8] b) {
+      d32 = Cast <to = 1> (dy)
+      r1 = Reshape(d32, shape)
+      a = ReduceSum <keepdims = 0> (r1, axes)
+      r2 = Reshape(d32, shape)
+      b = ReduceSum <keepdims = 0> (r2, axes)
+    }""")
+    _ints(model, "axes", [0, 2])
+    _ints(model, "shape", [64, 8, 5])
+    fused, result = _fuse(model)
+    assert _ops(fused) == [OP, OP] and all(list(n.input) == ["dy"] for n in fused.graph.node)
+    assert result.casts == 1 and result.fused == 2
 
 
 def test_a_cast_to_float16_before_the_reduction_stays_it_rounds():
