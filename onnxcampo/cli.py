@@ -180,12 +180,13 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="with --fuse-reductions: leave layer-norm and softmax input gradients to the block "
                              "reductions and the elementwise fusion instead of one LayerNormGrad / SoftmaxGrad node "
                              "each (an A/B of those kernels). Default: fused")
-    custom.add_argument("--channels-last", action="store_true",
+    custom.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan, before the fusions: store the 2-D convolutions' activations "
                              "channels-last (NHWC) and run the convolutions and their gradients as ai.onnxcampo "
                              "ConvNhwc / ConvNhwcDataGrad / ConvNhwcWeightGrad nodes (cuDNN's NHWC kernels, no layout "
                              "transform around each; needs the custom-op library; docs/ops.md). Convolutions whose "
-                             "channels are not multiples of 8 stay NCHW. Default: off")
+                             "channels are not multiples of 8 stay NCHW. Default: on for a training step built with the "
+                             "fused ops where the library's CUDA kernels are, off otherwise")
     custom.add_argument("--yield-to-ort-fusions", action="store_true",
                         help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
                              "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "
@@ -1079,6 +1080,14 @@ def summary(report: dict, output: Path | None) -> str:
         lines.append(f"int8-avg: {int8_avg['replaced']} MatMulInteger -> AvgMatMulInteger"
                      + (f" ({int8_avg['reshaped']} with A flattened)" if int8_avg["reshaped"] else "")
                      + (f"; kept: {skipped}" if skipped else ""))
+    layout = report.get("channels_last")
+    if layout is not None:
+        left = sum((layout.get("left") or {}).values())
+        lines.append(f"channels-last: {layout['convolutions']} Conv, {layout['data_grads']} input and "
+                     f"{layout['weight_grads']} weight gradients as NHWC ops, {layout['channels_last']} tensors "
+                     f"channels-last, {layout['transposes']} layout Transposes"
+                     + (f"; {left} kept NCHW ({', '.join(f'{n}: {why}' for why, n in layout['left'].items())})"
+                        if left else ""))
     reductions = report.get("fuse_reductions")
     if reductions is not None:
         loss, norms = reductions.get("loss") or {}, reductions.get("layer_norms") or {}

@@ -88,7 +88,8 @@ _FLAGS = {"input_shapes": "--input-shape", "dim_values": "--dim", "exclude_ops":
           "check_invariants": "--debug"}
 _NEGATED_FLAGS = {"keep_io_types": "--no-keep-io-types", "pad_tensor_cores": "--no-pad",
                   "compare_plans": "--no-compare-plans", "loss_scaling": "--no-loss-scaling",
-                  "fuse_elementwise": "--no-fuse-elementwise", "fuse_reductions": "--no-fuse-reductions"}
+                  "fuse_elementwise": "--no-fuse-elementwise", "fuse_reductions": "--no-fuse-reductions",
+                  "channels_last": "--no-channels-last"}
 _UNSET = object()
 
 

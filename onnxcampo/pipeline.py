@@ -141,18 +141,19 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
 
 
 def _default_fusions(model: onnx.ModelProto, config: OptimizeConfig, source) -> OptimizeConfig:
-    """``fuse_elementwise`` / ``fuse_reductions`` left None: on for a training step that already
-    runs the custom-op library's ops (built with the fused ops; one built with standard ops stays
-    so) where their CUDA kernels run (FusedElementwise: and NVRTC for its generated kernels), else
-    off."""
-    unset = [name for name in ("fuse_elementwise", "fuse_reductions") if getattr(config, name) is None]
+    """``fuse_elementwise`` / ``fuse_reductions`` / ``channels_last`` left None: on for a training
+    step that already runs the custom-op library's ops (built with the fused ops; one built with
+    standard ops stays so) where their CUDA kernels run (FusedElementwise: and NVRTC for its
+    generated kernels), else off."""
+    unset = [name for name in ("fuse_elementwise", "fuse_reductions", "channels_last") if getattr(config, name) is None]
     if not unset:
         return config
     from onnxcampo import ops
 
     training = scaling.is_train_step(model) and ops.uses_ops(model)
     here = {"fuse_reductions": training and ops.cuda_kernels_here(),
-            "fuse_elementwise": training and ops.generated_kernels_here()}
+            "fuse_elementwise": training and ops.generated_kernels_here(),
+            "channels_last": training and ops.cuda_kernels_here()}
     chosen = {name: here[name] for name in unset}
     on = [name for name, value in chosen.items() if value]
     if on:

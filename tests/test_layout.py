@@ -164,3 +164,23 @@ def test_optimize_with_channels_last_writes_a_step_that_trains(tmp_path):
     trainer = Trainer(result.model, weights=initial_weights(forward, result.model))
     losses = [trainer.step(batch) for _ in range(12)]
     assert all(np.isfinite(losses)) and losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cuda", [True, False], ids=["cuda-kernels", "cpu-only"])
+def test_channels_last_is_on_by_default_where_the_fused_ops_run_on_cuda(monkeypatch, cuda):
+    """``channels_last=None``: on for a training step built with the fused ops where their CUDA
+    kernels are (as --fuse-reductions), off elsewhere and for an inference model; False wins."""
+    from onnxcampo import ops
+    from onnxcampo.api import optimize
+
+    monkeypatch.setattr(ops, "cuda_kernels_here", lambda: cuda)
+    monkeypatch.setattr(ops, "generated_kernels_here", lambda: False)
+    forward = small_cnn(width=2)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="momentum", conv_weight_grad="cudnn")
+    convs = Counter(n.op_type for n in optimize(step, policy="fp16").model.graph.node)["ConvNhwc"]
+    assert convs == (7 if cuda else 0)
+    off = optimize(step, policy="fp16", channels_last=False).model
+    assert not any(n.op_type == "ConvNhwc" for n in off.graph.node)
+    inference = optimize(forward, policy="fp16").model
+    assert not any(n.op_type == "ConvNhwc" for n in inference.graph.node)

@@ -142,6 +142,7 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
 for _options in ONNXCAMPO.values():
     _options.setdefault("fuse_elementwise", False)
     _options.setdefault("fuse_reductions", False)
+    _options.setdefault("channels_last", False)
 
 # Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
