@@ -19,7 +19,8 @@
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
 #            costdb/data/raw/nvidia-h200.jsonl costdb/data/nvidia-h200.json`)          (~2 min)
 #   bench    training steps: campo with both fusions (and without LayerNormGrad / SoftmaxGrad:
-#            campo-fused-norows-graph), the fp16 plan with both fusions, greedy amp, torch.compile;
+#            campo-fused-norows-graph; channels-last: campo-/fp16-fused-cl-graph), the fp16 plan with
+#            both fusions, greedy amp, torch.compile (ResNet-50's AMP also channels_last);
 #            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S, default 500)                         (~9 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
@@ -67,6 +68,7 @@ run_checks() {
   stage checks 120 python3 scripts/check_multi_tensor_cast_cuda.py --out "$d/multi_tensor_cast.json"
   stage checks 120 python3 scripts/check_cross_entropy_cuda.py --out "$d/cross_entropy.json"
   stage checks 120 python3 scripts/check_layer_norm_grad_cuda.py --out "$d/layer_norm_grad.json"
+  stage checks 150 python3 scripts/check_conv_nhwc_cuda.py --out "$d/conv_nhwc.json"
 }
 
 run_costs() {
@@ -80,7 +82,7 @@ run_costs() {
 run_bench() {
   stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
-    --policies campo-fused,fp16-fused,campo-fused-graph,campo-fused-norows-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp \
+    --policies campo-fused,fp16-fused,campo-fused-graph,campo-fused-norows-graph,fp16-fused-graph,campo-fused-cl-graph,fp16-fused-cl-graph,amp-graph,torch-compile,torch-compile-amp,torch-compile-amp-cl \
     --breakdown-policies campo-fused,fp16-fused \
     --redo '*|*|training|*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
 }

@@ -58,7 +58,7 @@ from benchkit import policies as pol
 log = logging.getLogger("loss_curves")
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODELS = ("bert", "gpt2", "resnet50")
-DEFAULT_POLICIES = (pol.REFERENCE, "fp32", "amp-graph", "campo-graph", "campo-fused-graph")
+DEFAULT_POLICIES = (pol.REFERENCE, "fp32", "amp-graph", "campo-graph", "campo-fused-graph", "campo-fused-cl-graph")
 TOLERANCE = 0.02
 WINDOW = 10
 TAIL = 50
