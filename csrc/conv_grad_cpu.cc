@@ -9,9 +9,7 @@
 namespace onnxcampo {
 namespace {
 
-float Load(const void* p, int64_t i, bool half) {
-  return half ? ew::HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-}
+using ew::LoadAsFloat;
 
 void Pair(const ConvGradArgs& g, int64_t co, int64_t ci) {
   const Im2ColAttrs& a = g.a;
@@ -20,12 +18,12 @@ void Pair(const ConvGradArgs& g, int64_t co, int64_t ci) {
   for (int64_t n = 0; n < g.n; ++n) {
     for (int64_t oh = 0; oh < g.ho; ++oh) {
       const int64_t dy_row = ((n * g.cout + co) * g.ho + oh) * g.wo;
-      for (int64_t ow = 0; ow < g.wo; ++ow) row[ow] = Load(g.dy, dy_row + ow, g.half);
+      for (int64_t ow = 0; ow < g.wo; ++ow) row[ow] = LoadAsFloat(g.dy, dy_row + ow, g.half);
       for (int64_t i = 0; i < a.kh; ++i) {
         const int64_t h = oh * a.sh + i * a.dh - a.pt;
         if (h < 0 || h >= g.h) continue;
         const int64_t x_row = ((n * g.cin + ci) * g.h + h) * g.w;
-        for (int64_t c = 0; c < g.w; ++c) xs[c] = Load(g.x, x_row + c, g.half);
+        for (int64_t c = 0; c < g.w; ++c) xs[c] = LoadAsFloat(g.x, x_row + c, g.half);
         for (int64_t j = 0; j < a.kw; ++j) {
           const int64_t offset = j * a.dw - a.pl;
           float sum = 0.0f;
@@ -40,11 +38,7 @@ void Pair(const ConvGradArgs& g, int64_t co, int64_t ci) {
   }
   const int64_t base = (co * g.cin + ci) * a.kh * a.kw;
   for (int64_t k = 0; k < a.kh * a.kw; ++k) {
-    if (g.half) {
-      static_cast<uint16_t*>(g.dw)[base + k] = ew::FloatToHalfBits(acc[k]);
-    } else {
-      static_cast<float*>(g.dw)[base + k] = acc[k];
-    }
+    ew::StoreFloat(g.dw, base + k, acc[k], g.half);
   }
 }
 

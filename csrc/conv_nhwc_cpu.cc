@@ -10,17 +10,8 @@
 namespace onnxcampo {
 namespace {
 
-float Load(const void* p, int64_t i, bool half) {
-  return half ? ew::HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-}
-
-void Store(void* p, int64_t i, float v, bool half) {
-  if (half) {
-    static_cast<uint16_t*>(p)[i] = ew::FloatToHalfBits(v);
-  } else {
-    static_cast<float*>(p)[i] = v;
-  }
-}
+using ew::LoadAsFloat;
+using ew::StoreFloat;
 
 int64_t FilterIndex(const ConvCall& g, int64_t co, int64_t i, int64_t j, int64_t ci) {
   return g.krsc ? ((co * g.a.kh + i) * g.a.kw + j) * g.cin + ci : ((co * g.cin + ci) * g.a.kh + i) * g.a.kw + j;
@@ -41,13 +32,13 @@ void ForwardRow(const ConvCall& g, int64_t n, int64_t oh) {
         const int64_t x_at = ((n * g.h + h) * g.w_ + w) * g.cin;
         for (int64_t co = 0; co < g.cout; ++co) {
           float sum = 0.0f;
-          for (int64_t ci = 0; ci < g.cin; ++ci) sum += Load(g.x, x_at + ci, g.half) * Load(g.w, FilterIndex(g, co, i, j, ci), g.half);
+          for (int64_t ci = 0; ci < g.cin; ++ci) sum += LoadAsFloat(g.x, x_at + ci, g.half) * LoadAsFloat(g.w, FilterIndex(g, co, i, j, ci), g.half);
           acc[co] += sum;
         }
       }
     }
     const int64_t y_at = ((n * g.ho + oh) * g.wo + ow) * g.cout;
-    for (int64_t co = 0; co < g.cout; ++co) Store(g.out, y_at + co, acc[co], g.half);
+    for (int64_t co = 0; co < g.cout; ++co) StoreFloat(g.out, y_at + co, acc[co], g.half);
   }
 }
 
@@ -67,13 +58,13 @@ void DataRow(const ConvCall& g, int64_t n, int64_t h) {
         const int64_t dy_at = ((n * g.ho + oh) * g.wo + tw / a.sw) * g.cout;
         for (int64_t ci = 0; ci < g.cin; ++ci) {
           float sum = 0.0f;
-          for (int64_t co = 0; co < g.cout; ++co) sum += Load(g.dy, dy_at + co, g.half) * Load(g.w, FilterIndex(g, co, i, j, ci), g.half);
+          for (int64_t co = 0; co < g.cout; ++co) sum += LoadAsFloat(g.dy, dy_at + co, g.half) * LoadAsFloat(g.w, FilterIndex(g, co, i, j, ci), g.half);
           acc[ci] += sum;
         }
       }
     }
     const int64_t dx_at = ((n * g.h + h) * g.w_ + w) * g.cin;
-    for (int64_t ci = 0; ci < g.cin; ++ci) Store(g.out, dx_at + ci, acc[ci], g.half);
+    for (int64_t ci = 0; ci < g.cin; ++ci) StoreFloat(g.out, dx_at + ci, acc[ci], g.half);
   }
 }
 
@@ -84,7 +75,7 @@ void FilterOf(const ConvCall& g, int64_t co) {
   for (int64_t n = 0; n < g.n; ++n) {
     for (int64_t oh = 0; oh < g.ho; ++oh) {
       for (int64_t ow = 0; ow < g.wo; ++ow) {
-        const float d = Load(g.dy, ((n * g.ho + oh) * g.wo + ow) * g.cout + co, g.half);
+        const float d = LoadAsFloat(g.dy, ((n * g.ho + oh) * g.wo + ow) * g.cout + co, g.half);
         for (int64_t i = 0; i < a.kh; ++i) {
           const int64_t h = oh * a.sh + i * a.dh - a.pt;
           if (h < 0 || h >= g.h) continue;
@@ -93,7 +84,7 @@ void FilterOf(const ConvCall& g, int64_t co) {
             if (w < 0 || w >= g.w_) continue;
             const int64_t x_at = ((n * g.h + h) * g.w_ + w) * g.cin;
             float* row = &acc[static_cast<size_t>((i * a.kw + j) * g.cin)];
-            for (int64_t ci = 0; ci < g.cin; ++ci) row[ci] += d * Load(g.x, x_at + ci, g.half);
+            for (int64_t ci = 0; ci < g.cin; ++ci) row[ci] += d * LoadAsFloat(g.x, x_at + ci, g.half);
           }
         }
       }
@@ -102,7 +93,7 @@ void FilterOf(const ConvCall& g, int64_t co) {
   for (int64_t i = 0; i < a.kh; ++i) {
     for (int64_t j = 0; j < a.kw; ++j) {
       for (int64_t ci = 0; ci < g.cin; ++ci) {
-        Store(g.out, FilterIndex(g, co, i, j, ci), acc[static_cast<size_t>((i * a.kw + j) * g.cin + ci)], g.half);
+        StoreFloat(g.out, FilterIndex(g, co, i, j, ci), acc[static_cast<size_t>((i * a.kw + j) * g.cin + ci)], g.half);
       }
     }
   }

@@ -150,6 +150,19 @@ ONNXCAMPO_HD uint16_t FloatToHalfBits(float f) {
 
 ONNXCAMPO_HD float RoundF16(float x) { return HalfBitsToFloat(FloatToHalfBits(x)); }
 
+// Element i of a float32 or float16 (half) buffer as float32, and a float32 stored into one:
+// the CPU reference kernels' loads and stores (conv_grad_cpu.cc, conv_nhwc_cpu.cc).
+inline float LoadAsFloat(const void* p, int64_t i, bool half) {
+  return half ? HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+inline void StoreFloat(void* p, int64_t i, float v, bool half) {
+  if (half) {
+    static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v);
+  } else {
+    static_cast<float*>(p)[i] = v;
+  }
+}
+
 // ---- the instructions ----------------------------------------------------------------------
 
 ONNXCAMPO_HD bool IsNan(float x) { return x != x; }

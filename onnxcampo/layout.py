@@ -24,7 +24,7 @@ kernels' granule; ResNet's 3-channel stem) stay NCHW. Graph inputs and outputs k
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx
@@ -33,6 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxcampo import ir
 from onnxcampo.ir.edit import ModelEdit, attribute
 from onnxcampo.ops import DOMAIN, nodes
+from onnxcampo.ops.conv_nhwc import output_hw
 
 ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Relu", "LeakyRelu", "Sigmoid",
@@ -56,9 +57,7 @@ class LayoutResult:
     left: dict[str, int] = field(default_factory=dict)  # convolutions kept NCHW, by reason
 
     def to_json(self) -> dict:
-        return {"convolutions": self.convolutions, "data_grads": self.data_grads, "weight_grads": self.weight_grads,
-                "channels_last": self.channels_last, "transposes": self.transposes,
-                "filter_transposes": self.filter_transposes, "left": dict(self.left)}
+        return asdict(self)
 
 
 def to_physical_perm(rank: int, c: int) -> list[int]:
@@ -154,7 +153,6 @@ class _Layout:
             if ds is None or ws is None or xs is None or len(ds) != 4 or len(ws) != 4:
                 return "not 2-D with static shapes"
             pads = list(attribute(node, "pads", [0, 0, 0, 0]))
-            from onnxcampo.ops.conv_nhwc import output_hw
             if output_hw(out_hw[0], out_hw[1], ws[2:], attribute(node, "strides", [1, 1]),
                          attribute(node, "dilations", [1, 1]), pads) != tuple(ds[2:]):
                 return "output_shape and pads are not a Conv's"
@@ -462,8 +460,7 @@ class _Layout:
         rank = len(self.shape(x))
         axes = [to_physical_perm(rank, c).index(a) for a in range(2, rank)]
         if self.opset >= 18:
-            return helper.make_node("ReduceMean", [x if self.chan.get(x) == c else self.physical(x, c),
-                                                   self.constant(np.array(axes, np.int64), "axes")], [y],
+            return helper.make_node("ReduceMean", [self.physical(x, c), self.constant(np.array(axes, np.int64), "axes")], [y],
                                     name=self.edit.fresh("ReduceMean"), keepdims=1)
         return helper.make_node("ReduceMean", [self.physical(x, c)], [y], name=self.edit.fresh("ReduceMean"),
                                 axes=axes, keepdims=1)
