@@ -234,10 +234,13 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
     into a fused kernel cost their memory share only and are not counted as launches."""
     total, count = 0.0, 0
     folding, reducing = fusion_costed(ctx)
+    unscaled = _unscaled_gradients(ctx)
     for tensor in tensors:
         casts = tensor_casts(ctx, tensor, precision_of)
         if not casts:
             continue
+        if id(tensor) in unscaled and _produced_fp16(ctx, tensor, precision_of):
+            continue  # loss scaling's fused unscale reads the fp16 gradient itself: no Cast is made
         if reducing and _reduction_reads(ctx, tensor, precision_of):
             continue  # BlockReduceSum reads the tensor itself, in either type: no pass, no launch
         edge = _group_cast_us(ctx, tensor, precision_of) if folding else None
@@ -251,6 +254,18 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
         count += casts
         total += casts * ctx.cost.cast_time(ctx.numel(tensor))
     return total, count
+
+
+def _unscaled_gradients(ctx: GraphContext) -> set[int]:
+    """The gradients (tensor ids) a mixed step's dynamic loss scaling reads as they are made."""
+    if ctx.loss_scaling is None:
+        return set()
+    return {id(t) for t in ctx.loss_scaling_gradients}
+
+
+def _produced_fp16(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:
+    producer = ctx.producer(tensor)
+    return producer is not None and precision_of(producer.name) is Precision.FP16
 
 
 def fusion_costed(ctx: GraphContext) -> tuple[bool, bool]:
@@ -480,20 +495,11 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
         conv_launches, other_launches = conv_launches + conv, other_launches + other
     training = bool(ctx.training_fp32)
     if ctx.loss_scaling is not None and any(precision_of(n.name) is Precision.FP16 for n in ctx.nodes):
-        # a mixed training step gets dynamic loss scaling: its nodes, and a pass over the gradients;
-        # a fused unscale reads fp16 gradients itself, so their Casts to fp32 are not made
+        # a mixed training step gets dynamic loss scaling: its nodes, and a pass over the gradients
+        # (a fused unscale reads fp16 gradients itself: casts_time counts no Cast for them)
         other_launches += ctx.loss_scaling.nodes
         # the gradient pass, plus the fixed cost of each further (small or scalar) kernel
         nodes_us += ctx.cost.cast_time(ctx.loss_scaling.elements) + (ctx.loss_scaling.nodes - 1) * ctx.cost.cast_time(0)
-        for gradient in ctx.loss_scaling_gradients:
-            producer = ctx.producer(gradient)
-            if producer is not None and precision_of(producer.name) is Precision.FP16:
-                if fusion_costed(ctx)[0]:  # what casts_time counted for it (a folded Cast costs less)
-                    own_us, own = casts_time(ctx, [gradient], precision_of)
-                    casts, other_launches, cast_us = casts - own, other_launches - own, cast_us - own_us
-                    continue
-                casts, other_launches = casts - 1, other_launches - 1
-                cast_us -= ctx.cost.cast_time(ctx.numel(gradient))
     launched = conv_launches + other_launches
     run = ctx.cost.run_us()
     if ctx.config.execution == "cuda-graph":

@@ -37,6 +37,7 @@ from onnxcampo.passes.fill_infer_clear import FillInferClear
 from onnxcampo.passes.insert_casts import InsertCasts
 from onnxcampo.passes.manager import PassBase, PassManager, PassResult
 from onnxcampo.passes.pad_tensor_cores import PadTensorCores
+from onnxcampo.passes.refine_by_cost import RefineByCost
 from onnxcampo.passes.training_rules import TrainingRules
 from onnxcampo.passes.uniform_precision import UniformPrecision
 from onnxcampo.plan import Precision, PrecisionPlan, Reason
@@ -55,7 +56,7 @@ _DEFAULT = UniformPrecision(Precision.FP32, Reason.DEFAULT_FP32)
 CLASSIFY = (Classify(),)
 ANALYSIS: dict[str, tuple[PassBase, ...]] = {
     "campo": (AllowByCost(), DenyPropagation(), AllowIslands(), FillInferClear(), ClearByCost(),
-              ClearByCost(infer=True), _DEFAULT),
+              ClearByCost(infer=True), _DEFAULT, RefineByCost()),
     "amp": (AllowByCost(greedy=True), AmpDenyPropagation(), FillInferClear(casts=False), ClearByCost(greedy=True),
             AmpCasts(), _DEFAULT),
     "fp16": (UniformPrecision(Precision.FP16, Reason.POLICY_FP16),),

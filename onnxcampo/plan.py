@@ -61,6 +61,8 @@ class Reason(enum.Enum):
     # (a bias and activation chain after a GEMM, up to a deny-list op).
     EDGE_PAYS = "edge by cost: infer op next to fp16 ops whose fp16 run (and the Casts it moves) pays"
     EDGE_DOES_NOT_PAY = "edge by cost: infer op next to fp16 ops, fp16 does not pay"
+    # Our extension after the default: fp32 regions the passes left, priced as a whole.
+    REGION_PAYS = "refine by cost: fp32 region the four passes left whose fp16 run as a whole pays"
 
 
 @dataclass(frozen=True)

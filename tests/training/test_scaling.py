@@ -371,3 +371,23 @@ def test_fp16_gemm_weight_gradients_reach_the_unscale_in_fp16():
         trainer = Trainer(model, weights=initial_weights(forward, model))
         losses[name] = [trainer.step(batch) for _ in range(20)]
     assert losses["fp16"][-1] == pytest.approx(losses["fp32"][-1], rel=0.02)
+
+
+def test_campo_prices_the_cast_the_fused_unscale_saves():
+    """A gradient the fused unscale reads as it is made needs no Cast when it is made in fp16
+    (``estimate.casts_time``): campo's pricing of each weight gradient's final Reshape sees that
+    Cast go, so the Reshapes run fp16 (clear by cost, gain = the Cast's time) and the unscale
+    reads them with no Cast in front; before, each Reshape priced a tie and stayed fp32."""
+    from test_simplify import sequence_mlp
+
+    step = build_train_step(sequence_mlp(), loss="cross_entropy", optimizer="momentum", lr=0.05, fused=True)
+    result = optimize(step, policy="campo", include_ops={"Gemm"}, pad_tensor_cores=False)
+    for name in ("w1/squeeze", "w2/squeeze"):
+        decision = result.plan.get(name)
+        assert decision.precision is Precision.FP16 and decision.reason is Reason.CLEAR_PAYS, name
+        assert decision.numbers["gain_us"] == pytest.approx(-decision.numbers["cast_us"]) and decision.numbers["gain_us"] > 0
+    made = {o: n for n in result.model.graph.node for o in n.output}
+    unscale = next(n for n in result.model.graph.node if n.op_type == "UnscaleCheckFinite")
+    weight_grads = [made[name] for name in unscale.input[1:] if made[made[name].input[0]].op_type == "Gemm"]
+    assert len(weight_grads) == 2 and all(_dtype_read_by(result.model, n.name) == onnx.TensorProto.FLOAT16
+                                          for n in weight_grads)
