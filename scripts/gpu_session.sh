@@ -18,14 +18,17 @@
 #            cases not measured yet (costdb/data/raw/harvested-cases.json: none left in session 13); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
 #            costdb/data/raw/nvidia-h200.jsonl costdb/data/nvidia-h200.json`)          (~2 min)
-#   bench    training steps: campo with both fusions (and without LayerNormGrad / SoftmaxGrad:
-#            campo-fused-norows-graph; channels-last: campo-/fp16-fused-cl-graph), the fp16 plan with
+#   bench    training steps: campo with both fusions (channels-last too for ResNet-50:
+#            campo-/fp16-fused-cl-graph), the fp16 plan with
 #            both fusions, greedy amp, torch.compile (ResNet-50's AMP also channels_last);
-#            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S, default 500)                         (~9 min)
+#            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S a model group, default 300; BENCH_MODELS,
+#            BENCH_POLICIES narrow them)                                                  (~9 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
 #   infer    inference with the fusions (issue 17 item 4): campo with both fusions against campo
-#            and the best anchors, plain and replayed, on the transformer and CNN suite     (~8 min)
+#            and the best anchors, plain and replayed, on the transformer and CNN suite (BENCH_MODELS,
+#            BENCH_POLICIES: e.g. resnet50 with campo-fused-cl-graph, the convolutions channels-last)
+#                                                                                         (~8 min)
 #   train18  issue 18 on CUDA: scripts/check_training_cuda.py (BatchNorm/Dropout train mode,
 #            evaluate, checkpoints and resume, schedule, partial batches; CUDA against the CPU)
 #            and scripts/example_finetune.py (magika, frozen and --train-all); carry
@@ -80,17 +83,27 @@ run_costs() {
 }
 
 run_bench() {
-  stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
-    --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50 --mode training \
-    --policies campo-fused,fp16-fused,campo-fused-graph,campo-fused-norows-graph,fp16-fused-graph,campo-fused-cl-graph,fp16-fused-cl-graph,amp-graph,torch-compile,torch-compile-amp,torch-compile-amp-cl \
-    --breakdown-policies campo-fused,fp16-fused \
-    --redo '*|*|training|*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
+  # the transformers without the channels-last variants (no convolution: each would be planned only
+  # to be refused), ResNet-50 with them; BENCH_MODELS narrows the models
+  local models=${BENCH_MODELS:-bert,gpt2,resnet50} common="campo-fused-graph,fp16-fused-graph,amp-graph,torch-compile,torch-compile-amp"
+  local text image
+  text=$(echo "$models" | tr ',' '\n' | grep -v '^resnet50$' | paste -sd, -)
+  image=$(echo "$models" | tr ',' '\n' | grep '^resnet50$' | paste -sd, -)
+  local since=${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}
+  [ -n "$text" ] && stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
+    --budget-s "${BENCH_BUDGET_S:-300}" --models "$text" --mode training --policies "${BENCH_POLICIES:-$common}" \
+    --redo '*|*|training|*' --redo-before "$since"
+  [ -n "$image" ] && stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
+    --budget-s "${BENCH_BUDGET_S:-300}" --models "$image" --mode training \
+    --policies "${BENCH_POLICIES:-$common,campo-fused-cl-graph,fp16-fused-cl-graph,torch-compile-amp-cl}" \
+    --redo '*|*|training|*' --redo-before "$since"
+  return 0
 }
 
 run_infer() {
   stage infer 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/infer" \
-    --budget-s "${BENCH_BUDGET_S:-500}" --models bert,gpt2,resnet50,minilm --mode inference \
-    --policies fp32,amp,ortopt-fp16,campo,campo-fused,campo-graph,campo-fused-graph,campo-fused-yield-graph \
+    --budget-s "${BENCH_BUDGET_S:-500}" --models "${BENCH_MODELS:-bert,gpt2,resnet50,minilm}" --mode inference \
+    --policies "${BENCH_POLICIES:-fp32,amp,ortopt-fp16,campo,campo-fused,campo-graph,campo-fused-graph,campo-fused-yield-graph}" \
     --redo '*|*|inference|campo*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
 }
 
