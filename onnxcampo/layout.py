@@ -18,7 +18,8 @@ axes, broadcast constants and shapes it permutes). Where such a tensor meets a n
 layout (MaxPool, Flatten, a graph output, ...) one ``Transpose`` (or a free ``Reshape`` where the
 bytes agree) converts it; the filters get one ``Transpose`` each to cuDNN's ``[Cout, kh, kw,
 Cin]``. Convolutions whose channel counts are not multiples of ``align`` (8: the Tensor Core
-kernels' granule; ResNet's 3-channel stem) stay NCHW. Graph inputs and outputs keep their layout.
+kernels' granule; ResNet's 3-channel stem), and float32 ones (cuDNN's NHWC float32 kernels are
+slower than its NCHW TF32 ones), stay NCHW. Graph inputs and outputs keep their layout.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def _ints(edit_constants, name: str) -> list[int] | None:
 
 
 class _Layout:
-    def __init__(self, model: onnx.ModelProto, info: dict, align: int):
+    def __init__(self, model: onnx.ModelProto, info: dict, align: int, float32: bool = False):
         self.model, self.info, self.align = model, info, align
+        self.dtypes = (TensorProto.FLOAT16, TensorProto.FLOAT) if float32 else (TensorProto.FLOAT16,)
         self.edit = ModelEdit(model, fresh_prefix="onnxcampo/nhwc")
         self.graph = model.graph
         self.constants = self.edit.constants()
@@ -169,8 +171,11 @@ class _Layout:
             return "not a convolution"
         if any(c % self.align for c in channels):
             return f"channels not multiples of {self.align}"
-        if self.dtype(tensors[0]) not in (TensorProto.FLOAT, TensorProto.FLOAT16):
-            return "not float32 or float16"
+        if self.dtype(tensors[0]) not in self.dtypes:
+            # cuDNN's float32 NHWC kernels lose to its NCHW TF32 ones: ResNet-50 inference at
+            # batch 1, campo's plan fp32, 0.92 ms for 31 convolutions against 0.18 ms for 16
+            # (docs/benchmarks/custom-ops/issue17/session15/probe-cl-inference.json)
+            return "float32 (only float16 convolutions run faster channels-last)"
         return tensors
 
     # ---- marking ---------------------------------------------------------------------------
@@ -561,12 +566,15 @@ class _Layout:
         return self.result
 
 
-def to_channels_last(model: onnx.ModelProto, info: dict | None = None, *, align: int = ALIGN) -> LayoutResult:
+def to_channels_last(model: onnx.ModelProto, info: dict | None = None, *, align: int = ALIGN,
+                     float32: bool = False) -> LayoutResult:
     """Rewrite ``model`` in place (module docstring); ``info``: its tensor types and shapes
-    (``ir.infer_tensor_info``), inferred here when not given; updated with what the rewrite makes."""
+    (``ir.infer_tensor_info``), inferred here when not given; updated with what the rewrite makes.
+    ``float32``: float32 convolutions too (slower on cuDNN than NCHW; the rewrite checked in
+    float32, as ORT's CPU provider computes it exactly)."""
     if info is None:
         info, _ = ir.infer_tensor_info(model)
-    layout = _Layout(model, info, align)
+    layout = _Layout(model, info, align, float32)
     result = layout.run()
     if result.convolutions or result.data_grads or result.weight_grads:
         nodes.import_domain(model)

@@ -80,7 +80,7 @@ def test_a_channels_last_step_computes_the_same_loss_and_update():
     want = _outputs(step, feeds)
     converted = onnx.ModelProto()
     converted.CopyFrom(step)
-    result = to_channels_last(converted)
+    result = to_channels_last(converted, float32=True)
     convs = [n for n in forward.graph.node if n.op_type == "Conv"]
     assert len(convs) == 9 and result.convolutions == result.weight_grads == result.data_grads == 7
     # the stem's Conv and weight gradient (no input gradient), the head's three
@@ -119,7 +119,7 @@ def test_global_average_pool_and_flatten_read_channels_last():
     rng = np.random.default_rng(3)
     feeds = {"x": rng.standard_normal((3, 3, 30, 38)).astype(np.float32)}
     want = _outputs(forward, feeds)
-    result = to_channels_last(forward)
+    result = to_channels_last(forward, float32=True)
     ops = Counter(n.op_type for n in forward.graph.node)
     assert ops["GlobalAveragePool"] == 0 and ops["ReduceMean"] == 1 and result.transposes == 1  # the MaxPool's output
     _assert_close(_outputs(forward, feeds), want, 1e-5)
@@ -132,16 +132,27 @@ def test_an_inference_model_keeps_its_outputs():
     want = _outputs(forward, feeds)
     converted = onnx.ModelProto()
     converted.CopyFrom(forward)
-    result = to_channels_last(converted)
+    result = to_channels_last(converted, float32=True)
     assert result.convolutions == 7 and result.data_grads == result.weight_grads == 0
     assert result.transposes == 2  # the MaxPool's output in, the 12-channel head Conv's input out
     _assert_close(_outputs(converted, feeds), want, 1e-5)
 
 
+def test_float32_convolutions_stay_nchw_by_default():
+    """cuDNN's float32 NHWC kernels lose to its NCHW TF32 ones (ResNet-50 at batch 1 on the
+    H200): without ``float32=True`` a float32 model is left as it is, each Conv counted."""
+    forward = small_cnn(width=2)
+    before = forward.SerializeToString()
+    result = to_channels_last(forward)
+    assert result.convolutions == 0 and forward.SerializeToString() == before
+    assert result.left == {"channels not multiples of 8": 2,
+                           "float32 (only float16 convolutions run faster channels-last)": 7}
+
+
 def test_a_model_without_convertible_convolutions_is_unchanged():
     forward = small_cnn(width=1)  # channels 4, 8 and 16: none a multiple of 32 on both sides
     before = forward.SerializeToString()
-    result = to_channels_last(forward, align=32)
+    result = to_channels_last(forward, align=32, float32=True)
     assert result.convolutions == 0 and forward.SerializeToString() == before
     assert result.left == {"channels not multiples of 32": 9}
 
