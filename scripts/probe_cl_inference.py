@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from benchkit import measure as m
     from onnxcampo import ops
-    from onnxcampo.runtime.standalone import BoundSession, time_in_rotation
+    from onnxcampo.runtime.standalone import BoundSession, custom_op_session, time_in_rotation
 
     onnxruntime.preload_dlls()
     library = str(ops.library_path())
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         entry = {"plans": reports, "cupti": {}, "ms": {}}
         sessions = {}
         for name, model in models.items():
-            probe = onnxruntime.InferenceSession(model, sess_options=_options(library), providers=["CUDAExecutionProvider"])
+            probe = custom_op_session(model, library, "cuda")
             names = [o.name for o in probe.get_outputs()]
             outputs = {k: (v.shape, v.dtype) for k, v in zip(names, probe.run(names, io["feeds"]))}
             del probe
@@ -92,14 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
-
-
-def _options(library: str):
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.register_custom_ops_library(library)
-    return options
 
 
 if __name__ == "__main__":
