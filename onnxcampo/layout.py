@@ -174,7 +174,7 @@ class _Layout:
         if self.dtype(tensors[0]) not in self.dtypes:
             # cuDNN's float32 NHWC kernels lose to its NCHW TF32 ones: ResNet-50 inference at
             # batch 1, campo's plan fp32, 0.92 ms for 31 convolutions against 0.18 ms for 16
-            # (docs/benchmarks/custom-ops/issue17/session15/probe-cl-inference.json)
+            # (docs/benchmarks/custom-ops/issue17/session15/probe-cl-inference-plain.json)
             return "float32 (only float16 convolutions run faster channels-last)"
         return tensors
 

@@ -3,7 +3,7 @@ same with ``channels_last`` (ai.onnxcampo's ConvNhwc), per batch: the CUPTI kern
 torch's profiler) of each plan run plainly, plus both plans timed side by side, plain and
 replayed as a CUDA graph. It answers why the channels-last plan can lose at batch 1.
 
-    python3 scripts/probe_cl_inference.py --batches 1,64 --out probe-cl-inference.json
+    python3 scripts/probe_cl_inference.py --batches 1,64 [--execution plain] --out probe-cl-inference.json
 
 Needs onnxruntime-gpu, the custom-op library with CUDA kernels (ONNXCAMPO_OPS_LIBRARY), torch
 (for CUPTI) and what scripts/benchkit builds the model with.
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 VARIANTS = {"campo-fused": {"channels_last": False}, "campo-fused-cl": {"channels_last": True}}
 
 
-def plans(batch: int) -> tuple[dict, dict, dict]:
+def plans(batch: int, execution: str = "cuda-graph") -> tuple[dict, dict, dict]:
     import onnxcampo
     from benchkit import models as bm
 
@@ -33,9 +33,9 @@ def plans(batch: int) -> tuple[dict, dict, dict]:
     models, reports = {}, {}
     for name, options in VARIANTS.items():
         result = onnxcampo.optimize(str(built.path), input_shapes=shapes, policy="campo", fuse_elementwise=True,
-                                    fuse_reductions=False, **options)
+                                    fuse_reductions=False, execution=execution, **options)
         models[name] = result.model.SerializeToString()
-        reports[name] = {"channels_last": result.report.get("channels_last"),
+        reports[name] = {"channels_last": result.report.get("channels_last"), "nodes_fp16": result.report.get("nodes_fp16"),
                          "ops": dict(sorted(_ops(result.model).items()))}
     return models, reports, {"feeds": built.feeds}
 
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--runs", type=int, default=20, help="calls profiled per variant")
+    parser.add_argument("--execution", choices=("plain", "cuda-graph"), default="cuda-graph",
+                        help="the execution campo plans for (both plans run plain and replayed either way)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(["python3", "scripts/probe_cl_inference.py", *(argv or sys.argv[1:])]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "batches": {}}
     for batch in (int(b) for b in args.batches.split(",")):
-        models, reports, io = plans(batch)
+        models, reports, io = plans(batch, args.execution)
         entry = {"plans": reports, "cupti": {}, "ms": {}}
         sessions = {}
         for name, model in models.items():
