@@ -45,7 +45,7 @@ class ClearByCost(PassBase):
         for name, node in open_nodes.items():
             if name in seen:
                 continue
-            group = self._group(ctx, node, open_nodes)
+            group = connected_group(ctx, node, open_nodes)
             seen.update(n.name for n in group)
             neighbours = {m.name for n in group for m in (*ctx.upstream(n), *ctx.downstream(n))}
             if not any(ctx.plan.is_fp16(m) for m in neighbours):
@@ -67,14 +67,16 @@ class ClearByCost(PassBase):
             fp32 += 0 if pays else len(group)
         return PassResult(self.name, False, {"fp16": fp16, "fp32": fp32})
 
-    @staticmethod
-    def _group(ctx: GraphContext, start, open_nodes) -> list:
-        group, stack, members = [], [start], {start.name}
-        while stack:
-            node = stack.pop()
-            group.append(node)
-            for neighbour in (*ctx.upstream(node), *ctx.downstream(node)):
-                if neighbour.name in open_nodes and neighbour.name not in members:
-                    members.add(neighbour.name)
-                    stack.append(neighbour)
-        return group
+
+def connected_group(ctx: GraphContext, start, open_nodes: dict) -> list:
+    """``start`` and every node of ``open_nodes`` (name -> node) connected to it through float
+    edges and other such nodes, ``start`` first."""
+    group, stack, members = [], [start], {start.name}
+    while stack:
+        node = stack.pop()
+        group.append(node)
+        for neighbour in (*ctx.upstream(node), *ctx.downstream(node)):
+            if neighbour.name in open_nodes and neighbour.name not in members:
+                members.add(neighbour.name)
+                stack.append(neighbour)
+    return group

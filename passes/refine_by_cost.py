@@ -26,6 +26,7 @@ from onnxcampo import estimate
 from onnxcampo.context import GraphContext
 from onnxcampo.plan import Precision, Reason
 
+from onnxcampo.passes.clear_by_cost import connected_group
 from onnxcampo.passes.manager import PassBase, PassResult
 
 OPEN = (Reason.ALLOW_DOES_NOT_PAY, Reason.CLEAR_DOES_NOT_PAY, Reason.EDGE_DOES_NOT_PAY, Reason.DEFAULT_FP32)
@@ -62,16 +63,7 @@ class RefineByCost(PassBase):
         seen: set[str] = set()
         regions = []
         for name, node in open_nodes.items():
-            if name in seen:
-                continue
-            region, stack = [], [node]
-            seen.add(name)
-            while stack:
-                current = stack.pop()
-                region.append(current)
-                for neighbour in (*ctx.upstream(current), *ctx.downstream(current)):
-                    if neighbour.name in open_nodes and neighbour.name not in seen:
-                        seen.add(neighbour.name)
-                        stack.append(neighbour)
-            regions.append(region)
+            if name not in seen:
+                regions.append(connected_group(ctx, node, open_nodes))
+                seen.update(n.name for n in regions[-1])
         return regions
