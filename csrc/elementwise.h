@@ -151,7 +151,7 @@ ONNXCAMPO_HD uint16_t FloatToHalfBits(float f) {
 ONNXCAMPO_HD float RoundF16(float x) { return HalfBitsToFloat(FloatToHalfBits(x)); }
 
 // Element i of a float32 or float16 (half) buffer as float32, and a float32 stored into one:
-// the CPU reference kernels' loads and stores (conv_grad_cpu.cc, conv_nhwc_cpu.cc).
+// the CPU reference kernels' loads and stores (conv_grad_cpu.cc, conv_nhwc_cpu.cc, norm_cpu.cc, xent_cpu.cc).
 inline float LoadAsFloat(const void* p, int64_t i, bool half) {
   return half ? HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
 }

@@ -4,17 +4,13 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "elementwise.h"  // HalfBitsToFloat, FloatToHalfBits
+#include "elementwise.h"  // LoadAsFloat, StoreFloat
 #include "norm.h"
 
 namespace onnxcampo {
 namespace {
 
 constexpr int64_t kRowsPerTask = 16;
-
-float Load(const void* p, bool half, int64_t i) {
-  return half ? ew::HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-}
 
 }  // namespace
 
@@ -28,21 +24,17 @@ void LayerNormGradCpu(const NormGradArgs& a, const ParallelRunner& run) {
       const int64_t base = r * a.cols;
       float sum_g = 0.0f, sum_gx = 0.0f;
       for (int64_t j = 0; j < a.cols; ++j) {
-        const float g = Load(a.dy, a.dy_half, base + j) * Load(a.gamma, a.gamma_half, j);
+        const float g = ew::LoadAsFloat(a.dy, base + j, a.dy_half) * ew::LoadAsFloat(a.gamma, j, a.gamma_half);
         sum_g += g;
-        sum_gx += g * Load(a.xhat, a.xhat_half, base + j);
+        sum_gx += g * ew::LoadAsFloat(a.xhat, base + j, a.xhat_half);
       }
       const float mean_g = sum_g * inv_cols, mean_gx = sum_gx * inv_cols;
-      const float inv = Load(a.invstd, a.invstd_half, r);
+      const float inv = ew::LoadAsFloat(a.invstd, r, a.invstd_half);
       for (int64_t j = 0; j < a.cols; ++j) {
-        const float g = Load(a.dy, a.dy_half, base + j) * Load(a.gamma, a.gamma_half, j);
-        float v = inv * ((g - mean_g) - Load(a.xhat, a.xhat_half, base + j) * mean_gx);
-        if (a.acc != nullptr) v += Load(a.acc, a.acc_half, base + j);
-        if (a.dx_half) {
-          static_cast<uint16_t*>(a.dx)[base + j] = ew::FloatToHalfBits(v);
-        } else {
-          static_cast<float*>(a.dx)[base + j] = v;
-        }
+        const float g = ew::LoadAsFloat(a.dy, base + j, a.dy_half) * ew::LoadAsFloat(a.gamma, j, a.gamma_half);
+        float v = inv * ((g - mean_g) - ew::LoadAsFloat(a.xhat, base + j, a.xhat_half) * mean_gx);
+        if (a.acc != nullptr) v += ew::LoadAsFloat(a.acc, base + j, a.acc_half);
+        ew::StoreFloat(a.dx, base + j, v, a.dx_half);
       }
     }
   });
@@ -56,14 +48,12 @@ void SoftmaxGradCpu(const SoftmaxGradArgs& a, const ParallelRunner& run) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t base = r * a.cols;
       float dot = 0.0f;
-      for (int64_t j = 0; j < a.cols; ++j) dot += Load(a.dy, a.dy_half, base + j) * Load(a.y, a.y_half, base + j);
       for (int64_t j = 0; j < a.cols; ++j) {
-        const float v = a.scale * (Load(a.y, a.y_half, base + j) * (Load(a.dy, a.dy_half, base + j) - dot));
-        if (a.dx_half) {
-          static_cast<uint16_t*>(a.dx)[base + j] = ew::FloatToHalfBits(v);
-        } else {
-          static_cast<float*>(a.dx)[base + j] = v;
-        }
+        dot += ew::LoadAsFloat(a.dy, base + j, a.dy_half) * ew::LoadAsFloat(a.y, base + j, a.y_half);
+      }
+      for (int64_t j = 0; j < a.cols; ++j) {
+        const float y = ew::LoadAsFloat(a.y, base + j, a.y_half), dy = ew::LoadAsFloat(a.dy, base + j, a.dy_half);
+        ew::StoreFloat(a.dx, base + j, a.scale * (y * (dy - dot)), a.dx_half);
       }
     }
   });

@@ -6,25 +6,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "elementwise.h"  // HalfBitsToFloat, FloatToHalfBits
+#include "elementwise.h"  // LoadAsFloat, StoreFloat
 #include "xent.h"
 
 namespace onnxcampo {
 namespace {
 
 constexpr int64_t kRowsPerTask = 16;
-
-float Load(const void* p, bool half, int64_t i) {
-  return half ? ew::HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-}
-
-void Store(void* p, bool half, int64_t i, float v) {
-  if (half) {
-    static_cast<uint16_t*>(p)[i] = ew::FloatToHalfBits(v);
-  } else {
-    static_cast<float*>(p)[i] = v;
-  }
-}
 
 // The label of row r as a column, or -1 when it lies outside [-C, C).
 int64_t Column(int64_t label, int64_t classes) {
@@ -48,26 +36,26 @@ void SoftmaxCrossEntropyCpu(const XentArgs& a, const ParallelRunner& run) {
   ForRows(a.rows, run, [&](int64_t r) {
     const int64_t base = r * a.width;
     float most = -INFINITY;
-    for (int64_t j = 0; j < a.classes; ++j) most = std::max(most, Load(a.x, a.x_half, base + j));
+    for (int64_t j = 0; j < a.classes; ++j) most = std::max(most, ew::LoadAsFloat(a.x, base + j, a.x_half));
     double sum = 0.0;  // float64: a serial float32 sum of 50257 terms drifts by 1e-5 (the CUDA kernel's tree does not)
-    for (int64_t j = 0; j < a.classes; ++j) sum += std::exp(Load(a.x, a.x_half, base + j) - most);
+    for (int64_t j = 0; j < a.classes; ++j) sum += std::exp(ew::LoadAsFloat(a.x, base + j, a.x_half) - most);
     const float lse = static_cast<float>(most + std::log(sum));
     const int64_t column = Column(a.labels[r], a.classes);
     a.lse_out[r] = lse;
-    Store(a.picked, a.picked_half, r, column < 0 ? 0.0f : Load(a.x, a.x_half, base + column) - lse);
+    ew::StoreFloat(a.picked, r, column < 0 ? 0.0f : ew::LoadAsFloat(a.x, base + column, a.x_half) - lse, a.picked_half);
   });
 }
 
 void SoftmaxCrossEntropyGradCpu(const XentArgs& a, const ParallelRunner& run) {
   ForRows(a.rows, run, [&](int64_t r) {
     const int64_t base = r * a.width, out = r * a.classes;
-    const float s = Load(a.scale, a.scale_half, a.scale_per_row ? r : 0);
+    const float s = ew::LoadAsFloat(a.scale, a.scale_per_row ? r : 0, a.scale_half);
     const int64_t column = Column(a.labels[r], a.classes);
     const float total = column < 0 ? 0.0f : s;  // ReduceSum(g) of the unfused graph
     for (int64_t j = 0; j < a.classes; ++j) {
       const float g = j == column ? s : 0.0f;
-      const float p = std::exp(Load(a.x, a.x_half, base + j) - a.lse[r]);
-      Store(a.dx, a.dx_half, out + j, g - p * total);
+      const float p = std::exp(ew::LoadAsFloat(a.x, base + j, a.x_half) - a.lse[r]);
+      ew::StoreFloat(a.dx, out + j, g - p * total, a.dx_half);
     }
   });
 }
