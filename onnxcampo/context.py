@@ -68,9 +68,9 @@ class GraphContext:
     training_fp32: frozenset[str] = frozenset()  # loss and update nodes of a training step
     activation_max: dict[str, float] = field(default_factory=dict)  # calibration: tensor -> max |x|
     # a training step: what dynamic loss scaling adds to a plan with fp16 nodes (None: nothing),
-    # and the tensors of its gradients_read_as_is
+    # and the names of its gradients_read_as_is (tensors of the graph)
     loss_scaling: ScalingOverhead | None = None
-    loss_scaling_gradients: list[gs.Tensor] = field(default_factory=list)
+    loss_scaling_gradients: frozenset[str] = frozenset()
     # Chains ONNX Runtime may fuse: {node name: (pattern, member nodes)} (patterns.fusion_chains).
     chains: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     chain_nodes: dict[str, gs.Node] = field(default_factory=dict)

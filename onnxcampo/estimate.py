@@ -234,12 +234,11 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
     into a fused kernel cost their memory share only and are not counted as launches."""
     total, count = 0.0, 0
     folding, reducing = fusion_costed(ctx)
-    unscaled = _unscaled_gradients(ctx)
     for tensor in tensors:
         casts = tensor_casts(ctx, tensor, precision_of)
         if not casts:
             continue
-        if id(tensor) in unscaled and _produced_fp16(ctx, tensor, precision_of):
+        if tensor.name in ctx.loss_scaling_gradients and _produced_fp16(ctx, tensor, precision_of):
             continue  # loss scaling's fused unscale reads the fp16 gradient itself: no Cast is made
         if reducing and _reduction_reads(ctx, tensor, precision_of):
             continue  # BlockReduceSum reads the tensor itself, in either type: no pass, no launch
@@ -254,13 +253,6 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
         count += casts
         total += casts * ctx.cost.cast_time(ctx.numel(tensor))
     return total, count
-
-
-def _unscaled_gradients(ctx: GraphContext) -> set[int]:
-    """The gradients (tensor ids) a mixed step's dynamic loss scaling reads as they are made."""
-    if ctx.loss_scaling is None:
-        return set()
-    return {id(t) for t in ctx.loss_scaling_gradients}
 
 
 def _produced_fp16(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:

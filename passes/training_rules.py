@@ -39,6 +39,6 @@ class TrainingRules(PassBase):
         if config.loss_scaling and not scaling.has_loss_scaling(model):
             ctx.loss_scaling = scaling.overhead(model, lambda name: info[name].numel if name in info else None)
             tensors = ctx.graph.tensors()
-            ctx.loss_scaling_gradients = [tensors[g] for g in ctx.loss_scaling.gradients_read_as_is if g in tensors]
+            ctx.loss_scaling_gradients = frozenset(g for g in ctx.loss_scaling.gradients_read_as_is if g in tensors)
         return PassResult(self.name, False, {"fp32_nodes": len(ctx.training_fp32), "gradient_sums_to_infer": moved,
                                              "loss_scaling_costed": int(ctx.loss_scaling is not None)})
