@@ -6,8 +6,12 @@
 //
 // Per (device, stream): one cuDNN handle and one workspace, grown to the largest a shape needs.
 // Per shape (in the process): the algorithm that runs fastest on the first call of the shape,
-// timed here (cudaEvents, a warm-up then the best of two blocks of three calls each) among those
-// cudnnFindConvolutionBackwardFilterAlgorithm lists as working within kMaxWorkspace. Find's own
+// timed here (cudaEvents, a warm-up then the best of two blocks of three calls each, each block
+// queued behind a kernel that holds the stream until the host has enqueued it, so the events
+// time the GPU and not cuDNN's host cost: at batch 1 a call's ~85 us on the host hid every
+// algorithm's kernel, and the choice fell on implicit_convolve_sgemm, 1.96 of ResNet-50's 2.25
+// GPU ms; docs/benchmarks/custom-ops/issue17/session17/) among those
+// cudnnFind*Algorithm lists as working within kMaxWorkspace. Find's own
 // single-trial ranking was not trusted: on the H200 it chose wgrad_alg0 (0.76 ms) for the
 // ResNet-50 1x1 c128 28 x 28 shape where a GEMM-based algorithm takes about 0.04 ms
 // (docs/benchmarks/custom-ops/issue17/session11/conv_grad.json). Planning synchronises and
@@ -20,6 +24,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -175,9 +180,22 @@ int Narrow(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
+// Holds the stream for `ns` nanoseconds of GPU time (the global timer), so that what the host
+// enqueues meanwhile runs back to back after it.
+__global__ void HoldStream(unsigned long long ns) {
+  unsigned long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 // Times each candidate on the call's own tensors (dw is overwritten by the real call after) and
 // returns the fastest: per algorithm one warm-up call, then two blocks of three calls between
-// cudaEvents, the faster block counting. A temporary workspace of the largest candidate's size.
+// cudaEvents, the faster block counting; each block behind HoldStream for four times the host
+// time of its three calls (estimated from the warm-up call; at least 50 us, at most 20 ms), so
+// the block's kernels run back to back and the events measure their GPU time. A temporary
+// workspace of the largest candidate's size.
 int FastestAlgo(const Cudnn& c, Handle handle, const Plan& p, const ConvCall& g,
                 const std::vector<AlgoPerf>& candidates, cudaStream_t stream) {
   size_t largest = 0;
@@ -193,9 +211,17 @@ int FastestAlgo(const Cudnn& c, Handle handle, const Plan& p, const ConvCall& g,
   std::string report;
   for (const AlgoPerf& a : candidates) {
     auto call = [&] { return Launch(c, handle, p, g, a.algo, workspace, largest); };
+    const auto host_start = std::chrono::steady_clock::now();
     if (call() != 0) continue;  // listed but not runnable here: not a candidate
+    const double host_ns =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - host_start)
+            .count();
+    const auto hold_ns =
+        static_cast<unsigned long long>(std::min(2.0e7, std::max(5.0e4, 4.0 * 3.0 * host_ns)));
     float ms = -1.0f;
     for (int block = 0; block < 2; ++block) {
+      HoldStream<<<1, 1, 0, stream>>>(hold_ns);
+      CudaCheck(cudaGetLastError(), "HoldStream launch");
       CudaCheck(cudaEventRecord(start, stream), "cudaEventRecord");
       for (int k = 0; k < 3; ++k) Check(c, call(), "cuDNN convolution (timing)");
       CudaCheck(cudaEventRecord(stop, stream), "cudaEventRecord");
