@@ -2,8 +2,8 @@
 
 The benchmark's torch anchors (``benchkit/torch_twins.py``) for ResNet-50 b64 (BatchNorm folded,
 SGD momentum, cross-entropy) timed in both memory formats, eager and ``torch.compile``, fp32 (TF32)
-and AMP, one after another in one process; then the eager AMP step of each format under
-``torch.profiler`` (CUPTI kernel times), its kernels grouped into cuDNN's layout transforms, the
+and AMP, one after another in one process; then the eager AMP step of each format and the
+compiled channels_last one under ``torch.profiler`` (CUPTI kernel times), its kernels grouped into cuDNN's layout transforms, the
 convolutions, and the rest. Needs only PyTorch with CUDA (no ONNX Runtime):
 
     python3 scripts/probe_torch_layout.py --out $OUT/torch-layout.json
@@ -45,8 +45,9 @@ class Built:
         return fold_batchnorm(distinct_parameters(net)), {"x": x}, labels
 
 
-def kernel_split(built: Built, channels_last: bool, steps: int = 5) -> dict:
-    """CUPTI kernel ms a step of the eager AMP step, by group, and the largest kernels."""
+def kernel_split(built: Built, channels_last: bool, compiled: bool = False, steps: int = 5) -> dict:
+    """CUPTI kernel ms a step of the AMP step (eager, or its forward through ``torch.compile`` as
+    the benchmark's anchor runs it), by group, and the largest kernels."""
     import torch
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
@@ -56,13 +57,14 @@ def kernel_split(built: Built, channels_last: bool, steps: int = 5) -> dict:
     module = module.cuda().to(memory_format=layout)
     x = inputs["x"].cuda().to(memory_format=layout)
     labels = labels.cuda()
+    forward = torch.compile(module) if compiled else module
     optimizer = torch.optim.SGD(module.parameters(), lr=built.lr, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda")
 
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.float16):
-            logits = module(x)
+            logits = forward(x)
         loss = F.cross_entropy(logits.float(), labels)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -83,7 +85,7 @@ def kernel_split(built: Built, channels_last: bool, steps: int = 5) -> dict:
     for name, ms in kernels.items():
         groups["transforms" if TRANSFORM.search(name) else "convolutions" if CONV.search(name) else "other"] += ms
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
-    return {"memory_format": "channels_last" if channels_last else "contiguous",
+    return {"memory_format": "channels_last" if channels_last else "contiguous", "compiled": compiled,
             "gpu_ms": round(sum(kernels.values()), 3), "groups_ms": {k: round(v, 3) for k, v in groups.items()},
             "top": [[name[:160], round(ms, 4)] for name, ms in top]}
 
@@ -109,8 +111,8 @@ def main() -> int:
     built = Built(args.batch)
     report = {"batch": args.batch, "versions": torch_twins.versions(), "cudnn": torch.backends.cudnn.version(),
               "steps": {}, "kernels": []}
-    for channels_last in (False, True):
-        report["kernels"].append(kernel_split(built, channels_last))
+    for channels_last, compiled in ((False, False), (True, False), (True, True)):
+        report["kernels"].append(kernel_split(built, channels_last, compiled))
         print(json.dumps({k: v for k, v in report["kernels"][-1].items() if k != "top"}), flush=True)
     for policy in args.policies.split(","):
         row = torch_twins.train(built, policy, provider="cuda", warmup=10, blocks=args.blocks,

@@ -447,7 +447,7 @@ def cupti_kernels(fn, runs: int) -> list[tuple[str, float, float]] | None:
     return None if rows is None else [(name, us / 1e3, launches) for name, us, launches in rows]
 
 
-def gpu_split(kernels: list[tuple[str, float, float]], *, top: int = 12) -> dict[str, Any]:
+def gpu_split(kernels: list[tuple[str, float, float]], *, top: int = 40) -> dict[str, Any]:
     """GPU ms per call in all and per kernel class, with the largest kernels (names cut to 120)."""
     by_class: dict[str, float] = defaultdict(float)
     launches: dict[str, float] = defaultdict(float)

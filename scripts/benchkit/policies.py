@@ -47,11 +47,12 @@ Training (step graphs from ``build_train_step``; fp32 variants are the step grap
     (``--fuse-reductions`` alone)
     torch-eager, torch-eager-amp, torch-compile, torch-compile-amp   (see torch_twins.py), and for
     image models the same four in channels_last: torch-eager-cl, torch-eager-amp-cl,
-    torch-compile-cl, torch-compile-amp-cl
+    torch-compile-cl, torch-compile-amp-cl; torch-compile-graph, torch-compile-graph-amp (and
+    -cl): torch.compile(mode="reduce-overhead"), the compiled step replayed as CUDA graphs
 
 Anchors, what a user picks today and what campo must beat: fp32 (TF32), occ-fp16, ort-fp16,
 modelopt and amp (greedy, cast-blind; TensorFlow AMP's painting) for inference; fp32, amp and the
-four PyTorch variants for training.
+PyTorch variants for training.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp1
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
                       "campo-fused-cl", *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp",
-                  "torch-eager-cl", "torch-eager-amp-cl", "torch-compile-cl", "torch-compile-amp-cl")
+                  "torch-eager-cl", "torch-eager-amp-cl", "torch-compile-cl", "torch-compile-amp-cl",
+                  "torch-compile-graph", "torch-compile-graph-amp", "torch-compile-graph-cl",
+                  "torch-compile-graph-amp-cl")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
                      "campo-fused", "campo-reduce", "fp16-fused", "campo-fused-cl",
                      *GRAPH_POLICIES,
