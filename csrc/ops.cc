@@ -27,6 +27,8 @@
 //   LayerNormGrad(dy, xhat, invstd, gamma[, acc]) -> dx  (a layer normalization's input gradient,
 //       one pass over the rows: norm_op.cc, norm.h)
 //   SoftmaxGrad[cols, scale](dy, y) -> dx  (a softmax's input gradient over rows of cols: norm_op.cc)
+//   MaxPoolNhwc[kernel_shape, strides, pads](x) -> (y[, argmax]), MaxPoolNhwcGrad[..., input_spatial](dy,
+//       argmax) -> dx  (a channels-last max pooling and its gradient: max_pool_op.cc, max_pool.h)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -52,6 +54,7 @@
 #include "elementwise_jit.h"
 #include "im2col.h"
 #include "kernels.h"
+#include "max_pool.h"
 #include "op_util.h"
 #include "scatter.h"
 #include "norm.h"
@@ -762,6 +765,8 @@ struct Library {
     domain.Add(ConvNhwcOp(false));  // conv_nhwc_op.cc
     domain.Add(ConvNhwcDataGradOp(false));
     domain.Add(ConvNhwcWeightGradOp(false));
+    domain.Add(MaxPoolNhwcOp(false));  // max_pool_op.cc
+    domain.Add(MaxPoolNhwcGradOp(false));
     domain.Add(LayerNormGradOp(false));  // norm_op.cc
     domain.Add(SoftmaxGradOp(false));
 #ifdef ONNXCAMPO_WITH_CUDA
@@ -775,6 +780,8 @@ struct Library {
     domain.Add(ConvNhwcOp(true));
     domain.Add(ConvNhwcDataGradOp(true));
     domain.Add(ConvNhwcWeightGradOp(true));
+    domain.Add(MaxPoolNhwcOp(true));
+    domain.Add(MaxPoolNhwcGradOp(true));
     domain.Add(LayerNormGradOp(true));
     domain.Add(SoftmaxGradOp(true));
 #endif

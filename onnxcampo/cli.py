@@ -187,6 +187,11 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "transform around each; needs the custom-op library; docs/ops.md). Convolutions whose "
                              "channels are not multiples of 8 stay NCHW. Default: on for a training step built with the "
                              "fused ops where the library's CUDA kernels are, off otherwise")
+    custom.add_argument("--no-channels-last-stem", dest="channels_last_stem", action="store_false",
+                        help="with --channels-last: keep a stem convolution with fewer than 8 input channels and "
+                             "the MaxPools NCHW, instead of padding the stem's channels to 8 and running the pools "
+                             "and their gradients as ai.onnxcampo MaxPoolNhwc / MaxPoolNhwcGrad (an A/B of those). "
+                             "Default: channels-last")
     custom.add_argument("--yield-to-ort-fusions", action="store_true",
                         help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
                              "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "
@@ -256,6 +261,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         yield_to_ort_fusions=args.yield_to_ort_fusions,
         fuse_row_gradients=args.fuse_row_gradients,
         channels_last=args.channels_last,
+        channels_last_stem=args.channels_last_stem,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance if args.tune_tolerance is not None else getattr(args, "tolerance", None),
         activation_limit=args.activation_limit,

@@ -28,7 +28,8 @@ class OptimizeConfig:
     (``--include-node``) (one value a flag, repeatable), ``pad_tensor_cores`` (``--no-pad``),
     ``compare_plans`` (``--no-compare-plans``), ``loss_scaling`` (``--no-loss-scaling``),
     ``plan_for_fusion`` (``--no-plan-for-fusion``), ``fuse_row_gradients``
-    (``--no-fuse-row-gradients``) and ``check_invariants`` (``--debug``, which also shows tracebacks).
+    (``--no-fuse-row-gradients``), ``channels_last_stem`` (``--no-channels-last-stem``) and
+    ``check_invariants`` (``--debug``, which also shows tracebacks).
 
     Attributes:
         policy: ``campo`` (cost-aware four passes, the default), ``amp`` (greedy TensorFlow-AMP
@@ -120,6 +121,11 @@ class OptimizeConfig:
             where ``fuse_reductions`` defaults on (a training step built with the fused ops, on a
             machine with their CUDA kernels: ResNet-50 b64's step 1.34x on the H200), off
             otherwise and for inference models (not measured there yet).
+        channels_last_stem: with ``channels_last``, also a stem convolution (fewer than 8 input
+            channels: zero-padded to 8) and the MaxPools between channels-last tensors, with
+            onnx-ad's adjoints of them, as ``ai.onnxcampo::MaxPoolNhwc`` / ``MaxPoolNhwcGrad``
+            (no layout Transpose, scatter-add or zero fill around a ResNet's stem pool). ``False``
+            keeps both NCHW (the benchmark's ``campo-fused-cl-nostem-graph``, their A/B).
         plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions``, cost the plans as the
             fused model runs (``onnxcampo.estimate``: a Cast inside a fused group costs nothing,
             one at its edge the bytes it changes there, a fused elementwise op its share of the
@@ -151,6 +157,7 @@ class OptimizeConfig:
     yield_to_ort_fusions: bool = False
     fuse_row_gradients: bool = True
     channels_last: bool | None = None
+    channels_last_stem: bool = True
     tune: str | None = None
     tune_tolerance: float | str | None = None
     activation_limit: float | None = None

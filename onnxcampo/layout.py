@@ -11,15 +11,23 @@ channels_last one: ``docs/benchmarks/custom-ops/issue17/session14/torch-layout.j
 - ``ConvWeightGrad`` as ``ConvNhwcWeightGrad`` and a ``Transpose`` of the small filter gradient
   back to ONNX's ``[Cout, Cin, kh, kw]``,
 
+- a 2-D ``MaxPool`` as ``MaxPoolNhwc``, and onnx-ad's adjoint of it (a second MaxPool whose
+  Indices, reshaped, index a scatter-add of the pooled gradient into zeros) as
+  ``MaxPoolNhwcGrad``, which reads the argmax the forward op writes (one pooling, no scatter, no
+  zero fill, no copy),
+
 and stores every activation those ops touch channels-last, with the channel axis moved to the
 end, together with all tensors connected to them through layout-agnostic nodes (elementwise ops,
 Casts, reshapes that only add or drop unit dims, reductions, Expand, GlobalAveragePool, whose
 axes, broadcast constants and shapes it permutes). Where such a tensor meets a node that reads a
-layout (MaxPool, Flatten, a graph output, ...) one ``Transpose`` (or a free ``Reshape`` where the
-bytes agree) converts it; the filters get one ``Transpose`` each to cuDNN's ``[Cout, kh, kw,
-Cin]``. Convolutions whose channel counts are not multiples of ``align`` (8: the Tensor Core
-kernels' granule; ResNet's 3-channel stem), and float32 ones (cuDNN's NHWC float32 kernels are
-slower than its NCHW TF32 ones), stay NCHW. Graph inputs and outputs keep their layout.
+layout (Flatten, a graph output, ...) one ``Transpose`` (or a free ``Reshape`` where the bytes
+agree) converts it; the filters get one ``Transpose`` each to cuDNN's ``[Cout, kh, kw, Cin]``.
+A convolution with fewer input channels than ``align`` (8: the Tensor Core kernels' granule;
+ResNet's 3-channel stem) gets its input and filter zero-padded to ``align`` channels (``Pad``;
+its filter gradient sliced back); other convolutions whose channel counts are not multiples of
+``align``, and float32 ones (cuDNN's NHWC float32 kernels are slower than its NCHW TF32 ones),
+stay NCHW. ``stem=False`` leaves the stem and the pools NCHW, as before they were converted.
+Graph inputs and outputs keep their layout.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from onnxcampo import ir
 from onnxcampo.ir.edit import ModelEdit, attribute
 from onnxcampo.ops import DOMAIN, nodes
 from onnxcampo.ops.conv_nhwc import output_hw
+from onnxcampo.ops.max_pool import pool_output_hw
 
 ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Relu", "LeakyRelu", "Sigmoid",
@@ -55,6 +64,9 @@ class LayoutResult:
     channels_last: int = 0  # activations stored channels-last
     transposes: int = 0  # Transposes of activations written (layout boundaries)
     filter_transposes: int = 0  # Transposes of filters and filter gradients
+    padded: int = 0  # Convs and weight gradients whose input channels were zero-padded (a stem)
+    pools: int = 0  # MaxPool -> MaxPoolNhwc
+    pool_grads: int = 0  # MaxPool's indices + scatter-add adjoint -> MaxPoolNhwcGrad
     left: dict[str, int] = field(default_factory=dict)  # convolutions kept NCHW, by reason
 
     def to_json(self) -> dict:
@@ -101,9 +113,43 @@ def _ints(edit_constants, name: str) -> list[int] | None:
     return None if tensor is None else [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
 
 
+@dataclass(eq=False)
+class _Pool:
+    """A 2-D MaxPool as ``MaxPoolNhwc``: its forward node (writing ``y``), onnx-ad's adjoint of it
+    when the graph has one (a second MaxPool whose Indices, reshaped, index a scatter-add of the
+    gradient of ``y`` into zeros shaped like ``x``) as ``MaxPoolNhwcGrad`` reading the argmax the
+    forward op writes. ``dy`` / ``dx`` are the gradients of ``y`` / ``x``, shaped like them or with
+    trailing unit dims (onnx-ad's seed axis); the Reshapes and Casts between them and the scatter
+    go, and so do the indices' Reshapes and the zeros."""
+
+    x: str
+    attrs: dict
+    forward: onnx.NodeProto | None = None
+    y: str | None = None
+    indices: onnx.NodeProto | None = None  # the adjoint's MaxPool
+    scatter: onnx.NodeProto | None = None
+    dy: str | None = None
+    dx: str | None = None
+    members: list[onnx.NodeProto] = field(default_factory=list)  # every node the two ops replace
+    argmax: str | None = None  # what MaxPoolNhwc writes for MaxPoolNhwcGrad
+
+    def tensors(self) -> list[str]:
+        return [t for t in (self.x, self.y, self.dy, self.dx) if t]
+
+
+def _trails(shape, lead) -> bool:
+    """True when ``shape`` is ``lead`` followed by unit dims only."""
+    return (shape is not None and len(shape) >= len(lead) and [int(d) for d in shape[:len(lead)]] == [int(d) for d in lead]
+            and all(int(d) == 1 for d in shape[len(lead):]))
+
+
+def _count(shape) -> int | None:
+    return None if shape is None else int(np.prod([int(d) for d in shape], dtype=np.int64))
+
+
 class _Layout:
-    def __init__(self, model: onnx.ModelProto, info: dict, align: int, float32: bool = False):
-        self.model, self.info, self.align = model, info, align
+    def __init__(self, model: onnx.ModelProto, info: dict, align: int, float32: bool = False, stem: bool = True):
+        self.model, self.info, self.align, self.stem = model, info, align, stem
         self.dtypes = (TensorProto.FLOAT16, TensorProto.FLOAT) if float32 else (TensorProto.FLOAT16,)
         self.edit = ModelEdit(model, fresh_prefix="onnxcampo/nhwc")
         self.graph = model.graph
@@ -121,6 +167,10 @@ class _Layout:
         self.to_logical_cache: dict[str, str] = {}
         self.filter_cache: dict[str, str] = {}
         self.convs: dict[int, list[str]] = {}  # id(node) -> its activations
+        self.pad_cin: dict[int, tuple[int, int]] = {}  # id(conv node) -> (Cin, Cin padded)
+        self.pad_cache: dict[str, str] = {}
+        self.pools: list[_Pool] = []
+        self.pool_of: dict[int, _Pool] = {}  # id(node) -> the pool it is part of
 
     # ---- shapes ----------------------------------------------------------------------------
     def shape(self, name: str):
@@ -169,13 +219,20 @@ class _Layout:
             tensors = [x, dy]
         else:
             return "not a convolution"
-        if any(c % self.align for c in channels):
+        cin, cout = channels
+        # A stem's few input channels (ResNet's 3) are zero-padded to `align`: its Conv and weight
+        # gradient run channels-last, as what they feed does (an input gradient would need its
+        # padding sliced off: those stay NCHW)
+        pad = self.stem and op != "ConvTranspose" and cin < self.align and self.opset >= 11
+        if cout % self.align or (cin % self.align and not pad):
             return f"channels not multiples of {self.align}"
         if self.dtype(tensors[0]) not in self.dtypes:
             # cuDNN's float32 NHWC kernels lose to its NCHW TF32 ones: ResNet-50 inference at
             # batch 1, campo's plan fp32, 0.92 ms for 31 convolutions against 0.18 ms for 16
             # (docs/benchmarks/custom-ops/issue17/session15/probe-cl-inference-plain.json)
             return "float32 (only float16 convolutions run faster channels-last)"
+        if cin % self.align:
+            self.pad_cin[id(node)] = (cin, self.align)
         return tensors
 
     # ---- marking ---------------------------------------------------------------------------
@@ -183,6 +240,9 @@ class _Layout:
         """The channel axis of ``node``'s other tensors when ``tensor`` has it at ``c``; None when
         the node reads or writes a layout (a barrier)."""
         op = node.op_type
+        pool = self.pool_of.get(id(node))
+        if pool is not None:  # a MaxPool and its adjoint: channels at axis 1 of each of its tensors
+            return {t: 1 for t in pool.tensors()} if c == 1 else None
         if node.domain not in ("", "ai.onnx"):
             return None
         shape = self.shape(tensor)
@@ -239,6 +299,178 @@ class _Layout:
         if axes is None:
             return None if attribute(node, "noop_with_empty_axes", 0) else list(range(rank))
         return sorted(int(a) % rank for a in axes)
+
+    # ---- max pooling -----------------------------------------------------------------------
+    def pool_attrs(self, node: onnx.NodeProto) -> dict | None:
+        """A MaxPool's attributes as MaxPoolNhwc takes them, or None when that op cannot run it."""
+        if node.op_type != "MaxPool" or node.domain not in ("", "ai.onnx"):
+            return None
+        xs = self.shape(node.input[0])
+        kernel = [int(k) for k in attribute(node, "kernel_shape", []) or []]
+        if xs is None or len(xs) != 4 or len(kernel) != 2 or kernel[0] * kernel[1] > 255:
+            return None
+        if (attribute(node, "auto_pad", "NOTSET") != "NOTSET" or attribute(node, "ceil_mode", 0)
+                or attribute(node, "storage_order", 0) or any(int(d) != 1 for d in attribute(node, "dilations", [1, 1]))):
+            return None
+        pads = [int(p) for p in attribute(node, "pads", [0, 0, 0, 0])]
+        if len(pads) != 4 or any(p < 0 or p >= kernel[k % 2] for k, p in enumerate(pads)):
+            return None
+        if self.dtype(node.input[0]) not in (TensorProto.FLOAT16, TensorProto.FLOAT):
+            return None
+        return {"kernel_shape": kernel, "strides": [int(v) for v in attribute(node, "strides", [1, 1])], "pads": pads}
+
+    def only_reader(self, name: str) -> onnx.NodeProto | None:
+        readers = self.consumers.get(name, [])
+        return readers[0] if len(readers) == 1 and name not in self.external else None
+
+    def is_zeros(self, name: str) -> bool:
+        if name in self.constants:
+            return not np.any(numpy_helper.to_array(self.constants[name]))
+        node = self.producers.get(name)
+        if node is None or node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
+            return False
+        value = attribute(node, "value")
+        return value is None or not np.any(numpy_helper.to_array(value))
+
+    def pool_adjoint(self, node: onnx.NodeProto, pool: _Pool) -> bool:
+        """Fills ``pool`` from onnx-ad's adjoint reading ``node``'s Indices; False when the graph
+        around them is not that pattern."""
+        xs, ys = self.shape(pool.x), self.shape(node.output[0])
+        if ys is None:
+            return False
+        chain = [node]
+        name = node.output[1]
+        while (reader := self.only_reader(name)) is not None and reader.op_type == "Reshape" and reader.domain in ("", "ai.onnx") \
+                and reader.input[0] == name:
+            chain.append(reader)
+            name = reader.output[0]
+        scatter = reader
+        if scatter is None or len(scatter.input) != 3 or scatter.input[1] != name or not (
+                (scatter.op_type == "ScatterNDAdd" and scatter.domain == DOMAIN)
+                or (scatter.op_type == "ScatterND" and scatter.domain in ("", "ai.onnx")
+                    and attribute(scatter, "reduction", "none") == "add")):
+            return False
+        data, index_shape = scatter.input[0], self.shape(name)
+        ds = self.shape(data)
+        # indices of one entry (the flat NCHW offset MaxPool's Indices hold) into zeros [count, 1...]
+        if (ds is None or index_shape is None or index_shape[-1] != 1 or int(ds[0]) != _count(xs)
+                or any(int(d) != 1 for d in ds[1:]) or _count(index_shape) != _count(ys) or not self.is_zeros(data)):
+            return False
+        chain.append(scatter)
+        if self.only_reader(data) is scatter and data in self.producers:
+            chain.append(self.producers[data])  # the zeros' ConstantOfShape
+        # dy: back from the updates through Reshapes and Casts read by nothing else
+        name, walked, dy = scatter.input[2], [], None
+        if _trails(self.shape(name), ys):
+            dy = (name, [])
+        while (producer := self.producers.get(name)) is not None and self.only_reader(name) is (walked[-1] if walked else scatter) \
+                and producer.domain in ("", "ai.onnx") and producer.op_type in ("Reshape", "Cast") \
+                and self.dtype(producer.input[0]) in (TensorProto.FLOAT16, TensorProto.FLOAT):
+            walked.append(producer)
+            name = producer.input[0]
+            if _count(self.shape(name)) != _count(ys):
+                break
+            if _trails(self.shape(name), ys):
+                dy = (name, list(walked))
+        # dx: on from the scatter's output likewise
+        name, walked, dx = scatter.output[0], [], None
+        while (reader := self.only_reader(name)) is not None and reader.domain in ("", "ai.onnx") \
+                and reader.op_type in ("Reshape", "Cast") and reader.input[0] == name \
+                and self.dtype(reader.output[0]) in (TensorProto.FLOAT16, TensorProto.FLOAT):
+            walked.append(reader)
+            name = reader.output[0]
+            if _count(self.shape(name)) != _count(xs):
+                break
+            if _trails(self.shape(name), xs):
+                dx = (name, list(walked))
+        if dy is None or dx is None:
+            return False
+        pool.indices, pool.scatter = node, scatter
+        pool.dy, pool.dx = dy[0], dx[0]
+        pool.members += chain + dy[1] + dx[1]
+        return True
+
+    def find_pools(self) -> None:
+        """The MaxPools MaxPoolNhwc can run, each paired with onnx-ad's adjoint of it (:class:`_Pool`)."""
+        forwards: list[_Pool] = []
+        adjoints: list[_Pool] = []
+        for node in self.graph.node:
+            attrs = self.pool_attrs(node)
+            if attrs is None:
+                continue
+            pool = _Pool(node.input[0], attrs)
+            if len(node.output) > 1 and node.output[1] and self.consumers.get(node.output[1]):
+                if not self.pool_adjoint(node, pool):
+                    continue
+                adjoints.append(pool)
+                if self.consumers.get(node.output[0]) or node.output[0] in self.external:
+                    pool.forward, pool.y = node, node.output[0]
+            else:
+                pool.forward, pool.y, pool.members = node, node.output[0], [node]
+                forwards.append(pool)
+        order = {id(node): k for k, node in enumerate(self.graph.node)}
+        for pool in adjoints:
+            if pool.forward is None:
+                twin = next((f for f in forwards if f.x == pool.x and f.attrs == pool.attrs
+                             and order[id(f.forward)] < order[id(pool.scatter)]), None)
+                if twin is not None:  # the forward pool writes the argmax too: one pooling, not two
+                    forwards.remove(twin)
+                    pool.forward, pool.y = twin.forward, twin.y
+                    pool.members.append(twin.forward)
+        self.pools = forwards + adjoints
+        self.pool_of = {id(node): pool for pool in self.pools for node in pool.members}
+
+    def pool_node(self, node: onnx.NodeProto, pool: _Pool) -> None:
+        """``node`` of a channels-last ``pool``: the first writes MaxPoolNhwc, the scatter
+        MaxPoolNhwcGrad, the others go."""
+        xs = self.shape(pool.x)
+        ho, wo = pool_output_hw(xs[2], xs[3], pool.attrs["kernel_shape"], pool.attrs["strides"], pool.attrs["pads"])
+        pooled = [xs[0], ho, wo, xs[1]]
+        first = pool.forward or pool.indices
+        if node is first:
+            if pool.y:
+                y, convert = self.output_name(pool.y, 1)
+            else:
+                y, convert = self.edit.fresh("pooled"), False
+            self.record(y, self.dtype(pool.x), pooled)
+            argmax = None
+            if pool.scatter is not None:
+                argmax = pool.argmax = self.edit.fresh("argmax")
+                self.record(argmax, TensorProto.UINT8, pooled)
+            self.out_nodes.append(nodes.max_pool_nhwc(self.physical(pool.x, 1), output=y, argmax=argmax,
+                                                      name=first.name or self.edit.fresh("MaxPoolNhwc"), **pool.attrs))
+            self.result.pools += 1
+            if convert:
+                self.finish_output(pool.y, y, 1)
+        elif node is pool.scatter:
+            dtype = self.dtype(pool.dy)
+            dy = self.physical(pool.dy, 1)
+            if len(self.shape(pool.dy)) != 4:  # [N, Ho, Wo, 1.., C] -> [N, Ho, Wo, C]: the same bytes
+                flat = self.edit.fresh("dy")
+                self.add("Reshape", [dy, self.constant(np.array(pooled, np.int64), "shape")], flat)
+                self.record(flat, dtype, pooled)
+                dy = flat
+            out, convert = self.output_name(pool.dx, 1)
+            steps = (["Cast"] if self.dtype(pool.dx) != dtype else []) + (["Reshape"] if len(self.shape(pool.dx)) != 4 else [])
+            dx = out if not steps else self.edit.fresh("dx")
+            self.out_nodes.append(nodes.max_pool_nhwc_grad(dy, pool.argmax, output=dx, input_spatial=list(xs[2:]),
+                                                           name=node.name or self.edit.fresh("MaxPoolNhwcGrad"),
+                                                           **pool.attrs))
+            self.record(dx, dtype, [xs[0], xs[2], xs[3], xs[1]])
+            for k, step in enumerate(steps):
+                written = out if k == len(steps) - 1 else self.edit.fresh("dx")
+                if step == "Cast":
+                    dtype = self.dtype(pool.dx)
+                    self.add("Cast", [dx], written, to=dtype)
+                    self.record(written, dtype, [xs[0], xs[2], xs[3], xs[1]])
+                else:
+                    target = physical_shape(self.shape(pool.dx), 1)
+                    self.add("Reshape", [dx, self.constant(np.array(target, np.int64), "shape")], written)
+                    self.record(written, dtype, target)
+                dx = written
+            self.result.pool_grads += 1
+            if convert:
+                self.finish_output(pool.dx, out, 1)
 
     def mark(self, seeds: list[str]) -> None:
         queue: deque[str] = deque()
@@ -343,6 +575,36 @@ class _Layout:
             self.filter_cache[w] = out
         return self.filter_cache[w]
 
+    @staticmethod
+    def pad_to(channels: int, align: int) -> int:
+        return -(-channels // align) * align
+
+    def padded(self, name: str, channels: int, align: int) -> str:
+        """A channels-last tensor (an activation or a KRSC filter; ``channels`` last) with zero
+        channels appended up to a multiple of ``align``."""
+        if name not in self.pad_cache:
+            made = {t.name: t for t in self.initializers}
+            if name in self.value_infos:
+                shape = list(self.value_infos[name][1])
+            elif name in made:
+                shape = list(made[name].dims)
+            else:
+                shape = physical_shape(self.shape(name), self.chan[name]) if name in self.chan else list(self.shape(name))
+            target = shape[:-1] + [self.pad_to(channels, align)]
+            constant = made.get(name, self.constants.get(name))
+            if constant is not None:
+                value = numpy_helper.to_array(constant)
+                widths = [(0, 0)] * (len(shape) - 1) + [(0, target[-1] - channels)]
+                out = self.constant(np.pad(value, widths), "padded")
+            else:
+                out = self.edit.fresh("padded")
+                pads = [0] * (2 * len(shape))
+                pads[2 * len(shape) - 1] = target[-1] - channels
+                self.add("Pad", [name, self.constant(np.array(pads, np.int64), "pads")], out, mode="constant")
+                self.record(out, self.dtype(name), target)
+            self.pad_cache[name] = out
+        return self.pad_cache[name]
+
     def convert(self, source: str, target: str, logical_shape, c: int, *, to_logical: bool) -> None:
         """``target`` = ``source`` moved between its logical layout (``logical_shape``) and
         channels-last at ``c``: a Reshape where the bytes agree, else a Transpose."""
@@ -373,6 +635,7 @@ class _Layout:
         op = node.op_type
         attrs = {"strides": list(attribute(node, "strides", [1, 1])), "dilations": list(attribute(node, "dilations", [1, 1])),
                  "pads": list(attribute(node, "pads", [0, 0, 0, 0]))}
+        pad = self.pad_cin.get(id(node))
         if op == "Conv":
             x, w = node.input[0], node.input[1]
             kernel = list(self.shape(w)[2:])
@@ -380,7 +643,11 @@ class _Layout:
             out, convert = self.output_name(y, 1)
             bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
             conv_out = self.edit.fresh("conv") if bias else out
-            self.out_nodes.append(nodes.conv_nhwc(self.physical(x, 1), self.krsc(w), output=conv_out, kernel_shape=kernel,
+            x_in, w_in = self.physical(x, 1), self.krsc(w)
+            if pad:
+                x_in, w_in = self.padded(x_in, *pad), self.padded(w_in, *pad)
+                self.result.padded += 1
+            self.out_nodes.append(nodes.conv_nhwc(x_in, w_in, output=conv_out, kernel_shape=kernel,
                                                   name=node.name or self.edit.fresh("ConvNhwc"), **attrs))
             self.record(conv_out, self.dtype(y), physical_shape(self.shape(y), 1))
             if bias:
@@ -405,10 +672,22 @@ class _Layout:
             dw = node.output[0]
             shape = self.shape(dw) or [self.shape(dy)[1], self.shape(x)[1], *attribute(node, "kernel_shape")]
             krsc = self.edit.fresh("dw_krsc")
+            x_in = self.physical(x, 1)
+            if pad:
+                x_in = self.padded(x_in, *pad)
             self.out_nodes.append(nodes.conv_nhwc_weight_grad(
-                self.physical(x, 1), self.physical(dy, 1), output=krsc, kernel_shape=list(attribute(node, "kernel_shape")),
+                x_in, self.physical(dy, 1), output=krsc, kernel_shape=list(attribute(node, "kernel_shape")),
                 name=node.name or self.edit.fresh("ConvNhwcWeightGrad"), **attrs))
-            self.record(krsc, self.dtype(x), [shape[0], shape[2], shape[3], shape[1]])
+            krsc_shape = [shape[0], shape[2], shape[3], shape[1]]
+            if pad:  # the padded channels' gradient sliced off
+                self.record(krsc, self.dtype(x), krsc_shape[:3] + [self.pad_to(*pad)])
+                sliced = self.edit.fresh("dw_krsc")
+                self.add("Slice", [krsc, self.constant(np.array([0], np.int64), "starts"),
+                                   self.constant(np.array([pad[0]], np.int64), "ends"),
+                                   self.constant(np.array([3], np.int64), "axes")], sliced)
+                krsc = sliced
+                self.result.padded += 1
+            self.record(krsc, self.dtype(x), krsc_shape)
             self.filter_move(krsc, dw, list(shape), [0, 3, 1, 2])
             self.result.weight_grads += 1
 
@@ -540,10 +819,16 @@ class _Layout:
             convs[id(node)] = found
         if not convs:
             return self.result
+        if self.stem:
+            self.find_pools()
         self.mark([t for found in convs.values() for t in found])
         for node in self.graph.node:
             if id(node) in convs:
                 self.conv_node(node)
+                continue
+            pool = self.pool_of.get(id(node))
+            if pool is not None and any(t in self.chan for t in pool.tensors()):
+                self.pool_node(node, pool)
                 continue
             outs = [o for o in node.output if o in self.chan]
             if outs and self.neighbours(node, outs[0], self.chan[outs[0]]) is not None:
@@ -567,14 +852,17 @@ class _Layout:
 
 
 def to_channels_last(model: onnx.ModelProto, info: dict | None = None, *, align: int = ALIGN,
-                     float32: bool = False) -> LayoutResult:
+                     float32: bool = False, stem: bool = True) -> LayoutResult:
     """Rewrite ``model`` in place (module docstring); ``info``: its tensor types and shapes
     (``ir.infer_tensor_info``), inferred here when not given; updated with what the rewrite makes.
     ``float32``: float32 convolutions too (slower on cuDNN than NCHW; the rewrite checked in
-    float32, as ORT's CPU provider computes it exactly)."""
+    float32, as ORT's CPU provider computes it exactly). ``stem``: pad the input channels of a
+    convolution with fewer than ``align`` (a stem) and run the MaxPools between channels-last
+    tensors (and onnx-ad's adjoints of them) as MaxPoolNhwc / MaxPoolNhwcGrad; False keeps both
+    NCHW, as before they existed (the benchmark's A/B)."""
     if info is None:
         info, _ = ir.infer_tensor_info(model)
-    layout = _Layout(model, info, align, float32)
+    layout = _Layout(model, info, align, float32, stem)
     result = layout.run()
     if result.convolutions or result.data_grads or result.weight_grads:
         nodes.import_domain(model)

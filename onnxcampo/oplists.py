@@ -241,6 +241,13 @@ ONNXCAMPO_OPS: dict[str, Category] = {"Im2Col": Category.CLEAR, "ConvWeightGrad"
 # Gather adjoints, onnxcampo/training/scatter.py) is UNKNOWN too, and fixed fp32 with the reason
 # of the accumulating scatters (classify 7b), whatever its attributes.
 CUSTOM_ACCUMULATING_SCATTERS = frozenset({(ONNXCAMPO_DOMAIN, "ScatterNDAdd")})
+# Without a schema every tensor of an ai.onnxcampo node is taken to share its one float type
+# (onnxcampo.signature). These inputs and outputs, by position, have a type of their own whatever
+# the node's: the argmax of the channels-last max pooling, the uint8 tap of each window's maximum
+# (MaxPoolNhwc's output 1, MaxPoolNhwcGrad's input 1; layout.py writes both).
+_UINT8 = 2  # onnx.TensorProto.UINT8
+ONNXCAMPO_FIXED_INPUT_TYPES: dict[str, dict[int, int]] = {"MaxPoolNhwcGrad": {1: _UINT8}}
+ONNXCAMPO_FIXED_OUTPUT_TYPES: dict[str, dict[int, int]] = {"MaxPoolNhwc": {1: _UINT8}}
 
 _LISTS = {
     Category.ALLOW: ALLOW,
@@ -263,6 +270,14 @@ def category_of(op_type: str, domain: str = "") -> Category:
         if op_type in ops:
             return category
     return Category.UNKNOWN
+
+
+def custom_fixed_types(op_type: str, domain: str = "") -> tuple[dict[int, int], dict[int, int]]:
+    """(input position -> element type, output position -> element type) of an ``ai.onnxcampo``
+    op's tensors whose type never follows the node's; empty for other ops."""
+    if domain != ONNXCAMPO_DOMAIN:
+        return {}, {}
+    return ONNXCAMPO_FIXED_INPUT_TYPES.get(op_type, {}), ONNXCAMPO_FIXED_OUTPUT_TYPES.get(op_type, {})
 
 
 def updates_state_in_place(op_type: str, domain: str = "") -> bool:

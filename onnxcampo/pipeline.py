@@ -436,7 +436,7 @@ class ChannelsLast(PassBase):
             return PassResult(self.name, False)
         from onnxcampo.layout import to_channels_last
 
-        result = to_channels_last(exported.model)
+        result = to_channels_last(exported.model, stem=exported.ctx.config.channels_last_stem)
         exported.report["channels_last"] = result.to_json()
         converted = result.convolutions + result.data_grads + result.weight_grads
         return PassResult(self.name, bool(converted), {"converted": converted, "transposes": result.transposes})

@@ -93,10 +93,12 @@ def _shares_type_param(formals, count: int, following: set[str]) -> bool:
 @functools.lru_cache(maxsize=4096)
 def fixed_output_dtypes(op_type: str, domain: str, opset: int, n_outputs: int) -> tuple[int, ...]:
     """The dtype of each output that has one whatever the inputs (MaxPool's indices are int64,
-    Shape's output too); 0 where it depends on the inputs or the op has no schema."""
+    Shape's output too, MaxPoolNhwc's argmax uint8: ``oplists.custom_fixed_types``); 0 where it
+    depends on the inputs or the op has no schema."""
     schema = _schema(op_type, domain, opset)
     if schema is None:
-        return (0,) * n_outputs
+        fixed = oplists.custom_fixed_types(op_type, domain)[1]
+        return tuple(fixed.get(index, 0) for index in range(n_outputs))
     allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
     formals = list(schema.outputs)
     dtypes = []
@@ -124,10 +126,13 @@ def _dtype_of(type_str: str) -> int:
 @functools.lru_cache(maxsize=4096)
 def signature(op_type: str, domain: str, opset: int, n_inputs: int, n_outputs: int) -> Signature:
     """The slots of one node. Ops without a schema (training ops missing from the installed
-    ORT) are assumed to compute all their float tensors in one type."""
+    ORT, the ``ai.onnxcampo`` ops) are assumed to compute all their float tensors in one type,
+    but for the ``ai.onnxcampo`` tensors of a type of their own (``oplists.custom_fixed_types``)."""
     schema = _schema(op_type, domain, opset)
     if schema is None:
-        return Signature((Slot.FOLLOW,) * n_inputs, (Slot.FOLLOW,) * n_outputs, False)
+        fixed_inputs, fixed_outputs = oplists.custom_fixed_types(op_type, domain)
+        return Signature(tuple(Slot.FIXED if i in fixed_inputs else Slot.FOLLOW for i in range(n_inputs)),
+                         tuple(Slot.FIXED if i in fixed_outputs else Slot.FOLLOW for i in range(n_outputs)), False)
     following = set()
     for constraint in schema.type_constraints:
         allowed = set(constraint.allowed_type_strs)

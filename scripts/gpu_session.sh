@@ -23,6 +23,10 @@
 #            both fusions, greedy amp, torch.compile (ResNet-50's AMP also channels_last);
 #            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S a model group, default 300; BENCH_MODELS,
 #            BENCH_POLICIES narrow them)                                                  (~9 min)
+#   rotate   training steps of one model side by side, in rotation, in one process
+#            (scripts/rotate_training.py; ROTATE_MODEL, default resnet50, ROTATE_POLICIES,
+#            ROTATE_ROUNDS): campo channels-last with and without the NHWC stem and pool, the
+#            fp16 plan, torch.compile replayed (reduce-overhead) and in its default mode (~6 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
 #   infer    inference with the fusions (issue 17 item 4): campo with both fusions against campo
@@ -72,6 +76,7 @@ run_checks() {
   stage checks 120 python3 scripts/check_cross_entropy_cuda.py --out "$d/cross_entropy.json"
   stage checks 120 python3 scripts/check_layer_norm_grad_cuda.py --out "$d/layer_norm_grad.json"
   stage checks 150 python3 scripts/check_conv_nhwc_cuda.py --out "$d/conv_nhwc.json"
+  stage checks 120 python3 scripts/check_max_pool_cuda.py --out "$d/max_pool.json"
 }
 
 run_costs() {
@@ -115,6 +120,13 @@ run_train18() {
     --out "$d"
 }
 
+run_rotate() {
+  # ResNet-50's step variants and its torch.compile anchors side by side, in rotation, in one process
+  stage rotate 590 python3 scripts/rotate_training.py --model "${ROTATE_MODEL:-resnet50}" --wheels "$WHEELS" \
+    --policies "${ROTATE_POLICIES:-campo-fused-cl-graph,campo-fused-cl-nostem-graph,fp16-fused-cl-graph,torch-compile-graph-amp-cl,torch-compile-amp-cl,torch-compile-graph}" \
+    --rounds "${ROTATE_ROUNDS:-7}" --out "$OUT/rotate/rotation-${ROTATE_MODEL:-resnet50}.json"
+}
+
 run_loss() {
   stage loss 590 python3 scripts/loss_curves.py --wheels "$WHEELS" --mirror "$OUT/loss" --budget-s 540
 }
@@ -129,8 +141,9 @@ for name in "$@"; do
     costs) run_costs ;;
     bench) run_bench ;;
     loss) run_loss ;;
+    rotate) run_rotate ;;
     infer) run_infer ;;
     train18) run_train18 ;;
-    *) echo "unknown stage $name (checks, costs, bench, loss, infer, train18)" >&2; exit 2 ;;
+    *) echo "unknown stage $name (checks, costs, bench, rotate, loss, infer, train18)" >&2; exit 2 ;;
   esac
 done

@@ -25,6 +25,11 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
 * ``BlockReduceSum[sizes=[P, Q, R], output_type, output_shape](x) -> y`` (x as a contiguous
   [P, Q, R] array summed over P and R in float32, one rounding to float32 or float16; what
   ``--fuse-reductions`` writes for ReduceSums and the Casts around them)
+* ``MaxPoolNhwc[kernel_shape, strides, pads](x) -> (y[, argmax])`` and
+  ``MaxPoolNhwcGrad[kernel_shape, strides, pads, input_spatial](dy, argmax) -> dx`` (a
+  channels-last max pooling, x [N, H, W, C] float16/float32, argmax the uint8 tap of each
+  window's first maximum, and its gradient as a gather: no scatter-add, deterministic;
+  :mod:`onnxcampo.ops.max_pool` has the numpy reference)
 """
 
 from __future__ import annotations

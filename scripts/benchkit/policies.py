@@ -30,6 +30,8 @@ Inference (ONNX Runtime):
     campo-fused-cl-graph, fp16-fused-cl-graph, campo-fused-cl  campo-fused-graph, fp16-fused-graph and
                     campo-fused with ``channels_last`` (the convolutions as ai.onnxcampo's NHWC ops,
                     their activations channels-last: onnxcampo.layout)
+    campo-fused-cl-nostem-graph  campo-fused-cl-graph with ``channels_last_stem=False``: the stem
+                    convolution and the MaxPool NCHW (as before MaxPoolNhwc): their A/B
                     (``fuse_row_gradients=False``): their elementwise parts fused, reductions apart
     campo-fused-nhwc-graph  (training) campo-fused-graph's model in a session with the CUDA EP's
                     ``prefer_nhwc`` (Convs and their neighbours in NHWC; ORT 1.31 has no NHWC
@@ -73,7 +75,8 @@ import onnx
 GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo-fused-graph", "campo-reduce-graph",
                   "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
                   "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph",
-                  "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph")
+                  "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
+                  "campo-fused-cl-nostem-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -130,6 +133,9 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-fused-cl": {"policy": "campo", "channels_last": True, **FUSIONS},
              "campo-fused-cl-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
              "fp16-fused-cl-graph": {"policy": "fp16", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
+             # the same with the stem convolution and the MaxPool NCHW (channels_last_stem=False): their A/B
+             "campo-fused-cl-nostem-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
+                                             "channels_last_stem": False, **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
              # its plain run (for a CUPTI breakdown beside campo-fused's)

@@ -24,76 +24,96 @@ from typing import Any
 from benchkit.policies import Unavailable
 
 
+class TorchStep:
+    """One PyTorch training step of ``policy`` on ``built`` (the module docstring's set-up), ready
+    to run: ``step()`` queues a step and returns its loss tensor, ``sync()`` waits for the device;
+    ``__call__`` does both and returns the loss as a float (a step as the ONNX runner's, which
+    reads its loss every step: the rotation's unit)."""
+
+    def __init__(self, built, policy: str, *, provider: str, lr: float = 0.01, momentum: float = 0.9) -> None:
+        if built.torch_module is None:
+            raise Unavailable("no PyTorch twin for this model")
+        try:
+            import torch
+            import torch.nn.functional as F
+        except ImportError as exc:
+            raise Unavailable(f"torch not installed: {exc}") from None
+        device = torch.device("cuda" if provider == "cuda" else "cpu")
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.channels_last = policy.endswith("-cl")
+        self.amp = policy.removesuffix("-cl").endswith("-amp")
+        self.compiled = policy.startswith("torch-compile")
+        self.replayed = policy.startswith("torch-compile-graph")  # mode="reduce-overhead": CUDA graphs
+        if self.replayed and device.type != "cuda":
+            raise Unavailable("CUDA graphs (mode='reduce-overhead') need CUDA")
+        module, inputs, labels = built.torch_module()
+        if self.channels_last and not any(v.dim() == 4 for v in inputs.values()):
+            raise Unavailable("channels_last applies to models with image (4-D) inputs")
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        self.module = module.to(device, memory_format=layout).eval()
+        self.inputs = {k: v.to(device, memory_format=layout) if v.dim() == 4 else v.to(device) for k, v in inputs.items()}
+        self.labels = labels.to(device)
+        self.optimizer = torch.optim.SGD(self.module.parameters(), lr=lr, momentum=momentum)
+        self.forward = (torch.compile(self.module, mode="reduce-overhead" if self.replayed else None) if self.compiled
+                        else self.module)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp)
+        self.device, self.torch, self.F = device, torch, F
+
+    def step(self):
+        torch, F = self.torch, self.F
+        if self.replayed:  # the previous step's graph outputs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.amp):
+            logits = self.forward(**self.inputs)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), self.labels.reshape(-1))
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def __call__(self) -> float:
+        return float(self.step().detach())
+
+    def info(self) -> dict[str, Any]:
+        return {"tf32": self.device.type == "cuda", "loss_scale": float(self.scaler.get_scale()) if self.amp else None,
+                "memory_format": "channels_last" if self.channels_last else "contiguous",
+                **({"compile_mode": "reduce-overhead" if self.replayed else "default"} if self.compiled else {})}
+
+    def close(self) -> None:
+        del self.module, self.optimizer, self.forward, self.inputs, self.labels
+        if self.device.type == "cuda":
+            self.torch.cuda.empty_cache()
+
+
 def train(built, policy: str, *, provider: str, warmup: int, blocks: int, per_block: int,
           lr: float = 0.01, momentum: float = 0.9) -> dict[str, Any]:
     """ms per step of each timed block, the first and last loss, and the compile time."""
-    if built.torch_module is None:
-        raise Unavailable("no PyTorch twin for this model")
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError as exc:
-        raise Unavailable(f"torch not installed: {exc}") from None
-    device = torch.device("cuda" if provider == "cuda" else "cpu")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    channels_last = policy.endswith("-cl")
-    amp = policy.removesuffix("-cl").endswith("-amp")
-    compiled = policy.startswith("torch-compile")
-    replayed = policy.startswith("torch-compile-graph")  # mode="reduce-overhead": CUDA graphs
-    if replayed and device.type != "cuda":
-        raise Unavailable("CUDA graphs (mode='reduce-overhead') need CUDA")
-    module, inputs, labels = built.torch_module()
-    if channels_last and not any(v.dim() == 4 for v in inputs.values()):
-        raise Unavailable("channels_last applies to models with image (4-D) inputs")
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    module = module.to(device, memory_format=layout).eval()
-    inputs = {k: v.to(device, memory_format=layout) if v.dim() == 4 else v.to(device) for k, v in inputs.items()}
-    labels = labels.to(device)
-    optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=momentum)
-    forward = torch.compile(module, mode="reduce-overhead" if replayed else None) if compiled else module
-    scaler = torch.amp.GradScaler(device.type, enabled=amp)
-
-    def step():
-        if replayed:  # the previous step's graph outputs may be overwritten from here on
-            torch.compiler.cudagraph_mark_step_begin()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=amp):
-            logits = forward(**inputs)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        return loss
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
+    twin = TorchStep(built, policy, provider=provider, lr=lr, momentum=momentum)
     start = time.perf_counter()
-    first = float(step().detach())
-    sync()
+    first = float(twin.step().detach())
+    twin.sync()
     first_step_s = time.perf_counter() - start
     for _ in range(max(warmup - 1, 0)):
-        step()
-    sync()
+        twin.step()
+    twin.sync()
     times = []
     loss = None
     for _ in range(blocks):
         start = time.perf_counter()
         for _ in range(per_block):
-            loss = step()
-        sync()
+            loss = twin.step()
+        twin.sync()
         times.append((time.perf_counter() - start) * 1e3 / per_block)
     out = {"ms_blocks": times, "loss_first": first, "loss_last": float(loss.detach()), "steps": warmup + blocks * per_block,
-           "first_step_s": round(first_step_s, 2), "tf32": device.type == "cuda",
-           "loss_scale": float(scaler.get_scale()) if amp else None,
-           "memory_format": "channels_last" if channels_last else "contiguous",
-           **({"compile_mode": "reduce-overhead" if replayed else "default"} if compiled else {})}
-    del module, optimizer, forward, inputs, labels
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+           "first_step_s": round(first_step_s, 2), **twin.info()}
+    twin.close()
     return out
 
 
