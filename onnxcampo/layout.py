@@ -67,6 +67,7 @@ class LayoutResult:
     padded: int = 0  # Convs and weight gradients whose input channels were zero-padded (a stem)
     pools: int = 0  # MaxPool -> MaxPoolNhwc
     pool_grads: int = 0  # MaxPool's indices + scatter-add adjoint -> MaxPoolNhwcGrad
+    stem_kept: str = ""  # why a stem (and so the pools) stayed NCHW, when it did
     left: dict[str, int] = field(default_factory=dict)  # convolutions kept NCHW, by reason
 
     def to_json(self) -> dict:
@@ -808,8 +809,10 @@ class _Layout:
             self.value_infos.pop(middle, None)
         self.out_nodes = [n for n in self.out_nodes if id(n) not in gone]
 
-    def run(self) -> LayoutResult:
-        convs = self.convs
+    def find_convs(self) -> dict[int, list[str]]:
+        convs: dict[int, list[str]] = {}
+        self.result.left.clear()
+        self.pad_cin.clear()
         for node in self.graph.node:
             found = self.activations(node)
             if isinstance(found, str):
@@ -817,6 +820,30 @@ class _Layout:
                     self.result.left[found] = self.result.left.get(found, 0) + 1
                 continue
             convs[id(node)] = found
+        return convs
+
+    def stem_converts_whole(self, convs: dict[int, list[str]]) -> bool:
+        """True when every Conv and weight gradient reading a padded stem's input converts: a stem
+        Conv channels-last beside a weight gradient kept NCHW (float32 in the plan) would cost a
+        Transpose of the stem's full-size gradient, more than the pool's boundary it saves."""
+        padded = {self.graph_node(i).input[0] for i in self.pad_cin}
+        for name in list(padded):  # the image before its Cast: a float32 weight gradient reads that
+            producer = self.producers.get(name)
+            if producer is not None and producer.op_type == "Cast" and producer.domain in ("", "ai.onnx"):
+                padded.add(producer.input[0])
+        readers = [n for name in padded for n in self.consumers.get(name, [])
+                   if n.op_type in ("Conv", "ConvWeightGrad") and n.input[0] == name]
+        return all(id(n) in convs for n in readers)
+
+    def graph_node(self, key: int) -> onnx.NodeProto:
+        return next(n for n in self.graph.node if id(n) == key)
+
+    def run(self) -> LayoutResult:
+        convs = self.convs = self.find_convs()
+        if self.stem and self.pad_cin and not self.stem_converts_whole(convs):
+            self.stem = False  # the stem and the pools stay NCHW, as with stem=False
+            self.result.stem_kept = "a weight gradient of the stem's input stays NCHW (float32)"
+            convs = self.convs = self.find_convs()
         if not convs:
             return self.result
         if self.stem:

@@ -197,6 +197,25 @@ def test_optimize_with_channels_last_writes_a_step_that_trains(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_stem_whose_weight_gradient_stays_float32_keeps_the_stem_and_pool_nchw():
+    """A plan that keeps the stem's weight gradient float32 (cuDNN's float32 NHWC kernels are
+    slow: it stays NCHW): the stem Conv channels-last would need its full-size gradient transposed
+    back for it, so the stem and the pool stay NCHW, as with ``stem=False``, and the report says why."""
+    from onnxcampo.api import optimize
+
+    forward = small_cnn(width=2)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="momentum", conv_weight_grad="cudnn")
+    stem_grad = next(n for n in step.graph.node if n.op_type == "ConvWeightGrad" and n.input[0] == "x")
+    result = optimize(step, policy="fp16", exclude_nodes=(stem_grad.name,), channels_last=True, fuse_elementwise=True,
+                      fuse_reductions=True)
+    layout = result.report["channels_last"]
+    assert layout["stem_kept"] and layout["padded"] == layout["pools"] == layout["pool_grads"] == 0
+    assert layout["convolutions"] == 7
+    ops = Counter(n.op_type for n in result.model.graph.node)
+    assert ops["MaxPool"] == 2 and ops["MaxPoolNhwc"] == ops["Pad"] == 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("cuda", [True, False], ids=["cuda-kernels", "cpu-only"])
 def test_channels_last_is_on_by_default_where_the_fused_ops_run_on_cuda(monkeypatch, cuda):
     """``channels_last=None``: on for a training step built with the fused ops where their CUDA
