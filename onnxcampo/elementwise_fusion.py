@@ -22,8 +22,9 @@ model ORT will run; the plan's passes never see the custom op). Rules:
    node's output; inputs may broadcast to it), when joining makes no cycle (no other input of the
    node depends on the group through a node outside it) and when the group stays within the
    kernel's limits (inputs, outputs, registers, instructions). Otherwise it starts a group.
-   A lone node whose output only one group reads joins that group whatever its shape (a bias's
-   Cast, computed per element of the group's output). A node does not join a group when the
+   A group whose outputs only one other group reads joins that group whatever its shape (rule
+   2b: a lone bias Cast, computed per element of the group's output; a ReLU's mask, its
+   comparison and Cast, computed in the backward kernel of the gradient it gates). A node does not join a group when the
    fusable chain it starts reaches a node with another input that depends on that group (rule 2c:
    a backward node, such as the product of a gradient with a ReLU's mask computed from a forward
    value): the chain then starts a group of its own, which its backward reader joins, and the
@@ -183,7 +184,7 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
 
     producers = edit.producers()
     for group in groups:
-        _absorb_producers(group, group_of, producers, consumers, graph_outputs, scalars)
+        _absorb_producers(group, group_of, producers, consumers, graph_outputs, scalars, depends)
     fused = [g for g in groups if len(g.nodes) >= 2]
     replaced: list[tuple[_Group, onnx.NodeProto]] = []
     for group in fused:
@@ -377,10 +378,12 @@ def _leads_back(node, group: _Group, group_of, consumers, depends, static, scala
     return False
 
 
-def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outputs, scalars) -> None:
-    """Rule 2b: a lone fusable node whose output only this group reads joins it, whatever its
-    (smaller, broadcast) shape: a bias's Cast computed per element instead of in a launch of its
-    own. Its inputs then are the group's, and its own producers may follow."""
+def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outputs, scalars, depends) -> None:
+    """Rule 2b: a group whose outputs only this group reads joins it, whatever its (smaller,
+    broadcast) shape: a lone bias Cast computed per element instead of in a launch of its own, a
+    ReLU's mask (its comparison and Cast, on the forward value) computed where the gradient it
+    gates is, instead of written and read back. Its inputs then are the group's, and its own
+    producers may follow."""
     if not group.nodes:
         return
     changed = True
@@ -388,29 +391,33 @@ def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outpu
         changed = False
         members = {id(n) for n in group.nodes}
         for name in list(group.inputs):
-            producer = producers.get(name)
             owner = group_of.get(name)
-            if producer is None or owner is None or owner is group or len(owner.nodes) != 1 \
-                    or name in graph_outputs or any(id(c) not in members for c in consumers.get(name, [])):
+            if producers.get(name) is None or owner is None or owner is group or not owner.nodes:
                 continue
-            if any(i in group.outputs for i in producer.input):
+            owned = {id(n) for n in owner.nodes}
+            if any(out in graph_outputs or any(id(c) not in members and id(c) not in owned for c in consumers.get(out, []))
+                   for out in owner.outputs):
                 continue
-            extra = [i for i in producer.input if i and i not in scalars and i not in group.inputs]
-            if len(group.inputs) - 1 + len(extra) > ew.MAX_INPUTS \
-                    or group.instructions + _instructions(producer) > ew.MAX_INSTRUCTIONS:
+            if any(i in group.outputs or group.index in depends.get(i, ()) for i in owner.inputs):
+                continue  # the owner reads what the group computes: joining would make a cycle
+            taken = [out for out in owner.outputs if out in group.inputs]
+            extra = [i for i in owner.inputs if i not in group.inputs]
+            if len(group.inputs) - len(taken) + len(extra) > ew.MAX_INPUTS \
+                    or group.instructions + owner.instructions > ew.MAX_INSTRUCTIONS:
                 continue
-            owner.nodes.clear()
-            del group.inputs[name]
-            group.nodes.insert(0, producer)  # its inputs are all from outside: first is in order
-            group.instructions += _instructions(producer)
-            for i in producer.input:
-                if i in scalars:
-                    group.constants[i] = scalars[i]
-                elif i:
-                    group.inputs[i] = None
-            group.outputs.update(producer.output)
-            for out in producer.output:
+            for out in taken:
+                del group.inputs[out]
+            group.nodes[:0] = owner.nodes  # their inputs are all from outside the group: first is in order
+            group.instructions += owner.instructions
+            group.inputs.update(dict.fromkeys(owner.inputs))
+            group.constants.update(owner.constants)
+            group.outputs.update(owner.outputs)
+            for out in owner.outputs:
                 group_of[out] = group
+            owner.nodes.clear()
+            owner.inputs.clear()
+            owner.outputs.clear()
+            owner.instructions = 0
             changed = True
             break
 

@@ -404,3 +404,28 @@ def test_a_backward_chain_reading_a_forward_value_is_not_pulled_into_the_forward
     backward = next(n for n in groups if "dx" in n.output)
     assert list(forward.output) == ["y"]  # the mask is not written
     assert "y" in backward.input and "Mul" not in _ops(fused) and len(groups) == 2
+
+
+def test_a_mask_group_read_only_by_the_product_joins_its_group():
+    """Rule 2b for a group of two: a ReLU's mask computed on a Reshape of the forward value (the
+    seed axis of the gradient it gates, simplify's rule 9b) starts a group of its own, the
+    comparison and its Cast; the product joins the gradient's group (its first input's). The
+    mask group, read by nothing else, then joins the product's group: one backward kernel, no
+    mask written. Same values."""
+    model = _model("""
+    g (float[4,8] y, float[4,8,1] a, float[4,8,1] b) => (float[4,8,1] dx) {
+      seed = Constant <value = int64[3] {4, 8, 1}> ()
+      yr = Reshape(y, seed)
+      m = Greater(yr, zero)
+      mf = Cast <to = 1> (m)
+      dy = Add(a, b)
+      dx = Mul(dy, mf)
+    }
+    """)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+    rng = np.random.default_rng(5)
+    feeds = {"y": np.maximum(rng.standard_normal((4, 8)), 0).astype(np.float32),
+             "a": rng.standard_normal((4, 8, 1)).astype(np.float32), "b": rng.standard_normal((4, 8, 1)).astype(np.float32)}
+    fused, result = _same_values(model, feeds)
+    groups = [n for n in fused.graph.node if n.op_type == ew.OP_TYPE]
+    assert len(groups) == 1 and list(groups[0].output) == ["dx"] and result.nodes == 4

@@ -714,3 +714,50 @@ def test_the_relu_mask_reads_the_relus_output_with_the_same_values():
     got = ReferenceEvaluator(model).run(None, feeds)
     for a, b in zip(want, got):
         np.testing.assert_array_equal(b, a)
+
+
+RELU_RESHAPE_RULES = ["ReLU mask from the output", "ReLU mask's Reshape first"]
+
+
+def test_a_relu_masks_reshape_moves_to_the_relus_output_with_the_same_values():
+    """Rule 9b: Reshape(Cast(Greater(y, 0))) -> Cast(Greater(Reshape(y), 0)), the mask reshaped
+    to the seed-axis shape of the gradient it gates before it is computed; the same values. A
+    mask read by anything else besides the Reshape stays."""
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxcampo import ir
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g (float[4,6] x, float[4,6,1] dy) => (float[4,6,1] dx, float[4,6] kept) {
+      y = Relu(x)
+      zero = Constant <value = float {0.0}> ()
+      seed = Constant <value = int64[3] {4, 6, 1}> ()
+      m = Greater(x, zero)
+      mf = Cast <to = 1> (m)
+      mr = Reshape(mf, seed)
+      dx = Mul(dy, mr)
+      m2 = Greater(y, zero)
+      mf2 = Cast <to = 1> (m2)
+      mr2 = Reshape(mf2, seed)
+      g2 = Mul(dy, mr2)
+      back = Reshape(g2, seed)
+      kept = Add(mf2, y)
+    }
+    """)
+    ir.name_nodes(model)
+    x = RNG.standard_normal((4, 6)).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, np.nan]
+    feeds = {"x": x, "dy": RNG.standard_normal((4, 6, 1)).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)
+    counts = simplify_backward(model, rules=RELU_RESHAPE_RULES)
+    assert counts["ReLU mask's Reshape first"] == 1  # mf2 is read by the Add too: its Reshape stays
+    by_output = {n.output[0]: n for n in model.graph.node}
+    assert by_output["mr"].op_type == "Cast" and by_output["mr"].input[0] in by_output
+    greater = by_output[by_output["mr"].input[0]]
+    assert greater.op_type == "Greater" and by_output[greater.input[0]].op_type == "Reshape"
+    assert by_output[greater.input[0]].input[0] == "y"
+    onnx.checker.check_model(onnx.shape_inference.infer_shapes(model, strict_mode=True))
+    got = ReferenceEvaluator(model).run(None, feeds)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(b, a)
