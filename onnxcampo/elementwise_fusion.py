@@ -9,6 +9,11 @@ type each reader expects: a Cast inside or at the edge of a chain costs no memor
 Runs on the written model, after the precision plan, its Casts and loss scaling (it sees the
 model ORT will run; the plan's passes never see the custom op). Rules:
 
+0. A float16 -> float32 Cast of a computed tensor read only by a Reshape whose readers are all
+   fusable moves after the Reshape (``Cast(Reshape(x))``, the same values): it then joins its
+   readers' group instead of making the group that computes ``x`` write a float32 copy of it (a
+   float32 ReLU mask reading the float16 activation through onnx-ad's seed-axis Reshape).
+
 1. A node can be fused when it is a default-domain op of :data:`FUSABLE`, a ``Sum`` or a Cast
    between float32 and float16, every input and output is float32 or float16 with a static shape, and a
    scalar constant input (an initializer or Constant of one element) is folded into the program.
@@ -97,6 +102,7 @@ class FusionResult:
     by_size: Counter = field(default_factory=Counter)  # nodes per group -> groups
     biases: int = 0  # Conv and Gemm biases moved into the group reading the node
     weight_casts: int = 0  # Casts of graph inputs made one MultiTensorCast
+    casts_moved: int = 0  # float16 -> float32 Casts moved after the Reshape that read them
 
     def to_json(self) -> dict:
         return {"fused_nodes": self.groups, "nodes_replaced": self.nodes,
@@ -154,6 +160,9 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
     if split_biases:
         result.biases = _split_biases(model, edit, info, static, mask, scalars, consumers, graph_outputs, leave)
     if result.biases:
+        consumers = edit.consumers()
+    result.casts_moved = _widening_casts_after_reshapes(model, edit, info, consumers, graph_outputs, leave)
+    if result.casts_moved:
         consumers = edit.consumers()
 
     groups: list[_Group] = []
@@ -296,6 +305,48 @@ def _split_biases(model, edit: ir.ModelEdit, info, static, mask, scalars, consum
         del model.graph.node[:]
         model.graph.node.extend(nodes)
     return changed
+
+
+def _widening_casts_after_reshapes(model, edit: ir.ModelEdit, info, consumers, graph_outputs, leave) -> int:
+    """Rule 0: ``Reshape(Cast(x, to=float))`` of a float16 ``x`` that a node computes, the Cast read
+    by the Reshape alone and the Reshape's readers all fusable, becomes ``Cast(Reshape(x))``: the
+    same values. The Cast then joins the group of its readers (a float32 ReLU mask's comparison
+    reading a Reshape of the float16 activation: simplify's rule 9b) instead of the group that
+    computes ``x``, which would write a float32 copy of ``x`` for the backward to read back."""
+    producers, constants = edit.producers(), edit.constants()
+    fusable = set(FUSABLE) | set(COMPARES) | set(MOVES) | {SUM}
+    moved = 0
+    for cast in list(model.graph.node):
+        if cast.op_type != "Cast" or cast.domain not in oplists.DEFAULT_DOMAINS or cast.name in leave:
+            continue
+        x, mid = cast.input[0], cast.output[0]
+        readers = consumers.get(mid, [])
+        if x not in producers or mid in graph_outputs or len(readers) != 1 or info.get(x) is None \
+                or info[x].dtype != TensorProto.FLOAT16 or ir.attribute(cast, "to") != TensorProto.FLOAT:
+            continue
+        reshape = readers[0]
+        out = reshape.output[0]
+        if (reshape.op_type != "Reshape" or reshape.domain not in oplists.DEFAULT_DOMAINS or reshape.input[0] != mid
+                or len(reshape.input) < 2 or reshape.input[1] not in constants or out in graph_outputs
+                or info.get(out) is None or not consumers.get(out)
+                or any(r.op_type not in fusable or r.domain not in oplists.DEFAULT_DOMAINS for r in consumers[out])):
+            continue
+        made_reshape, made_cast = onnx.NodeProto(), onnx.NodeProto()
+        made_reshape.CopyFrom(reshape)
+        made_reshape.input[0] = x
+        made_reshape.output[0] = mid
+        made_cast.CopyFrom(cast)
+        made_cast.input[0] = mid
+        made_cast.output[0] = out
+        cast.CopyFrom(made_reshape)  # the Cast's place (x is computed before it) now reshapes
+        reshape.CopyFrom(made_cast)
+        info[mid] = ir.TensorInfo(TensorProto.FLOAT16, info[out].shape)
+        kept = [v for v in model.graph.value_info if v.name != mid]
+        if len(kept) != len(model.graph.value_info):
+            del model.graph.value_info[:]
+            model.graph.value_info.extend(kept)
+        moved += 1
+    return moved
 
 
 def _scalar_constants(edit: ir.ModelEdit) -> dict[str, float]:

@@ -429,3 +429,36 @@ def test_a_mask_group_read_only_by_the_product_joins_its_group():
     fused, result = _same_values(model, feeds)
     groups = [n for n in fused.graph.node if n.op_type == ew.OP_TYPE]
     assert len(groups) == 1 and list(groups[0].output) == ["dx"] and result.nodes == 4
+
+
+def test_a_widening_cast_before_a_reshape_moves_after_it_and_joins_the_readers():
+    """Rule 0: the float16 activation y, cast to float32 for a float32 mask that reads it
+    reshaped (the plan keeps the comparison float32): Reshape(Cast(y)) becomes Cast(Reshape(y)),
+    so y's group does not write a float32 copy of y and the Cast joins the mask's kernel. A Cast
+    whose Reshape feeds a non-fusable op (the MatMul) stays where it is. Same values."""
+    model = _model("""
+    g (float16[4,8] x, float[4,8,1] dy, float[8,8] w) => (float[4,8,1] dx, float16[4,8] y2, float[4,8] z) {
+      y = Relu(x)
+      y2 = Neg(y)
+      seed = Constant <value = int64[3] {4, 8, 1}> ()
+      flat = Constant <value = int64[2] {4, 8}> ()
+      y32 = Cast <to = 1> (y)
+      yr = Reshape(y32, seed)
+      m = Greater(yr, zero)
+      mf = Cast <to = 1> (m)
+      dx = Mul(dy, mf)
+      n32 = Cast <to = 1> (y2)
+      nr = Reshape(n32, flat)
+      z = MatMul(nr, w)
+    }
+    """)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float16), "dy": rng.standard_normal((4, 8, 1)).astype(np.float32),
+             "w": rng.standard_normal((8, 8)).astype(np.float32)}
+    fused, result = _same_values(model, feeds)
+    assert result.casts_moved == 1
+    written = {o for n in fused.graph.node if n.op_type == ew.OP_TYPE for o in n.output}
+    assert "y32" not in written  # no float32 copy of y leaves a kernel
+    reshapes = {n.output[0]: n.input[0] for n in fused.graph.node if n.op_type == "Reshape"}
+    assert reshapes["y32"] == "y" and reshapes["nr"] == "n32"  # the first reshapes float16 y now
