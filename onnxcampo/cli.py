@@ -1089,9 +1089,13 @@ def summary(report: dict, output: Path | None) -> str:
     layout = report.get("channels_last")
     if layout is not None:
         left = sum((layout.get("left") or {}).values())
+        pools = layout.get("pools", 0)
         lines.append(f"channels-last: {layout['convolutions']} Conv, {layout['data_grads']} input and "
-                     f"{layout['weight_grads']} weight gradients as NHWC ops, {layout['channels_last']} tensors "
-                     f"channels-last, {layout['transposes']} layout Transposes"
+                     f"{layout['weight_grads']} weight gradients as NHWC ops"
+                     + (f" ({layout['padded']} of a stem with its channels padded)" if layout.get("padded") else "")
+                     + (f", {pools} MaxPool and {layout.get('pool_grads', 0)} of their gradients" if pools else "")
+                     + f", {layout['channels_last']} tensors channels-last, {layout['transposes']} layout Transposes"
+                     + (f"; stem kept NCHW: {layout['stem_kept']}" if layout.get("stem_kept") else "")
                      + (f"; {left} kept NCHW ({', '.join(f'{n}: {why}' for why, n in layout['left'].items())})"
                         if left else ""))
     reductions = report.get("fuse_reductions")

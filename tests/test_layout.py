@@ -188,6 +188,11 @@ def test_optimize_with_channels_last_writes_a_step_that_trains(tmp_path):
         else:
             assert layout["convolutions"] == 7 and ops["ConvNhwc"] == 7 and ops["MaxPool"] == 2
             assert layout["pools"] == layout["padded"] == 0 and ops["MaxPoolNhwc"] == 0
+        if stem:  # the CLI's summary says what the pass did
+            from onnxcampo.cli import summary
+
+            line = next(x for x in summary(result.report, None).splitlines() if x.startswith("channels-last"))
+            assert "8 Conv" in line and "2 of a stem with its channels padded" in line and "1 MaxPool" in line
         trainer = Trainer(result.model, weights=initial_weights(forward, result.model))
         runs[stem] = [trainer.step(batch) for _ in range(12)]
         assert all(np.isfinite(runs[stem])) and runs[stem][-1] < 0.7 * runs[stem][0]
