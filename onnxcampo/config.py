@@ -28,8 +28,7 @@ class OptimizeConfig:
     (``--include-node``) (one value a flag, repeatable), ``pad_tensor_cores`` (``--no-pad``),
     ``compare_plans`` (``--no-compare-plans``), ``loss_scaling`` (``--no-loss-scaling``),
     ``plan_for_fusion`` (``--no-plan-for-fusion``), ``fuse_row_gradients``
-    (``--no-fuse-row-gradients``), ``channels_last_stem`` (``--no-channels-last-stem``) and
-    ``check_invariants`` (``--debug``, which also shows tracebacks).
+    (``--no-fuse-row-gradients``) and ``check_invariants`` (``--debug``, which also shows tracebacks).
 
     Attributes:
         policy: ``campo`` (cost-aware four passes, the default), ``amp`` (greedy TensorFlow-AMP
@@ -122,10 +121,12 @@ class OptimizeConfig:
             machine with their CUDA kernels: ResNet-50 b64's step 1.34x on the H200), off
             otherwise and for inference models (not measured there yet).
         channels_last_stem: with ``channels_last``, also a stem convolution (fewer than 8 input
-            channels: zero-padded to 8) and the MaxPools between channels-last tensors, with
+            channels, zero-padded to this many: 8, the default, or 4, the layout of cuDNN's
+            ``image_first_layer`` kernels) and the MaxPools between channels-last tensors, with
             onnx-ad's adjoints of them, as ``ai.onnxcampo::MaxPoolNhwc`` / ``MaxPoolNhwcGrad``
-            (no layout Transpose, scatter-add or zero fill around a ResNet's stem pool). ``False``
-            keeps both NCHW (the benchmark's ``campo-fused-cl-nostem-graph``, their A/B).
+            (no layout Transpose, scatter-add or zero fill around a ResNet's stem pool). ``0``
+            keeps both NCHW (the benchmark's ``campo-fused-cl-nostem-graph``, their A/B;
+            ``campo-fused-cl-stem4-graph`` pads to 4).
         plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions``, cost the plans as the
             fused model runs (``onnxcampo.estimate``: a Cast inside a fused group costs nothing,
             one at its edge the bytes it changes there, a fused elementwise op its share of the
@@ -157,7 +158,7 @@ class OptimizeConfig:
     yield_to_ort_fusions: bool = False
     fuse_row_gradients: bool = True
     channels_last: bool | None = None
-    channels_last_stem: bool = True
+    channels_last_stem: int = 8
     tune: str | None = None
     tune_tolerance: float | str | None = None
     activation_limit: float | None = None
@@ -186,6 +187,9 @@ class OptimizeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0: detect), got {value!r}")
+        if self.channels_last_stem not in (0, 4, 8) or isinstance(self.channels_last_stem, bool):
+            raise ConfigError(f"channels_last_stem must be 0 (the stem NCHW), 4 or 8 (the channels a stem's input "
+                              f"is padded to), got {self.channels_last_stem!r}")
         if self.activation_limit is not None and not self.activation_limit > 0:
             raise ConfigError(f"activation_limit must be > 0, got {self.activation_limit}")
         from onnxcampo.accuracy import Criterion

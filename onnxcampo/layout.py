@@ -26,7 +26,9 @@ A convolution with fewer input channels than ``align`` (8: the Tensor Core kerne
 ResNet's 3-channel stem) gets its input and filter zero-padded to ``align`` channels (``Pad``;
 its filter gradient sliced back); other convolutions whose channel counts are not multiples of
 ``align``, and float32 ones (cuDNN's NHWC float32 kernels are slower than its NCHW TF32 ones),
-stay NCHW. ``stem=False`` leaves the stem and the pools NCHW, as before they were converted.
+stay NCHW. ``stem``: the channels a stem's input is padded to (8; 4 is the layout cuDNN's
+``image_first_layer`` kernels read); 0 leaves the stem and the pools NCHW, as before they were
+converted.
 Graph inputs and outputs keep their layout.
 """
 
@@ -52,6 +54,7 @@ ELEMENTWISE = frozenset({
     "HardSigmoid", "HardSwish", "Gelu"})
 REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
 ALIGN = 8
+STEM_CHANNELS = (0, 4, 8)  # what a stem's input channels may be padded to (0: not converted)
 
 
 @dataclass
@@ -149,7 +152,7 @@ def _count(shape) -> int | None:
 
 
 class _Layout:
-    def __init__(self, model: onnx.ModelProto, info: dict, align: int, float32: bool = False, stem: bool = True):
+    def __init__(self, model: onnx.ModelProto, info: dict, align: int, float32: bool = False, stem: int = ALIGN):
         self.model, self.info, self.align, self.stem = model, info, align, stem
         self.dtypes = (TensorProto.FLOAT16, TensorProto.FLOAT) if float32 else (TensorProto.FLOAT16,)
         self.edit = ModelEdit(model, fresh_prefix="onnxcampo/nhwc")
@@ -224,7 +227,7 @@ class _Layout:
         # A stem's few input channels (ResNet's 3) are zero-padded to `align`: its Conv and weight
         # gradient run channels-last, as what they feed does (an input gradient would need its
         # padding sliced off: those stay NCHW)
-        pad = self.stem and op != "ConvTranspose" and cin < self.align and self.opset >= 11
+        pad = bool(self.stem) and op != "ConvTranspose" and cin < self.align and self.opset >= 11
         if cout % self.align or (cin % self.align and not pad):
             return f"channels not multiples of {self.align}"
         if self.dtype(tensors[0]) not in self.dtypes:
@@ -232,8 +235,8 @@ class _Layout:
             # batch 1, campo's plan fp32, 0.92 ms for 31 convolutions against 0.18 ms for 16
             # (docs/benchmarks/custom-ops/issue17/session15/probe-cl-inference-plain.json)
             return "float32 (only float16 convolutions run faster channels-last)"
-        if cin % self.align:
-            self.pad_cin[id(node)] = (cin, self.align)
+        if cin % self.align:  # to `stem` channels (4 or 8) where they hold the input's, else to `align`
+            self.pad_cin[id(node)] = (cin, self.stem if cin <= self.stem else self.align)
         return tensors
 
     # ---- marking ---------------------------------------------------------------------------
@@ -841,7 +844,7 @@ class _Layout:
     def run(self) -> LayoutResult:
         convs = self.convs = self.find_convs()
         if self.stem and self.pad_cin and not self.stem_converts_whole(convs):
-            self.stem = False  # the stem and the pools stay NCHW, as with stem=False
+            self.stem = 0  # the stem and the pools stay NCHW, as with stem=0
             self.result.stem_kept = "a weight gradient of the stem's input stays NCHW (float32)"
             convs = self.convs = self.find_convs()
         if not convs:
@@ -879,14 +882,17 @@ class _Layout:
 
 
 def to_channels_last(model: onnx.ModelProto, info: dict | None = None, *, align: int = ALIGN,
-                     float32: bool = False, stem: bool = True) -> LayoutResult:
+                     float32: bool = False, stem: int = ALIGN) -> LayoutResult:
     """Rewrite ``model`` in place (module docstring); ``info``: its tensor types and shapes
     (``ir.infer_tensor_info``), inferred here when not given; updated with what the rewrite makes.
     ``float32``: float32 convolutions too (slower on cuDNN than NCHW; the rewrite checked in
-    float32, as ORT's CPU provider computes it exactly). ``stem``: pad the input channels of a
-    convolution with fewer than ``align`` (a stem) and run the MaxPools between channels-last
-    tensors (and onnx-ad's adjoints of them) as MaxPoolNhwc / MaxPoolNhwcGrad; False keeps both
-    NCHW, as before they existed (the benchmark's A/B)."""
+    float32, as ORT's CPU provider computes it exactly). ``stem`` (``STEM_CHANNELS``): pad the
+    input channels of a convolution with fewer than ``align`` (a stem) to that many (4 or 8) and
+    run the MaxPools between channels-last tensors (and onnx-ad's adjoints of them) as
+    MaxPoolNhwc / MaxPoolNhwcGrad; 0 keeps both NCHW, as before they existed (the benchmark's A/B)."""
+    if stem not in STEM_CHANNELS:
+        raise ValueError(f"stem must be one of {', '.join(map(str, STEM_CHANNELS))} (channels a stem's input is "
+                         f"padded to; 0: the stem and pools stay NCHW), not {stem!r}")
     if info is None:
         info, _ = ir.infer_tensor_info(model)
     layout = _Layout(model, info, align, float32, stem)
@@ -896,4 +902,4 @@ def to_channels_last(model: onnx.ModelProto, info: dict | None = None, *, align:
     return result
 
 
-__all__ = ["ALIGN", "LayoutResult", "physical_shape", "to_channels_last", "to_logical_perm", "to_physical_perm"]
+__all__ = ["ALIGN", "STEM_CHANNELS", "LayoutResult", "physical_shape", "to_channels_last", "to_logical_perm", "to_physical_perm"]

@@ -52,6 +52,12 @@ def test_keyword_options_override_config():
         OptimizeConfig(policy="fastest")
 
 
+@pytest.mark.parametrize("stem", [5, True, -1])
+def test_a_stem_padding_other_than_0_4_or_8_is_a_config_error(stem):
+    with pytest.raises(ConfigError, match="channels_last_stem must be 0"):
+        OptimizeConfig(channels_last_stem=stem)
+
+
 @pytest.mark.slow
 def test_dynamic_model_keeps_its_dynamic_shapes():
     result = onnxcampo.optimize(mlp(dynamic=True), input_shapes={"x": (4096, 1024)})

@@ -110,6 +110,27 @@ def test_a_channels_last_step_computes_the_same_loss_and_update():
     assert after[relu] == [3, 4, 5, 16] and conv.output[0] != "b2.c1"
 
 
+@pytest.mark.slow
+def test_a_stem_padded_to_four_channels_computes_the_same_loss_and_update():
+    """``stem=4``: the stem's input and filter padded to 4 channels (the layout cuDNN's
+    image_first_layer kernels read) instead of 8; the same loss and update as the NCHW step."""
+    forward = small_cnn(width=2)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="momentum", conv_weight_grad="cudnn")
+    feeds = _feeds(step, forward)
+    want = _outputs(step, feeds)
+    converted = onnx.ModelProto()
+    converted.CopyFrom(step)
+    result = to_channels_last(converted, float32=True, stem=4)
+    assert result.padded == 2 and result.pools == result.pool_grads == 1
+    info, _ = ir.infer_tensor_info(converted)
+    pads = [n for n in converted.graph.node if n.op_type == "Pad"]
+    stored = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in converted.graph.value_info}
+    assert [stored[n.output[0]][-1] for n in pads] == [4, 4]
+    _assert_close(_outputs(converted, feeds), want)
+    with pytest.raises(ValueError, match="stem must be one of 0, 4, 8"):
+        to_channels_last(converted, stem=5)
+
+
 def test_global_average_pool_and_flatten_read_channels_last():
     """A GlobalAveragePool of a channels-last tensor is a ReduceMean over its stored spatial axes,
     and the pooled [N, C, 1, 1] leaves for Flatten by a Reshape (the same bytes), no Transpose."""
@@ -175,7 +196,7 @@ def test_optimize_with_channels_last_writes_a_step_that_trains(tmp_path):
     step = build_train_step(forward, loss="cross_entropy", optimizer="momentum", conv_weight_grad="cudnn")
     batch = {k: v for k, v in _feeds(step, forward).items() if k in step_spec(step).batch}
     runs = {}
-    for stem in (True, False):
+    for stem in (8, 0):
         result = optimize(step, policy="fp16", channels_last=True, channels_last_stem=stem, fuse_elementwise=True,
                           fuse_reductions=True)
         layout = result.report["channels_last"]
@@ -198,7 +219,7 @@ def test_optimize_with_channels_last_writes_a_step_that_trains(tmp_path):
         assert all(np.isfinite(runs[stem])) and runs[stem][-1] < 0.7 * runs[stem][0]
     # the same step in two layouts: the first loss (the same weights) agrees to float16 rounding;
     # lr 0.1 on one batch amplifies the rounding differences after that
-    np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-3)
+    np.testing.assert_allclose(runs[8][0], runs[0][0], rtol=1e-3)
 
 
 @pytest.mark.slow

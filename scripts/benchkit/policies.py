@@ -30,8 +30,10 @@ Inference (ONNX Runtime):
     campo-fused-cl-graph, fp16-fused-cl-graph, campo-fused-cl  campo-fused-graph, fp16-fused-graph and
                     campo-fused with ``channels_last`` (the convolutions as ai.onnxcampo's NHWC ops,
                     their activations channels-last: onnxcampo.layout)
-    campo-fused-cl-nostem-graph  campo-fused-cl-graph with ``channels_last_stem=False``: the stem
+    campo-fused-cl-nostem-graph  campo-fused-cl-graph with ``channels_last_stem=0``: the stem
                     convolution and the MaxPool NCHW (as before MaxPoolNhwc): their A/B
+    campo-fused-cl-stem4-graph  campo-fused-cl-graph with the stem's input padded to 4 channels
+                    (``channels_last_stem=4``) instead of 8
                     (``fuse_row_gradients=False``): their elementwise parts fused, reductions apart
     campo-fused-nhwc-graph  (training) campo-fused-graph's model in a session with the CUDA EP's
                     ``prefer_nhwc`` (Convs and their neighbours in NHWC; ORT 1.31 has no NHWC
@@ -76,7 +78,7 @@ GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo
                   "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
                   "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph",
                   "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
-                  "campo-fused-cl-nostem-graph")
+                  "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -135,7 +137,10 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "fp16-fused-cl-graph": {"policy": "fp16", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
              # the same with the stem convolution and the MaxPool NCHW (channels_last_stem=False): their A/B
              "campo-fused-cl-nostem-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
-                                             "channels_last_stem": False, **FUSIONS},
+                                             "channels_last_stem": 0, **FUSIONS},
+             # the same with the stem's input padded to 4 channels, the layout of cuDNN's image_first_layer kernels
+             "campo-fused-cl-stem4-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
+                                            "channels_last_stem": 4, **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
              # its plain run (for a CUPTI breakdown beside campo-fused's)
