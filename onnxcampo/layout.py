@@ -23,13 +23,12 @@ axes, broadcast constants and shapes it permutes). Where such a tensor meets a n
 layout (Flatten, a graph output, ...) one ``Transpose`` (or a free ``Reshape`` where the bytes
 agree) converts it; the filters get one ``Transpose`` each to cuDNN's ``[Cout, kh, kw, Cin]``.
 A convolution with fewer input channels than ``align`` (8: the Tensor Core kernels' granule;
-ResNet's 3-channel stem) gets its input and filter zero-padded to ``align`` channels (``Pad``;
-its filter gradient sliced back); other convolutions whose channel counts are not multiples of
-``align``, and float32 ones (cuDNN's NHWC float32 kernels are slower than its NCHW TF32 ones),
-stay NCHW. ``stem``: the channels a stem's input is padded to (8; 4 is the layout cuDNN's
-``image_first_layer`` kernels read); 0 leaves the stem and the pools NCHW, as before they were
-converted.
-Graph inputs and outputs keep their layout.
+ResNet's 3-channel stem) gets its input and filter zero-padded to ``stem`` channels (8, or 4:
+the layout cuDNN's ``image_first_layer`` kernels read; two ``Pad``s, its filter gradient sliced
+back), when every Conv and weight gradient of its input converts; ``stem=0`` leaves the stem and
+the pools NCHW, as before they were converted. Other convolutions whose channel counts are not
+multiples of ``align``, and float32 ones (cuDNN's NHWC float32 kernels are slower than its NCHW
+TF32 ones), stay NCHW. Graph inputs and outputs keep their layout.
 """
 
 from __future__ import annotations
