@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ints_text.h"
 #include "parallel.h"
 
 struct OrtCustomOp;    // onnxruntime_c_api.h
@@ -36,23 +37,18 @@ struct Im2ColAttrs {
 inline std::string Im2ColCheck(const std::vector<int64_t>& kernel_shape, const std::vector<int64_t>& strides,
                                const std::vector<int64_t>& dilations, const std::vector<int64_t>& pads,
                                bool have_kernel_shape, Im2ColAttrs* out) {
-  auto list = [](const std::vector<int64_t>& v) {
-    std::string s = "[";
-    for (size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + std::to_string(v[k]);
-    return s + "]";
-  };
   if (!have_kernel_shape) return "attribute kernel_shape [kh, kw] is required";
   if (kernel_shape.size() != 2 || kernel_shape[0] < 1 || kernel_shape[1] < 1) {
-    return "kernel_shape must be 2 positive ints [kh, kw], got " + list(kernel_shape);
+    return "kernel_shape must be 2 positive ints [kh, kw], got " + IntsText(kernel_shape);
   }
   if (strides.size() != 2 || strides[0] < 1 || strides[1] < 1) {
-    return "strides must be 2 positive ints [sh, sw], got " + list(strides);
+    return "strides must be 2 positive ints [sh, sw], got " + IntsText(strides);
   }
   if (dilations.size() != 2 || dilations[0] < 1 || dilations[1] < 1) {
-    return "dilations must be 2 positive ints [dh, dw], got " + list(dilations);
+    return "dilations must be 2 positive ints [dh, dw], got " + IntsText(dilations);
   }
   if (pads.size() != 4 || pads[0] < 0 || pads[1] < 0 || pads[2] < 0 || pads[3] < 0) {
-    return "pads must be 4 non-negative ints [top, left, bottom, right], got " + list(pads);
+    return "pads must be 4 non-negative ints [top, left, bottom, right], got " + IntsText(pads);
   }
   const int64_t limit = int64_t{1} << 30;  // keeps every product below in int64
   for (const auto* v : {&kernel_shape, &strides, &dilations, &pads}) {

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "ints_text.h"
 #include "parallel.h"
 
 struct OrtCustomOp;  // onnxruntime_c_api.h
@@ -51,31 +52,26 @@ struct MaxPoolAttrs {
 inline std::string MaxPoolCheck(const std::vector<int64_t>& kernel_shape, bool have_kernel_shape,
                                 const std::vector<int64_t>& strides, bool have_strides, const std::vector<int64_t>& pads,
                                 bool have_pads, MaxPoolAttrs* out) {
-  auto list = [](const std::vector<int64_t>& v) {
-    std::string s = "[";
-    for (size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + std::to_string(v[k]);
-    return s + "]";
-  };
   if (!have_kernel_shape) return "attribute kernel_shape [kh, kw] is required";
   if (kernel_shape.size() != 2 || kernel_shape[0] < 1 || kernel_shape[1] < 1) {
-    return "kernel_shape must be 2 positive ints [kh, kw], got " + list(kernel_shape);
+    return "kernel_shape must be 2 positive ints [kh, kw], got " + IntsText(kernel_shape);
   }
   if (kernel_shape[0] > kMaxPoolMaxTaps || kernel_shape[1] > kMaxPoolMaxTaps ||
       kernel_shape[0] * kernel_shape[1] > kMaxPoolMaxTaps) {
-    return "kernel_shape " + list(kernel_shape) + " has more than " + std::to_string(kMaxPoolMaxTaps) +
+    return "kernel_shape " + IntsText(kernel_shape) + " has more than " + std::to_string(kMaxPoolMaxTaps) +
            " taps (kh * kw): argmax is one byte";
   }
   const std::vector<int64_t> s = have_strides ? strides : std::vector<int64_t>{1, 1};
   const std::vector<int64_t> p = have_pads ? pads : std::vector<int64_t>{0, 0, 0, 0};
   if (s.size() != 2 || s[0] < 1 || s[1] < 1 || s[0] > (int64_t{1} << 30) || s[1] > (int64_t{1} << 30)) {
-    return "strides must be 2 positive ints [sh, sw], got " + list(s);
+    return "strides must be 2 positive ints [sh, sw], got " + IntsText(s);
   }
   if (p.size() != 4 || p[0] < 0 || p[1] < 0 || p[2] < 0 || p[3] < 0) {
-    return "pads must be 4 non-negative ints [top, left, bottom, right], got " + list(p);
+    return "pads must be 4 non-negative ints [top, left, bottom, right], got " + IntsText(p);
   }
   if (p[0] >= kernel_shape[0] || p[2] >= kernel_shape[0] || p[1] >= kernel_shape[1] || p[3] >= kernel_shape[1]) {
-    return "pads " + list(p) + " must each be below the kernel size along their axis (kernel_shape " +
-           list(kernel_shape) + "): a window must hold an input element";
+    return "pads " + IntsText(p) + " must each be below the kernel size along their axis (kernel_shape " +
+           IntsText(kernel_shape) + "): a window must hold an input element";
   }
   out->kh = kernel_shape[0], out->kw = kernel_shape[1];
   out->sh = s[0], out->sw = s[1];

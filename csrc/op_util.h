@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ints_text.h"
 #include "parallel.h"
 
 namespace onnxcampo {
@@ -117,11 +118,7 @@ inline bool IsFloatOrHalf(ONNXTensorElementDataType type) {
 }
 
 // "[2, 3]".
-inline std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
+inline std::string ShapeText(const std::vector<int64_t>& shape) { return IntsText(shape); }
 
 // Runs tasks on the session's intra-op thread pool (ORT runs them on the calling thread when
 // the session has one thread); a single task runs here without touching the pool. `ctx` must
