@@ -125,14 +125,7 @@ struct ConvWeightGradCustomOp : OpBase<ConvWeightGradCustomOp, ConvWeightGradKer
 }  // namespace
 
 const OrtCustomOp* ConvWeightGradOp(bool cuda) {
-  static const ConvWeightGradCustomOp cpu(false);
-#ifdef ONNXCAMPO_WITH_CUDA
-  static const ConvWeightGradCustomOp gpu(true);
-  if (cuda) return &gpu;
-#else
-  (void)cuda;
-#endif
-  return &cpu;
+  return Registered<ConvWeightGradCustomOp>(cuda);
 }
 
 }  // namespace onnxcampo

@@ -182,22 +182,10 @@ struct ConvNhwcCustomOp : OpBase<ConvNhwcCustomOp<kKind>, ConvNhwcKernel<kKind>>
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
-template <ConvKind kKind>
-const OrtCustomOp* OpOf(bool cuda) {
-  static const ConvNhwcCustomOp<kKind> cpu(false);
-#ifdef ONNXCAMPO_WITH_CUDA
-  static const ConvNhwcCustomOp<kKind> gpu(true);
-  if (cuda) return &gpu;
-#else
-  (void)cuda;
-#endif
-  return &cpu;
-}
-
 }  // namespace
 
-const OrtCustomOp* ConvNhwcOp(bool cuda) { return OpOf<ConvKind::kForward>(cuda); }
-const OrtCustomOp* ConvNhwcDataGradOp(bool cuda) { return OpOf<ConvKind::kData>(cuda); }
-const OrtCustomOp* ConvNhwcWeightGradOp(bool cuda) { return OpOf<ConvKind::kFilter>(cuda); }
+const OrtCustomOp* ConvNhwcOp(bool cuda) { return Registered<ConvNhwcCustomOp<ConvKind::kForward>>(cuda); }
+const OrtCustomOp* ConvNhwcDataGradOp(bool cuda) { return Registered<ConvNhwcCustomOp<ConvKind::kData>>(cuda); }
+const OrtCustomOp* ConvNhwcWeightGradOp(bool cuda) { return Registered<ConvNhwcCustomOp<ConvKind::kFilter>>(cuda); }
 
 }  // namespace onnxcampo

@@ -139,14 +139,7 @@ std::string ReadIm2ColAttrs(const OrtKernelInfo* info, Im2ColAttrs* out) {
 }
 
 const OrtCustomOp* Im2ColOp(bool cuda) {
-  static const Im2ColCustomOp cpu(false);
-#ifdef ONNXCAMPO_WITH_CUDA
-  static const Im2ColCustomOp gpu(true);
-  if (cuda) return &gpu;
-#else
-  (void)cuda;
-#endif
-  return &cpu;
+  return Registered<Im2ColCustomOp>(cuda);
 }
 
 }  // namespace onnxcampo

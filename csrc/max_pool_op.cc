@@ -240,25 +240,11 @@ struct MaxPoolNhwcGradCustomOp : OpBase<MaxPoolNhwcGradCustomOp, MaxPoolNhwcGrad
 }  // namespace
 
 const OrtCustomOp* MaxPoolNhwcOp(bool cuda) {
-  static const MaxPoolNhwcCustomOp cpu(false);
-#ifdef ONNXCAMPO_WITH_CUDA
-  static const MaxPoolNhwcCustomOp gpu(true);
-  if (cuda) return &gpu;
-#else
-  (void)cuda;
-#endif
-  return &cpu;
+  return Registered<MaxPoolNhwcCustomOp>(cuda);
 }
 
 const OrtCustomOp* MaxPoolNhwcGradOp(bool cuda) {
-  static const MaxPoolNhwcGradCustomOp cpu(false);
-#ifdef ONNXCAMPO_WITH_CUDA
-  static const MaxPoolNhwcGradCustomOp gpu(true);
-  if (cuda) return &gpu;
-#else
-  (void)cuda;
-#endif
-  return &cpu;
+  return Registered<MaxPoolNhwcGradCustomOp>(cuda);
 }
 
 }  // namespace onnxcampo

@@ -212,23 +212,11 @@ struct SoftmaxGradOpType : OpBase<SoftmaxGradOpType, SoftmaxGradKernel> {
 }  // namespace
 
 const OrtCustomOp* SoftmaxGradOp(bool cuda) {
-  static const SoftmaxGradOpType cpu{false};
-#ifdef ONNXCAMPO_WITH_CUDA
-  static const SoftmaxGradOpType on_cuda{true};
-  if (cuda) return &on_cuda;
-#endif
-  (void)cuda;
-  return &cpu;
+  return Registered<SoftmaxGradOpType>(cuda);
 }
 
 const OrtCustomOp* LayerNormGradOp(bool cuda) {
-  static const LayerNormGradOpType cpu{false};
-#ifdef ONNXCAMPO_WITH_CUDA
-  static const LayerNormGradOpType on_cuda{true};
-  if (cuda) return &on_cuda;
-#endif
-  (void)cuda;
-  return &cpu;
+  return Registered<LayerNormGradOpType>(cuda);
 }
 
 }  // namespace onnxcampo

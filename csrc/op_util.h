@@ -170,6 +170,19 @@ struct OpBase : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
   bool cuda_;
 };
 
+// The op's registration for the CPU or the CUDA provider, each made once and kept for the process
+// (the CUDA one only in a build with the CUDA kernels).
+template <typename TOp>
+const OrtCustomOp* Registered(bool cuda) {
+  static const TOp cpu(false);
+#ifdef ONNXCAMPO_WITH_CUDA
+  static const TOp gpu(true);
+  if (cuda) return &gpu;
+#endif
+  (void)cuda;
+  return &cpu;
+}
+
 // One input and one output of undefined type (the kernel checks the input's; ORT's custom-op
 // type inference, or the op's InferOutputShapeFn, gives the output's).
 template <typename TOp, typename TKernel>

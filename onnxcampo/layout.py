@@ -828,7 +828,7 @@ class _Layout:
         """True when every Conv and weight gradient reading a padded stem's input converts: a stem
         Conv channels-last beside a weight gradient kept NCHW (float32 in the plan) would cost a
         Transpose of the stem's full-size gradient, more than the pool's boundary it saves."""
-        padded = {self.graph_node(i).input[0] for i in self.pad_cin}
+        padded = {n.input[0] for n in self.graph.node if id(n) in self.pad_cin}
         for name in list(padded):  # the image before its Cast: a float32 weight gradient reads that
             producer = self.producers.get(name)
             if producer is not None and producer.op_type == "Cast" and producer.domain in ("", "ai.onnx"):
@@ -836,9 +836,6 @@ class _Layout:
         readers = [n for name in padded for n in self.consumers.get(name, [])
                    if n.op_type in ("Conv", "ConvWeightGrad") and n.input[0] == name]
         return all(id(n) in convs for n in readers)
-
-    def graph_node(self, key: int) -> onnx.NodeProto:
-        return next(n for n in self.graph.node if id(n) == key)
 
     def run(self) -> LayoutResult:
         convs = self.convs = self.find_convs()
