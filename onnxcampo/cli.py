@@ -1103,7 +1103,8 @@ def summary(report: dict, output: Path | None) -> str:
         loss, norms = reductions.get("loss") or {}, reductions.get("layer_norms") or {}
         lines.append(f"fuse-reductions: {reductions['reduce_sums_replaced']} ReduceSums, {reductions['casts_folded']} "
                      f"Casts and {reductions['reshapes_folded']} Reshapes as {reductions['fused_nodes']} BlockReduceSum "
-                     "nodes" + (f"; the cross-entropy loss ({loss['nodes_replaced']} nodes) as SoftmaxCrossEntropy"
+                     "nodes" + (f" ({reductions['sums_shared']} sums shared)" if reductions.get("sums_shared") else "")
+                     + (f"; the cross-entropy loss ({loss['nodes_replaced']} nodes) as SoftmaxCrossEntropy"
                                 + (" and its gradient" if loss.get("softmax_cross_entropy_grad") else "")
                                 if loss.get("softmax_cross_entropy") else "")
                      + (f"; {norms['layer_norm_grad']} layer-norm and {norms['softmax_grad']} softmax gradients as "

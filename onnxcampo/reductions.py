@@ -35,6 +35,11 @@ Runs on the written model, after the precision plan, its Casts and loss scaling,
 5. The chain and its folded nodes become one node, placed where the last of them was; the
    values between lose their value_info, the output gets one (its type and shape: later passes
    and ORT read them from there), and constants only the removed nodes read are dropped.
+6. Chains that sum the same tensor the same way (one x, [P, Q, R] and output type and shape)
+   are one node: the one placed first stays, the others' readers read its output (a ResNet
+   stage's first block: its conv3 and downsample bias gradients both sum the residual's
+   gradient, 102 MB at b64 for layer1, read twice before). A chain whose output is a graph
+   output keeps its own node.
 
 The values are the float32 sums of the same elements in another order, rounded once to the
 output type. Where the unfused graph rounds to float16 in between (a float16 ReduceSum read by
@@ -67,11 +72,12 @@ class ReductionFusionResult:
     reductions: int = 0  # ReduceSums they replace
     casts: int = 0  # Casts folded in
     reshapes: int = 0  # views folded in (Reshape, Squeeze, Unsqueeze, Flatten, Identity)
+    shared: int = 0  # chains that read another's output (rule 6: the same sum of the same tensor)
     kinds: Counter = field(default_factory=Counter)  # "column_sums" (R == 1), "row_sums" (P == 1), "blocks"
 
     def to_json(self) -> dict:
         return {"fused_nodes": self.fused, "reduce_sums_replaced": self.reductions, "casts_folded": self.casts,
-                "reshapes_folded": self.reshapes, "kinds": dict(sorted(self.kinds.items()))}
+                "reshapes_folded": self.reshapes, "sums_shared": self.shared, "kinds": dict(sorted(self.kinds.items()))}
 
 
 @dataclass
@@ -81,6 +87,7 @@ class _Chain:
     sizes: tuple[int, int, int]
     output: str
     reductions: int
+    same_as: str | None = None  # rule 6: another chain's output, which this one's readers read
 
 
 def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | None = None) -> ReductionFusionResult:
@@ -200,9 +207,21 @@ def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | Non
 
     if not chains:
         return result
+    # rule 6: one node per (x, sizes, output type and shape), the one placed first
+    position = {id(n): i for i, n in enumerate(model.graph.node)}
+    first: dict[tuple, _Chain] = {}
+    for chain in sorted(chains, key=lambda c: position[id(c.nodes[-1])]):
+        key = (chain.x, chain.sizes, dtype(chain.output), tuple(static(chain.output)))
+        kept = first.setdefault(key, chain)
+        if kept is not chain and chain.output not in protected:
+            chain.same_as = kept.output
     made: dict[int, onnx.NodeProto] = {}  # id of a chain's last node -> its BlockReduceSum
     for chain in chains:
         last = chain.nodes[-1]
+        if chain.same_as is not None:
+            result.shared += 1
+            result.reductions += chain.reductions
+            continue
         out_type, out_shape = dtype(chain.output), list(static(chain.output))
         made[id(last)] = op_nodes.block_reduce_sum(
             chain.x, output=chain.output, sizes=chain.sizes, output_type=out_type, output_shape=out_shape,
@@ -215,7 +234,10 @@ def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | Non
         result.kinds["column_sums" if r == 1 else "row_sums" if p == 1 else "blocks"] += 1
     removed = {id(n) for chain in chains for n in chain.nodes}
     edit.replace_nodes(made, removed, [helper.make_tensor_value_info(c.output, dtype(c.output), list(static(c.output)))
-                                       for c in chains])
+                                       for c in chains if c.same_as is None])
+    for chain in chains:
+        if chain.same_as is not None:
+            edit.replace_uses(chain.output, chain.same_as)
     read = {name for n in model.graph.node for name in n.input} | protected
     unread = {n.output[0] for n in shared.values() if not any(o in read for o in n.output)}
     if unread:  # every reader of a shared Cast was a chain: it goes (graph.node holds copies: by name)
@@ -223,8 +245,8 @@ def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | Non
         dead = [n for n in model.graph.node if n.output and n.output[0] in unread]  # held: their ids stay theirs
         edit.replace_nodes({}, {id(n) for n in dead}, [])
     op_nodes.import_domain(model)
-    log.info("fuse-reductions: %d ReduceSums (%d Casts, %d Reshapes) as %d BlockReduceSum nodes",
-             result.reductions, result.casts, result.reshapes, result.fused)
+    log.info("fuse-reductions: %d ReduceSums (%d Casts, %d Reshapes) as %d BlockReduceSum nodes (%d sums shared)",
+             result.reductions, result.casts, result.reshapes, result.fused, result.shared)
     return result
 
 

@@ -76,7 +76,7 @@ def test_a_bias_gradient_is_one_node_over_the_rows():
     assert _ops(fused) == [OP] and list(node.input) == ["dy"] and list(node.output) == ["db"]
     assert attrs["sizes"] == [512, 8, 1] and attrs["output_type"] == TensorProto.FLOAT and attrs["output_shape"] == [8]
     assert not fused.graph.initializer  # the axes went with the ReduceSum
-    assert result.to_json() == {"fused_nodes": 1, "reduce_sums_replaced": 1, "casts_folded": 0, "reshapes_folded": 0,
+    assert result.to_json() == {"fused_nodes": 1, "reduce_sums_replaced": 1, "casts_folded": 0, "reshapes_folded": 0, "sums_shared": 0,
                                 "kinds": {"column_sums": 1}}
 
 
@@ -166,6 +166,47 @@ def test_a_cast_read_only_by_two_reductions_goes():
     fused, result = _fuse(model)
     assert _ops(fused) == [OP, OP] and all(list(n.input) == ["dy"] for n in fused.graph.node)
     assert result.casts == 1 and result.fused == 2
+
+
+def test_two_sums_of_one_tensor_are_one_node_and_its_output_is_read_twice():
+    """Rule 6: the conv3 and downsample bias gradients of a ResNet stage's first block sum the
+    same residual gradient; one node sums it, both readers read its output."""
+    model = _model("""
+    g (float16[64,8,5] dy) => (float[8] a, float[8] b) {
+      d32 = Cast <to = 1> (dy)
+      r1 = Reshape(d32, shape)
+      s1 = ReduceSum <keepdims = 0> (r1, axes)
+      r2 = Reshape(d32, shape)
+      s2 = ReduceSum <keepdims = 0> (r2, axes)
+      a = Neg(s1)
+      b = Abs(s2)
+    }""")
+    _ints(model, "axes", [0, 2])
+    _ints(model, "shape", [64, 8, 5])
+    fused, result = _fuse(model)
+    assert _ops(fused) == [OP, "Neg", "Abs"] and list(fused.graph.node[0].input) == ["dy"]
+    (out,) = fused.graph.node[0].output
+    assert [n.input[0] for n in fused.graph.node[1:]] == [out, out]
+    assert result.fused == 1 and result.shared == 1 and result.reductions == 2
+    assert result.to_json()["sums_shared"] == 1
+    assert {v.name for v in fused.graph.value_info} >= {out} and "s2" not in {v.name for v in fused.graph.value_info}
+
+
+def test_sums_of_one_tensor_over_other_axes_or_to_other_types_stay_two_nodes():
+    model = _model("""
+    g (float16[64,8] dy) => (float[8] a, float16[8] b, float[64] c) {
+      d32 = Cast <to = 1> (dy)
+      s1 = ReduceSum <keepdims = 0> (d32, axes0)
+      s2 = ReduceSum <keepdims = 0> (dy, axes0)
+      s3 = ReduceSum <keepdims = 0> (d32, axes1)
+      a = Neg(s1)
+      b = Neg(s2)
+      c = Neg(s3)
+    }""")
+    _ints(model, "axes0", [0])
+    _ints(model, "axes1", [1])
+    fused, result = _fuse(model)
+    assert _ops(fused).count(OP) == 3 and result.shared == 0
 
 
 def test_a_cast_to_float16_before_the_reduction_stays_it_rounds():
