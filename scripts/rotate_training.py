@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         for policy in [x for x in args.split.split(",") if x]:
             if policy in runs and times[policy].error is None:  # after every timing: the profiler may slow what follows
                 kernels = m.cupti_kernels(runs[policy], args.split_runs)
-                splits[policy] = None if kernels is None else m.gpu_split(kernels)
+                splits[policy] = None if kernels is None else m.gpu_split(kernels, top=80)
     first = next((times[p].median_ms for p in policies if p in times and times[p].error is None), float("nan"))
     rows = {}
     for policy in policies:
