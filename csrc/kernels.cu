@@ -164,8 +164,10 @@ __device__ __forceinline__ void ForEach(const Table<P>& t, Op op) {
   }
 }
 
+// Write false: the check alone (CheckFinite), slot 1 and inv_scale unused.
+template <bool Write>
 __global__ void __launch_bounds__(kThreads) UnscaleKernel(const __grid_constant__ Table<2> t, const float* inv_scale, bool* found_inf) {
-  const float scale = *inv_scale;
+  const float scale = Write ? *inv_scale : 1.0f;
   bool found = false;
   ForEach(t, [&](auto width, int k, int64_t i) {
     constexpr int W = decltype(width)::value;
@@ -176,14 +178,28 @@ __global__ void __launch_bounds__(kThreads) UnscaleKernel(const __grid_constant_
       found |= !isfinite(g.x[j]);
       u.x[j] = g.x[j] * scale;
     }
-    Store<W>(t.ptr[1][k], i, u);
+    if constexpr (Write) Store<W>(t.ptr[1][k], i, u);
   });
   if (__syncthreads_or(found) && threadIdx.x == 0) *found_inf = true;
 }
 
+// The gradient the update uses: g, or with inv_scale float32(g) * *inv_scale (what
+// UnscaleKernel writes as u, the same product).
+template <int W>
+__device__ __forceinline__ Vec<W> LoadUpdateGrad(const void* p, bool half, int64_t i, const float* inv_scale) {
+  Vec<W> g = LoadGrad<W>(p, half, i);
+  if (inv_scale != nullptr) {
+    const float scale = *inv_scale;
+#pragma unroll
+    for (int j = 0; j < W; ++j) g.x[j] = g.x[j] * scale;
+  }
+  return g;
+}
+
 // slots: 0 g, 1 w, 2 v, 3 w_out, 4 v_out
 __global__ void __launch_bounds__(kThreads) SgdKernel(const __grid_constant__ Table<5> t, const float* lr, const void* flag,
-                                                      bool flag_is_float, float mu, bool has_velocity) {
+                                                      bool flag_is_float, float mu, bool has_velocity,
+                                                      const float* inv_scale) {
   const bool skip = IsSet(flag, flag_is_float);
   const float rate = *lr;
   ForEach(t, [&](auto width, int k, int64_t i) {
@@ -194,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) SgdKernel(const __grid_constant__ Ta
       if (has_velocity) Store<W>(t.ptr[4][k], i, Load<W>(t.ptr[2][k], i));
       return;
     }
-    const Vec<W> g = LoadGrad<W>(t.ptr[0][k], t.flags[k] & kHalf, i);
+    const Vec<W> g = LoadUpdateGrad<W>(t.ptr[0][k], t.flags[k] & kHalf, i, inv_scale);
     if (has_velocity) {
       Vec<W> v = Load<W>(t.ptr[2][k], i);
 #pragma unroll
@@ -217,7 +233,8 @@ struct AdamWHyper {
 
 // slots: 0 g, 1 w, 2 m, 3 v, 4 w_out, 5 m_out, 6 v_out
 __global__ void __launch_bounds__(kThreads) AdamWKernel(const __grid_constant__ Table<7> t, const float* lr, const float* step,
-                                                        float* step_out, const void* flag, bool flag_is_float, AdamWHyper h) {
+                                                        float* step_out, const void* flag, bool flag_is_float, AdamWHyper h,
+                                                        const float* inv_scale) {
   const bool skip = IsSet(flag, flag_is_float);
   const float rate = *lr;
   const float now = *step + 1.0f;
@@ -230,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) AdamWKernel(const __grid_constant__ 
     Vec<W> m = Load<W>(t.ptr[2][k], i);
     Vec<W> v = Load<W>(t.ptr[3][k], i);
     if (!skip) {
-      const Vec<W> g = LoadGrad<W>(t.ptr[0][k], t.flags[k] & kHalf, i);
+      const Vec<W> g = LoadUpdateGrad<W>(t.ptr[0][k], t.flags[k] & kHalf, i, inv_scale);
 #pragma unroll
       for (int j = 0; j < W; ++j) {
         m.x[j] = h.beta1 * m.x[j] + h.one_minus_b1 * g.x[j];
@@ -289,10 +306,15 @@ void UnscaleCheckFiniteCuda(const UnscaleArgs& args, void* stream_handle) {
   Table<2> table;
   size_t next = 0;
   do {
+    const bool write = !args.out.empty();
     next = Fill(table, args.grads, next, [&](size_t k, int p) -> const void* {
-      return p == 0 ? args.grads.data[k] : args.out[k];
+      return p == 0 ? args.grads.data[k] : (write ? args.out[k] : nullptr);
     });
-    UnscaleKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.inv_scale, args.found_inf);
+    if (write) {
+      UnscaleKernel<true><<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.inv_scale, args.found_inf);
+    } else {
+      UnscaleKernel<false><<<GridFor(table.tiles), kThreads, 0, stream>>>(table, nullptr, args.found_inf);
+    }
     CudaCheck(cudaGetLastError(), "UnscaleCheckFinite launch");
   } while (next < args.grads.count());
 }
@@ -313,7 +335,7 @@ void MultiTensorSgdCuda(const SgdArgs& args, void* stream_handle) {
       }
     });
     SgdKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.lr, args.found_inf.data, args.found_inf.is_float,
-                                                             args.momentum, has_velocity);
+                                                             args.momentum, has_velocity, args.inv_scale);
     CudaCheck(cudaGetLastError(), "MultiTensorSGD launch");
   } while (next < args.grads.count());
 }
@@ -330,7 +352,7 @@ void MultiTensorAdamWCuda(const AdamWArgs& args, void* stream_handle) {
       return slots[p];
     });
     AdamWKernel<<<GridFor(table.tiles), kThreads, 0, stream>>>(table, args.lr, args.step, args.step_out, args.found_inf.data,
-                                                               args.found_inf.is_float, hyper);
+                                                               args.found_inf.is_float, hyper, args.inv_scale);
     CudaCheck(cudaGetLastError(), "MultiTensorAdamW launch");
   } while (next < args.grads.count());
 }

@@ -26,7 +26,8 @@ struct Grads {
   size_t count() const { return data.size(); }
 };
 
-// out_i = float32(g_i) * inv_scale; found_inf = any g_i holds inf or NaN.
+// out_i = float32(g_i) * inv_scale; found_inf = any g_i holds inf or NaN. `out` empty: the check
+// alone (CheckFinite; inv_scale unused), the update reading g_i and inv_scale itself.
 struct UnscaleArgs {
   const float* inv_scale = nullptr;
   Grads grads;
@@ -35,9 +36,11 @@ struct UnscaleArgs {
 };
 
 // Momentum (v non-empty): v' = momentum*v + g; w' = w - lr*v'.  Plain: w' = w - lr*g.
-// found_inf true: w' = w, v' = v.
+// found_inf true: w' = w, v' = v. inv_scale set: g_i is a scaled gradient and the update uses
+// float32(g_i) * inv_scale (UnscaleCheckFinite's u_i, the same float32 product, never written).
 struct SgdArgs {
   const float* lr = nullptr;
+  const float* inv_scale = nullptr;
   Flag found_inf;
   float momentum = 0.0f;
   Grads grads;
@@ -47,9 +50,10 @@ struct SgdArgs {
 
 // step' = step + 1; m' = b1*m + (1-b1)*g; v' = b2*v + (1-b2)*g*g;
 // w' = w - lr*((m'/(1-b1^step')) / (sqrt(v'/(1-b2^step')) + eps) + wd*w).
-// found_inf true: every output equals its input, step included.
+// found_inf true: every output equals its input, step included. inv_scale: as SgdArgs'.
 struct AdamWArgs {
   const float* lr = nullptr;
+  const float* inv_scale = nullptr;
   const float* step = nullptr;
   Flag found_inf;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;

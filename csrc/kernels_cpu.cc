@@ -106,15 +106,29 @@ bool UnscaleRange(const G* g, float scale, float* out, int64_t begin, int64_t en
 }
 
 template <typename G>
-void SgdRange(const G* g, const float* w, float* w_out, float lr, int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) w_out[i] = w[i] - lr * ToFloat(g[i]);
+bool FiniteRange(const G* g, int64_t begin, int64_t end) {
+  bool found = false;
+  for (int64_t i = begin; i < end; ++i) found |= !std::isfinite(ToFloat(g[i]));
+  return found;
+}
+
+// The gradient the update uses: g, or with a scale float32(g) * scale (UnscaleRange's out).
+struct UpdateGrad {
+  const float* inv_scale;
+  template <typename G>
+  float operator()(const G* g, int64_t i) const { return inv_scale ? ToFloat(g[i]) * *inv_scale : ToFloat(g[i]); }
+};
+
+template <typename G>
+void SgdRange(const G* g, const float* w, float* w_out, float lr, UpdateGrad grad, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) w_out[i] = w[i] - lr * grad(g, i);
 }
 
 template <typename G>
 void MomentumRange(const G* g, const float* w, const float* v, float* w_out, float* v_out, float lr, float mu,
-                   int64_t begin, int64_t end) {
+                   UpdateGrad grad, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    const float velocity = mu * v[i] + ToFloat(g[i]);
+    const float velocity = mu * v[i] + grad(g, i);
     v_out[i] = velocity;
     w_out[i] = w[i] - lr * velocity;
   }
@@ -126,9 +140,9 @@ struct AdamWConstants {
 
 template <typename G>
 void AdamWRange(const G* grad, const float* w_in, const float* m_in, const float* v_in, float* w_out, float* m_out,
-                float* v_out, const AdamWConstants& h, int64_t begin, int64_t end) {
+                float* v_out, const AdamWConstants& h, UpdateGrad scaled, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    const float g = ToFloat(grad[i]);
+    const float g = scaled(grad, i);
     const float w = w_in[i];
     const float m = h.beta1 * m_in[i] + h.one_minus_b1 * g;
     const float v = h.beta2 * v_in[i] + h.one_minus_b2 * (g * g);
@@ -142,14 +156,17 @@ void AdamWRange(const G* grad, const float* w_in, const float* m_in, const float
 }  // namespace
 
 void UnscaleCheckFiniteCpu(const UnscaleArgs& args, const ParallelRunner& run) {
-  const float scale = *args.inv_scale;
+  const bool write = !args.out.empty();
+  const float scale = write ? *args.inv_scale : 1.0f;
   const Chunks chunks(args.grads.size);
   // One flag per chunk, combined after the pool is done: no shared write, no atomic.
   std::vector<uint8_t> found(chunks.count(), 0);
   run(chunks.count(), [&](size_t c) {
     bool any = false;
     chunks.ForEach(c, [&](size_t k, int64_t begin, int64_t end) {
-      WithGradient(args.grads, k, [&](const auto* g) { any |= UnscaleRange(g, scale, args.out[k], begin, end); });
+      WithGradient(args.grads, k, [&](const auto* g) {
+        any |= write ? UnscaleRange(g, scale, args.out[k], begin, end) : FiniteRange(g, begin, end);
+      });
     });
     found[c] = any;
   });
@@ -171,9 +188,10 @@ void MultiTensorSgdCpu(const SgdArgs& args, const ParallelRunner& run) {
       }
       WithGradient(args.grads, k, [&](const auto* g) {
         if (has_velocity) {
-          MomentumRange(g, args.w[k], args.v[k], args.w_out[k], args.v_out[k], lr, mu, begin, end);
+          MomentumRange(g, args.w[k], args.v[k], args.w_out[k], args.v_out[k], lr, mu, UpdateGrad{args.inv_scale}, begin,
+                        end);
         } else {
-          SgdRange(g, args.w[k], args.w_out[k], lr, begin, end);
+          SgdRange(g, args.w[k], args.w_out[k], lr, UpdateGrad{args.inv_scale}, begin, end);
         }
       });
     });
@@ -205,7 +223,8 @@ void MultiTensorAdamWCpu(const AdamWArgs& args, const ParallelRunner& run) {
         return;
       }
       WithGradient(args.grads, k, [&](const auto* g) {
-        AdamWRange(g, args.w[k], args.m[k], args.v[k], args.w_out[k], args.m_out[k], args.v_out[k], h, begin, end);
+        AdamWRange(g, args.w[k], args.m[k], args.v[k], args.w_out[k], args.m_out[k], args.v_out[k], h,
+                   UpdateGrad{args.inv_scale}, begin, end);
       });
     });
   });

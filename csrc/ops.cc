@@ -3,8 +3,10 @@
 // its API to RegisterCustomOps (ORT_API_MANUAL_INIT).
 //
 //   UnscaleCheckFinite(inv_scale, g_1..g_n) -> (found_inf, u_1..u_n)
+//   CheckFinite(g_1..g_n) -> found_inf  (UnscaleCheckFinite's check alone, for an update that unscales)
 //   MultiTensorSGD[momentum](lr, found_inf, w_1..w_n, g_1..g_n[, v_1..v_n]) -> (w'_1..w'_n[, v'_1..v'_n])
 //       (velocities present: momentum SGD, whatever the attribute; absent: plain SGD)
+//       unscale=1: (lr, found_inf, inv_scale, w.., g.., v..), g_i scaled, used as float32(g_i) * inv_scale
 //   MultiTensorAdamW[beta1, beta2, eps, weight_decay](lr, step, found_inf, w.., g.., m.., v..)
 //       -> (step', w'.., m'.., v'..)
 //   AvgMatMulInteger(A, B[, a_zero_point, b_zero_point]) -> Y   (uint8 x uint8 -> float32, the
@@ -167,6 +169,7 @@ struct UnscaleCheckFinite : Kernel<UnscaleCheckFinite> {
   static constexpr const char* kName = "UnscaleCheckFinite";
   static constexpr size_t kScalarInputs = 1;  // inv_scale
   static constexpr size_t kScalarOutputs = 1;  // found_inf
+  static constexpr bool kTensorOutputs = true;
   static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
   UnscaleCheckFinite(const OrtKernelInfo*, bool cuda) : Kernel(cuda) {}
 
@@ -185,34 +188,69 @@ struct UnscaleCheckFinite : Kernel<UnscaleCheckFinite> {
   }
 };
 
+// UnscaleCheckFinite without its outputs u_i: an update with unscale=1 reads g_i and inv_scale
+// itself, so the u_i (float32, a pass over every gradient written and read back) are not made.
+struct CheckFinite : Kernel<CheckFinite> {
+  static constexpr const char* kName = "CheckFinite";
+  static constexpr size_t kScalarInputs = 0;
+  static constexpr size_t kScalarOutputs = 1;  // found_inf
+  static constexpr bool kTensorOutputs = false;
+  static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
+  CheckFinite(const OrtKernelInfo*, bool cuda) : Kernel(cuda) {}
+
+  void Compute(OrtKernelContext* context) {
+    Io io(context, kName);
+    UnscaleArgs args;
+    args.grads = io.Gradients(0, io.InputCount(), nullptr);
+    args.found_inf = io.ScalarOutput<bool>(0);
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) return UnscaleCheckFiniteCuda(args, io.Stream());
+#endif
+    UnscaleCheckFiniteCpu(args, io.Runner());
+  }
+};
+
+// unscale=1 puts inv_scale first among the tensor inputs (the variadic list).
+size_t UnscaleInputs(const OrtKernelInfo* info, const char* op) {
+  const int64_t unscale = IntAttribute(info, "unscale", 0);
+  if (unscale != 0 && unscale != 1) Fail(op, "unscale must be 0 or 1");
+  return static_cast<size_t>(unscale);
+}
+
 struct MultiTensorSGD : Kernel<MultiTensorSGD> {
   static constexpr const char* kName = "MultiTensorSGD";
   static constexpr size_t kScalarInputs = 2;  // lr, found_inf
   static constexpr size_t kScalarOutputs = 0;
+  static constexpr bool kTensorOutputs = true;
   static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  MultiTensorSGD(const OrtKernelInfo* info, bool cuda) : Kernel(cuda), momentum(FloatAttribute(info, "momentum", 0.0f)) {}
+  MultiTensorSGD(const OrtKernelInfo* info, bool cuda)
+      : Kernel(cuda), momentum(FloatAttribute(info, "momentum", 0.0f)), unscale(UnscaleInputs(info, kName)) {}
 
   void Compute(OrtKernelContext* context) {
     Io io(context, kName);
     // Plain SGD: (w.., g..) -> (w'..); with velocities: (w.., g.., v..) -> (w'.., v'..).
-    const size_t tensors = io.InputCount() - kScalarInputs;
+    const size_t first = kScalarInputs + unscale;  // w_1
+    if (io.InputCount() < first) Fail(kName, "expected inputs (lr, found_inf, inv_scale, ...) with unscale=1");
+    const size_t tensors = io.InputCount() - first;
     const size_t outputs = io.OutputCount();
     size_t lists = 0;
     if (tensors == 2 * outputs) lists = 2;
     if (outputs % 2 == 0 && 2 * tensors == 3 * outputs) lists = 3;
     if (lists == 0) {
-      Fail(kName, "expected inputs (lr, found_inf, w_1..w_n, g_1..g_n[, v_1..v_n]) and outputs (w'_1..w'_n[, v'_1..v'_n]), got " +
+      Fail(kName, "expected inputs (lr, found_inf" + std::string(unscale ? ", inv_scale" : "") +
+                      ", w_1..w_n, g_1..g_n[, v_1..v_n]) and outputs (w'_1..w'_n[, v'_1..v'_n]), got " +
                       std::to_string(tensors) + " tensor inputs and " + std::to_string(outputs) + " outputs");
     }
     const size_t n = tensors / lists;
     SgdArgs args;
     args.lr = io.FloatScalar(0, "lr");
     args.found_inf = io.FlagScalar(1);
+    if (unscale) args.inv_scale = io.FloatScalar(kScalarInputs, "inv_scale");
     args.momentum = momentum;
     std::vector<std::vector<int64_t>> shapes;
-    args.grads = io.Gradients(2 + n, n, &shapes);
-    args.w = io.Floats(2, n, shapes, "weight");
-    if (lists == 3) args.v = io.Floats(2 + 2 * n, n, shapes, "velocity");
+    args.grads = io.Gradients(first + n, n, &shapes);
+    args.w = io.Floats(first, n, shapes, "weight");
+    if (lists == 3) args.v = io.Floats(first + 2 * n, n, shapes, "velocity");
     args.w_out = io.Outputs(0, shapes);
     if (lists == 3) args.v_out = io.Outputs(n, shapes);
 #ifdef ONNXCAMPO_WITH_CUDA
@@ -221,25 +259,30 @@ struct MultiTensorSGD : Kernel<MultiTensorSGD> {
     MultiTensorSgdCpu(args, io.Runner());
   }
   float momentum;
+  size_t unscale;  // 1: inv_scale is input kScalarInputs
 };
 
 struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
   static constexpr const char* kName = "MultiTensorAdamW";
   static constexpr size_t kScalarInputs = 3;  // lr, step, found_inf
   static constexpr size_t kScalarOutputs = 1;  // step'
+  static constexpr bool kTensorOutputs = true;
   static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   MultiTensorAdamW(const OrtKernelInfo* info, bool cuda)
       : Kernel(cuda),
         beta1(FloatAttribute(info, "beta1", 0.9f)),
         beta2(FloatAttribute(info, "beta2", 0.999f)),
         eps(FloatAttribute(info, "eps", 1e-8f)),
-        weight_decay(FloatAttribute(info, "weight_decay", 0.01f)) {}
+        weight_decay(FloatAttribute(info, "weight_decay", 0.01f)),
+        unscale(UnscaleInputs(info, kName)) {}
 
   void Compute(OrtKernelContext* context) {
     Io io(context, kName);
-    const size_t tensors = io.InputCount() - kScalarInputs;
+    const size_t first = kScalarInputs + unscale;  // w_1
+    const size_t tensors = io.InputCount() < first ? 1 : io.InputCount() - first;
     if (tensors % 4 != 0 || io.OutputCount() != 1 + 3 * (tensors / 4)) {
-      Fail(kName, "expected inputs (lr, step, found_inf, w.., g.., m.., v..) and outputs (step', w'.., m'.., v'..), got " +
+      Fail(kName, "expected inputs (lr, step, found_inf" + std::string(unscale ? ", inv_scale" : "") +
+                      ", w.., g.., m.., v..) and outputs (step', w'.., m'.., v'..), got " +
                       std::to_string(tensors) + " tensor inputs and " + std::to_string(io.OutputCount()) + " outputs");
     }
     const size_t n = tensors / 4;
@@ -247,15 +290,16 @@ struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
     args.lr = io.FloatScalar(0, "lr");
     args.step = io.FloatScalar(1, "step");
     args.found_inf = io.FlagScalar(2);
+    if (unscale) args.inv_scale = io.FloatScalar(kScalarInputs, "inv_scale");
     args.beta1 = beta1;
     args.beta2 = beta2;
     args.eps = eps;
     args.weight_decay = weight_decay;
     std::vector<std::vector<int64_t>> shapes;
-    args.grads = io.Gradients(3 + n, n, &shapes);
-    args.w = io.Floats(3, n, shapes, "weight");
-    args.m = io.Floats(3 + 2 * n, n, shapes, "first moment");
-    args.v = io.Floats(3 + 3 * n, n, shapes, "second moment");
+    args.grads = io.Gradients(first + n, n, &shapes);
+    args.w = io.Floats(first, n, shapes, "weight");
+    args.m = io.Floats(first + 2 * n, n, shapes, "first moment");
+    args.v = io.Floats(first + 3 * n, n, shapes, "second moment");
     args.step_out = io.ScalarOutput<float>(0);
     args.w_out = io.Outputs(1, shapes);
     args.m_out = io.Outputs(1 + n, shapes);
@@ -266,11 +310,12 @@ struct MultiTensorAdamW : Kernel<MultiTensorAdamW> {
     MultiTensorAdamWCpu(args, io.Runner());
   }
   float beta1, beta2, eps, weight_decay;
+  size_t unscale;  // 1: inv_scale is input kScalarInputs
 };
 
 // The schema ORT derives: scalar inputs (float, except found_inf: bool or float), then one
 // variadic heterogeneous input (the tensors); kScalarOutputs scalar outputs of kScalarOutput's
-// type, then one variadic float32 output (the tensors).
+// type, then (kTensorOutputs) one variadic float32 output (the tensors).
 template <typename K>
 struct Op : OpBase<Op<K>, K> {
   using OpBase<Op<K>, K>::OpBase;
@@ -287,7 +332,7 @@ struct Op : OpBase<Op<K>, K> {
   }
   bool GetVariadicInputHomogeneity() const { return false; }
 
-  size_t GetOutputTypeCount() const { return K::kScalarOutputs + 1; }
+  size_t GetOutputTypeCount() const { return K::kScalarOutputs + (K::kTensorOutputs ? 1 : 0); }
   ONNXTensorElementDataType GetOutputType(size_t index) const {
     return index < K::kScalarOutputs ? K::kScalarOutput : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
@@ -729,6 +774,7 @@ struct FusedElementwiseOp : OpBase<FusedElementwiseOp, FusedElementwise> {
 
 struct Library {
   Op<UnscaleCheckFinite> unscale_cpu{false};
+  Op<CheckFinite> check_cpu{false};
   Op<MultiTensorSGD> sgd_cpu{false};
   Op<MultiTensorAdamW> adamw_cpu{false};
   MatMulU8Op<Accumulation::kTreeAverage> avg_matmul_cpu{"AvgMatMulInteger"};
@@ -737,6 +783,7 @@ struct Library {
   MultiTensorCastOp cast_cpu{false};
 #ifdef ONNXCAMPO_WITH_CUDA
   Op<UnscaleCheckFinite> unscale_cuda{true};
+  Op<CheckFinite> check_cuda{true};
   Op<MultiTensorSGD> sgd_cuda{true};
   Op<MultiTensorAdamW> adamw_cuda{true};
   FusedElementwiseOp fused_elementwise_cuda{true};
@@ -754,6 +801,7 @@ struct Library {
     for (const OrtCustomOp* op : SoftmaxCrossEntropyCustomOps(true)) domain.Add(op);
 #endif
     domain.Add(&unscale_cpu);
+    domain.Add(&check_cpu);
     domain.Add(&sgd_cpu);
     domain.Add(&adamw_cpu);
     domain.Add(&avg_matmul_cpu);
@@ -771,6 +819,7 @@ struct Library {
     domain.Add(SoftmaxGradOp(false));
 #ifdef ONNXCAMPO_WITH_CUDA
     domain.Add(&unscale_cuda);
+    domain.Add(&check_cuda);
     domain.Add(&sgd_cuda);
     domain.Add(&adamw_cuda);
     domain.Add(&fused_elementwise_cuda);

@@ -4,8 +4,10 @@ loads, and how sessions register it.
 The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
 ``onnxcampo/ops/lib/``; ``$ONNXCAMPO_OPS_LIBRARY`` points elsewhere. Ops (``docs/ops.md``):
 
-* ``UnscaleCheckFinite(inv_scale, g_1..g_n) -> (found_inf, u_1..u_n)``
-* ``MultiTensorSGD[momentum](lr, found_inf, w.., g..[, v..]) -> (w'..[, v'..])``
+* ``UnscaleCheckFinite(inv_scale, g_1..g_n) -> (found_inf, u_1..u_n)`` and
+  ``CheckFinite(g_1..g_n) -> found_inf`` (its flag alone, for an update that unscales)
+* ``MultiTensorSGD[momentum, unscale](lr, found_inf[, inv_scale], w.., g..[, v..]) -> (w'..[, v'..])``
+  (``unscale=1``: the g scaled, used as ``float32(g) * inv_scale``; MultiTensorAdamW alike)
 * ``MultiTensorAdamW[beta1, beta2, eps, weight_decay](lr, step, found_inf, w.., g.., m.., v..)
   -> (step', w'.., m'.., v'..)``
 * ``ScatterNDAdd(data, indices, updates) -> output``: ONNX ScatterND with ``reduction="add"``

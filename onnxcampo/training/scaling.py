@@ -11,7 +11,10 @@ graph:
 
 * the backward pass is seeded with ``loss_scale`` instead of 1, so every gradient is computed
   ``loss_scale`` times larger (small gradients stay above fp16's underflow);
-* each weight gradient is unscaled in fp32 (``g * (1 / loss_scale)``) before the update;
+* each weight gradient is unscaled in fp32 (``g * (1 / loss_scale)``) before the update (with
+  the fused ops, by the update itself: ``CheckFinite`` reads the gradients once for the flag and
+  ``MultiTensorSGD``/``MultiTensorAdamW`` with ``unscale=1`` multiply as they read them, so no
+  float32 copy of every gradient is written and read back);
 * ``found_inf`` is true when any gradient holds inf or NaN; the step then changes nothing
   (weights and optimizer state pass through) and halves the scale;
 * after ``growth_interval`` clean steps in a row the scale doubles.
@@ -160,7 +163,8 @@ def overhead(model: onnx.ModelProto, numel: Callable[[str], int | None]) -> Scal
     state = sum(numel(s) or 0 for s in spec.state)
     nodes, elements, read_as_is = SCALE_UPDATE_NODES, 0, ()
     if ir.metadata(model, FUSED_KEY) == "1":
-        nodes, elements = nodes + 1, elements + weights  # one UnscaleCheckFinite over every gradient
+        # one CheckFinite over every gradient (a read, half a Cast's pass); the update unscales
+        nodes, elements = nodes + 1, elements + weights // 2
         read_as_is = tuple(f"{w}/grad" for w in spec.weights)
     else:  # Mul and ReduceSum per gradient, then Sum, Mul, IsNaN
         nodes, elements = nodes + 2 * len(spec.weights) + 3, elements + 2 * weights
@@ -258,6 +262,8 @@ def add_loss_scaling(
     fused = [n for n in graph.node if FUSED_FOUND_INF in n.input]
     for n in fused:
         n.input[list(n.input).index(FUSED_FOUND_INF)] = found
+    if ir.metadata(model, FUSED_KEY) == "1":
+        _fold_unscale(model, nodes, fused)
     fused_outputs = {o for n in fused for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -331,6 +337,41 @@ def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: di
                                                name=f"{LOSS_SCALE}/unscale"))
     op_nodes.import_domain(model)
     return FOUND_INF
+
+
+UPDATE_SCALARS = {"MultiTensorSGD": 2, "MultiTensorAdamW": 3}  # inputs before the tensors: (lr, found_inf), (lr, step, found_inf)
+
+
+def _fold_unscale(model: onnx.ModelProto, nodes: list[onnx.NodeProto], updates: list[onnx.NodeProto]) -> None:
+    """The fused update unscales the gradients itself: where one MultiTensorSGD/AdamW reads
+    every output u_i of the UnscaleCheckFinite in ``nodes`` and nothing else reads them, it
+    reads the scaled g_i and ``inv_scale`` instead (``unscale=1``; the same float32 products,
+    ``docs/ops.md``) and the UnscaleCheckFinite becomes a ``CheckFinite`` (the flag alone). Saves
+    writing a float32 copy of every gradient and reading it back (GPT-2 small: ~0.7 GB a step)."""
+    unscale = next((n for n in nodes if n.op_type == "UnscaleCheckFinite"), None)
+    if unscale is None or len(updates) != 1 or updates[0].op_type not in UPDATE_SCALARS \
+            or ir.attribute(updates[0], "unscale", 0):
+        return
+    update = updates[0]
+    scaled = dict(zip(unscale.output[1:], unscale.input[1:]))  # u_i -> g_i
+    first = UPDATE_SCALARS[update.op_type]
+    tensors = list(update.input[first:])
+    if update.op_type == "MultiTensorAdamW":  # w.., g.., m.., v..
+        n = len(tensors) // 4
+    else:  # w.., g.. -> w'..; w.., g.., v.. -> w'.., v'..
+        n = len(update.output) if len(tensors) == 2 * len(update.output) else len(update.output) // 2
+    grads = tensors[n:2 * n]
+    graph_outputs = {o.name for o in model.graph.output}
+    read_elsewhere = any(u in scaled for other in [*model.graph.node, *nodes] if other is not update
+                         for u in other.input)
+    if sorted(grads) != sorted(scaled) or read_elsewhere or graph_outputs & set(scaled):
+        return
+    for i, u in enumerate(grads):
+        update.input[first + n + i] = scaled[u]
+    update.input.insert(first, unscale.input[0])
+    update.attribute.append(helper.make_attribute("unscale", 1))
+    check = op_nodes.check_finite(list(unscale.input[1:]), found_inf=unscale.output[0], name=unscale.name)
+    nodes[nodes.index(unscale)] = check
 
 
 def _read_fp16_through_reshape(model: onnx.ModelProto, reshape: onnx.NodeProto,

@@ -93,12 +93,15 @@ def sgd_case(rng, momentum: bool):
     return grads, weights, velocities
 
 
-def run_sgd(grads, weights, velocities, lr, flag, mu, threads=None):
+def run_sgd(grads, weights, velocities, lr, flag, mu, threads=None, inv_scale=None):
     n = len(grads)
     w, g, v = [f"w{i}" for i in range(n)], [f"g{i}" for i in range(n)], [f"v{i}" for i in range(n)]
     node = nodes.multi_tensor_sgd("lr", "found_inf", w, g, v if velocities else (), outputs=[x + "'" for x in w],
-                                  velocity_outputs=[x + "'" for x in v] if velocities else (), momentum=mu, name="sgd")
+                                  velocity_outputs=[x + "'" for x in v] if velocities else (), momentum=mu, name="sgd",
+                                  inv_scale="inv_scale" if inv_scale is not None else None)
     feeds = {"lr": np.array(lr, np.float32), "found_inf": flag, **dict(zip(w, weights)), **dict(zip(g, grads))}
+    if inv_scale is not None:
+        feeds["inv_scale"] = np.array(inv_scale, np.float32)
     outputs = {x + "'": (FLOAT, list(a.shape)) for x, a in zip(w, weights)}
     if velocities:
         feeds.update(zip(v, velocities))
@@ -125,14 +128,17 @@ def adamw_case(rng):
     return grads, weights, m, v
 
 
-def run_adamw(grads, weights, m, v, lr, step, flag, hyper, threads=None):
+def run_adamw(grads, weights, m, v, lr, step, flag, hyper, threads=None, inv_scale=None):
     n = len(grads)
     names = {key: [f"{key}{i}" for i in range(n)] for key in ("w", "g", "m", "v")}
     node = nodes.multi_tensor_adamw(
         "lr", "step", "found_inf", names["w"], names["g"], names["m"], names["v"], step_output="step'",
         outputs=[x + "'" for x in names["w"]], m_outputs=[x + "'" for x in names["m"]],
-        v_outputs=[x + "'" for x in names["v"]], name="adamw", **hyper)
+        v_outputs=[x + "'" for x in names["v"]], name="adamw",
+        inv_scale="inv_scale" if inv_scale is not None else None, **hyper)
     feeds = {"lr": np.array(lr, np.float32), "step": np.array(step, np.float32), "found_inf": flag}
+    if inv_scale is not None:
+        feeds["inv_scale"] = np.array(inv_scale, np.float32)
     outputs = {"step'": (FLOAT, [])}
     for key, values in (("w", weights), ("g", grads), ("m", m), ("v", v)):
         feeds.update(zip(names[key], values))
@@ -178,6 +184,58 @@ def test_float_found_inf_zero_updates(library, rng):
     want_w, _ = ref.sgd(0.1, False, weights, grads)
     for actual, wanted in zip(new_w, want_w):
         close(actual, wanted, rng.seed_text)
+
+
+def check_finite(grads, threads=None):
+    names = [f"g{i}" for i in range(len(grads))]
+    node = nodes.check_finite(names, found_inf="found_inf", name="check")
+    out = ref.run_node(node, dict(zip(names, grads)), {"found_inf": (BOOL, [])}, intra_op_threads=threads)
+    return bool(out["found_inf"])
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan, None])
+def test_check_finite_is_unscale_check_finites_flag(library, rng, bad):
+    grads = gradients(rng)
+    if bad is not None:
+        grads[int(rng.integers(0, 2)) * 4][0, 0] = bad  # (7, 5) or (4, 3, 2, 2): fp16 or fp32
+    assert check_finite(grads) == (bad is not None) == bool(unscale(rng, grads, 0.5)[0]), rng.seed_text
+
+
+@pytest.mark.parametrize("momentum", [False, True])
+def test_sgd_that_unscales_equals_sgd_after_unscale_check_finite(library, rng, momentum):
+    """unscale=1 (the gradients scaled, inv_scale an input) gives what UnscaleCheckFinite's u
+    then the plain update give, bit for bit: the same float32 product, never written."""
+    grads, weights, velocities = sgd_case(rng, momentum)
+    inv_scale, lr, mu = float(rng.uniform(1e-4, 1.0)), float(rng.uniform(1e-3, 0.5)), 0.9
+    _, unscaled = unscale(rng, grads, inv_scale)
+    want = run_sgd(unscaled, weights, velocities, lr, np.array(False), mu)
+    got = run_sgd(grads, weights, velocities, lr, np.array(False), mu, inv_scale=inv_scale)
+    for actual, wanted in zip(got[0] + got[1], want[0] + want[1]):
+        assert_bits_equal(actual, wanted, rng.seed_text)
+    skipped = run_sgd(grads, weights, velocities, lr, np.array(True), mu, inv_scale=inv_scale)
+    for actual, wanted in zip(skipped[0] + skipped[1], weights + (velocities or [])):
+        np.testing.assert_array_equal(actual, wanted)
+
+
+def test_adamw_that_unscales_equals_adamw_after_unscale_check_finite(library, rng):
+    grads, weights, m, v = adamw_case(rng)
+    hyper = dict(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    inv_scale = float(rng.uniform(1e-4, 1.0))
+    _, unscaled = unscale(rng, grads, inv_scale)
+    want = run_adamw(unscaled, weights, m, v, 1e-3, 7.0, np.array(False), hyper)
+    got = run_adamw(grads, weights, m, v, 1e-3, 7.0, np.array(False), hyper, inv_scale=inv_scale)
+    assert got[0] == want[0] == 8.0
+    for actual, wanted in zip(got[1] + got[2] + got[3], want[1] + want[2] + want[3]):
+        assert_bits_equal(actual, wanted, rng.seed_text)
+
+
+def test_an_update_that_unscales_without_inv_scale_fails_with_its_signature(library):
+    node = nodes.multi_tensor_sgd("lr", "found_inf", ["w"], ["g"], outputs=["w'"], name="sgd", inv_scale="s")
+    del node.input[2]  # (lr, found_inf, w, g): w taken for inv_scale, one tensor left
+    feeds = {"lr": np.array(0.1, np.float32), "found_inf": np.array(False), "w": np.ones(3, np.float32),
+             "g": np.ones(3, np.float32)}
+    with pytest.raises(CampoError, match=r"inv_scale must be a float32 scalar|expected inputs \(lr, found_inf, inv_scale"):
+        ref.run_node(node, feeds, {"w'": (FLOAT, [3])})
 
 
 def test_mismatched_lists_fail_with_the_expected_signature(library):
@@ -256,3 +314,12 @@ def test_outputs_do_not_depend_on_the_intra_op_thread_count(library, rng, thread
             assert_bits_equal(a, wanted, rng.seed_text)
         for a, wanted in zip(one[1], want[1]):
             close(a, wanted, rng.seed_text, rtol=1e-6, atol=1e-7)  # b^t: powf of two libraries
+
+
+def test_the_update_check_script_passes_on_the_cpu(library, tmp_path):
+    """scripts/check_update_cuda.py --provider cpu --quick: the two forms of a loss-scaled update
+    (UnscaleCheckFinite + update, CheckFinite + update unscale=1) agree bit for bit with the CPU
+    kernels (the script's own wiring; on the GPU machine it checks the CUDA kernels)."""
+    from reference import check_script_passes_on_the_cpu
+
+    check_script_passes_on_the_cpu("check_update_cuda.py", library, tmp_path)

@@ -147,7 +147,7 @@ def test_amp_step_trains_like_fp32_with_loss_scaling(fused):
     step = build_train_step(forward, loss="cross_entropy", optimizer="adamw", lr=0.01, fused=fused)
     amp = optimize(step, policy="amp").model
     ops_used = {n.op_type for n in amp.graph.node if n.domain == "ai.onnxcampo"}
-    assert ops_used == ({"UnscaleCheckFinite", "MultiTensorAdamW"} if fused else set())
+    assert ops_used == ({"CheckFinite", "MultiTensorAdamW"} if fused else set())
     curves = {}
     for name, model in (("fp32", step), ("amp", amp)):
         trainer = Trainer(model, weights=initial_weights(forward, model))
@@ -176,7 +176,8 @@ def test_train_command_logs_the_loss_scale(tmp_path):
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adamw"])
 def test_overhead_counts_what_loss_scaling_adds_and_plans_pay_it(optimizer, fused):
     """overhead() predicts the nodes add_loss_scaling inserts (standard ops: Mul, ReduceSum and a
-    Where per tensor; fused: one UnscaleCheckFinite), and the plan comparison charges them to the
+    Where per tensor; fused: one CheckFinite, a read of every gradient, half a Cast's pass: the
+    update unscales), and the plan comparison charges them to the
     mixed plans of a training step, not to fp32."""
     from onnxcampo import ir
 
@@ -188,7 +189,7 @@ def test_overhead_counts_what_loss_scaling_adds_and_plans_pay_it(optimizer, fuse
     add_loss_scaling(scaled)
     assert len(scaled.graph.node) - len(step.graph.node) == cost.nodes
     weights = sum(info[w].numel for w in step_spec(step).weights)
-    assert cost.elements >= weights and (cost.nodes > 20) == (not fused)
+    assert (cost.elements == weights // 2 if fused else cost.elements >= 2 * weights) and (cost.nodes > 20) == (not fused)
     result = optimize(step, policy="amp")
     amp, fp32 = result.report["predicted_us"]["amp"], result.report["predicted_us"]["fp32"]
     # besides its own nodes, scaling keeps live the loss gradient's seed, which ORT folds in fp32
@@ -347,9 +348,52 @@ def test_campo_step_with_fp16_gradient_sums_trains_like_fp32(fused):
     assert curves["campo"][-1] == pytest.approx(curves["fp32"][-1], rel=0.02)
 
 
+@pytest.mark.parametrize("optimizer", ["momentum", "sgd", "adamw"])
+def test_the_fused_update_unscales_the_gradients_it_reads(optimizer):
+    """With the fused ops the update reads the scaled gradients and inv_scale (unscale=1) and a
+    CheckFinite over the same gradients makes found_inf: no UnscaleCheckFinite writes float32
+    copies for it. Then the step trains like the fp32 one on ORT CPU (a wiring check)."""
+    forward = mlp()
+    step = build_train_step(forward, loss="cross_entropy", optimizer=optimizer, lr=0.05, fused=True)
+    amp = optimize(step, policy="amp").model
+    ops = [n.op_type for n in amp.graph.node]
+    assert "UnscaleCheckFinite" not in ops and ops.count("CheckFinite") == 1
+    check = next(n for n in amp.graph.node if n.op_type == "CheckFinite")
+    update = next(n for n in amp.graph.node if n.op_type.startswith("MultiTensor") and n.op_type != "MultiTensorCast")
+    assert onnx.helper.get_attribute_value(next(a for a in update.attribute if a.name == "unscale")) == 1
+    first = 3 if optimizer == "adamw" else 2
+    assert update.input[first] == "loss_scale/inverse" and update.input[first - 1] == check.output[0] == "found_inf"
+    n = len(check.input)
+    assert list(update.input[first + 1 + n:first + 1 + 2 * n]) == list(check.input)
+    trainer32 = Trainer(step, weights=initial_weights(forward, step))
+    trainer16 = Trainer(amp, weights=initial_weights(forward, amp))
+    fp32 = [trainer32.step({"x": X, "labels": CLASSES}) for _ in range(30)]
+    mixed = [trainer16.step({"x": X, "labels": CLASSES}) for _ in range(30)]
+    assert mixed[-1] < 0.8 * mixed[0] and mixed[-1] == pytest.approx(fp32[-1], rel=0.02)
+
+
+def test_an_unscaled_gradient_read_by_another_node_keeps_unscale_check_finite():
+    """The fold needs every u_i read by the update alone; a model where another node reads one
+    keeps UnscaleCheckFinite and the update as they were."""
+    from onnxcampo.training import scaling
+
+    nodes = [onnx.helper.make_node("UnscaleCheckFinite", ["inv", "g"], ["found_inf", "u"], domain="ai.onnxcampo"),
+             onnx.helper.make_node("Neg", ["u"], ["n"])]
+    sgd = onnx.helper.make_node("MultiTensorSGD", ["lr", "found_inf", "w", "u"], ["w.updated"], domain="ai.onnxcampo")
+    model = onnx.helper.make_model(onnx.helper.make_graph([sgd], "g", [], []))
+    update = model.graph.node[0]  # the graph's own node (make_graph copies)
+    scaling._fold_unscale(model, nodes, [update])
+    assert nodes[0].op_type == "UnscaleCheckFinite" and list(update.input) == ["lr", "found_inf", "w", "u"]
+    alone = nodes[:1]  # without the Neg: folded
+    scaling._fold_unscale(model, alone, [update])
+    assert alone[0].op_type == "CheckFinite" and list(alone[0].input) == ["g"]
+    assert list(update.input) == ["lr", "found_inf", "inv", "w", "g"]
+
+
 def test_fp16_gemm_weight_gradients_reach_the_unscale_in_fp16():
     """A weight gradient computed as one fp16 Gemm (simplify rule 1b) and reshaped to the weight's
-    dims is reshaped in fp16 and unscaled from fp16: no Cast to fp32 in front of UnscaleCheckFinite.
+    dims is reshaped in fp16 and unscaled from fp16: no Cast to fp32 in front of the check and the
+    update that unscales (CheckFinite, MultiTensorSGD unscale=1).
     The step still trains like the fp32 one on ORT CPU (a wiring check: ORT CPU hides fp16 rounding)."""
     from test_simplify import sequence_mlp
 
@@ -359,8 +403,8 @@ def test_fp16_gemm_weight_gradients_reach_the_unscale_in_fp16():
     # pay"): the plan puts the Cast to fp32 in front of them
     mixed = optimize(step, policy="fp16", exclude_nodes=("/squeeze$",)).model
     made = {o: n for n in mixed.graph.node for o in n.output}
-    unscale = next(n for n in mixed.graph.node if n.op_type == "UnscaleCheckFinite")
-    sources = [made[name] for name in unscale.input[1:]]
+    check = next(n for n in mixed.graph.node if n.op_type == "CheckFinite")
+    sources = [made[name] for name in check.input]
     assert sources and all(n.op_type == "Reshape" for n in sources)
     assert all(made[n.input[0]].op_type == "Gemm" for n in sources if made[n.input[0]].op_type != "ReduceSum")
     assert not any(made[n.input[0]].op_type == "Cast" for n in sources)
@@ -387,7 +431,7 @@ def test_campo_prices_the_cast_the_fused_unscale_saves():
         assert decision.precision is Precision.FP16 and decision.reason is Reason.CLEAR_PAYS, name
         assert decision.numbers["gain_us"] == pytest.approx(-decision.numbers["cast_us"]) and decision.numbers["gain_us"] > 0
     made = {o: n for n in result.model.graph.node for o in n.output}
-    unscale = next(n for n in result.model.graph.node if n.op_type == "UnscaleCheckFinite")
-    weight_grads = [made[name] for name in unscale.input[1:] if made[made[name].input[0]].op_type == "Gemm"]
+    check = next(n for n in result.model.graph.node if n.op_type == "CheckFinite")
+    weight_grads = [made[name] for name in check.input if made[made[name].input[0]].op_type == "Gemm"]
     assert len(weight_grads) == 2 and all(_dtype_read_by(result.model, n.name) == onnx.TensorProto.FLOAT16
                                           for n in weight_grads)
