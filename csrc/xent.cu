@@ -112,19 +112,20 @@ __global__ void ForwardKernel(const T* x, const int64_t* labels, int64_t width, 
 
 template <typename T, typename S>
 __global__ void BackwardKernel(const T* x, const float* lse, const int64_t* labels, const S* scale, bool per_row,
-                               int64_t width, int64_t classes, void* dx, bool dx_half) {
+                               int64_t width, int64_t classes, void* dx, bool dx_half, int64_t dx_width) {
   const int64_t r = blockIdx.x;
   const T* row = x + r * width;
   const float s = Load(scale, per_row ? r : 0);
   const int64_t column = Column(labels[r], classes);
   const float total = column < 0 ? 0.0f : s;
   const float shift = lse[r];
-  const int64_t out = r * classes;
+  const int64_t out = r * dx_width;
 #pragma unroll kUnroll
   for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
     const float g = j == column ? s : 0.0f;
     Store(dx, dx_half, out + j, g - expf(Load(row, j) - shift) * total);
   }
+  for (int64_t j = classes + threadIdx.x; j < dx_width; j += blockDim.x) Store(dx, dx_half, out + j, 0.0f);
 }
 
 // Threads per block: enough for four columns each up to 1024 (a power of two, at least a warp).
@@ -157,7 +158,7 @@ void SoftmaxCrossEntropyGradCuda(const XentArgs& a, void* stream_handle) {
   const unsigned blocks = static_cast<unsigned>(a.rows);
   auto launch = [&](auto x, auto scale) {
     BackwardKernel<<<blocks, threads, 0, stream>>>(x, a.lse, a.labels, scale, a.scale_per_row, a.width, a.classes,
-                                                   a.dx, a.dx_half);
+                                                   a.dx, a.dx_half, a.dx_width > 0 ? a.dx_width : a.classes);
   };
   const auto* xh = static_cast<const __half*>(a.x);
   const auto* xf = static_cast<const float*>(a.x);

@@ -5,6 +5,7 @@
 //     picked[r] = x[r, l_r] - lse[r] when the label is valid, else 0  (log softmax at the label)
 //   SoftmaxCrossEntropyGrad(x, lse, labels, scale) -> dx
 //     dx[r, j]  = s_r [j == l_r] - exp(x[r, j] - lse[r]) (valid_r ? s_r : 0),  j < C
+//     dx[r, j]  = 0,  C <= j < dx_width (rows padded for a GEMM that reads them: no Pad after)
 //
 // x: float32 or float16, `rows` rows of `width` >= C elements (row-major; a padded GEMM output read
 // in place: columns C .. width-1 are skipped); labels: int64, one per row, l < 0 counted from the
@@ -39,8 +40,9 @@ struct XentArgs {
   const void* scale = nullptr;  // 1 or rows values
   bool scale_half = false;
   bool scale_per_row = false;
-  void* dx = nullptr;  // [rows, classes]
+  void* dx = nullptr;  // [rows, dx_width]
   bool dx_half = false;
+  int64_t dx_width = 0;  // >= classes; 0: classes
 };
 
 void SoftmaxCrossEntropyCpu(const XentArgs& args, const ParallelRunner& run);

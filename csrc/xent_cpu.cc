@@ -48,7 +48,8 @@ void SoftmaxCrossEntropyCpu(const XentArgs& a, const ParallelRunner& run) {
 
 void SoftmaxCrossEntropyGradCpu(const XentArgs& a, const ParallelRunner& run) {
   ForRows(a.rows, run, [&](int64_t r) {
-    const int64_t base = r * a.width, out = r * a.classes;
+    const int64_t dx_width = a.dx_width > 0 ? a.dx_width : a.classes;
+    const int64_t base = r * a.width, out = r * dx_width;
     const float s = ew::LoadAsFloat(a.scale, a.scale_per_row ? r : 0, a.scale_half);
     const int64_t column = Column(a.labels[r], a.classes);
     const float total = column < 0 ? 0.0f : s;  // ReduceSum(g) of the unfused graph
@@ -57,6 +58,7 @@ void SoftmaxCrossEntropyGradCpu(const XentArgs& a, const ParallelRunner& run) {
       const float p = std::exp(ew::LoadAsFloat(a.x, base + j, a.x_half) - a.lse[r]);
       ew::StoreFloat(a.dx, out + j, g - p * total, a.dx_half);
     }
+    for (int64_t j = a.classes; j < dx_width; ++j) ew::StoreFloat(a.dx, out + j, 0.0f, a.dx_half);
   });
 }
 

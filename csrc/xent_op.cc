@@ -2,13 +2,14 @@
 // the arithmetic, docs/ops.md the decisions):
 //
 //   SoftmaxCrossEntropy[classes, output_type](x, labels) -> (picked, lse)
-//   SoftmaxCrossEntropyGrad[classes, output_type, output_shape](x, lse, labels, scale) -> dx
+//   SoftmaxCrossEntropyGrad[classes, output_type, output_shape, output_columns](x, lse, labels, scale) -> dx
 //
 // x: float32 or float16 [..., width]; `classes` (default width) <= width columns of each row are
 // the logits. labels: int64 with one element per row. picked: `output_type` (1 float32, the
 // default; 10 float16), labels' shape; lse: float32, labels' shape. scale: float32 or float16,
 // 1 or rows elements. dx: `output_type`, `output_shape` (default x's shape with the last
-// dimension `classes`), rows * classes elements. ORT learns the outputs' types and shapes from the
+// dimension `output_columns`), rows * output_columns elements; `output_columns` (default
+// `classes`) >= classes: each row of dx padded with zeros to it (a GEMM's padded K or N). ORT learns the outputs' types and shapes from the
 // attributes and the inputs (InferForward, InferGrad).
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
@@ -117,6 +118,7 @@ struct GradKernel {
     output_type = IntAttribute(info, "output_type", kFloat);
     CheckOutputType(who, output_type);
     shape = IntsAttribute(info, "output_shape", &has_shape);
+    columns = IntAttribute(info, "output_columns", -1);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -146,14 +148,20 @@ struct GradKernel {
       Fail(who, "scale must hold 1 value or one per row (" + std::to_string(rows.rows) + "), not " +
                     std::to_string(scales));
     }
+    const int64_t dx_width = columns < 0 ? rows.classes : columns;
+    if (dx_width < rows.classes) {
+      Fail(who, "attribute 'output_columns' (" + std::to_string(dx_width) + ") must be >= classes (" +
+                    std::to_string(rows.classes) + ")");
+    }
     std::vector<int64_t> out_shape = shape;
     if (!has_shape) {
       out_shape = x_shape;
-      out_shape.back() = rows.classes;
+      out_shape.back() = dx_width;
     }
-    if (Count(out_shape) != rows.rows * rows.classes) {
-      Fail(who, "attribute 'output_shape' " + ShapeText(out_shape) + " must hold rows x classes = " +
-                    std::to_string(rows.rows * rows.classes) + " elements");
+    if (Count(out_shape) != rows.rows * dx_width) {
+      Fail(who, "attribute 'output_shape' " + ShapeText(out_shape) + " must hold rows x " +
+                    std::string(columns < 0 ? "classes" : "output_columns") + " = " +
+                    std::to_string(rows.rows * dx_width) + " elements");
     }
     XentArgs args;
     args.x = x.GetTensorRawData();
@@ -166,6 +174,7 @@ struct GradKernel {
     args.scale_per_row = scales != 1;
     args.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
     args.dx_half = output_type == kHalf;
+    args.dx_width = dx_width;
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return SoftmaxCrossEntropyGradCuda(args, ctx.GetGPUComputeStream());
 #endif
@@ -174,7 +183,7 @@ struct GradKernel {
 
   std::string who;
   bool cuda;
-  int64_t classes = -1, output_type = kFloat;
+  int64_t classes = -1, output_type = kFloat, columns = -1;
   bool has_shape = false;
   std::vector<int64_t> shape;
 };
@@ -238,6 +247,7 @@ OrtStatusPtr ORT_API_CALL InferGrad(const OrtCustomOp*, OrtShapeInferContext* ct
       int64_t classes = 0;
       if (dims.empty()) return nullptr;
       if (InferInt(ctx, "classes", &classes)) dims.back() = classes;
+      if (InferInt(ctx, "output_columns", &classes)) dims.back() = classes;
     }
     SetOutput(ctx, 0, type, dims);
   } catch (...) {

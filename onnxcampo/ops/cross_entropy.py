@@ -8,7 +8,10 @@ float16), both shaped like ``labels``.
 
 ``SoftmaxCrossEntropyGrad(x, lse, labels, scale) -> dx``: ``dx[r, j] = s_r [j == l_r] -
 exp(x[r, j] - lse[r]) (s_r if l_r is valid else 0)``, ``scale`` one value or one per row, of
-``output_type``, shaped ``output_shape`` (default: x's shape, last dimension ``classes``).
+``output_type``, shaped ``output_shape`` (default: x's shape, last dimension ``output_columns``);
+``output_columns`` (default ``classes``) >= ``classes`` pads each row of ``dx`` with zeros, the
+layout of a GEMM whose K or N ``onnxcampo.padding`` padded (loss fusion rule 5: no Cast and Pad
+after the op).
 
 ``x`` is float32 or float16 with rows of ``width >= classes`` elements (``classes`` defaults to the
 width: a padded GEMM output is read in place). ``labels`` are int64, one per row; a negative label
@@ -59,8 +62,10 @@ def forward(x: np.ndarray, labels: np.ndarray, *, classes: int | None = None,
 
 
 def grad(x: np.ndarray, lse: np.ndarray, labels: np.ndarray, scale: np.ndarray, *, classes: int | None = None,
-         output_type: int = FLOAT, output_shape: Sequence[int] | None = None) -> np.ndarray:
-    """The gradient op in numpy (float64, rounded once)."""
+         output_type: int = FLOAT, output_shape: Sequence[int] | None = None,
+         output_columns: int | None = None) -> np.ndarray:
+    """The gradient op in numpy (float64, rounded to float32 and then to ``output_type``, as the
+    kernels round their float32 result)."""
     rows, classes = _rows(x, classes)
     column = _columns(labels, classes)
     s = np.asarray(scale, np.float64).reshape(-1)
@@ -70,8 +75,12 @@ def grad(x: np.ndarray, lse: np.ndarray, labels: np.ndarray, scale: np.ndarray, 
     total = np.where(column >= 0, s[:, 0], 0.0)[:, None]
     g = np.where(np.arange(classes)[None, :] == column[:, None], s, 0.0)
     dx = g - np.exp(rows - np.asarray(lse, np.float64).reshape(-1, 1)) * total
-    shape = list(np.shape(x)[:-1]) + [classes] if output_shape is None else [int(d) for d in output_shape]
-    return dx.astype(NUMPY[int(output_type)]).reshape(shape)
+    columns = classes if output_columns is None else int(output_columns)
+    if columns < classes:
+        raise ValueError(f"output_columns ({columns}) must be >= classes ({classes})")
+    dx = np.pad(dx, ((0, 0), (0, columns - classes)))
+    shape = list(np.shape(x)[:-1]) + [columns] if output_shape is None else [int(d) for d in output_shape]
+    return dx.astype(np.float32).astype(NUMPY[int(output_type)]).reshape(shape)
 
 
 def reference_ops() -> list:
@@ -87,10 +96,11 @@ def reference_ops() -> list:
     class SoftmaxCrossEntropyGrad(OpRun):
         op_domain = "ai.onnxcampo"
 
-        def _run(self, x, lse, labels, scale, classes=None, output_type=None, output_shape=None):
+        def _run(self, x, lse, labels, scale, classes=None, output_type=None, output_shape=None, output_columns=None):
             return (grad(x, lse, labels, scale, classes=classes,
                          output_type=FLOAT if output_type is None else int(output_type),
-                         output_shape=None if output_shape is None else list(output_shape)),)
+                         output_shape=None if output_shape is None else list(output_shape),
+                         output_columns=output_columns),)
 
     return [SoftmaxCrossEntropy, SoftmaxCrossEntropyGrad]
 

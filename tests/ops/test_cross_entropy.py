@@ -224,3 +224,150 @@ def test_evaluation_of_a_fused_step_gives_the_unfused_loss_and_prediction(librar
     assert ce.FORWARD in evaluated and "Slice" in evaluated
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=2e-6, atol=2e-6, err_msg=name)
+
+
+def _gradient_then(paths: str, dx_shape=(4, 3, 10, 1), padded=16):
+    """SoftmaxCrossEntropyGrad (float32, x [4, 3, 16] with 10 classes) followed by ``paths`` (ONNX
+    text reading ``dx``): the shape rule 5 sees after a plan's Casts and the padding pass's Pads."""
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17, "ai.onnxcampo" : 1]>
+    g (float[4,3,{padded}] x, float[4,3] lse, int64[4,3] labels, float[1] scale, float16[{padded},32] w,
+       float16[12,32] a) => (float16[12,32] dxw, float16[32,{padded}] dw) {{
+      dx = ai.onnxcampo.SoftmaxCrossEntropyGrad <classes = 10, output_type = 1,
+                                                 output_shape = [{", ".join(map(str, dx_shape))}]> (x, lse, labels, scale)
+      {paths}
+    }}"""
+    model = onnx.parser.parse_model(text)
+    for name, values in (("s1", [1, 4, 3, 10]), ("s2", [12, 10]), ("pads4", [0, 0, 0, 0, 0, 0, 0, padded - 10]),
+                         ("pads2", [0, 0, 0, padded - 10])):
+        model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+    ir.name_nodes(model)
+    return model
+
+
+GPT2_LIKE = """
+      seed = Reshape(dx, s1)
+      seed16 = Cast <to = 10> (seed)
+      seed_padded = Pad(seed16, pads4)
+      m = MatMul(seed_padded, w)
+      dxw = Reshape(m, s2m)
+      rows = Reshape(seed, s2)
+      rows16 = Cast <to = 10> (rows)
+      rows_padded = Pad(rows16, pads2)
+      dw = Gemm <transA = 1> (a, rows_padded)"""
+
+
+def _fold(model):
+    from onnxcampo.loss_fusion import LossFusionResult, _fold_gradient_casts_and_pads
+
+    model.graph.initializer.append(numpy_helper.from_array(np.array([12, 32], np.int64), "s2m"))
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    info, _ = ir.infer_tensor_info(folded)
+    result = LossFusionResult()
+    grad = next(n for n in folded.graph.node if n.op_type == ce.GRAD)
+    _fold_gradient_casts_and_pads(folded, grad, info, result)
+    return folded, result
+
+
+def _gradient_feeds(seed=1):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((4, 3, 16)) * 3).astype(np.float32)
+    lse = np.log(np.exp(x[..., :10].astype(np.float64)).sum(-1)).astype(np.float32)
+    return {"x": x, "lse": lse, "labels": rng.integers(0, 10, (4, 3)).astype(np.int64),
+            "scale": np.float32([512.0]), "w": rng.standard_normal((16, 32)).astype(np.float16),
+            "a": rng.standard_normal((12, 32)).astype(np.float16)}
+
+
+def test_rule_5_writes_the_padded_float16_gradient_and_the_casts_and_pads_go():
+    """The LM head's backward as the plan and the padding pass leave it (GPT-2: dx [8, 256, 50257,
+    1] float32, a Reshape, two Casts to float16 and two Pads of the class axis to 50264, for the
+    dX MatMul's K and the weight gradient Gemm's N): the op writes float16 rows of 16, the Casts and
+    Pads go, and every output is the same bits (reference evaluator)."""
+    model = _gradient_then(GPT2_LIKE)
+    folded, result = _fold(model)
+    onnx.checker.check_model(folded)
+    ops = [n.op_type for n in folded.graph.node]
+    assert "Cast" not in ops and "Pad" not in ops and (result.gradient_casts, result.gradient_pads) == (2, 2)
+    grad = next(n for n in folded.graph.node if n.op_type == ce.GRAD)
+    attrs = {a.name: helper.get_attribute_value(a) for a in grad.attribute}
+    assert attrs["output_type"] == F16 and attrs["output_columns"] == 16 and attrs["output_shape"] == [4, 3, 16, 1]
+    info, _ = ir.infer_tensor_info(folded)
+    assert info["seed"].dtype == F16 and tuple(info["seed"].shape) == (1, 4, 3, 16)
+    assert tuple(info["rows"].shape) == (12, 16)
+    assert {"s1", "s2"}.isdisjoint({t.name for t in folded.graph.initializer})  # the old shapes went
+    feeds = _gradient_feeds()
+    want = ReferenceEvaluator(model, new_ops=ce.reference_ops()).run(None, feeds)
+    got = ReferenceEvaluator(folded, new_ops=ce.reference_ops()).run(None, feeds)
+    for w, g in zip(want, got):
+        assert w.dtype == g.dtype and np.array_equal(w.view(np.uint16), g.view(np.uint16))
+
+
+def test_rule_5_folds_the_casts_alone_when_nothing_pads():
+    paths = """
+      seed = Reshape(dx, s1)
+      seed16 = Cast <to = 10> (seed)
+      m = MatMul(seed16, w)
+      dxw = Reshape(m, s2m)
+      rows = Reshape(seed, s2)
+      rows16 = Cast <to = 10> (rows)
+      dw = Gemm <transA = 1> (a, rows16)"""
+    model = _gradient_then(paths, padded=10)
+    folded, result = _fold(model)
+    assert (result.gradient_casts, result.gradient_pads) == (2, 0)
+    grad = next(n for n in folded.graph.node if n.op_type == ce.GRAD)
+    attrs = {a.name: helper.get_attribute_value(a) for a in grad.attribute}
+    assert attrs["output_type"] == F16 and "output_columns" not in attrs
+    feeds = _gradient_feeds()
+    feeds["x"], feeds["w"] = feeds["x"][..., :10].copy(), feeds["w"][:10].copy()
+    want = ReferenceEvaluator(model, new_ops=ce.reference_ops()).run(None, feeds)
+    got = ReferenceEvaluator(folded, new_ops=ce.reference_ops()).run(None, feeds)
+    for w, g in zip(want, got):
+        assert np.array_equal(w.view(np.uint16), g.view(np.uint16))
+
+
+@pytest.mark.parametrize("change", ["float32 reader", "two widths", "pad before the classes", "no cast"])
+def test_rule_5_leaves_other_gradients_alone(change):
+    paths = GPT2_LIKE
+    if change == "float32 reader":  # a path without the Cast to float16
+        paths = paths.replace("rows16 = Cast <to = 10> (rows)\n      rows_padded = Pad(rows16, pads2)",
+                              "rows_padded = Pad(rows, pads2)").replace("(a, rows_padded)", "(a32, rows_padded)")
+        paths += "\n      a32 = Cast <to = 1> (a)"
+    elif change == "two widths":
+        paths = paths.replace("Pad(rows16, pads2)", "Pad(rows16, pads2b)")
+    elif change == "pad before the classes":
+        paths = paths.replace("Pad(rows16, pads2)", "Pad(rows16, pads2c)")
+    else:
+        paths = paths.replace("Cast <to = 10> (seed)", "Identity(seed)").replace("Cast <to = 10> (rows)",
+                                                                                  "Identity(rows)")
+    model = _gradient_then(paths)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, 0, 8], np.int64), "pads2b"),
+                                    numpy_helper.from_array(np.array([0, 0, 2, 4], np.int64), "pads2c")])
+    folded, result = _fold(model)
+    assert (result.gradient_casts, result.gradient_pads) == (0, 0)
+    assert [n.op_type for n in folded.graph.node] == [n.op_type for n in model.graph.node]
+
+
+def test_the_gradient_kernel_pads_its_rows_on_the_cpu(library):
+    """output_columns on ORT's CPU provider: the first classes columns as without it, zeros after."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((6, 13)) * 3).astype(np.float32)
+    labels = rng.integers(0, 11, 6).astype(np.int64)
+    lse = np.log(np.exp(x[:, :11].astype(np.float64)).sum(-1)).astype(np.float32)
+    outputs = {}
+    for columns in (None, 16):
+        node = op_nodes.softmax_cross_entropy_grad("x", "lse", "labels", "scale", output="dx", classes=11,
+                                                   output_type=F16, output_columns=columns, name="grad")
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F32, [6, 13]),
+                                                helper.make_tensor_value_info("lse", F32, [6]),
+                                                helper.make_tensor_value_info("labels", TensorProto.INT64, [6]),
+                                                helper.make_tensor_value_info("scale", F32, [1])],
+                                  [helper.make_tensor_value_info("dx", F16, [6, columns or 11])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        op_nodes.import_domain(model)
+        outputs[columns] = run(make_session(model), {"x": x, "lse": lse, "labels": labels,
+                                                     "scale": np.float32([2.0])})["dx"]
+    assert outputs[16].shape == (6, 16) and not outputs[16][:, 11:].any()
+    np.testing.assert_array_equal(outputs[16][:, :11].view(np.uint16), outputs[None].view(np.uint16))
+    want = ce.grad(x, lse, labels, np.float32([2.0]), classes=11, output_type=F16, output_columns=16)
+    np.testing.assert_allclose(outputs[16].astype(np.float32), want.astype(np.float32), rtol=2 ** -10, atol=2 ** -14)
