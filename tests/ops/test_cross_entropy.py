@@ -328,6 +328,8 @@ def test_rule_5_folds_the_casts_alone_when_nothing_pads():
 
 @pytest.mark.parametrize("change", ["float32 reader", "two widths", "pad before the classes", "no cast"])
 def test_rule_5_leaves_other_gradients_alone(change):
+    """A path without the Cast keeps everything; Pads of two widths or of another axis keep the
+    Pads (the Casts still go)."""
     paths = GPT2_LIKE
     if change == "float32 reader":  # a path without the Cast to float16
         paths = paths.replace("rows16 = Cast <to = 10> (rows)\n      rows_padded = Pad(rows16, pads2)",
@@ -344,6 +346,10 @@ def test_rule_5_leaves_other_gradients_alone(change):
     model.graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, 0, 8], np.int64), "pads2b"),
                                     numpy_helper.from_array(np.array([0, 0, 2, 4], np.int64), "pads2c")])
     folded, result = _fold(model)
+    if change in ("two widths", "pad before the classes"):  # the Casts go, the Pads stay
+        assert (result.gradient_casts, result.gradient_pads) == (2, 0)
+        assert [n.op_type for n in folded.graph.node] == [n.op_type for n in model.graph.node if n.op_type != "Cast"]
+        return
     assert (result.gradient_casts, result.gradient_pads) == (0, 0)
     assert [n.op_type for n in folded.graph.node] == [n.op_type for n in model.graph.node]
 
@@ -371,3 +377,25 @@ def test_the_gradient_kernel_pads_its_rows_on_the_cpu(library):
     np.testing.assert_array_equal(outputs[16][:, :11].view(np.uint16), outputs[None].view(np.uint16))
     want = ce.grad(x, lse, labels, np.float32([2.0]), classes=11, output_type=F16, output_columns=16)
     np.testing.assert_allclose(outputs[16].astype(np.float32), want.astype(np.float32), rtol=2 ** -10, atol=2 ** -14)
+
+
+def test_rule_5_with_one_path_unpadded_folds_the_casts_and_keeps_the_pad():
+    """GPT-2 as the H200 plan leaves it: the dX MatMul reads the float16 gradient unpadded, the
+    weight gradient's Gemm through a Pad of N: the op writes float16 rows of C, both Casts go and
+    the Pad stays (reading the float16 view); the same bits."""
+    paths = GPT2_LIKE.replace("seed_padded = Pad(seed16, pads4)\n      m = MatMul(seed_padded, w)",
+                              "m = MatMul(seed16, w10)")
+    model = _gradient_then(paths)
+    model.graph.input.append(helper.make_tensor_value_info("w10", F16, [10, 32]))
+    folded, result = _fold(model)
+    assert (result.gradient_casts, result.gradient_pads) == (2, 0)
+    assert [n.op_type for n in folded.graph.node].count("Pad") == 1
+    grad = next(n for n in folded.graph.node if n.op_type == ce.GRAD)
+    attrs = {a.name: helper.get_attribute_value(a) for a in grad.attribute}
+    assert attrs["output_type"] == F16 and "output_columns" not in attrs
+    feeds = _gradient_feeds()
+    feeds["w10"] = feeds["w"][:10].copy()
+    want = ReferenceEvaluator(model, new_ops=ce.reference_ops()).run(None, feeds)
+    got = ReferenceEvaluator(folded, new_ops=ce.reference_ops()).run(None, feeds)
+    for w, g in zip(want, got):
+        assert np.array_equal(w.view(np.uint16), g.view(np.uint16))
