@@ -38,7 +38,12 @@ the block reductions and the elementwise fusion. Rules:
    and the Casts go. When moreover every path ends at a Pad of the class axis with zeros to one
    width ``W`` (``onnxcampo.padding``'s K or N of the LM head's backward GEMMs), the op writes rows
    of ``W`` (``output_columns``) and the Pads go too, the views' shapes taking ``W`` for ``C``;
-   else the Pads stay, reading the float16 views. The op rounds its float32 result once to float16
+   else the Pads stay, reading the float16 views. 5b: a path that ends at a MatMul reading the
+   gradient as A with the classes its K (GPT-2's dX = dlogits @ W^T, K = 50257) does not stop
+   the padding when the other paths pad: the MatMul's B gets a Pad of its K rows with zeros (a
+   77 MB weight instead of the 206 MB gradient) and K is aligned for the Tensor Cores; the
+   products with the zero rows add nothing (the same values up to the GEMM's order of
+   additions). The op rounds its float32 result once to float16
    as the Cast did and writes the Pad's zeros, so the values are the same bits. On GPT-2 b8 s256
    the float32 ``dx`` (412 MB) and its two Casts were ~1.6 GB of traffic a step, the Pad of the
    weight gradient's N 0.4 GB; the fused op writes 206 MB.
@@ -77,12 +82,13 @@ class LossFusionResult:
     prediction_slices: int = 0  # of those, Slices of the prediction removed (evaluation slices it back)
     gradient_casts: int = 0  # rule 5: Casts after the gradient folded into it
     gradient_pads: int = 0  # rule 5: Pads after the gradient folded into it
+    gradient_matmuls: int = 0  # rule 5b: MatMuls reading the padded gradient, their B padded
 
     def to_json(self) -> dict:
         return {"softmax_cross_entropy": self.forward, "softmax_cross_entropy_grad": self.backward,
                 "nodes_replaced": self.nodes, "casts_folded": self.casts, "slices_read_past": self.slices,
                 "prediction_slices_removed": self.prediction_slices, "gradient_casts_folded": self.gradient_casts,
-                "gradient_pads_folded": self.gradient_pads}
+                "gradient_pads_folded": self.gradient_pads, "gradient_matmuls_padded": self.gradient_matmuls}
 
 
 @dataclass
@@ -379,6 +385,7 @@ def _fold_gradient_casts_and_pads(model: onnx.ModelProto, grad: onnx.NodeProto, 
     casts: list[onnx.NodeProto] = []
     pads: list[onnx.NodeProto] = []
     ends: list[onnx.NodeProto] = []  # readers after a Cast that are neither views nor Pads
+    matmuls: list[onnx.NodeProto] = []  # of those, MatMuls whose K is the class axis (rule 5b)
     widths: set[int] = set()
 
     def pad_width(node: onnx.NodeProto, shape: tuple[int, ...]) -> int | None:
@@ -431,12 +438,23 @@ def _fold_gradient_casts_and_pads(model: onnx.ModelProto, grad: onnx.NodeProto, 
                     pads.append(node)
             elif cast_seen:
                 ends.append(node)
+                source = ir.static_shape(info, value, empty=False)
+                b = ir.static_shape(info, node.input[1], empty=False) if len(node.input) > 1 else None
+                if node.op_type == "MatMul" and source is not None and _last_non_one(source) == len(source) - 1 \
+                        and b is not None and len(b) == 2 and b[0] == classes:
+                    matmuls.append(node)
             else:
                 return False
         return True
 
     if not walk(dx, False) or not casts:
         return
+    padded_matmuls: list[str] = []  # rule 5b: the outputs of the MatMuls whose B gets a Pad
+    if len(widths) == 1 and ends and len(matmuls) == len(ends):
+        # a MatMul reading the gradient as A (K the classes) reads it padded too, its B padded
+        # with zero rows to the same K; its products with the zeros add nothing
+        padded_matmuls = [node.output[0] for node in matmuls]
+        ends = []
     if ends or len(widths) != 1:  # the Pads stay (readers like the others): float16 rows of C
         ends += pads
         pads, widths = [], set()
@@ -471,6 +489,20 @@ def _fold_gradient_casts_and_pads(model: onnx.ModelProto, grad: onnx.NodeProto, 
     edit.replace_nodes({}, {id(n) for n in casts + pads}, new_info)
     edit.drop_unread(old_shapes)
     ir.record_value_infos(info, new_info)
+    for node in [n for n in model.graph.node if n.output and n.output[0] in padded_matmuls]:
+        b, b_shape = node.input[1], ir.static_shape(info, node.input[1], empty=False)
+        amounts = edit.fresh(f"{node.name or 'matmul'}/pad_k_rows")
+        padded_b = edit.fresh(f"{b}/padded_k")
+        model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, width - classes, 0], np.int64), amounts))
+        model.graph.node.append(helper.make_node("Pad", [b, amounts], [padded_b],
+                                                 name=edit.fresh(f"{node.name or 'matmul'}/pad_b")))
+        b_info = helper.make_tensor_value_info(padded_b, ir.tensor_dtype(info, b), [width, b_shape[1]])
+        model.graph.value_info.append(b_info)
+        ir.record_value_infos(info, [b_info])
+        node.input[1] = padded_b
+        result.gradient_matmuls += 1
+    if padded_matmuls:
+        ir.toposort_model(model)
     result.gradient_casts += len(casts)
     result.gradient_pads += len(pads)
 

@@ -379,16 +379,16 @@ def test_the_gradient_kernel_pads_its_rows_on_the_cpu(library):
     np.testing.assert_allclose(outputs[16].astype(np.float32), want.astype(np.float32), rtol=2 ** -10, atol=2 ** -14)
 
 
-def test_rule_5_with_one_path_unpadded_folds_the_casts_and_keeps_the_pad():
-    """GPT-2 as the H200 plan leaves it: the dX MatMul reads the float16 gradient unpadded, the
-    weight gradient's Gemm through a Pad of N: the op writes float16 rows of C, both Casts go and
-    the Pad stays (reading the float16 view); the same bits."""
+def test_rule_5_with_another_reader_unpadded_folds_the_casts_and_keeps_the_pad():
+    """One path ends at a node that is not a MatMul over the classes (a Relu here), the other at
+    a Pad of N: the op writes float16 rows of C, both Casts go and the Pad stays (reading the
+    float16 view); the same bits."""
     paths = GPT2_LIKE.replace("seed_padded = Pad(seed16, pads4)\n      m = MatMul(seed_padded, w)",
-                              "m = MatMul(seed16, w10)")
+                              "r = Relu(seed16)\n      m = MatMul(r, w10)")
     model = _gradient_then(paths)
     model.graph.input.append(helper.make_tensor_value_info("w10", F16, [10, 32]))
     folded, result = _fold(model)
-    assert (result.gradient_casts, result.gradient_pads) == (2, 0)
+    assert (result.gradient_casts, result.gradient_pads, result.gradient_matmuls) == (2, 0, 0)
     assert [n.op_type for n in folded.graph.node].count("Pad") == 1
     grad = next(n for n in folded.graph.node if n.op_type == ce.GRAD)
     attrs = {a.name: helper.get_attribute_value(a) for a in grad.attribute}
@@ -399,3 +399,30 @@ def test_rule_5_with_one_path_unpadded_folds_the_casts_and_keeps_the_pad():
     got = ReferenceEvaluator(folded, new_ops=ce.reference_ops()).run(None, feeds)
     for w, g in zip(want, got):
         assert np.array_equal(w.view(np.uint16), g.view(np.uint16))
+
+
+def test_rule_5b_pads_the_b_of_a_matmul_whose_k_is_the_classes():
+    """GPT-2 as the H200 plan leaves it: the dX MatMul reads the gradient unpadded (K = classes),
+    the weight gradient's Gemm through a Pad of N. The MatMul's B gets zero rows to the Pad's
+    width, so the op writes padded float16 rows, the Casts and the Pad go, and K is aligned; the
+    values are the unfused ones (zeros add nothing; the reference evaluator sums in another order)."""
+    paths = GPT2_LIKE.replace("seed_padded = Pad(seed16, pads4)\n      m = MatMul(seed_padded, w)",
+                              "m = MatMul(seed16, w10)")
+    model = _gradient_then(paths)
+    model.graph.input.append(helper.make_tensor_value_info("w10", F16, [10, 32]))
+    folded, result = _fold(model)
+    onnx.checker.check_model(folded)
+    assert (result.gradient_casts, result.gradient_pads, result.gradient_matmuls) == (2, 1, 1)
+    ops = [n.op_type for n in folded.graph.node]
+    assert "Cast" not in ops and ops.count("Pad") == 1  # the one on the MatMul's B
+    pad = next(n for n in folded.graph.node if n.op_type == "Pad")
+    assert pad.input[0] == "w10" and ops.index("Pad") < ops.index("MatMul")
+    grad = next(n for n in folded.graph.node if n.op_type == ce.GRAD)
+    assert {a.name: helper.get_attribute_value(a) for a in grad.attribute}["output_columns"] == 16
+    feeds = _gradient_feeds()
+    feeds["w10"] = feeds["w"][:10].copy()
+    want = ReferenceEvaluator(model, new_ops=ce.reference_ops()).run(None, feeds)
+    got = ReferenceEvaluator(folded, new_ops=ce.reference_ops()).run(None, feeds)
+    for w, g in zip(want, got):
+        assert w.dtype == g.dtype and w.shape == g.shape
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2 ** -9, atol=2 ** -9)
