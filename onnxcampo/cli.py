@@ -1106,6 +1106,9 @@ def summary(report: dict, output: Path | None) -> str:
                      "nodes" + (f" ({reductions['sums_shared']} sums shared)" if reductions.get("sums_shared") else "")
                      + (f"; the cross-entropy loss ({loss['nodes_replaced']} nodes) as SoftmaxCrossEntropy"
                                 + (" and its gradient" if loss.get("softmax_cross_entropy_grad") else "")
+                                + (f" (written float16: {loss['gradient_casts_folded']} Casts and "
+                                   f"{loss.get('gradient_pads_folded', 0)} Pads after it folded)"
+                                   if loss.get("gradient_casts_folded") else "")
                                 if loss.get("softmax_cross_entropy") else "")
                      + (f"; {norms['layer_norm_grad']} layer-norm and {norms['softmax_grad']} softmax gradients as "
                         f"LayerNormGrad / SoftmaxGrad ({norms['nodes_replaced']} nodes)"
