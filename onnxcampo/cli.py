@@ -187,11 +187,11 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "transform around each; needs the custom-op library; docs/ops.md). Convolutions whose "
                              "channels are not multiples of 8 stay NCHW. Default: on for a training step built with the "
                              "fused ops where the library's CUDA kernels are, off otherwise")
-    custom.add_argument("--channels-last-stem", type=int, choices=(0, 4, 8), default=8, metavar="{0,4,8}",
+    custom.add_argument("--channels-last-stem", type=int, choices=(0, 4, 8), default=4, metavar="{0,4,8}",
                         help="with --channels-last: pad a stem convolution's input channels (fewer than 8) to this "
                              "many and run it, its weight gradient and the MaxPools channels-last (the pools and their "
-                             "gradients as ai.onnxcampo MaxPoolNhwc / MaxPoolNhwcGrad); 0 keeps them NCHW (an A/B). "
-                             "Default: 8")
+                             "gradients as ai.onnxcampo MaxPoolNhwc / MaxPoolNhwcGrad; 4 is the layout of cuDNN's "
+                             "first-layer kernels); 0 keeps them NCHW (an A/B). Default: 4")
     custom.add_argument("--yield-to-ort-fusions", action="store_true",
                         help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
                              "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "

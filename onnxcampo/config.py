@@ -121,12 +121,13 @@ class OptimizeConfig:
             machine with their CUDA kernels: ResNet-50 b64's step 1.34x on the H200), off
             otherwise and for inference models (not measured there yet).
         channels_last_stem: with ``channels_last``, also a stem convolution (fewer than 8 input
-            channels, zero-padded to this many: 8, the default, or 4, the layout of cuDNN's
-            ``image_first_layer`` kernels) and the MaxPools between channels-last tensors, with
+            channels, zero-padded to this many: 4, the default, the layout of cuDNN's
+            ``image_first_layer`` kernels, or 8; ResNet-50 b64's step 9.904 -> 9.626 ms with 4 on
+            the H100) and the MaxPools between channels-last tensors, with
             onnx-ad's adjoints of them, as ``ai.onnxcampo::MaxPoolNhwc`` / ``MaxPoolNhwcGrad``
             (no layout Transpose, scatter-add or zero fill around a ResNet's stem pool). ``0``
             keeps both NCHW (the benchmark's ``campo-fused-cl-nostem-graph``, their A/B;
-            ``campo-fused-cl-stem4-graph`` pads to 4).
+            ``campo-fused-cl-stem8-graph`` pads to 8).
         plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions``, cost the plans as the
             fused model runs (``onnxcampo.estimate``: a Cast inside a fused group costs nothing,
             one at its edge the bytes it changes there, a fused elementwise op its share of the
@@ -158,7 +159,7 @@ class OptimizeConfig:
     yield_to_ort_fusions: bool = False
     fuse_row_gradients: bool = True
     channels_last: bool | None = None
-    channels_last_stem: int = 8
+    channels_last_stem: int = 4
     tune: str | None = None
     tune_tolerance: float | str | None = None
     activation_limit: float | None = None

@@ -25,7 +25,7 @@
 #            BENCH_POLICIES narrow them)                                                  (~9 min)
 #   rotate   training steps of one model side by side, in rotation, in one process
 #            (scripts/rotate_training.py; ROTATE_MODEL, default resnet50, ROTATE_POLICIES,
-#            ROTATE_ROUNDS, ROTATE_SPLIT): campo channels-last with the stem padded to 8 and to 4
+#            ROTATE_ROUNDS, ROTATE_SPLIT): campo channels-last with the stem padded to 4 and to 8
 #            channels and without the NHWC stem and pool, the fp16 plan, torch.compile AMP
 #            channels_last replayed (reduce-overhead), CUPTI splits of the first two (~4 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
@@ -124,8 +124,8 @@ run_train18() {
 run_rotate() {
   # ResNet-50's step variants and its torch.compile anchors side by side, in rotation, in one process
   stage rotate 590 python3 scripts/rotate_training.py --model "${ROTATE_MODEL:-resnet50}" --wheels "$WHEELS" \
-    --policies "${ROTATE_POLICIES:-campo-fused-cl-graph,campo-fused-cl-stem4-graph,campo-fused-cl-nostem-graph,fp16-fused-cl-graph,torch-compile-graph-amp-cl}" \
-    --split "${ROTATE_SPLIT:-campo-fused-cl-graph,campo-fused-cl-stem4-graph}" \
+    --policies "${ROTATE_POLICIES:-campo-fused-cl-graph,campo-fused-cl-stem8-graph,campo-fused-cl-nostem-graph,fp16-fused-cl-graph,torch-compile-graph-amp-cl}" \
+    --split "${ROTATE_SPLIT:-campo-fused-cl-graph,torch-compile-graph-amp-cl}" \
     --rounds "${ROTATE_ROUNDS:-7}" --out "$OUT/rotate/rotation-${ROTATE_MODEL:-resnet50}.json"
 }
 

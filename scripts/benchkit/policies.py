@@ -33,7 +33,9 @@ Inference (ONNX Runtime):
     campo-fused-cl-nostem-graph  campo-fused-cl-graph with ``channels_last_stem=0``: the stem
                     convolution and the MaxPool NCHW (as before MaxPoolNhwc): their A/B
     campo-fused-cl-stem4-graph  campo-fused-cl-graph with the stem's input padded to 4 channels
-                    (``channels_last_stem=4``) instead of 8
+                    (``channels_last_stem=4``, the default since session 20: the same model)
+    campo-fused-cl-stem8-graph  campo-fused-cl-graph with the stem's input padded to 8 channels
+                    (``channels_last_stem=8``, the default before): their A/B
                     (``fuse_row_gradients=False``): their elementwise parts fused, reductions apart
     campo-fused-nhwc-graph  (training) campo-fused-graph's model in a session with the CUDA EP's
                     ``prefer_nhwc`` (Convs and their neighbours in NHWC; ORT 1.31 has no NHWC
@@ -78,7 +80,7 @@ GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo
                   "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
                   "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph",
                   "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
-                  "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph")
+                  "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph", "campo-fused-cl-stem8-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -141,6 +143,9 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same with the stem's input padded to 4 channels, the layout of cuDNN's image_first_layer kernels
              "campo-fused-cl-stem4-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
                                             "channels_last_stem": 4, **FUSIONS},
+             # the same padded to 8 channels (the default before session 20)
+             "campo-fused-cl-stem8-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
+                                            "channels_last_stem": 8, **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
              # its plain run (for a CUPTI breakdown beside campo-fused's)
