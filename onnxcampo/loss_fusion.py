@@ -43,7 +43,8 @@ the block reductions and the elementwise fusion. Rules:
    the padding when the other paths pad: the MatMul's B gets a Pad of its K rows with zeros (a
    77 MB weight instead of the 206 MB gradient) and K is aligned for the Tensor Cores; the
    products with the zero rows add nothing (the same values up to the GEMM's order of
-   additions). The op rounds its float32 result once to float16
+   additions). Where B is the Transpose of a weight that a Pad already widens to W (the LM head's
+   forward pad), the Transpose reads that Pad's output instead and no Pad is added. The op rounds its float32 result once to float16
    as the Cast did and writes the Pad's zeros, so the values are the same bits. On GPT-2 b8 s256
    the float32 ``dx`` (412 MB) and its two Casts were ~1.6 GB of traffic a step, the Pad of the
    weight gradient's N 0.4 GB; the fused op writes 206 MB.
@@ -83,12 +84,14 @@ class LossFusionResult:
     gradient_casts: int = 0  # rule 5: Casts after the gradient folded into it
     gradient_pads: int = 0  # rule 5: Pads after the gradient folded into it
     gradient_matmuls: int = 0  # rule 5b: MatMuls reading the padded gradient, their B padded
+    gradient_transposes: int = 0  # of those, B the Transpose of a weight already padded (no Pad added)
 
     def to_json(self) -> dict:
         return {"softmax_cross_entropy": self.forward, "softmax_cross_entropy_grad": self.backward,
                 "nodes_replaced": self.nodes, "casts_folded": self.casts, "slices_read_past": self.slices,
                 "prediction_slices_removed": self.prediction_slices, "gradient_casts_folded": self.gradient_casts,
-                "gradient_pads_folded": self.gradient_pads, "gradient_matmuls_padded": self.gradient_matmuls}
+                "gradient_pads_folded": self.gradient_pads, "gradient_matmuls_padded": self.gradient_matmuls,
+                "gradient_matmuls_reading_a_padded_weight": self.gradient_transposes}
 
 
 @dataclass
@@ -489,17 +492,38 @@ def _fold_gradient_casts_and_pads(model: onnx.ModelProto, grad: onnx.NodeProto, 
     edit.replace_nodes({}, {id(n) for n in casts + pads}, new_info)
     edit.drop_unread(old_shapes)
     ir.record_value_infos(info, new_info)
+    if padded_matmuls:
+        producers, readers_of = edit.producers(), edit.consumers()
     for node in [n for n in model.graph.node if n.output and n.output[0] in padded_matmuls]:
         b, b_shape = node.input[1], ir.static_shape(info, node.input[1], empty=False)
-        amounts = edit.fresh(f"{node.name or 'matmul'}/pad_k_rows")
-        padded_b = edit.fresh(f"{b}/padded_k")
-        model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, width - classes, 0], np.int64), amounts))
-        model.graph.node.append(helper.make_node("Pad", [b, amounts], [padded_b],
-                                                 name=edit.fresh(f"{node.name or 'matmul'}/pad_b")))
-        b_info = helper.make_tensor_value_info(padded_b, ir.tensor_dtype(info, b), [width, b_shape[1]])
-        model.graph.value_info.append(b_info)
+        dtype_b = ir.tensor_dtype(info, b)
+        b_info = None
+        # B = Transpose(X) of a weight X [N, C] that a Pad already widens to [N, W] (the LM head's
+        # forward): B padded is the Transpose of that Pad's output, no Pad of its own
+        transpose = producers.get(b)
+        if transpose is not None and transpose.op_type == "Transpose" and len(readers_of.get(b, [])) == 1 \
+                and b not in protected and list(ir.attribute(transpose, "perm", [1, 0]) or [1, 0]) == [1, 0]:
+            source = transpose.input[0]
+            for pad in readers_of.get(source, []):
+                if pad.op_type == "Pad" and pad.domain in oplists.DEFAULT_DOMAINS and pad.input[0] == source \
+                        and pad_width(pad, (b_shape[1], classes)) == width:
+                    transpose.input[0] = pad.output[0]
+                    b_info = helper.make_tensor_value_info(b, dtype_b, [width, b_shape[1]])
+                    result.gradient_transposes += 1
+                    break
+        if b_info is None:
+            amounts = edit.fresh(f"{node.name or 'matmul'}/pad_k_rows")
+            padded_b = edit.fresh(f"{b}/padded_k")
+            model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, width - classes, 0], np.int64),
+                                                                   amounts))
+            model.graph.node.append(helper.make_node("Pad", [b, amounts], [padded_b],
+                                                     name=edit.fresh(f"{node.name or 'matmul'}/pad_b")))
+            b_info = helper.make_tensor_value_info(padded_b, dtype_b, [width, b_shape[1]])
+            node.input[1] = padded_b
+        kept_info = [v for v in model.graph.value_info if v.name != b_info.name]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(kept_info + [b_info])
         ir.record_value_infos(info, [b_info])
-        node.input[1] = padded_b
         result.gradient_matmuls += 1
     if padded_matmuls:
         ir.toposort_model(model)

@@ -426,3 +426,31 @@ def test_rule_5b_pads_the_b_of_a_matmul_whose_k_is_the_classes():
     for w, g in zip(want, got):
         assert w.dtype == g.dtype and w.shape == g.shape
         np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2 ** -9, atol=2 ** -9)
+
+
+def test_rule_5b_reads_the_forward_pad_of_a_transposed_weight_instead_of_adding_a_pad():
+    """GPT-2's dX MatMul reads B = Transpose(W16) where the LM head's forward already pads W16 [32,
+    10] to [32, 16]: the Transpose reads that padded weight and no Pad is added."""
+    paths = GPT2_LIKE.replace("seed_padded = Pad(seed16, pads4)\n      m = MatMul(seed_padded, w)",
+                              "wt = Transpose <perm = [1, 0]> (wf)\n      m = MatMul(seed16, wt)\n"
+                              "      wf_padded = Pad(wf, pads2)\n      fwd = MatMul(a, wf_padded)")
+    model = _gradient_then(paths)
+    model.graph.input.append(helper.make_tensor_value_info("wf", F16, [32, 10]))
+    model.graph.output.append(helper.make_tensor_value_info("fwd", F16, [12, 16]))
+    folded, result = _fold(model)
+    onnx.checker.check_model(folded)
+    assert (result.gradient_casts, result.gradient_pads, result.gradient_matmuls, result.gradient_transposes) == \
+        (2, 1, 1, 1)
+    ops = [n.op_type for n in folded.graph.node]
+    assert ops.count("Pad") == 1  # the forward's, no other
+    transpose = next(n for n in folded.graph.node if n.op_type == "Transpose")
+    assert transpose.input[0] == "wf_padded" and ops.index("Pad") < ops.index("Transpose")
+    info, _ = ir.infer_tensor_info(folded)
+    assert tuple(info["wt"].shape) == (16, 32)
+    feeds = _gradient_feeds()
+    feeds["wf"] = feeds["w"][:10].T.copy()
+    want = ReferenceEvaluator(model, new_ops=ce.reference_ops()).run(None, feeds)
+    got = ReferenceEvaluator(folded, new_ops=ce.reference_ops()).run(None, feeds)
+    for w, g in zip(want, got):
+        assert w.dtype == g.dtype and w.shape == g.shape
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2 ** -9, atol=2 ** -9)
