@@ -78,6 +78,7 @@ run_checks() {
   stage checks 120 python3 scripts/check_layer_norm_grad_cuda.py --out "$d/layer_norm_grad.json"
   stage checks 150 python3 scripts/check_conv_nhwc_cuda.py --out "$d/conv_nhwc.json"
   stage checks 120 python3 scripts/check_max_pool_cuda.py --out "$d/max_pool.json"
+  stage checks 120 python3 scripts/check_update_cuda.py --out "$d/update.json"
 }
 
 run_costs() {
