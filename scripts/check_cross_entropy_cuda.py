@@ -9,7 +9,8 @@ not be installed), with the library built with CUDA or pointed at:
     python3 scripts/check_cross_entropy_cuda.py --out $OUT/cross_entropy.json
 
 Checks: float32 and float16 logits, float32 and float16 outputs, padded rows (``classes`` <
-width), labels counted from the end and out of range, one scale or one per row; class counts from
+width), the gradient written in padded rows (``output_columns``: zeros after the classes, as loss
+fusion rule 5 writes GPT-2's), labels counted from the end and out of range, one scale or one per row; class counts from
 1 to 50257 (one warp to 1024 threads a row), in a plain session and replayed as a CUDA graph.
 ``lse`` within 2e-6 relative, ``picked`` and ``dx`` within float32 rounding of the reference
 (float16 outputs: one float16 rounding). Timing (cuda): the fused pair against the unfused graph
@@ -52,19 +53,20 @@ F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NUMPY = {F32: np.float32, F16: np.float16}
 
 
-def _fused_model(x_type, out_type, rows, width, classes, scale_rows) -> bytes:
+def _fused_model(x_type, out_type, rows, width, classes, scale_rows, columns=None) -> bytes:
     attrs = {"output_type": out_type}
     if classes != width:
         attrs["classes"] = classes
+    padded = {} if columns is None else {"output_columns": columns}
     nodes = [helper.make_node("SoftmaxCrossEntropy", ["x", "labels"], ["picked", "lse"], domain=DOMAIN, **attrs),
              helper.make_node("SoftmaxCrossEntropyGrad", ["x", "lse", "labels", "scale"], ["dx"], domain=DOMAIN,
-                              output_shape=[rows, classes], **attrs)]
+                              output_shape=[rows, columns or classes], **attrs, **padded)]
     graph = helper.make_graph(nodes, "xent", [
         helper.make_tensor_value_info("x", x_type, [rows, width]),
         helper.make_tensor_value_info("labels", TensorProto.INT64, [rows]),
         helper.make_tensor_value_info("scale", F32, [scale_rows, 1])], [
         helper.make_tensor_value_info("picked", out_type, [rows]), helper.make_tensor_value_info("lse", F32, [rows]),
-        helper.make_tensor_value_info("dx", out_type, [rows, classes])])
+        helper.make_tensor_value_info("dx", out_type, [rows, columns or classes])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
                               ir_version=10)
     return model.SerializeToString()
@@ -102,12 +104,14 @@ def Bound(model: bytes, feeds: dict, outputs: dict, library: str, provider: str,
 
 
 def _cases(quick: bool):
-    """(x type, output type, rows, width, classes, scale per row)."""
-    cases = [(F32, F32, 5, 1, 1, False), (F32, F32, 7, 33, 33, True), (F16, F16, 6, 40, 37, True),
-             (F16, F32, 9, 4100, 4097, True), (F32, F16, 3, 1000, 1000, False)]
+    """(x type, output type, rows, width, classes, scale per row, output columns or None)."""
+    cases = [(F32, F32, 5, 1, 1, False, None), (F32, F32, 7, 33, 33, True, None), (F16, F16, 6, 40, 37, True, None),
+             (F16, F32, 9, 4100, 4097, True, None), (F32, F16, 3, 1000, 1000, False, None),
+             (F32, F16, 9, 40, 37, True, 40), (F16, F16, 4, 37, 37, False, 48)]
     if not quick:
-        cases += [(F16, F32, 64, 1000, 1000, False), (F32, F32, 32, 2, 2, False), (F16, F32, 2048, 50264, 50257, True),
-                  (F32, F32, 256, 50257, 50257, True)]
+        cases += [(F16, F32, 64, 1000, 1000, False, None), (F32, F32, 32, 2, 2, False, None),
+                  (F16, F32, 2048, 50264, 50257, True, None), (F32, F32, 256, 50257, 50257, True, None),
+                  (F32, F16, 2048, 50264, 50257, True, 50264)]  # GPT-2's, as loss fusion rule 5 writes it
     return cases
 
 
@@ -124,13 +128,14 @@ def _inputs(x_type, rows, width, classes, per_row, seed):
 
 def check(library: str, provider: str, quick: bool) -> list[dict]:
     rows_out = []
-    for k, (x_type, out_type, rows, width, classes, per_row) in enumerate(_cases(quick)):
+    for k, (x_type, out_type, rows, width, classes, per_row, columns) in enumerate(_cases(quick)):
         feeds = _inputs(x_type, rows, width, classes, per_row, k)
         picked, lse = ce.forward(feeds["x"], feeds["labels"], classes=classes, output_type=out_type)
-        dx = ce.grad(feeds["x"], lse, feeds["labels"], feeds["scale"], classes=classes, output_type=out_type)
-        model = _fused_model(x_type, out_type, rows, width, classes, feeds["scale"].shape[0])
+        dx = ce.grad(feeds["x"], lse, feeds["labels"], feeds["scale"], classes=classes, output_type=out_type,
+                     output_columns=columns)
+        model = _fused_model(x_type, out_type, rows, width, classes, feeds["scale"].shape[0], columns)
         outputs = {"picked": ((rows,), NUMPY[out_type]), "lse": ((rows,), np.float32),
-                   "dx": ((rows, classes), NUMPY[out_type])}
+                   "dx": ((rows, columns or classes), NUMPY[out_type])}
         for graph in ((False, True) if provider == "cuda" else (False,)):
             bound = Bound(model, feeds, outputs, library, provider, graph)
             for _ in range(3 if graph else 1):
@@ -144,10 +149,13 @@ def check(library: str, provider: str, quick: bool) -> list[dict]:
                 "dx": float(np.max(np.abs(got["dx"].astype(np.float64) - dx.astype(np.float64)))
                             / max(1.0, float(np.abs(feeds["scale"]).max()))),
             }
-            ok = errors["lse"] <= 2e-6 and errors["picked"] <= tol * 4 and errors["dx"] <= tol
+            padding_zero = bool(np.all(got["dx"][:, classes:] == 0))  # zeros, sign bits included
+            padding_zero = padding_zero and not np.signbit(got["dx"][:, classes:]).any()
+            ok = errors["lse"] <= 2e-6 and errors["picked"] <= tol * 4 and errors["dx"] <= tol and padding_zero
             rows_out.append({"check": f"{provider}{' graph' if graph else ''}: x {np.dtype(NUMPY[x_type]).name} "
-                                      f"[{rows}, {width}] classes {classes}, output {np.dtype(NUMPY[out_type]).name}, "
-                                      f"scale {'per row' if per_row else 'one'}", "ok": ok, "errors": errors})
+                                      f"[{rows}, {width}] classes {classes}, output {np.dtype(NUMPY[out_type]).name}"
+                                      + (f" in rows of {columns}" if columns else "")
+                                      + f", scale {'per row' if per_row else 'one'}", "ok": ok, "errors": errors})
     return rows_out
 
 
