@@ -242,6 +242,8 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
             continue  # loss scaling's fused unscale reads the fp16 gradient itself: no Cast is made
         if reducing and _reduction_reads(ctx, tensor, precision_of):
             continue  # BlockReduceSum reads the tensor itself, in either type: no pass, no launch
+        if reducing and _loss_gradient_written_fp16(ctx, tensor, precision_of):
+            continue  # SoftmaxCrossEntropyGrad writes the float16 its readers want (loss fusion rule 5)
         edge = _group_cast_us(ctx, tensor, precision_of) if folding else None
         if edge is not None:
             total += edge  # inside a fused group: nothing; at its edge: the bytes it changes there
@@ -443,6 +445,45 @@ def _reduction_reads(ctx: GraphContext, tensor: gs.Tensor, precision_of: Precisi
         return precision_of(readers[0].name) is Precision.FP32 and readers[0].attrs.get("axis", -1) in (-1, last)
     return bool(readers) and all(n.op == "ReduceSum" and (n.domain or "") in oplists.DEFAULT_DOMAINS
                                  and precision_of(n.name) is Precision.FP32 for n in readers)
+
+
+_VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Identity")  # the views loss fusion rule 5 follows
+
+
+def _loss_gradient_written_fp16(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:
+    """Whether ``tensor`` is, through views, onnx-ad's cross-entropy gradient ``Sub(g, Mul(Exp(
+    LogSoftmax(x)), t))`` and every node that reads it past the views runs fp16: loss fusion's rule
+    5 then has ``SoftmaxCrossEntropyGrad`` write float16 and no Cast is made."""
+    def default(node: gs.Node | None, *ops: str) -> bool:
+        return node is not None and node.op in ops and (node.domain or "") in oplists.DEFAULT_DOMAINS
+
+    def through_views(node: gs.Node | None) -> gs.Node | None:
+        while default(node, *_VIEWS) and node.inputs:
+            node = ctx.producer(node.inputs[0])
+        return node
+
+    source = through_views(ctx.producer(tensor))
+    if not default(source, "Sub") or len(source.inputs) != 2:
+        return False
+    product = ctx.producer(source.inputs[1])
+    if not default(product, "Mul"):
+        return False
+    exps = [through_views(ctx.producer(t)) for t in product.inputs]
+    if not any(default(e, "Exp") and default(through_views(ctx.producer(e.inputs[0])), "LogSoftmax") for e in exps
+               if e is not None and e.inputs):
+        return False
+    pending, readers = list(source.outputs), []
+    outputs = {o.name for o in ctx.graph.outputs}
+    while pending:
+        value = pending.pop()
+        if value.name in outputs:
+            return False
+        for use in ctx.uses(value):
+            if default(use.node, *_VIEWS) and use.node.inputs and use.node.inputs[0] is value:
+                pending.extend(use.node.outputs)
+            else:
+                readers.append(use.node)
+    return bool(readers) and all(precision_of(n.name) is Precision.FP16 for n in readers)
 
 
 def _cast_folds(ctx: GraphContext, tensor: gs.Tensor) -> bool:

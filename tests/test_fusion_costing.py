@@ -219,3 +219,35 @@ def test_the_measurement_script_sweeps_fits_and_writes_a_mergeable_entry(tmp_pat
     written = json.loads(out.read_text()) if out.is_file() else None
     if written is not None:
         assert len(written["rows"]) == 2 * 4 * 2 * 2 and written["fused_elementwise"]["time"] == "wall_ms"
+
+
+def test_the_cast_after_the_loss_gradient_costs_nothing_when_the_loss_fusion_writes_float16():
+    """Loss fusion rule 5: SoftmaxCrossEntropyGrad writes the float16 its fp16 readers want, so with
+    ``fuse_reductions`` the plan prices no Cast after onnx-ad's gradient ``Sub``; without it, the
+    Cast costs its pass; with an fp32 reader past the views it costs too (rule 5 does not apply)."""
+    from onnxcampo.training import build_train_step, scaling
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "ops"))
+    from test_cross_entropy import _classifier
+
+    step = build_train_step(_classifier(), loss="cross_entropy", optimizer="momentum", fused=False)
+    kept = scaling.fp32_nodes(step)
+    times = {}
+    for reducing in (True, False):
+        planning = build_context(step, cost=MemoryCost(), fuse_reductions=reducing, fuse_elementwise=False)
+        for node in planning.nodes:
+            decide(planning, **{node.name: "fp32" if node.name in kept else "fp16"})
+        subs = [n for n in planning.nodes if n.op == "Sub" and estimate._loss_gradient_written_fp16(
+            planning, n.outputs[0], lambda name: Precision.FP16)]
+        (gradient,) = [n.outputs[0] for n in subs]
+        boundary = gradient  # where the plan puts the Cast: the Sub's output or a view's after it
+        while not estimate.tensor_casts(planning, boundary, planning.plan.precision):
+            boundary = next(u.node for u in planning.uses(boundary)).outputs[0]
+        times[reducing] = estimate.casts_time(planning, [boundary], planning.plan.precision)
+        if reducing:
+            reader = next(u.node for u in planning.uses(gradient))
+            while reader.op in ("Reshape", "Squeeze", "Unsqueeze", "Identity"):
+                reader = next(u.node for u in planning.uses(reader.outputs[0]))
+            mixed = lambda name: Precision.FP32 if name == reader.name else planning.plan.precision(name)  # noqa: E731
+            assert not estimate._loss_gradient_written_fp16(planning, boundary, mixed)
+    assert times[True] == (0.0, 0) and times[False][0] > 0 and times[False][1] >= 1
