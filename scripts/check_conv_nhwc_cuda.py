@@ -15,8 +15,6 @@ and time them against the NCHW ops a step graph runs otherwise.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchkit import check_cli  # noqa: E402
 from check_conv_grad_cuda import resnet_cout  # noqa: E402
 from check_im2col_cuda import RESNET50_B64, check  # noqa: E402
 from onnxcampo.ops import conv_nhwc as ref  # noqa: E402
@@ -162,40 +161,22 @@ def resnet_checks(results, library, rng, rounds: int, runs: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     global PROVIDER
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--provider", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: the library's reference kernels (a check of this script; default cuda)")
-    parser.add_argument("--library", help="the custom-op library (default: the built one)")
-    parser.add_argument("--out", type=Path, required=True, help="JSON report to write")
+    parser = check_cli.parser(__doc__)
     parser.add_argument("--rtol", type=float, default=4e-3, help="small checks: max |error| over max |reference|")
-    parser.add_argument("--rounds", type=int, default=3, help="timing rounds (default 3)")
-    parser.add_argument("--runs", type=int, default=10, help="calls per timed block (default 10)")
-    parser.add_argument("--quick", action="store_true", help="small checks only")
     args = parser.parse_args(argv)
-    import onnxruntime
-
-    from onnxcampo import ops
-
-    PROVIDER = args.provider
-    if PROVIDER == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        print("error: onnxruntime has no CUDA provider (install onnxruntime-gpu)", file=sys.stderr)
+    library = check_cli.open_library(args)
+    if library is None:
         return 2
-    if PROVIDER == "cuda" and hasattr(onnxruntime, "preload_dlls"):
-        onnxruntime.preload_dlls()
-    library = args.library or ops.check()
+    PROVIDER = args.provider
     rng = np.random.default_rng(0)
     results: list = []
     small_checks(results, library, rng, args.rtol)
     totals = None if args.quick else resnet_checks(results, library, rng, args.rounds, args.runs)
-    report = {"checks": results, "passed": sum(r["ok"] for r in results), "total": len(results),
-              "resnet50_b64": totals, "onnxruntime": onnxruntime.__version__}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-    print(f"{report['passed']}/{report['total']} checks passed", file=sys.stderr)
+    status = check_cli.report(args, results, {"resnet50_b64": totals})
     if totals:
         print(f"ResNet-50 b64, {totals['convolutions']} convolutions x (forward, input gradient, weight gradient): "
               f"NCHW {totals['nchw_ms']:.3f} ms, NHWC {totals['nhwc_ms']:.3f} ms", file=sys.stderr)
-    return 0 if report["passed"] == report["total"] else 1
+    return status
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ against the NCHW MaxPool a step graph ran before.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchkit import check_cli  # noqa: E402
 from check_im2col_cuda import check  # noqa: E402
 from onnxcampo.ops import max_pool as ref  # noqa: E402
 from onnxcampo.ops import nodes  # noqa: E402
@@ -201,40 +200,21 @@ def stem_checks(results, library, rng, rounds: int, runs: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     global PROVIDER
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--provider", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: the library's reference kernels (a check of this script; default cuda)")
-    parser.add_argument("--library", help="the custom-op library (default: the built one)")
-    parser.add_argument("--out", type=Path, required=True, help="JSON report to write")
-    parser.add_argument("--rounds", type=int, default=3, help="timing rounds (default 3)")
-    parser.add_argument("--runs", type=int, default=10, help="calls per timed block (default 10)")
-    parser.add_argument("--quick", action="store_true", help="small checks only")
-    args = parser.parse_args(argv)
-    import onnxruntime
-
-    from onnxcampo import ops
-
-    PROVIDER = args.provider
-    if PROVIDER == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        print("error: onnxruntime has no CUDA provider (install onnxruntime-gpu)", file=sys.stderr)
+    args = check_cli.parser(__doc__).parse_args(argv)
+    library = check_cli.open_library(args)
+    if library is None:
         return 2
-    if PROVIDER == "cuda" and hasattr(onnxruntime, "preload_dlls"):
-        onnxruntime.preload_dlls()
-    library = args.library or ops.check()
+    PROVIDER = args.provider
     rng = np.random.default_rng(0)
     results: list = []
     small_checks(results, library, rng)
     timing = None if args.quick else stem_checks(results, library, rng, args.rounds, args.runs)
-    report = {"checks": results, "passed": sum(r["ok"] for r in results), "total": len(results),
-              "stem_b64": timing, "onnxruntime": onnxruntime.__version__, "provider": PROVIDER}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-    print(f"{report['passed']}/{report['total']} checks passed", file=sys.stderr)
+    status = check_cli.report(args, results, {"stem_b64": timing})
     if timing and "nhwc_pool_and_grad" in timing:
         print(f"ResNet-50 b64 stem pool, ms a call: MaxPoolNhwc + MaxPoolNhwcGrad {timing['nhwc_pool_and_grad']:.4f}, "
               f"NCHW MaxPool with Indices {timing['nchw_max_pool_indices']:.4f}, NCHW MaxPool + scatter-add "
               f"{timing['nchw_pool_and_scatter_add']:.4f}", file=sys.stderr)
-    return 0 if report["passed"] == report["total"] else 1
+    return status
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ plain update, and time the two in rotation.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchkit import check_cli  # noqa: E402
 from check_im2col_cuda import check  # noqa: E402
 from onnxcampo.ops import nodes  # noqa: E402
 
@@ -176,39 +175,20 @@ def gpt2_checks(results, library, rng, rounds: int, runs: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     global PROVIDER
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--provider", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: the library's reference kernels (a check of this script; default cuda)")
-    parser.add_argument("--library", help="the custom-op library (default: the built one)")
-    parser.add_argument("--out", type=Path, required=True, help="JSON report to write")
-    parser.add_argument("--rounds", type=int, default=5, help="timing rounds (default 5)")
-    parser.add_argument("--runs", type=int, default=10, help="calls per timed block (default 10)")
-    parser.add_argument("--quick", action="store_true", help="small checks only")
-    args = parser.parse_args(argv)
-    import onnxruntime
-
-    from onnxcampo import ops
-
-    PROVIDER = args.provider
-    if PROVIDER == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        print("error: onnxruntime has no CUDA provider (install onnxruntime-gpu)", file=sys.stderr)
+    args = check_cli.parser(__doc__, rounds=5).parse_args(argv)
+    library = check_cli.open_library(args)
+    if library is None:
         return 2
-    if PROVIDER == "cuda" and hasattr(onnxruntime, "preload_dlls"):
-        onnxruntime.preload_dlls()
-    library = args.library or ops.check()
+    PROVIDER = args.provider
     rng = np.random.default_rng(0)
     results: list = []
     small_checks(results, library, rng)
     timing = None if args.quick else gpt2_checks(results, library, rng, args.rounds, args.runs)
-    report = {"checks": results, "passed": sum(r["ok"] for r in results), "total": len(results),
-              "gpt2_momentum": timing, "onnxruntime": onnxruntime.__version__, "provider": PROVIDER}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, default=float) + "\n")
-    print(f"{report['passed']}/{report['total']} checks passed", file=sys.stderr)
+    status = check_cli.report(args, results, {"gpt2_momentum": timing})
     if timing and "check_and_unscaling_update" in timing:
         print(f"GPT-2 small momentum SGD, ms a call: UnscaleCheckFinite + update {timing['unscale_then_update']:.4f}, "
               f"CheckFinite + update unscale=1 {timing['check_and_unscaling_update']:.4f}", file=sys.stderr)
-    return 0 if report["passed"] == report["total"] else 1
+    return status
 
 
 if __name__ == "__main__":
