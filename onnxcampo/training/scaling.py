@@ -243,7 +243,8 @@ def add_loss_scaling(
     zero = const("zero", 0.0)
     producers = {o: n for n in graph.node for o in n.output}
     if ir.metadata(model, FUSED_KEY) == "1":
-        found = _fused_unscale(model, spec.weights, producers, dtypes, inv, nodes)
+        updates = [n for n in graph.node if FUSED_FOUND_INF in n.input]
+        found = _fused_unscale(model, spec.weights, producers, dtypes, inv, nodes, updates)
     else:
         sums = []
         for weight in spec.weights:
@@ -262,8 +263,6 @@ def add_loss_scaling(
     fused = [n for n in graph.node if FUSED_FOUND_INF in n.input]
     for n in fused:
         n.input[list(n.input).index(FUSED_FOUND_INF)] = found
-    if ir.metadata(model, FUSED_KEY) == "1":
-        _fold_unscale(model, nodes, fused)
     fused_outputs = {o for n in fused for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -314,10 +313,13 @@ def add_loss_scaling(
 
 
 def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: dict[str, onnx.NodeProto],
-                   dtypes: dict[str, int], inv: str, nodes: list[onnx.NodeProto]) -> str:
-    """One ``ai.onnxcampo::UnscaleCheckFinite`` for all gradients (step graphs built with fused
-    ops need the library anyway). It reads fp16 gradients directly: the Casts to fp32 that the
-    update had go away, the op's fp32 outputs take their names."""
+                   dtypes: dict[str, int], inv: str, nodes: list[onnx.NodeProto],
+                   updates: list[onnx.NodeProto]) -> str:
+    """The fused ops' unscale (step graphs built with them need the library anyway), reading fp16
+    gradients directly: the Casts to fp32 that the update had go away. Where the fused update
+    alone reads the unscaled gradients it unscales them itself (:func:`_update_unscales`) and a
+    ``CheckFinite`` makes the flag; else one ``UnscaleCheckFinite`` whose fp32 outputs take the
+    names the update reads."""
     grads, outputs = [], []
     edit = ir.ModelEdit(model)
     readers, kept = edit.consumers(), edit.interface()  # what the loop removes is no Cast's reader
@@ -333,8 +335,11 @@ def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: di
             model.graph.node.remove(producers[target])  # the Cast: the op reads fp16 itself
             grads.append(gradient)
         outputs.append(target)
-    nodes.append(op_nodes.unscale_check_finite(inv, grads, found_inf=FOUND_INF, outputs=outputs,
-                                               name=f"{LOSS_SCALE}/unscale"))
+    if _update_unscales(model, updates, dict(zip(outputs, grads)), inv):
+        nodes.append(op_nodes.check_finite(grads, found_inf=FOUND_INF, name=f"{LOSS_SCALE}/unscale"))
+    else:
+        nodes.append(op_nodes.unscale_check_finite(inv, grads, found_inf=FOUND_INF, outputs=outputs,
+                                                   name=f"{LOSS_SCALE}/unscale"))
     op_nodes.import_domain(model)
     return FOUND_INF
 
@@ -342,18 +347,15 @@ def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: di
 UPDATE_SCALARS = {"MultiTensorSGD": 2, "MultiTensorAdamW": 3}  # inputs before the tensors: (lr, found_inf), (lr, step, found_inf)
 
 
-def _fold_unscale(model: onnx.ModelProto, nodes: list[onnx.NodeProto], updates: list[onnx.NodeProto]) -> None:
-    """The fused update unscales the gradients itself: where one MultiTensorSGD/AdamW reads
-    every output u_i of the UnscaleCheckFinite in ``nodes`` and nothing else reads them, it
-    reads the scaled g_i and ``inv_scale`` instead (``unscale=1``; the same float32 products,
-    ``docs/ops.md``) and the UnscaleCheckFinite becomes a ``CheckFinite`` (the flag alone). Saves
-    writing a float32 copy of every gradient and reading it back (GPT-2 small: ~0.7 GB a step)."""
-    unscale = next((n for n in nodes if n.op_type == "UnscaleCheckFinite"), None)
-    if unscale is None or len(updates) != 1 or updates[0].op_type not in UPDATE_SCALARS \
-            or ir.attribute(updates[0], "unscale", 0):
-        return
+def _update_unscales(model: onnx.ModelProto, updates: list[onnx.NodeProto], scaled: dict[str, str],
+                     inv_scale: str) -> bool:
+    """Where one MultiTensorSGD/AdamW reads every unscaled gradient u (``scaled``: u -> the scaled
+    g) as its gradients and nothing else reads them, it reads the g and ``inv_scale`` instead
+    (``unscale=1``: the same float32 products, ``docs/ops.md``) and True is returned: no float32
+    copy of every gradient is written and read back (GPT-2 small: ~1 GB a step)."""
+    if len(updates) != 1 or updates[0].op_type not in UPDATE_SCALARS or ir.attribute(updates[0], "unscale", 0):
+        return False
     update = updates[0]
-    scaled = dict(zip(unscale.output[1:], unscale.input[1:]))  # u_i -> g_i
     first = UPDATE_SCALARS[update.op_type]
     tensors = list(update.input[first:])
     if update.op_type == "MultiTensorAdamW":  # w.., g.., m.., v..
@@ -361,17 +363,14 @@ def _fold_unscale(model: onnx.ModelProto, nodes: list[onnx.NodeProto], updates: 
     else:  # w.., g.. -> w'..; w.., g.., v.. -> w'.., v'..
         n = len(update.output) if len(tensors) == 2 * len(update.output) else len(update.output) // 2
     grads = tensors[n:2 * n]
-    graph_outputs = {o.name for o in model.graph.output}
-    read_elsewhere = any(u in scaled for other in [*model.graph.node, *nodes] if other is not update
-                         for u in other.input)
-    if sorted(grads) != sorted(scaled) or read_elsewhere or graph_outputs & set(scaled):
-        return
+    read_elsewhere = any(u in scaled for other in model.graph.node if other is not update for u in other.input)
+    if sorted(grads) != sorted(scaled) or read_elsewhere or {o.name for o in model.graph.output} & set(scaled):
+        return False
     for i, u in enumerate(grads):
         update.input[first + n + i] = scaled[u]
-    update.input.insert(first, unscale.input[0])
+    update.input.insert(first, inv_scale)
     update.attribute.append(helper.make_attribute("unscale", 1))
-    check = op_nodes.check_finite(list(unscale.input[1:]), found_inf=unscale.output[0], name=unscale.name)
-    nodes[nodes.index(unscale)] = check
+    return True
 
 
 def _read_fp16_through_reshape(model: onnx.ModelProto, reshape: onnx.NodeProto,

@@ -373,21 +373,20 @@ def test_the_fused_update_unscales_the_gradients_it_reads(optimizer):
 
 
 def test_an_unscaled_gradient_read_by_another_node_keeps_unscale_check_finite():
-    """The fold needs every u_i read by the update alone; a model where another node reads one
-    keeps UnscaleCheckFinite and the update as they were."""
+    """The update unscales only where it alone reads every unscaled gradient; a model where
+    another node reads one keeps the update as it was (and so UnscaleCheckFinite)."""
     from onnxcampo.training import scaling
 
-    nodes = [onnx.helper.make_node("UnscaleCheckFinite", ["inv", "g"], ["found_inf", "u"], domain="ai.onnxcampo"),
-             onnx.helper.make_node("Neg", ["u"], ["n"])]
     sgd = onnx.helper.make_node("MultiTensorSGD", ["lr", "found_inf", "w", "u"], ["w.updated"], domain="ai.onnxcampo")
-    model = onnx.helper.make_model(onnx.helper.make_graph([sgd], "g", [], []))
+    neg = onnx.helper.make_node("Neg", ["u"], ["n"])
+    model = onnx.helper.make_model(onnx.helper.make_graph([sgd, neg], "g", [], []))
     update = model.graph.node[0]  # the graph's own node (make_graph copies)
-    scaling._fold_unscale(model, nodes, [update])
-    assert nodes[0].op_type == "UnscaleCheckFinite" and list(update.input) == ["lr", "found_inf", "w", "u"]
-    alone = nodes[:1]  # without the Neg: folded
-    scaling._fold_unscale(model, alone, [update])
-    assert alone[0].op_type == "CheckFinite" and list(alone[0].input) == ["g"]
+    assert not scaling._update_unscales(model, [update], {"u": "g"}, "inv")
+    assert list(update.input) == ["lr", "found_inf", "w", "u"]
+    del model.graph.node[1]  # without the Neg: the update unscales
+    assert scaling._update_unscales(model, [update], {"u": "g"}, "inv")
     assert list(update.input) == ["lr", "found_inf", "inv", "w", "g"]
+    assert onnx.helper.get_attribute_value(update.attribute[-1]) == 1
 
 
 def test_fp16_gemm_weight_gradients_reach_the_unscale_in_fp16():
