@@ -8,6 +8,8 @@
 // once per thread, before the loop; a strided input from its offset, one division chain per
 // group), then the program runs as straight-line code per lane (`t<k>`: the value instruction k
 // wrote), then each output is written (vector stores likewise).
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <sstream>
 
@@ -39,6 +41,7 @@ struct Params {
   long long n;
   unsigned in_aligned;
   unsigned out_aligned;
+  float* sums;
 };
 )";
 
@@ -64,6 +67,7 @@ class Writer {
     for (int k = 0; k < t_.inputs; ++k) {
       if ((loaded_ >> k & 1) && t_.kind[k] == kScalar) s_ << "  const float s" << k << " = " << Element(k, "0") << ";\n";
     }
+    if (Sums()) s_ << "  float acc[" << kJitLanes << "] = {};\n";
     s_ << "  for (I g = (I)blockIdx.x * " << kJitThreads << " + threadIdx.x; g < groups; g += (I)gridDim.x * "
        << kJitThreads << ") {\n";
     s_ << "    const I first = g * " << kJitLanes << ";\n";
@@ -82,11 +86,15 @@ class Writer {
     Body();
     s_ << "    }\n";
     for (int k = 0; k < t_.outputs; ++k) Store(k);
-    s_ << "  }\n}\n";
+    if (Sums()) Accumulate();
+    s_ << "  }\n";
+    if (Sums()) WriteSums();
+    s_ << "}\n";
     return s_.str();
   }
 
  private:
+  bool Sums() const { return o_.sum_output >= 0; }
   bool Half(int k) const { return t_.in_half >> k & 1; }
   bool OutHalf(int k) const { return t_.out_half >> k & 1; }
 
@@ -233,6 +241,32 @@ class Writer {
     s_ << "    }\n";
   }
 
+  // The summed output's values as stored (its groups are whole: kJitLanes divides Q, Q divides n).
+  void Accumulate() {
+    const int k = o_.sum_output;
+    s_ << "#pragma unroll\n    for (int j = 0; j < " << kJitLanes << "; ++j) acc[j] += "
+       << (OutHalf(k) ? "rf16(y" + std::to_string(k) + "[j])" : "y" + std::to_string(k) + "[j]") << ";\n";
+  }
+
+  // The partial sums (JitSumGrid): a block's row of Q column sums, or each thread's own.
+  void WriteSums() {
+    constexpr int span = kJitThreads * kJitLanes;  // elements a block covers per step
+    const int64_t q = o_.sum_columns;
+    if (span % q == 0) {
+      s_ << "  __shared__ float part[" << span << "];\n";
+      s_ << "#pragma unroll\n  for (int j = 0; j < " << kJitLanes << "; ++j) part[threadIdx.x * " << kJitLanes
+         << " + j] = acc[j];\n";
+      s_ << "  __syncthreads();\n";
+      s_ << "  for (int c = threadIdx.x; c < " << q << "; c += " << kJitThreads << ") {\n";
+      s_ << "    float s = 0.0f;\n";
+      s_ << "    for (int r = 0; r < " << span / q << "; ++r) s += part[r * " << q << " + c];\n";
+      s_ << "    p.sums[(long long)blockIdx.x * " << q << " + c] = s;\n  }\n";
+    } else {
+      s_ << "  *(float4*)(p.sums + ((long long)blockIdx.x * " << kJitThreads << " + threadIdx.x) * " << kJitLanes
+         << ") = make_float4(acc[0], acc[1], acc[2], acc[3]);\n";
+    }
+  }
+
   const Program& p_;
   const Layout& t_;
   const JitOptions& o_;
@@ -242,6 +276,25 @@ class Writer {
 };
 
 }  // namespace
+
+bool PlanJitSums(int64_t n, int64_t Q, int max_blocks, JitSumGrid* grid) {
+  constexpr int64_t span = kJitThreads * kJitLanes;
+  if (Q <= 0 || Q % kJitLanes != 0 || n % Q != 0 || n == 0 || max_blocks < 1) return false;
+  int64_t a = span, b = Q;  // gcd
+  while (b != 0) {
+    const int64_t r = a % b;
+    a = b;
+    b = r;
+  }
+  const int64_t step = Q / a;  // blocks must be a multiple of this: span * blocks % Q == 0
+  const int64_t wanted = std::min<int64_t>((n + span - 1) / span, max_blocks);
+  const int64_t blocks = std::max<int64_t>(step, wanted / step * step);
+  grid->combine = span % Q == 0;
+  grid->rows = grid->combine ? blocks : blocks * span / Q;
+  grid->blocks = static_cast<int>(std::min<int64_t>(blocks, INT32_MAX));
+  // partial sums written and read (8 bytes each) against the float16 output read once (2 bytes)
+  return blocks <= INT32_MAX && grid->rows * Q * 4 <= n;
+}
 
 std::string GenerateSource(const Program& program, const Layout& layout, const JitOptions& options) {
   return Writer(program, layout, options).Source();

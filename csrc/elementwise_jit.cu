@@ -265,10 +265,14 @@ std::vector<int64_t> Signature(const Layout& t) {
 
 // The kernel for `layout` (compiled now if new in the process), or null with why in `*reason`;
 // `*capturing`: null because the stream is being captured (a later call may compile it).
-const void* Find(const Program& program, const Layout& layout, cudaStream_t stream, std::string* reason,
-                 bool* capturing) {
+const void* Find(const Program& program, const Layout& layout, const JitSums* sums, cudaStream_t stream,
+                 std::string* reason, bool* capturing) {
   *capturing = false;
   JitOptions options;
+  if (sums != nullptr) {
+    options.sum_output = sums->output;
+    options.sum_columns = sums->columns;
+  }
   options.index64 = layout.n >= (int64_t{1} << 31);
   const int arch = CurrentArch();
   std::lock_guard<std::mutex> lock(mutex);
@@ -300,16 +304,19 @@ const void* Find(const Program& program, const Layout& layout, cudaStream_t stre
 
 }  // namespace
 
-bool JitKernel::Launch(const Program& program, const Layout& layout, void* stream_handle, std::string* reason) {
+bool JitKernel::Launch(const Program& program, const Layout& layout, void* stream_handle, std::string* reason,
+                       const JitSums* sums) {
   if (layout.n == 0) return true;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const void* kernel = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<int64_t> signature = Signature(layout);
+    signature.push_back(sums != nullptr ? sums->output : -1);
+    signature.push_back(sums != nullptr ? sums->columns : 0);
     if (signature != signature_) {
       bool capturing = false;
-      kernel_ = Find(program, layout, stream, &error_, &capturing);
+      kernel_ = Find(program, layout, sums, stream, &error_, &capturing);
       // a refusal during capture is not the layout's answer: ask again next call
       signature_ = capturing ? std::vector<int64_t>{} : std::move(signature);
     }
@@ -334,13 +341,19 @@ bool JitKernel::Launch(const Program& program, const Layout& layout, void* strea
   params.n = layout.n;
   const int64_t groups = (layout.n + kJitLanes - 1) / kJitLanes;
   const int64_t wanted = (groups + kJitThreads - 1) / kJitThreads;
-  const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, MultiprocessorCount() * 8)));
+  int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, JitMaxBlocks())));
+  if (sums != nullptr) {
+    blocks = sums->grid.blocks;
+    params.sums = sums->partials;
+  }
   void* args[] = {&params};
   CudaCheck(cudaLaunchKernel(kernel, dim3(blocks), dim3(kJitThreads), args, 0, stream),
             "FusedElementwise (generated) launch");
   ++generated_launches;
   return true;
 }
+
+int JitMaxBlocks() { return MultiprocessorCount() * 8; }
 
 std::string JitStats() {
   return "generated=" + std::to_string(generated_launches.load()) + " interpreter=" + std::to_string(fallbacks.load()) +

@@ -31,12 +31,38 @@ namespace ew {
 struct JitOptions {
   bool index64 = false;
   bool literal_shape = true;
+  // Column sums (FusedElementwise's `column_sums`): output `sum_output`, read as a row-major
+  // [n / sum_columns, sum_columns] array, is also summed per column, each thread adding the
+  // values it stores (as stored: rounded to the output's type) into float32 partial sums it
+  // writes to Params::sums once at the end (JitSumGrid says where). -1: none.
+  int sum_output = -1;
+  int64_t sum_columns = 0;
 };
 
 // The generated kernel's name and threads per block.
 constexpr const char* kJitKernelName = "onnxcampo_fused_elementwise";
 constexpr int kJitThreads = 256;
 constexpr int kJitLanes = 4;  // consecutive elements a thread computes per step
+
+// The grid of a generated kernel that sums columns. A thread of the grid-stride loop keeps the
+// same Q columns from step to step when the grid's stride (blocks * kJitThreads * kJitLanes
+// elements) is a multiple of Q, so its kJitLanes partial sums stay in registers. At the end
+// each thread writes them: with `combine` (Q divides a block's kJitThreads * kJitLanes elements)
+// the block first adds the threads holding the same columns (through shared memory, in a fixed
+// order) and writes one row of Q sums; else every thread writes its own, the element index it
+// started at giving the place. Either way Params::sums receives a row-major float32 [rows, Q]
+// array whose column sums are the output's (BlockReduceSum adds them up).
+struct JitSumGrid {
+  int blocks = 0;
+  int64_t rows = 0;
+  bool combine = false;
+};
+
+// The grid for n output elements summed over Q columns, near the usual one (`max_blocks`
+// resident blocks, fewer when n is small). False when there is none worth running: Q not a
+// multiple of kJitLanes or not dividing n, or partial sums that would take as many bytes as a
+// float16 copy of the output they sum (the caller sums the stored output instead).
+bool PlanJitSums(int64_t n, int64_t Q, int max_blocks, JitSumGrid* grid);
 
 // The CUDA source of one kernel for `program` over calls of `layout`'s form (pointers and, with
 // literal_shape, nothing else of the layout may change between the calls it serves).
@@ -52,6 +78,7 @@ struct JitParams {
   int64_t n;
   uint32_t in_aligned;   // bit k: input k's pointer allows a kJitLanes-element vector load
   uint32_t out_aligned;  // bit k: output k's likewise
+  float* sums;           // JitOptions::sum_output >= 0: the partial sums [rows, Q] (JitSumGrid)
 };
 
 #ifdef ONNXCAMPO_WITH_CUDA
@@ -66,9 +93,23 @@ struct JitParams {
 // that fell back> compiled=<NVRTC compiles> cached=<cubins read from the disk cache>".
 std::string JitStats();
 
+// The blocks a generated kernel launches at most on the current device (8 resident a
+// multiprocessor): PlanJitSums's max_blocks.
+int JitMaxBlocks();
+
+// With `sums` (its sum_output and sum_columns, and `partials`, grid.rows * Q floats on the
+// device), the kernel also writes the column sums' partials (JitSumGrid) for the grid `grid`.
+struct JitSums {
+  int output = -1;
+  int64_t columns = 0;
+  JitSumGrid grid;
+  float* partials = nullptr;
+};
+
 class JitKernel {
  public:
-  bool Launch(const Program& program, const Layout& layout, void* stream, std::string* reason);
+  bool Launch(const Program& program, const Layout& layout, void* stream, std::string* reason,
+              const JitSums* sums = nullptr);
 
  private:
   std::mutex mutex_;

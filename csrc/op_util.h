@@ -137,6 +137,39 @@ inline ParallelRunner ThreadPoolRunner(Ort::KernelContext& ctx) {
   };
 }
 
+// A buffer of `bytes` from the session's allocator for `memory` (ORT's arena on the device:
+// KernelContext_GetScratchBuffer, ordered on the compute stream like the scratch buffers of ORT's
+// own kernels), handed back when this goes out of scope: with the arena, to work queued after
+// the launches that use it, so it may go once they are queued. get() is null where ORT gives
+// none (the caller then does without). Nothing reaches cudaMalloc once the arena has grown, also
+// while a CUDA graph is captured.
+class ScratchBuffer {
+ public:
+  ScratchBuffer(OrtKernelContext* ctx, const OrtMemoryInfo* memory, size_t bytes) {
+    const OrtApi& api = Ort::GetApi();
+    OrtStatus* status = api.KernelContext_GetAllocator(ctx, memory, &allocator_);
+    if (status == nullptr) status = api.KernelContext_GetScratchBuffer(ctx, memory, bytes, &data_);
+    if (status != nullptr) {
+      api.ReleaseStatus(status);
+      Release();
+    }
+  }
+  ~ScratchBuffer() { Release(); }
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  void* get() const { return allocator_ != nullptr ? data_ : nullptr; }
+
+ private:
+  void Release() {
+    if (allocator_ != nullptr && data_ != nullptr) allocator_->Free(allocator_, data_);
+    if (allocator_ != nullptr) Ort::GetApi().ReleaseAllocator(allocator_);
+    allocator_ = nullptr;
+    data_ = nullptr;
+  }
+  OrtAllocator* allocator_ = nullptr;
+  void* data_ = nullptr;
+};
+
 // ---- exceptions to statuses: nothing may unwind through ONNX Runtime's C API ----------------
 
 // Runs `body`; an Ort::Exception becomes a status of its own code and message, any other

@@ -58,6 +58,7 @@
 #include "kernels.h"
 #include "max_pool.h"
 #include "op_util.h"
+#include "reduce.h"
 #include "scatter.h"
 #include "norm.h"
 #include "xent.h"
@@ -65,6 +66,9 @@
 namespace onnxcampo {
 
 void AddBlockReduceSumOps(Ort::CustomOpDomain& domain);  // reduce_op.cc
+#ifdef ONNXCAMPO_WITH_CUDA
+void BlockReduceSumOnStream(OrtKernelContext* ctx, const OrtMemoryInfo* memory, const BlockReduceArgs& args);  // reduce_op.cc
+#endif
 
 namespace {
 
@@ -474,6 +478,31 @@ void WarnInterpreter(const std::string& why) {
 }
 #endif
 
+// `column_sums` [k, Q], `column_sums_type` and `column_sums_shape` checked as the kernel and the
+// shape inference read them (outputs: the node's elementwise outputs); "" or what is wrong.
+std::string CheckColumnSums(const std::vector<int64_t>& sums, int64_t type, const std::vector<int64_t>& shape,
+                            size_t outputs) {
+  if (sums.size() != 2) return "attribute 'column_sums' must hold 2 ints [output, columns], got " + IntsText(sums);
+  if (sums[0] < 0 || sums[0] >= static_cast<int64_t>(outputs)) {
+    return "column_sums sums output " + std::to_string(sums[0]) + ", the node has " + std::to_string(outputs) +
+           " elementwise outputs";
+  }
+  if (sums[1] < 1) return "column_sums' columns must be >= 1, got " + std::to_string(sums[1]);
+  if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
+    return "attribute 'column_sums_type' must be 1 (float32) or 10 (float16), got " + std::to_string(type);
+  }
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return "attribute 'column_sums_shape' must be >= 0, got " + IntsText(shape);
+    count *= d;
+  }
+  if (count != sums[1]) {
+    return "attribute 'column_sums_shape' " + IntsText(shape) + " holds " + std::to_string(count) + " elements, " +
+           std::to_string(sums[1]) + " columns are summed";
+  }
+  return "";
+}
+
 struct FusedElementwise {
   FusedElementwise(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
     Ort::ConstKernelInfo kernel_info(info);
@@ -494,9 +523,20 @@ struct FusedElementwise {
     const size_t outputs = kernel_info.GetOutputCount();
     const std::string error = ew::CheckProgram(code, register_count, constants, inputs, output_types, &program);
     if (!error.empty()) Fail(who, error);
-    if (output_types.size() != outputs) {
-      Fail(who, "output_types has " + std::to_string(output_types.size()) + " entries, the node " +
-                    std::to_string(outputs) + " outputs");
+    const std::vector<int64_t> sums = IntsAttribute(info, "column_sums", &found);
+    if (found) {
+      sum_type = IntAttribute(info, "column_sums_type", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+      sum_shape = IntsAttribute(info, "column_sums_shape", &found);
+      if (!found && sums.size() == 2) sum_shape = {sums[1]};
+      const std::string sums_error = CheckColumnSums(sums, sum_type, sum_shape, output_types.size());
+      if (!sums_error.empty()) Fail(who, sums_error);
+      sum_output = static_cast<int>(sums[0]);
+      sum_columns = sums[1];
+    }
+    if (output_types.size() + (sum_output >= 0 ? 1 : 0) != outputs) {
+      Fail(who, "output_types has " + std::to_string(output_types.size()) + " entries" +
+                    (sum_output >= 0 ? " and column_sums one output" : "") + ", the node " + std::to_string(outputs) +
+                    " outputs");
     }
     input_types = IntsAttribute(info, "input_types", &found);  // absent: no check, no fp32 run
     if (found && input_types.size() != inputs) {
@@ -518,7 +558,7 @@ struct FusedElementwise {
         }
       }
     }
-    for (size_t k = 0; k < outputs; ++k) {
+    for (size_t k = 0; k < output_types.size(); ++k) {
       const auto type = kernel_info.GetOutputTypeInfo(k).GetTensorTypeAndShapeInfo().GetElementType();
       if (type != OutputType(output_types, k, in_float32)) {
         Fail(who, "output " + std::to_string(k) + " is declared of element type " + std::to_string(type) +
@@ -560,16 +600,76 @@ struct FusedElementwise {
       layout.out[k] = value.GetTensorMutableRawData();
       if (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) layout.out_half |= 1u << k;
     }
+    if (sum_output >= 0) return ComputeWithSums(ctx, layout);
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) {
-      std::string why;
-      if (kernel == EwKernel::kGenerated && jit.Launch(program, layout, ctx.GetGPUComputeStream(), &why)) return;
-      if (!why.empty()) WarnInterpreter(why);
-      return ew::FusedElementwiseCuda(program, layout, ctx.GetGPUComputeStream());
+      RunCuda(ctx, layout, nullptr);
+      return;
     }
 #endif
     ew::FusedElementwiseCpu(program, layout, ThreadPoolRunner(ctx));
   }
+
+  // The column sums of output sum_output as one more output. CUDA: a generated kernel adds them
+  // as it stores (partial sums, JitSumGrid) and BlockReduceSum adds the partials up; where that
+  // cannot run (no grid worth it, no scratch buffer, the interpreter), the stored output is
+  // summed by BlockReduceSum after the kernel. CPU: the stored output is summed.
+  void ComputeWithSums(Ort::KernelContext& ctx, const ew::Layout& layout) {
+    const size_t m = output_types.size();
+    Ort::UnownedValue value = ctx.GetOutput(m, sum_shape);
+    const int64_t written = OutputType({sum_type}, 0, in_float32);
+    if (value.GetTensorTypeAndShapeInfo().GetElementType() != written) {
+      Fail(who, "output " + std::to_string(m) + " has element type " +
+                    std::to_string(value.GetTensorTypeAndShapeInfo().GetElementType()) + ", column_sums_type says " +
+                    std::to_string(sum_type));
+    }
+    if (layout.n % sum_columns != 0) {
+      Fail(who, "column_sums: output " + std::to_string(sum_output) + " holds " + std::to_string(layout.n) +
+                    " elements, not rows of " + std::to_string(sum_columns));
+    }
+    BlockReduceArgs args;
+    args.x = layout.out[sum_output];
+    args.x_half = layout.out_half >> sum_output & 1;
+    args.y = value.GetTensorMutableRawData();
+    args.y_half = written == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    args.P = layout.n / sum_columns, args.Q = sum_columns, args.R = 1;
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) {
+      const OrtMemoryInfo* memory = value.GetTensorMemoryInfo();
+      ew::JitSums sums;
+      sums.output = sum_output;
+      sums.columns = sum_columns;
+      if (kernel == EwKernel::kGenerated && layout.n > 0 && ew::PlanJitSums(layout.n, sum_columns, ew::JitMaxBlocks(), &sums.grid)) {
+        ScratchBuffer partials(ctx.GetOrtKernelContext(), memory, static_cast<size_t>(sums.grid.rows * sum_columns) * sizeof(float));
+        sums.partials = static_cast<float*>(partials.get());
+        if (sums.partials != nullptr && RunCuda(ctx, layout, &sums)) {
+          BlockReduceArgs partial_args = args;
+          partial_args.x = sums.partials;
+          partial_args.x_half = false;
+          partial_args.P = sums.grid.rows;
+          return BlockReduceSumOnStream(ctx.GetOrtKernelContext(), memory, partial_args);
+        }
+      }
+      RunCuda(ctx, layout, nullptr);
+      return BlockReduceSumOnStream(ctx.GetOrtKernelContext(), memory, args);
+    }
+#endif
+    ew::FusedElementwiseCpu(program, layout, ThreadPoolRunner(ctx));
+    BlockReduceSumCpu(args, ThreadPoolRunner(ctx));
+  }
+
+#ifdef ONNXCAMPO_WITH_CUDA
+  // The generated kernel (with `sums`, also the partial sums; false when it cannot run: nothing
+  // ran) or, without sums, the interpreter where the generated kernel cannot run.
+  bool RunCuda(Ort::KernelContext& ctx, const ew::Layout& layout, const ew::JitSums* sums) {
+    std::string why;
+    if (kernel == EwKernel::kGenerated && jit.Launch(program, layout, ctx.GetGPUComputeStream(), &why, sums)) return true;
+    if (!why.empty()) WarnInterpreter(why);
+    if (sums != nullptr) return false;
+    ew::FusedElementwiseCuda(program, layout, ctx.GetGPUComputeStream());
+    return true;
+  }
+#endif
 
   ew::Program program;
 #ifdef ONNXCAMPO_WITH_CUDA
@@ -578,6 +678,10 @@ struct FusedElementwise {
 #endif
   std::vector<int64_t> output_types;
   std::vector<int64_t> input_types;
+  int sum_output = -1;  // column_sums: the output summed, its columns, the sums' type and shape
+  int64_t sum_columns = 0;
+  int64_t sum_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  std::vector<int64_t> sum_shape;
   bool in_float32 = false;
   std::string who;
   bool cuda;
@@ -685,6 +789,16 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
     for (size_t k = 0; k < types.size(); ++k) {
       if (types[k] != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && types[k] != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) continue;
       ShapeInferOutput(ctx, k, OutputType(types, k, in_float32), shape, symbol_pointers);
+    }
+    std::vector<int64_t> sums, sum_shape;
+    if (InferInts(ctx, "column_sums", &sums)) {  // one more output: the column sums
+      int64_t sum_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+      InferInt(ctx, "column_sums_type", &sum_type);
+      if (!InferInts(ctx, "column_sums_shape", &sum_shape) && sums.size() == 2) sum_shape = {sums[1]};
+      if (CheckColumnSums(sums, sum_type, sum_shape, types.size()).empty()) {
+        ShapeInferOutput(ctx, types.size(), OutputType({sum_type}, 0, in_float32), sum_shape,
+                         std::vector<const char*>(sum_shape.size(), ""));
+      }
     }
   } catch (...) {  // nothing may unwind into ORT
   }
@@ -890,13 +1004,15 @@ extern "C" __attribute__((visibility("default"))) const char* OnnxcampoFusedElem
 
 // The CUDA source FusedElementwise's generated kernel has for a node and one call's input shapes
 // (elementwise_jit.h), for tests and scripts (onnxcampo.ops.jit): `shapes` holds the inputs'
-// dimensions one after the other, `ranks[k]` how many are input k's, `input_types[k]` 1 or 10.
+// dimensions one after the other, `ranks[k]` how many are input k's, `input_types[k]` 1 or 10;
+// `sum_output` >= 0: the kernel also sums that output's `sum_columns` columns (column_sums).
 // Writes the source (NUL-terminated) into `buffer` when it fits and returns its length; a
 // negative return -L says the program or shapes are refused and `buffer` holds why (L bytes).
 extern "C" __attribute__((visibility("default"))) int64_t OnnxcampoFusedElementwiseSource(
     const int64_t* program, int64_t program_length, int64_t registers, const float* constants, int64_t constant_count,
     const int64_t* output_types, int64_t outputs, const int64_t* input_types, const int64_t* shapes,
-    const int64_t* ranks, int64_t inputs, int32_t literal_shape, char* buffer, int64_t size) {
+    const int64_t* ranks, int64_t inputs, int32_t literal_shape, int32_t sum_output, int64_t sum_columns, char* buffer,
+    int64_t size) {
   using namespace onnxcampo::ew;
   std::string text;
   bool refused = true;
@@ -918,6 +1034,8 @@ extern "C" __attribute__((visibility("default"))) int64_t OnnxcampoFusedElementw
         JitOptions options;
         options.index64 = layout.n >= (int64_t{1} << 31);
         options.literal_shape = literal_shape != 0;
+        options.sum_output = sum_output;
+        options.sum_columns = sum_columns;
         text = GenerateSource(p, layout, options);
         refused = false;
       }

@@ -25,6 +25,14 @@
 #include "reduce.h"
 
 namespace onnxcampo {
+
+#ifdef ONNXCAMPO_WITH_CUDA
+// BlockReduceSumCuda on the context's compute stream, its workspace (if the plan splits) a
+// scratch buffer of the allocator `memory` names (where x lives); unsplit where ORT gives none.
+// Also run by FusedElementwise's column sums (ops.cc).
+void BlockReduceSumOnStream(OrtKernelContext* ctx, const OrtMemoryInfo* memory, const BlockReduceArgs& args);
+#endif
+
 namespace {
 
 constexpr const char* kName = "BlockReduceSum";
@@ -114,31 +122,7 @@ struct BlockReduceSumKernel {
 
 #ifdef ONNXCAMPO_WITH_CUDA
   void ComputeCuda(Ort::KernelContext& ctx, Ort::ConstValue& input, const BlockReduceArgs& args) const {
-    void* stream = ctx.GetGPUComputeStream();
-    BlockReducePlan plan = PlanBlockReduceCuda(args, true);
-    if (plan.workspace_bytes == 0) return BlockReduceSumCuda(args, plan, nullptr, stream);
-    const OrtApi& api = Ort::GetApi();
-    Ort::ConstMemoryInfo memory = input.GetTensorMemoryInfo();  // the device allocator x lives in
-    OrtAllocator* allocator = nullptr;
-    void* workspace = nullptr;
-    OrtStatus* status = api.KernelContext_GetAllocator(ctx.GetOrtKernelContext(), memory, &allocator);
-    if (status == nullptr) status = api.KernelContext_GetScratchBuffer(ctx.GetOrtKernelContext(), memory, plan.workspace_bytes, &workspace);
-    if (status != nullptr || allocator == nullptr || workspace == nullptr) {  // no buffer: unsplit
-      if (status != nullptr) api.ReleaseStatus(status);
-      if (allocator != nullptr) api.ReleaseAllocator(allocator);
-      return BlockReduceSumCuda(args, PlanBlockReduceCuda(args, false), nullptr, stream);
-    }
-    try {
-      BlockReduceSumCuda(args, plan, workspace, stream);
-    } catch (...) {
-      allocator->Free(allocator, workspace);
-      api.ReleaseAllocator(allocator);
-      throw;
-    }
-    // Freed once the launches are queued: the arena hands the buffer out again to work queued
-    // after them on the stream (what ORT's own kernels do with their scratch buffers).
-    allocator->Free(allocator, workspace);
-    api.ReleaseAllocator(allocator);
+    BlockReduceSumOnStream(ctx.GetOrtKernelContext(), input.GetTensorMemoryInfo(), args);
   }
 #endif
 
@@ -191,6 +175,17 @@ struct BlockReduceSumOp : UntypedUnaryOp<BlockReduceSumOp, BlockReduceSumKernel>
 };
 
 }  // namespace
+
+#ifdef ONNXCAMPO_WITH_CUDA
+void BlockReduceSumOnStream(OrtKernelContext* ctx, const OrtMemoryInfo* memory, const BlockReduceArgs& args) {
+  void* stream = Ort::KernelContext(ctx).GetGPUComputeStream();
+  const BlockReducePlan plan = PlanBlockReduceCuda(args, true);
+  if (plan.workspace_bytes == 0) return BlockReduceSumCuda(args, plan, nullptr, stream);
+  ScratchBuffer workspace(ctx, memory, plan.workspace_bytes);
+  if (workspace.get() == nullptr) return BlockReduceSumCuda(args, PlanBlockReduceCuda(args, false), nullptr, stream);
+  BlockReduceSumCuda(args, plan, workspace.get(), stream);
+}
+#endif
 
 // Called once by ops.cc's Library: the ops live as long as the process.
 void AddBlockReduceSumOps(Ort::CustomOpDomain& domain) {

@@ -137,11 +137,15 @@ def model(nodes, inputs, outputs, value_infos=(), opsets=(("", 17), (DOMAIN, 1))
     return _int(1, ir_version) + opset_bytes + _bytes(7, graph)
 
 
-def fused_node(program, registers, constants, output_types, inputs, outputs, name="fused") -> bytes:
+def fused_node(program, registers, constants, output_types, inputs, outputs, name="fused", sums=None) -> bytes:
+    """``sums``: ``(output, columns, type)``, the node's column_sums (its last output)."""
     attributes = {"program": [int(v) for v in program], "registers": int(registers),
                   "output_types": [int(t) for t in output_types]}
     if len(constants):
         attributes["constants"] = [float(c) for c in constants]
+    if sums is not None:
+        attributes["column_sums"] = [int(sums[0]), int(sums[1])]
+        attributes["column_sums_type"] = int(sums[2])
     return node("FusedElementwise", inputs, outputs, name=name, domain=DOMAIN, **attributes)
 
 
@@ -156,7 +160,9 @@ def elem_type(array: np.ndarray) -> int:
 class Case:
     """A program, its inputs, and the largest error allowed per output: ``ulp`` (in the
     output's own type) by provider, or, for outputs whose error the program amplifies
-    (cancellation after erf), an absolute error ``atol`` times max(1, |reference|)."""
+    (cancellation after erf), an absolute error ``atol`` times max(1, |reference|). ``sums``:
+    ``(output, columns, type)``, the node's column sums (one more output, last), within the
+    float32 bound of a sum in any order (:func:`sum_bound`)."""
 
     name: str
     program: list[int]
@@ -166,17 +172,27 @@ class Case:
     inputs: list[np.ndarray]
     ulp: dict[str, int] = field(default_factory=lambda: {"cpu": 0, "cuda": 0})
     atol: float = 0.0
+    sums: tuple[int, int, int] | None = None
 
     def reference(self) -> list[np.ndarray]:
-        return ew.run(self.program, self.registers, self.constants, self.output_types, self.inputs)
+        outputs = ew.run(self.program, self.registers, self.constants, self.output_types, self.inputs)
+        if self.sums is not None:
+            outputs.append(ew.column_sums(outputs[self.sums[0]], self.sums[1], self.sums[2]))
+        return outputs
 
     def model(self, declare: bool = True) -> bytes:
         names = [f"x{k}" for k in range(len(self.inputs))]
         outs = [f"y{k}" for k in range(len(self.output_types))]
-        fused = fused_node(self.program, self.registers, self.constants, self.output_types, names, outs)
+        types, shape = list(self.output_types), list(np.broadcast_shapes(*(a.shape for a in self.inputs)))
+        shapes = [shape] * len(outs)
+        if self.sums is not None:
+            outs.append("sums")
+            types.append(self.sums[2])
+            shapes.append([self.sums[1]])
+        fused = fused_node(self.program, self.registers, self.constants, self.output_types, names, outs,
+                           sums=self.sums)
         ins = [value_info(n, elem_type(a), list(a.shape)) for n, a in zip(names, self.inputs)]
-        shape = list(np.broadcast_shapes(*(a.shape for a in self.inputs)))
-        outputs = [value_info(o, t, shape) if declare else value_info(o, None) for o, t in zip(outs, self.output_types)]
+        outputs = [value_info(o, t, d) if declare else value_info(o, None) for o, t, d in zip(outs, types, shapes)]
         return model([fused], ins, outputs)
 
     def feeds(self) -> dict[str, np.ndarray]:
@@ -346,8 +362,39 @@ def chain_cases() -> list[Case]:
     return [gelu, ln, cm]
 
 
+def relu_backward_program() -> tuple[list[int], list[float]]:
+    """dy * (x > 0): a ReLU's backward, what a bias gradient sums (stored float16 or float32)."""
+    return _program((Op.LOAD, 0, 0, 0), (Op.LOAD, 1, 1, 0), (Op.CONST, 2, 0, 0), (Op.GREATER, 3, 1, 2),
+                    (Op.MUL, 4, 0, 3), (Op.STORE, 0, 4, 0), (Op.STORE, 1, 3, 0)), [0.0]
+
+
+def column_sum_cases(seed: int = 3) -> list[Case]:
+    """Column sums of a stored output (column_sums): columns that divide a block's span (the
+    block adds its threads' sums), that a block's span divides, that do neither, that are no
+    multiple of the lanes (the stored output summed after the kernel), float16 and float32
+    outputs and sums, rows from a few to enough for every block of the device, and a
+    non-finite value (NaN and inf stay in their columns)."""
+    rng = np.random.default_rng(seed)
+    program, constants = relu_backward_program()
+    cases = []
+    for rows, q, out_type, sum_type in [(8192, 64, FLOAT16, FLOAT), (4096, 256, FLOAT16, FLOAT16), (3136, 2048, FLOAT16, FLOAT),
+                                        (4096, 768, FLOAT16, FLOAT), (300, 3072, FLOAT, FLOAT), (64, 64, FLOAT16, FLOAT),
+                                        (50000, 6, FLOAT16, FLOAT), (3, 20, FLOAT, FLOAT16)]:
+        dy = rng.standard_normal((rows, q)).astype(np.float16)
+        x = rng.standard_normal((rows, q)).astype(np.float16)
+        cases.append(Case(f"column_sums_{rows}x{q}_{'f16' if out_type == FLOAT16 else 'f32'}_to_"
+                          f"{'f16' if sum_type == FLOAT16 else 'f32'}", program, 5, constants, [out_type, FLOAT16],
+                          [dy, x], sums=(0, q, sum_type)))
+    dy = rng.standard_normal((2048, 128)).astype(np.float16)
+    dy[5, 7], dy[100, 9], dy[9, 9] = np.nan, np.inf, np.inf
+    x = np.abs(rng.standard_normal((2048, 128))).astype(np.float16)
+    cases.append(Case("column_sums_non_finite", program, 5, constants, [FLOAT16, FLOAT16], [dy, x],
+                      sums=(0, 128, FLOAT)))
+    return cases
+
+
 def all_cases() -> list[Case]:
-    return opcode_cases() + broadcast_cases() + rounding_cases() + chain_cases()
+    return opcode_cases() + broadcast_cases() + rounding_cases() + chain_cases() + column_sum_cases()
 
 
 # ---- comparing -------------------------------------------------------------------------------
@@ -367,6 +414,18 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
     return np.where(nan_a ^ nan_e, 1 << 40, distance)
 
 
+def sum_bound(summed: np.ndarray, columns: int, sum_type: int) -> np.ndarray:
+    """Per column, how far a float32 sum of the column in any order may be from the exact one:
+    (rows - 1) float32 unit roundoffs of the sum of magnitudes (and half a float16 ulp of the sum
+    for float16 sums), plus a float32 ulp."""
+    values = summed.reshape(-1, columns).astype(np.float64)
+    magnitude = np.abs(values).sum(axis=0)
+    bound = (values.shape[0] - 1) * 2.0 ** -24 * magnitude + np.spacing(np.float32(magnitude)).astype(np.float64)
+    if sum_type == FLOAT16:
+        bound += np.abs(values.sum(axis=0)) * 2.0 ** -11 + 2.0 ** -24
+    return bound
+
+
 def compare(case: Case, outputs: list[np.ndarray], provider: str) -> dict:
     expected = case.reference()
     report = {"case": case.name, "outputs": [], "ok": True}
@@ -374,6 +433,14 @@ def compare(case: Case, outputs: list[np.ndarray], provider: str) -> dict:
         entry = {"dtype": str(want.dtype), "shape": list(want.shape)}
         if got.dtype != want.dtype or got.shape != want.shape:
             entry.update(ok=False, error=f"got {got.dtype}{list(got.shape)}")
+        elif case.sums is not None and k == len(case.output_types):
+            exact = expected[case.sums[0]].reshape(-1, case.sums[1]).astype(np.float64).sum(axis=0)
+            error = np.abs(got.astype(np.float64) - exact)
+            with np.errstate(invalid="ignore"):
+                over = ~(error <= sum_bound(expected[case.sums[0]], case.sums[1], case.sums[2]))
+            over &= ~(np.isnan(got) & np.isnan(exact)) & ~(np.isinf(got) & (got == exact))
+            entry.update(ok=not over.any(), max_error=float(np.nanmax(np.where(np.isfinite(error), error, 0))),
+                         bad=int(over.sum()))
         elif got.size == 0:
             entry.update(ok=True, max_ulp=0)
         else:
@@ -433,7 +500,7 @@ def check(provider: str, kernels: tuple[str, ...] = ("generated",)) -> list[dict
                 report["kernel"] = kernel
                 report["case"] = f"{case.name}[{kernel}]"
             reports.append(report)
-            ulps = ", ".join(f"{o['dtype']} {o.get('max_ulp', '-')}" + ("" if o["ok"] else " FAIL")
+            ulps = ", ".join(f"{o['dtype']} {o.get('max_ulp', o.get('max_error', '-'))}" + ("" if o["ok"] else " FAIL")
                              for o in report.get("outputs", []))
             print(f"{'ok  ' if report['ok'] else 'FAIL'} {report['case']:40s} max ulp: {ulps or report.get('error')}",
                   flush=True)

@@ -17,7 +17,13 @@ Node:
   unused), ``output_types`` (ints, one per output), ``input_types`` (ints, one per input,
   optional: the types the program was written for; checked by the kernels, and a node whose fp16
   inputs all arrive as fp32 (ORT's CPU provider runs fp16 nodes without fp16 neighbours so) writes
-  its fp16 outputs as fp32).
+  its fp16 outputs as fp32);
+- optional column sums: ``column_sums`` (ints ``[k, Q]``) gives the node one more output, last:
+  the sums over rows of output ``k`` read as a row-major ``[size / Q, Q]`` array (the values as
+  stored, i.e. rounded to output ``k``'s type; Q must divide its size), accumulated in float32 and
+  rounded once to ``column_sums_type`` (1, the default, or 10), shaped ``column_sums_shape``
+  (default ``[Q]``): what a ``BlockReduceSum`` with ``sizes [size / Q, Q, 1]`` of output ``k``
+  computes (:func:`column_sums`), without reading it back.
 
 Instructions (registers ``r[0 .. registers-1]``, ``i`` the output element):
 
@@ -190,6 +196,35 @@ def check(program: Sequence[int], registers: int, constants: Sequence[float], in
         raise ProgramError(f"outputs {sorted(set(range(len(output_types))) - stored)} are never stored")
 
 
+def check_column_sums(column_sums: Sequence[int], column_sums_type: int, column_sums_shape: Sequence[int] | None,
+                      outputs: int) -> None:
+    """Raise :class:`ProgramError` unless the column-sum attributes are ones the kernels take
+    (``outputs``: the node's elementwise outputs)."""
+    if len(column_sums) != 2:
+        raise ProgramError(f"column_sums must hold 2 ints [output, columns], got {list(column_sums)}")
+    k, q = (int(v) for v in column_sums)
+    if not 0 <= k < outputs:
+        raise ProgramError(f"column_sums sums output {k}, the node has {outputs} elementwise outputs")
+    if q < 1:
+        raise ProgramError(f"column_sums' columns must be >= 1, got {q}")
+    if column_sums_type not in NUMPY_TYPES:
+        raise ProgramError(f"column_sums_type must be 1 (float32) or 10 (float16), got {column_sums_type}")
+    if column_sums_shape is not None and math.prod(column_sums_shape) != q:
+        raise ProgramError(f"column_sums_shape {list(column_sums_shape)} holds {math.prod(column_sums_shape)} "
+                           f"elements, {q} columns are summed")
+
+
+def column_sums(y: np.ndarray, columns: int, column_sums_type: int = ONNX_FLOAT,
+                shape: Sequence[int] | None = None) -> np.ndarray:
+    """The column sums of ``y`` (as stored) read as a row-major ``[y.size / columns, columns]``
+    array: float64 sums rounded once to float32, then to ``column_sums_type`` (the kernels add in
+    float32 in their own orders: they agree within float32 rounding of the sums)."""
+    if y.size % columns:
+        raise ProgramError(f"column_sums: the output holds {y.size} elements, not rows of {columns}")
+    sums = y.reshape(-1, columns).astype(np.float64).sum(axis=0).astype(np.float32)
+    return sums.astype(NUMPY_TYPES[column_sums_type]).reshape(tuple(shape) if shape is not None else (columns,))
+
+
 def run(program: Sequence[int], registers: int, constants: Sequence[float], output_types: Sequence[int],
         inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The reference semantics (numpy, float32 registers): what the CPU and CUDA kernels compute."""
@@ -218,14 +253,23 @@ def reference_op():
     """``FusedElementwise`` for :class:`onnx.reference.ReferenceEvaluator` (``new_ops=[...]``)."""
     from onnx.reference.op_run import OpRun
 
+    column_sums_of = column_sums  # the attribute of that name shadows it in _run
+
     class FusedElementwise(OpRun):
         op_domain = "ai.onnxcampo"
 
-        def _run(self, *inputs, program=None, registers=None, constants=None, output_types=None, input_types=None):
-            return tuple(run(list(program), int(registers), list(constants or ()), list(output_types), inputs))
+        def _run(self, *inputs, program=None, registers=None, constants=None, output_types=None, input_types=None,
+                 column_sums=None, column_sums_type=None, column_sums_shape=None):
+            outputs = run(list(program), int(registers), list(constants or ()), list(output_types), inputs)
+            if column_sums is not None:
+                sum_type = ONNX_FLOAT if column_sums_type is None else int(column_sums_type)
+                check_column_sums(column_sums, sum_type, column_sums_shape, len(outputs))
+                outputs.append(column_sums_of(outputs[int(column_sums[0])], int(column_sums[1]), sum_type,
+                                              column_sums_shape))
+            return tuple(outputs)
 
     return FusedElementwise
 
 
 __all__ = ["MAX_INPUTS", "MAX_INSTRUCTIONS", "MAX_OUTPUTS", "MAX_REGISTERS", "OP_TYPE", "Op", "ProgramError",
-           "check", "reference_op", "run"]
+           "check", "check_column_sums", "column_sums", "reference_op", "run"]

@@ -75,16 +75,18 @@ def export_nvrtc() -> str | None:
 
 def generated_source(library: str, program: Sequence[int], registers: int, constants: Sequence[float],
                      output_types: Sequence[int], input_types: Sequence[int], shapes: Sequence[Sequence[int]],
-                     literal_shape: bool = True) -> str:
+                     literal_shape: bool = True, column_sums: Sequence[int] | None = None) -> str:
     """The CUDA source of the kernel the custom-op ``library`` generates for a FusedElementwise
     node with these attributes, called with inputs of ``input_types`` (1 float32, 10 float16)
-    and ``shapes``. Raises ValueError with the library's reason for a program or shapes it refuses."""
+    and ``shapes`` (``column_sums``: the node's attribute ``[output, columns]``, the kernel that
+    also writes their partial sums). Raises ValueError with the library's reason for a program or shapes it refuses."""
     lib = ctypes.CDLL(library)
     fn = lib.OnnxcampoFusedElementwiseSource
     fn.restype = ctypes.c_int64
     i64 = ctypes.POINTER(ctypes.c_int64)
     fn.argtypes = [i64, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, i64,
-                   ctypes.c_int64, i64, i64, i64, ctypes.c_int64, ctypes.c_int32, ctypes.c_char_p, ctypes.c_int64]
+                   ctypes.c_int64, i64, i64, i64, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int64,
+                   ctypes.c_char_p, ctypes.c_int64]
 
     def ints(values):
         values = [int(v) for v in values]
@@ -93,7 +95,8 @@ def generated_source(library: str, program: Sequence[int], registers: int, const
     flat = [d for shape in shapes for d in shape]
     args = [ints(program), len(program), int(registers), (ctypes.c_float * max(1, len(constants)))(*constants),
             len(constants), ints(output_types), len(output_types), ints(input_types), ints(flat),
-            ints([len(s) for s in shapes]), len(shapes), int(literal_shape)]
+            ints([len(s) for s in shapes]), len(shapes), int(literal_shape),
+            int(column_sums[0]) if column_sums else -1, int(column_sums[1]) if column_sums else 0]
     size = 1 << 16
     while True:
         buffer = ctypes.create_string_buffer(size)

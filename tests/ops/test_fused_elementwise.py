@@ -42,8 +42,8 @@ def test_broadcasting_rounding_and_chains_match_the_reference(library, name):
     case = ALL[name]
     outputs = cases.run_case(case, "cpu", declare=False)  # output types from the op's inference
     _report(case, outputs)
-    if name not in ("gelu_erf",):  # exact float32 programs: equal bit for bit
-        for got, want in zip(outputs, case.reference()):
+    if name not in ("gelu_erf",):  # exact float32 programs: equal bit for bit (column sums: within their bound)
+        for got, want in zip(outputs[:len(case.output_types)], case.reference()):
             np.testing.assert_array_equal(got.view(np.uint8) if not np.isnan(want).any() else got,
                                           want.view(np.uint8) if not np.isnan(want).any() else want)
 

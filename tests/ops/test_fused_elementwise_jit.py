@@ -22,7 +22,8 @@ pytestmark = pytest.mark.usefixtures("library")  # fails (never skips) without t
 def _source(case: cases.Case, literal: bool = True) -> str:
     types = [cases.elem_type(a) for a in case.inputs]
     return jit.generated_source(library_path(), case.program, case.registers, case.constants, case.output_types,
-                                types, [a.shape for a in case.inputs], literal)
+                                types, [a.shape for a in case.inputs], literal,
+                                case.sums[:2] if case.sums else None)
 
 
 def test_every_case_has_a_source_with_one_kernel_and_its_constants():
