@@ -180,6 +180,10 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="with --fuse-reductions: leave layer-norm and softmax input gradients to the block "
                              "reductions and the elementwise fusion instead of one LayerNormGrad / SoftmaxGrad node "
                              "each (an A/B of those kernels). Default: fused")
+    custom.add_argument("--no-fuse-column-sums", dest="fuse_column_sums", action="store_false",
+                        help="with both fusions: keep a bias gradient's column sums as a BlockReduceSum node instead "
+                             "of the column_sums of the FusedElementwise node that writes the gradient (an A/B of "
+                             "the two). Default: fused")
     custom.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan, before the fusions: store the 2-D convolutions' activations "
                              "channels-last (NHWC) and run the convolutions and their gradients as ai.onnxcampo "
@@ -260,6 +264,7 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         plan_for_fusion=args.plan_for_fusion,
         yield_to_ort_fusions=args.yield_to_ort_fusions,
         fuse_row_gradients=args.fuse_row_gradients,
+        fuse_column_sums=args.fuse_column_sums,
         channels_last=args.channels_last,
         channels_last_stem=args.channels_last_stem,
         tune=args.tune,

@@ -28,7 +28,7 @@ class OptimizeConfig:
     (``--include-node``) (one value a flag, repeatable), ``pad_tensor_cores`` (``--no-pad``),
     ``compare_plans`` (``--no-compare-plans``), ``loss_scaling`` (``--no-loss-scaling``),
     ``plan_for_fusion`` (``--no-plan-for-fusion``), ``fuse_row_gradients``
-    (``--no-fuse-row-gradients``) and ``check_invariants`` (``--debug``, which also shows tracebacks).
+    (``--no-fuse-row-gradients``), ``fuse_column_sums`` (``--no-fuse-column-sums``) and ``check_invariants`` (``--debug``, which also shows tracebacks).
 
     Attributes:
         policy: ``campo`` (cost-aware four passes, the default), ``amp`` (greedy TensorFlow-AMP
@@ -111,6 +111,11 @@ class OptimizeConfig:
             input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.norm_fusion``);
             ``False`` leaves them to the block reductions and the elementwise fusion (the
             benchmark's ``campo-fused-norows-graph``, the A/B of the two kernels).
+        fuse_column_sums: with both fusions, a BlockReduceSum of column sums (a bias gradient) of
+            a FusedElementwise node's output becomes that node's ``column_sums`` (its CUDA kernel
+            adds the values as it stores them; ``onnxcampo.elementwise_fusion`` rule 4). ``False``
+            keeps the BlockReduceSums (the benchmark's ``campo-fused-nosums-graph`` and
+            ``campo-fused-cl-nosums-graph``, the A/B).
         channels_last: after the plan, its Casts and loss scaling (before the fusions), store the
             activations of the 2-D convolutions channels-last and run them, their input and weight
             gradients as ``ai.onnxcampo::ConvNhwc`` / ``ConvNhwcDataGrad`` / ``ConvNhwcWeightGrad``
@@ -158,6 +163,7 @@ class OptimizeConfig:
     plan_for_fusion: bool = True
     yield_to_ort_fusions: bool = False
     fuse_row_gradients: bool = True
+    fuse_column_sums: bool = True
     channels_last: bool | None = None
     channels_last_stem: int = 4
     tune: str | None = None

@@ -36,6 +36,13 @@ model ORT will run; the plan's passes never see the custom op). Rules:
    forward group writes the value the chain reads instead of the chain's result.
 3. A group of two or more nodes becomes one node; its outputs are the member outputs read outside
    it or graph outputs, under their names and types. A lone node stays as it is.
+4. A ``BlockReduceSum`` of column sums (``sizes [P, Q, 1]``, ``--fuse-reductions``) of an output of
+   a node made here, read directly or through views (Reshape, Squeeze, Unsqueeze, Flatten,
+   Identity), becomes that node's ``column_sums``: the node writes the sums as one more output
+   (under the BlockReduceSum's output name, type and shape), its CUDA kernel adding the values as
+   it stores them instead of a second kernel reading them back (a bias gradient: ResNet-50's
+   conv biases, BERT's and GPT-2's Linear biases). One per node (the first in graph order); the
+   views only the sum read go (``column_sums=False`` keeps the BlockReduceSums).
 
 Before the groups are formed, a Conv's or Gemm's bias moves out of it when every reader of its
 output can be fused (rule 1) and none is left to ORT: ``Conv(x, W, b)`` becomes ``Add(Conv(x, W),
@@ -103,11 +110,12 @@ class FusionResult:
     biases: int = 0  # Conv and Gemm biases moved into the group reading the node
     weight_casts: int = 0  # Casts of graph inputs made one MultiTensorCast
     casts_moved: int = 0  # float16 -> float32 Casts moved after the Reshape that read them
+    column_sums: int = 0  # BlockReduceSums made a fused node's column sums (rule 4)
 
     def to_json(self) -> dict:
         return {"fused_nodes": self.groups, "nodes_replaced": self.nodes,
                 "group_sizes": {str(k): v for k, v in sorted(self.by_size.items())},
-                "biases": self.biases, "weight_casts": self.weight_casts}
+                "biases": self.biases, "weight_casts": self.weight_casts, "column_sums": self.column_sums}
 
 
 @dataclass
@@ -122,14 +130,15 @@ class _Group:
 
 
 def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
-                     split_biases: bool = True, group_weight_casts: bool = True,
+                     split_biases: bool = True, group_weight_casts: bool = True, column_sums: bool = True,
                      info: dict[str, ir.TensorInfo] | None = None) -> FusionResult:
     """Replace the elementwise chains of ``model`` (in place) by ``FusedElementwise`` nodes.
     ``leave``: names of nodes not to fuse (the pipeline's: those ONNX Runtime fuses into kernels of
     its own, such as a MatMul's scale Mul, a Softmax's mask Add or a LayerNormalization's skip Add;
     taking them would undo ORT's fusion and cost a kernel more). ``split_biases``: move a Conv's or
     Gemm's bias into the group that reads its output; ``group_weight_casts``: the float32 ->
-    float16 Casts of graph inputs as one MultiTensorCast (the module docstring). ``info``: the
+    float16 Casts of graph inputs as one MultiTensorCast; ``column_sums``: a BlockReduceSum of a
+    fused node's output as that node's column sums (rule 4; the module docstring). ``info``: the
     model's tensor types and shapes when the caller has them (the pipeline's, from
     ``--fuse-reductions``), else inferred here."""
     leave = frozenset(leave)
@@ -202,10 +211,12 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
             replaced.append((group, built))
     if replaced:
         _replace(model, replaced, result)
+        if column_sums:
+            result.column_sums = _fuse_column_sums(model, edit, {node.name for _, node in replaced}, graph_outputs)
     if group_weight_casts:
         result.weight_casts = _group_weight_casts(model, edit, info, leave)
-    log.info("fuse-elementwise: %d chains of %d nodes as FusedElementwise, %d weight Casts as one", result.groups,
-             result.nodes, result.weight_casts)
+    log.info("fuse-elementwise: %d chains of %d nodes as FusedElementwise (%d with column sums), %d weight Casts "
+             "as one", result.groups, result.nodes, result.column_sums, result.weight_casts)
     return result
 
 
@@ -226,6 +237,60 @@ def _replace(model: onnx.ModelProto, replaced: list[tuple[_Group, onnx.NodeProto
         result.groups += 1
         result.nodes += len(group.nodes)
         result.by_size[len(group.nodes)] += 1
+
+
+VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")  # the elements in their order
+
+
+def _fuse_column_sums(model: onnx.ModelProto, edit: ir.ModelEdit, fused: set[str], graph_outputs: set[str]) -> int:
+    """Rule 4: BlockReduceSums of column sums of the outputs of the nodes named ``fused`` as those
+    nodes' ``column_sums``; returns how many."""
+    producers, consumers = edit.producers(), edit.consumers()
+    where = {out: (node, k) for node in model.graph.node if node.op_type == ew.OP_TYPE and node.name in fused
+             for k, out in enumerate(node.output)}
+    summed: set[int] = set()  # fused nodes given their column sums
+    gone: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        if node.op_type != "BlockReduceSum" or node.domain != op_nodes.DOMAIN:
+            continue
+        P, Q, R = (int(v) for v in ir.attribute(node, "sizes"))
+        name, views = node.input[0], []
+        while name not in where:
+            view = producers.get(name)
+            if view is None or view.op_type not in VIEWS or view.domain not in oplists.DEFAULT_DOMAINS:
+                break
+            views.append(view)
+            name = view.input[0]
+        if R != 1 or name not in where or id(where[name][0]) in summed:
+            continue
+        target, k = where[name]
+        attributes = {"column_sums": [k, Q], "column_sums_type": int(ir.attribute(node, "output_type", TensorProto.FLOAT))}
+        shape = ir.attribute(node, "output_shape")
+        if shape is not None:
+            attributes["column_sums_shape"] = [int(d) for d in shape]
+        target.attribute.extend(onnx.helper.make_attribute(key, value) for key, value in attributes.items())
+        target.output.append(node.output[0])
+        summed.add(id(target))
+        gone.append(node)
+        reading = {id(node)}
+        for view in views:  # nearest the sum first: a view goes when only what goes read it
+            if view.output[0] in graph_outputs or any(id(r) not in reading for r in consumers.get(view.output[0], [])):
+                break
+            reading.add(id(view))
+            gone.append(view)
+    if gone:
+        taken = {id(n) for n in gone}
+        kept = [n for n in model.graph.node if id(n) not in taken]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        edit.drop_unread({i for n in gone for i in n.input[1:] if i})
+        written = {o for n in model.graph.node for o in n.output}
+        stale = {o for n in gone for o in n.output} - written
+        kept_info = [v for v in model.graph.value_info if v.name not in stale]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(kept_info)
+        ir.toposort_model(model)
+    return len(summed)
 
 
 def _group_weight_casts(model: onnx.ModelProto, edit: ir.ModelEdit, info, leave) -> int:

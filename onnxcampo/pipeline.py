@@ -403,7 +403,8 @@ class FuseElementwise(PassBase):
         from onnxcampo.elementwise_fusion import fuse_elementwise
 
         leave = ort_fused_nodes(exported.ctx, exported.model) if exported.ctx.config.yield_to_ort_fusions else set()
-        result = fuse_elementwise(exported.model, leave=leave, info=exported.tensor_info)
+        result = fuse_elementwise(exported.model, leave=leave, info=exported.tensor_info,
+                                  column_sums=exported.ctx.config.fuse_column_sums)
         exported.report["fuse_elementwise"] = {**result.to_json(), "left_to_ort": len(leave)}
         return PassResult(self.name, bool(result.groups), {"fused": result.groups, "replaced": result.nodes})
 

@@ -462,3 +462,121 @@ def test_a_widening_cast_before_a_reshape_moves_after_it_and_joins_the_readers()
     assert "y32" not in written  # no float32 copy of y leaves a kernel
     reshapes = {n.output[0]: n.input[0] for n in fused.graph.node if n.op_type == "Reshape"}
     assert reshapes["y32"] == "y" and reshapes["nr"] == "n32"  # the first reshapes float16 y now
+
+
+# ---- rule 4: column sums -------------------------------------------------------------------
+
+BIAS_GRADIENT = """
+g (float16[4,6,8] x, float16[4,6,8] dy, float16[8,5] w) => (float16[24,5] dx, float[8] db) {
+  m = Greater(x, zero)
+  f = Cast <to = 10> (m)
+  g = Mul(f, dy)
+  flat = Reshape(g, rows)
+  dx = MatMul(flat, w)
+  wide = Cast <to = 1> (flat)
+  db = ReduceSum <keepdims = 0> (wide, axes)
+}
+"""
+
+
+def _bias_gradient_model():
+    model = _model(BIAS_GRADIENT)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([0.0], np.float16), "zero"),
+                                    numpy_helper.from_array(np.array([24, 8], np.int64), "rows"),
+                                    numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 6, 8)).astype(np.float16),
+             "dy": rng.integers(-8, 9, (4, 6, 8)).astype(np.float16),  # integers: every order sums them exactly
+             "w": rng.integers(-2, 3, (8, 5)).astype(np.float16)}
+    return model, feeds
+
+
+def _both_fusions(model, feeds, **options):
+    """fuse_reductions then fuse_elementwise (the pipeline's order) on a copy; the values checked
+    against the unfused model's (exactly: integer data)."""
+    from onnxcampo.ops import reduce as block_reduce
+    from onnxcampo.reductions import fuse_reductions
+
+    want = ReferenceEvaluator(model).run(None, feeds)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    fuse_reductions(fused)
+    result = fuse_elementwise(fused, **options)
+    onnx.checker.check_model(fused)
+    got = ReferenceEvaluator(fused, new_ops=[ew.reference_op(), block_reduce.reference_op()]).run(None, feeds)
+    for expected, actual in zip(want, got):
+        assert expected.dtype == actual.dtype and expected.shape == actual.shape
+        np.testing.assert_array_equal(actual, expected)
+    return fused, result
+
+
+def test_a_bias_gradient_sum_of_a_fused_output_becomes_its_column_sums():
+    """The sum reads the chain's output through a Reshape (and a Cast that fuse_reductions folds):
+    the fused node writes the sums as one more output, under the sum's name; the Reshape stays
+    (the MatMul reads it), the BlockReduceSum goes."""
+    model, feeds = _bias_gradient_model()
+    fused, result = _both_fusions(model, feeds)
+    assert sorted(_ops(fused)) == ["FusedElementwise", "MatMul", "Reshape"] and result.column_sums == 1
+    node = next(n for n in fused.graph.node if n.op_type == ew.OP_TYPE)
+    assert ir.attribute(node, "column_sums") == [0, 8] and ir.attribute(node, "column_sums_type") == 1
+    assert list(node.output)[-1] == "db" and result.to_json()["column_sums"] == 1
+
+
+def test_column_sums_off_keeps_the_block_reduce_sum():
+    model, feeds = _bias_gradient_model()
+    fused, result = _both_fusions(model, feeds, column_sums=False)
+    assert "BlockReduceSum" in _ops(fused) and result.column_sums == 0
+    assert all(ir.attribute(n, "column_sums") is None for n in fused.graph.node)
+
+
+def test_a_view_only_the_sum_reads_goes_with_it_and_a_float16_sum_keeps_its_type():
+    model = _model("""
+    g (float16[4,6,8] x, float16[4,6,8] dy) => (float16[4,6,8] gr, float16[1,8] db) {
+      m = Greater(x, zero)
+      f = Cast <to = 10> (m)
+      gr = Mul(f, dy)
+      flat = Reshape(gr, rows)
+      db = ReduceSum <keepdims = 1> (flat, axes)
+    }
+    """)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([0.0], np.float16), "zero"),
+                                    numpy_helper.from_array(np.array([24, 8], np.int64), "rows"),
+                                    numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((4, 6, 8)).astype(np.float16),
+             "dy": rng.integers(-8, 9, (4, 6, 8)).astype(np.float16)}
+    fused, result = _both_fusions(model, feeds)
+    assert _ops(fused) == [ew.OP_TYPE] and result.column_sums == 1
+    node = fused.graph.node[0]
+    assert ir.attribute(node, "column_sums_type") == 10 and ir.attribute(node, "column_sums_shape") == [1, 8]
+    assert not any(t.name == "rows" for t in fused.graph.initializer)  # the Reshape's shape went with it
+
+
+def test_row_sums_and_a_second_sum_of_one_node_stay_block_reduce_sums():
+    """A sum over trailing axes (R > 1) is no column sum; a node gets one column sum, the first."""
+    model = _model("""
+    g (float16[4,6,8] x, float16[4,6,8] dy) => (float[8] a, float[8] b, float[4] c) {
+      m = Greater(x, zero)
+      f = Cast <to = 10> (m)
+      gr = Mul(f, dy)
+      neg = Neg(gr)
+      h = Mul(gr, two)
+      wide = Cast <to = 1> (gr)
+      a = ReduceSum <keepdims = 0> (wide, axes01)
+      wide2 = Cast <to = 1> (h)
+      b = ReduceSum <keepdims = 0> (wide2, axes01)
+      wide3 = Cast <to = 1> (neg)
+      c = ReduceSum <keepdims = 0> (wide3, axes12)
+    }
+    """)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([0.0], np.float16), "zero"),
+                                    numpy_helper.from_array(np.array([2.0], np.float16), "two"),
+                                    numpy_helper.from_array(np.array([0, 1], np.int64), "axes01"),
+                                    numpy_helper.from_array(np.array([1, 2], np.int64), "axes12")])
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((4, 6, 8)).astype(np.float16),
+             "dy": rng.integers(-8, 9, (4, 6, 8)).astype(np.float16)}
+    fused, result = _both_fusions(model, feeds)
+    assert result.column_sums == 1 and _ops(fused).count("BlockReduceSum") == 2
+    (node,) = [n for n in fused.graph.node if n.op_type == ew.OP_TYPE]
+    assert list(node.output)[-1] == "a"

@@ -30,6 +30,9 @@ Inference (ONNX Runtime):
     campo-fused-cl-graph, fp16-fused-cl-graph, campo-fused-cl  campo-fused-graph, fp16-fused-graph and
                     campo-fused with ``channels_last`` (the convolutions as ai.onnxcampo's NHWC ops,
                     their activations channels-last: onnxcampo.layout)
+    campo-fused-nosums-graph, campo-fused-cl-nosums-graph  campo-fused-graph and
+                    campo-fused-cl-graph with ``fuse_column_sums=False``: the bias gradients' column
+                    sums as BlockReduceSum nodes, not in the elementwise kernels: their A/B
     campo-fused-cl-nostem-graph  campo-fused-cl-graph with ``channels_last_stem=0``: the stem
                     convolution and the MaxPool NCHW (as before MaxPoolNhwc): their A/B
     campo-fused-cl-stem4-graph  campo-fused-cl-graph with the stem's input padded to 4 channels
@@ -133,6 +136,9 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same without LayerNormGrad / SoftmaxGrad (fuse_row_gradients=False): their A/B
              "campo-fused-norows-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_row_gradients": False,
                                           **FUSIONS},
+             # the same with the column sums as BlockReduceSum nodes (fuse_column_sums=False): their A/B
+             "campo-fused-nosums-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_column_sums": False,
+                                          **FUSIONS},
              # the convolutions channels-last (onnxcampo.layout), with both fusions
              "campo-fused-cl": {"policy": "campo", "channels_last": True, **FUSIONS},
              "campo-fused-cl-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
@@ -140,6 +146,9 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same with the stem convolution and the MaxPool NCHW (channels_last_stem=False): their A/B
              "campo-fused-cl-nostem-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
                                              "channels_last_stem": 0, **FUSIONS},
+             # the same with the column sums as BlockReduceSum nodes: their A/B
+             "campo-fused-cl-nosums-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
+                                             "fuse_column_sums": False, **FUSIONS},
              # the same with the stem's input padded to 4 channels, the layout of cuDNN's image_first_layer kernels
              "campo-fused-cl-stem4-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
                                             "channels_last_stem": 4, **FUSIONS},
