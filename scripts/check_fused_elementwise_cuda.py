@@ -15,7 +15,9 @@ On CUDA every case runs on each kernel of ``--kernels`` (default both: the gener
 NVRTC-compiled per program, which is the library's default, and the interpreter, its fallback),
 and the run fails when a generated kernel fell back to the interpreter.
 
-Timing (``--timing``, default on for cuda): each benchmark's fused node (each kernel) against its unfused ONNX
+Timing (``--timing``, default on for cuda): a ReLU backward with the column sums of its output
+(``column_sums``) against the same node and a ``BlockReduceSum`` (ResNet-50's and BERT's bias
+gradient shapes); each benchmark's fused node (each kernel) against its unfused ONNX
 chain (Casts at the edges where a mixed-precision graph has them), inputs and pre-allocated
 outputs bound on the device (IO binding), the variants interleaved in rounds in one process;
 median ms per run. The outputs of fused and unfused are compared too (max ulp; erf/exp come from
@@ -435,8 +437,8 @@ def compare(case: Case, outputs: list[np.ndarray], provider: str) -> dict:
             entry.update(ok=False, error=f"got {got.dtype}{list(got.shape)}")
         elif case.sums is not None and k == len(case.output_types):
             exact = expected[case.sums[0]].reshape(-1, case.sums[1]).astype(np.float64).sum(axis=0)
-            error = np.abs(got.astype(np.float64) - exact)
-            with np.errstate(invalid="ignore"):
+            with np.errstate(invalid="ignore"):  # inf - inf: NaN, judged below
+                error = np.abs(got.astype(np.float64) - exact)
                 over = ~(error <= sum_bound(expected[case.sums[0]], case.sums[1], case.sums[2]))
             over &= ~(np.isnan(got) & np.isnan(exact)) & ~(np.isinf(got) & (got == exact))
             entry.update(ok=not over.any(), max_error=float(np.nanmax(np.where(np.isfinite(error), error, 0))),
@@ -552,7 +554,9 @@ class Bound:
         self.outputs = []
         for meta in self.session.get_outputs():
             dtype = np.float16 if meta.type == "tensor(float16)" else np.float32
-            value = ort.OrtValue.ortvalue_from_shape_and_type(list(inputs[0].shape), dtype, device, 0)
+            known = meta.shape and all(isinstance(d, int) for d in meta.shape)
+            value = ort.OrtValue.ortvalue_from_shape_and_type(list(meta.shape if known else inputs[0].shape), dtype,
+                                                              device, 0)
             self.binding.bind_ortvalue_output(meta.name, value)
             self.outputs.append(value)
 
@@ -627,6 +631,63 @@ def timing(provider: str, rounds: int, block: int, kernels: tuple[str, ...] = ("
     return results
 
 
+# [rows, columns] of the bias gradients the column sums replace a BlockReduceSum of: ResNet-50 b64
+# channels-last (the stem, stage 1's two widths, stage 4's output) and BERT-base b32 s128
+SUM_SHAPES = [(802816, 64), (200704, 256), (200704, 64), (3136, 2048), (4096, 768)]
+
+
+def sum_timing(provider: str, rounds: int, block: int) -> list[dict]:
+    """A ReLU's backward (``dy * (x > 0)``, float16) with the column sums of its output as the
+    node's ``column_sums`` against the same node without them followed by a ``BlockReduceSum`` of
+    its output (what ``--no-fuse-column-sums`` runs), interleaved in rounds in one process; the
+    sums of the two compared (within float32 rounding)."""
+    program, constants = relu_backward_program()
+    results = []
+    for rows, q in SUM_SHAPES:
+        rng = np.random.default_rng(rows + q)
+        inputs = [rng.standard_normal((rows, q)).astype(np.float16), rng.standard_normal((rows, q)).astype(np.float16)]
+        ins = [value_info(f"x{k}", FLOAT16, [rows, q]) for k in range(2)]
+        outs = [value_info("y0", FLOAT16, [rows, q]), value_info("y1", FLOAT16, [rows, q])]
+        summed = model([fused_node(program, 5, constants, [FLOAT16, FLOAT16], ["x0", "x1"], ["y0", "y1", "sums"],
+                                   sums=(0, q, FLOAT))], ins, outs + [value_info("sums", FLOAT, [q])])
+        apart = model([fused_node(program, 5, constants, [FLOAT16, FLOAT16], ["x0", "x1"], ["y0", "y1"]),
+                       node("BlockReduceSum", ["y0"], ["sums"], domain=DOMAIN, sizes=[rows, q, 1], output_type=FLOAT)],
+                      ins, outs + [value_info("sums", FLOAT, [q])])
+        variants = {"column_sums": Bound(summed, inputs, provider), "block_reduce_sum": Bound(apart, inputs, provider)}
+        for v in variants.values():
+            for _ in range(3):
+                v.run()
+            v.sync()
+        times = {k: [] for k in variants}
+        for _ in range(rounds):
+            for key, v in variants.items():
+                v.sync()
+                start = time.perf_counter()
+                for _ in range(block):
+                    v.run()
+                v.sync()
+                times[key].append((time.perf_counter() - start) * 1e3 / block)
+        got = {k: v.results() for k, v in variants.items()}
+        want = ew.column_sums(got["block_reduce_sum"][0], q)
+        bound = sum_bound(got["block_reduce_sum"][0], q, FLOAT)
+        errors = {k: float(np.max(np.abs(r[2].astype(np.float64) - want))) for k, r in got.items()}
+        ok = all(bool(np.all(np.abs(r[2].astype(np.float64) - want) <= bound)) for r in got.values())
+        ok = ok and all(np.array_equal(got["column_sums"][i], got["block_reduce_sum"][i]) for i in (0, 1))
+        medians = {k: statistics.median(t) for k, t in times.items()}
+        gpu = {key: gpu_ms_per_run(v) for key, v in variants.items()} if provider == "cuda" else {}
+        entry = {"shape": [rows, q], "median_ms": medians, "all_ms": times, "ok": ok, "max_error": errors,
+                 "speedup": medians["block_reduce_sum"] / medians["column_sums"], "gpu_kernels_ms": gpu}
+        results.append(entry)
+        print(f"relu_backward + column sums {rows}x{q}: column_sums {medians['column_sums']:.4f} ms  "
+              f"+BlockReduceSum {medians['block_reduce_sum']:.4f} ms  speed-up {entry['speedup']:.2f}x  "
+              f"{'ok' if ok else 'MISMATCH'}", flush=True)
+        if gpu:
+            print("    GPU kernel time a run (CUPTI): " + ", ".join(
+                f"{key} {value['total_ms']:.4f} ms in {value['launches']:.0f} launches" if value else f"{key} -"
+                for key, value in gpu.items()), flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -658,6 +719,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.timing if args.timing is not None else args.provider == "cuda":
         try:
             result["timing"] = timing(args.provider, args.rounds, args.block, kernels)
+            result["sum_timing"] = sum_timing(args.provider, args.rounds, args.block)
+            if not all(entry["ok"] for entry in result["sum_timing"]):
+                failed.append("column sums timed against BlockReduceSum disagree")
         except Exception as exc:
             result["timing_error"] = f"{type(exc).__name__}: {exc}"
             print(f"timing failed: {result['timing_error']}", flush=True)
