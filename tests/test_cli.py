@@ -233,7 +233,7 @@ RENAMED_FLAGS = {
     "exclude_ops": "--exclude-op", "include_ops": "--include-op", "exclude_nodes": "--exclude-node",
     "include_nodes": "--include-node", "pad_tensor_cores": "--no-pad", "compare_plans": "--no-compare-plans",
     "loss_scaling": "--no-loss-scaling", "check_invariants": "--debug", "plan_for_fusion": "--no-plan-for-fusion",
-    "fuse_row_gradients": "--no-fuse-row-gradients",
+    "fuse_row_gradients": "--no-fuse-row-gradients", "fuse_column_sums": "--no-fuse-column-sums",
 }
 
 
