@@ -31,6 +31,8 @@
 //   SoftmaxGrad[cols, scale](dy, y) -> dx  (a softmax's input gradient over rows of cols: norm_op.cc)
 //   MaxPoolNhwc[kernel_shape, strides, pads](x) -> (y[, argmax]), MaxPoolNhwcGrad[..., input_spatial](dy,
 //       argmax) -> dx  (a channels-last max pooling and its gradient: max_pool_op.cc, max_pool.h)
+//   NchwToNhwc[to, channels](x) -> y  (a channels-first tensor channels-last, cast and its channels
+//       zero-padded, in one pass: to_nhwc_op.cc, to_nhwc.h)
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
@@ -66,6 +68,7 @@
 namespace onnxcampo {
 
 void AddBlockReduceSumOps(Ort::CustomOpDomain& domain);  // reduce_op.cc
+void AddNchwToNhwcOps(Ort::CustomOpDomain& domain);  // to_nhwc_op.cc
 #ifdef ONNXCAMPO_WITH_CUDA
 void BlockReduceSumOnStream(OrtKernelContext* ctx, const OrtMemoryInfo* memory, const BlockReduceArgs& args);  // reduce_op.cc
 #endif
@@ -949,6 +952,7 @@ struct Library {
     domain.Add(SoftmaxGradOp(true));
 #endif
     AddBlockReduceSumOps(domain);
+    AddNchwToNhwcOps(domain);
   }
 };
 

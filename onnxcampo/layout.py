@@ -26,7 +26,10 @@ A convolution with fewer input channels than ``align`` (8: the Tensor Core kerne
 ResNet's 3-channel stem) gets its input and filter zero-padded to ``stem`` channels (8, or 4:
 the layout cuDNN's ``image_first_layer`` kernels read; two ``Pad``s, its filter gradient sliced
 back), when every Conv and weight gradient of its input converts; ``stem=0`` leaves the stem and
-the pools NCHW, as before they were converted. Other convolutions whose channel counts are not
+the pools NCHW, as before they were converted. The stem's input (the image, a float32 NCHW graph
+input) then reaches it as ``Pad(Cast(Transpose(x)))``: that chain, where only it reads its
+intermediate values, is one ``NchwToNhwc`` node (one pass over the image instead of three:
+``conversions``). Other convolutions whose channel counts are not
 multiples of ``align``, and float32 ones (cuDNN's NHWC float32 kernels are slower than its NCHW
 TF32 ones), stay NCHW. Graph inputs and outputs keep their layout.
 """
@@ -69,6 +72,7 @@ class LayoutResult:
     padded: int = 0  # Convs and weight gradients whose input channels were zero-padded (a stem)
     pools: int = 0  # MaxPool -> MaxPoolNhwc
     pool_grads: int = 0  # MaxPool's indices + scatter-add adjoint -> MaxPoolNhwcGrad
+    conversions: int = 0  # Transpose (+ Cast) (+ Pad) chains of a small-channel input -> NchwToNhwc
     stem_kept: str = ""  # why a stem (and so the pools) stayed NCHW, when it did
     left: dict[str, int] = field(default_factory=dict)  # convolutions kept NCHW, by reason
 
@@ -172,6 +176,8 @@ class _Layout:
         self.convs: dict[int, list[str]] = {}  # id(node) -> its activations
         self.pad_cin: dict[int, tuple[int, int]] = {}  # id(conv node) -> (Cin, Cin padded)
         self.pad_cache: dict[str, str] = {}
+        self.pad_widths: dict[str, int] = {}  # Pad output -> zero channels appended (padded())
+        self.pad_ranks: dict[str, int] = {}  # Pad output -> its rank
         self.pools: list[_Pool] = []
         self.pool_of: dict[int, _Pool] = {}  # id(node) -> the pool it is part of
 
@@ -604,6 +610,7 @@ class _Layout:
                 pads = [0] * (2 * len(shape))
                 pads[2 * len(shape) - 1] = target[-1] - channels
                 self.add("Pad", [name, self.constant(np.array(pads, np.int64), "pads")], out, mode="constant")
+                self.pad_widths[out], self.pad_ranks[out] = target[-1] - channels, len(shape)
                 self.record(out, self.dtype(name), target)
             self.pad_cache[name] = out
         return self.pad_cache[name]
@@ -811,6 +818,67 @@ class _Layout:
             self.value_infos.pop(middle, None)
         self.out_nodes = [n for n in self.out_nodes if id(n) not in gone]
 
+    def fold_conversions(self) -> None:
+        """A Transpose to channels-last of a tensor of fewer than ``align`` channels, the float Cast
+        that alone reads it and the zero Pad of the last axis that alone reads that (the stem's
+        image: ``Pad(Cast(Transpose(x)))``, each an ORT kernel and a pass over memory) as one
+        ``NchwToNhwc`` writing the last one's output. Only chains with a Cast or a Pad (a lone
+        Transpose stays ORT's)."""
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in self.out_nodes:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        declared = {o.name for o in self.graph.output}
+
+        def only_reader(name: str, op: str) -> onnx.NodeProto | None:
+            found = readers.get(name, [])
+            if name in declared or len(found) != 1 or found[0].op_type != op or found[0].domain not in ("", "ai.onnx"):
+                return None
+            return found[0]
+
+        made: dict[int, onnx.NodeProto] = {}  # id of the chain's first node -> the NchwToNhwc
+        gone: set[int] = set()
+        unwritten: set[str] = set()  # the chains' intermediate values
+        for node in self.out_nodes:
+            if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+                continue
+            shape = self.value_infos.get(node.output[0], (None, None))[1] or self.shape(node.input[0])
+            rank = len(shape) if shape is not None else 0
+            if rank < 3 or list(attribute(node, "perm", [])) != to_physical_perm(rank, 1):
+                continue
+            channels_in = self.shape(node.input[0])[1] if self.shape(node.input[0]) else None
+            if not isinstance(channels_in, int) or channels_in >= self.align:
+                continue
+            chain, last, to, channels = [node], node.output[0], self.dtype(node.input[0]), channels_in
+            cast = only_reader(last, "Cast")
+            if cast is not None and attribute(cast, "to") in (TensorProto.FLOAT, TensorProto.FLOAT16):
+                chain.append(cast)
+                last, to = cast.output[0], int(attribute(cast, "to"))
+            pad = only_reader(last, "Pad")
+            if pad is not None and self.zero_channel_pad(pad, rank):
+                chain.append(pad)
+                channels = channels_in + int(self.pad_widths[pad.output[0]])
+                last = pad.output[0]
+            if len(chain) == 1 or to not in (TensorProto.FLOAT, TensorProto.FLOAT16):
+                continue
+            made[id(node)] = nodes.nchw_to_nhwc(node.input[0], output=last, to=to,
+                                                channels=channels if channels != channels_in else None,
+                                                name=self.edit.fresh("NchwToNhwc"))
+            gone.update(id(n) for n in chain[1:])
+            unwritten.update(n.output[0] for n in chain[:-1])
+            self.result.conversions += 1
+        if made:
+            dropped = {i for n in self.out_nodes if id(n) in gone for i in n.input[1:]}
+            self.out_nodes = [made.get(id(n), n) for n in self.out_nodes if id(n) not in gone]
+            read = {i for n in self.out_nodes for i in n.input}
+            self.initializers = [t for t in self.initializers if t.name not in dropped or t.name in read]
+            for name in unwritten:
+                self.value_infos.pop(name, None)
+
+    def zero_channel_pad(self, pad: onnx.NodeProto, rank: int) -> bool:
+        """Whether ``pad`` (one this pass wrote: :meth:`padded`) appends zeros to the last axis only."""
+        return pad.output[0] in self.pad_widths and len(pad.input) == 2 and rank == self.pad_ranks[pad.output[0]]
+
     def find_convs(self) -> dict[int, list[str]]:
         convs: dict[int, list[str]] = {}
         self.result.left.clear()
@@ -863,6 +931,7 @@ class _Layout:
                 self.barrier_node(node)
         self.result.channels_last = len(self.chan)
         self.merge_reduce_sums()
+        self.fold_conversions()
         del self.graph.node[:]
         self.graph.node.extend(self.out_nodes)
         self.graph.initializer.extend(self.initializers)

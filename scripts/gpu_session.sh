@@ -13,7 +13,8 @@
 #            comparisons included), ConvWeightGrad (cuDNN), Im2Col, BlockReduceSum, ScatterNDAdd,
 #            the Trainer's device batches and CUDA graphs, MultiTensorCast,
 #            SoftmaxCrossEntropy(Grad), LayerNormGrad (values, and timed against the unfused
-#            GPT-2 loss and BERT layer-norm backward)                                  (~7 min)
+#            GPT-2 loss and BERT layer-norm backward), the NHWC convolutions and pooling, the
+#            unscaling update, NchwToNhwc                                               (~8 min)
 #   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
 #            cases not measured yet (costdb/data/raw/harvested-cases.json: none left in session 13); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
@@ -25,9 +26,9 @@
 #            BENCH_POLICIES narrow them)                                                  (~9 min)
 #   rotate   training steps of one model side by side, in rotation, in one process
 #            (scripts/rotate_training.py; ROTATE_MODEL, default resnet50, ROTATE_POLICIES,
-#            ROTATE_ROUNDS, ROTATE_SPLIT): campo channels-last with the stem padded to 4 and to 8
-#            channels and without the NHWC stem and pool, the fp16 plan, torch.compile AMP
-#            channels_last replayed (reduce-overhead), CUPTI splits of the first two (~4 min)
+#            ROTATE_ROUNDS, ROTATE_SPLIT): campo channels-last with and without the column sums in
+#            the elementwise kernels, the fp16 plan, torch.compile AMP channels_last replayed
+#            (reduce-overhead), CUPTI splits of campo's and torch's                      (~4 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
 #   infer    inference with the fusions (issue 17 item 4): campo with both fusions against campo
@@ -79,6 +80,7 @@ run_checks() {
   stage checks 150 python3 scripts/check_conv_nhwc_cuda.py --out "$d/conv_nhwc.json"
   stage checks 120 python3 scripts/check_max_pool_cuda.py --out "$d/max_pool.json"
   stage checks 120 python3 scripts/check_update_cuda.py --out "$d/update.json"
+  stage checks 90 python3 scripts/check_to_nhwc_cuda.py --out "$d/to_nhwc.json"
 }
 
 run_costs() {
@@ -125,7 +127,7 @@ run_train18() {
 run_rotate() {
   # ResNet-50's step variants and its torch.compile anchors side by side, in rotation, in one process
   stage rotate 590 python3 scripts/rotate_training.py --model "${ROTATE_MODEL:-resnet50}" --wheels "$WHEELS" \
-    --policies "${ROTATE_POLICIES:-campo-fused-cl-graph,campo-fused-cl-stem8-graph,campo-fused-cl-nostem-graph,fp16-fused-cl-graph,torch-compile-graph-amp-cl}" \
+    --policies "${ROTATE_POLICIES:-campo-fused-cl-graph,campo-fused-cl-nosums-graph,fp16-fused-cl-graph,torch-compile-graph-amp-cl}" \
     --split "${ROTATE_SPLIT:-campo-fused-cl-graph,torch-compile-graph-amp-cl}" \
     --rounds "${ROTATE_ROUNDS:-7}" --out "$OUT/rotate/rotation-${ROTATE_MODEL:-resnet50}.json"
 }

@@ -89,7 +89,9 @@ def test_a_channels_last_step_computes_the_same_loss_and_update():
     ops = Counter(n.op_type for n in converted.graph.node)
     assert ops["ConvNhwc"] == ops["ConvNhwcWeightGrad"] == 8 and ops["ConvNhwcDataGrad"] == 7
     assert ops["Conv"] == 1 and ops["ConvTranspose"] == 1 and ops["ConvWeightGrad"] == 1
-    assert ops["Pad"] == 2 and ops["Slice"] == 1  # the stem's input and filter padded, its filter gradient sliced
+    # the stem's input and filter padded (each transposed and padded in one NchwToNhwc), its filter
+    # gradient sliced
+    assert ops["NchwToNhwc"] == result.conversions == 2 and ops["Pad"] == 0 and ops["Slice"] == 1
     # the MaxPool and onnx-ad's adjoint of it (a second MaxPool's Indices scattered into zeros) as
     # MaxPoolNhwc, which writes the argmax, and MaxPoolNhwcGrad, which reads it
     assert result.pools == result.pool_grads == 1 and ops["MaxPoolNhwc"] == ops["MaxPoolNhwcGrad"] == 1
@@ -123,9 +125,9 @@ def test_a_stem_padded_to_four_channels_computes_the_same_loss_and_update():
     result = to_channels_last(converted, float32=True, stem=4)
     assert result.padded == 2 and result.pools == result.pool_grads == 1
     info, _ = ir.infer_tensor_info(converted)
-    pads = [n for n in converted.graph.node if n.op_type == "Pad"]
+    pads = [n for n in converted.graph.node if n.op_type == "NchwToNhwc"]
     stored = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in converted.graph.value_info}
-    assert [stored[n.output[0]][-1] for n in pads] == [4, 4]
+    assert [stored[n.output[0]][-1] for n in pads] == [4, 4] == [ir.attribute(n, "channels") for n in pads]
     _assert_close(_outputs(converted, feeds), want)
     with pytest.raises(ValueError, match="stem must be one of 0, 4, 8"):
         to_channels_last(converted, stem=5)

@@ -266,6 +266,21 @@ def max_pool_nhwc_grad(dy: str, argmax: str, *, output: str, input_spatial: Sequ
                             **_max_pool_attributes(kernel_shape, strides, pads))
 
 
+def nchw_to_nhwc(x: str, *, output: str, to: int, channels: int | None = None, name: str) -> onnx.NodeProto:
+    """``y = NchwToNhwc(x)``: x [N, C, S...] (float32 or float16) channels-last, as ``to`` (1
+    float32, 10 float16: rounded to nearest even), with zero channels appended up to ``channels``
+    (default C): ``Pad(Cast(Transpose(x, [0, 2, ..., 1])))`` in one pass (``onnxcampo.ops.conv_nhwc``
+    has the numpy reference)."""
+    if to not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+        raise ValueError(f"{name}: to must be 1 (float32) or 10 (float16), got {to}")
+    attributes = {"to": int(to)}
+    if channels is not None:
+        if int(channels) < 1:
+            raise ValueError(f"{name}: channels must be >= 1, got {channels}")
+        attributes["channels"] = int(channels)
+    return helper.make_node("NchwToNhwc", [x], [output], name=name, domain=DOMAIN, **attributes)
+
+
 def _max_pool_attributes(kernel_shape, strides, pads) -> dict:
     return {"kernel_shape": [int(k) for k in kernel_shape], "strides": [int(s) for s in strides],
             "pads": [int(p) for p in pads]}

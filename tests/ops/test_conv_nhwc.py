@@ -7,6 +7,7 @@ ConvTranspose, the same bits for any thread count, inferred output shapes, clear
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -143,3 +144,60 @@ def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
     from reference import check_script_passes_on_the_cpu
 
     check_script_passes_on_the_cpu("check_conv_nhwc_cuda.py", library, tmp_path)
+
+
+# ---- NchwToNhwc -----------------------------------------------------------------------------
+
+
+def _to_nhwc_session(x_dtype, shape, to, channels=None, declare=True, threads=1):
+    node = nodes.nchw_to_nhwc("x", output="y", to=to, channels=channels, name="t")
+    out_shape = [shape[0], *shape[2:], channels or shape[1]]
+    outputs = [helper.make_tensor_value_info("y", to, out_shape) if declare else onnx.ValueInfoProto(name="y")]
+    graph = helper.make_graph([node], "to_nhwc", [helper.make_tensor_value_info("x", TYPES[x_dtype], list(shape))], outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    nodes.import_domain(model)
+    return make_session(model, intra_op_threads=threads)
+
+
+@pytest.mark.parametrize("x_dtype, to, shape, channels", [
+    (np.float32, TensorProto.FLOAT16, (2, 3, 5, 7), 4),   # the stem's image: cast, padded to 4
+    (np.float32, TensorProto.FLOAT16, (2, 3, 4, 4), 8),
+    (np.float32, TensorProto.FLOAT, (1, 3, 6, 2), None),  # a transpose alone
+    (np.float16, TensorProto.FLOAT16, (4, 3, 7, 7), 4),   # a float16 filter [Cout, Cin, kh, kw] as KRSC
+    (np.float16, TensorProto.FLOAT, (2, 2, 3, 2, 2), 3),  # rank 5: spatial dims in order
+    (np.float32, TensorProto.FLOAT16, (0, 3, 4, 4), 4),   # an empty batch
+])
+def test_nchw_to_nhwc_matches_numpy_bit_for_bit(x_dtype, to, shape, channels):
+    x = RNG.standard_normal(shape).astype(x_dtype) * 300
+    if x.size:
+        x.flat[:5] = [np.nan, np.inf, -0.0, 1e-7, 70000.0]  # NaN, inf, a signed zero, a subnormal, overflow
+    for declare in (True, False):  # the output's type and shape inferred when not declared
+        got = _to_nhwc_session(x_dtype, shape, to, channels, declare).run(None, {"x": x})[0]
+        want = ref.nchw_to_nhwc(x, to, channels)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_nchw_to_nhwc_same_bits_for_any_thread_count():
+    x = RNG.standard_normal((3, 3, 64, 70)).astype(np.float32)
+    runs = [_to_nhwc_session(np.float32, x.shape, TensorProto.FLOAT16, 4, threads=t).run(None, {"x": x})[0]
+            for t in (1, 4)]
+    np.testing.assert_array_equal(runs[0].view(np.uint16), runs[1].view(np.uint16))
+
+
+def test_nchw_to_nhwc_refuses_bad_attributes_and_inputs():
+    with pytest.raises(ValueError, match="to must be 1"):
+        nodes.nchw_to_nhwc("x", output="y", to=7, name="t")
+    with pytest.raises(ValueError, match="channels must be >= 1"):
+        nodes.nchw_to_nhwc("x", output="y", to=10, channels=0, name="t")
+    session = _to_nhwc_session(np.float32, (1, 5, 2, 2), TensorProto.FLOAT16, 4, declare=False)
+    with pytest.raises(Exception, match="below x's 5 channels"):
+        session.run(None, {"x": np.zeros((1, 5, 2, 2), np.float32)})
+
+
+def test_the_nchw_to_nhwc_cuda_check_script_passes_on_the_cpu(library, tmp_path):
+    """scripts/check_to_nhwc_cuda.py --provider cpu --quick: its checks against numpy pass with the
+    CPU kernel (the script's own wiring; on the GPU machine it checks the CUDA kernel)."""
+    from reference import check_script_passes_on_the_cpu
+
+    check_script_passes_on_the_cpu("check_to_nhwc_cuda.py", library, tmp_path)
