@@ -43,7 +43,10 @@ estimate that is not measured, :data:`onnxcampo.costdb.model.DEFAULT_FUSED_KERNE
 With ``fuse_reductions`` (and ``plan_for_fusion``) a Cast to fp32 whose every reader is an fp32
 ReduceSum costs nothing: ``--fuse-reductions`` folds it into the BlockReduceSum, which reads either
 type (``onnxcampo.reductions``); so does the Cast of a cross-entropy loss's logits to its fp32
-LogSoftmax (``onnxcampo.loss_fusion``: SoftmaxCrossEntropy reads float16).
+LogSoftmax (``onnxcampo.loss_fusion``: SoftmaxCrossEntropy reads float16). With both fusions
+(and ``fuse_column_sums``) a bias gradient's column sums of a value a predicted group writes cost
+the fused kernel's fixed cost only (:func:`_summed_in_kernel`: the group's kernel adds them as it
+stores, ``onnxcampo.elementwise_fusion`` rule 4).
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_
     member = _fused_member(ctx, node)
     if member is not None:
         return member.time_us(ctx.cost.fused_kernel(), precision)
+    if _summed_in_kernel(ctx, node):
+        return ctx.cost.fused_kernel().fixed_us  # the partial sums' finishing launch
     chain = ctx.chains.get(node.name)
     if chain is not None and precision_of is not None:
         pattern, members = chain
@@ -112,6 +117,41 @@ def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_
     if not _costs_time(ctx, node, precision_of):
         return 0.0
     return _alone_time(ctx, node, precision)
+
+
+def _summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
+    """Whether the node is a bias gradient's column sums that the fused kernel writing its input
+    adds as it stores it (``onnxcampo.elementwise_fusion`` rule 4; both fusions and
+    ``fuse_column_sums`` costed): a ReduceSum over leading axes, or, channels-last, over axes
+    other than the channels of a rank >= 3 tensor (the layout stores them last and merges
+    simplify's pair over the spatial axes, then the batch, into one over the leading block), of a
+    value a predicted fused group writes (directly or through views). What is left of it is a
+    small finishing launch over the partial sums."""
+    elementwise, reductions = fusion_costed(ctx)
+    if not (elementwise and reductions and getattr(ctx.config, "fuse_column_sums", True)):
+        return False
+    if node.op != "ReduceSum" or (node.domain or "") not in oplists.DEFAULT_DOMAINS or not node.inputs:
+        return False
+    shape = ctx.info.get(node.inputs[0].name)
+    rank = len(shape.shape) if shape is not None and shape.shape is not None else 0
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1:
+        given = node.inputs[1]
+        if not isinstance(given, gs.Constant) and ctx.is_constant(given):
+            given = given.inputs[0].attrs["value"]  # a Constant node's value (a gs.Constant)
+        axes = given.values.tolist() if isinstance(given, gs.Constant) else None
+    if not rank or axes is None:
+        return False
+    axes = sorted({int(a) % rank for a in axes})
+    leading = axes == list(range(len(axes))) and len(axes) < rank
+    channels_last = bool(getattr(ctx.config, "channels_last", False)) and rank >= 3 and 1 not in axes
+    if not (leading or channels_last):
+        return False
+    tensor = node.inputs[0]
+    while tensor.inputs and tensor.inputs[0].op in _VIEWS and (tensor.inputs[0].domain or "") in oplists.DEFAULT_DOMAINS:
+        tensor = tensor.inputs[0].inputs[0]
+    producer = tensor.inputs[0] if tensor.inputs else None
+    return producer is not None and producer.name in elementwise_groups(ctx)
 
 
 def _aliased(node: gs.Node) -> bool:

@@ -251,3 +251,34 @@ def test_the_cast_after_the_loss_gradient_costs_nothing_when_the_loss_fusion_wri
             mixed = lambda name: Precision.FP32 if name == reader.name else planning.plan.precision(name)  # noqa: E731
             assert not estimate._loss_gradient_written_fp16(planning, boundary, mixed)
     assert times[True] == (0.0, 0) and times[False][0] > 0 and times[False][1] >= 1
+
+
+BIAS_GRADIENT = """
+g (float[64,32] x, float[64,32] dy, float[32,32] w) => (float[64,32] dx, float[32] db) {
+  [mul] m = Mul(x, dy)
+  [tanh] g = Tanh(m)
+  [mm] dx = MatMul(g, w)
+  [axes] axes = Constant <value = int64[1] {0}> ()
+  [sum] db = ReduceSum <keepdims = 0> (g, axes)
+}
+"""
+
+
+@pytest.mark.parametrize("column_sums", [True, False])
+def test_a_bias_gradient_summed_in_the_kernel_that_writes_it_costs_its_finishing_launch(column_sums):
+    """Elementwise fusion rule 4: with both fusions, a ReduceSum over the leading axes of a value a
+    predicted group writes is summed by that group's kernel; it costs the fused kernel's fixed
+    cost (the partials' finishing launch), else what it costs alone. Rows summed (trailing axes)
+    are no column sums."""
+    text = BIAS_GRADIENT.replace("float[32] db", "float[32] db, float[64] rows").replace(
+        "}\n", "  [last] last = Constant <value = int64[1] {1}> ()\n  [rows] rows = ReduceSum <keepdims = 0> (g, last)\n}\n", 1)
+    planning = build_context(parse(text), cost=MemoryCost(), fuse_elementwise=True, fuse_reductions=True,
+                             fuse_column_sums=column_sums)
+    nodes = _nodes(planning)
+    assert estimate._summed_in_kernel(planning, nodes["sum"]) is column_sums
+    assert not estimate._summed_in_kernel(planning, nodes["rows"])
+    fp32 = estimate.node_time(planning, nodes["sum"], Precision.FP32)
+    if column_sums:
+        assert fp32 == MemoryCost().fused_kernel().fixed_us
+    else:
+        assert fp32 == planning.fp32_us["sum"] > 0
