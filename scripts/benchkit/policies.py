@@ -83,7 +83,8 @@ GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo
                   "campo-ew-graph", "campo-fused-blind-graph", "fp16-fused-graph", "campo-fused-cudnn-graph",
                   "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph",
                   "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
-                  "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph", "campo-fused-cl-stem8-graph")
+                  "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph", "campo-fused-cl-stem8-graph",
+                  "campo-fused-nosums-graph", "campo-fused-cl-nosums-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
