@@ -1100,6 +1100,8 @@ def summary(report: dict, output: Path | None) -> str:
                      + (f" ({layout['padded']} of a stem with its channels padded)" if layout.get("padded") else "")
                      + (f", {pools} MaxPool and {layout.get('pool_grads', 0)} of their gradients" if pools else "")
                      + f", {layout['channels_last']} tensors channels-last, {layout['transposes']} layout Transposes"
+                     + (f" ({layout['conversions']} of them cast and padded in one NchwToNhwc)"
+                        if layout.get("conversions") else "")
                      + (f"; stem kept NCHW: {layout['stem_kept']}" if layout.get("stem_kept") else "")
                      + (f"; {left} kept NCHW ({', '.join(f'{n}: {why}' for why, n in layout['left'].items())})"
                         if left else ""))
@@ -1121,6 +1123,7 @@ def summary(report: dict, output: Path | None) -> str:
     chains = report.get("fuse_elementwise")
     if chains is not None:
         extra = [f"{chains[key]} {what}" for key, what in (("biases", "Conv/Gemm biases moved in"),
+                                                             ("column_sums", "bias-gradient sums written by the kernels"),
                                                              ("weight_casts", "weight Casts as one MultiTensorCast"))
                  if chains.get(key)]
         lines.append(f"fuse-elementwise: {chains['nodes_replaced']} nodes as {chains['fused_nodes']} FusedElementwise "

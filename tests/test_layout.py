@@ -214,8 +214,14 @@ def test_optimize_with_channels_last_writes_a_step_that_trains(tmp_path):
         if stem:  # the CLI's summary says what the pass did
             from onnxcampo.cli import summary
 
-            line = next(x for x in summary(result.report, None).splitlines() if x.startswith("channels-last"))
+            lines = summary(result.report, None).splitlines()
+            line = next(x for x in lines if x.startswith("channels-last"))
             assert "8 Conv" in line and "2 of a stem with its channels padded" in line and "1 MaxPool" in line
+            # the image and the stem's filter transposed, cast and padded in one op each
+            assert layout["conversions"] == ops["NchwToNhwc"] == 2 and "2 of them cast and padded" in line
+            # the bias gradients' sums written by the elementwise kernels (rule 4)
+            sums = result.report["fuse_elementwise"]["column_sums"]
+            assert sums > 0 and f"{sums} bias-gradient sums" in next(x for x in lines if x.startswith("fuse-elementwise"))
         trainer = Trainer(result.model, weights=initial_weights(forward, result.model))
         runs[stem] = [trainer.step(batch) for _ in range(12)]
         assert all(np.isfinite(runs[stem])) and runs[stem][-1] < 0.7 * runs[stem][0]
