@@ -29,6 +29,10 @@
 #            ROTATE_ROUNDS, ROTATE_SPLIT): campo channels-last with and without the column sums in
 #            the elementwise kernels, the fp16 plan, torch.compile AMP channels_last replayed
 #            (reduce-overhead), CUPTI splits of campo's and torch's                      (~4 min)
+#   targets  issue 17's targets in three rotations (scripts/rotate_training.py, one process a
+#            model): campo with every fusion against the fp16 plan with them, greedy amp and
+#            torch.compile replayed (reduce-overhead; AMP, and fp32 for the transformers; ResNet-50
+#            channels-last on both sides); ROTATE_ROUNDS (default 5)                       (~8 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
 #   infer    inference with the fusions (issue 17 item 4): campo with both fusions against campo
@@ -132,6 +136,19 @@ run_rotate() {
     --rounds "${ROTATE_ROUNDS:-7}" --out "$OUT/rotate/rotation-${ROTATE_MODEL:-resnet50}.json"
 }
 
+run_targets() {
+  local rounds=${ROTATE_ROUNDS:-5}
+  stage targets 590 python3 scripts/rotate_training.py --model resnet50 --wheels "$WHEELS" --rounds "$rounds" \
+    --policies campo-fused-cl-graph,fp16-fused-cl-graph,amp-graph,torch-compile-graph-amp-cl \
+    --split campo-fused-cl-graph,torch-compile-graph-amp-cl --out "$OUT/targets/rotation-resnet50.json"
+  local model
+  for model in gpt2 bert; do
+    stage targets 590 python3 scripts/rotate_training.py --model "$model" --wheels "$WHEELS" --rounds "$rounds" \
+      --policies campo-fused-graph,fp16-fused-graph,amp-graph,torch-compile-graph-amp,torch-compile-graph \
+      --out "$OUT/targets/rotation-$model.json"
+  done
+}
+
 run_loss() {
   stage loss 590 python3 scripts/loss_curves.py --wheels "$WHEELS" --mirror "$OUT/loss" --budget-s 540
 }
@@ -147,8 +164,9 @@ for name in "$@"; do
     bench) run_bench ;;
     loss) run_loss ;;
     rotate) run_rotate ;;
+    targets) run_targets ;;
     infer) run_infer ;;
     train18) run_train18 ;;
-    *) echo "unknown stage $name (checks, costs, bench, rotate, loss, infer, train18)" >&2; exit 2 ;;
+    *) echo "unknown stage $name (checks, costs, bench, rotate, targets, loss, infer, train18)" >&2; exit 2 ;;
   esac
 done
