@@ -17,7 +17,8 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
 * ``FusedElementwise[program, registers, constants, output_types](x_1..x_n) -> (y_1..y_m)``: a
   chain of elementwise ops as one kernel, a register program per element of the inputs' broadcast
   shape, float16/float32 inputs and outputs (:mod:`onnxcampo.ops.elementwise` specifies it); on
-  CUDA a kernel generated per program and compiled by NVRTC (:mod:`onnxcampo.ops.jit`)
+  CUDA a kernel generated per program and compiled by NVRTC (:mod:`onnxcampo.ops.jit`); with
+  ``column_sums=[k, Q]`` also the column sums of output k (a bias gradient) as one more output
 * ``Im2Col[kernel_shape, strides, dilations, pads](x) -> columns`` (x [N, C, H, W] float16/float32
   -> [C*kh*kw, N*Ho*Wo] of x's type: a Conv's column matrix, for the weight gradient's Gemm)
 * ``ConvWeightGrad[kernel_shape, strides, dilations, pads](x, dy) -> dw`` (a Conv's weight
@@ -32,6 +33,9 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
   channels-last max pooling, x [N, H, W, C] float16/float32, argmax the uint8 tap of each
   window's first maximum, and its gradient as a gather: no scatter-add, deterministic;
   :mod:`onnxcampo.ops.max_pool` has the numpy reference)
+* ``NchwToNhwc[to, channels](x) -> y`` (x [N, C, S...] float16/float32 -> [N, S..., channels] of
+  ``to``'s type, zero channels past C: a Transpose, Cast and Pad in one pass, the image a
+  channels-last stem reads; :mod:`onnxcampo.ops.conv_nhwc` has the numpy reference)
 """
 
 from __future__ import annotations
