@@ -1006,6 +1006,16 @@ extern "C" __attribute__((visibility("default"))) const char* OnnxcampoFusedElem
 #endif
 }
 
+// The grid a generated FusedElementwise kernel that sums columns runs (ew::PlanJitSums), for the
+// tests: returns 1 and fills out[0..2] with blocks, rows, combine when there is one, else 0.
+extern "C" __attribute__((visibility("default"))) int OnnxcampoJitSumGrid(int64_t n, int64_t q, int max_blocks,
+                                                                           int64_t* out) {
+  onnxcampo::ew::JitSumGrid grid;
+  if (!onnxcampo::ew::PlanJitSums(n, q, max_blocks, &grid)) return 0;
+  out[0] = grid.blocks, out[1] = grid.rows, out[2] = grid.combine;
+  return 1;
+}
+
 // The CUDA source FusedElementwise's generated kernel has for a node and one call's input shapes
 // (elementwise_jit.h), for tests and scripts (onnxcampo.ops.jit): `shapes` holds the inputs'
 // dimensions one after the other, `ranks[k]` how many are input k's, `input_types[k]` 1 or 10;

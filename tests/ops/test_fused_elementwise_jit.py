@@ -98,3 +98,65 @@ def test_every_source_compiles_with_nvrtc(arch):
 def test_nvrtc_errors_carry_the_log():
     with pytest.raises(jit.NvrtcError, match=re.escape("sm_90")):
         jit.compile_source('extern "C" __global__ void k() { undefined_thing(); }', 90)
+
+
+# ---- column sums: the grid and where each thread's partial sums go ----------------------------
+
+THREADS, LANES = 256, 4  # csrc/elementwise_jit.h: kJitThreads, kJitLanes
+
+
+def _sum_grid(n: int, q: int, max_blocks: int):
+    import ctypes
+
+    fn = ctypes.CDLL(library_path()).OnnxcampoJitSumGrid
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    out = (ctypes.c_int64 * 3)()
+    return (int(out[0]), int(out[1]), bool(out[2])) if fn(n, q, max_blocks, out) else None
+
+
+def _partials(values: np.ndarray, q: int, blocks: int, rows: int, combine: bool) -> np.ndarray:
+    """What the generated kernel writes to its partials for ``values`` (the stored output, flat):
+    thread t of the grid-stride loop adds element e = 4 * (t + i * threads) + j into acc[j]; with
+    ``combine`` block b adds part[r * q + c] over r into row b, else thread t writes acc at 4 * t."""
+    span = THREADS * LANES
+    threads = blocks * THREADS
+    acc = np.zeros((threads, LANES), np.float64)
+    e = np.arange(values.size)
+    np.add.at(acc, ((e // LANES) % threads, e % LANES), values)
+    if not combine:
+        return acc.reshape(rows, q)
+    part = acc.reshape(blocks, span)
+    return part.reshape(blocks, span // q, q).sum(axis=1)
+
+
+@pytest.mark.parametrize("n_rows, q, max_blocks", [
+    (8192, 64, 1056), (4096, 256, 1056), (3136, 2048, 1056), (4096, 768, 1056), (200704, 64, 132 * 8),
+    (13, 64, 1056), (100, 1024, 16), (50, 3072, 8), (4096, 768, 7),
+])
+def test_the_sum_grid_keeps_each_thread_in_its_columns(n_rows, q, max_blocks):
+    """PlanJitSums: the grid's stride is a multiple of Q (so a thread's columns never change), the
+    partials [rows, Q] the kernel writes (emulated here) sum to the output's column sums, and they
+    take fewer bytes than the output they replace reading."""
+    n = n_rows * q
+    grid = _sum_grid(n, q, max_blocks)
+    if grid is None:
+        blocks = max_blocks  # refused only when the partials would not pay
+        step = q // np.gcd(q, THREADS * LANES)
+        blocks = max(step, min(-(-n // (THREADS * LANES)), max_blocks) // step * step)
+        rows = blocks if (THREADS * LANES) % q == 0 else blocks * THREADS * LANES // q
+        assert rows * q * 4 > n
+        return
+    blocks, rows, combine = grid
+    assert blocks * THREADS * LANES % q == 0 and combine == ((THREADS * LANES) % q == 0)
+    assert rows == (blocks if combine else blocks * THREADS * LANES // q) and rows * q * 4 <= n
+    values = np.random.default_rng(n_rows + q).integers(-8, 9, n).astype(np.float64)
+    partials = _partials(values, q, blocks, rows, combine)
+    np.testing.assert_array_equal(partials.sum(axis=0), values.reshape(-1, q).sum(axis=0))
+
+
+@pytest.mark.parametrize("n, q", [(6 * 10, 6), (4 * 10, 0), (4 * 10 + 4, 8), (0, 4)])
+def test_the_sum_grid_refuses_columns_it_cannot_keep(n, q):
+    """Q not a multiple of the 4 lanes, Q not dividing n, an empty output: no grid (the op sums
+    the stored output instead)."""
+    assert _sum_grid(n, q, 1056) is None
