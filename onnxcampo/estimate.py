@@ -51,6 +51,7 @@ stores, ``onnxcampo.elementwise_fusion`` rule 4).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -60,7 +61,9 @@ from onnx import TensorProto
 from onnxcampo import oplists
 from onnxcampo.casting import PrecisionOf, pinned_dtype, produced_dtype, tensor_casts, use_dtype
 from onnxcampo.context import GraphContext
+from onnxcampo.costdb.regression import H200_SMS
 from onnxcampo.elementwise_fusion import FUSABLE, MOVES, SUM
+from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops.elementwise import MAX_INPUTS
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
@@ -125,7 +128,9 @@ def _summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
     ``fuse_column_sums`` costed): a ReduceSum over leading axes, or, channels-last, over axes
     other than the channels of a rank >= 3 tensor (the layout stores them last and merges
     simplify's pair over the spatial axes, then the batch, into one over the leading block), of a
-    value a predicted fused group writes (directly or through views). What is left of it is a
+    value a predicted fused group writes (directly or through views), where the kernel's grid
+    sums them (``ops.elementwise.sum_grid`` on the H200's/H100's 132 multiprocessors: not BERT's
+    ``[4096, 768]``, whose partials would be as large as the output). What is left of it is a
     small finishing launch over the partial sums."""
     elementwise, reductions = fusion_costed(ctx)
     if not (elementwise and reductions and getattr(ctx.config, "fuse_column_sums", True)):
@@ -147,6 +152,12 @@ def _summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
     channels_last = bool(getattr(ctx.config, "channels_last", False)) and rank >= 3 and 1 not in axes
     if not (leading or channels_last):
         return False
+    dims = shape.shape
+    if not all(isinstance(d, int) for d in dims):
+        return False
+    columns = dims[1] if channels_last and not leading else math.prod(dims[len(axes):])
+    if ew.sum_grid(math.prod(dims), columns, ew.JIT_BLOCKS_PER_SM * H200_SMS) is None:
+        return False  # the kernel would sum no columns: BlockReduceSum reads the stored output
     tensor = node.inputs[0]
     while tensor.inputs and tensor.inputs[0].op in _VIEWS and (tensor.inputs[0].domain or "") in oplists.DEFAULT_DOMAINS:
         tensor = tensor.inputs[0].inputs[0]

@@ -282,3 +282,16 @@ def test_a_bias_gradient_summed_in_the_kernel_that_writes_it_costs_its_finishing
         assert fp32 == MemoryCost().fused_kernel().fixed_us
     else:
         assert fp32 == planning.fp32_us["sum"] > 0
+
+
+def test_a_column_sum_the_kernel_cannot_take_costs_what_it_costs_alone():
+    """Columns that are no multiple of the kernel's 4 lanes (or partials as large as the output:
+    BERT's [4096, 768]) leave the sum to BlockReduceSum over the stored output: priced as before."""
+    text = BIAS_GRADIENT.replace("[64,32]", "[64,6]").replace("[32,32]", "[6,6]").replace("float[32] db", "float[6] db")
+    planning = build_context(parse(text), cost=MemoryCost(), fuse_elementwise=True, fuse_reductions=True)
+    node = _nodes(planning)["sum"]
+    assert not estimate._summed_in_kernel(planning, node)
+    assert estimate.node_time(planning, node, Precision.FP32) == planning.fp32_us["sum"]
+    from onnxcampo.ops import elementwise as ew
+
+    assert ew.sum_grid(4096 * 768, 768, ew.JIT_BLOCKS_PER_SM * 132) is None  # BERT's bias gradients

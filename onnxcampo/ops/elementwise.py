@@ -225,6 +225,28 @@ def column_sums(y: np.ndarray, columns: int, column_sums_type: int = ONNX_FLOAT,
     return sums.astype(NUMPY_TYPES[column_sums_type]).reshape(tuple(shape) if shape is not None else (columns,))
 
 
+JIT_THREADS, JIT_LANES = 256, 4  # the generated CUDA kernel's block and elements a thread a step
+JIT_BLOCKS_PER_SM = 8
+
+
+def sum_grid(n: int, columns: int, max_blocks: int) -> tuple[int, int, bool] | None:
+    """``(blocks, rows, combine)``: the grid the generated CUDA kernel sums the columns of an
+    output of ``n`` elements with (``ew::PlanJitSums``, ``csrc/elementwise_codegen.cc``; the
+    library's ``OnnxcampoJitSumGrid`` gives the same, tests/ops/test_fused_elementwise_jit.py),
+    ``max_blocks`` its usual grid (8 blocks a multiprocessor); None where the kernel sums no
+    columns and the op sums the stored output after it: Q not a multiple of the lanes or not
+    dividing n, or partial sums as large as a float16 copy of the output (``rows * Q * 4 > n``)."""
+    span = JIT_THREADS * JIT_LANES
+    if columns <= 0 or columns % JIT_LANES or n <= 0 or n % columns or max_blocks < 1:
+        return None
+    step = columns // math.gcd(span, columns)
+    wanted = min(-(-n // span), max_blocks)
+    blocks = max(step, wanted // step * step)
+    combine = span % columns == 0
+    rows = blocks if combine else blocks * span // columns
+    return (blocks, rows, combine) if rows * columns * 4 <= n else None
+
+
 def run(program: Sequence[int], registers: int, constants: Sequence[float], output_types: Sequence[int],
         inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The reference semantics (numpy, float32 registers): what the CPU and CUDA kernels compute."""
@@ -272,4 +294,4 @@ def reference_op():
 
 
 __all__ = ["MAX_INPUTS", "MAX_INSTRUCTIONS", "MAX_OUTPUTS", "MAX_REGISTERS", "OP_TYPE", "Op", "ProgramError",
-           "check", "check_column_sums", "column_sums", "reference_op", "run"]
+           "check", "check_column_sums", "column_sums", "reference_op", "run", "sum_grid"]

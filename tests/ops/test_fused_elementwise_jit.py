@@ -102,7 +102,7 @@ def test_nvrtc_errors_carry_the_log():
 
 # ---- column sums: the grid and where each thread's partial sums go ----------------------------
 
-THREADS, LANES = 256, 4  # csrc/elementwise_jit.h: kJitThreads, kJitLanes
+THREADS, LANES = ew.JIT_THREADS, ew.JIT_LANES  # csrc/elementwise_jit.h: kJitThreads, kJitLanes
 
 
 def _sum_grid(n: int, q: int, max_blocks: int):
@@ -140,9 +140,9 @@ def test_the_sum_grid_keeps_each_thread_in_its_columns(n_rows, q, max_blocks):
     take fewer bytes than the output they replace reading."""
     n = n_rows * q
     grid = _sum_grid(n, q, max_blocks)
+    assert grid == ew.sum_grid(n, q, max_blocks)  # the Python mirror the cost model reads
     if grid is None:
-        blocks = max_blocks  # refused only when the partials would not pay
-        step = q // np.gcd(q, THREADS * LANES)
+        step = q // np.gcd(q, THREADS * LANES)  # refused only when the partials would not pay
         blocks = max(step, min(-(-n // (THREADS * LANES)), max_blocks) // step * step)
         rows = blocks if (THREADS * LANES) % q == 0 else blocks * THREADS * LANES // q
         assert rows * q * 4 > n
@@ -159,4 +159,4 @@ def test_the_sum_grid_keeps_each_thread_in_its_columns(n_rows, q, max_blocks):
 def test_the_sum_grid_refuses_columns_it_cannot_keep(n, q):
     """Q not a multiple of the 4 lanes, Q not dividing n, an empty output: no grid (the op sums
     the stored output instead)."""
-    assert _sum_grid(n, q, 1056) is None
+    assert _sum_grid(n, q, 1056) is None and ew.sum_grid(n, q, 1056) is None
