@@ -27,6 +27,7 @@ from onnxcampo.config import (COST_GRAPHS, EXECUTION_MODES, FUSE_MODES, POLICIES
                               OptimizeConfig, parse_dim_value, parse_input_shape)
 from onnxcampo.errors import CampoError, ConfigError, ValidationError, command_line, did_you_mean
 from onnxcampo.install import require_onnxruntime
+from onnxcampo.report import summary
 
 log = logging.getLogger("onnxcampo")
 
@@ -1046,95 +1047,6 @@ def _costdb(args: argparse.Namespace) -> int:
             print(f"onnxcampo: no plot: {written['png_skipped']}", file=sys.stderr)
     print(markdown(result))
     return 0
-
-
-def _node_headline(report: dict) -> str:
-    """How many float compute nodes run fp16, the shape arithmetic and constants counted apart."""
-    from onnxcampo.report import counts_headline
-
-    counts = report.get("node_counts")
-    if not counts:
-        return f"{report['nodes_fp16']} nodes fp16, {report['nodes_fp32']} fp32"
-    return counts_headline(counts)
-
-
-def summary(report: dict, output: Path | None) -> str:
-    """The human summary: counts by reason, Casts and Pads, predicted times per plan."""
-    lines = []
-    if output is not None:
-        lines.append(f"onnxcampo: wrote {output}")
-    lines.append(f"policy {report['policy']}: {_node_headline(report)}; "
-                 f"{report['casts_inserted']} Casts, {report['pads_inserted']} Pad/Slice inserted; "
-                 f"{report['initializers_converted']} constants converted "
-                 f"({report['initializer_values_clamped']} values clamped to the fp16 range)")
-    for reason, count in sorted(report.get("reasons", {}).items(), key=lambda kv: -kv[1]):
-        lines.append(f"  {count:6d}  {reason}")
-    predicted = report.get("predicted_us")
-    if predicted:
-        parts = ", ".join(f"{name} {t['total_us']:.1f} us ({t['casts']} casts)" for name, t in predicted.items())
-        lines.append(f"predicted time ({report['cost_model']['name']}): {parts}")
-    accuracy = report.get("accuracy")
-    if accuracy is not None and "skipped" not in accuracy:
-        worst = [row.get("rel_l2") for row in accuracy["outputs"] if isinstance(row.get("rel_l2"), (int, float))]
-        lines.append(f"accuracy ({accuracy['inputs']} inputs, {accuracy['provider']}): "
-                     f"{'passes' if accuracy['ok'] else 'FAILS'} {accuracy['criterion']}"
-                     + (f" (worst rel L2 {max(worst):.3g})" if worst else "")
-                     + (", after --fix" if accuracy.get("fixed") else ""))
-    calibration = report.get("calibration")
-    if calibration is not None:
-        lines.append(f"calibration ({calibration['inputs']} inputs): {calibration['nodes_kept_fp32']} nodes kept fp32 "
-                     f"for values beyond |{calibration['activation_limit']:g}| (largest |value| "
-                     f"{calibration['largest']:.4g} over {calibration['tensors']} tensors)")
-    int8_avg = report.get("int8_avg")
-    if int8_avg is not None:
-        skipped = ", ".join(f"{count} {reason}" for reason, count in int8_avg["skipped"].items())
-        lines.append(f"int8-avg: {int8_avg['replaced']} MatMulInteger -> AvgMatMulInteger"
-                     + (f" ({int8_avg['reshaped']} with A flattened)" if int8_avg["reshaped"] else "")
-                     + (f"; kept: {skipped}" if skipped else ""))
-    layout = report.get("channels_last")
-    if layout is not None:
-        left = sum((layout.get("left") or {}).values())
-        pools = layout.get("pools", 0)
-        lines.append(f"channels-last: {layout['convolutions']} Conv, {layout['data_grads']} input and "
-                     f"{layout['weight_grads']} weight gradients as NHWC ops"
-                     + (f" ({layout['padded']} of a stem with its channels padded)" if layout.get("padded") else "")
-                     + (f", {pools} MaxPool and {layout.get('pool_grads', 0)} of their gradients" if pools else "")
-                     + f", {layout['channels_last']} tensors channels-last, {layout['transposes']} layout Transposes"
-                     + (f" ({layout['conversions']} of them cast and padded in one NchwToNhwc)"
-                        if layout.get("conversions") else "")
-                     + (f"; stem kept NCHW: {layout['stem_kept']}" if layout.get("stem_kept") else "")
-                     + (f"; {left} kept NCHW ({', '.join(f'{n}: {why}' for why, n in layout['left'].items())})"
-                        if left else ""))
-    reductions = report.get("fuse_reductions")
-    if reductions is not None:
-        loss, norms = reductions.get("loss") or {}, reductions.get("layer_norms") or {}
-        lines.append(f"fuse-reductions: {reductions['reduce_sums_replaced']} ReduceSums, {reductions['casts_folded']} "
-                     f"Casts and {reductions['reshapes_folded']} Reshapes as {reductions['fused_nodes']} BlockReduceSum "
-                     "nodes" + (f" ({reductions['sums_shared']} sums shared)" if reductions.get("sums_shared") else "")
-                     + (f"; the cross-entropy loss ({loss['nodes_replaced']} nodes) as SoftmaxCrossEntropy"
-                                + (" and its gradient" if loss.get("softmax_cross_entropy_grad") else "")
-                                + (f" (written float16: {loss['gradient_casts_folded']} Casts and "
-                                   f"{loss.get('gradient_pads_folded', 0)} Pads after it folded)"
-                                   if loss.get("gradient_casts_folded") else "")
-                                if loss.get("softmax_cross_entropy") else "")
-                     + (f"; {norms['layer_norm_grad']} layer-norm and {norms['softmax_grad']} softmax gradients as "
-                        f"LayerNormGrad / SoftmaxGrad ({norms['nodes_replaced']} nodes)"
-                        if norms.get("layer_norm_grad") or norms.get("softmax_grad") else ""))
-    chains = report.get("fuse_elementwise")
-    if chains is not None:
-        extra = [f"{chains[key]} {what}" for key, what in (("biases", "Conv/Gemm biases moved in"),
-                                                             ("column_sums", "bias-gradient sums written by the kernels"),
-                                                             ("weight_casts", "weight Casts as one MultiTensorCast"))
-                 if chains.get(key)]
-        lines.append(f"fuse-elementwise: {chains['nodes_replaced']} nodes as {chains['fused_nodes']} FusedElementwise "
-                     "nodes" + (f" ({', '.join(extra)})" if extra else ""))
-    fused = report.get("fuse") or {}
-    if fused.get("model_type"):
-        lines.append(f"fused as {fused['model_type']} by ONNX Runtime's transformers optimizer before planning (--fuse "
-                     f"{fused['mode']}): " + ", ".join(f"{count} {op}" for op, count in fused["ops"].items()))
-    for note in report.get("notes", []):
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
