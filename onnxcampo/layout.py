@@ -842,11 +842,11 @@ class _Layout:
         for node in self.out_nodes:
             if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
                 continue
-            shape = self.value_infos.get(node.output[0], (None, None))[1] or self.shape(node.input[0])
-            rank = len(shape) if shape is not None else 0
+            source = self.shape(node.input[0])
+            rank = len(source) if source is not None else 0
             if rank < 3 or list(attribute(node, "perm", [])) != to_physical_perm(rank, 1):
                 continue
-            channels_in = self.shape(node.input[0])[1] if self.shape(node.input[0]) else None
+            channels_in = source[1]
             if not isinstance(channels_in, int) or channels_in >= self.align:
                 continue
             chain, last, to, channels = [node], node.output[0], self.dtype(node.input[0]), channels_in
