@@ -81,10 +81,8 @@ PROVIDER = "cuda"
 
 
 def _bound(model, library, feeds, outputs, dtype, cuda_graph=False):
-    from onnxcampo.runtime.standalone import BoundSession
-
-    return BoundSession(model, library, PROVIDER, feeds, {k: (v, dtype) for k, v in outputs.items()},
-                        cuda_graph=cuda_graph and PROVIDER == "cuda")
+    return check_cli.bound(model, library, PROVIDER, feeds, {k: (v, dtype) for k, v in outputs.items()},
+                           cuda_graph=cuda_graph)
 
 
 def small_checks(results, library, rng, rtol) -> None:

@@ -99,9 +99,7 @@ def nchw_models(x_shape, kernel, strides, pads):
 
 
 def _bound(model, library, feeds, outputs, cuda_graph=False):
-    from onnxcampo.runtime.standalone import BoundSession
-
-    return BoundSession(model, library, PROVIDER, feeds, outputs, cuda_graph=cuda_graph and PROVIDER == "cuda")
+    return check_cli.bound(model, library, PROVIDER, feeds, outputs, cuda_graph=cuda_graph)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -155,8 +153,6 @@ def small_checks(results, library, rng) -> None:
 
 
 def stem_checks(results, library, rng, rounds: int, runs: int) -> dict:
-    from onnxcampo.runtime.standalone import gpu_time_per_call, time_in_rotation
-
     x_shape, kernel, strides, pads = STEM
     feeds = _inputs(x_shape, kernel, strides, pads, np.float16, rng, relu=True)
     check(f"ResNet-50 b64 stem pool x{list(x_shape)} float16 (ReLU'd: ties): both ops against numpy, and replayed",
@@ -175,9 +171,8 @@ def stem_checks(results, library, rng, rounds: int, runs: int) -> dict:
                       cuda_graph=graph)
         stepped = _bound(step, library, {"x": x_nchw, "dy": dy_nchw},
                          {"y": (y_shape, np.float16), "dx": ((n, c, h, w), np.float32)}, cuda_graph=graph)
-        variants = {"nhwc_pool_and_grad": nhwc.run, "nchw_max_pool_indices": pool.run,
-                    "nchw_pool_and_scatter_add": stepped.run}
-        ms = time_in_rotation(variants, rounds, runs)
+        timing.update(check_cli.timed({"nhwc_pool_and_grad": nhwc.run, "nchw_max_pool_indices": pool.run,
+                                       "nchw_pool_and_scatter_add": stepped.run}, rounds, runs, PROVIDER))
         # reported, not checked: the NCHW step's float32 gradient against the op's float16 one
         # (ORT's MaxPool breaks a tie as it likes; where it takes the first maximum too, only the
         # float16 rounding differs: <= 2^-11 of the largest value)
@@ -187,11 +182,7 @@ def stem_checks(results, library, rng, rounds: int, runs: int) -> dict:
         theirs = stepped.results()["dx"].transpose(0, 2, 3, 1)
         timing["dx_vs_nchw_step_max_error_over_max"] = float(np.abs(ours - theirs).max(initial=0.0) /
                                                              max(float(np.abs(theirs).max(initial=0.0)), 1e-30))
-        timing.update({k: round(v, 4) for k, v in ms.items()})
-        device = {k: gpu_time_per_call(fn, 10) for k, fn in variants.items()} if PROVIDER == "cuda" else {}
-        timing["device_ms"] = {k: (None if v is None else round(v["total_ms"], 4)) for k, v in device.items()}
-        timing["launches"] = {k: (None if v is None else v["launches"]) for k, v in device.items()}
-        return {"ok": True, "ms": ms, "device_ms": timing["device_ms"],
+        return {"ok": True, "device_ms": timing["device_ms"],
                 "dx_vs_nchw_step_max_error_over_max": timing["dx_vs_nchw_step_max_error_over_max"]}
     check("ResNet-50 b64 stem pool float16: MaxPoolNhwc + MaxPoolNhwcGrad against the NCHW MaxPool (Indices) "
           "and MaxPool + scatter-add, replayed, in rotation", timed, results)

@@ -62,9 +62,7 @@ def ort_model(x_shape, channels):
 
 
 def _bound(model, library, feeds, outputs, cuda_graph=False):
-    from onnxcampo.runtime.standalone import BoundSession
-
-    return BoundSession(model, library, PROVIDER, feeds, outputs, cuda_graph=cuda_graph and PROVIDER == "cuda")
+    return check_cli.bound(model, library, PROVIDER, feeds, outputs, cuda_graph=cuda_graph)
 
 
 def _values(shape, dtype, rng) -> np.ndarray:
@@ -104,8 +102,6 @@ def small_checks(results, library, rng) -> None:
 
 
 def image_checks(results, library, rng, rounds: int, runs: int) -> dict:
-    from onnxcampo.runtime.standalone import gpu_time_per_call, time_in_rotation
-
     x = rng.standard_normal(IMAGE).astype(np.float32)
     y_shape = (IMAGE[0], *IMAGE[2:], 4)
     timing: dict = {}
@@ -115,14 +111,10 @@ def image_checks(results, library, rng, rounds: int, runs: int) -> dict:
         ours = _bound(op_model(IMAGE, np.float32, TensorProto.FLOAT16, 4)[0], library, {"x": x},
                       {"y": (y_shape, np.float16)}, cuda_graph=graph)
         theirs = _bound(ort_model(IMAGE, 4), library, {"x": x}, {"y": (y_shape, np.float16)}, cuda_graph=graph)
-        variants = {"nchw_to_nhwc": ours.run, "transpose_cast_pad": theirs.run}
-        ms = time_in_rotation(variants, rounds, runs)
+        timing.update(check_cli.timed({"nchw_to_nhwc": ours.run, "transpose_cast_pad": theirs.run}, rounds, runs,
+                                      PROVIDER))
         same = _same(ours.results()["y"], theirs.results()["y"])
-        device = {k: gpu_time_per_call(fn, 10) for k, fn in variants.items()} if PROVIDER == "cuda" else {}
-        timing.update({k: round(v, 4) for k, v in ms.items()})
-        timing["device_ms"] = {k: (None if v is None else round(v["total_ms"], 4)) for k, v in device.items()}
-        timing["launches"] = {k: (None if v is None else v["launches"]) for k, v in device.items()}
-        return {"ok": same, "same_bits_as_ort": same, "ms": ms, "device_ms": timing["device_ms"]}
+        return {"ok": same, "same_bits_as_ort": same, "device_ms": timing["device_ms"]}
     check("ResNet-50 b64 image float32 NCHW -> float16 NHWC padded to 4: NchwToNhwc against ORT's Transpose, Cast "
           "and Pad, replayed, in rotation", timed, results)
     return timing

@@ -118,17 +118,15 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def compare(shapes, optimizer, library, rng, bad=None, replay=True) -> dict:
-    from onnxcampo.runtime.standalone import BoundSession
-
     made = models(shapes, optimizer)
     feeds = feeds_for(next(iter(made.values()))[2], shapes, rng, bad)
     results = {}
     for name, (model, outputs, _) in made.items():
-        session = BoundSession(model, library, PROVIDER, feeds, outputs, cuda_graph=False)
+        session = check_cli.bound(model, library, PROVIDER, feeds, outputs)
         session.run()
         results[name] = session.results()
         if replay and PROVIDER == "cuda":
-            replayed = BoundSession(model, library, PROVIDER, feeds, outputs, cuda_graph=True)
+            replayed = check_cli.bound(model, library, PROVIDER, feeds, outputs, cuda_graph=True)
             for _ in range(3):
                 replayed.run()
             results[name + "_replayed"] = replayed.results()
@@ -148,8 +146,6 @@ def small_checks(results, library, rng) -> None:
 
 
 def gpt2_checks(results, library, rng, rounds: int, runs: int) -> dict:
-    from onnxcampo.runtime.standalone import BoundSession, gpu_time_per_call, time_in_rotation
-
     shapes = gpt2_shapes()
     elements = sum(int(np.prod(s)) for s, _ in shapes)
     check(f"GPT-2 small's {len(shapes)} weights ({elements / 1e6:.1f}M), momentum SGD: the two forms bit for bit",
@@ -159,15 +155,10 @@ def gpt2_checks(results, library, rng, rounds: int, runs: int) -> dict:
     def timed():
         made = models(shapes, "momentum")
         feeds = feeds_for(next(iter(made.values()))[2], shapes, rng)
-        graph = PROVIDER == "cuda"
-        sessions = {name: BoundSession(model, library, PROVIDER, feeds, outputs, cuda_graph=graph)
+        sessions = {name: check_cli.bound(model, library, PROVIDER, feeds, outputs, cuda_graph=True)
                     for name, (model, outputs, _) in made.items()}
-        variants = {name: s.run for name, s in sessions.items()}
-        ms = time_in_rotation(variants, rounds, runs)
-        device = {k: gpu_time_per_call(fn, 10) for k, fn in variants.items()} if graph else {}
-        timing.update({k: round(v, 4) for k, v in ms.items()})
-        timing["device_ms"] = {k: (None if d is None else round(d["total_ms"], 4)) for k, d in device.items()}
-        return {"ok": True, "ms": ms, "device_ms": timing["device_ms"]}
+        timing.update(check_cli.timed({name: s.run for name, s in sessions.items()}, rounds, runs, PROVIDER))
+        return {"ok": True, "device_ms": timing["device_ms"]}
     check("GPT-2 small momentum SGD: UnscaleCheckFinite + MultiTensorSGD against CheckFinite + MultiTensorSGD "
           "unscale=1, replayed, in rotation", timed, results)
     return timing

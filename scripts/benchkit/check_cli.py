@@ -4,6 +4,8 @@ CUDA EP they need, and the JSON report with its exit status.
 
     args = check_cli.parser(__doc__, rounds=3).parse_args(argv)
     library = check_cli.open_library(args)        # None: the CUDA EP is missing (said on stderr)
+    session = check_cli.bound(model, library, args.provider, feeds, outputs, cuda_graph=True)
+    timing = check_cli.timed({"a": a.run, "b": b.run}, args.rounds, args.runs, args.provider)
     ...                                           # checks appended to `results` (check_im2col_cuda.check)
     return check_cli.report(args, results, extra) # writes --out, prints passed/total; 0 or 1
 """
@@ -45,6 +47,26 @@ def open_library(args: argparse.Namespace) -> str | None:
     return args.library or ops.check()
 
 
+def bound(model, library: str, provider: str, feeds: dict, outputs: dict, *, cuda_graph: bool = False):
+    """A BoundSession (inputs and outputs bound once); ``cuda_graph`` replays it on CUDA only."""
+    from onnxcampo.runtime.standalone import BoundSession
+
+    return BoundSession(model, library, provider, feeds, outputs, cuda_graph=cuda_graph and provider == "cuda")
+
+
+def timed(variants: dict, rounds: int, runs: int, provider: str) -> dict:
+    """``variants`` (name -> a call) timed side by side in rotation: ``{name: ms a call, ...,
+    "device_ms": {name: CUPTI GPU ms a call}, "launches": {name: kernels a call}}`` (the last two
+    on CUDA with torch only, None for a variant CUPTI did not see)."""
+    from onnxcampo.runtime.standalone import gpu_time_per_call, time_in_rotation
+
+    ms = time_in_rotation(variants, rounds, runs)
+    device = {k: gpu_time_per_call(fn, 10) for k, fn in variants.items()} if provider == "cuda" else {}
+    return {**{k: round(v, 4) for k, v in ms.items()},
+            "device_ms": {k: (None if v is None else round(v["total_ms"], 4)) for k, v in device.items()},
+            "launches": {k: (None if v is None else v["launches"]) for k, v in device.items()}}
+
+
 def report(args: argparse.Namespace, results: list, extra: dict) -> int:
     """Writes {checks, passed, total, **extra, onnxruntime, provider} to ``args.out``, prints the
     count on stderr; 0 when every check passed, else 1."""
@@ -58,4 +80,4 @@ def report(args: argparse.Namespace, results: list, extra: dict) -> int:
     return 0 if body["passed"] == body["total"] else 1
 
 
-__all__ = ["open_library", "parser", "report"]
+__all__ = ["bound", "open_library", "parser", "report", "timed"]
