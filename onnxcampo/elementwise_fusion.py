@@ -81,6 +81,7 @@ from onnxcampo import ir, oplists
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.ops.elementwise import Op
+from onnxcampo.reductions import MOVES as VIEWS  # what fuse_reductions folds before a BlockReduceSum
 
 log = logging.getLogger(__name__)
 
@@ -237,9 +238,6 @@ def _replace(model: onnx.ModelProto, replaced: list[tuple[_Group, onnx.NodeProto
         result.groups += 1
         result.nodes += len(group.nodes)
         result.by_size[len(group.nodes)] += 1
-
-
-VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")  # the elements in their order
 
 
 def _fuse_column_sums(model: onnx.ModelProto, edit: ir.ModelEdit, fused: set[str], graph_outputs: set[str]) -> int:

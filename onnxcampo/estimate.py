@@ -65,6 +65,7 @@ from onnxcampo.costdb.regression import H200_SMS
 from onnxcampo.elementwise_fusion import FUSABLE, MOVES, SUM
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops.elementwise import MAX_INPUTS
+from onnxcampo.reductions import MOVES as REDUCTION_VIEWS
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
 
@@ -158,10 +159,9 @@ def _summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
     columns = dims[1] if channels_last and not leading else math.prod(dims[len(axes):])
     if ew.sum_grid(math.prod(dims), columns, ew.JIT_BLOCKS_PER_SM * H200_SMS) is None:
         return False  # the kernel would sum no columns: BlockReduceSum reads the stored output
-    tensor = node.inputs[0]
-    while tensor.inputs and tensor.inputs[0].op in _VIEWS and (tensor.inputs[0].domain or "") in oplists.DEFAULT_DOMAINS:
-        tensor = tensor.inputs[0].inputs[0]
-    producer = tensor.inputs[0] if tensor.inputs else None
+    producer = ctx.producer(node.inputs[0])  # the summed value's writer, past the views
+    while producer is not None and producer.op in REDUCTION_VIEWS and (producer.domain or "") in oplists.DEFAULT_DOMAINS:
+        producer = ctx.producer(producer.inputs[0])
     return producer is not None and producer.name in elementwise_groups(ctx)
 
 

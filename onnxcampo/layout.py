@@ -177,7 +177,6 @@ class _Layout:
         self.pad_cin: dict[int, tuple[int, int]] = {}  # id(conv node) -> (Cin, Cin padded)
         self.pad_cache: dict[str, str] = {}
         self.pad_widths: dict[str, int] = {}  # Pad output -> zero channels appended (padded())
-        self.pad_ranks: dict[str, int] = {}  # Pad output -> its rank
         self.pools: list[_Pool] = []
         self.pool_of: dict[int, _Pool] = {}  # id(node) -> the pool it is part of
 
@@ -610,7 +609,7 @@ class _Layout:
                 pads = [0] * (2 * len(shape))
                 pads[2 * len(shape) - 1] = target[-1] - channels
                 self.add("Pad", [name, self.constant(np.array(pads, np.int64), "pads")], out, mode="constant")
-                self.pad_widths[out], self.pad_ranks[out] = target[-1] - channels, len(shape)
+                self.pad_widths[out] = target[-1] - channels
                 self.record(out, self.dtype(name), target)
             self.pad_cache[name] = out
         return self.pad_cache[name]
@@ -855,7 +854,7 @@ class _Layout:
                 chain.append(cast)
                 last, to = cast.output[0], int(attribute(cast, "to"))
             pad = only_reader(last, "Pad")
-            if pad is not None and self.zero_channel_pad(pad, rank):
+            if pad is not None and pad.output[0] in self.pad_widths:  # a Pad padded() wrote: zeros, last axis
                 chain.append(pad)
                 channels = channels_in + int(self.pad_widths[pad.output[0]])
                 last = pad.output[0]
@@ -874,10 +873,6 @@ class _Layout:
             self.initializers = [t for t in self.initializers if t.name not in dropped or t.name in read]
             for name in unwritten:
                 self.value_infos.pop(name, None)
-
-    def zero_channel_pad(self, pad: onnx.NodeProto, rank: int) -> bool:
-        """Whether ``pad`` (one this pass wrote: :meth:`padded`) appends zeros to the last axis only."""
-        return pad.output[0] in self.pad_widths and len(pad.input) == 2 and rank == self.pad_ranks[pad.output[0]]
 
     def find_convs(self) -> dict[int, list[str]]:
         convs: dict[int, list[str]] = {}

@@ -23,7 +23,7 @@ Node:
   stored, i.e. rounded to output ``k``'s type; Q must divide its size), accumulated in float32 and
   rounded once to ``column_sums_type`` (1, the default, or 10), shaped ``column_sums_shape``
   (default ``[Q]``): what a ``BlockReduceSum`` with ``sizes [size / Q, Q, 1]`` of output ``k``
-  computes (:func:`column_sums`), without reading it back.
+  computes (its reference, ``onnxcampo.ops.reduce.reference``), without reading it back.
 
 Instructions (registers ``r[0 .. registers-1]``, ``i`` the output element):
 
@@ -214,17 +214,6 @@ def check_column_sums(column_sums: Sequence[int], column_sums_type: int, column_
                            f"elements, {q} columns are summed")
 
 
-def column_sums(y: np.ndarray, columns: int, column_sums_type: int = ONNX_FLOAT,
-                shape: Sequence[int] | None = None) -> np.ndarray:
-    """The column sums of ``y`` (as stored) read as a row-major ``[y.size / columns, columns]``
-    array: float64 sums rounded once to float32, then to ``column_sums_type`` (the kernels add in
-    float32 in their own orders: they agree within float32 rounding of the sums)."""
-    if y.size % columns:
-        raise ProgramError(f"column_sums: the output holds {y.size} elements, not rows of {columns}")
-    sums = y.reshape(-1, columns).astype(np.float64).sum(axis=0).astype(np.float32)
-    return sums.astype(NUMPY_TYPES[column_sums_type]).reshape(tuple(shape) if shape is not None else (columns,))
-
-
 JIT_THREADS, JIT_LANES = 256, 4  # the generated CUDA kernel's block and elements a thread a step
 JIT_BLOCKS_PER_SM = 8
 
@@ -275,7 +264,7 @@ def reference_op():
     """``FusedElementwise`` for :class:`onnx.reference.ReferenceEvaluator` (``new_ops=[...]``)."""
     from onnx.reference.op_run import OpRun
 
-    column_sums_of = column_sums  # the attribute of that name shadows it in _run
+    from onnxcampo.ops import reduce as block_reduce
 
     class FusedElementwise(OpRun):
         op_domain = "ai.onnxcampo"
@@ -286,12 +275,12 @@ def reference_op():
             if column_sums is not None:
                 sum_type = ONNX_FLOAT if column_sums_type is None else int(column_sums_type)
                 check_column_sums(column_sums, sum_type, column_sums_shape, len(outputs))
-                outputs.append(column_sums_of(outputs[int(column_sums[0])], int(column_sums[1]), sum_type,
-                                              column_sums_shape))
+                summed, q = outputs[int(column_sums[0])], int(column_sums[1])
+                outputs.append(block_reduce.reference(summed, [summed.size // q, q, 1], sum_type, column_sums_shape))
             return tuple(outputs)
 
     return FusedElementwise
 
 
 __all__ = ["MAX_INPUTS", "MAX_INSTRUCTIONS", "MAX_OUTPUTS", "MAX_REGISTERS", "OP_TYPE", "Op", "ProgramError",
-           "check", "check_column_sums", "column_sums", "reference_op", "run", "sum_grid"]
+           "check", "check_column_sums", "reference_op", "run", "sum_grid"]
