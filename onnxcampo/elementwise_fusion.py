@@ -248,10 +248,11 @@ def _fuse_column_sums(model: onnx.ModelProto, edit: ir.ModelEdit, fused: set[str
              for k, out in enumerate(node.output)}
     summed: set[int] = set()  # fused nodes given their column sums
     gone: list[onnx.NodeProto] = []
+    sums_info: list[onnx.ValueInfoProto] = []  # the sums' types and shapes, now the fused nodes' outputs
     for node in model.graph.node:
         if node.op_type != "BlockReduceSum" or node.domain != op_nodes.DOMAIN:
             continue
-        P, Q, R = (int(v) for v in ir.attribute(node, "sizes"))
+        _, Q, R = (int(v) for v in ir.attribute(node, "sizes"))
         name, views = node.input[0], []
         while name not in where:
             view = producers.get(name)
@@ -262,12 +263,13 @@ def _fuse_column_sums(model: onnx.ModelProto, edit: ir.ModelEdit, fused: set[str
         if R != 1 or name not in where or id(where[name][0]) in summed:
             continue
         target, k = where[name]
-        attributes = {"column_sums": [k, Q], "column_sums_type": int(ir.attribute(node, "output_type", TensorProto.FLOAT))}
-        shape = ir.attribute(node, "output_shape")
+        sum_type, shape = int(ir.attribute(node, "output_type", TensorProto.FLOAT)), ir.attribute(node, "output_shape")
+        attributes = {"column_sums": [k, Q], "column_sums_type": sum_type}
         if shape is not None:
             attributes["column_sums_shape"] = [int(d) for d in shape]
         target.attribute.extend(onnx.helper.make_attribute(key, value) for key, value in attributes.items())
         target.output.append(node.output[0])
+        sums_info.append(onnx.helper.make_tensor_value_info(node.output[0], sum_type, list(shape or [Q])))
         summed.add(id(target))
         gone.append(node)
         reading = {id(node)}
@@ -276,18 +278,8 @@ def _fuse_column_sums(model: onnx.ModelProto, edit: ir.ModelEdit, fused: set[str
                 break
             reading.add(id(view))
             gone.append(view)
-    if gone:
-        taken = {id(n) for n in gone}
-        kept = [n for n in model.graph.node if id(n) not in taken]
-        del model.graph.node[:]
-        model.graph.node.extend(kept)
-        edit.drop_unread({i for n in gone for i in n.input[1:] if i})
-        written = {o for n in model.graph.node for o in n.output}
-        stale = {o for n in gone for o in n.output} - written
-        kept_info = [v for v in model.graph.value_info if v.name not in stale]
-        del model.graph.value_info[:]
-        model.graph.value_info.extend(kept_info)
-        ir.toposort_model(model)
+    if gone:  # the fused nodes come before the sums they take: the order holds
+        edit.replace_nodes({}, {id(n) for n in gone}, sums_info)
     return len(summed)
 
 
