@@ -573,6 +573,25 @@ class Bound:
         return [v.numpy() for v in self.outputs]
 
 
+def interleaved(variants: dict[str, "Bound"], rounds: int, block: int) -> dict[str, list[float]]:
+    """ms a run of each variant, a block of ``block`` runs each round, the variants in turn within
+    a round (after 3 warm-up runs each): one list of ``rounds`` block means per variant."""
+    for v in variants.values():
+        for _ in range(3):
+            v.run()
+        v.sync()
+    times = {k: [] for k in variants}
+    for _ in range(rounds):
+        for key, v in variants.items():
+            v.sync()
+            start = time.perf_counter()
+            for _ in range(block):
+                v.run()
+            v.sync()  # waits for the device
+            times[key].append((time.perf_counter() - start) * 1e3 / block)
+    return times
+
+
 def gpu_ms_per_run(bound: "Bound", runs: int = 10) -> dict | None:
     """The GPU kernel time of one run and its launches, as CUPTI sees them through torch's profiler
     (None without torch): the wall time of a run also holds the host's work per node."""
@@ -595,19 +614,7 @@ def timing(provider: str, rounds: int, block: int, kernels: tuple[str, ...] = ("
         variants = {("fused" if kernel == "generated" else f"fused-{kernel}"): Bound(fused_bytes, inputs, provider, kernel)
                     for kernel in (kernels if provider == "cuda" else ("generated",))}
         variants["unfused"] = Bound(unfused_model(kind, inputs), inputs, provider)
-        for v in variants.values():  # warm-up
-            for _ in range(3):
-                v.run()
-            v.sync()
-        times = {k: [] for k in variants}
-        for _ in range(rounds):  # interleaved: each round times a block of each variant
-            for key, v in variants.items():
-                v.sync()
-                start = time.perf_counter()
-                for _ in range(block):
-                    v.run()
-                v.sync()  # waits for the device
-                times[key].append((time.perf_counter() - start) * 1e3 / block)
+        times = interleaved(variants, rounds, block)
         fused_out, unfused_out = variants["fused"].results(), variants["unfused"].results()
         agreement = [int(ulp_distance(f, u).max()) for f, u in zip(fused_out, unfused_out)]
         reference = ew.run(program, registers, constants, types, inputs)
@@ -656,19 +663,7 @@ def sum_timing(provider: str, rounds: int, block: int) -> list[dict]:
                        node("BlockReduceSum", ["y0"], ["sums"], domain=DOMAIN, sizes=[rows, q, 1], output_type=FLOAT)],
                       ins, outs + [value_info("sums", FLOAT, [q])])
         variants = {"column_sums": Bound(summed, inputs, provider), "block_reduce_sum": Bound(apart, inputs, provider)}
-        for v in variants.values():
-            for _ in range(3):
-                v.run()
-            v.sync()
-        times = {k: [] for k in variants}
-        for _ in range(rounds):
-            for key, v in variants.items():
-                v.sync()
-                start = time.perf_counter()
-                for _ in range(block):
-                    v.run()
-                v.sync()
-                times[key].append((time.perf_counter() - start) * 1e3 / block)
+        times = interleaved(variants, rounds, block)
         got = {k: v.results() for k, v in variants.items()}
         want = block_reduce.reference(got["block_reduce_sum"][0], [rows, q, 1])
         bound = sum_bound(got["block_reduce_sum"][0], q, FLOAT)
