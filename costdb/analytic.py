@@ -85,4 +85,5 @@ class AnalyticCostModel(CostModel):
         return self.peaks.pad_us + self._memory_us(elements, 4)
 
     def describe(self) -> dict:
-        return {"name": self.name, "kind": "analytic", "use_tf32": self.use_tf32, "peaks": asdict(self.peaks)}
+        return {"name": self.name, "kind": "analytic", "use_tf32": self.use_tf32, "peaks": asdict(self.peaks),
+                **self._origin()}

@@ -40,6 +40,9 @@ class CostModel(abc.ABC):
     """
 
     name: str = "cost model"
+    # which rule chose this model and from where (``onnxcampo.costdb.select``): source, path, gpu,
+    # measured (date), age_days; empty for a model built by hand
+    origin: dict = {}
 
     @abc.abstractmethod
     def fp32_time(self, features: OpFeatures) -> float:
@@ -94,4 +97,7 @@ class CostModel(abc.ABC):
         return DEFAULT_FUSED_KERNEL
 
     def describe(self) -> dict:
-        return {"name": self.name}
+        return {"name": self.name, **self._origin()}
+
+    def _origin(self) -> dict:
+        return {"origin": dict(self.origin)} if self.origin else {}

@@ -116,7 +116,7 @@ class RegressionCostModel(CostModel):
         validate_database(database, source)
         self.database = database
         self.name = f"{database['device']['name']} (regression, {source})"
-        self.fallback = AnalyticCostModel()
+        self.fallback = _fallback_model(database)
         self.measured = database.get("measured", {})
 
     @classmethod
@@ -205,7 +205,23 @@ class RegressionCostModel(CostModel):
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "regression", "device": self.database["device"],
-                "summary": self.database.get("summary", {})}
+                "summary": self.database.get("summary", {}), **self._origin()}
+
+
+def _fallback_model(database: dict) -> AnalyticCostModel:
+    """The analytic model for what the database lacks: from the GPU's specs where the database
+    records them (``device.spec``, written by ``costdb calibrate``), else the reference model."""
+    from onnxcampo.costdb.device import GpuSpec, peaks_for
+
+    spec = database["device"].get("spec")
+    if isinstance(spec, dict):
+        try:
+            peaks = peaks_for(GpuSpec(**spec))
+        except TypeError:
+            peaks = None
+        if peaks is not None:
+            return AnalyticCostModel(peaks)
+    return AnalyticCostModel()
 
 
 # Kernel regimes: op types whose cases fall into groups run by different kernel families get one

@@ -41,9 +41,10 @@ class OptimizeConfig:
         exclude_ops / include_ops: op types forced to fp32 / allowed in fp16 whatever the lists say
             (an included op still needs an fp16 schema).
         exclude_nodes / include_nodes: regular expressions on node names, same meaning.
-        device_db: a cost database JSON; ``None`` uses the one shipped for the GPU ``nvidia-smi``
-            names (``costdb/data/<gpu>.json``; ``ONNXCAMPO_DEVICE`` overrides the detection), if
-            any, else the analytic H200 model (``onnxcampo.costdb.select``).
+        device_db: a cost database JSON; ``None``: the one ``onnxcampo costdb calibrate``
+            measured on this GPU, else the one shipped for it (``costdb/data/<gpu>.json``), else
+            a roofline model from the GPU's specs (``onnxcampo.costdb.select``;
+            ``ONNXCAMPO_DEVICE`` overrides the detection).
         profile: ``predict`` takes fp32 node times from the cost model; ``cpu`` / ``cuda`` measure
             them with one ONNX Runtime profiling run on that provider.
         pad_tensor_cores: zero-pad MatMul/Gemm/Conv dims to multiples of 8 where it pays.

@@ -100,6 +100,43 @@ def _node_headline(report: dict) -> str:
     return counts_headline(counts)
 
 
+ORIGINS = {"--device-db": "database given by --device-db", "calibrated": "database calibrated on this GPU",
+           "shipped": "database shipped for this GPU", "analytic-spec": "uncalibrated: roofline from the GPU's specs",
+           "analytic-reference": "uncalibrated: the reference H200 roofline"}
+
+
+def cost_model_line(cost_model: dict) -> str:
+    """Which cost model planned, from where and how old: ``NVIDIA H100 80GB HBM3, database
+    shipped for this GPU (costdb/data/nvidia-h100-80gb-hbm3.json), measured 2026-12-07 (0 days ago)``."""
+    origin = cost_model.get("origin") or {}
+    gpu = origin.get("gpu") or cost_model.get("device", {}).get("name") or cost_model.get("name", "cost model")
+    text = f"{gpu}, {ORIGINS.get(origin.get('source'), cost_model.get('name', 'cost model'))}"
+    if origin.get("path"):
+        text += f" ({Path(origin['path']).name})"
+    if origin.get("measured"):
+        age = origin.get("age_days")
+        text += f", measured {origin['measured']}" + (f" ({age} days ago)" if isinstance(age, int) else "")
+    return text
+
+
+def rewrites_line(rewrites: dict[str, dict]) -> str | None:
+    """The report's ``rewrites`` (``pipeline.RewriteDecision``) in one line, unless the user set
+    every one: "rewrites: channels-last off (predicted 5687.7 us with it, 4133.8 without), ..."."""
+    if not rewrites or all(entry["by"] == "user" for entry in rewrites.values()):
+        return None
+    parts = []
+    for name, entry in rewrites.items():
+        state = "on" if entry["on"] else "off"
+        if entry["by"] == "prediction" and "predicted_with_us" in entry:
+            why = f"predicted {entry['predicted_with_us']:.1f} us with it, {entry['predicted_without_us']:.1f} without"
+        elif entry["by"] == "unavailable":
+            why = f"unavailable: {entry['why']}"
+        else:
+            why = entry["by"]
+        parts.append(f"{name.replace('_', '-')} {state} ({why})")
+    return "rewrites: " + ", ".join(parts)
+
+
 def summary(report: dict, output: Path | None) -> str:
     """The human summary: counts by reason, Casts and Pads, predicted times per plan."""
     lines = []
@@ -114,7 +151,10 @@ def summary(report: dict, output: Path | None) -> str:
     predicted = report.get("predicted_us")
     if predicted:
         parts = ", ".join(f"{name} {t['total_us']:.1f} us ({t['casts']} casts)" for name, t in predicted.items())
-        lines.append(f"predicted time ({report['cost_model']['name']}): {parts}")
+        lines.append(f"predicted time ({cost_model_line(report['cost_model'])}): {parts}")
+    rewrites = rewrites_line(report.get("rewrites") or {})
+    if rewrites:
+        lines.append(rewrites)
     accuracy = report.get("accuracy")
     if accuracy is not None and "skipped" not in accuracy:
         worst = [row.get("rel_l2") for row in accuracy["outputs"] if isinstance(row.get("rel_l2"), (int, float))]
