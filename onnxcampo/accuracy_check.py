@@ -11,10 +11,11 @@
 3. :func:`find_culprits`, when the check fails: the fp16 nodes of the candidate's plan, in graph
    order, are reverted to fp32 by prefixes (``exclude_nodes``, re-optimizing each time) and a
    binary search finds the shortest prefix that passes; its last node is a culprit, kept fp32,
-   and the search repeats over the nodes after it until keeping the culprits fp32 alone passes
+   and the search repeats over the nodes before it until keeping the culprits fp32 alone passes
    (Polygraphy's ``debug precision`` bisection; at most ``max_culprits`` rounds and
-   ``max_probes`` re-optimizations). The result: the culprits in the order found and the
-   optimized model that keeps them fp32 (what ``--fix`` writes).
+   ``max_probes`` re-optimizations, :func:`max_reoptimizations` says how many before it starts).
+   The result: the culprits in the order found and the optimized model that keeps them fp32
+   (what ``--fix`` writes).
 
 Every step logs a progress line (``onnxcampo.accuracy``); ``progress`` receives them too.
 """
@@ -204,16 +205,42 @@ def exclusion(names) -> str:
     return "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
 
 
+MAX_CULPRITS = 8  # rounds of the search: each finds one culprit
+MAX_PROBES = 64  # re-optimizations at most, the closing ones included: a large plan's search ends there
+
+
+def max_reoptimizations(fp16_count: int, *, max_culprits: int = MAX_CULPRITS, max_probes: int = MAX_PROBES) -> int:
+    """The most re-optimizations :func:`find_culprits` makes over a plan of ``fp16_count`` fp16
+    nodes: one keeping them all fp32, per round a binary search (ceil(log2 n) probes) and one
+    keeping the culprits alone, one last keeping the culprits and the nodes before them; never
+    more than ``max_probes`` (at least 1)."""
+    if fp16_count <= 0:
+        return 0
+    rounds = max_culprits * (math.ceil(math.log2(fp16_count)) + 1)
+    return min(max(max_probes, 1), 2 + rounds)
+
+
+def search_cost(reoptimizations: int, probe_seconds: float | None = None) -> str:
+    """``at most 42 re-optimizations, about 0.3 s each``: what a search will cost, in words."""
+    if probe_seconds is None:
+        return f"at most {reoptimizations} re-optimizations"
+    seconds = f"{probe_seconds:.2g}" if probe_seconds < 10 else f"{probe_seconds:.0f}"
+    return f"at most {reoptimizations} re-optimizations, about {seconds} s each"
+
+
 def find_culprits(model, config, ref: Reference, criterion: Criterion | str | float | None, first, *,
-                  provider: str = "cpu", execution: str = "plain", max_culprits: int = 8, max_probes: int = 64,
-                  max_seconds: float = math.inf, progress: Callable[[str], None] | None = None,
-                  inputs: Mapping[str, np.ndarray] | None = None) -> Culprits:
+                  provider: str = "cpu", execution: str = "plain", max_culprits: int = MAX_CULPRITS,
+                  max_probes: int = MAX_PROBES, max_seconds: float = math.inf,
+                  progress: Callable[[str], None] | None = None, inputs: Mapping[str, np.ndarray] | None = None,
+                  probe_seconds: float | None = None) -> Culprits:
     """Case 3 of the module. ``model``: what ``optimize`` reads (path or proto); ``config``:
-    the optimization's; ``first``: its failing result. The search stops after ``max_probes``
-    re-optimizations or ``max_seconds``, whichever comes first (the culprits so far, and the
-    nodes before them kept fp32 too, are returned). ``inputs``: the optimization's own (``optimize``'s
-    ``inputs``: calibration with ``activation_limit``), given to every probe. ``tune`` is left out of
-    the probes: they are planned, not timed."""
+    the optimization's; ``first``: its failing result. The search makes at most
+    :func:`max_reoptimizations` re-optimizations and starts no bisection probe after
+    ``max_seconds`` (the culprits so far, and the nodes before them kept fp32 too, are returned).
+    ``inputs``: the optimization's own (``optimize``'s ``inputs``: calibration with
+    ``activation_limit``), given to every probe. ``tune`` is left out of the probes: they are
+    planned, not timed. ``probe_seconds``: about how long one re-optimization takes (the caller
+    measured the first), said in the opening progress line with the bound."""
     from onnxcampo.api import optimize
 
     criterion = Criterion.parse(criterion)
@@ -227,7 +254,8 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
     deadline = time.perf_counter() + max_seconds
 
     def budget() -> bool:
-        return probes < max_probes and time.perf_counter() < deadline
+        # a bisection probe may be followed by two more (the culprits alone, then the last one)
+        return probes + 3 <= max_probes and time.perf_counter() < deadline
 
     cache: dict[tuple[str, ...], tuple[object, Verdict]] = {}
 
@@ -251,7 +279,9 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
     if not order:
         return done([], False, None, None, "the plan has no fp16 node: the difference comes from elsewhere "
                                            "(Casts at the graph's inputs and outputs, fused ops)")
-    say(f"searching the nodes responsible: {len(order)} fp16 nodes, bisecting in graph order")
+    bound = max_reoptimizations(len(order), max_culprits=max_culprits, max_probes=max_probes)
+    say(f"searching the nodes responsible: {len(order)} fp16 nodes, bisecting in graph order "
+        f"({search_cost(bound, probe_seconds)})")
     result, verdict = probe(tuple(order))
     if not verdict.ok:
         return done([], False, None, verdict, "keeping every fp16 node fp32 does not pass either: the difference "

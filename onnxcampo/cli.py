@@ -71,9 +71,11 @@ EPILOGS = {
                        "onnxcampo train step.onnx --data b.npz --provider cuda --lr-schedule warmup:100,cosine:1000"),
     "bench": _examples("onnxcampo bench model.onnx --dim batch=32 --policies fp32,amp,campo --json bench.json",
                        "onnxcampo bench model.onnx --dim batch=1 --execution cuda-graph --rounds 20"),
-    "costdb": _examples("onnxcampo costdb measure --out samples.jsonl --budget-s 540",
+    "costdb": _examples("onnxcampo costdb calibrate", "onnxcampo costdb measure --out samples.jsonl --budget-s 540",
                         "onnxcampo costdb fit samples.jsonl db.json",
                         "onnxcampo costdb eval db.json samples.jsonl --report eval.md"),
+    "calibrate": _examples("onnxcampo costdb calibrate", "onnxcampo costdb calibrate --budget-s 300   # run again to finish",
+                           "onnxcampo costdb calibrate --where"),
     "measure": _examples("onnxcampo costdb measure --out samples.jsonl --budget-s 540 --seed 0"),
     "fit": _examples("onnxcampo costdb fit samples.jsonl costdb/data/nvidia-h200.json --holdout 0.2"),
     "fit-fused-elementwise": _examples(
@@ -213,9 +215,10 @@ def _add_cost_options(parser: argparse.ArgumentParser) -> None:
     ``optimize`` and ``inspect`` that ``bench`` passes to every policy too."""
     cost = _group(parser, "cost model and graph fusion")
     cost.add_argument("--device-db", type=Path, metavar="DB.json",
-                        help="regression cost database (JSON, schema in costdb/regression.py; default: the one shipped "
-                             "for the GPU nvidia-smi names, costdb/data/<gpu>.json, else the analytic H200 model; "
-                             "$ONNXCAMPO_DEVICE, a GPU name or none for the analytic model, overrides the detection)")
+                        help="regression cost database (JSON, schema in costdb/regression.py; default: the one "
+                             "`costdb calibrate` measured on this GPU, else the one shipped for it, else a roofline "
+                             "model from its specs; $ONNXCAMPO_DEVICE, a GPU name or none for the reference model, "
+                             "overrides the detection)")
     cost.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
     cost.add_argument("--cost-graph", choices=COST_GRAPHS, default="ort",
                         help="cost plans on the nodes ORT will run (ort, default: its own optimized graph, read on "
@@ -296,8 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--validate", action="store_true",
                       help="run both models on ORT (provider cuda: in the --execution mode) on --inputs or generated "
                            "inputs, one line per output with its error statistics judged by --tolerance; on failure "
-                           "name the nodes most responsible (bisecting the fp16 nodes back to fp32), exit 1 and write "
-                           "nothing (with --fix: keep them fp32 and write the model that passes)")
+                           "name the nodes most responsible (bisecting the fp16 nodes back to fp32: a line first says "
+                           "how many re-optimizations it takes at most, up to 64, and about how long each takes), "
+                           "exit 1 and write nothing (with --fix: keep them fp32 and write the model that passes)")
     out.add_argument("--provider", choices=("cpu", "cuda", "reference"), default="cpu",
                       help="where --validate runs both models: ONNX Runtime's cpu (default) or cuda provider, or the "
                            "ONNX reference evaluator (reference: numpy in each tensor's dtype, so fp16 nodes round and "
@@ -315,12 +319,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "default rel_l2=0.01,mismatch=0.01 (fp16 models as good as the anchors: 0.06-0.5 %%)")
     out.add_argument("--fix", action="store_true",
                       help="when the written model fails the criterion (--validate or the accuracy check), keep the "
-                           "nodes most responsible fp32 (found by bisection, at most 8 rounds) and write the model "
-                           "that passes")
+                           "nodes most responsible fp32 (found by bisection: at most 8 culprits and 64 "
+                           "re-optimizations, the bound and the time of one said before it starts) and write the "
+                           "model that passes")
     out.add_argument("--no-accuracy-check", action="store_true",
                       help="do not run the accuracy check (on by default without --validate: both models once on "
                            "ORT's CPU provider on --inputs or generated inputs; a failure is a warning, with the "
-                           "figures, in the report and on stderr)")
+                           "figures, in the report and on stderr, and the model is written; it never re-optimizes: "
+                           "it says what --validate's or --fix's search of the nodes responsible would take)")
     out.add_argument("--rtol", type=float, default=None, metavar="R",
                      help="--validate also checks every element, |out - ref| <= atol + rtol * |ref|, and fails "
                           "where one does not (off unless --rtol or --atol is given; the other then defaults to "
@@ -460,6 +466,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
     cost_sub = cost.add_subparsers(dest="costdb_command", required=True)
+    calibrate = cost_sub.add_parser(
+        "calibrate", help="measure and fit a cost database for this machine's GPU (about 10 minutes; resumable); "
+                          "optimize picks it up from then on")
+    calibrate.add_argument("--budget-s", type=float, default=540.0, metavar="S",
+                           help="stop measuring after this many seconds (default 540) and fit what is measured; "
+                                "the next run measures the cases left")
+    calibrate.add_argument("--fresh", action="store_true",
+                           help="discard the samples of earlier runs and measure everything again")
+    calibrate.add_argument("--out", type=Path, metavar="DB.json",
+                           help="write the database here instead of the user's cache folder (samples beside it); "
+                                "optimize then needs --device-db to use it")
+    calibrate.add_argument("--no-fused", action="store_true",
+                           help="do not measure the FusedElementwise kernel (measured by default where the custom-op "
+                                "library's CUDA kernels and NVRTC are here)")
+    calibrate.add_argument("--where", action="store_true",
+                           help="print where the database of this GPU is kept and whether it exists; measure nothing")
     measure = cost_sub.add_parser("measure", help="time single-op models on ONNX Runtime (appends, resumable)")
     measure.add_argument("--out", type=Path, required=True, metavar="SAMPLES.jsonl", help="samples file (JSON lines); existing samples are kept")
     measure.add_argument("--provider", choices=("cuda", "cpu"), default="cuda", help="ONNX Runtime provider (default cuda)")
@@ -494,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--report", type=Path, metavar="FILE.md", help="markdown report to write")
     evaluate.add_argument("--png", type=Path, metavar="FILE.png", help="predicted-vs-measured plot to write (needs matplotlib)")
 
-    for p in (opt, ins, bn, measure, fit, step_dispatch, fused_cost, evaluate, tg, tr):
+    for p in (opt, ins, bn, calibrate, measure, fit, step_dispatch, fused_cost, evaluate, tg, tr):
         common = _group(p, "common options")
         common.add_argument("-v", "--verbose", action="count", default=0, help="-v: info lines (optimizing: one per pass); -vv: debug lines")
         common.add_argument("--debug", action="store_true",
@@ -556,9 +578,29 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 PROGRESS_LOGGERS = {"tune": ("onnxcampo.tune",), "bench": ("onnxcampo.bench", "onnxcampo.runtime.timing")}
 
 
+class OncePerRun(logging.Filter):
+    """Passes each distinct warning or error once (distinct: another logger or another formatted
+    message); lower levels pass. Every probe of the culprit search re-optimizes the model, and a
+    model is read more than once: their warnings would repeat."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, record.getMessage())
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+
 def _configure_logging(args: argparse.Namespace) -> None:
-    """stderr: warnings and errors (-q too), info with -v, debug with -vv, and the progress of
-    --tune and bench unless -q; --log-file: every record, debug level, timestamped."""
+    """stderr: warnings and errors (-q too), each distinct one once, info with -v, debug with -vv,
+    and the progress of --tune and bench unless -q; --log-file: every record, debug level,
+    timestamped."""
     level = logging.WARNING if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     progress = () if args.quiet else (
         *(PROGRESS_LOGGERS["tune"] if getattr(args, "tune", None) else ()),
@@ -571,6 +613,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(logging.Formatter(LOG_FORMAT))
     console.addFilter(shown)
+    console.addFilter(OncePerRun())
     handlers: list[logging.Handler] = [console]
     if args.log_file is not None:
         log_file = logging.FileHandler(args.log_file, mode="w", encoding="utf-8")
@@ -646,22 +689,19 @@ def _optimize(args: argparse.Namespace) -> int:
 
 
 NOTHING_CONVERTED = "nothing converted"
-GUARD_MAX_BYTES = 1 << 30
-GUARD_SEARCH_S = 60.0  # the default check's culprit search stops after this (a warning should not take long)
-GUARD_MIN_PROBES = 8  # ... and is not started unless this many re-optimizations fit in that time  # the accuracy check is skipped by default for models with more weights (two CPU runs)
+GUARD_MAX_BYTES = 1 << 30  # the accuracy check is skipped by default for larger models (two CPU runs)
 
 
 def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, optimize_s: float = 0.0,
                     inputs=None):
     """``--validate`` (a failure exits 1, nothing written) or the default accuracy check (a
     failure warns): both models once on the same inputs, judged by ``--tolerance``
-    (:mod:`onnxcampo.accuracy`); on failure the culprits are searched, and with ``--fix`` the
-    model that keeps them fp32 replaces ``result``; ``optimize_s``: how long the optimization took
-    (a probe of the search re-optimizes: the default check does not search when probes are slow);
-    ``inputs``: what the optimization was given (--tune, --activation-limit), given to every probe
-    too. Returns the result to write."""
-    import math
-
+    (:mod:`onnxcampo.accuracy`). On failure, under ``--validate`` or ``--fix``, the culprits are
+    searched (each probe re-optimizes; a line gives the bound first), and with ``--fix`` the
+    model that keeps them fp32 replaces ``result``; the default check never re-optimizes: it
+    says what that search would cost. ``optimize_s``: how long the optimization took (about
+    one probe's time); ``inputs``: what the optimization was given (--tune, --activation-limit),
+    given to every probe too. Returns the result to write."""
     from onnxcampo import accuracy_check as acc
     from onnxcampo.accuracy import Criterion
     from onnxcampo.runtime import load_inputs_npz
@@ -753,18 +793,23 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     figures = f"outputs differ beyond the tolerance ({criterion.describe()}): {'; '.join(parts)}"
     culprits = None
     # the search judges by the criterion: an element-wise failure alone is not searched
-    searching = (args.fix or args.validate or optimize_s * GUARD_MIN_PROBES <= GUARD_SEARCH_S) and not verdict.ok
-    if config.policy != "fp32" and not searching and not verdict.ok:
-        entry["culprits"] = {"skipped": f"one re-optimization takes about {optimize_s:.0f} s"}
-        figures += (f"; the nodes responsible were not searched (each probe re-optimizes, {optimize_s:.0f} s): "
-                    "--fix or --validate searches them")
-    if config.policy != "fp32" and searching:
-        # the default check only warns: its search is bounded in time (--fix and --validate search to the end)
-        seconds = math.inf if args.fix or args.validate else GUARD_SEARCH_S
+    searchable = config.policy != "fp32" and not verdict.ok
+    # the probes plan without --tune: this optimization's time is no measure of theirs then
+    probe_s = None if config.tune else optimize_s
+    if searchable and (args.fix or args.validate):
         culprits = acc.find_culprits(args.input, config, ref, criterion, result, provider=provider,
-                                     execution=execution, max_seconds=seconds, inputs=inputs,
+                                     execution=execution, inputs=inputs, probe_seconds=probe_s,
                                      progress=lambda line: print(f"onnxcampo: {line}", file=sys.stderr))
         entry["culprits"] = culprits.to_json()
+    search = None
+    if searchable and not (args.fix or args.validate):
+        fp16_count = len(acc.fp16_nodes(result))
+        bound = acc.max_reoptimizations(fp16_count)
+        search = (f"--validate or --fix searches the nodes responsible: a bisection of the {fp16_count} fp16 "
+                  f"nodes, {acc.search_cost(bound, probe_s)}")
+        entry["culprits"] = {"searched": False, "why": "the default check runs the written model once and never "
+                             f"re-optimizes; {search}", "max_reoptimizations": bound,
+                             "reoptimization_s": None if probe_s is None else round(probe_s, 2)}
     if args.fix and culprits is not None and culprits.ok and culprits.result is not None:
         fixed = culprits.result
         fixed.report["accuracy"] = {**culprits.verdict.to_json(), "provider": provider, "fixed": True,
@@ -788,6 +833,8 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     warning = f"the written model's {figures}{blame} ({advice}, or --exclude-node)"
     report.setdefault("notes", []).append(f"accuracy check: {warning}")
     print(f"onnxcampo: warning: {warning}", file=sys.stderr)
+    if search is not None:
+        print(f"onnxcampo: accuracy check: {search}", file=sys.stderr)
     return result
 
 
@@ -995,7 +1042,32 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_costdb(args: argparse.Namespace) -> int:
+    from onnxcampo.costdb import calibrate, select
+
+    if args.where:
+        gpu = select.detected_gpu()
+        if gpu is None:
+            raise ConfigError("no NVIDIA GPU found here (ONNXCAMPO_DEVICE=none, or neither the CUDA driver nor "
+                              "nvidia-smi answered)")
+        path = select.user_database_path(gpu)
+        state = "exists" if path.is_file() else "not measured yet"
+        shipped = select.shipped_database(gpu)
+        print(f"{path} ({state}); shipped for {gpu}: {shipped.name if shipped else 'none'}")
+        return 0
+    try:
+        result = calibrate.calibrate(budget_s=args.budget_s, fresh=args.fresh, out=args.out,
+                                     fused=False if args.no_fused else None)
+    except KeyboardInterrupt:
+        print("onnxcampo: interrupted: the samples measured so far are kept; run the command again to resume",
+              file=sys.stderr)
+        return 130
+    return 0 if result.database is not None else 130
+
+
 def _costdb(args: argparse.Namespace) -> int:
+    if args.costdb_command == "calibrate":
+        return _calibrate_costdb(args)
     if args.costdb_command == "measure":
         from onnxcampo.costdb.measure import measure
 

@@ -1,10 +1,12 @@
 """The accuracy criterion (onnxcampo.accuracy) and its runs (onnxcampo.accuracy_check, the CLI):
 statistics on made-up arrays, the tolerance that would pass, the fp32 model failing on its
-inputs, the bisection finding a planted culprit, --fix, the default accuracy check."""
+inputs, the bisection finding a planted culprit within its stated bound, --fix, the default
+accuracy check (reports, never re-optimizes)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -138,7 +140,9 @@ def test_the_bisection_finds_the_planted_culprit_and_keeping_it_fp32_passes():
     lines = []
     found = acc.find_culprits(model, first_config(), ref, None, first, provider="reference", progress=lines.append)
     assert found.ok and set(found.nodes) == {"scale_up2", "scale_down"}
-    assert found.probes <= 16 and lines[0].startswith("searching the nodes responsible: 11 fp16 nodes")  # 4 MatMul, 4 Relu, 3 Mul
+    # 4 MatMul, 4 Relu, 3 Mul; the bound: 2 + 8 rounds x (ceil(log2 11) + 1)
+    assert found.probes <= 16 and lines[0] == ("searching the nodes responsible: 11 fp16 nodes, bisecting in graph "
+                                               "order (at most 42 re-optimizations)")
     assert any("culprit 1:" in line for line in lines)
     assert acc.check(found.result.model, ref, provider="reference").ok
     plan = found.result.report["plan"]
@@ -155,9 +159,33 @@ def test_a_search_out_of_budget_keeps_the_nodes_before_the_culprits_fp32_too():
     model = planted()
     first = optimize(model, policy="fp16")
     ref = acc.reference(model, provider="reference")
-    found = acc.find_culprits(model, first_config(), ref, None, first, provider="reference", max_probes=3)
+    found = acc.find_culprits(model, first_config(), ref, None, first, provider="reference", max_probes=5)
     assert found.ok and "search stopped after 0 culprits, 3 re-optimizations" in found.note
     assert {"scale_up2", "scale_down"} <= set(found.nodes) and len(found.nodes) < 11  # probes: 11, 5, 8 nodes
+
+
+@pytest.mark.parametrize("max_probes", [1, 4, 5, 6, 64])
+def test_a_search_makes_no_more_re_optimizations_than_it_says_up_front(max_probes):
+    """The bound said before the search starts holds however the budget falls: with 5, the
+    bisection's fifth probe finds a culprit and two more probes follow it unless they are counted."""
+    model = planted()
+    first = optimize(model, policy="fp16")
+    ref = acc.reference(model, provider="reference")
+    lines = []
+    found = acc.find_culprits(model, first_config(), ref, None, first, provider="reference", max_probes=max_probes,
+                              progress=lines.append, probe_seconds=0.25)
+    bound = acc.max_reoptimizations(11, max_probes=max_probes)
+    assert bound == min(max_probes, 42)
+    assert lines[0].endswith(f"(at most {bound} re-optimizations, about 0.25 s each)")
+    assert sum(line.startswith("  bisect probe") for line in lines) == found.probes <= bound
+    assert found.ok  # whatever the budget, the model returned passes
+
+
+def test_the_bound_of_the_search():
+    assert [acc.max_reoptimizations(n) for n in (0, 1, 2, 11, 16, 17)] == [0, 10, 18, 42, 42, 50]
+    assert acc.max_reoptimizations(1000) == acc.MAX_PROBES == 64
+    assert acc.search_cost(42, 13.52) == "at most 42 re-optimizations, about 14 s each"
+    assert acc.search_cost(42, 0.0531) == "at most 42 re-optimizations, about 0.053 s each"
 
 
 def test_a_search_with_no_fp16_node_says_the_difference_comes_from_elsewhere():
@@ -204,21 +232,42 @@ def planted_file(tmp_path):
     return path
 
 
-def test_cli_accuracy_check_warns_with_the_figures_and_names_the_culprits(planted_file, tmp_path, capsys):
+def test_cli_accuracy_check_reports_once_and_says_how_to_search(planted_file, tmp_path, capsys, monkeypatch):
+    """The default check runs the written model once: a failure is a warning with the figures and
+    the criterion, the model is written, nothing is re-optimized, and one line says what
+    --validate's or --fix's search would take."""
+    import onnxcampo.api
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the default accuracy check searched the culprits")
+
+    optimizations = []
+    real_optimize = onnxcampo.api.optimize
+    monkeypatch.setattr(acc, "find_culprits", no_search)
+    monkeypatch.setattr(onnxcampo.api, "optimize",
+                        lambda *args, **kwargs: optimizations.append(1) or real_optimize(*args, **kwargs))
     out, report = tmp_path / "out.onnx", tmp_path / "r.json"
     assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--report", str(report)]) == 0
     err = capsys.readouterr().err
+    assert len(optimizations) == 1  # never re-optimizes
     assert ("accuracy check: the fp32 and the written model on ONNX Runtime cpu (fp32) and the ONNX reference "
             "evaluator (written), generated inputs") in err
     assert "  accuracy check r3: rel L2 inf" in err and "FAIL (rel L2 > 0.01)" in err
-    assert "bisect probe 1:" in err  # progress
-    assert "warning: the written model's outputs differ beyond the tolerance (rel L2 <= 0.01): r3 rel L2 inf > 0.01 (" in err
-    assert " non-finite values); the nodes most responsible" in err
-    assert "the nodes most responsible" in err and "scale_up2" in err and "or --fix to keep the culprits fp32" in err
+    assert "bisect probe" not in err and "searching the nodes responsible" not in err
+    assert ("warning: the written model's outputs differ beyond the tolerance (rel L2 <= 0.01): r3 rel L2 inf > 0.01 "
+            "(70 non-finite values) (loosen --tolerance, or --exclude-node)") in err
+    hint = next(line for line in err.splitlines() if "searches the nodes responsible" in line)
+    assert hint.startswith("onnxcampo: accuracy check: --validate or --fix searches the nodes responsible: a "
+                           "bisection of the 11 fp16 nodes, at most 42 re-optimizations, about ")
+    assert hint.endswith(" s each")
     assert out.exists()  # a warning: written anyway
     written = json.loads(report.read_text())
-    assert written["accuracy"]["ok"] is False and set(written["accuracy"]["culprits"]["nodes"]) == {"scale_up2",
-                                                                                                    "scale_down"}
+    assert written["accuracy"]["ok"] is False
+    culprits = written["accuracy"]["culprits"]
+    assert culprits["searched"] is False and culprits["max_reoptimizations"] == 42
+    assert culprits["why"].startswith("the default check runs the written model once and never re-optimizes; "
+                                      "--validate or --fix searches")
+    assert culprits["reoptimization_s"] >= 0
     assert any(note.startswith("accuracy check: the written model's outputs differ") for note in written["notes"])
 
 
@@ -226,6 +275,12 @@ def test_cli_fix_keeps_the_culprits_fp32_and_writes_the_model_that_passes(plante
     out, report = tmp_path / "out.onnx", tmp_path / "r.json"
     assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--fix", "--report", str(report)]) == 0
     err = capsys.readouterr().err
+    lines = err.splitlines()
+    opening = next(i for i, line in enumerate(lines) if "searching the nodes responsible" in line)
+    assert lines[opening].startswith("onnxcampo: searching the nodes responsible: 11 fp16 nodes, bisecting in graph "
+                                     "order (at most 42 re-optimizations, about ")
+    assert lines[opening].endswith(" s each)")
+    assert opening < next(i for i, line in enumerate(lines) if "bisect probe 1:" in line)  # said before it starts
     assert "--fix: kept fp32 scale_" in err and "passes rel L2 <= 0.01" in err
     written = json.loads(report.read_text())
     assert written["accuracy"]["ok"] is True and written["accuracy"]["fixed"] is True
@@ -244,6 +299,7 @@ def test_cli_validate_fails_names_the_culprits_and_writes_nothing(planted_file, 
     assert "error: outputs differ beyond the tolerance (rel L2 <= 0.01): r3 rel L2 inf > 0.01" in err
     assert "scale_up2" in err
     assert "nothing written" in err and not out.exists()
+    assert "searching the nodes responsible: 11 fp16 nodes, bisecting in graph order (at most 42 " in err
     report = tmp_path / "r.json"
     assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--provider",
                  "reference", "--fix", "--report", str(report)]) == 0 and out.exists()
@@ -284,6 +340,21 @@ def test_cli_fp32_failing_on_generated_inputs_is_an_input_problem(tmp_path, caps
     # the default check only warns and writes the model
     assert main(["optimize", str(src), str(out), "--policy", "fp16"]) == 0
     assert "warning: accuracy check skipped: the fp32 model" in capsys.readouterr().err
+
+
+def test_cli_a_warning_the_probes_repeat_is_printed_once(planted_file, tmp_path, capsys):
+    """Every probe of --fix's search re-optimizes, and calibrating on generated inputs warns each
+    time: stderr shows the warning once, the log file keeps every record."""
+    out, log = tmp_path / "out.onnx", tmp_path / "run.log"
+    warning = "WARNING onnxcampo.api: calibrating on random inputs"
+    try:
+        assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--activation-limit", "1e9",
+                     "--fix", "--log-file", str(log)]) == 0
+        err = capsys.readouterr().err
+        assert "bisect probe 2:" in err and err.count(warning) == 1
+        assert log.read_text().count(warning) > 2
+    finally:
+        logging.getLogger().handlers.clear()  # the file handler, closed with the test's folder
 
 
 def test_cli_no_accuracy_check_runs_nothing(planted_file, tmp_path, capsys):

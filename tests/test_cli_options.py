@@ -162,6 +162,26 @@ def test_log_file_gets_the_full_log(tmp_path, capsys):
     logging.getLogger().handlers.clear()  # the file handler, closed with the test's folder
 
 
+def test_each_distinct_warning_is_shown_once():
+    """Distinct: another logger or another formatted message; info lines all pass."""
+    from onnxcampo.cli import OncePerRun
+
+    once = OncePerRun()
+
+    def record(name, level, message, *args):
+        return logging.LogRecord(name, level, __file__, 1, message, args, None)
+
+    shown = [once.filter(r) for r in (
+        record("onnxcampo.api", logging.WARNING, "calibrating on %s inputs", "random"),
+        record("onnxcampo.api", logging.WARNING, "calibrating on random inputs"),  # the same text, formatted
+        record("onnxcampo.api", logging.WARNING, "calibrating on %s inputs", "given"),
+        record("onnxcampo.fuse", logging.WARNING, "calibrating on random inputs"),
+        record("onnxcampo.api", logging.ERROR, "calibrating on random inputs"),
+        record("onnxcampo.api", logging.INFO, "pass done"),
+        record("onnxcampo.api", logging.INFO, "pass done"))]
+    assert shown == [True, False, True, True, False, True, True]
+
+
 def test_log_file_in_a_missing_folder_is_refused(tmp_path, capsys):
     code, _, err = run_cli(capsys, "optimize", EXAMPLE, tmp_path / "o.onnx", *PIN, "--log-file", tmp_path / "no" / "x.log")
     assert code == 2
