@@ -12,17 +12,38 @@ will run. The rule, case by case:
 2. Never fused, whatever the mode: a training step (``train-graph``'s, or an ONNX Runtime
    training graph with in-place state ops) and a graph that is already fused (it has
    com.microsoft fused ops, or ORT's transformers optimizer wrote it).
-3. ``auto`` (the default) fuses BERT-like and GPT-2-like graphs and nothing else. A graph is a
-   transformer when it has a layer norm (LayerNormalization, or ReduceMean, Sub, Pow, ReduceMean,
-   Add, Sqrt, Div, Mul, Add), an attention Softmax (between a MatMul of two activations and a
-   MatMul with a third) and a Gelu (erf or tanh form, or the Gelu op); it is GPT-2-like (``gpt2``)
-   when it also has a causal mask (Trilu, a lower-triangular constant, or a comparison of two
-   Range-derived positions), BERT-like (``bert``) otherwise. Quantized graphs are left alone
-   (fusions would break their QDQ patterns). Whatever is left alone has its reason in the report.
+3. ``auto`` (the default) fuses BERT-like and GPT-2-like graphs and nothing else
+   (:func:`detect`), case by case, in this order:
+
+   a. No attention Softmax: none whose input is a MatMul of two activations (Q.K^T; between them
+      only the scale, the mask and its selection: Add, Sub, Mul, Div, Where, Cast) and whose
+      output is the first input of a MatMul with another activation (probs.V; between them only
+      Cast, Dropout, Identity, or a Where that passes the probabilities through, such as
+      SDPA's ``Where(IsNaN(p), 0, p)``). Not a transformer: left alone, said at info level.
+   b. Attention but no layer norm (the LayerNormalization op, or ReduceMean, Sub, then Div by
+      the deviation or Mul by its Reciprocal, then a Mul by the scale): left alone, and one
+      warning says why and that ``bert`` / ``gpt2`` force it.
+   c. Attention and layer norms but no GELU (the Gelu op; the erf form, ``x / sqrt(2)`` or
+      ``x * (1 / sqrt(2))`` into Erf; the tanh form, ``sqrt(2 / pi) * (...)`` into Tanh): left
+      alone with that warning. An OCR recognizer (SVTR: attention and layer norms, Swish and
+      HardSwish activations) ends here.
+   d. All three and a causal mask: ``gpt2``. A causal mask is a Trilu, a constant that is lower
+      triangular in its last two dims, or a comparison (Less, LessOrEqual, Greater,
+      GreaterOrEqual) of two tensors that each come from a Range within six nodes: the
+      ``kv_idx <= q_idx`` of transformers' mask functions, as torch.onnx's TorchScript and
+      dynamo exporters write it.
+   e. All three, no causal mask found, and GELU in the tanh form only (GPT-2's activation;
+      BERT's is the exact erf form): ``gpt2``.
+   f. Otherwise: ``bert``.
+
+   Quantized graphs are left alone (fusions would break their QDQ patterns). Whatever is left
+   alone has its reason in the report.
 4. ``bert`` / ``gpt2`` force the model type.
 5. ``num_heads`` / ``hidden_size``: the config's when not 0, else detected (hidden size: the
    layer norms' scale length, else the head split's heads x head size; heads: the Reshape that
-   splits them, ``[B, S, heads, head_size]``), else 0 (ORT's optimizer then detects them itself).
+   splits them, ``[B, S, heads, head_size]``, or ``[B, S, -1, head_size]`` as transformers
+   writes it, heads then being the hidden size over the head size), else 0 (ORT's optimizer
+   then detects them itself, which it does not on these exports).
 6. Fusion options: ORT's for the model type, with the choices that keep the graph's meaning on
    the GPU: the raw 2-D attention mask (the BERT default, a mask index, assumes right-side
    padding), exact Gelu (no tanh approximation), no int8 QOrdered ops. ``opt_level=0``: only the
@@ -81,13 +102,16 @@ FUSED_ONNX_OPS = frozenset({"LayerNormalization"})
 
 # --- the graph patterns of rule 3 (op types, data) ----------------------------------------------
 _LAYER_NORM = "LayerNormalization"
-_MEAN, _CENTRE, _NORMALIZE, _SCALE = "ReduceMean", "Sub", "Div", "Mul"
+_MEAN, _CENTRE, _SCALE = "ReduceMean", "Sub", "Mul"
+_DIVIDE, _RECIPROCAL = "Div", "Reciprocal"  # (x - mean) / deviation, or (x - mean) * (1 / deviation)
 _SOFTMAX = "Softmax"
 _MATMUL = "MatMul"
 # between Q.K^T and the Softmax: the scale, the mask and its selection
 _SCORE_OPS = frozenset({"Add", "Sub", "Div", "Mul", "Where", "Cast"})
-# between the Softmax and probs.V
-_PROBABILITY_OPS = frozenset({"Cast", "Dropout", "Identity"})
+# between the Softmax and probs.V: a precision change, dropout, and a Where that passes the
+# probabilities through (SDPA's guard for fully masked rows: Where(IsNaN(p), 0, p))
+_PROBABILITY_OPS = frozenset({"Cast", "Dropout", "Identity", "Where"})
+_WHERE = "Where"
 _GELU_OPS = frozenset({"Gelu"})  # the ONNX op (opset 20)
 _ERF, _TANH = "Erf", "Tanh"
 _ERF_SCALES = (math.sqrt(2.0), 1 / math.sqrt(2.0))  # x / sqrt(2) or x * (1 / sqrt(2)) into Erf
@@ -122,12 +146,14 @@ RENAMED_PREFIX = "onnxcampo/"
 @dataclass(frozen=True)
 class Detection:
     """What :func:`detect` found: ``model_type`` None (with the ``reason``) when the graph is no
-    BERT- or GPT-2-like transformer; 0 for a size it could not find."""
+    BERT- or GPT-2-like transformer; 0 for a size it could not find; ``attention``: the graph
+    has an attention Softmax (rule 3 a), so that a refusal may be a pattern not recognised."""
 
     model_type: str | None
     num_heads: int = 0
     hidden_size: int = 0
     reason: str = ""
+    attention: bool = False
 
 
 def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig) -> tuple[onnx.ModelProto, dict]:
@@ -143,7 +169,11 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig) -> tuple[on
         return model, _left_alone(mode, refusal)
     detection = detect(model)
     if mode == "auto" and detection.model_type is None:
-        log.info("fuse: not fused: %s", detection.reason)
+        if detection.attention:  # rule 3 b, c: perhaps a transformer written in a form not recognised
+            log.warning("fuse: not fused: %s; %s or %s fuses it as that model type", detection.reason,
+                        option("fuse", "bert"), option("fuse", "gpt2"))
+        else:
+            log.info("fuse: not fused: %s", detection.reason)
         return model, _left_alone(mode, detection.reason)
     model_type = detection.model_type if mode == "auto" else mode
     num_heads = config.num_heads or detection.num_heads
@@ -222,28 +252,28 @@ def _refusal(model: onnx.ModelProto, *, auto: bool) -> str | None:
 def detect(model: onnx.ModelProto) -> Detection:
     """Whether the graph is BERT-like or GPT-2-like, and its heads and hidden size (rule 3, 5)."""
     index = _Index(model.graph)
-    norms = index.layer_norm_sizes()
-    if not norms:
-        return Detection(None, reason="not a transformer: no layer norm (LayerNormalization or its pattern)")
     if not index.has_attention_softmax():
         return Detection(None, reason="not a transformer: no attention Softmax between MatMuls of activations")
-    if not index.has_gelu():
-        return Detection(None, reason="not a transformer: no Gelu (erf or tanh form)")
+    norms = index.layer_norm_sizes()
+    if not norms:
+        return Detection(None, reason="not BERT- or GPT-2-like: attention, but no layer norm (LayerNormalization or "
+                         "its pattern)", attention=True)
+    forms = index.gelu_forms()
+    if not forms:
+        return Detection(None, reason="not BERT- or GPT-2-like: attention and layer norms, but no Gelu (the op, its "
+                         "erf or tanh form)", attention=True)
     causal = index.has_causal_mask()
-    # GPT-2's tanh GELU says decoder where the mask is built in a way not recognised (transformers 5
-    # exports of GPT-2 on the H200: no causal mask found, fused as BERT, 595 nodes against the 460 of
-    # ORT's GPT-2 fusions); BERT's is the exact erf form
-    tanh_only = index.gelu_forms() == {"tanh"}
+    tanh_only = forms == {"tanh"}
     model_type = "gpt2" if causal or tanh_only else "bert"
     sizes = Counter(size for size in norms if size)
     hidden = sizes.most_common(1)[0][0] if sizes else 0
-    splits = Counter(split for split in index.head_splits() if not hidden or split[0] * split[1] == hidden)
+    splits = Counter(split for split in index.head_splits(hidden) if not hidden or split[0] * split[1] == hidden)
     heads = 0
     if splits:
         (heads, head_size), _ = splits.most_common(1)[0]
         hidden = hidden or heads * head_size
     found = "a causal mask" if causal else ("GPT-2's tanh GELU" if tanh_only else "no causal mask")
-    return Detection(model_type, heads, hidden, f"layer norms, attention Softmax, Gelu and {found}")
+    return Detection(model_type, heads, hidden, f"layer norms, attention Softmax, Gelu and {found}", attention=True)
 
 
 class _Index:
@@ -295,7 +325,7 @@ class _Index:
             if centre.op_type != _CENTRE or list(centre.input) != [x, m]:
                 continue
             for normalize in self.consumers[centre.output[0]]:
-                if normalize.op_type != _NORMALIZE or normalize.input[0] != centre.output[0]:
+                if not self._normalizes(normalize, centre.output[0]):
                     continue
                 for scale in self.consumers[normalize.output[0]]:
                     other = [i for i in scale.input if i != normalize.output[0]]
@@ -304,6 +334,13 @@ class _Index:
                         return [int(dims[-1]) if dims else None]
                 return [None]
         return []
+
+    def _normalizes(self, node: onnx.NodeProto, centred: str) -> bool:
+        """``centred / deviation`` or ``centred * (1 / deviation)``."""
+        if node.op_type == _DIVIDE:
+            return node.input[0] == centred
+        others = [i for i in node.input if i != centred]
+        return node.op_type == _SCALE and len(others) == 1 and self._produced_by(others[0], _RECIPROCAL) is not None
 
     def _from_activation_matmul(self, name: str, hops: int = 6) -> bool:
         node = self.producer.get(name)
@@ -315,21 +352,18 @@ class _Index:
             return any(self._from_activation_matmul(i, hops - 1) for i in node.input if i and not self.is_constant(i))
         return False
 
-    def _feeds_activation_matmul(self, name: str, hops: int = 2) -> bool:
+    def _feeds_activation_matmul(self, name: str, hops: int = 3) -> bool:
         for node in self.consumers[name]:
             if node.op_type == _MATMUL and node.input[0] == name and not self.is_constant(node.input[1]):
                 return True
-            if (hops > 1 and node.op_type in _PROBABILITY_OPS
-                    and self._feeds_activation_matmul(node.output[0], hops - 1)):
+            passes = node.op_type in _PROBABILITY_OPS and (node.op_type != _WHERE or name in node.input[1:])
+            if hops > 1 and passes and self._feeds_activation_matmul(node.output[0], hops - 1):
                 return True
         return False
 
     def has_attention_softmax(self) -> bool:
         return any(node.op_type == _SOFTMAX and self._from_activation_matmul(node.input[0])
                    and self._feeds_activation_matmul(node.output[0]) for node in self.nodes)
-
-    def has_gelu(self) -> bool:
-        return bool(self.gelu_forms())
 
     def gelu_forms(self) -> set[str]:
         """The forms of GELU in the graph: ``op`` (the Gelu op), ``erf`` (BERT's exact form),
@@ -366,14 +400,22 @@ class _Index:
             return False
         return node.op_type == _RANGE or any(self._has_range_ancestor(i, hops - 1) for i in node.input if i)
 
-    def head_splits(self) -> list[tuple[int, int]]:
-        """``(heads, head size)`` of every Reshape to ``[B, S, heads, head size]``."""
+    def head_splits(self, hidden: int) -> list[tuple[int, int]]:
+        """``(heads, head size)`` of every Reshape to ``[B, S, heads, head size]``; where heads
+        is -1 or computed (transformers' ``view(*shape, -1, head_dim)``), ``hidden`` over the
+        head size."""
         splits = []
         for node in self.nodes:
-            if node.op_type == _RESHAPE and len(node.input) > 1:
-                shape = self._shape_values(node.input[1])
-                if shape and len(shape) == 4 and shape[2] and shape[3] and shape[2] > 1 and shape[3] > 1:
-                    splits.append((shape[2], shape[3]))
+            if node.op_type != _RESHAPE or len(node.input) < 2:
+                continue
+            shape = self._shape_values(node.input[1])
+            if not shape or len(shape) != 4 or not shape[3] or shape[3] < 2:
+                continue
+            heads, head_size = shape[2], shape[3]
+            if heads in (-1, None) and hidden and hidden % head_size == 0:
+                heads = hidden // head_size
+            if heads and heads > 1:
+                splits.append((heads, head_size))
         return splits
 
     def _shape_values(self, name: str) -> list[int | None] | None:

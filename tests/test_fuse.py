@@ -1,13 +1,18 @@
 """``--fuse``: ONNX Runtime's transformers optimizer before planning (``onnxcampo.fuse``).
 
-The graphs are built in code: a BERT-like encoder layer (embedding Add, decomposed LayerNorm,
+Most graphs are built in code: a BERT-like encoder layer (embedding Add, decomposed LayerNorm,
 Q/K/V projections split into heads, scaled and masked Softmax attention, output projection,
-residual Adds, erf-Gelu FFN) with hidden size 64, 4 heads, sequence 8.
+residual Adds, erf-Gelu FFN) with hidden size 64, 4 heads, sequence 8. The exports in
+``tests/fixtures/transformers/`` are tiny transformers models as torch.onnx writes them (both
+exporters, SDPA and eager attention; ``scripts/make_transformer_fixtures.py``), so that
+detection is tested on real exports without torch.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -17,17 +22,19 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxcampo
 from onnxcampo import fuse
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.errors import UnsupportedModelError
+from onnxcampo.errors import UnsupportedModelError, command_line
 from onnxcampo.runtime import make_session, run
 
 HIDDEN, HEADS, SEQ, BATCH, FFN = 64, 4, 8, 2, 256
 
 
-def bert_layer(*, batch=BATCH, seq=SEQ, hidden=HIDDEN, heads=HEADS, ffn=FFN, causal=False, norm_op=False,
-               tanh_gelu=False, seed=0) -> onnx.ModelProto:
+def bert_layer(*, batch=BATCH, seq=SEQ, hidden=HIDDEN, heads=HEADS, ffn=FFN, causal=False, norm="pattern",
+               activation="erf", nan_guard=False, seed=0) -> onnx.ModelProto:
     """One encoder layer as a PyTorch export of BERT spells it; ``causal`` adds a decoder's
-    lower-triangular mask (0 on and below the diagonal, -10000 above) to the scores; ``norm_op``
-    uses the LayerNormalization op, ``tanh_gelu`` GPT-2's tanh Gelu."""
+    lower-triangular mask (0 on and below the diagonal, -10000 above) to the scores; ``norm``:
+    ``pattern`` (ReduceMean ... Div), ``reciprocal`` (... Mul by Reciprocal(Sqrt)), ``op``
+    (LayerNormalization) or ``none``; ``activation``: ``erf`` (BERT's Gelu), ``tanh`` (GPT-2's) or
+    ``relu``; ``nan_guard`` puts SDPA's Where(IsNaN(p), 0, p) between the Softmax and probs.V."""
     rng = np.random.default_rng(seed)
     head = hidden // heads
     inits, nodes = [], []
@@ -45,7 +52,9 @@ def bert_layer(*, batch=BATCH, seq=SEQ, hidden=HIDDEN, heads=HEADS, ffn=FFN, cau
 
     def layer_norm(x, prefix):
         gamma, beta = 1 + 0.1 * rng.standard_normal(hidden), 0.1 * rng.standard_normal(hidden)
-        if norm_op:
+        if norm == "none":
+            return x
+        if norm == "op":
             return node("LayerNormalization", [x, const(f"{prefix}/gamma", gamma), const(f"{prefix}/beta", beta)],
                         f"{prefix}/out", axis=-1, epsilon=1e-12)
         mean = node("ReduceMean", [x], f"{prefix}/mean", axes=[-1])
@@ -54,7 +63,10 @@ def bert_layer(*, batch=BATCH, seq=SEQ, hidden=HIDDEN, heads=HEADS, ffn=FFN, cau
                         f"{prefix}/var", axes=[-1])
         deviation = node("Sqrt", [node("Add", [variance, const(f"{prefix}/eps", 1e-12)], f"{prefix}/add_eps")],
                          f"{prefix}/sqrt")
-        normed = node("Div", [centred, deviation], f"{prefix}/div")
+        if norm == "reciprocal":
+            normed = node("Mul", [centred, node("Reciprocal", [deviation], f"{prefix}/reciprocal")], f"{prefix}/div")
+        else:
+            normed = node("Div", [centred, deviation], f"{prefix}/div")
         scaled = node("Mul", [normed, const(f"{prefix}/gamma", gamma)], f"{prefix}/mul")
         return node("Add", [scaled, const(f"{prefix}/beta", beta)], f"{prefix}/out")
 
@@ -80,21 +92,26 @@ def bert_layer(*, batch=BATCH, seq=SEQ, hidden=HIDDEN, heads=HEADS, ffn=FFN, cau
     mask = node("Mul", [node("Sub", [const("mask/one", 1.0), mask], "mask/sub"), const("mask/neg", -10000.0)],
                 "mask/mul")
     probs = node("Softmax", [node("Add", [scores, mask], "attn/add_mask")], "attn/softmax", axis=-1)
+    if nan_guard:
+        probs = node("Where", [node("IsNaN", [probs], "attn/isnan"), const("attn/zero", 0.0), probs], "attn/guard")
     context = node("Transpose", [node("MatMul", [probs, v], "attn/context")], "attn/transpose", perm=[0, 2, 1, 3])
     context = node("Reshape", [context, const("attn/merge_heads", [0, 0, hidden], np.int64)], "attn/merge")
     ln1 = layer_norm(node("Add", [linear(context, "attn_out", hidden, hidden), ln0], "attn/residual"), "ln1")
     h = linear(ln1, "ffn1", hidden, ffn)
-    if tanh_gelu:  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-        cubic = node("Mul", [node("Pow", [h, const("gelu/three", 3.0)], "gelu/pow"), const("gelu/c", 0.044715)],
-                     "gelu/cubic")
-        inner = node("Mul", [node("Add", [h, cubic], "gelu/inner_add"), const("gelu/scale", math.sqrt(2 / math.pi))],
-                     "gelu/inner")
-        bounded = node("Tanh", [inner], "gelu/tanh")
+    if activation == "relu":
+        act = node("Relu", [h], "act/out")
     else:
-        bounded = node("Erf", [node("Div", [h, const("gelu/sqrt2", math.sqrt(2.0))], "gelu/div")], "gelu/erf")
-    gelu = node("Mul", [node("Mul", [h, node("Add", [bounded, const("gelu/one", 1.0)], "gelu/add")], "gelu/mul"),
-                        const("gelu/half", 0.5)], "gelu/out")
-    ln2 = layer_norm(node("Add", [linear(gelu, "ffn2", ffn, hidden), ln1], "ffn/residual"), "ln2")
+        if activation == "tanh":  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+            cubic = node("Mul", [node("Pow", [h, const("gelu/three", 3.0)], "gelu/pow"), const("gelu/c", 0.044715)],
+                         "gelu/cubic")
+            inner = node("Mul", [node("Add", [h, cubic], "gelu/inner_add"),
+                                 const("gelu/scale", math.sqrt(2 / math.pi))], "gelu/inner")
+            bounded = node("Tanh", [inner], "gelu/tanh")
+        else:
+            bounded = node("Erf", [node("Div", [h, const("gelu/sqrt2", math.sqrt(2.0))], "gelu/div")], "gelu/erf")
+        act = node("Mul", [node("Mul", [h, node("Add", [bounded, const("gelu/one", 1.0)], "gelu/add")], "gelu/mul"),
+                           const("gelu/half", 0.5)], "gelu/out")
+    ln2 = layer_norm(node("Add", [linear(act, "ffn2", ffn, hidden), ln1], "ffn/residual"), "ln2")
     nodes.append(helper.make_node("Identity", [ln2], ["hidden_states"], name="output"))
     graph = helper.make_graph(
         nodes, "bert_layer",
@@ -140,11 +157,14 @@ def test_a_bert_layer_is_detected_with_its_heads_and_hidden_size():
     assert detection.reason == "layer norms, attention Softmax, Gelu and no causal mask"
 
 
-@pytest.mark.parametrize("variant, model_type", [({"norm_op": True}, "bert"), ({"tanh_gelu": True}, "gpt2")],
-                         ids=["LayerNormalization", "tanh-Gelu"])
-def test_the_layer_norm_op_and_the_tanh_gelu_are_recognised_too(variant, model_type):
-    """The tanh GELU alone (GPT-2's; BERT's is the erf form) makes the layer GPT-2-like: the
-    transformers 5 export of GPT-2 builds its causal mask in a way the mask checks miss."""
+@pytest.mark.parametrize("variant, model_type", [
+    ({"norm": "op"}, "bert"), ({"norm": "reciprocal"}, "bert"), ({"nan_guard": True}, "bert"),
+    ({"activation": "tanh"}, "gpt2")], ids=["LayerNormalization", "Reciprocal-norm", "SDPA-NaN-guard", "tanh-Gelu"])
+def test_other_spellings_of_the_layer_are_recognised_too(variant, model_type):
+    """Rule 3: the LayerNormalization op and the norm's Mul-by-Reciprocal form count as layer
+    norms; SDPA's Where(IsNaN(p), 0, p) between the Softmax and probs.V still makes attention;
+    the tanh GELU alone (GPT-2's; BERT's is the erf form) makes a layer without a causal mask
+    GPT-2-like (case e)."""
     detection = fuse.detect(bert_layer(**variant))
     assert (detection.model_type, detection.num_heads, detection.hidden_size) == (model_type, 4, 64)
     assert ("tanh GELU" in detection.reason) == (model_type == "gpt2")
@@ -161,12 +181,36 @@ def test_a_causal_mask_makes_it_gpt2_like():
                                run(make_session(model), feeds())["hidden_states"], rtol=1e-4, atol=1e-4)
 
 
-def test_a_plain_mlp_is_left_untouched_with_the_reason():
+def test_a_graph_without_attention_is_left_untouched_silently(caplog):
+    """Case a: no Softmax between MatMuls: the reason in the report, an info line, no warning."""
     model = mlp()
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    with caplog.at_level(logging.INFO, logger="onnxcampo.fuse"):
+        fused, report = fuse.fuse_transformer(model, OptimizeConfig())
     assert fused is model
     assert report == {"mode": "auto", "model_type": None,
-                      "reason": "not a transformer: no layer norm (LayerNormalization or its pattern)"}
+                      "reason": "not a transformer: no attention Softmax between MatMuls of activations"}
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+
+
+@pytest.mark.parametrize("variant, missing", [
+    ({"norm": "none"}, "attention, but no layer norm (LayerNormalization or its pattern)"),
+    ({"activation": "relu"}, "attention and layer norms, but no Gelu (the op, its erf or tanh form)")],
+    ids=["no-layer-norm", "no-Gelu"])
+def test_a_graph_with_attention_it_declines_gets_one_warning_saying_how_to_force_it(variant, missing, caplog):
+    """Cases b and c: a graph with attention that is not fused says why on one line, and names
+    the options that force the fusion (as flags on the command line, as keywords from Python)."""
+    model = bert_layer(**variant)
+    detection = fuse.detect(model)
+    assert detection.model_type is None and detection.attention and detection.reason.endswith(missing)
+    with caplog.at_level(logging.INFO, logger="onnxcampo.fuse"):
+        fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+        with command_line():
+            fuse.fuse_transformer(model, OptimizeConfig())
+    assert fused is model and report["reason"] == detection.reason
+    api, cli = [r.getMessage() for r in caplog.records]
+    assert api == f"fuse: not fused: {detection.reason}; fuse='bert' or fuse='gpt2' fuses it as that model type"
+    assert cli == f"fuse: not fused: {detection.reason}; --fuse bert or --fuse gpt2 fuses it as that model type"
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"] and "\n" not in cli
 
 
 def test_training_steps_and_fused_graphs_are_never_fused():
@@ -178,6 +222,19 @@ def test_training_steps_and_fused_graphs_are_never_fused():
     already, _ = fuse.fuse_transformer(bert_layer(), OptimizeConfig())
     again, report = fuse.fuse_transformer(already, OptimizeConfig(fuse="bert"))
     assert again is already and report["reason"].startswith("already fused (1 Attention, 1 BiasGelu")
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_the_decline_once_on_stderr(tmp_path, capsys):
+    """``onnxcampo optimize`` on a layer with attention but no GELU: one stderr line, with flags."""
+    from onnxcampo.cli import main
+
+    onnx.save(bert_layer(activation="relu"), tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "fuse: not fused" in line]
+    assert lines == ["WARNING onnxcampo.fuse: fuse: not fused: not BERT- or GPT-2-like: attention and layer norms, "
+                     "but no Gelu (the op, its erf or tanh form); --fuse bert or --fuse gpt2 fuses it as that "
+                     "model type"]
 
 
 # --- fusing -----------------------------------------------------------------------------------
@@ -217,8 +274,8 @@ def test_forced_mode_takes_the_given_sizes():
 
 def test_sizes_that_do_not_go_together_are_left_to_ort_to_detect():
     """ORT's optimizer asserts heads and hidden size both given (heads dividing the size) or
-    neither: a hidden size without heads (what detection found on the H200's BERT export, whose
-    head split is computed) goes as neither, and the graph is still fused."""
+    neither: heads that do not divide the hidden size (or a hidden size without heads, where no
+    head split is read) go as neither, and the graph is still fused."""
     _, report = fuse.fuse_transformer(bert_layer(), OptimizeConfig(fuse="bert", num_heads=3, hidden_size=64))
     assert (report["num_heads"], report["hidden_size"]) == (0, 0) and report["ops"]
 
@@ -325,3 +382,102 @@ def test_a_fused_graph_onnx_refuses_is_not_kept():
     assert report["model_type"] is None and "invalid ONNX graph" in report["reason"] and fused is model
     with pytest.raises(UnsupportedModelError, match="invalid ONNX graph"):
         fuse.fuse_transformer(model, OptimizeConfig(fuse="bert"))
+
+
+# --- exports of transformers models (tests/fixtures/transformers) -----------------------------
+FIXTURES = Path(__file__).parent / "fixtures" / "transformers"
+# model: (model type, heads, hidden size, layers), as scripts/make_transformer_fixtures.py builds it
+MODELS = {"bert": ("bert", 4, 32, 2), "roberta": ("bert", 2, 32, 2), "minilm": ("bert", 3, 24, 3),
+          "gpt2": ("gpt2", 4, 32, 2), "gpt2_lm": ("gpt2", 4, 32, 2)}
+EXPORTS = [f"{model}_{attention}_{exporter}"
+           for model, attentions in (("bert", ("sdpa", "eager")), ("roberta", ("sdpa",)), ("minilm", ("sdpa",)),
+                                     ("gpt2", ("sdpa", "eager")), ("gpt2_lm", ("sdpa",)))
+           for attention in attentions for exporter in ("dynamo", "torchscript")]
+
+
+def model_of(export: str) -> tuple[str, int, int, int]:
+    return MODELS[export.rsplit("_", 2)[0]]
+
+
+def export_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Token ids, a mask whose second row is right-padded (as tokenizers pad), segment 0."""
+    ids = np.random.default_rng(0).integers(3, 100, (2, 16))
+    mask = np.ones((2, 16), dtype=np.int64)
+    mask[1, 8:] = 0
+    given = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    return {vi.name: given[vi.name] for vi in model.graph.input}
+
+
+def test_the_fixtures_are_the_exports_listed():
+    assert sorted(path.stem for path in FIXTURES.glob("*.onnx")) == sorted(EXPORTS)
+
+
+@pytest.mark.parametrize("export", EXPORTS)
+def test_exports_of_transformers_models_are_detected_with_their_type_and_sizes(export):
+    """Rule 3 on what torch.onnx writes for transformers' models: attention through SDPA's NaN
+    guard, LayerNormalization, the erf or tanh GELU, GPT-2's causal mask as a comparison of
+    Range-derived positions; heads from the head split ``[B, S, -1, head size]`` (rule 5)."""
+    model_type, heads, hidden, _ = model_of(export)
+    detection = fuse.detect(onnx.load(FIXTURES / f"{export}.onnx"))
+    assert (detection.model_type, detection.num_heads, detection.hidden_size) == (model_type, heads, hidden)
+    mask = "a causal mask" if model_type == "gpt2" else "no causal mask"
+    assert detection.reason == f"layer norms, attention Softmax, Gelu and {mask}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export", EXPORTS)
+def test_exports_are_fused_into_what_ort_makes_of_them_and_compute_the_same(export):
+    """What ORT's transformers optimizer (ONNX Runtime 1.32, opt_level 0) makes of these exports:
+    every layer norm but the embeddings' becomes a SkipLayerNormalization (two a layer), each
+    FFN's bias and GELU a BiasGelu (erf) or FastGelu (tanh). Its attention fusion matches only
+    BERT's eager attention as the TorchScript exporter writes it (Attention, the embeddings then
+    an EmbedLayerNormalization): not SDPA's, not the dynamo exporter's, not GPT-2's. Wiring check
+    on ORT CPU in fp32, with a right-padded row."""
+    model_type, heads, hidden, layers = model_of(export)
+    model = onnx.load(FIXTURES / f"{export}.onnx")
+    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    expected = {"SkipLayerNormalization": 2 * layers, "FastGelu" if model_type == "gpt2" else "BiasGelu": layers}
+    if export == "bert_eager_torchscript":
+        expected |= {"Attention": layers, "EmbedLayerNormalization": 1}
+    assert (report["model_type"], report["num_heads"], report["hidden_size"]) == (model_type, heads, hidden)
+    assert report["ops"] == dict(sorted(expected.items()))
+    inputs, output = export_feeds(model), model.graph.output[0].name
+    np.testing.assert_allclose(run(make_session(fused), inputs)[output], run(make_session(model), inputs)[output],
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_exports_made_now_are_detected_too(tmp_path):
+    """The generator run with the torch and transformers installed here (skipped without them):
+    what they export now is recognised as the committed fixtures are."""
+    for package in ("torch", "transformers", "onnxscript"):
+        pytest.importorskip(package)
+    import make_transformer_fixtures
+
+    for path in make_transformer_fixtures.write_fixtures(tmp_path):
+        model_type, heads, hidden, _ = model_of(path.stem)
+        detection = fuse.detect(onnx.load(path))
+        assert (path.stem, detection.model_type, detection.num_heads, detection.hidden_size) == (
+            path.stem, model_type, heads, hidden)
+
+
+@pytest.mark.corpus
+def test_an_ocr_recognizer_is_not_taken_for_bert(caplog):
+    """Case c: PP-OCRv4's SVTR recognizer has attention and layer norms (Paddle's ReduceMean
+    pattern) but Swish and HardSwish activations, no GELU: left alone, with the warning."""
+    from onnxcampo import corpus
+
+    try:
+        path = corpus.fetch(corpus.get("ppocr_rec"))
+    except corpus.CorpusUnavailable as exc:
+        pytest.skip(f"corpus model unavailable: {exc}")
+    model = onnx.load(str(path))
+    detection = fuse.detect(model)
+    assert (detection.model_type, detection.attention) == (None, True)
+    assert detection.reason == ("not BERT- or GPT-2-like: attention and layer norms, but no Gelu (the op, its erf or "
+                                "tanh form)")
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.fuse"):
+        fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    assert fused is model and report["model_type"] is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"fuse: not fused: {detection.reason}; fuse='bert' or fuse='gpt2' fuses it as that model type"]
