@@ -18,9 +18,10 @@ import io
 from pathlib import Path
 
 import onnx
-import onnxruntime
 import torch
 import transformers
+
+from onnxcampo.runtime import make_session
 
 SEQ, VOCAB = 16, 100
 BERT = {"vocab_size": VOCAB, "max_position_embeddings": 32, "type_vocab_size": 2, "hidden_act": "gelu"}
@@ -108,8 +109,7 @@ def write_fixtures(out: Path) -> list[Path]:
                 onnx.checker.check_model(proto, full_check=True)
                 path = out / f"{name}_{attention}_{exporter}.onnx"
                 onnx.save(proto, path)
-                session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-                session.run(None, {name: value.numpy() for name, value in feeds.items()})
+                make_session(path).run(None, {name: value.numpy() for name, value in feeds.items()})
                 paths.append(path)
     return paths
 

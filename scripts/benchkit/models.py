@@ -494,10 +494,10 @@ def _gpt2(batch: int, *, training: bool = False, quick: bool = False) -> Built:
 
 # key -> (inference batches (1 and, where the batch dim is dynamic, a large one), training batch)
 CORPUS_BENCH = {
-    "ppocr_det": ((1, 8), None),
+    "ppocr_det": ((1, 8, 16), None),
     "ppocr_rec": ((1, 32), 16),
     "ppocr_cls": ((1,), None),  # its file fixes the batch dim at 1 (measured: every policy unavailable at 64)
-    "magika": ((1, 256), 64),
+    "magika": ((1, 64, 256), 64),
     "layout_cdla": ((1,), None),
     "silero_vad_v6_fw": ((8,), None),
 }
