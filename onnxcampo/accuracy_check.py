@@ -146,6 +146,24 @@ def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], *, provid
     return {o.name: np.asarray(v) for o, v in zip(model.graph.output, values)}
 
 
+def batch_one_dims(model: onnx.ModelProto, input_shapes, dim_values) -> tuple[dict[str, int], list[str]]:
+    """The default check's dims: ``dim_values`` with every symbolic leading dim of a graph input
+    that no ``input_shapes`` entry pins set to 1 (the batch: an inference model computes each
+    row alike, so batch 1 checks its numerics at a fraction of the cost), and the names of the
+    dims changed. ``--validate`` checks at the planned shapes."""
+    pinned = set(input_shapes or {})
+    dims, changed = dict(dim_values or {}), []
+    initializers = {t.name for t in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers or value.name in pinned or not value.type.HasField("tensor_type"):
+            continue
+        shape = value.type.tensor_type.shape.dim
+        if shape and shape[0].dim_param and dims.get(shape[0].dim_param, 1) != 1:
+            dims[shape[0].dim_param] = 1
+            changed.append(shape[0].dim_param)
+    return dims, sorted(set(changed))
+
+
 def small_enough_for_reference(model: onnx.ModelProto, ort_seconds: float = 0.0) -> str | None:
     """``None`` when the reference evaluator checks this model by default, else why not
     (``ort_seconds``: the fp32 model's run on ORT's CPU provider)."""

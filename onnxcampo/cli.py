@@ -169,16 +169,18 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="after the plan: chains of elementwise ops, their Casts and the Conv/Gemm biases they "
                              "read included, as ai.onnxcampo FusedElementwise nodes, one kernel each, and a training "
                              "step's weight Casts as one MultiTensorCast (needs the custom-op library; docs/ops.md). "
-                             "Default: on for a training step built with the fused ops where the library's CUDA "
-                             "kernels and NVRTC are (onnxruntime-gpu), off otherwise")
+                             "Default, where the library's CUDA kernels and NVRTC are (onnxruntime-gpu): on for a "
+                             "training step built with the fused ops, by predicted cost for an inference model (on "
+                             "when the plan is predicted --min-gain faster with it, in the --execution mode); off "
+                             "elsewhere, with one line saying why")
     custom.add_argument("--fuse-reductions", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan: a cross-entropy loss and its gradient as ai.onnxcampo "
                              "SoftmaxCrossEntropy(Grad) nodes (one pass over the logits each), layer-norm and softmax "
                              "input gradients as LayerNormGrad / SoftmaxGrad nodes, and ReduceSums over "
                              "leading/trailing blocks of axes (bias, LayerNorm and Conv-bias gradients), with the "
                              "Reshapes and float16->float32 Casts around them, as BlockReduceSum nodes, one kernel "
-                             "each (needs the custom-op library; docs/ops.md). Default: on for a training step built "
-                             "with the fused ops where the library's CUDA kernels are, off otherwise")
+                             "each (needs the custom-op library; docs/ops.md). Default: as --fuse-elementwise's, where "
+                             "the library's CUDA kernels are")
     custom.add_argument("--no-fuse-row-gradients", dest="fuse_row_gradients", action="store_false",
                         help="with --fuse-reductions: leave layer-norm and softmax input gradients to the block "
                              "reductions and the elementwise fusion instead of one LayerNormGrad / SoftmaxGrad node "
@@ -192,8 +194,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "channels-last (NHWC) and run the convolutions and their gradients as ai.onnxcampo "
                              "ConvNhwc / ConvNhwcDataGrad / ConvNhwcWeightGrad nodes (cuDNN's NHWC kernels, no layout "
                              "transform around each; needs the custom-op library; docs/ops.md). Convolutions whose "
-                             "channels are not multiples of 8 stay NCHW. Default: on for a training step built with the "
-                             "fused ops where the library's CUDA kernels are, off otherwise")
+                             "channels are not multiples of 8 stay NCHW. Default: as --fuse-elementwise's, where the "
+                             "library's CUDA kernels are (the prediction counts the layout transforms it removes, the "
+                             "Transposes it adds and each NHWC convolution call's host time)")
     custom.add_argument("--channels-last-stem", type=int, choices=(0, 4, 8), default=4, metavar="{0,4,8}",
                         help="with --channels-last: pad a stem convolution's input channels (fewer than 8) to this "
                              "many and run it, its weight gradient and the MaxPools channels-last (the pools and their "
@@ -732,9 +735,14 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
         provider, execution = "cpu", "plain"
     feeds = load_inputs_npz(args.inputs, original) if args.inputs else None
     inputs_text = f"{'the inputs of ' + str(args.inputs) if feeds is not None else 'generated inputs'}"
+    dims, batch_one = config.dim_values, []
+    if not args.validate and feeds is None:  # the quick check: batch 1 where the batch is dynamic
+        dims, batch_one = acc.batch_one_dims(original, config.input_shapes, config.dim_values)
+        if batch_one:
+            inputs_text += f" at {', '.join(f'{name}=1' for name in batch_one)} (--validate checks the planned shapes)"
     try:
         ref = acc.reference(original, feeds=feeds, source=args.input, provider=provider, execution=execution,
-                            input_shapes=config.input_shapes, dim_values=config.dim_values)
+                            input_shapes=config.input_shapes, dim_values=dims)
         if not args.validate and not (acc.small_enough_for_reference(original, ref.run_seconds)
                                       or acc.small_enough_for_reference(result.model)):
             provider = "reference"  # it computes fp16 nodes in fp16, which ORT's CPU provider does not
@@ -776,7 +784,8 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     elementwise = _elementwise(args, ref.outputs, outputs)
     for line in _verdict_lines(verdict, elementwise):
         print(f"  {what} {line}", file=sys.stderr)
-    entry = {**verdict.to_json(), "provider": provider, **({"reference_notes": ref.notes} if ref.notes else {})}
+    entry = {**verdict.to_json(), "provider": provider, **({"reference_notes": ref.notes} if ref.notes else {}),
+             **({"dims": {name: 1 for name in batch_one}} if batch_one else {})}
     if elementwise is not None:
         entry["elementwise"] = [{"name": d.name, "ok": bool(d.ok), "max_abs_err": d.max_abs_err,
                                  "max_rel_err": d.max_rel_err} for d in elementwise]

@@ -384,3 +384,19 @@ def test_silero_vad_runs_on_generated_inputs_with_its_sample_rate():
     ref = acc.reference(model, source=path, input_shapes=shapes)
     assert int(ref.feeds["sr"]) == 16000 and not ref.notes
     assert all(np.isfinite(value).all() for value in ref.outputs.values())
+
+
+def test_the_default_check_runs_at_batch_one_where_the_batch_is_dynamic():
+    """batch_one_dims: a symbolic leading dim of a graph input goes to 1, unless --input-shape
+    pins that input; other dims keep their values."""
+    from onnx import TensorProto, helper
+
+    from onnxcampo.accuracy_check import batch_one_dims
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])])
+    model = helper.make_model(graph)
+    assert batch_one_dims(model, {}, {"batch": 32, "seq": 128}) == ({"batch": 1, "seq": 128}, ["batch"])
+    assert batch_one_dims(model, {"x": (32, 128)}, {}) == ({}, [])
+    assert batch_one_dims(model, {}, {"batch": 1, "seq": 128}) == ({"batch": 1, "seq": 128}, [])
