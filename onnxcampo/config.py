@@ -92,17 +92,26 @@ class OptimizeConfig:
         fuse_elementwise: after the plan, its Casts and loss scaling, replace chains of
             elementwise ops (their Casts included) by ``ai.onnxcampo::FusedElementwise`` nodes,
             one kernel each (``onnxcampo.elementwise_fusion``). Needs the custom-op library, to
-            write the model (it is test-loaded) and to run it. None (the default, for it and
-            ``fuse_reductions``): on for a training step built with the fused ops (it runs the
-            library's ops already) when this machine runs their CUDA kernels (``onnxcampo.ops.cuda_kernels_here``; FusedElementwise also needs NVRTC
-            for its generated kernels, ``ops.generated_kernels_here``), off otherwise and for
-            inference models (on the H200 both pay 1.2-1.7x on training steps; at inference they
-            lose at batch 1: docs/benchmarks/issue17.md).
+            write the model (it is test-loaded) and to run it. None (the default, for it,
+            ``fuse_reductions`` and ``channels_last``): decided where the written model would run
+            the library's CUDA kernels (``onnxcampo.ops.cuda_kernels_here``; FusedElementwise also
+            needs NVRTC for its generated kernels, ``ops.generated_kernels_here``): on for a
+            training step built with the fused ops (it runs the library's ops already); for an
+            inference model, by predicted cost: the kept plan is costed with the rewrite and
+            without it in the ``execution`` mode (``onnxcampo.estimate.predict_fuse_elementwise``
+            and its two siblings) and the rewrite is kept when it is predicted at least
+            ``min_gain`` faster, the three decided together (``onnxcampo.pipeline.decide_rewrites``;
+            the report's ``rewrites`` has each decision, who made it and both predicted totals).
+            Where those kernels would not run (no CUDA execution provider, the library not built
+            or built without them, no NVRTC) the three stay off and one line says why (a warning
+            where a GPU is detected). A training step built with standard ops keeps them off.
+            ``True`` needs the library, on any machine; ``False`` is off.
         fuse_reductions: after the plan, its Casts and loss scaling (before ``fuse_elementwise``),
             replace ReduceSums over leading and/or trailing blocks of axes (bias, LayerNorm-scale
             and Conv-bias gradients; ``simplify``'s ReduceSum pairs), with the Reshapes and the
             float16 -> float32 Casts around them, by ``ai.onnxcampo::BlockReduceSum`` nodes
-            (``onnxcampo.reductions``). Needs the custom-op library, like ``fuse_elementwise``.
+            (``onnxcampo.reductions``). Needs the custom-op library; None decides it as
+            ``fuse_elementwise`` (its prediction: the Casts its BlockReduceSums fold).
         yield_to_ort_fusions: with ``fuse_elementwise``, leave to ONNX Runtime the nodes its own
             graph optimizations fuse or fold (a MatMul's scale Mul into FusedMatMul, a
             LayerNormalization's skip Add, a bias Add into a Gemm; read on the planning graph),
@@ -122,10 +131,13 @@ class OptimizeConfig:
             gradients as ``ai.onnxcampo::ConvNhwc`` / ``ConvNhwcDataGrad`` / ``ConvNhwcWeightGrad``
             (cuDNN's NHWC kernels: no NCHW <-> NHWC transform around each; ``onnxcampo.layout``).
             Convolutions whose channels are not multiples of 8 stay NCHW; graph inputs and
-            outputs keep their layout. Needs the custom-op library. None (the default): on
-            where ``fuse_reductions`` defaults on (a training step built with the fused ops, on a
-            machine with their CUDA kernels: ResNet-50 b64's step 1.34x on the H200), off
-            otherwise and for inference models (not measured there yet).
+            outputs keep their layout. Needs the custom-op library. None decides it as
+            ``fuse_elementwise`` (ResNet-50 b64's training step 1.34x on the H200); at inference
+            its prediction (``onnxcampo.estimate.layout_change``) removes cuDNN's layout
+            transforms around the float16 convolutions and adds the Transposes the pass writes at
+            layout boundaries and the host time of each NHWC convolution call, which a CUDA graph
+            replay does not pay: ResNet-50 b64 on the H200 with the fusions, 2.85 ms replayed
+            against 3.96 NCHW, but 6.42 ms run plainly against 4.29.
         channels_last_stem: with ``channels_last``, also a stem convolution (fewer than 8 input
             channels, zero-padded to this many: 4, the default, the layout of cuDNN's
             ``image_first_layer`` kernels, or 8; ResNet-50 b64's step 9.904 -> 9.626 ms with 4 on
@@ -134,13 +146,14 @@ class OptimizeConfig:
             (no layout Transpose, scatter-add or zero fill around a ResNet's stem pool). ``0``
             keeps both NCHW (the benchmark's ``campo-fused-cl-nostem-graph``, their A/B;
             ``campo-fused-cl-stem8-graph`` pads to 8).
-        plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions``, cost the plans as the
-            fused model runs (``onnxcampo.estimate``: a Cast inside a fused group costs nothing,
-            one at its edge the bytes it changes there, a fused elementwise op its share of the
-            group's kernel; Casts read only by fp32 ReduceSums nothing). ``False``: the
-            fusion-blind plan, costed as if the fusion passes did not run (every Cast and
-            elementwise op a kernel of its own); the passes still run after it. No effect without
-            either fusion.
+        plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions`` / ``channels_last``,
+            cost the plans as the rewritten model runs (``onnxcampo.estimate``: a Cast inside a
+            fused group costs nothing, one at its edge the bytes it changes there, a fused
+            elementwise op its share of the group's kernel; Casts read only by fp32 ReduceSums
+            nothing; channels-last convolutions without their layout transforms). ``False``: the
+            fusion-blind plan, costed as if the rewrites did not run (every Cast and elementwise
+            op a kernel of its own); the passes still run after it. No effect without a rewrite.
+            The prediction deciding a rewrite left None costs the rewrite either way.
     """
 
     policy: str = "campo"

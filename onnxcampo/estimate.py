@@ -47,28 +47,44 @@ LogSoftmax (``onnxcampo.loss_fusion``: SoftmaxCrossEntropy reads float16). With 
 (and ``fuse_column_sums``) a bias gradient's column sums of a value a predicted group writes cost
 the fused kernel's fixed cost only (:func:`_summed_in_kernel`: the group's kernel adds them as it
 stores, ``onnxcampo.elementwise_fusion`` rule 4).
+
+With ``channels_last`` (and ``plan_for_fusion``) an inference model's plan is costed with what
+the layout pass does to it (:func:`layout_change`: the pass run on a copy of the planning graph; cuDNN's layout
+transforms around float16 convolutions gone, the Transposes it inserts added, each NHWC
+convolution call :data:`CONV_NHWC_HOST_US` of host time).
+
+Each rewrite's prediction (:data:`PREDICTIONS`: :func:`predict_channels_last`,
+:func:`predict_fuse_reductions`, :func:`predict_fuse_elementwise`) is the plan's total with it
+and without it, the other rewrites as configured: what ``pipeline.decide_rewrites`` compares.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from onnxcampo import oplists
+from onnxcampo import ir, oplists
 from onnxcampo.casting import PrecisionOf, pinned_dtype, produced_dtype, tensor_casts, use_dtype
 from onnxcampo.context import GraphContext
+from onnxcampo.ir import TensorInfo
 from onnxcampo.costdb.regression import H200_SMS
 from onnxcampo.elementwise_fusion import FUSABLE, MOVES, SUM
+from onnxcampo.layout import to_channels_last
+from onnxcampo.ops import DOMAIN as ops_domain
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops.elementwise import MAX_INPUTS
 from onnxcampo.reductions import MOVES as REDUCTION_VIEWS
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
 
+
+log = logging.getLogger(__name__)
 
 FOLDED_CAST_SHARE = 1 / 3
 
@@ -179,10 +195,12 @@ def _fusion_broken(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf |
     return group is not None and any(tensor_casts(ctx, t, precision_of) for t in group)
 
 
-def _fusion_groups(ctx: GraphContext) -> tuple[dict[str, tuple[gs.Tensor, ...]], dict[str, frozenset[str]]]:
-    """node name -> the tensors inside its fused group, and -> the op types of the group's nodes:
-    ORT's statuses joined through the outputs of absorbed nodes (gone from ORT's graph) into their
-    consumers that ORT does not run as they are. Cached per status set (a training step swaps two)."""
+def _fusion_groups(ctx: GraphContext) -> tuple[dict[str, tuple[gs.Tensor, ...]], dict[str, frozenset[str]],
+                                                dict[str, str]]:
+    """node name -> the tensors inside its fused group, -> the op types of the group's nodes, and
+    -> the group (one member's name): ORT's statuses joined through the outputs of absorbed nodes
+    (gone from ORT's graph) into their consumers that ORT does not run as they are. Cached per
+    status set (a training step swaps two)."""
     cache = ctx.__dict__.setdefault("_fusion_groups", {})
     key = id(ctx.ort_status)
     if key in cache:
@@ -214,7 +232,8 @@ def _fusion_groups(ctx: GraphContext) -> tuple[dict[str, tuple[gs.Tensor, ...]],
     for name in parent:
         kinds.setdefault(find(name), set()).add(ops_of.get(name, ""))
     groups = ({name: tuple(tensors.get(find(name), ())) for name in parent},
-              {name: frozenset(kinds[find(name)]) for name in parent})
+              {name: frozenset(kinds[find(name)]) for name in parent},
+              {name: find(name) for name in parent})
     cache[key] = groups
     return groups
 
@@ -318,7 +337,17 @@ def fusion_costed(ctx: GraphContext) -> tuple[bool, bool]:
     fusion-blind plan (``plan_for_fusion=False``), whose passes still run after it."""
     config = ctx.config
     aware = getattr(config, "plan_for_fusion", True)
-    return config.fuse_elementwise and aware, config.fuse_reductions and aware
+    return bool(config.fuse_elementwise and aware), bool(config.fuse_reductions and aware)
+
+
+def layout_costed(ctx: GraphContext) -> bool:
+    """Whether the plan is costed channels-last: ``channels_last`` on an inference model, unless
+    ``plan_for_fusion=False`` asks for the plan as if no rewrite ran. A training step's plans are
+    costed NCHW (its gradient convolutions' NHWC calls are not priced, and the Trainer replays the
+    step, where their host time is not paid)."""
+    config = ctx.config
+    return bool(getattr(config, "channels_last", False) and getattr(config, "plan_for_fusion", True)
+                and not ctx.training_fp32)
 
 
 # --- the fused elementwise groups -------------------------------------------------------------
@@ -371,10 +400,34 @@ def _fusable_node(ctx: GraphContext, node: gs.Node) -> tuple[int, ...] | None:
         entry = ctx.info.get(tensor.name)
         if entry is None or entry.dtype not in _FLOATS or entry.shape is None:
             return None
+    if not all(written_static(ctx, t.name) for t in (*node.inputs, node.outputs[0]) if t.name):
+        return None  # the pass fuses static shapes of the written model only
     return tuple(out.shape)
 
 
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
+
+
+def written_info(ctx: GraphContext) -> dict[str, TensorInfo]:
+    """The tensor types and shapes of the model as written, which the model-file rewrites read:
+    the planning graph's without the pins of ``input_shapes`` / ``dim_values`` (they size the
+    costs; the written model keeps its dynamic inputs) where a graph input has a dynamic dim, else
+    the planning table itself. The fusions and the layout pass act where these shapes are static."""
+    base = getattr(ctx, "ctx", ctx)
+    found = base.__dict__.get("_written_info")
+    if found is None:
+        dynamic = any(not vi.type.tensor_type.HasField("shape")
+                      or not all(d.HasField("dim_value") and d.dim_value > 0 for d in vi.type.tensor_type.shape.dim)
+                      for vi in ir.graph_inputs(base.model) if vi.type.HasField("tensor_type"))
+        found = ir.infer_tensor_info(base.model, require_static=False)[0] if dynamic else base.info
+        base.__dict__["_written_info"] = found
+    return found
+
+
+def written_static(ctx: GraphContext, name: str) -> bool:
+    """Whether ``name`` has a static shape in the written model (:func:`written_info`)."""
+    info = written_info(ctx)
+    return info is getattr(ctx, "ctx", ctx).info or ir.static_shape(info, name) is not None
 
 
 def elementwise_groups(ctx: GraphContext) -> dict[str, FusedMember]:
@@ -542,7 +595,8 @@ def _cast_folds(ctx: GraphContext, tensor: gs.Tensor) -> bool:
     producer, or every reader, is an op it fuses (static shapes)."""
     def fusable(node: gs.Node | None) -> bool:
         return (node is not None and node.op in FUSABLE and (node.domain or "") in oplists.DEFAULT_DOMAINS
-                and all(ctx.info.get(t.name) is not None and ctx.info[t.name].numel for t in node.outputs))
+                and all(ctx.info.get(t.name) is not None and ctx.info[t.name].numel and written_static(ctx, t.name)
+                        for t in node.outputs))
 
     if ctx.numel(tensor) == 0:
         return False
@@ -584,14 +638,19 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
         other_launches += ctx.loss_scaling.nodes
         # the gradient pass, plus the fixed cost of each further (small or scalar) kernel
         nodes_us += ctx.cost.cast_time(ctx.loss_scaling.elements) + (ctx.loss_scaling.nodes - 1) * ctx.cost.cast_time(0)
-    launched = conv_launches + other_launches
+    layout = layout_change(ctx, precision_of)
+    nodes_us += layout.gpu_us
+    conv_launches += layout.conv_launches
+    other_launches += layout.launches
+    launched = conv_launches + other_launches + layout.nhwc_calls
     run = ctx.cost.run_us()
     if ctx.config.execution == "cuda-graph":
         # replayed: the launches were recorded once; what is left is the GPU's work and one replay
         return PlanTime(nodes_us + cast_us + run, nodes_us, cast_us, casts, 0.0, launched, run, "cuda-graph")
     # a training step's nodes cost the host more than single ops do (CostModel.launch_us)
     dispatch = (ctx.cost.launch_us("conv", training=training) * conv_launches
-                + ctx.cost.launch_us("other", training=training) * other_launches)
+                + ctx.cost.launch_us("other", training=training) * other_launches
+                + CONV_NHWC_HOST_US * layout.nhwc_calls)
     gpu = nodes_us + cast_us
     # launches that add to the GPU's work (fitted so from whole runs), or hide behind it
     total = gpu + dispatch if ctx.cost.host_adds(training=training) else max(gpu, dispatch)
@@ -679,3 +738,229 @@ def node_costs(ctx: GraphContext, plan: PrecisionPlan) -> dict[str, dict[str, fl
                 costs[owner]["casts"] += casts / len(owners)
                 costs[owner]["cast_us"] += cast_us / len(owners)
     return costs
+
+
+# --- channels-last ---------------------------------------------------------------------------
+
+# Host time of one ConvNhwc (or ConvNhwcDataGrad) call: the custom op calls cuDNN's legacy
+# convolution API, which costs the host far more than ORT's own Conv launch. Measured on the H200
+# (ResNet-50 b64 inference, FusedElementwise and channels-last): run plainly 6.42 ms, replayed as a
+# CUDA graph 2.85 ms, the difference over its 53 convolutions about 60 us a call after the other
+# launches (docs/benchmarks/raw/h200.jsonl; docs/ops.md has ~85 us for the same API).
+CONV_NHWC_HOST_US = 60.0
+# At most this share of a float16 NCHW convolution's predicted time is taken to be cuDNN's layout
+# transforms (the database's times are measured with them; the analytic model's are not).
+LAYOUT_SHARE_MAX = 0.5
+_LAYOUT_CONVS = {("Conv", ""), ("ConvTranspose", ""), ("ConvWeightGrad", ops_domain)}
+_NHWC_CONVS = frozenset({"ConvNhwc", "ConvNhwcDataGrad", "ConvNhwcWeightGrad"})
+
+
+@dataclass(frozen=True)
+class LayoutChange:
+    """What ``channels_last`` changes in a plan's predicted run, as :func:`layout_change` prices it:
+    GPU time (``gpu_us``, negative where it saves), launches of ORT kernels (``launches``) and of
+    convolutions (``conv_launches``), and the NHWC convolution calls that replace these
+    (``nhwc_calls``, each :data:`CONV_NHWC_HOST_US` of host time). ``convolutions``: the
+    convolutions converted, ``inserted``: the kernels the layout pass adds (Transposes, NchwToNhwc,
+    Pads, bias Adds, ...)."""
+
+    convolutions: int = 0
+    inserted: int = 0
+    gpu_us: float = 0.0
+    launches: int = 0
+    conv_launches: int = 0
+    nhwc_calls: int = 0
+
+
+@dataclass(frozen=True)
+class _LayoutTrial:
+    """``onnxcampo.layout`` run on a copy of the planning graph: the planning nodes it converts to
+    NHWC ops and those it removes, and the nodes it inserts with the elements each moves (the
+    largest of its float tensors), and the converted convolutions whose bias became an Add."""
+
+    converted: tuple[str, ...]
+    removed: tuple[str, ...]
+    inserted: tuple[tuple[str, str, int], ...]  # (name, op type, elements)
+    bias_adds: frozenset[str]  # inserted Adds of a converted convolution's bias (by the Add's name)
+
+
+def layout_change(ctx: GraphContext, precision_of: PrecisionOf) -> LayoutChange:
+    """What channels-last changes in the plan's run (nothing unless :func:`layout_costed`).
+
+    The layout pass (``onnxcampo.layout.to_channels_last``, its ``float16`` set to the plan's float16
+    convolutions) runs on a copy of the planning graph; what it did is priced against the plan's
+    own costing of the nodes concerned:
+
+    1. A converted float16 Conv or ConvTranspose: cuDNN's two layout transforms around it go (each
+       costed as a Cast of its input or output: one pass over it, :meth:`CostModel.cast_time`; at
+       most :data:`LAYOUT_SHARE_MAX` of the convolution's time), and with them the
+       ``NCHW_FP16_LAYOUT_LAUNCHES``; its launch becomes an NHWC call (:data:`CONV_NHWC_HOST_US`).
+    2. The nodes ORT fused into such a convolution (its ReLU, a residual Add): ORT no longer fuses
+       them. Costed with ``fuse_elementwise``, they and the convolution's bias are one fused kernel
+       as they are NCHW (the elementwise fusion moves a Conv's bias into its readers' group in
+       either layout): the group's launch is that kernel's. Without it each runs alone (its own
+       time and launch), and so does the bias: an Add, the pass over the output that ORT's Conv
+       makes for its bias (cuDNN's ``cudnnAddTensor``) as a node of its own: one launch more.
+    3. Each node the pass inserts other than a free reshape (a Transpose at a layout boundary, the
+       stem's NchwToNhwc, a Pad, the ReduceMean of a GlobalAveragePool, ...): one pass over its
+       largest tensor (a Cast's time) and one launch.
+    4. Each planning node the pass removes (the GlobalAveragePool, a pool's adjoint): its time and
+       launches under the plan go. MaxPool -> MaxPoolNhwc and ConvWeightGrad -> ConvNhwcWeightGrad
+       cost what they did.
+    Float32 convolutions stay NCHW (``onnxcampo.layout``), so an all-fp32 plan changes nothing.
+    """
+    if not layout_costed(ctx):
+        return LayoutChange()
+    trial = _layout_trial(ctx, precision_of)
+    if trial is None or not trial.converted:
+        return LayoutChange()
+    base = getattr(ctx, "ctx", ctx)
+    by_name = {n.name: n for n in base.nodes}
+    roots = _fusion_groups(ctx)[2]
+    in_group: dict[str, list[str]] = {}
+    for member, root in roots.items():
+        in_group.setdefault(root, []).append(member)
+    fused = fusion_costed(ctx)[0]
+    cast = ctx.cost.cast_time
+    gpu, launches, conv_launches, nhwc, convolutions = 0.0, 0, 0, 0, 0
+    converted = set(trial.converted)
+    for name in trial.converted:
+        node = by_name[name]
+        if node.op not in oplists.NCHW_FP16_LAYOUT_OPS:
+            continue  # ConvWeightGrad: the library's cuDNN call either way
+        convolutions += 1
+        conv, other = host_launches(ctx, node, precision_of)
+        conv_launches -= conv
+        launches -= other
+        nhwc += 1
+        alone = _alone_time(ctx, node, Precision.FP16)
+        transforms = cast(ctx.numel(node.inputs[0])) + cast(ctx.numel(node.outputs[0]))
+        gpu += alone - min(transforms, LAYOUT_SHARE_MAX * alone) - node_time(ctx, node, Precision.FP16, precision_of)
+        members = [by_name[m] for m in in_group.get(roots.get(name), ()) if m != name and m in by_name
+                   and m not in converted and not _aliased(by_name[m]) and not _eliminated(ctx, by_name[m])]
+        for member in members:
+            conv, other = host_launches(ctx, member, precision_of)
+            conv_launches -= conv
+            if fused:
+                launches += conv  # the epilogue's fused kernel launches where the fused Conv did
+            else:
+                launches += 1 - other
+                precision = precision_of(member.name)
+                gpu += _alone_time(ctx, member, precision) - node_time(ctx, member, precision, precision_of)
+    for name, op, elements in trial.inserted:
+        if op in oplists.ALIASED:
+            continue
+        if name in trial.bias_adds:
+            launches += 0 if fused else 1  # the pass ORT's Conv makes for its bias (cudnnAddTensor), as a node
+            continue
+        gpu += cast(elements)
+        launches += 1
+    for name in trial.removed:
+        node = by_name.get(name)
+        if node is None:
+            continue
+        gpu -= node_time(ctx, node, precision_of(node.name), precision_of)
+        conv, other = host_launches(ctx, node, precision_of)
+        conv_launches -= conv
+        launches -= other
+    inserted = sum(1 for name, op, _ in trial.inserted if op not in oplists.ALIASED)
+    return LayoutChange(convolutions, inserted, gpu, launches, conv_launches, nhwc)
+
+
+def _layout_trial(ctx: GraphContext, precision_of: PrecisionOf) -> _LayoutTrial | None:
+    """The layout pass on a copy of the planning graph for the plan's float16 convolutions; None
+    when the plan has none. Cached per set of float16 convolutions and stem setting."""
+    base = getattr(ctx, "ctx", ctx)
+    fp16 = frozenset(n.name for n in base.nodes if (n.op, n.domain or "") in _LAYOUT_CONVS
+                     and precision_of(n.name) is Precision.FP16)
+    if not fp16:
+        return None
+    stem = getattr(ctx.config, "channels_last_stem", 4)
+    cache = base.__dict__.setdefault("_layout_trials", {})
+    key = (fp16, stem)
+    if key in cache:
+        return cache[key]
+    model = onnx.ModelProto()
+    model.CopyFrom(base.model)
+    info = dict(written_info(ctx))  # the pass converts convolutions of static shapes in the written model
+    try:
+        to_channels_last(model, info, stem=stem, float16=fp16)
+    except Exception as exc:  # noqa: BLE001 (a prediction: the pass itself reports on the written model)
+        log.info("channels-last not priced: the layout pass fails on the planning graph (%s: %s)",
+                 type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        cache[key] = None
+        return None
+    planned = {n.name for n in base.nodes}
+    written = {n.name: n for n in model.graph.node}
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    converted = tuple(name for name, n in written.items() if name in planned and n.op_type in _NHWC_CONVS)
+
+    def elements(node) -> int:  # sized as the plan is costed (base.info: pinned), else as the pass made it
+        sizes = [(base.info.get(t) or info[t]).numel or 0 for t in (*node.input, *node.output)
+                 if t in info and info[t].is_float]
+        return max(sizes, default=0)
+
+    inserted = tuple((name, n.op_type, elements(n)) for name, n in written.items() if name not in planned)
+    bias_adds = frozenset(name for name, n in written.items() if name not in planned and n.op_type == "Add"
+                          and n.input and n.input[0] in producers and producers[n.input[0]].name in converted)
+    removed = tuple(name for name in planned if name not in written)
+    cache[key] = _LayoutTrial(converted, removed, inserted, bias_adds)
+    return cache[key]
+
+
+# --- what each model-file rewrite is predicted to change ---------------------------------------
+
+@dataclass(frozen=True)
+class RewritePrediction:
+    """A rewrite's predicted run time: the plan costed with the rewrite (``with_us``) and without it
+    (``without_us``), every other rewrite as configured, in the configured execution mode."""
+
+    name: str
+    with_us: float
+    without_us: float
+
+    @property
+    def gain(self) -> float:
+        """The share of the run the rewrite is predicted to save (negative: it costs)."""
+        return (self.without_us - self.with_us) / self.without_us if self.without_us > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {"with_us": round(self.with_us, 3), "without_us": round(self.without_us, 3),
+                "gain": round(self.gain, 4)}
+
+
+def predict_channels_last(ctx: GraphContext, plan: PrecisionPlan) -> RewritePrediction:
+    """``channels_last``: the plan's total with the layout pass's changes (:func:`layout_change`)
+    and without them."""
+    return _with_and_without(ctx, plan, "channels_last")
+
+
+def predict_fuse_reductions(ctx: GraphContext, plan: PrecisionPlan) -> RewritePrediction:
+    """``fuse_reductions``: the plan's total with the Casts its BlockReduceSums read folded (a Cast
+    to float32 read only by float32 ReduceSums, a cross-entropy's logits: :func:`casts_time`) and
+    without. The reduction's own kernel is costed as the ReduceSum it replaces."""
+    return _with_and_without(ctx, plan, "fuse_reductions")
+
+
+def predict_fuse_elementwise(ctx: GraphContext, plan: PrecisionPlan) -> RewritePrediction:
+    """``fuse_elementwise``: the plan's total with the predicted FusedElementwise groups (one
+    kernel and launch each, the Casts inside and at their edges folded: :func:`elementwise_groups`)
+    and without them."""
+    return _with_and_without(ctx, plan, "fuse_elementwise")
+
+
+def _with_and_without(ctx: GraphContext, plan: PrecisionPlan, option: str) -> RewritePrediction:
+    """``plan_time`` of ``plan`` with ``option`` on and off (the rewrites costed: ``plan_for_fusion``)."""
+    config = ctx.config
+    totals = {}
+    for on in (True, False):
+        ctx.config = config.replace(**{option: on}, plan_for_fusion=True)
+        try:
+            totals[on] = plan_time(ctx, plan).total_us
+        finally:
+            ctx.config = config
+    return RewritePrediction(option, totals[True], totals[False])
+
+
+PREDICTIONS = {"channels_last": predict_channels_last, "fuse_reductions": predict_fuse_reductions,
+               "fuse_elementwise": predict_fuse_elementwise}

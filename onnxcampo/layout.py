@@ -37,6 +37,7 @@ TF32 ones), stay NCHW. Graph inputs and outputs keep their layout.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -155,9 +156,11 @@ def _count(shape) -> int | None:
 
 
 class _Layout:
-    def __init__(self, model: onnx.ModelProto, info: dict, align: int, float32: bool = False, stem: int = ALIGN):
+    def __init__(self, model: onnx.ModelProto, info: dict, align: int, float32: bool = False, stem: int = ALIGN,
+                 float16: Collection[str] | None = None):
         self.model, self.info, self.align, self.stem = model, info, align, stem
         self.dtypes = (TensorProto.FLOAT16, TensorProto.FLOAT) if float32 else (TensorProto.FLOAT16,)
+        self.float16 = None if float16 is None else frozenset(float16)
         self.edit = ModelEdit(model, fresh_prefix="onnxcampo/nhwc")
         self.graph = model.graph
         self.constants = self.edit.constants()
@@ -234,7 +237,8 @@ class _Layout:
         pad = bool(self.stem) and op != "ConvTranspose" and cin < self.align and self.opset >= 11
         if cout % self.align or (cin % self.align and not pad):
             return f"channels not multiples of {self.align}"
-        if self.dtype(tensors[0]) not in self.dtypes:
+        planned = self.float16 is not None and node.name in self.float16  # a plan's float16 node, Casts not made yet
+        if not planned and self.dtype(tensors[0]) not in self.dtypes:
             # cuDNN's float32 NHWC kernels lose to its NCHW TF32 ones: ResNet-50 inference at
             # batch 1, campo's plan fp32, 0.92 ms for 31 convolutions against 0.18 ms for 16
             # (docs/benchmarks/custom-ops/issue17/session15/probe-cl-inference-plain.json)
@@ -942,20 +946,22 @@ class _Layout:
 
 
 def to_channels_last(model: onnx.ModelProto, info: dict | None = None, *, align: int = ALIGN,
-                     float32: bool = False, stem: int = ALIGN) -> LayoutResult:
+                     float32: bool = False, stem: int = ALIGN, float16: Collection[str] | None = None) -> LayoutResult:
     """Rewrite ``model`` in place (module docstring); ``info``: its tensor types and shapes
     (``ir.infer_tensor_info``), inferred here when not given; updated with what the rewrite makes.
     ``float32``: float32 convolutions too (slower on cuDNN than NCHW; the rewrite checked in
     float32, as ORT's CPU provider computes it exactly). ``stem`` (``STEM_CHANNELS``): pad the
     input channels of a convolution with fewer than ``align`` (a stem) to that many (4 or 8) and
     run the MaxPools between channels-last tensors (and onnx-ad's adjoints of them) as
-    MaxPoolNhwc / MaxPoolNhwcGrad; 0 keeps both NCHW, as before they existed (the benchmark's A/B)."""
+    MaxPoolNhwc / MaxPoolNhwcGrad; 0 keeps both NCHW, as before they existed (the benchmark's A/B).
+    ``float16``: names of convolutions to treat as float16 whatever their tensors' types (a precision
+    plan's, on the planning graph before its Casts exist: what ``onnxcampo.estimate`` prices)."""
     if stem not in STEM_CHANNELS:
         raise ValueError(f"stem must be one of {', '.join(map(str, STEM_CHANNELS))} (channels a stem's input is "
                          f"padded to; 0: the stem and pools stay NCHW), not {stem!r}")
     if info is None:
         info, _ = ir.infer_tensor_info(model)
-    layout = _Layout(model, info, align, float32, stem)
+    layout = _Layout(model, info, align, float32, stem, float16)
     result = layout.run()
     if result.convolutions or result.data_grads or result.weight_grads:
         nodes.import_domain(model)

@@ -86,13 +86,42 @@ class OptimizeResult:
         ir.save_model(self.model, Path(path), check_loads=self.changed)
 
 
+# The model-file rewrites whose option may be left None, in the order the finishing passes run
+# them and :func:`decide_rewrites` decides them.
+REWRITES = ("channels_last", "fuse_reductions", "fuse_elementwise")
+
+
+@dataclass
+class RewriteDecision:
+    """Whether one of :data:`REWRITES` runs, and who decided (``by``): ``user`` (an explicit
+    True/False), ``default`` (a training step's: on where the library's CUDA kernels run when the
+    step is built with the fused ops, off when it is built with standard ops), ``unavailable``
+    (left None where the library's CUDA kernels, or NVRTC, would not run the written model: off,
+    ``why`` says why) or ``prediction`` (left None on an inference model: :func:`decide_rewrites`;
+    ``on`` is None until it has). ``prediction``: the plan's predicted time with and without it."""
+
+    on: bool | None
+    by: str
+    why: str = ""
+    prediction: estimate.RewritePrediction | None = None
+
+    def to_json(self) -> dict:
+        out = {"on": self.on, "by": self.by, "why": self.why}
+        if self.prediction is not None:
+            out.update({"predicted_with_us": round(self.prediction.with_us, 3),
+                        "predicted_without_us": round(self.prediction.without_us, 3)})
+        return out
+
+
 @dataclass
 class Loaded:
-    """A model read for planning: our own copy, and the config its inputs completed."""
+    """A model read for planning: our own copy, the config its inputs completed, and how each of
+    :data:`REWRITES` is (to be) decided."""
 
     model: onnx.ModelProto
     source: Path | None
     config: OptimizeConfig
+    rewrites: dict[str, RewriteDecision] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,7 +147,7 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
     """Read the model and check the request; an :class:`OptimizeResult` when there is nothing to do."""
     original, source = ir.read_model(model)
     _check_names(original, config)
-    config = _default_fusions(original, config, source)
+    config, rewrites = _default_rewrites(original, config, source)
     if not config.keep_io_types and any(oplists.updates_state_in_place(n.op_type, n.domain) for n in original.graph.node):
         raise ConfigError(
             f"{source or 'model'}: {option('keep_io_types', False)} cannot apply to an ONNX Runtime training graph: its "
@@ -138,30 +167,68 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
         if config.tune is None and config.activation_limit is None:
             raise ConfigError("optimize(inputs=...) feeds tune or activation_limit; without either it has no use")
         config = _shapes_from_inputs(original, config, inputs)
-    return Loaded(original, source, config)
+    return Loaded(original, source, config, rewrites)
 
 
-def _default_fusions(model: onnx.ModelProto, config: OptimizeConfig, source) -> OptimizeConfig:
-    """``fuse_elementwise`` / ``fuse_reductions`` / ``channels_last`` left None: on for a training
-    step that already runs the custom-op library's ops (built with the fused ops; one built with
-    standard ops stays so) where their CUDA kernels run (FusedElementwise: and NVRTC for its
-    generated kernels), else off."""
-    unset = [name for name in ("fuse_elementwise", "fuse_reductions", "channels_last") if getattr(config, name) is None]
+def _default_rewrites(model: onnx.ModelProto, config: OptimizeConfig,
+                      source) -> tuple[OptimizeConfig, dict[str, RewriteDecision]]:
+    """Who decides each of :data:`REWRITES` (:class:`RewriteDecision`). An option the user set is
+    theirs. One left None:
+
+    1. a training step built with standard ops: off (it runs without the library);
+    2. where the written model would not run the library's CUDA kernels (no CUDA execution
+       provider, the library not built or built without them; FusedElementwise: no NVRTC): off,
+       with one line saying why (a warning where a GPU is detected: speed was expected);
+    3. a training step built with the fused ops: on;
+    4. an inference model: left None, decided by predicted cost after the plan (:func:`decide_rewrites`).
+    """
+    decisions = {name: RewriteDecision(bool(getattr(config, name)), "user") for name in REWRITES
+                 if getattr(config, name) is not None}
+    unset = [name for name in REWRITES if getattr(config, name) is None]
     if not unset:
-        return config
+        return config, decisions
     from onnxcampo import ops
 
-    training = scaling.is_train_step(model) and ops.uses_ops(model)
-    here = {"fuse_reductions": training and ops.cuda_kernels_here(),
-            "fuse_elementwise": training and ops.generated_kernels_here(),
-            "channels_last": training and ops.cuda_kernels_here()}
-    chosen = {name: here[name] for name in unset}
+    step = scaling.is_train_step(model)
+    if step and not ops.uses_ops(model):
+        decisions.update({name: RewriteDecision(False, "default", "a training step built with standard ops")
+                          for name in unset})
+        return config.replace(**dict.fromkeys(unset, False)), decisions
+    here = {"channels_last": ops.cuda_kernels_here(), "fuse_reductions": ops.cuda_kernels_here(),
+            "fuse_elementwise": ops.generated_kernels_here()}
+    chosen, missing = {}, {}
+    for name in unset:
+        if not here[name]:
+            why = (ops.missing_cuda_kernels(generated=name == "fuse_elementwise")
+                   or "the library's CUDA kernels do not run here")
+            missing.setdefault(why, []).append(name)
+            chosen[name] = False
+            decisions[name] = RewriteDecision(False, "unavailable", why)
+        elif step:
+            chosen[name] = True
+            decisions[name] = RewriteDecision(True, "default", "a training step built with the fused ops, their CUDA "
+                                                               "kernels here")
+        else:
+            decisions[name] = RewriteDecision(None, "prediction")
+    if missing:
+        from onnxcampo.costdb.select import detected_gpu
+
+        gpu = detected_gpu()
+        text = "; ".join(f"{_listed([option(name) for name in names])} off: {why}" for why, names in missing.items())
+        (log.warning if gpu else log.info)("%s: %s%s", source or "model", text,
+                                            f" (the GPU here, {gpu}, runs the model without onnxcampo's kernels)"
+                                            if gpu else "")
     on = [name for name, value in chosen.items() if value]
     if on:
         log.info("%s: a training step on a machine with the fused ops' CUDA kernels: %s on by default (%s to turn "
                  "off)", source or "model", " and ".join(option(name) for name in on),
                  " / ".join(option(name, False) for name in on))
-    return config.replace(**chosen)
+    return config.replace(**chosen), decisions
+
+
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def run(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None = None) -> OptimizeResult:
@@ -174,8 +241,8 @@ def run(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None =
 
 def run_loaded(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> OptimizeResult:
     prepared = prepare(loaded, inputs)
+    chosen = decide_rewrites(prepared.ctx, plan_policies(prepared.ctx), loaded.rewrites)
     config = prepared.ctx.config
-    chosen = plan_policies(prepared.ctx)
     # before the mutating passes change the graph
     both = _both_costings(prepared.ctx, chosen) if config.fuse_elementwise or config.fuse_reductions else None
     plan = chosen.plans[config.policy]
@@ -185,6 +252,7 @@ def run_loaded(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -
     report = build_report(ctx, loaded.source, chosen.plans, chosen.times, chosen.chosen, chosen.notes, results,
                           node_costs=costs)
     report["fuse"] = prepared.fused
+    report["rewrites"] = {name: loaded.rewrites[name].to_json() for name in REWRITES if name in loaded.rewrites}
     if both is not None:
         report["predicted_fusion"] = both
     if config.activation_limit is not None:
@@ -241,6 +309,70 @@ def plan_policies(ctx: GraphContext) -> Plans:
         times[name] = estimate.plan_time(planning, plans[name])
     chosen, notes = choose_plan(config, plans, times)
     return Plans(plans, times, chosen, notes)
+
+
+def decide_rewrites(ctx: GraphContext, chosen: Plans, decisions: dict[str, RewriteDecision]) -> Plans:
+    """Decide the rewrites left to prediction (``decisions[name].by == "prediction"``) on the kept
+    plan, in the execution mode configured, and return the plans to keep.
+
+    1. Each rewrite's ``estimate.PREDICTIONS`` function costs the plan with it and without it, the
+       other rewrites as decided so far (those not decided yet: off); it is kept when predicted at
+       least ``min_gain`` faster. In :data:`REWRITES` order, in sweeps until no decision changes
+       (one rewrite may pay only with another: channels-last's bias and ReLUs cost nothing more
+       with the elementwise fusion), so each decision's numbers are the final configuration with
+       and without it.
+    2. ``ctx.config`` becomes the decided configuration.
+    3. With a rewrite kept (and ``plan_for_fusion``), the policies are planned again costed with it,
+       as an explicit option would have them; the new plans are kept unless the kept plan with the
+       rewrites is predicted faster, else the kept plans are costed as they now run. The
+       decisions keep the numbers of the plan they were made on.
+    """
+    pending = [name for name in REWRITES if name in decisions and decisions[name].by == "prediction"]
+    if not pending:
+        return chosen
+    config = ctx.config
+    plan = chosen.plans[config.policy]
+    padding = chosen.chosen == "campo" and config.pad_tensor_cores
+    planning = Planning(ctx, plan, padding=padding, analysis=True)
+    settings = dict.fromkeys(pending, False)
+    ctx.config = config.replace(**settings)
+    try:
+        for _ in range(len(REWRITES) + 1):
+            changed = False
+            for name in pending:
+                prediction = estimate.PREDICTIONS[name](planning, plan)
+                on = prediction.with_us <= (1 - config.min_gain) * prediction.without_us
+                changed |= on != settings[name]
+                settings[name] = on
+                ctx.config = ctx.config.replace(**{name: on})
+                decisions[name] = RewriteDecision(on, "prediction", _prediction_words(prediction, config.min_gain),
+                                                  prediction)
+            if not changed:
+                break
+    except BaseException:
+        ctx.config = config
+        raise
+    decided = ctx.config
+    log.info("rewrites by predicted cost (%s): %s", config.execution,
+             ", ".join(f"{option(name)} {'on' if settings[name] else 'off'}" for name in pending))
+    kept = estimate.plan_time(planning, plan)
+    if any(settings.values()) and decided.plan_for_fusion:
+        again = plan_policies(ctx)
+        if again.times[config.policy].total_us <= kept.total_us:
+            return again
+    times = {name: kept if name == config.policy else estimate.plan_time(
+                 Planning(ctx, other, padding=name == "campo" and decided.pad_tensor_cores, analysis=True), other)
+             for name, other in chosen.plans.items()}
+    return Plans(chosen.plans, times, chosen.chosen, chosen.notes)
+
+
+def _prediction_words(prediction: estimate.RewritePrediction, min_gain: float) -> str:
+    gain = prediction.gain
+    text = (f"predicted {prediction.with_us:.1f} us with it, {prediction.without_us:.1f} us without "
+            f"({100 * abs(gain):.1f} % {'faster' if gain >= 0 else 'slower'})")
+    if 0 <= gain < min_gain:
+        text += f", less than min_gain {100 * min_gain:.1f} %"
+    return text
 
 
 def _both_costings(ctx: GraphContext, chosen: Plans) -> dict:

@@ -124,16 +124,19 @@ def rewrites_line(rewrites: dict[str, dict]) -> str | None:
     every one: "rewrites: channels-last off (predicted 5687.7 us with it, 4133.8 without), ..."."""
     if not rewrites or all(entry["by"] == "user" for entry in rewrites.values()):
         return None
-    parts = []
+    said: dict[tuple[str, str, str], list[str]] = {}  # (state, why, own) -> the rewrites it holds for
     for name, entry in rewrites.items():
-        state = "on" if entry["on"] else "off"
+        state, own = "on" if entry["on"] else "off", ""
         if entry["by"] == "prediction" and "predicted_with_us" in entry:
             why = f"predicted {entry['predicted_with_us']:.1f} us with it, {entry['predicted_without_us']:.1f} without"
+            own = name  # each prediction is its own
         elif entry["by"] == "unavailable":
             why = f"unavailable: {entry['why']}"
         else:
             why = entry["by"]
-        parts.append(f"{name.replace('_', '-')} {state} ({why})")
+        said.setdefault((state, why, own), []).append(name.replace("_", "-"))
+    parts = [f"{', '.join(names[:-1])}{' and ' if len(names) > 1 else ''}{names[-1]} {state} ({why})"
+             for (state, why, _), names in said.items()]
     return "rewrites: " + ", ".join(parts)
 
 

@@ -253,7 +253,9 @@ def test_a_stem_whose_weight_gradient_stays_float32_keeps_the_stem_and_pool_nchw
 @pytest.mark.parametrize("cuda", [True, False], ids=["cuda-kernels", "cpu-only"])
 def test_channels_last_is_on_by_default_where_the_fused_ops_run_on_cuda(monkeypatch, cuda):
     """``channels_last=None``: on for a training step built with the fused ops where their CUDA
-    kernels are (as --fuse-reductions), off elsewhere and for an inference model; False wins."""
+    kernels are (as --fuse-reductions), off elsewhere; False wins. An inference model's is
+    decided by its predicted cost where the kernels are (``tests/test_rewrite_decisions.py``),
+    else off."""
     from onnxcampo import ops
     from onnxcampo.api import optimize
 
@@ -265,5 +267,7 @@ def test_channels_last_is_on_by_default_where_the_fused_ops_run_on_cuda(monkeypa
     assert convs == (8 if cuda else 0)
     off = optimize(step, policy="fp16", channels_last=False).model
     assert not any(n.op_type == "ConvNhwc" for n in off.graph.node)
-    inference = optimize(forward, policy="fp16").model
-    assert not any(n.op_type == "ConvNhwc" for n in inference.graph.node)
+    inference = optimize(forward, policy="fp16")
+    decision = inference.report["rewrites"]["channels_last"]
+    assert decision["by"] == ("prediction" if cuda else "unavailable")
+    assert any(n.op_type == "ConvNhwc" for n in inference.model.graph.node) == decision["on"]

@@ -114,6 +114,26 @@ def generated_kernels_here() -> bool:
     return cuda_kernels_here() and jit.nvrtc_library() is not None
 
 
+def missing_cuda_kernels(*, generated: bool = False) -> str | None:
+    """Why a model written here would not run the library's CUDA kernels (``generated``: nor
+    FusedElementwise's generated ones), in words; None when it would (:func:`cuda_kernels_here`,
+    :func:`generated_kernels_here`)."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return f"this onnxruntime ({ort.__version__}) has no CUDA execution provider (onnxruntime-gpu has)"
+    try:
+        path = library_path()
+    except OpsLibraryError:
+        return f"the custom-op library is not built ({BUILD_COMMAND})"
+    error = _load_error(path)
+    if error:
+        return error
+    if build_info().get("kernels") != "cpu+cuda":
+        return f"the custom-op library {path} has no CUDA kernels (nvcc was not found when it was built)"
+    if generated and jit.nvrtc_library() is None:
+        return "NVRTC was not found (FusedElementwise's generated kernels need it)"
+    return None
+
+
 def check() -> str:
     """The library's path once it is known to load; :class:`OpsLibraryError` otherwise."""
     path = library_path()

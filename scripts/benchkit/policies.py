@@ -51,6 +51,10 @@ Inference (ONNX Runtime):
                     beside campo-fused's: where the two plans' kernels differ)
     fp16-fused-graph  the all-fp16 plan with both fusions, replayed: the all-fp16 plan that
                     campo-fused-graph must beat on equal terms
+    campo-auto, campo-auto-graph  campo with the three rewrites left to optimize's default
+                    (``fuse_elementwise``, ``fuse_reductions``, ``channels_last`` None: decided by
+                    their predicted cost where the library's CUDA kernels run), plain and replayed:
+                    what the prediction chose, beside campo-fused(-cl)(-graph)
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
     fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused, campo-reduce
     (``--fuse-reductions`` alone)
@@ -84,7 +88,7 @@ GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo
                   "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph",
                   "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
                   "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph", "campo-fused-cl-stem8-graph",
-                  "campo-fused-nosums-graph", "campo-fused-cl-nosums-graph")
+                  "campo-fused-nosums-graph", "campo-fused-cl-nosums-graph", "campo-auto-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -97,7 +101,7 @@ STEP_OPTIONS = {"campo-fused-cudnn-graph": {"conv_weight_grad": "cudnn"},
 CUDA_OPTIONS = {"campo-fused-nhwc-graph": {"prefer_nhwc": "1"}}
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
-                      "campo-fused-cl", *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
+                      "campo-fused-cl", "campo-auto", *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp",
                   "torch-eager-cl", "torch-eager-amp-cl", "torch-compile-cl", "torch-compile-amp-cl",
                   "torch-compile-graph", "torch-compile-graph-amp", "torch-compile-graph-cl",
@@ -109,6 +113,7 @@ TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp")
 TRAINING_ANCHORS = ("fp32", "amp", *TORCH_POLICIES)
 FUSIONS = {"fuse_reductions": True, "fuse_elementwise": True}  # what campo-fused(-graph) turn on
+AUTO = dict.fromkeys(("fuse_elementwise", "fuse_reductions", "channels_last"))  # optimize's default decides
 REFERENCE = "fp32-notf32"  # outputs and losses are compared with fp32 without TF32
 ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"policy": "campo"},
              "campo-nopad": {"policy": "campo", "pad_tensor_cores": False},
@@ -164,7 +169,10 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-reduce": {"policy": "campo", "fuse_reductions": True},
              "campo-reduce-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_reductions": True},
              # the elementwise chains alone (FusedElementwise), without BlockReduceSum
-             "campo-ew-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_elementwise": True}}
+             "campo-ew-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_elementwise": True},
+             # the rewrites left to optimize's default: decided by their predicted cost (AUTO)
+             "campo-auto": {"policy": "campo", **AUTO},
+             "campo-auto-graph": {"policy": "campo", "execution": "cuda-graph", **AUTO}}
 # The fusions are named by each variant: optimize's default (on for a training step where the
 # fused CUDA kernels are) would otherwise turn the unfused variants and the amp/fp16 anchors into
 # fused ones on the GPU machine.

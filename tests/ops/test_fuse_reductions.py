@@ -174,8 +174,9 @@ def test_an_fp16_reduction_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there
 def test_the_fusions_default_to_on_for_training_steps_where_the_cuda_kernels_run(library, monkeypatch, cuda, nvrtc):
     """fuse_elementwise / fuse_reductions None (the default): a training step built with the fused
     ops gets BlockReduceSum where the library's CUDA kernels run here and FusedElementwise where
-    NVRTC is there too (the machine's facts faked: this one has no GPU); an inference model and a
-    step built with standard ops never; an explicit False wins.
+    NVRTC is there too (the machine's facts faked: this one has no GPU); a step built with
+    standard ops never; an explicit False wins; an inference model's are decided by their
+    predicted cost where the kernels run (``tests/test_rewrite_decisions.py``), else off.
     The written step loads on ORT's CPU (wiring)."""
     from onnxcampo import ops
 
@@ -187,11 +188,18 @@ def test_the_fusions_default_to_on_for_training_steps_where_the_cuda_kernels_run
     found = {n.op_type for n in result.model.graph.node}
     assert ("BlockReduceSum" in found) == cuda, label
     assert ("FusedElementwise" in found) == (cuda and nvrtc), label
+    assert result.report["rewrites"]["fuse_reductions"]["by"] == ("default" if cuda else "unavailable")
     make_session(result.model, provider="cpu")
     off = onnxcampo.optimize(step, policy="campo", fuse_elementwise=False, fuse_reductions=False)
     assert not {"BlockReduceSum", "FusedElementwise"} & {n.op_type for n in off.model.graph.node}
     inference = onnxcampo.optimize(forward, policy="campo")
-    assert not {"BlockReduceSum", "FusedElementwise"} & {n.op_type for n in inference.model.graph.node}
+    decided = inference.report["rewrites"]
+    assert decided["fuse_reductions"]["by"] == ("prediction" if cuda else "unavailable")
+    assert decided["fuse_elementwise"]["by"] == ("prediction" if cuda and nvrtc else "unavailable")
+    written = {n.op_type for n in inference.model.graph.node}
+    assert ("FusedElementwise" in written) == decided["fuse_elementwise"]["on"]
+    assert ("BlockReduceSum" in written) <= decided["fuse_reductions"]["on"]
     standard = build_train_step(forward, optimizer="adamw", fused=False)  # built to run without the library
     kept = onnxcampo.optimize(standard, policy="campo")
     assert not {"BlockReduceSum", "FusedElementwise"} & {n.op_type for n in kept.model.graph.node}
+    assert {entry["by"] for entry in kept.report["rewrites"].values()} == {"default"}
