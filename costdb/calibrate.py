@@ -7,9 +7,10 @@ one command, kept per user and picked up by every later run (:mod:`onnxcampo.cos
    it is taken).
 2. What, in this order (the fit needs the first groups most):
    a. the host: ONNX Runtime's per-launch host time of a chain of small elementwise nodes and of
-      small convolutions (each chain run node by node minus the same chain replayed as a CUDA
-      graph, over its launches), and the fixed cost of one replayed run (``host_launch``,
-      ``run_overhead``: what ``onnxcampo.estimate.plan_time`` adds for launches);
+      small convolutions, and where the custom-op library's CUDA kernels are, of its NHWC
+      convolution and FusedElementwise calls (each chain run node by node minus the same chain
+      replayed as a CUDA graph, over its launches), and the fixed cost of one replayed run
+      (``host_launch``, ``run_overhead``: what ``onnxcampo.estimate.plan_time`` adds for launches);
    b. Casts, Pads and Slices (the Cast and padding cost models);
    c. the single-op grid of :func:`onnxcampo.costdb.measure.default_grid` (GEMMs, convolutions,
       elementwise ops, normalizations, ONNX Runtime's fused transformer ops, the shapes of common
@@ -102,11 +103,37 @@ def read_samples(path: Path) -> list[dict]:
 
 # --- a. the host -------------------------------------------------------------------------------
 
+# host-probe classes: ORT's own kernels, and (where the library's CUDA kernels are) its custom ops
+HOST_CLASSES = ("other", "conv")
+LIBRARY_HOST_CLASSES = ("conv_nhwc", "custom")
+
+
 def _chain_model(kind: str, length: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``length`` nodes one after another: Adds of a [1, 256] tensor and a constant (``other``),
-    or 1x1 convolutions of [1, 8, 8, 8] (``conv``)."""
+    1x1 convolutions of [1, 8, 8, 8] (``conv``), float16 ``ConvNhwc`` 1x1 convolutions of
+    [1, 8, 8, 8] channels-last (``conv_nhwc``) or one-input ``FusedElementwise`` copies of [1, 256]
+    (``custom``: a custom-op call)."""
     nodes, inits = [], []
-    if kind == "conv":
+    opsets = [helper.make_opsetid("", 17)]
+    element = TensorProto.FLOAT
+    if kind in LIBRARY_HOST_CLASSES:
+        from onnxcampo.ops import nodes as library
+
+        opsets.append(helper.make_opsetid(library.DOMAIN, 1))
+    if kind == "conv_nhwc":
+        shape, element = [1, 8, 8, 8], TensorProto.FLOAT16
+        inits.append(onnx.numpy_helper.from_array(np.full((8, 1, 1, 8), 0.125, np.float16), "w"))
+        for i in range(length):
+            nodes.append(library.conv_nhwc(f"t{i}", "w", output=f"t{i + 1}", kernel_shape=(1, 1), name=f"n{i}"))
+    elif kind == "custom":
+        from onnxcampo.ops.elementwise import Op
+
+        shape = [1, 256]
+        program = [int(v) for v in (Op.LOAD, 0, 0, 0, Op.STORE, 0, 0, 0)]
+        for i in range(length):
+            nodes.append(library.fused_elementwise([f"t{i}"], [f"t{i + 1}"], program=program, registers=1,
+                                                   output_types=[TensorProto.FLOAT], name=f"n{i}"))
+    elif kind == "conv":
         shape = [1, 8, 8, 8]
         inits.append(onnx.numpy_helper.from_array(np.full((8, 8, 1, 1), 0.125, np.float32), "w"))
         for i in range(length):
@@ -116,10 +143,10 @@ def _chain_model(kind: str, length: int) -> tuple[onnx.ModelProto, dict[str, np.
         inits.append(onnx.numpy_helper.from_array(np.full(shape, 1e-3, np.float32), "c"))
         for i in range(length):
             nodes.append(helper.make_node("Add", [f"t{i}", "c"], [f"t{i + 1}"], name=f"n{i}"))
-    graph = helper.make_graph(nodes, f"host_{kind}", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info(f"t{length}", TensorProto.FLOAT, shape)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    return model, {"t0": np.ones(shape, np.float32)}
+    graph = helper.make_graph(nodes, f"host_{kind}", [helper.make_tensor_value_info("t0", element, shape)],
+                              [helper.make_tensor_value_info(f"t{length}", element, shape)], inits)
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=8)
+    return model, {"t0": np.ones(shape, np.float16 if element == TensorProto.FLOAT16 else np.float32)}
 
 
 def _median_run_us(model: onnx.ModelProto, feeds: dict, *, cuda_graph: bool, runs: int = 200) -> float:
@@ -133,15 +160,21 @@ def _median_run_us(model: onnx.ModelProto, feeds: dict, *, cuda_graph: bool, run
     return float(np.median([runner() for _ in range(runs)]) * 1e6)
 
 
-def host_samples(facts: dict, done: set[str]) -> Iterator[dict]:
-    """Rule 2a: per-launch host time of each class, and a replayed run's fixed cost."""
-    for kind in ("other", "conv"):
+def host_samples(facts: dict, done: set[str], library: bool = False) -> Iterator[dict]:
+    """Rule 2a: per-launch host time of each class (the library's ops too with ``library``),
+    and a replayed run's fixed cost."""
+    for kind in HOST_CLASSES + (LIBRARY_HOST_CLASSES if library else ()):
         key = f"host|{kind}|{HOST_CHAIN}"
         if key in done:
             continue
         model, feeds = _chain_model(kind, HOST_CHAIN)
-        plain = _median_run_us(model, feeds, cuda_graph=False)
-        replayed = _median_run_us(model, feeds, cuda_graph=True)
+        try:
+            plain = _median_run_us(model, feeds, cuda_graph=False)
+            replayed = _median_run_us(model, feeds, cuda_graph=True)
+        except Exception as exc:  # noqa: BLE001 - recorded (the estimate keeps its default), the run goes on
+            log.warning("host probe %s: %s", kind, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            yield {"key": key, "kind": "host_error", "class": kind, "error": f"{type(exc).__name__}: {exc}"[:500], **facts}
+            continue
         yield {"key": key, "kind": "host", "class": kind, "launches": HOST_CHAIN, "plain_us": plain,
                "replayed_us": replayed, "us_per_launch": max(plain - replayed, 0.0) / HOST_CHAIN, **facts}
     key = "host|run|1"
@@ -162,6 +195,9 @@ def host_entries(rows: list[dict]) -> dict:
             "conv": conv, "other": other, "host": "additive", "samples": len(by_class) - ("run" in by_class),
             "rule": f"(chain of {HOST_CHAIN} small nodes run node by node - the same chain replayed as a CUDA graph) "
                     "/ launches, per class"}}
+        for kind in LIBRARY_HOST_CLASSES:  # the custom-op library's calls (ConvNhwc, FusedElementwise)
+            if kind in by_class:
+                out["host_launch"]["inference"][kind] = round(by_class[kind]["us_per_launch"], 3)
     if "run" in by_class:
         out["run_overhead"] = {"us": round(by_class["run"]["replayed_us"], 3),
                                "rule": "a one-node model replayed as a CUDA graph"}
@@ -334,8 +370,8 @@ def calibrate(*, budget_s: float = DEFAULT_BUDGET_S, fresh: bool = False, out: P
         1 for log2 in FUSED_SIZES for n in FUSED_INPUTS for p in ("fp32", "fp16")
         if f"fused_elementwise|2^{log2}|x{n}|{p}" not in done)
     host = provider == "cuda"
-    host_left = host * sum(1 for key in (f"host|other|{HOST_CHAIN}", f"host|conv|{HOST_CHAIN}", "host|run|1")
-                           if key not in done)
+    host_keys = [f"host|{kind}|{HOST_CHAIN}" for kind in HOST_CLASSES + (LIBRARY_HOST_CLASSES if fused else ())]
+    host_left = host * sum(1 for key in (*host_keys, "host|run|1") if key not in done)
     todo = host_left + len(singles) + chains_left + fused_left
     say(f"calibrating {spec.describe()}, onnxruntime {ort_version}, CUDA {cuda_version or 'unknown'}: "
         f"{len(done)} samples kept from earlier runs, {todo} to measure (at most {budget_s:.0f} s); samples in "
@@ -352,7 +388,7 @@ def calibrate(*, budget_s: float = DEFAULT_BUDGET_S, fresh: bool = False, out: P
     # the fp32 rows without TF32 are not fitted (ORT runs fp32 products on TF32): not measured here
     skip = done | {measure.sample_key(case, p, tf32) for case in cases for p, tf32 in measure.precisions_of(case)
                    if not tf32}
-    streams = [host_samples(facts, done)] if host else []
+    streams = [host_samples(facts, done, library=fused)] if host else []
     streams += [measure.iter_samples(cases, timer, facts, skip), measure.iter_chain_samples(chains, timer, facts, done)]
     if fused:
         streams.append(fused_samples(timer, facts, done))

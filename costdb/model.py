@@ -75,6 +75,12 @@ class CostModel(abc.ABC):
         it (``host_launch``), else :meth:`dispatch_us`."""
         return self.dispatch_us(training)
 
+    def library_launch_us(self, kind: str) -> float | None:
+        """Host time of one call of the custom-op library's ``kind`` (``conv_nhwc``: a ConvNhwc
+        call; ``custom``: a FusedElementwise call) at inference, where the database measured it
+        (``costdb calibrate``), else None."""
+        return None
+
     def host_adds(self, training: bool = False) -> bool:
         """Whether the host's launches add to the GPU's work (``True``: a run costs both) or hide
         behind it (``False``: the larger of the two, the default)."""

@@ -180,6 +180,10 @@ class RegressionCostModel(CostModel):
         value = fitted.get(op_class, fitted.get("other"))
         return float(value) if isinstance(value, (int, float)) and value > 0 else self.dispatch_us(training)
 
+    def library_launch_us(self, kind: str) -> float | None:
+        value = self.database.get("host_launch", {}).get("inference", {}).get(kind)
+        return float(value) if isinstance(value, (int, float)) and value >= 0 else None
+
     def host_adds(self, training: bool = False) -> bool:
         """True where ``host_launch`` was fitted additive from whole runs (``fit_host_launch``)."""
         fitted = self.database.get("host_launch", {}).get("training" if training else "inference", {})

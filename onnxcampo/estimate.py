@@ -650,7 +650,7 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     # a training step's nodes cost the host more than single ops do (CostModel.launch_us)
     dispatch = (ctx.cost.launch_us("conv", training=training) * conv_launches
                 + ctx.cost.launch_us("other", training=training) * other_launches
-                + CONV_NHWC_HOST_US * layout.nhwc_calls)
+                + nhwc_call_us(ctx.cost) * layout.nhwc_calls)
     gpu = nodes_us + cast_us
     # launches that add to the GPU's work (fitted so from whole runs), or hide behind it
     total = gpu + dispatch if ctx.cost.host_adds(training=training) else max(gpu, dispatch)
@@ -748,6 +748,15 @@ def node_costs(ctx: GraphContext, plan: PrecisionPlan) -> dict[str, dict[str, fl
 # CUDA graph 2.85 ms, the difference over its 53 convolutions about 60 us a call after the other
 # launches (docs/benchmarks/raw/h200.jsonl; docs/ops.md has ~85 us for the same API).
 CONV_NHWC_HOST_US = 60.0
+
+
+def nhwc_call_us(cost) -> float:
+    """Host time of one NHWC convolution call: the database's measurement (``costdb calibrate``),
+    else :data:`CONV_NHWC_HOST_US`."""
+    measured = cost.library_launch_us("conv_nhwc")
+    return CONV_NHWC_HOST_US if measured is None else measured
+
+
 # At most this share of a float16 NCHW convolution's predicted time is taken to be cuDNN's layout
 # transforms (the database's times are measured with them; the analytic model's are not).
 LAYOUT_SHARE_MAX = 0.5

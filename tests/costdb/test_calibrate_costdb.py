@@ -250,3 +250,34 @@ def test_fused_entry_fits_bandwidth_and_fixed_cost():
     entry = calibrate.fused_entry(rows)
     assert entry["bytes_per_us"] == pytest.approx(3e6, rel=1e-6) and entry["fixed_us"] == pytest.approx(2.0, abs=1e-3)
     assert calibrate.fused_entry(rows[:2]) is None
+
+
+@pytest.mark.parametrize("kind", ["other", "conv", "conv_nhwc", "custom"])
+def test_host_probe_chains_run(kind):
+    """The host probes' chains are valid models that compute what they should (ORT's CPU
+    provider, the library's CPU kernels for its ops: the wiring; the timing needs CUDA graphs)."""
+    import numpy as np
+
+    from onnxcampo import ops
+    from onnxcampo.runtime import make_session
+
+    if kind in calibrate.LIBRARY_HOST_CLASSES and not ops.available():
+        pytest.skip("the custom-op library is not built")
+    model, feeds = calibrate._chain_model(kind, 3)
+    (out,) = make_session(model).run(None, feeds)
+    expected = feeds["t0"] + (3e-3 if kind == "other" else 0.0)  # 8 channels x 0.125: the convolutions keep ones
+    np.testing.assert_allclose(out.astype(np.float32), expected.astype(np.float32), rtol=1e-3)
+
+
+def test_library_host_costs_reach_the_estimate():
+    from onnxcampo import estimate
+
+    rows = [{"kind": "host", "class": "other", "us_per_launch": 3.0},
+            {"kind": "host", "class": "conv_nhwc", "us_per_launch": 11.5},
+            {"kind": "host", "class": "custom", "us_per_launch": 4.5}]
+    database = _database(H100.name)
+    database.update(calibrate.host_entries(rows))
+    model = RegressionCostModel(database)
+    assert model.library_launch_us("conv_nhwc") == 11.5 and model.library_launch_us("custom") == 4.5
+    assert estimate.nhwc_call_us(model) == 11.5
+    assert estimate.nhwc_call_us(AnalyticCostModel()) == estimate.CONV_NHWC_HOST_US
