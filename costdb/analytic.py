@@ -44,11 +44,45 @@ H200 = DevicePeaks(
 )
 
 
+@dataclass(frozen=True)
+class HostCosts:
+    """What the host adds to a run on the CUDA EP, per launch by class and per run (us). These
+    belong to the machine's CPU and ONNX Runtime, not to the GPU's specs: :data:`TYPICAL_HOST`
+    holds the figures fitted from whole-model runs on the H200 machine (the shipped database's
+    ``host_launch`` and ``run_overhead``), used by the roofline model of a detected GPU until
+    ``costdb calibrate`` measures this machine's."""
+
+    conv_us: float
+    other_us: float
+    run_us: float
+
+
+TYPICAL_HOST = HostCosts(conv_us=8.1, other_us=3.4, run_us=51.0)
+
+
 class AnalyticCostModel(CostModel):
-    def __init__(self, peaks: DevicePeaks = H200, *, use_tf32: bool = True) -> None:
+    """The roofline of :class:`DevicePeaks`; ``host``: per-launch and per-run host costs, added to
+    the GPU's work (None: no host costs, the reference model's behaviour)."""
+
+    def __init__(self, peaks: DevicePeaks = H200, *, use_tf32: bool = True, host: HostCosts | None = None) -> None:
         self.peaks = peaks
         self.use_tf32 = use_tf32
+        self.host = host
         self.name = peaks.name
+
+    def launch_us(self, op_class: str = "other", training: bool = False) -> float:
+        if self.host is None:
+            return super().launch_us(op_class, training)
+        return self.host.conv_us if op_class == "conv" else self.host.other_us
+
+    def dispatch_us(self, training: bool = False) -> float:
+        return 0.0 if self.host is None else self.host.other_us
+
+    def host_adds(self, training: bool = False) -> bool:
+        return self.host is not None
+
+    def run_us(self) -> float:
+        return 0.0 if self.host is None else self.host.run_us
 
     def _gemm_us(self, flops: float, peak: float) -> float:
         rate = peak * flops / (flops + self.peaks.half_rate_flops)
@@ -86,4 +120,4 @@ class AnalyticCostModel(CostModel):
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "analytic", "use_tf32": self.use_tf32, "peaks": asdict(self.peaks),
-                **self._origin()}
+                **({"host": asdict(self.host)} if self.host is not None else {}), **self._origin()}

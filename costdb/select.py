@@ -28,7 +28,7 @@ import re
 import sys
 from pathlib import Path
 
-from onnxcampo.costdb.analytic import AnalyticCostModel
+from onnxcampo.costdb.analytic import TYPICAL_HOST, AnalyticCostModel
 from onnxcampo.costdb.device import GpuSpec, gpu_spec, peaks_for
 from onnxcampo.costdb.model import CostModel
 from onnxcampo.errors import CostModelError
@@ -152,7 +152,7 @@ def load_cost_model(device_db: Path | None = None) -> CostModel:
     if peaks is not None:
         _say_once(f"no cost database for {gpu}: the plan is uncalibrated (a roofline model from its specs: "
                   f"{spec.describe()}); `onnxcampo costdb calibrate` measures one in about 10 minutes")
-        model = AnalyticCostModel(peaks)
+        model = AnalyticCostModel(peaks, host=TYPICAL_HOST)
         model.origin = {"source": "analytic-spec", "gpu": gpu, "spec": spec.to_json()}
         return model
     model = AnalyticCostModel()

@@ -281,3 +281,16 @@ def test_library_host_costs_reach_the_estimate():
     assert model.library_launch_us("conv_nhwc") == 11.5 and model.library_launch_us("custom") == 4.5
     assert estimate.nhwc_call_us(model) == 11.5
     assert estimate.nhwc_call_us(AnalyticCostModel()) == estimate.CONV_NHWC_HOST_US
+
+
+def test_the_roofline_of_a_detected_gpu_counts_the_host(monkeypatch):
+    """A detected GPU's uncalibrated model prices launches (the typical host's figures); the
+    reference model used without a GPU keeps none (its plans are unchanged)."""
+    from onnxcampo.costdb.analytic import TYPICAL_HOST
+
+    _gpu(monkeypatch, device.GpuSpec(**{**H100.to_json(), "name": "NVIDIA L40S"}))
+    model = select.load_cost_model()
+    assert model.launch_us("conv") == TYPICAL_HOST.conv_us and model.launch_us("other") == TYPICAL_HOST.other_us
+    assert model.host_adds() and model.run_us() == TYPICAL_HOST.run_us
+    reference = AnalyticCostModel()
+    assert reference.launch_us("conv") == 0.0 and not reference.host_adds() and reference.run_us() == 0.0
