@@ -1,5 +1,6 @@
 // cuDNN convolutions on CUDA (conv_grad.h): ConvWeightGrad's backward filter (NCHW) and the NHWC
-// ops' forward, backward-data and backward-filter calls (conv_nhwc.h), cuDNN loaded at run
+// ops' forward (grouped too: cudnnSetConvolutionGroupCount), backward-data and backward-filter
+// calls (conv_nhwc.h), cuDNN loaded at run
 // time (dlopen: the library links no cuDNN; ONNX Runtime's CUDA provider has loaded it already,
 // else $ONNXCAMPO_CUDNN or libcudnn.so.9 on the loader's path). The declarations below are the
 // few cuDNN 9 entry points and constants used (cudnn_ops.h, cudnn_cnn.h; opaque handles).
@@ -63,6 +64,7 @@ struct Cudnn {
   int (*create_conv)(Desc*) = nullptr;
   int (*set_conv)(Desc, int, int, int, int, int, int, int, int) = nullptr;
   int (*set_math)(Desc, int) = nullptr;
+  int (*set_group)(Desc, int) = nullptr;
   // per ConvKind (forward, data, filter): Find, the workspace size and the call; the descriptor
   // arguments in cuDNN's order for that kind (forward x, w, conv, y; data w, dy, conv, dx;
   // filter x, dy, conv, dw)
@@ -98,6 +100,7 @@ const Cudnn& LoadCudnn() {
         Bind(library, "cudnnCreateConvolutionDescriptor", &c.create_conv) &&
         Bind(library, "cudnnSetConvolution2dDescriptor", &c.set_conv) &&
         Bind(library, "cudnnSetConvolutionMathType", &c.set_math) &&
+        Bind(library, "cudnnSetConvolutionGroupCount", &c.set_group) &&
         Bind(library, "cudnnFindConvolutionForwardAlgorithm", &c.find[0]) &&
         Bind(library, "cudnnGetConvolutionForwardWorkspaceSize", &c.workspace[0]) &&
         Bind(library, "cudnnConvolutionForward", &c.call[0]) &&
@@ -169,7 +172,7 @@ std::map<std::pair<int, cudaStream_t>, StreamState>& Streams() {
 }
 
 using ShapeKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int64_t, int64_t, int64_t, int64_t>;
+                            int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 std::map<ShapeKey, Plan>& Plans() {
   static std::map<ShapeKey, Plan> plans;
   return plans;
@@ -241,12 +244,13 @@ int FastestAlgo(const Cudnn& c, Handle handle, const Plan& p, const ConvCall& g,
   CudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (workspace != nullptr) CudaCheck(cudaFree(workspace), "cudaFree");
   if (log) {
-    std::fprintf(stderr, "onnxcampo cuDNN %s%s x[%lld,%lld,%lld,%lld] dy[%lld,%lld,%lld,%lld] k%lldx%lld s%lld:%s chosen %d\n",
+    std::fprintf(stderr, "onnxcampo cuDNN %s%s x[%lld,%lld,%lld,%lld] dy[%lld,%lld,%lld,%lld] k%lldx%lld s%lld g%lld:%s chosen %d\n",
                  KindName(g.kind), g.nhwc ? " NHWC" : "", static_cast<long long>(g.n), static_cast<long long>(g.cin),
                  static_cast<long long>(g.h), static_cast<long long>(g.w_), static_cast<long long>(g.n),
                  static_cast<long long>(g.cout),
                  static_cast<long long>(g.ho), static_cast<long long>(g.wo), static_cast<long long>(g.a.kh),
-                 static_cast<long long>(g.a.kw), static_cast<long long>(g.a.sh), report.c_str(), best);
+                 static_cast<long long>(g.a.kw), static_cast<long long>(g.a.sh), static_cast<long long>(g.group),
+                 report.c_str(), best);
   }
   return best;
 }
@@ -262,8 +266,9 @@ Plan MakePlan(const Cudnn& c, Handle handle, const ConvCall& g, cudaStream_t str
   Check(c, c.create_tensor(&p.y), "cudnnCreateTensorDescriptor");
   Check(c, c.set_tensor(p.y, layout, type, Narrow(g.n, "N"), Narrow(g.cout, "Cout"), Narrow(g.ho, "Ho"), Narrow(g.wo, "Wo")),
         "cudnnSetTensor4dDescriptor (y)");
+  // a grouped convolution's filter holds Cin / group input channels (KRSC: [Cout, kh, kw, Cin / group])
   Check(c, c.create_filter(&p.filter), "cudnnCreateFilterDescriptor");
-  Check(c, c.set_filter(p.filter, type, g.krsc ? kNhwc : kNchw, Narrow(g.cout, "Cout"), Narrow(g.cin, "Cin"),
+  Check(c, c.set_filter(p.filter, type, g.krsc ? kNhwc : kNchw, Narrow(g.cout, "Cout"), Narrow(g.cin / g.group, "Cin"),
                         Narrow(a.kh, "kh"), Narrow(a.kw, "kw")),
         "cudnnSetFilter4dDescriptor");
   Check(c, c.create_conv(&p.conv), "cudnnCreateConvolutionDescriptor");
@@ -271,6 +276,7 @@ Plan MakePlan(const Cudnn& c, Handle handle, const ConvCall& g, cudaStream_t str
                       Narrow(a.dh, "dilation"), Narrow(a.dw, "dilation"), kCrossCorrelation, kFloat),
         "cudnnSetConvolution2dDescriptor");
   Check(c, c.set_math(p.conv, g.half ? kTensorOpMath : kDefaultMath), "cudnnSetConvolutionMathType");
+  if (g.group != 1) Check(c, c.set_group(p.conv, Narrow(g.group, "group")), "cudnnSetConvolutionGroupCount");
   AlgoPerf perf[10] = {};
   int found = 0;
   const Operands o = OperandsOf(p, g);
@@ -301,7 +307,10 @@ void CudnnConvolution(const ConvCall& g, void* stream_handle) {
   const Cudnn& c = LoadCudnn();
   if (!c.problem.empty()) throw std::runtime_error(c.problem);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  const int64_t summed = g.kind == ConvKind::kForward ? g.cin * g.a.kh * g.a.kw
+  if (g.group < 1 || g.cin % g.group != 0 || g.cout % g.group != 0 || (g.group != 1 && g.kind != ConvKind::kForward)) {
+    throw std::runtime_error("cuDNN convolution: group must divide Cin and Cout, and be 1 for the gradients");
+  }
+  const int64_t summed = g.kind == ConvKind::kForward ? g.cin / g.group * g.a.kh * g.a.kw
                          : g.kind == ConvKind::kData  ? g.cout * g.a.kh * g.a.kw
                                                       : g.n * g.ho * g.wo;
   if (summed == 0) {  // an empty sum: zeros
@@ -317,7 +326,7 @@ void CudnnConvolution(const ConvCall& g, void* stream_handle) {
   const Im2ColAttrs& a = g.a;
   const int variant = KindIndex(g.kind) * 8 + (g.half ? 4 : 0) + (g.nhwc ? 2 : 0) + (g.krsc ? 1 : 0);
   const ShapeKey key{device, variant, g.n, g.cin, g.h, g.w_, g.cout, g.ho, g.wo, a.kh, a.kw, a.sh, a.sw, a.dh, a.dw,
-                     a.pt * 1000003 + a.pl};
+                     a.pt * 1000003 + a.pl, g.group};
   auto found = Plans().find(key);
   if (found == Plans().end()) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

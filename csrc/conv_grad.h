@@ -39,8 +39,10 @@ void ConvWeightGradCpu(const ConvGradArgs& args, const ParallelRunner& run);
 
 // One cuDNN convolution call of any direction and layout: what ConvWeightGrad (NCHW backward
 // filter) and the NHWC ops of conv_nhwc.h run on CUDA. Shapes are logical: x [N, Cin, H, W],
-// y / dy [N, Cout, Ho, Wo], the filter [Cout, Cin, kh, kw]; `nhwc` stores x and y / dy as
-// [N, H, W, C], `krsc` the filter as [Cout, kh, kw, Cin] (else [Cout, Cin, kh, kw]).
+// y / dy [N, Cout, Ho, Wo], the filter [Cout, Cin / group, kh, kw]; `nhwc` stores x and y / dy
+// as [N, H, W, C], `krsc` the filter as [Cout, kh, kw, Cin / group] (else [Cout, Cin / group,
+// kh, kw]). `group` > 1 (a grouped or depthwise convolution: output channel co reads the input
+// channels of its group, co / (Cout / group)) is for the forward kind only.
 enum class ConvKind { kForward, kData, kFilter };  // y = conv(x, w); dx from (dy, w); dw from (x, dy)
 struct ConvCall {
   ConvKind kind = ConvKind::kFilter;
@@ -50,6 +52,7 @@ struct ConvCall {
   void* out = nullptr;       // y, dx or dw
   bool half = false, nhwc = false, krsc = false;
   int64_t n = 0, cin = 0, h = 0, w_ = 0, cout = 0, ho = 0, wo = 0;
+  int64_t group = 1;  // divides cin and cout
   Im2ColAttrs a;
 };
 

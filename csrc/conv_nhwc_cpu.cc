@@ -1,7 +1,7 @@
 // The NHWC convolutions on the CPU (conv_nhwc.h): reference kernels for CI and the CPU provider,
 // float32 accumulation, each output element's sum over (i, j, channel) or (n, oh, ow) in that
-// order. Tasks: one (n, output row) each for the forward and data gradient, one Cout each for the
-// weight gradient.
+// order (a grouped forward: over its group's Cin / group channels). Tasks: one (n, output row)
+// each for the forward and data gradient, one Cout each for the weight gradient.
 #include <vector>
 
 #include "conv_nhwc.h"
@@ -13,13 +13,19 @@ namespace {
 using ew::LoadAsFloat;
 using ew::StoreFloat;
 
+// The filter's channels: Cin / group (ci counts within the group of co).
+int64_t FilterChannels(const ConvCall& g) { return g.cin / g.group; }
+
 int64_t FilterIndex(const ConvCall& g, int64_t co, int64_t i, int64_t j, int64_t ci) {
-  return g.krsc ? ((co * g.a.kh + i) * g.a.kw + j) * g.cin + ci : ((co * g.cin + ci) * g.a.kh + i) * g.a.kw + j;
+  const int64_t c = FilterChannels(g);
+  return g.krsc ? ((co * g.a.kh + i) * g.a.kw + j) * c + ci : ((co * c + ci) * g.a.kh + i) * g.a.kw + j;
 }
 
-// y[n, oh, :, :] of the forward convolution.
+// y[n, oh, :, :] of the forward convolution; output channel co reads the input channels
+// [group_of(co) * Cin / group, ...) of its group.
 void ForwardRow(const ConvCall& g, int64_t n, int64_t oh) {
   const Im2ColAttrs& a = g.a;
+  const int64_t cin_g = FilterChannels(g), cout_g = g.cout / g.group;
   std::vector<float> acc(static_cast<size_t>(g.cout));
   for (int64_t ow = 0; ow < g.wo; ++ow) {
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -31,8 +37,11 @@ void ForwardRow(const ConvCall& g, int64_t n, int64_t oh) {
         if (w < 0 || w >= g.w_) continue;
         const int64_t x_at = ((n * g.h + h) * g.w_ + w) * g.cin;
         for (int64_t co = 0; co < g.cout; ++co) {
+          const int64_t x_group = x_at + co / cout_g * cin_g;
           float sum = 0.0f;
-          for (int64_t ci = 0; ci < g.cin; ++ci) sum += LoadAsFloat(g.x, x_at + ci, g.half) * LoadAsFloat(g.w, FilterIndex(g, co, i, j, ci), g.half);
+          for (int64_t ci = 0; ci < cin_g; ++ci) {
+            sum += LoadAsFloat(g.x, x_group + ci, g.half) * LoadAsFloat(g.w, FilterIndex(g, co, i, j, ci), g.half);
+          }
           acc[co] += sum;
         }
       }

@@ -52,7 +52,7 @@ OrtStatusPtr InferConvNhwc(const OrtCustomOp*, OrtShapeInferContext* ctx) noexce
   InferInts(ctx, "input_spatial", &spatial);
   std::vector<int64_t> shape;  // {} : the type alone
   if (first.size() == 4 && second.size() == 4 && kernel.size() == 2) {
-    if (kKind == ConvKind::kForward) {  // x [N, H, W, C], w [K, kh, kw, C]
+    if (kKind == ConvKind::kForward) {  // x [N, H, W, C], w [K, kh, kw, C / group]
       Im2ColAttrs a;
       if (Im2ColCheck(kernel, strides, dilations, pads, true, &a).empty()) {
         int64_t ho = -1, wo = -1;
@@ -80,6 +80,12 @@ struct ConvNhwcKernel {
     who = NodeWho(NameOf(kKind), info);
     const std::string why = ReadIm2ColAttrs(info, &attrs);  // im2col_op.cc: kernel_shape, strides, dilations, pads
     if (!why.empty()) Fail(why);
+    group = IntAttribute(info, "group", 1);
+    if (group < 1) Fail("group must be a positive int, got " + std::to_string(group));
+    if (kKind != ConvKind::kForward && group != 1) {
+      Fail("group must be 1: the gradient ops compute group-1 convolutions' gradients only (a grouped "
+           "convolution's gradients stay NCHW)");
+    }
     if (kKind == ConvKind::kData) {
       bool found = false;
       spatial = IntsAttribute(info, "input_spatial", &found);
@@ -111,11 +117,15 @@ struct ConvNhwcKernel {
     g.kind = kKind, g.nhwc = true, g.krsc = true, g.a = attrs;
     g.half = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     std::vector<int64_t> out_shape;
-    if (kKind == ConvKind::kForward) {  // x [N, H, W, Cin], w [Cout, kh, kw, Cin]
-      g.n = s0[0], g.h = s0[1], g.w_ = s0[2], g.cin = s0[3], g.cout = s1[0];
-      if (s1[1] != attrs.kh || s1[2] != attrs.kw || s1[3] != g.cin) {
-        Fail("w has shape " + ShapeText(s1) + "; x " + ShapeText(s0) + " and kernel_shape need [Cout, " +
-             std::to_string(attrs.kh) + ", " + std::to_string(attrs.kw) + ", " + std::to_string(g.cin) + "]");
+    if (kKind == ConvKind::kForward) {  // x [N, H, W, Cin], w [Cout, kh, kw, Cin / group]
+      g.n = s0[0], g.h = s0[1], g.w_ = s0[2], g.cin = s0[3], g.cout = s1[0], g.group = group;
+      if (g.cin % group != 0 || g.cout % group != 0) {
+        Fail("group " + std::to_string(group) + " must divide the input channels (" + std::to_string(g.cin) +
+             ") and the output channels (" + std::to_string(g.cout) + ")");
+      }
+      if (s1[1] != attrs.kh || s1[2] != attrs.kw || s1[3] != g.cin / group) {
+        Fail("w has shape " + ShapeText(s1) + "; x " + ShapeText(s0) + ", kernel_shape and group need [Cout, " +
+             std::to_string(attrs.kh) + ", " + std::to_string(attrs.kw) + ", " + std::to_string(g.cin / group) + "]");
       }
       Size(&g);
       g.x = in0.GetTensorRawData(), g.w = in1.GetTensorRawData();
@@ -167,6 +177,7 @@ struct ConvNhwcKernel {
   bool cuda;
   std::string who;
   Im2ColAttrs attrs;
+  int64_t group = 1;
   std::vector<int64_t> spatial;
 };
 

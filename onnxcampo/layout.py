@@ -6,7 +6,9 @@ layout transform of the input and output around every Conv, ConvTranspose and we
 channels_last one: ``docs/benchmarks/custom-ops/issue17/session14/torch-layout.json``). This pass
 (``channels_last``, ``--channels-last``) rewrites
 
-- ``Conv`` (group 1, 2-D) as ``ConvNhwc`` plus an ``Add`` of its bias over the last axis,
+- ``Conv`` (2-D; grouped and depthwise too, ``group`` kept) as ``ConvNhwc`` plus an ``Add`` of its
+  bias over the last axis; an inference ``BatchNormalization`` that alone reads its output (all
+  constants) folded into its filter and bias,
 - onnx-ad's ``ConvTranspose`` of a Conv's input gradient (``output_shape`` given) as ``ConvNhwcDataGrad``,
 - ``ConvWeightGrad`` as ``ConvNhwcWeightGrad`` and a ``Transpose`` of the small filter gradient
   back to ONNX's ``[Cout, Cin, kh, kw]``,
@@ -18,10 +20,12 @@ channels_last one: ``docs/benchmarks/custom-ops/issue17/session14/torch-layout.j
 
 and stores every activation those ops touch channels-last, with the channel axis moved to the
 end, together with all tensors connected to them through layout-agnostic nodes (elementwise ops,
-Casts, reshapes that only add or drop unit dims, reductions, Expand, GlobalAveragePool, whose
-axes, broadcast constants and shapes it permutes). Where such a tensor meets a node that reads a
-layout (Flatten, a graph output, ...) one ``Transpose`` (or a free ``Reshape`` where the bytes
-agree) converts it; the filters get one ``Transpose`` each to cuDNN's ``[Cout, kh, kw, Cin]``.
+Casts, reshapes that only add or drop unit dims, reductions, Expand, GlobalAveragePool, Concat and
+Split, a nearest-mode Resize, whose axes, broadcast constants, scales and shapes it permutes; an
+inference BatchNormalization not folded, as a Mul and an Add by per-channel constants). Where such
+a tensor meets a node that reads a layout (Flatten, a linear Resize, a graph output, ...) one
+``Transpose`` (or a free ``Reshape`` where the bytes agree) converts it; the filters get one
+``Transpose`` each to cuDNN's ``[Cout, kh, kw, Cin / group]``.
 A convolution with fewer input channels than ``align`` (8: the Tensor Core kernels' granule;
 ResNet's 3-channel stem) gets its input and filter zero-padded to ``stem`` channels (8, or 4:
 the layout cuDNN's ``image_first_layer`` kernels read; two ``Pad``s, its filter gradient sliced
@@ -31,7 +35,11 @@ input) then reaches it as ``Pad(Cast(Transpose(x)))``: that chain, where only it
 intermediate values, is one ``NchwToNhwc`` node (one pass over the image instead of three:
 ``conversions``). Other convolutions whose channel counts are not
 multiples of ``align``, and float32 ones (cuDNN's NHWC float32 kernels are slower than its NCHW
-TF32 ones), stay NCHW. Graph inputs and outputs keep their layout.
+TF32 ones), stay NCHW. A grouped Conv converts under the same rule and, unless depthwise (one input
+channel a group: cuDNN's own kernels), with each group's channels multiples of ``align``; it is
+never padded (a depthwise Conv of unaligned channels stays NCHW), and its input gradient stays NCHW
+(the NHWC gradient ops are group 1). A Conv on 1 x 1 H and W (a squeeze-excitation gate's) stays NCHW:
+both layouts hold the same bytes. Graph inputs and outputs keep their layout.
 """
 
 from __future__ import annotations
@@ -74,6 +82,9 @@ class LayoutResult:
     pools: int = 0  # MaxPool -> MaxPoolNhwc
     pool_grads: int = 0  # MaxPool's indices + scatter-add adjoint -> MaxPoolNhwcGrad
     conversions: int = 0  # Transpose (+ Cast) (+ Pad) chains of a small-channel input -> NchwToNhwc
+    grouped: int = 0  # of the convolutions, grouped or depthwise (group > 1)
+    norms_folded: int = 0  # inference BatchNormalizations folded into the ConvNhwc they read
+    norms: int = 0  # other inference BatchNormalizations of channels-last tensors -> Mul + Add
     stem_kept: str = ""  # why a stem (and so the pools) stayed NCHW, when it did
     left: dict[str, int] = field(default_factory=dict)  # convolutions kept NCHW, by reason
 
@@ -114,6 +125,18 @@ def _reshaped_channel(source, target, c: int) -> int | None:
         if prefix > before:
             return None
     return None
+
+
+def _text(node: onnx.NodeProto, name: str, default: str) -> str:
+    """A string attribute's value as text (``attribute`` gives ONNX's bytes)."""
+    value = attribute(node, name, default)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _set_attribute(node: onnx.NodeProto, name: str, value) -> None:
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute(name, value)])
 
 
 def _ints(edit_constants, name: str) -> list[int] | None:
@@ -182,6 +205,8 @@ class _Layout:
         self.pad_widths: dict[str, int] = {}  # Pad output -> zero channels appended (padded())
         self.pools: list[_Pool] = []
         self.pool_of: dict[int, _Pool] = {}  # id(node) -> the pool it is part of
+        self.folded: set[int] = set()  # id(node) of the BatchNormalizations folded into a ConvNhwc
+        self.unwritten: set[str] = set()  # the outputs of the Convs folded with them
 
     # ---- shapes ----------------------------------------------------------------------------
     def shape(self, name: str):
@@ -197,19 +222,33 @@ class _Layout:
         """The activation tensors of a convertible convolution node (channel axis 1 each), or
         why it stays NCHW."""
         op = node.op_type
+        group = 1
         if op == "Conv" and node.domain in ("", "ai.onnx"):
             x, w = node.input[0], node.input[1]
-            if attribute(node, "group", 1) != 1 or attribute(node, "auto_pad", "NOTSET") != "NOTSET":
-                return "grouped or auto_pad"
+            if _text(node, "auto_pad", "NOTSET") != "NOTSET":
+                return "auto_pad"
             xs, ws, ys = self.shape(x), self.shape(w), self.shape(node.output[0])
             if xs is None or ws is None or ys is None or len(xs) != 4 or len(ws) != 4:
                 return "not 2-D with static shapes"
+            if list(xs[2:]) == [1, 1] and list(ys[2:]) == [1, 1]:
+                # a squeeze-excitation gate's Conv on pooled [N, C, 1, 1]: the same bytes in either
+                # layout (free Reshapes at its edges), where an NHWC call would only add host time
+                return "1x1 spatial (the same bytes in either layout)"
+            group = int(attribute(node, "group", 1))
             channels = (xs[1], ws[0])
             tensors = [x, node.output[0]]
+            if group != 1:
+                # cuDNN's grouped NHWC kernels: a depthwise convolution (one input channel a group)
+                # has its own; other groups run as Tensor Core GEMMs per group, whose channels
+                # must each be aligned as a group-1 convolution's are
+                if xs[1] % self.align or ws[0] % self.align:
+                    return f"channels not multiples of {self.align}"
+                if ws[1] != 1 and (ws[1] % self.align or (ws[0] // group) % self.align):
+                    return f"grouped with channels a group not multiples of {self.align}"
         elif op == "ConvTranspose" and node.domain in ("", "ai.onnx"):
             dy, w = node.input[0], node.input[1]
             out_hw = attribute(node, "output_shape")
-            if (attribute(node, "group", 1) != 1 or attribute(node, "auto_pad", "NOTSET") != "NOTSET" or len(node.input) > 2
+            if (attribute(node, "group", 1) != 1 or _text(node, "auto_pad", "NOTSET") != "NOTSET" or len(node.input) > 2
                     or any(attribute(node, "output_padding", [0, 0])) or not out_hw or len(out_hw) != 2):
                 return "not a Conv's input gradient (group, bias, output_padding or no output_shape)"
             ds, ws, xs = self.shape(dy), self.shape(w), self.shape(node.output[0])
@@ -234,7 +273,7 @@ class _Layout:
         # A stem's few input channels (ResNet's 3) are zero-padded to `align`: its Conv and weight
         # gradient run channels-last, as what they feed does (an input gradient would need its
         # padding sliced off: those stay NCHW)
-        pad = bool(self.stem) and op != "ConvTranspose" and cin < self.align and self.opset >= 11
+        pad = bool(self.stem) and op != "ConvTranspose" and group == 1 and cin < self.align and self.opset >= 11
         if cout % self.align or (cin % self.align and not pad):
             return f"channels not multiples of {self.align}"
         planned = self.float16 is not None and node.name in self.float16  # a plan's float16 node, Casts not made yet
@@ -268,6 +307,17 @@ class _Layout:
                 if s is not None and len(s) == rank:
                     out[name] = c
             return out
+        if op == "BatchNormalization":  # an inference one: a per-channel scale and shift
+            if c != 1 or self.batch_norm(node) is None:
+                return None
+            return {node.input[0]: 1, node.output[0]: 1}
+        if op in ("Resize", "Concat", "Split"):
+            if op == "Resize" and not self.resize_carries(node, rank):
+                return None
+            data = [n for n in (*(node.input[:1] if op != "Concat" else node.input), *node.output) if n]
+            if any(self.shape(n) is None or len(self.shape(n)) != rank for n in data):
+                return None
+            return {n: c for n in data}
         if op == "Expand":
             target = _ints(self.constants, node.input[1])
             if target is None or len(target) != rank:
@@ -301,6 +351,56 @@ class _Layout:
             return {data: kept[c], out: c}
         return None
 
+    def batch_norm(self, node: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray] | None:
+        """An inference BatchNormalization as ``y = x * a + b`` per channel (float64 ``a``, ``b``;
+        ``a = scale / sqrt(var + epsilon)``, ``b = B - mean * a``); None when it is not one (training
+        mode, running statistics written, parameters not constants)."""
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) != 5:
+            return None
+        if attribute(node, "training_mode", 0) or any(node.output[1:]) or not attribute(node, "spatial", 1):
+            return None
+        found = [self.constants.get(name) for name in node.input[1:]]
+        xs = self.shape(node.input[0])
+        if any(t is None for t in found) or xs is None or len(xs) < 3:
+            return None
+        scale, shift, mean, var = (numpy_helper.to_array(t).astype(np.float64).reshape(-1) for t in found)
+        if any(v.size != int(xs[1]) for v in (scale, shift, mean, var)):
+            return None
+        a = scale / np.sqrt(var + float(attribute(node, "epsilon", 1e-5)))
+        return a, shift - mean * a
+
+    def resize_carries(self, node: onnx.NodeProto, rank: int) -> bool:
+        """A Resize that reads no layout: ``nearest`` (the samples are per element; ORT's linear and
+        cubic kernels resize only the trailing axes of NCHW), constant per-axis scales or sizes of
+        the tensor's rank, no ``axes`` subset, no crop box."""
+        if self.opset < 11 or _text(node, "mode", "nearest") != "nearest" or attribute(node, "axes") is not None:
+            return False
+        if _text(node, "coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize":
+            return False
+        if _text(node, "keep_aspect_ratio_policy", "stretch") != "stretch":
+            return False
+        given = [name for name in node.input[2:4] if name]
+        for name in given:
+            if name not in self.constants:
+                return False
+            size = int(np.prod(self.constants[name].dims, dtype=np.int64))
+            if size not in (0, rank):
+                return False
+        return bool(given)
+
+    def folded_norm(self, node: onnx.NodeProto) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray] | None:
+        """The inference BatchNormalization that alone reads a Conv's output, when it folds into the
+        ConvNhwc (its filter and bias constants): (the norm, a, b) as :meth:`batch_norm` gives them."""
+        y = node.output[0]
+        reader = self.only_reader(y)
+        if node.op_type != "Conv" or reader is None or reader.input[0] != y or node.input[1] not in self.constants:
+            return None
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        if bias and bias not in self.constants:
+            return None
+        found = self.batch_norm(reader)
+        return None if found is None else (reader, *found)
+
     def reduce_axes(self, node: onnx.NodeProto) -> list[int] | None:
         rank = len(self.shape(node.input[0]) or ())
         axes = attribute(node, "axes")
@@ -321,7 +421,7 @@ class _Layout:
         kernel = [int(k) for k in attribute(node, "kernel_shape", []) or []]
         if xs is None or len(xs) != 4 or len(kernel) != 2 or kernel[0] * kernel[1] > 255:
             return None
-        if (attribute(node, "auto_pad", "NOTSET") != "NOTSET" or attribute(node, "ceil_mode", 0)
+        if (_text(node, "auto_pad", "NOTSET") != "NOTSET" or attribute(node, "ceil_mode", 0)
                 or attribute(node, "storage_order", 0) or any(int(d) != 1 for d in attribute(node, "dilations", [1, 1]))):
             return None
         pads = [int(p) for p in attribute(node, "pads", [0, 0, 0, 0])]
@@ -653,14 +753,29 @@ class _Layout:
             x, w = node.input[0], node.input[1]
             kernel = list(self.shape(w)[2:])
             y = node.output[0]
-            out, convert = self.output_name(y, 1)
             bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+            x_in = self.physical(x, 1)
+            norm = self.folded_norm(node)
+            if norm is None:
+                w_in = self.krsc(w)
+            else:  # Conv + BatchNormalization as one ConvNhwc: the filter scaled, the bias shifted
+                bn, a, b = norm
+                self.folded.add(id(bn))
+                filter_value = numpy_helper.to_array(self.constants[w])
+                scaled = filter_value.astype(np.float64).transpose(0, 2, 3, 1) * a[:, None, None, None]
+                w_in = self.constant(np.ascontiguousarray(scaled.astype(filter_value.dtype)), "krsc_folded")
+                shift = b + (numpy_helper.to_array(self.constants[bias]).astype(np.float64) * a if bias else 0.0)
+                bias = self.constant(shift.astype(helper.tensor_dtype_to_np_dtype(self.dtype(y))), "bias_folded")
+                self.unwritten.add(y)
+                y = bn.output[0]
+                self.result.norms_folded += 1
+            out, convert = self.output_name(y, 1)
             conv_out = self.edit.fresh("conv") if bias else out
-            x_in, w_in = self.physical(x, 1), self.krsc(w)
             if pad:
                 x_in, w_in = self.padded(x_in, *pad), self.padded(w_in, *pad)
                 self.result.padded += 1
             self.out_nodes.append(nodes.conv_nhwc(x_in, w_in, output=conv_out, kernel_shape=kernel,
+                                                  group=int(attribute(node, "group", 1)),
                                                   name=node.name or self.edit.fresh("ConvNhwc"), **attrs))
             self.record(conv_out, self.dtype(y), physical_shape(self.shape(y), 1))
             if bias:
@@ -669,6 +784,7 @@ class _Layout:
             if convert:
                 self.finish_output(y, out, 1)
             self.result.convolutions += 1
+            self.result.grouped += int(attribute(node, "group", 1)) != 1
         elif op == "ConvTranspose":
             dy, w = node.input[0], node.input[1]
             dx = node.output[0]
@@ -722,6 +838,28 @@ class _Layout:
                     made.input[k] = self.physical(name, c, [1] * (rank - len(shape)) + list(shape))
         elif op == "GlobalAveragePool":
             made = self.reduce_mean(node.input[0], out_name, c)
+        elif op == "BatchNormalization":  # x * a + b over the last (channel) axis
+            a, b = self.batch_norm(node)
+            dtype = helper.tensor_dtype_to_np_dtype(self.dtype(node.input[0]))
+            scaled = self.edit.fresh("norm_scaled")
+            self.add("Mul", [self.physical(node.input[0], c), self.constant(a.astype(dtype), "norm_scale")], scaled)
+            self.record(scaled, self.dtype(node.input[0]), physical_shape(self.shape(out_name), c))
+            made = helper.make_node("Add", [scaled, self.constant(b.astype(dtype), "norm_shift")], [out_name],
+                                    name=node.name or self.edit.fresh("Add"))
+            self.result.norms += 1
+        elif op == "Resize":
+            perm = to_physical_perm(rank, c)
+            made.input[0] = self.physical(node.input[0], c)
+            for k in (2, 3):
+                if k < len(node.input) and node.input[k]:
+                    value = numpy_helper.to_array(self.constants[node.input[k]]).reshape(-1)
+                    if value.size == rank:
+                        made.input[k] = self.constant(np.ascontiguousarray(value[perm]), "resized")
+        elif op in ("Concat", "Split"):
+            axis = int(attribute(node, "axis", 0)) % rank
+            for k in range(len(node.input) if op == "Concat" else 1):
+                made.input[k] = self.physical(node.input[k], c)
+            _set_attribute(made, "axis", to_physical_perm(rank, c).index(axis))
         elif op == "Expand":
             made.input[0] = self.physical(node.input[0], c)
             made.input[1] = self.constant(np.array(physical_shape(_ints(self.constants, node.input[1]), c), np.int64), "shape")
@@ -916,6 +1054,8 @@ class _Layout:
             self.find_pools()
         self.mark([t for found in convs.values() for t in found])
         for node in self.graph.node:
+            if id(node) in self.folded:  # written by its ConvNhwc
+                continue
             if id(node) in convs:
                 self.conv_node(node)
                 continue
@@ -933,9 +1073,10 @@ class _Layout:
         self.fold_conversions()
         del self.graph.node[:]
         self.graph.node.extend(self.out_nodes)
-        self.graph.initializer.extend(self.initializers)
+        read = {name for node in self.out_nodes for name in node.input}
+        self.graph.initializer.extend(t for t in self.initializers if t.name in read)  # a folded filter's, padded: not
         declared = {o.name for o in self.graph.output}
-        kept = [v for v in self.graph.value_info if v.name not in self.value_infos]
+        kept = [v for v in self.graph.value_info if v.name not in self.value_infos and v.name not in self.unwritten]
         made = [helper.make_tensor_value_info(name, dtype, shape) for name, (dtype, shape) in self.value_infos.items()
                 if name not in declared]
         del self.graph.value_info[:]

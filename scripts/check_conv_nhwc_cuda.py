@@ -3,7 +3,13 @@ and time them against the NCHW ops a step graph runs otherwise.
 
 1. Small shapes (strides, dilation, 1x1, 7x7, odd sizes), float32 and float16: each op on CUDA
    (cuDNN, NHWC tensors, KRSC filters) against the float64 numpy reference
-   (``onnxcampo.ops.conv_nhwc``), within ``--rtol`` of the largest value.
+   (``onnxcampo.ops.conv_nhwc``), within ``--rtol`` of the largest value; then grouped and
+   depthwise ConvNhwc (``group``: cudnnSetConvolutionGroupCount, a KRSC filter of Cin / group
+   channels) likewise.
+3. MobileNetV3 / PP-OCR depthwise shapes (float16, batch 1 and 8): ConvNhwc with ``group`` against
+   ORT's NCHW Conv with ``group`` on the same numbers (transposed), then both replayed as CUDA
+   graphs and timed side by side: whether cuDNN's NHWC depthwise kernels keep up with its NCHW
+   ones (the layout pass converts depthwise convolutions as it does group-1 ones).
 2. ResNet-50 b64's convolution shapes (float16, the stem aside: it stays NCHW): the three NHWC ops
    against ORT's Conv, ConvTranspose and the library's NCHW ConvWeightGrad on the same numbers
    (transposed), a CUDA-graph replay against the plain run; then both triples (forward, input
@@ -32,6 +38,24 @@ from onnxcampo.ops import nodes  # noqa: E402
 SMALL = [((2, 9, 11, 3), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 5), ((2, 8, 8, 8), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 16),
          ((1, 8, 7, 16), (1, 1), (2, 2), (1, 1), (0, 0, 0, 0), 8), ((2, 9, 9, 8), (7, 7), (2, 2), (1, 1), (3, 3, 3, 3), 8),
          ((1, 11, 10, 8), (3, 3), (1, 1), (2, 2), (2, 2, 2, 2), 24), ((3, 5, 6, 32), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 64)]
+# grouped forward cases: (N, H, W, Cin), kernel, strides, dilations, pads, Cout, group
+GROUPED = [((2, 9, 11, 16), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 16, 16),
+           ((1, 16, 15, 32), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 32, 32),
+           ((2, 10, 12, 24), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), 24, 24),
+           ((1, 11, 10, 8), (3, 3), (1, 1), (2, 2), (2, 2, 2, 2), 8, 8),
+           ((2, 8, 8, 8), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 16, 8),  # 2 output channels per input channel
+           ((3, 7, 9, 32), (3, 3), (2, 1), (1, 1), (1, 1, 1, 1), 64, 4),
+           ((1, 6, 6, 48), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 24, 3)]
+# depthwise shapes of MobileNetV3-small (PP-OCR cls) and PP-LCNet (PP-OCRv4 det/rec): (label,
+# NCHW input, kernel, strides, pads)
+DEPTHWISE = [("c16 112x112 k3 s2", (16, 112, 112), (3, 3), (2, 2), (1, 1, 1, 1)),
+             ("c72 56x56 k3 s2", (72, 56, 56), (3, 3), (2, 2), (1, 1, 1, 1)),
+             ("c88 28x28 k3", (88, 28, 28), (3, 3), (1, 1), (1, 1, 1, 1)),
+             ("c96 28x28 k5 s2", (96, 28, 28), (5, 5), (2, 2), (2, 2, 2, 2)),
+             ("c240 14x14 k5", (240, 14, 14), (5, 5), (1, 1), (2, 2, 2, 2)),
+             ("c576 7x7 k5", (576, 7, 7), (5, 5), (1, 1), (2, 2, 2, 2)),
+             ("c64 80x80 k3", (64, 80, 80), (3, 3), (1, 1), (1, 1, 1, 1)),
+             ("c256 20x20 k5", (256, 20, 20), (5, 5), (1, 1), (2, 2, 2, 2))]
 TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 
 
@@ -104,6 +128,57 @@ def small_checks(results, library, rng, rtol) -> None:
                   one, results)
 
 
+def grouped_checks(results, library, rng, rtol) -> None:
+    for x_shape, kernel, strides, dilations, pads, cout, group in GROUPED:
+        for dtype in (np.float32, np.float16):
+            def one(x_shape=x_shape, kernel=kernel, strides=strides, dilations=dilations, pads=pads, cout=cout,
+                    group=group, dtype=dtype):
+                n, h, w, cin = x_shape
+                ho, wo = ref.output_hw(h, w, kernel, strides, dilations, pads)
+                attrs = {"strides": strides, "dilations": dilations, "pads": pads}
+                node = nodes.conv_nhwc("x", "w", output="y", kernel_shape=kernel, group=group, name="f", **attrs)
+                shapes = {"x": x_shape, "w": (cout, *kernel, cin // group)}
+                model = _model([node], shapes, {"y": (n, ho, wo, cout)}, dtype)
+                feeds = {k: rng.standard_normal(v).astype(dtype) for k, v in shapes.items()}
+                session = _bound(model, library, feeds, {"y": (n, ho, wo, cout)}, dtype)
+                session.run()
+                part = _close(session.results()["y"], ref.conv_nhwc(feeds["x"], feeds["w"], group=group, **attrs), rtol)
+                return {"ok": part["ok"], "y": part}
+            check(f"grouped {x_shape} k{kernel} s{strides} d{dilations} Cout {cout} group {group} "
+                  f"{np.dtype(dtype).name}: ConvNhwc against numpy", one, results)
+
+
+def depthwise_checks(results, library, rng, rounds: int, runs: int) -> dict:
+    """ConvNhwc[group = C] against ORT's NCHW Conv[group = C], float16, then both timed."""
+    timings = []
+    for label, (c, h, w), kernel, strides, pads in DEPTHWISE:
+        for n in (1, 8):
+            ho, wo = ref.output_hw(h, w, kernel, strides, (1, 1), pads)
+            conv = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=list(kernel), strides=list(strides),
+                                    pads=list(pads), group=c)
+            plain = _model([conv], {"x": (n, c, h, w), "w": (c, 1, *kernel)}, {"y": (n, c, ho, wo)}, np.float16)
+            node = nodes.conv_nhwc("x", "w", output="y", kernel_shape=kernel, strides=strides, pads=pads, group=c, name="f")
+            channels_last = _model([node], {"x": (n, h, w, c), "w": (c, *kernel, 1)}, {"y": (n, ho, wo, c)}, np.float16)
+            feeds = {"x": (0.5 * rng.standard_normal((n, c, h, w))).astype(np.float16),
+                     "w": (0.5 * rng.standard_normal((c, 1, *kernel))).astype(np.float16)}
+            moved = {k: v.transpose(0, 2, 3, 1).copy() for k, v in feeds.items()}
+
+            def compare(plain=plain, channels_last=channels_last, feeds=feeds, moved=moved, n=n, c=c, ho=ho, wo=wo,
+                        label=label):
+                a = _bound(plain, library, feeds, {"y": (n, c, ho, wo)}, np.float16, cuda_graph=True)
+                b = _bound(channels_last, library, moved, {"y": (n, ho, wo, c)}, np.float16, cuda_graph=True)
+                a.run()
+                b.run()
+                part = _close(b.results()["y"].transpose(0, 3, 1, 2), a.results()["y"].astype(np.float64), 1e-2)
+                ms = check_cli.timed({"nchw": a.run, "nhwc": b.run}, rounds, runs, PROVIDER)
+                timings.append({"shape": f"n{n} {label}", "nchw_ms": ms["nchw"], "nhwc_ms": ms["nhwc"],
+                                "device_ms": ms["device_ms"], "launches": ms["launches"]})
+                return {"ok": part["ok"], "y": part, **ms}
+            check(f"depthwise n{n} {label} float16: ConvNhwc[group] against Conv[group], replayed and timed", compare,
+                  results)
+    return {"shapes": timings}
+
+
 def resnet_shapes():
     """(label, NCHW input shape, kernel, strides, pads, Cout, count) of ResNet-50 b64 less the stem."""
     return [(label, shape, kernel, stride, pads, resnet_cout(shape, kernel, stride), count)
@@ -169,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     results: list = []
     small_checks(results, library, rng, args.rtol)
+    grouped_checks(results, library, rng, args.rtol)
+    depthwise = None if args.quick else depthwise_checks(results, library, rng, args.rounds, args.runs)
     totals = None if args.quick else resnet_checks(results, library, rng, args.rounds, args.runs)
-    status = check_cli.report(args, results, {"resnet50_b64": totals})
+    status = check_cli.report(args, results, {"resnet50_b64": totals, "depthwise": depthwise})
     if totals:
         print(f"ResNet-50 b64, {totals['convolutions']} convolutions x (forward, input gradient, weight gradient): "
               f"NCHW {totals['nchw_ms']:.3f} ms, NHWC {totals['nhwc_ms']:.3f} ms", file=sys.stderr)

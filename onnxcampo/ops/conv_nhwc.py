@@ -1,10 +1,11 @@
 """``ai.onnxcampo::ConvNhwc``, ``ConvNhwcDataGrad`` and ``ConvNhwcWeightGrad``: a 2-D convolution
-(group 1) and its two adjoints in channels-last layout, what a channels-last step graph runs
+and its two adjoints in channels-last layout, what a channels-last graph runs
 (``onnxcampo.layout``, ``docs/ops.md``). float64 numpy references for the tests and the CUDA check.
 
-Shapes: x [N, H, W, Cin], y / dy [N, Ho, Wo, Cout], the filter w / dw [Cout, kh, kw, Cin] (KRSC);
-attributes as ONNX Conv's (``kernel_shape``, ``strides``, ``dilations``, ``pads`` [top, left,
-bottom, right]); ``ConvNhwcDataGrad`` also ``input_spatial`` (H, W).
+Shapes: x [N, H, W, Cin], y / dy [N, Ho, Wo, Cout], the filter w / dw [Cout, kh, kw, Cin / group]
+(KRSC); attributes as ONNX Conv's (``kernel_shape``, ``strides``, ``dilations``, ``pads`` [top,
+left, bottom, right], ``group`` on ``ConvNhwc`` only: the gradients are of group-1 convolutions);
+``ConvNhwcDataGrad`` also ``input_spatial`` (H, W).
 """
 
 from __future__ import annotations
@@ -61,12 +62,19 @@ def _windows(x: np.ndarray, kernel, strides, dilations, pads, ho: int, wo: int) 
     return out
 
 
-def conv_nhwc(x: np.ndarray, w: np.ndarray, *, strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0)) -> np.ndarray:
-    """y [N, Ho, Wo, Cout] in float64."""
+def conv_nhwc(x: np.ndarray, w: np.ndarray, *, strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0),
+              group: int = 1) -> np.ndarray:
+    """y [N, Ho, Wo, Cout] in float64; ``group`` splits the channels of x and y into that many
+    groups, output group g reading input group g (w: [Cout, kh, kw, Cin / group])."""
     kernel = w.shape[1:3]
     ho, wo = output_hw(x.shape[1], x.shape[2], kernel, strides, dilations, pads)
     cols = _windows(x.astype(np.float64), kernel, strides, dilations, pads, ho, wo)
-    return np.einsum("nhwijc,kijc->nhwk", cols, w.astype(np.float64))
+    n, cin, cout = x.shape[0], x.shape[3], w.shape[0]
+    if cin % group or cout % group or w.shape[3] * group != cin:
+        raise ValueError(f"group {group}: x has {cin} channels, w is {list(w.shape)}")
+    cols = cols.reshape(n, ho, wo, *kernel, group, cin // group)
+    filters = w.astype(np.float64).reshape(group, cout // group, *kernel, cin // group)
+    return np.einsum("nhwijgc,gkijc->nhwgk", cols, filters).reshape(n, ho, wo, cout)
 
 
 def conv_nhwc_weight_grad(x: np.ndarray, dy: np.ndarray, kernel: Sequence[int], *, strides=(1, 1),

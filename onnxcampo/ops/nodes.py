@@ -201,13 +201,20 @@ def conv_weight_grad(x: str, dy: str, *, output: str, kernel_shape: Sequence[int
 
 
 def conv_nhwc(x: str, w: str, *, output: str, kernel_shape: Sequence[int], strides: Sequence[int] = (1, 1),
-              dilations: Sequence[int] = (1, 1), pads: Sequence[int] = (0, 0, 0, 0), name: str) -> onnx.NodeProto:
-    """``y = ConvNhwc(x, w)``: a 2-D convolution in channels-last layout (ONNX Conv attributes,
-    group 1, no bias; pads ``[top, left, bottom, right]``): x [N, H, W, Cin] and w [Cout, kh, kw,
-    Cin] (cuDNN's KRSC filter), both float32 or both float16 -> y [N, Ho, Wo, Cout], sums in
-    float32 (``onnxcampo.ops.conv_nhwc`` has the numpy reference). On CUDA cuDNN (pads must give
+              dilations: Sequence[int] = (1, 1), pads: Sequence[int] = (0, 0, 0, 0), group: int = 1,
+              name: str) -> onnx.NodeProto:
+    """``y = ConvNhwc(x, w)``: a 2-D convolution in channels-last layout (ONNX Conv attributes, no
+    bias; pads ``[top, left, bottom, right]``): x [N, H, W, Cin] and w [Cout, kh, kw, Cin / group]
+    (cuDNN's KRSC filter), both float32 or both float16 -> y [N, Ho, Wo, Cout], sums in float32
+    (``onnxcampo.ops.conv_nhwc`` has the numpy reference). ``group`` (dividing Cin and Cout; Cin
+    for a depthwise convolution) is written only when not 1. On CUDA cuDNN (pads must give
     cuDNN's symmetric-padding output size), on the CPU a direct loop."""
-    return _conv_nhwc_node("ConvNhwc", [x, w], output, kernel_shape, strides, dilations, pads, name)
+    if int(group) < 1:
+        raise ValueError(f"ConvNhwc: group must be a positive int, got {group}")
+    node = _conv_nhwc_node("ConvNhwc", [x, w], output, kernel_shape, strides, dilations, pads, name)
+    if int(group) != 1:
+        node.attribute.append(helper.make_attribute("group", int(group)))
+    return node
 
 
 def conv_nhwc_data_grad(dy: str, w: str, *, output: str, input_spatial: Sequence[int], kernel_shape: Sequence[int],

@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from onnxcampo import ops
 from onnxcampo.ops import conv_nhwc as ref
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import make_session
@@ -94,6 +95,119 @@ def test_matches_onnx_runtime_conv_and_conv_transpose(shape, kernel, strides, di
         None, nchw)
     np.testing.assert_allclose(out["y"], y.transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["dx"], dx.transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
+
+
+# (N, H, W, Cin), kernel, strides, dilations, pads, Cout, group: depthwise (group = Cin = Cout, as
+# MobileNet's and PP-OCR's), a depthwise multiplier (Cout = 2 Cin), and grouped (4 groups)
+GROUPED = [
+    ((2, 7, 9, 8), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 8, 8),
+    ((1, 9, 8, 16), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 16, 16),  # a strided depthwise 3x3
+    ((1, 10, 11, 8), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2), 8, 8),  # PP-OCR's 5x5
+    ((2, 8, 7, 8), (3, 3), (1, 1), (2, 2), (2, 1, 2, 1), 8, 8),  # dilated, asymmetric pads
+    ((1, 6, 7, 4), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 8, 4),  # 2 output channels per input channel
+    ((2, 6, 6, 16), (3, 3), (1, 2), (1, 1), (1, 1, 1, 1), 32, 4),
+    ((1, 5, 5, 12), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0), 6, 3),
+]
+GROUPED_IDS = ["dw3x3", "dw3x3-s2", "dw5x5", "dw-dilated-asym", "dw-multiplier", "g4-s12", "g3-1x1"]
+
+
+def _grouped(shape, kernel, strides, dilations, pads, cout, group, dtype, bias: bool, seed=0):
+    """ConvNhwc[group] (+ the bias Add over the last axis the layout pass writes) on the CPU
+    provider: (x, w, b, y)."""
+    rng = np.random.default_rng(seed)
+    ho, wo = ref.output_hw(shape[1], shape[2], kernel, strides, dilations, pads)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((cout, *kernel, shape[3] // group)).astype(dtype)
+    b = rng.standard_normal(cout).astype(dtype)
+    made = [nodes.conv_nhwc("x", "w", output="c" if bias else "y", kernel_shape=kernel, strides=strides,
+                            dilations=dilations, pads=pads, group=group, name="f")]
+    feeds = {"x": x, "w": w}
+    if bias:
+        made.append(helper.make_node("Add", ["c", "b"], ["y"]))
+        feeds["b"] = b
+    graph = helper.make_graph(made, "grouped", [helper.make_tensor_value_info(k, TYPES[dtype], list(v.shape))
+                                                for k, v in feeds.items()],
+                              [helper.make_tensor_value_info("y", TYPES[dtype], [shape[0], ho, wo, cout])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    nodes.import_domain(model)
+    return x, w, b, make_session(model).run(None, feeds)[0]
+
+
+def _onnx_conv(x_nhwc, w_krsc, b, *, kernel, strides, dilations, pads, group):
+    """ORT's own NCHW Conv (CPU, float32) of the same numbers, its output back to NHWC."""
+    inputs = {"x": x_nhwc.transpose(0, 3, 1, 2).astype(np.float32), "w": w_krsc.transpose(0, 3, 1, 2).astype(np.float32)}
+    if b is not None:
+        inputs["b"] = b.astype(np.float32)
+    conv = helper.make_node("Conv", list(inputs), ["y"], kernel_shape=list(kernel), strides=list(strides),
+                            dilations=list(dilations), pads=list(pads), group=group)
+    graph = helper.make_graph([conv], "nchw", [helper.make_tensor_value_info(k, 1, list(v.shape)) for k, v in inputs.items()],
+                              [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    return make_session(model).run(None, inputs)[0].transpose(0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias-add"])
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 1e-5), (np.float16, 2e-3)], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape, kernel, strides, dilations, pads, cout, group", GROUPED, ids=GROUPED_IDS)
+def test_grouped_matches_onnx_runtime_conv(shape, kernel, strides, dilations, pads, cout, group, dtype, rtol, bias):
+    """ConvNhwc with ``group`` (and the bias as the layout pass writes it: an Add over the last
+    axis) against ORT's NCHW Conv with ``group`` and its bias on the same numbers (transposed; the
+    float16 ones widened to float32, so the float16 op differs by its one rounding), and against
+    the float64 numpy reference."""
+    attrs = {"strides": strides, "dilations": dilations, "pads": pads}
+    x, w, b, y = _grouped(shape, kernel, strides, dilations, pads, cout, group, dtype, bias)
+    assert y.dtype == dtype
+    want = _onnx_conv(x, w, b if bias else None, kernel=kernel, group=group, **attrs)
+    assert _close(y, want.astype(np.float64), rtol)
+    numpy = ref.conv_nhwc(x, w, group=group, **attrs) + (b.astype(np.float64) if bias else 0.0)
+    assert _close(y, numpy, rtol)
+
+
+def test_grouped_reference_is_a_block_diagonal_conv():
+    """The numpy reference's grouping (the tests' yardstick): a grouped convolution is the group-1
+    convolution with a block-diagonal filter (zeros between the groups)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 5, 6, 12))
+    w = rng.standard_normal((6, 3, 3, 4))
+    dense = np.zeros((6, 3, 3, 12))
+    for g in range(3):
+        dense[2 * g:2 * g + 2, :, :, 4 * g:4 * g + 4] = w[2 * g:2 * g + 2]
+    np.testing.assert_allclose(ref.conv_nhwc(x, w, pads=(1, 1, 1, 1), group=3), ref.conv_nhwc(x, dense, pads=(1, 1, 1, 1)))
+
+
+def test_grouped_filter_and_gradient_groups_fail_clearly():
+    node = nodes.conv_nhwc("x", "w", output="y", kernel_shape=(3, 3), pads=(1, 1, 1, 1), group=4, name="f")
+    x, w = np.zeros((1, 5, 5, 8), np.float32), np.zeros((8, 3, 3, 4), np.float32)  # wants [8, 3, 3, 2]
+    with pytest.raises(Exception, match=r"w has shape \[8, 3, 3, 4\]; .* need \[Cout, 3, 3, 2\]"):
+        make_session(_model(node, {"x": x, "w": w}, (1, 5, 5, 8), np.float32)).run(None, {"x": x, "w": w})
+    x = np.zeros((1, 5, 5, 6), np.float32)
+    with pytest.raises(Exception, match="group 4 must divide the input channels \\(6\\)"):
+        make_session(_model(node, {"x": x, "w": w}, (1, 5, 5, 8), np.float32)).run(None, {"x": x, "w": w})
+    grad = nodes.conv_nhwc_weight_grad("x", "dy", output="dw", kernel_shape=(3, 3), pads=(1, 1, 1, 1), name="g")
+    grad.attribute.append(helper.make_attribute("group", 2))
+    feeds = {"x": np.zeros((1, 5, 5, 8), np.float32), "dy": np.zeros((1, 5, 5, 8), np.float32)}
+    with pytest.raises(Exception, match="group must be 1: the gradient ops"):
+        make_session(_model(grad, feeds, (8, 3, 3, 8), np.float32)).run(None, feeds)
+    with pytest.raises(ValueError, match="group must be a positive int"):
+        nodes.conv_nhwc("x", "w", output="y", kernel_shape=(3, 3), group=0, name="f")
+
+
+@pytest.mark.skipif(not ops.cuda_kernels_here(), reason="needs ORT's CUDA provider and the library's CUDA kernels")
+@pytest.mark.parametrize("shape, kernel, strides, dilations, pads, cout, group", GROUPED, ids=GROUPED_IDS)
+def test_grouped_on_cuda_matches_the_cpu_kernel(shape, kernel, strides, dilations, pads, cout, group):
+    """cuDNN's grouped NHWC forward (cudnnSetConvolutionGroupCount, a KRSC filter of Cin / group
+    channels) against the float64 reference, float16 and float32."""
+    from reference import run_node
+
+    attrs = {"strides": strides, "dilations": dilations, "pads": pads}
+    node = nodes.conv_nhwc("x", "w", output="y", kernel_shape=kernel, group=group, name="f", **attrs)
+    ho, wo = ref.output_hw(shape[1], shape[2], kernel, strides, dilations, pads)
+    for dtype in (np.float16, np.float32):
+        rng = np.random.default_rng(1)
+        feeds = {"x": rng.standard_normal(shape).astype(dtype),
+                 "w": rng.standard_normal((cout, *kernel, shape[3] // group)).astype(dtype)}
+        y = run_node(node, feeds, {"y": (TYPES[dtype], [shape[0], ho, wo, cout])}, provider="cuda")["y"]
+        assert _close(y, ref.conv_nhwc(feeds["x"], feeds["w"], group=group, **attrs), 4e-3)
 
 
 def test_same_bits_for_any_thread_count():
