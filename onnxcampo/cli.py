@@ -681,10 +681,13 @@ def _optimize(args: argparse.Namespace) -> int:
         inputs = load_inputs_npz(args.inputs, model, only=batch)
     started = time.perf_counter()
     result = optimize(args.input, config=config, inputs=inputs)
-    if args.validate or not args.no_accuracy_check:
-        result = _check_accuracy(args, config, result, time.perf_counter() - started, inputs)
+    with ir.StagedModel(output) as staged:  # the check runs the model written there, before the rename
+        if args.validate or not args.no_accuracy_check:
+            result = _check_accuracy(args, config, result, time.perf_counter() - started, inputs, staged=staged)
+        if staged.model is not result.model:  # not checked, or --fix gave another
+            staged.write(result.model, check_loads=result.changed)
+        staged.commit()
     report = result.report
-    result.save(output)
     if args.report:
         ir.write_text_atomically(args.report, json.dumps(report, indent=1) + "\n")
     print(summary(report, output), file=sys.stderr)
@@ -696,7 +699,7 @@ GUARD_MAX_BYTES = 1 << 30  # the accuracy check is skipped by default for larger
 
 
 def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, optimize_s: float = 0.0,
-                    inputs=None):
+                    inputs=None, staged=None):
     """``--validate`` (a failure exits 1, nothing written) or the default accuracy check (a
     failure warns): both models once on the same inputs, judged by ``--tolerance``
     (:mod:`onnxcampo.accuracy`). On failure, under ``--validate`` or ``--fix``, the culprits are
@@ -704,7 +707,8 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     model that keeps them fp32 replaces ``result``; the default check never re-optimizes: it
     says what that search would cost. ``optimize_s``: how long the optimization took (about
     one probe's time); ``inputs``: what the optimization was given (--tune, --activation-limit),
-    given to every probe too. Returns the result to write."""
+    given to every probe too; ``staged``: the :class:`onnxcampo.ir.StagedModel` the result is
+    written to, first (and test-loaded there). Returns the result to write."""
     from onnxcampo import accuracy_check as acc
     from onnxcampo.accuracy import Criterion
     from onnxcampo.runtime import load_inputs_npz
@@ -719,15 +723,18 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
             print(f"onnxcampo: accuracy check skipped: {skipped}", file=sys.stderr)
         return result
     # the written model is first loaded in the child process (onnxcampo.runtime.isolated), as its
-    # save will: an ONNX Runtime crash on it is one clear error, not the end of this process
+    # save does: an ONNX Runtime crash on it is one clear error, not the end of this process
     from onnxcampo import ir
     from onnxcampo.errors import WrittenModelLoadError
     from onnxcampo.runtime.check import check_loads
 
-    try:
-        check_loads(result.model, label=str(args.output))
-    except WrittenModelLoadError as exc:
-        raise WrittenModelLoadError(f"{exc}; nothing was written") from exc.__cause__
+    if staged is not None:
+        staged.write(result.model)  # written once, test-loaded from the file it is renamed from
+    else:
+        try:
+            check_loads(result.model, label=str(args.output))
+        except WrittenModelLoadError as exc:
+            raise WrittenModelLoadError(f"{exc}; nothing was written") from exc.__cause__
     original, _ = ir.read_model(args.input)  # names that are not UTF-8 escaped as the plan saw them
     if args.validate:
         provider, execution = args.provider, config.execution if args.provider != "reference" else "plain"
@@ -765,14 +772,14 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
         return result
     try:
         try:
-            outputs = acc.run_candidate(result.model, ref, provider=provider, execution=execution)
+            outputs = _run_written(result, ref, staged, provider=provider, execution=execution)
         except CampoError as exc:
             if args.validate or provider != "reference":
                 raise
             print(f"onnxcampo: {what}: {str(exc).splitlines()[0]}; running the written model on ONNX Runtime cpu",
                   file=sys.stderr)
             provider = "cpu"
-            outputs = acc.run_candidate(result.model, ref, provider=provider, execution=execution)
+            outputs = _run_written(result, ref, staged, provider=provider, execution=execution)
     except CampoError as exc:
         if args.validate:
             raise
@@ -845,6 +852,19 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     if search is not None:
         print(f"onnxcampo: accuracy check: {search}", file=sys.stderr)
     return result
+
+
+def _run_written(result, ref, staged, *, provider: str, execution: str):
+    """The written model's outputs on the reference's feeds (``accuracy_check.run_candidate``); on
+    ONNX Runtime from the file it was written to (``staged``), not serialized once more."""
+    from onnxcampo import accuracy_check as acc
+
+    path = staged.path if staged is not None and staged.model is result.model else None
+    if path is None or provider == "reference":
+        return acc.run_candidate(result.model, ref, provider=provider, execution=execution)
+    from onnxcampo.runtime import feeds_for
+
+    return acc.run_model(str(path), feeds_for(result.model, ref.feeds), provider=provider, execution=execution)
 
 
 def _validation_rows(outputs: list[dict], criterion) -> list[dict]:

@@ -271,7 +271,8 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
     config, source = loaded.config, loaded.source
     # load gave us our own copy: we name its nodes, and the export reuses it in place.
     ir.name_nodes(loaded.model)
-    original, fused = fuse.fuse_transformer(loaded.model, config)  # ORT's transformer fusions, before planning
+    # ORT's transformer fusions, before planning, on our copy itself
+    original, fused = fuse.fuse_transformer(loaded.model, config, in_place=True)
     training = scaling.is_train_step(original)
     if training and not config.keep_io_types:
         log.warning("a training step keeps its input/output types (fp32 master weights and state)")
@@ -802,14 +803,15 @@ def read_executed_graph(ctx: GraphContext) -> None:
     such as MatMul + Add on 3-D inputs need them). A model ORT cannot load here is costed node by
     node, with a log line."""
     from onnxcampo.errors import CampoError
-    from onnxcampo.runtime.optimized import executed_graph
+    from onnxcampo.runtime.optimized import IN_MEMORY, executed_graph
 
-    model = onnx.ModelProto()
-    model.CopyFrom(ctx.model)
-    fuse.rename_ort_generated_names(model)  # names ORT's own fusions would collide with at load
+    # a copy without the weights, whose data ORT reads from ctx.model's tensors
+    model, held = ir.without_weights(ctx.model, location=IN_MEMORY)
+    renamed = fuse.rename_ort_generated_names(model)  # names ORT's own fusions would collide with at load
+    weights = {renamed.get(name, name): tensor for name, tensor in held.items()}
     try:
         ir.pin_input_shapes(model, ctx.config.input_shapes, ctx.config.dim_values, require_static=False)
-        executed = executed_graph(model)
+        executed = executed_graph(model, weights=weights)
     except CampoError as exc:
         log.info("costing every ONNX node: ONNX Runtime's optimized graph is not available (%s)",
                  str(exc).splitlines()[0])
@@ -824,7 +826,7 @@ def read_executed_graph(ctx: GraphContext) -> None:
         scaled.CopyFrom(model)
         try:
             scaling.add_loss_scaling(scaled)
-            with_scaling = executed_graph(scaled).node_status(scaled)
+            with_scaling = executed_graph(scaled, weights=weights).node_status(scaled)
         except CampoError as exc:  # one status set for every plan, so neither kind gains from it
             log.info("ORT's graph of the loss-scaled step not read (%s): its plans are costed on the step's",
                      str(exc).splitlines()[0])

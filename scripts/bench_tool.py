@@ -6,6 +6,13 @@ that model alone. Targets (issue 2): under 10 s for 20k nodes on a 2-core machin
 under 3x the model size (reported as extra RSS over the interpreter's baseline).
 
     python scripts/bench_tool.py [--nodes 20000] [--json docs/benchmarks/bench-tool/bench-tool.json]
+
+``--model PATH`` times the command line on one model file instead: ``onnxcampo optimize PATH
+OUT`` with the given ``--dim`` / ``--input-shape`` pins and otherwise default options (the
+accuracy check included), and again with ``--no-accuracy-check``, each ``--repeat`` times in
+fresh processes (alternating), best and every wall time printed (and written with ``--json``):
+
+    python scripts/bench_tool.py --model bert_base.onnx --dim batch=32 --dim sequence=128
 """
 
 from __future__ import annotations
@@ -108,12 +115,49 @@ def run_child(path: Path, shapes: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def time_command_line(path: Path, pins: list[str], repeat: int) -> dict:
+    """Wall seconds of ``onnxcampo optimize`` on ``path`` (``pins``: its --dim/--input-shape
+    arguments), with the default accuracy check and without, ``repeat`` runs each, alternating,
+    each in a fresh process (imports included, as a user runs it)."""
+    runs: dict[str, list[float]] = {"default": [], "no_accuracy_check": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeat):
+            for name, extra in (("default", []), ("no_accuracy_check", ["--no-accuracy-check"])):
+                command = [sys.executable, "-m", "onnxcampo", "optimize", str(path), str(Path(tmp) / "out.onnx"),
+                           *pins, *extra]
+                start = time.perf_counter()
+                subprocess.run(command, capture_output=True, text=True, check=True)
+                runs[name].append(round(time.perf_counter() - start, 2))
+    return {"model": str(path), "size_mb": round(path.stat().st_size / 1e6, 2), "pins": pins,
+            **{f"{name}_best_s": min(times) for name, times in runs.items()},
+            **{f"{name}_s": times for name, times in runs.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20000)
-    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks" / "bench-tool" / "bench-tool.json")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="where the rows go (default: docs/benchmarks/bench-tool/bench-tool.json; with --model: "
+                             "printed only)")
     parser.add_argument("--skip-corpus", action="store_true")
+    parser.add_argument("--model", type=Path, help="time `onnxcampo optimize` on this model file instead")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="with --model: a dim pin")
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME:D0,D1,...",
+                        help="with --model: an input shape pin")
+    parser.add_argument("--repeat", type=int, default=3, help="with --model: runs of each variant (default 3)")
     args = parser.parse_args(argv)
+    if args.model is not None:
+        pins = [*(part for dim in args.dim for part in ("--dim", dim)),
+                *(part for shape in args.input_shape for part in ("--input-shape", shape))]
+        row = time_command_line(args.model, pins, args.repeat)
+        print(json.dumps(row), flush=True)
+        if args.json is not None:
+            machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "onnx": onnx.__version__}
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"machine": machine, "rows": [row]}, indent=1) + "\n")
+            print(f"wrote {args.json}")
+        return 0
+    args.json = args.json or ROOT / "docs" / "benchmarks" / "bench-tool" / "bench-tool.json"
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

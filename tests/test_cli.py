@@ -92,6 +92,29 @@ def test_validation_failure_exits_1_and_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
+def test_the_accuracy_check_runs_the_file_it_writes_test_loaded_once(tmp_path, capsys, monkeypatch):
+    """The default accuracy check: the model is serialized once, to the temporary file that is
+    renamed to the output, test-loaded once from it and run (on ORT) from it; the output is the
+    model optimize() makes, and no temporary file is left."""
+    import onnxcampo
+    from onnxcampo import accuracy_check
+    from onnxcampo.runtime import check
+
+    loads, runs = [], []
+    real_loads, real_run = check.check_loads, accuracy_check.run_model
+    monkeypatch.setattr(check, "check_loads", lambda source, **kw: loads.append(source) or real_loads(source, **kw))
+    monkeypatch.setattr(accuracy_check, "run_model",
+                        lambda model, *a, **kw: runs.append(model) or real_run(model, *a, **kw))
+    out = tmp_path / "out.onnx"
+    code, _, err = run_cli(capsys, "optimize", EXAMPLE, out, *PIN)
+    assert code == 0 and "accuracy check" in err, err
+    assert len(loads) == 1 and runs == [str(loads[0])] and loads[0].parent == tmp_path
+    assert [p.name for p in tmp_path.iterdir()] == ["out.onnx"]
+    expected = onnxcampo.optimize(EXAMPLE, input_shapes={"x": (16384, 256)}, device_db=PIN[3], min_gain=0.0)
+    assert out.read_bytes() == expected.model.SerializeToString()
+
+
 # --- bad input: one line, exit 2, nothing written -------------------------------------------
 
 def test_missing_file(tmp_path, capsys):

@@ -10,6 +10,8 @@ read off the graph.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 
 import numpy as np
 import onnx
@@ -331,3 +333,74 @@ def test_with_fuse_reductions_a_cast_read_only_by_reduce_sums_costs_nothing():
         nodes = {n.name: n for n in planning.nodes}
         cast = estimate.casts_time(planning, [nodes["mm"].outputs[0]], planning.plan.precision)
         assert cast == ((0.0, 0) if fused else (pytest.approx(1.0 + 3.0 * 64 * 64 / 1000), 1))
+
+
+# --- the session's weights from memory ----------------------------------------------------------
+def whole_model_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """What ORT writes for a session of the whole model, serialized with its weights, as
+    executed_graph asks it (extended level, CPU-only fusions off)."""
+    from onnxcampo.runtime import make_session
+    from onnxcampo.runtime.optimized import CPU_ONLY_FUSIONS
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "optimized.onnx")
+        make_session(model, optimization_level="extended", intra_op_threads=1, log_severity=3,
+                     disabled_optimizers=CPU_ONLY_FUSIONS,
+                     session_config={"session.optimized_model_filepath": path,
+                                     "session.optimized_model_external_initializers_file_name": "optimized.onnx.data",
+                                     "session.optimized_model_external_initializers_min_size_in_bytes": "64"})
+        return onnx.load(path, load_external_data=False)
+
+
+def weight_folding() -> onnx.ModelProto:
+    """A weight transposed and scaled by a constant before its MatMul, then a bias: ORT folds the
+    Transpose and the Mul into a new weight (constant folding reads the weight's values)."""
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], name="t"),
+             helper.make_node("Mul", ["wt", "two"], ["ws"], name="s"),
+             helper.make_node("MatMul", ["x", "ws"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["y"], name="act")]
+    inits = [weight("w", (64, 64)), onnx.numpy_helper.from_array(np.array([2.0], np.float32), "two"),
+             onnx.numpy_helper.from_array(np.full(64, 0.5, np.float32), "b")]
+    return make_model(nodes, [tensor_vi("x", (8, 64))], [tensor_vi("y", (8, 64))], inits)
+
+
+def bert_layer():
+    from test_fuse import bert_layer as layer
+
+    return layer()
+
+
+@pytest.mark.parametrize("build", [conv_bn, weight_folding, bert_layer],
+                         ids=["conv-bn", "weight-folding", "bert-layer"])
+def test_the_session_without_serialized_weights_optimizes_the_graph_alike(build, monkeypatch):
+    """executed_graph hands ORT a copy without the large initializers and their data from memory:
+    the graph ORT writes is node for node the one a session of the whole model writes (batch-norm
+    folding and constant folding read the weights' values)."""
+    from onnxcampo import ir
+
+    model = build()
+    assert ir.without_weights(model, location="memory")[1]  # weights large enough to be held out
+    written = []
+    real_load = onnx.load
+    monkeypatch.setattr(onnx, "load", lambda *args, **kwargs: written.append(real_load(*args, **kwargs)) or written[-1])
+    before = model.SerializeToString()
+    executed_graph(model)
+    assert model.SerializeToString() == before
+    monkeypatch.setattr(onnx, "load", real_load)
+    whole = whole_model_graph(model)
+    assert list(written[-1].graph.node) == list(whole.graph.node)
+    assert [(t.name, list(t.dims), t.data_type) for t in written[-1].graph.initializer] == [
+        (t.name, list(t.dims), t.data_type) for t in whole.graph.initializer]
+
+
+def test_weights_named_like_ort_fusion_outputs_reach_the_session_renamed():
+    """read_executed_graph renames tensors named like ORT's fusion outputs in its copy: a large
+    weight so named is handed to ORT under its new name, and the MatMul + bias still fuse."""
+    nodes = [helper.make_node("MatMul", ["x", "splits"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="add"),
+             helper.make_node("Tanh", ["a"], ["y"], name="act")]
+    bias = onnx.numpy_helper.from_array(np.full(64, 0.5, np.float32), "b")
+    model = make_model(nodes, [tensor_vi("x", (8, 64))], [tensor_vi("y", (8, 64))], [weight("splits", (64, 64)), bias])
+    ctx = context(model)
+    assert ctx.ort_status == {"mm": "absorbed", "add": "carried"}

@@ -10,6 +10,7 @@ detection is tested on real exports without torch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from pathlib import Path
@@ -330,6 +331,76 @@ def test_an_optimizer_that_changes_the_graph_inputs_is_not_kept(monkeypatch):
     assert report["reason"] == "ONNX Runtime's transformers optimizer changed graph input 'attention_mask'"
 
 
+# --- in place, and ORT's shape inference on weightless copies ------------------------------------
+def in_place_layers():
+    return {"bert": bert_layer(), "gpt2": bert_layer(causal=True), "layer-norm-op": bert_layer(norm="op")}
+
+
+@pytest.mark.parametrize("name", sorted(in_place_layers()))
+def test_fusing_in_place_and_on_weightless_shape_copies_gives_what_ort_alone_gives(name, monkeypatch):
+    """The pipeline's mode: ORT's optimizer fuses the model itself (``in_place``: the fused model
+    returned is the model), its symbolic shape inference running on copies without the weights'
+    data (values read from the model itself): byte for byte the graph that fusing a copy with
+    ORT's own shape inference gives (Attention's fusion reads and concatenates the Q, K, V weights)."""
+    skeletons = []
+    real_skeleton = fuse.ir.skeleton
+    monkeypatch.setattr(fuse.ir, "skeleton",
+                        lambda *args, **kwargs: skeletons.append(1) or real_skeleton(*args, **kwargs))
+    model = in_place_layers()[name]
+    fused, report = fuse.fuse_transformer(model, OptimizeConfig(), in_place=True)
+    assert fused is model and report["ops"] and len(skeletons) > 1  # planning shapes' one, and ORT's runs
+    monkeypatch.setattr(fuse, "_shape_inference_on_weightless_copies", contextlib.nullcontext)
+    plain, plain_report = fuse.fuse_transformer(in_place_layers()[name], OptimizeConfig())
+    assert report["ops"] == plain_report["ops"]
+    assert fused.SerializeToString() == plain.SerializeToString()
+
+
+def test_a_failure_midway_in_place_puts_the_model_back_as_it_was(monkeypatch):
+    """``in_place``: ORT's optimizer fails after its layer norm, attention and Gelu fusions have
+    changed the graph and dropped the Q, K, V weights: the model is put back byte for byte and
+    planned unfused."""
+    import onnxruntime.transformers.optimizer  # noqa: F401 - puts ORT's modules under their top-level names
+    from onnx_model_bert import BertOnnxModel  # the class ORT's optimizer uses
+
+    seen = {}
+
+    def broken(self, *args, **kwargs):
+        seen["initializers"] = {t.name for t in self.model.graph.initializer}
+        seen["ops"] = {n.op_type for n in self.model.graph.node}
+        raise RuntimeError("bias fusion fell over")
+
+    monkeypatch.setattr(BertOnnxModel, "fuse_add_bias_skip_layer_norm", broken)
+    model = bert_layer()
+    before = model.SerializeToString()
+    fused, report = fuse.fuse_transformer(model, OptimizeConfig(), in_place=True)
+    assert "q/w" not in seen["initializers"] and {"Attention", "SkipLayerNormalization"} <= seen["ops"]
+    assert fused is model and model.SerializeToString() == before
+    assert report["reason"] == "ONNX Runtime's transformers optimizer failed (RuntimeError: bias fusion fell over)"
+
+
+def test_an_in_place_fusion_that_is_not_kept_puts_the_model_back(monkeypatch):
+    """``in_place``: a fusion that changed the graph's inputs, or that ONNX refuses (opset 14's
+    LayerNormalization), is not kept, and the model is as it was."""
+    real = fuse._run_optimizer
+
+    def retyping(*args, **kwargs):
+        fused = real(*args, **kwargs)
+        fused.graph.input[1].type.tensor_type.elem_type = TensorProto.INT32
+        return fused
+
+    model = bert_layer()
+    before = model.SerializeToString()
+    with monkeypatch.context() as patch:
+        patch.setattr(fuse, "_run_optimizer", retyping)
+        fused, report = fuse.fuse_transformer(model, OptimizeConfig(), in_place=True)
+    assert fused is model and model.SerializeToString() == before and "changed graph input" in report["reason"]
+    for entry in model.opset_import:
+        entry.version = 14 if entry.domain in ("", "ai.onnx") else entry.version
+    before = model.SerializeToString()
+    fused, report = fuse.fuse_transformer(model, OptimizeConfig(), in_place=True)
+    assert fused is model and model.SerializeToString() == before and "invalid ONNX graph" in report["reason"]
+
+
 # --- end to end -------------------------------------------------------------------------------
 def test_fuse_none_plans_the_graph_as_it_is():
     result = onnxcampo.optimize(bert_layer(), fuse="none")
@@ -444,6 +515,17 @@ def test_exports_are_fused_into_what_ort_makes_of_them_and_compute_the_same(expo
     inputs, output = export_feeds(model), model.graph.output[0].name
     np.testing.assert_allclose(run(make_session(fused), inputs)[output], run(make_session(model), inputs)[output],
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("export", EXPORTS)
+def test_exports_fuse_alike_on_weightless_shape_copies(export, monkeypatch):
+    """The same equality on the transformers exports (two exporters, SDPA and eager attention,
+    BERT's Attention and EmbedLayerNormalization fusions)."""
+    fused, _ = fuse.fuse_transformer(onnx.load(FIXTURES / f"{export}.onnx"), OptimizeConfig(), in_place=True)
+    monkeypatch.setattr(fuse, "_shape_inference_on_weightless_copies", contextlib.nullcontext)
+    plain, _ = fuse.fuse_transformer(onnx.load(FIXTURES / f"{export}.onnx"), OptimizeConfig())
+    assert fused.SerializeToString() == plain.SerializeToString()
 
 
 @pytest.mark.slow

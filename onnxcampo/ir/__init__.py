@@ -1,7 +1,8 @@
 """The model as onnxcampo reads, edits and writes it, one module per job:
 
 - :mod:`onnxcampo.ir.io`: read and check a model, metadata, atomic writes (external data past
-  2 GB, test-loaded by ONNX Runtime before the rename);
+  2 GB, test-loaded by ONNX Runtime before the rename), copies without the weights' data for
+  checks and sessions that do not read it;
 - :mod:`onnxcampo.ir.shapes`: input dims pinned, shape/type inference once at load into the
   :class:`TensorInfo` table, ORT's symbolic inference where ONNX's leaves float shapes unknown;
 - :mod:`onnxcampo.ir.topology`: the one topological sort, and what If/Loop/Scan bodies read;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from onnxcampo.ir.io import (
     MIN_OPSET,
+    StagedModel,
     check_model,
     check_output_path,
     default_opset,
@@ -29,6 +31,7 @@ from onnxcampo.ir.io import (
     read_model,
     save_model,
     set_metadata,
+    without_weights,
     write_bytes_atomically,
     write_text_atomically,
 )
@@ -58,10 +61,10 @@ from onnxcampo.ir.export import export_model, to_graphsurgeon
 from onnxcampo.ir.edit import PREDICTION_KEY, PREDICTION_SLICE_KEY, ModelEdit, attribute
 
 __all__ = [
-    "CONTROL_FLOW_ATTRS", "PREDICTION_KEY", "PREDICTION_SLICE_KEY", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "TensorInfo", "attribute", "check_dim_names", "check_model", "check_output_path",
+    "CONTROL_FLOW_ATTRS", "PREDICTION_KEY", "PREDICTION_SLICE_KEY", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "StagedModel", "TensorInfo", "attribute", "check_dim_names", "check_model", "check_output_path",
     "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs", "graph_key",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
     "outer_scope_names", "pin_input_shapes", "read_model", "record_value_infos", "save_model", "set_metadata", "skeleton", "static_shape",
-    "subgraph_node_names", "symbolic_dims", "tensor_dtype", "to_graphsurgeon", "toposort", "toposort_model", "write_bytes_atomically",
+    "subgraph_node_names", "symbolic_dims", "tensor_dtype", "to_graphsurgeon", "toposort", "toposort_model", "without_weights", "write_bytes_atomically",
     "write_text_atomically",
 ]

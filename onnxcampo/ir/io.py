@@ -4,13 +4,16 @@ A model is read once (:func:`read_model`): checked by ``onnx.checker`` (ONNX Run
 default-domain training ops checked as foreign ones), its external data loaded, its opset
 checked; every failure is one :class:`~onnxcampo.errors.ModelLoadError` line. A model is written
 whole or not at all (:func:`save_model`): a temporary file in the same folder, test-loaded by ONNX
-Runtime, then renamed.
+Runtime, then renamed. Checks and sessions that need the graph but not the weights' bytes get a
+copy without them (:func:`without_weights`), so that a model of some hundred MB is not serialized
+again for each.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -18,6 +21,7 @@ from pathlib import Path
 import onnx
 import onnx.defs
 from google.protobuf.message import DecodeError
+from onnx import TensorProto
 
 from onnxcampo import oplists
 from onnxcampo.errors import ModelLoadError, OutputPathError, UnsupportedModelError
@@ -27,14 +31,27 @@ log = logging.getLogger(__name__)
 MIN_OPSET = 11
 _PROTOBUF_LIMIT = (1 << 31) - (1 << 20)
 _FOREIGN_DOMAIN = "onnxcampo.ort_training"  # where check_model puts ORT's default-domain training ops
+# Element types whose raw data has a size known from the dims (bytes per element): the initializers
+# :func:`without_weights` may hold out.
+ELEMENT_BYTES = {
+    TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.DOUBLE: 8, TensorProto.BOOL: 1,
+    TensorProto.INT8: 1, TensorProto.UINT8: 1, TensorProto.INT16: 2, TensorProto.UINT16: 2,
+    TensorProto.INT32: 4, TensorProto.UINT32: 4, TensorProto.INT64: 8, TensorProto.UINT64: 8,
+}
+WEIGHTLESS_MIN_BYTES = 1024  # initializers this large are held out of a weightless copy
+# check_model checks a model with this much weight data from a copy without it (see check_model)
+WEIGHTLESS_CHECK_BYTES = 16 << 20
+_CHECK_DATA = "onnxcampo-checked-without-data"  # the empty file a weightless copy's stubs name
 
 
 def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
     """The model and the file it came from, checked by ``onnx.checker``; every failure is a
     :class:`ModelLoadError` or :class:`UnsupportedModelError` with a one-line message.
 
-    A file is checked by path *before* Python loads it, so the checker's copy of the model is
-    gone before ours exists (peak memory stays near twice the model size).
+    A file is loaded, then checked as :func:`check_model` checks a model of ours: from a copy
+    without its weights when they are large (never a second copy of them); a file with external
+    data, or over 2 GB, is checked by path (the checker resolves the data where the file lies),
+    and again in memory with ORT's default-domain training ops set aside when that fails.
     """
     if isinstance(source, onnx.ModelProto):
         model, path = copy.deepcopy(source), None
@@ -45,15 +62,18 @@ def read_model(source: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelP
             raise ModelLoadError(f"{path}: no such file")
         if not path.is_file():
             raise ModelLoadError(f"{path}: not a file")
-        invalid = _checker_error(str(path))
         try:
             model = onnx.load(str(path), load_external_data=False)
         except (DecodeError, ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"{path}: not an ONNX model, or the file is truncated ({exc.__class__.__name__})") from None
         if model.ir_version == 0 or not model.HasField("graph"):
             raise ModelLoadError(f"{path}: not an ONNX model (no IR version or graph)")
-        if invalid and ort_default_domain_nodes(model) and not exceeds_protobuf_limit(model):
-            invalid = _checker_error(model)  # again, with ORT's default-domain training ops set aside
+        if _uses_external_data(model.graph) or path.stat().st_size >= _PROTOBUF_LIMIT:
+            invalid = _checker_error(str(path))
+            if invalid and ort_default_domain_nodes(model) and not exceeds_protobuf_limit(model):
+                invalid = _checker_error(model)  # again, with ORT's default-domain training ops set aside
+        else:
+            invalid = _checker_error(model)
     where = str(path) if path else "model"
     if invalid:
         raise ModelLoadError(f"{where}: invalid ONNX model: {invalid}")
@@ -104,7 +124,7 @@ def _repair_message(message, changed: list[tuple[str, str]]) -> None:
         return
     kind = type(message).__name__.removesuffix("Proto").lower()
     for field, value in message.ListFields():
-        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        repeated = _repeated(field)
         if field.type == _STRING:
             if repeated:
                 if any(isinstance(item, bytes) for item in value):
@@ -147,28 +167,138 @@ def check_model(model: onnx.ModelProto | str, *, full_check: bool = False) -> No
     """``onnx.checker.check_model``, except that ONNX Runtime's default-domain training ops are
     checked like ops of a foreign domain (the checker knows no schema for them; every other node
     is checked as usual). A path goes to the checker as it is (external data, > 2 GB);
-    ``read_model`` checks such a model again in memory when the path check fails."""
+    ``read_model`` checks such a model again in memory when the path check fails.
+
+    A ModelProto with at least :data:`WEIGHTLESS_CHECK_BYTES` of weights is checked (without
+    ``full_check``) from a copy whose weights are stubs stored in an empty external file, written
+    to a temporary folder and checked by path: the checker reads an external tensor's location,
+    never its bytes, and this path is taken only when every held-out tensor's raw data has exactly
+    the size its type and dims give, which is all the checker asks of it: the verdict is the same,
+    without the weights serialized for the checker. A model with external tensors of its own is
+    checked in memory, as their location is resolved where the check runs.
+    """
     if isinstance(model, str):
         onnx.checker.check_model(model, full_check=full_check)
         return
+    if not full_check and not _uses_external_data(model.graph):
+        stub, held = without_weights(model, location=_CHECK_DATA)
+        if sum(map(declared_bytes, held.values())) >= WEIGHTLESS_CHECK_BYTES and all(
+                len(tensor.raw_data) == declared_bytes(tensor) for tensor in held.values()):
+            _set_aside_foreign_ops(stub)  # a copy of ours: set aside for good
+            with tempfile.TemporaryDirectory(prefix="onnxcampo-check-") as folder:
+                (Path(folder) / _CHECK_DATA).touch()
+                path = Path(folder) / "model.onnx"
+                path.write_bytes(stub.SerializeToString())
+                onnx.checker.check_model(str(path))
+            return
     foreign = ort_default_domain_nodes(model)
     if not foreign:
         onnx.checker.check_model(model, full_check=full_check)
         return
     # Our own copy of the model is borrowed for the check (no second copy of the weights).
-    declared = any(entry.domain == _FOREIGN_DOMAIN for entry in model.opset_import)
+    restore = _set_aside_foreign_ops(model)
+    try:
+        onnx.checker.check_model(model, full_check=full_check)
+    finally:
+        restore()
+
+
+def _set_aside_foreign_ops(model: onnx.ModelProto):
+    """Move ORT's default-domain training ops to :data:`_FOREIGN_DOMAIN` (declared); returns what
+    puts them back."""
+    foreign = ort_default_domain_nodes(model)
+    declared = any(entry.domain == _FOREIGN_DOMAIN for entry in model.opset_import) or not foreign
     if not declared:
         model.opset_import.add(domain=_FOREIGN_DOMAIN, version=1)
     domains = [node.domain for node in foreign]
     for node in foreign:
         node.domain = _FOREIGN_DOMAIN
-    try:
-        onnx.checker.check_model(model, full_check=full_check)
-    finally:
+
+    def restore() -> None:
         for node, domain in zip(foreign, domains):
             node.domain = domain
         if not declared:
             del model.opset_import[len(model.opset_import) - 1]
+
+    return restore
+
+
+def without_weights(model: onnx.ModelProto, *, location: str,
+                    min_bytes: int = WEIGHTLESS_MIN_BYTES) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    """A copy of ``model`` whose large initializers are stubs, and those initializers of
+    ``model`` by name (not copies: the caller must not change them while it uses them).
+
+    Held out: a top-level initializer of a type in :data:`ELEMENT_BYTES` with its data in
+    ``raw_data`` (no other value field, no segment) and at least ``min_bytes`` by its type and
+    dims (:func:`declared_bytes`; the raw data is not read here, as reading it copies it: a caller
+    to which its actual size matters compares it). Its stub has its name, type, dims, doc_string
+    and metadata, and names ``location`` as the external file that stores it (``data_location``
+    EXTERNAL). The rest of the model is copied as it is.
+    """
+    out = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(out, field, value)
+    graph = out.graph
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(graph, field, value)
+    held: dict[str, onnx.TensorProto] = {}
+    for tensor in model.graph.initializer:
+        if not _held_out(tensor, min_bytes):
+            graph.initializer.append(tensor)
+            continue
+        stub = graph.initializer.add()
+        stub.name, stub.data_type, stub.doc_string = tensor.name, tensor.data_type, tensor.doc_string
+        stub.dims.extend(tensor.dims)
+        if hasattr(tensor, "metadata_props"):
+            stub.metadata_props.extend(tensor.metadata_props)
+        stub.data_location = TensorProto.EXTERNAL
+        stub.external_data.add(key="location", value=location)
+        held[tensor.name] = tensor
+    return out, held
+
+
+def _held_out(tensor: onnx.TensorProto, min_bytes: int) -> bool:
+    return (tensor.data_type in ELEMENT_BYTES and tensor.data_location != TensorProto.EXTERNAL
+            and not tensor.external_data and not tensor.HasField("segment") and tensor.HasField("raw_data")
+            and not (tensor.float_data or tensor.int32_data or tensor.int64_data or tensor.double_data
+                     or tensor.uint64_data or tensor.string_data)
+            and declared_bytes(tensor) >= min_bytes)
+
+
+def declared_bytes(tensor: onnx.TensorProto) -> int:
+    """The size of a tensor of a type in :data:`ELEMENT_BYTES` as its type and dims give it."""
+    return ELEMENT_BYTES[tensor.data_type] * math.prod(tensor.dims)
+
+
+def _repeated(field) -> bool:
+    return field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+
+
+def _copy_field(target, field, value) -> None:
+    if _repeated(field):
+        getattr(target, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(target, field.name).CopyFrom(value)
+    else:
+        setattr(target, field.name, value)
+
+
+def _uses_external_data(graph: onnx.GraphProto) -> bool:
+    """Whether a tensor of the graph (subgraphs included) has its data in an external file."""
+    tensors = [*graph.initializer, *(sparse.values for sparse in graph.sparse_initializer)]
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                tensors.append(attr.t)
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                tensors.extend(attr.tensors)
+            elif attr.type == onnx.AttributeProto.GRAPH and _uses_external_data(attr.g):
+                return True
+            elif attr.type == onnx.AttributeProto.GRAPHS and any(_uses_external_data(g) for g in attr.graphs):
+                return True
+    return any(tensor.data_location == TensorProto.EXTERNAL for tensor in tensors)
 
 
 def _check_opset(model: onnx.ModelProto, where: str) -> None:
@@ -272,13 +402,25 @@ def save_model(model: onnx.ModelProto, output: Path, *, check_loads: bool = True
     Callers that write what this onnxruntime need not load may pass ``check_loads=False``.
     """
     output = Path(output)
+    tmp, tmp_data = _write_temporary(model, output, check_loads=check_loads)
+    try:
+        _commit(tmp, tmp_data, output)
+    except BaseException:
+        _remove(tmp, tmp_data)
+        raise
+
+
+def _write_temporary(model: onnx.ModelProto, output: Path, *, check_loads: bool,
+                     over_limit: bool | None = None) -> tuple[Path, Path | None]:
+    """:func:`save_model` up to the rename: the temporary file (and data file), test-loaded.
+    ``over_limit``: :func:`exceeds_protobuf_limit` of the model, when the caller knows it."""
     directory = output.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     tmp = Path(tmp_name)
     tmp_data = None
     try:
-        if not exceeds_protobuf_limit(model):
+        if not (exceeds_protobuf_limit(model) if over_limit is None else over_limit):
             tmp.write_bytes(model.SerializeToString())
             if check_loads:
                 _check_loads(tmp, model, output)
@@ -301,18 +443,84 @@ def save_model(model: onnx.ModelProto, output: Path, *, check_loads: bool = True
                     if entry.key == "location":
                         entry.value = data_name
             tmp.write_bytes(saved.SerializeToString())
-            _apply_umask(tmp_data)  # onnx writes it 0600: it gets the model file's mode
-            os.replace(tmp_data, directory / data_name)
-        _apply_umask(tmp)  # mkstemp creates 0600; a saved model gets the usual permissions
-        os.replace(tmp, output)
     except BaseException:
-        tmp.unlink(missing_ok=True)
-        if tmp_data is not None:
-            tmp_data.unlink(missing_ok=True)
+        _remove(tmp, tmp_data)
         raise
+    return tmp, tmp_data
 
 
-def _check_loads(path: Path, model: onnx.ModelProto, output: Path) -> None:
+def _commit(tmp: Path, tmp_data: Path | None, output: Path) -> None:
+    if tmp_data is not None:
+        _apply_umask(tmp_data)  # onnx writes it 0600: it gets the model file's mode
+        os.replace(tmp_data, output.parent / f"{output.name}.data")
+    _apply_umask(tmp)  # mkstemp creates 0600; a saved model gets the usual permissions
+    os.replace(tmp, output)
+
+
+def _remove(tmp: Path, tmp_data: Path | None) -> None:
+    tmp.unlink(missing_ok=True)
+    if tmp_data is not None:
+        tmp_data.unlink(missing_ok=True)
+
+
+class StagedModel:
+    """:func:`save_model` in two steps, for a caller that runs the written model before it keeps
+    it (the accuracy check): :meth:`write` writes the temporary file next to ``output`` and
+    test-loads it from there, as save_model does, :meth:`commit` renames it over ``output``;
+    leaving the ``with`` block without a commit removes it (nothing is written, an existing output
+    stays as it was). The model is serialized and test-loaded once, by path.
+
+    A model over 2 GB is test-loaded in memory by :meth:`write` and saved by :meth:`commit`
+    (:func:`save_model`: its conversion to external data strips the model's tensors in place,
+    which must wait until the caller has run it)."""
+
+    def __init__(self, output: str | os.PathLike) -> None:
+        self.output = Path(output)
+        self.model: onnx.ModelProto | None = None  # what write() was given last
+        self._check_loads = True
+        self._written: tuple[Path, Path | None] | None = None
+
+    def __enter__(self) -> StagedModel:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.discard()
+
+    @property
+    def path(self) -> Path | None:
+        """The temporary file :meth:`write` wrote (None before, after :meth:`commit`, and for a
+        model over 2 GB): what runs the written model reads, as it will be renamed."""
+        return self._written[0] if self._written is not None else None
+
+    def write(self, model: onnx.ModelProto, *, check_loads: bool = True) -> None:
+        self.discard()
+        if exceeds_protobuf_limit(model):
+            if check_loads:
+                _check_loads(model, model, self.output)
+        else:
+            self._written = _write_temporary(model, self.output, check_loads=check_loads, over_limit=False)
+        self.model, self._check_loads = model, check_loads
+
+    def commit(self) -> None:
+        if self.model is None:
+            raise ValueError("StagedModel.commit before write")
+        if self._written is None:
+            save_model(self.model, self.output, check_loads=self._check_loads)
+            return
+        written, self._written = self._written, None
+        try:
+            _commit(*written, self.output)
+        except BaseException:
+            _remove(*written)
+            raise
+
+    def discard(self) -> None:
+        if self._written is not None:
+            _remove(*self._written)
+        self._written, self.model = None, None
+
+
+def _check_loads(path: Path | onnx.ModelProto, model: onnx.ModelProto, output: Path) -> None:
     from onnxcampo.errors import WrittenModelLoadError
     from onnxcampo.runtime.check import check_loads  # the runtime imports this module
 
@@ -350,14 +558,81 @@ def _write_atomically(path: str | os.PathLike, content: str | bytes, mode: str) 
 def exceeds_protobuf_limit(model: onnx.ModelProto) -> bool:
     """Whether the model cannot be serialized as one protobuf (2 GB). ``ByteSize`` itself
     overflows past 2 GB (it came out small for a 2.4 GB model), so the tensor bytes are summed
-    first."""
-    data = 0
+    first. ``ByteSize`` encodes the whole model (about a second for 400 MB of weights), so a
+    model is first bounded from its parts (:func:`_size_bound`: the weights' data lengths, the
+    rest's own sizes) and measured whole only when that bound reaches the limit."""
+    data, raw = 0, []
     for tensor in _all_tensors(model):
-        data += len(tensor.raw_data) + 4 * (len(tensor.float_data) + len(tensor.int32_data)) + 8 * len(tensor.int64_data)
+        raw.append(len(tensor.raw_data))
+        data += raw[-1] + 4 * (len(tensor.float_data) + len(tensor.int32_data)) + 8 * len(tensor.int64_data)
         if data >= _PROTOBUF_LIMIT:
             return True
+    bound = _size_bound(model, raw)  # _all_tensors yields the initializers first
+    if bound is not None and bound < _PROTOBUF_LIMIT:
+        return False
     size = model.ByteSize()
     return size < 0 or size >= _PROTOBUF_LIMIT
+
+
+# An upper bound of the bytes a field entry takes besides its payload: its tag (field numbers
+# below 2048: 2 bytes) and a length prefix (below 2 GB: 5 bytes).
+_ENTRY = 8
+_VARINT = 10  # the most bytes of an encoded varint
+# TensorProto's fields, each bounded by _tensor_bound; a field added to ONNX's TensorProto and
+# not listed here makes the bound unknown (None).
+_TENSOR_FIELDS = frozenset({
+    "dims", "data_type", "segment", "float_data", "int32_data", "string_data", "int64_data", "name",
+    "raw_data", "double_data", "uint64_data", "doc_string", "external_data", "data_location", "metadata_props",
+})
+
+
+def _size_bound(model: onnx.ModelProto, raw: list[int]) -> int | None:
+    """An upper bound of the model's encoded size without encoding its initializers, whose raw
+    data lengths are ``raw`` (in order), or None when unknown. The rest of the model (nodes with
+    their Constant tensors, value infos, functions, metadata) is small beside the weights and is
+    bounded by each part's own ``ByteSize``."""
+    if not {field.name for field in TensorProto.DESCRIPTOR.fields} <= _TENSOR_FIELDS:
+        return None
+    total = 2 * _ENTRY + _fields_bound(model, skip="graph") + _fields_bound(model.graph, skip="initializer")
+    for tensor, raw_bytes in zip(model.graph.initializer, raw):
+        total += _ENTRY + raw_bytes + _tensor_bound(tensor)
+    return total
+
+
+def _tensor_bound(tensor: onnx.TensorProto) -> int:
+    """A bound of the tensor's encoded size less its raw data (``dims`` is not packed: a tag each)."""
+    entries = sum(1 for field in _TENSOR_FIELDS if field != "metadata_props" or hasattr(tensor, field))
+    total = entries * _ENTRY + (_VARINT + 2) * len(tensor.dims) + _VARINT * (
+        2 + len(tensor.int32_data) + len(tensor.int64_data) + len(tensor.uint64_data))
+    total += 4 * len(tensor.float_data) + 8 * len(tensor.double_data)
+    total += sum(_ENTRY + _text_bytes(item) for item in tensor.string_data)
+    total += _text_bytes(tensor.name) + _text_bytes(tensor.doc_string) + tensor.segment.ByteSize()
+    entries = [*tensor.external_data, *getattr(tensor, "metadata_props", ())]
+    return total + sum(_ENTRY + entry.ByteSize() for entry in entries)
+
+
+def _fields_bound(message, *, skip: str) -> int:
+    """A bound of the encoded size of ``message``'s fields other than ``skip``."""
+    total = 0
+    for field, value in message.ListFields():
+        if field.name == skip:
+            continue
+        items = value if _repeated(field) else (value,)
+        for item in items:
+            if field.message_type is not None:
+                size = item.ByteSize()
+                if size < 0:  # past 2 GB
+                    return _PROTOBUF_LIMIT
+                total += _ENTRY + size
+            elif isinstance(item, (str, bytes)):
+                total += _ENTRY + _text_bytes(item)
+            else:
+                total += _ENTRY + _VARINT
+    return total
+
+
+def _text_bytes(value: str | bytes) -> int:
+    return len(value) if isinstance(value, bytes) else len(value.encode("utf-8", "surrogatepass"))
 
 
 def _apply_umask(path: Path) -> None:

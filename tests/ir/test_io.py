@@ -1,4 +1,7 @@
-"""Writing models (``onnxcampo.ir.io.save_model``): the files written get the usual permissions."""
+"""Reading, checking and writing models (``onnxcampo.ir.io``): the files written get the usual
+permissions; a model is written whole or not at all, also in two steps (``StagedModel``); checks
+and size tests of a large model give the verdicts of the whole model without serializing its
+weights (``without_weights``, ``check_model``, ``exceeds_protobuf_limit``)."""
 
 from __future__ import annotations
 
@@ -6,11 +9,13 @@ import os
 import stat
 
 import numpy as np
+import onnx
 import pytest
-from helpers import make_model, tensor_vi
-from onnx import helper, numpy_helper
+from helpers import make_model, tensor_vi, weight
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir
+from onnxcampo.errors import ModelLoadError, WrittenModelLoadError
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
@@ -27,3 +32,214 @@ def test_external_data_gets_the_model_files_mode(tmp_path, monkeypatch, umask):
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
     assert modes == {"m.onnx": 0o666 & ~umask, "m.onnx.data": 0o666 & ~umask}
+
+
+def mlp(width: int = 64) -> onnx.ModelProto:
+    """Two MatMuls with width x width weights, a bias and an int64 shape constant."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Add", ["h", "b"], ["a"], name="add"),
+             helper.make_node("MatMul", ["a", "w2"], ["m"], name="mm2"),
+             helper.make_node("Reshape", ["m", "shape"], ["y"], name="reshape")]
+    inits = [weight("w1", (width, width)), weight("w2", (width, width), seed=1), weight("b", (width,)),
+             numpy_helper.from_array(np.array([2, width], np.int64), "shape")]
+    return make_model(nodes, [tensor_vi("x", [2, width])], [tensor_vi("y", [2, width])], inits)
+
+
+# --- copies without the weights -------------------------------------------------------------
+def test_a_weightless_copy_keeps_everything_but_the_large_initializers_data():
+    """The held-out initializers (large, fixed-width, all their data in raw_data) become stubs
+    with their name, type and dims, stored in the named location; the model's own tensors are
+    handed back, not copied; small ones and those with typed data fields stay as they are; the
+    model is not modified."""
+    model = mlp()
+    typed = helper.make_tensor("typed", TensorProto.FLOAT, [32, 32], np.ones(1024, np.float32))  # float_data
+    model.graph.initializer.append(typed)
+    model.producer_name, model.doc_string = "maker", "doc"
+    before = model.SerializeToString()
+    copy, held = ir.without_weights(model, location="nowhere")
+    assert model.SerializeToString() == before
+    assert sorted(held) == ["w1", "w2"] and held["w1"] is model.graph.initializer[0]
+    stubs = {t.name: t for t in copy.graph.initializer}
+    assert [t.name for t in copy.graph.initializer] == [t.name for t in model.graph.initializer]
+    assert (list(stubs["w1"].dims), stubs["w1"].data_type, stubs["w1"].raw_data) == ([64, 64], TensorProto.FLOAT, b"")
+    assert stubs["w1"].data_location == TensorProto.EXTERNAL
+    assert [(e.key, e.value) for e in stubs["w1"].external_data] == [("location", "nowhere")]
+    for name in ("b", "shape", "typed"):
+        assert stubs[name] == next(t for t in model.graph.initializer if t.name == name)
+    assert copy.graph.node == model.graph.node and copy.producer_name == "maker" and copy.doc_string == "doc"
+
+
+@pytest.fixture
+def weightless_checks(monkeypatch):
+    """Every ModelProto is checked from a weightless copy; the paths the checker is given."""
+    monkeypatch.setattr(ir.io, "WEIGHTLESS_CHECK_BYTES", 0)
+    paths = []
+    real = onnx.checker.check_model
+
+    def spy(model, *args, **kwargs):
+        if isinstance(model, str):
+            paths.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", spy)
+    return paths
+
+
+def test_a_large_model_is_checked_from_a_copy_without_its_weights(weightless_checks):
+    """The weightless copy is checked by path next to an empty data file: a valid model passes,
+    a model with a bad node fails with the checker's own message, and the model is left as it
+    was."""
+    model = mlp()
+    before = model.SerializeToString()
+    ir.check_model(model)
+    assert len(weightless_checks) == 1 and model.SerializeToString() == before
+    model.graph.node[0].attribute.append(helper.make_attribute("bogus", 1))
+    with pytest.raises(onnx.checker.ValidationError) as weightless:
+        ir.check_model(model)
+    with pytest.raises(onnx.checker.ValidationError) as whole:
+        onnx.checker.check_model(model)
+    assert str(weightless.value).splitlines()[0] == str(whole.value).splitlines()[0]
+    assert len(weightless_checks) == 2
+
+
+def test_raw_data_of_the_wrong_size_is_checked_in_the_model_itself(weightless_checks):
+    """The weightless check stands for the whole one only where each held-out tensor's raw data
+    has its declared size: a short one is checked as it is, and fails as the checker says."""
+    model = mlp()
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:-4]
+    with pytest.raises(onnx.checker.ValidationError, match="raw_data size"):
+        ir.check_model(model)
+    assert not weightless_checks
+
+
+def test_ort_training_ops_pass_the_weightless_check_too(weightless_checks):
+    """MaxPoolGrad in the default domain is checked as a foreign op in the weightless copy as in
+    the model, which keeps its domain and opsets."""
+    model = make_model([helper.make_node("MaxPoolGrad", ["dy", "indices"], ["dx"], name="pool_grad"),
+                        helper.make_node("MatMul", ["dx", "w"], ["y"], name="mm")],
+                       [tensor_vi("dy", [1, 64]), tensor_vi("indices", [1, 64], TensorProto.INT64)],
+                       [tensor_vi("y", [1, 64])], [weight("w", (64, 64))],
+                       opsets=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    ir.check_model(model)
+    assert weightless_checks and model.graph.node[0].domain == "" and len(model.opset_import) == 2
+
+
+def test_a_file_is_loaded_then_checked_without_a_second_copy_of_its_weights(tmp_path, weightless_checks):
+    """read_model of a file: the checker sees the weightless copy; a file whose graph the checker
+    rejects is a ModelLoadError naming it."""
+    model = mlp()
+    onnx.save(model, tmp_path / "m.onnx")
+    loaded, path = ir.read_model(tmp_path / "m.onnx")
+    assert loaded == model and path == tmp_path / "m.onnx"
+    assert len(weightless_checks) == 1 and not weightless_checks[0].startswith(str(tmp_path))
+    model.graph.node[1].input.append("extra")
+    onnx.save(model, tmp_path / "bad.onnx")
+    with pytest.raises(ModelLoadError, match="bad.onnx: invalid ONNX model: "):
+        ir.read_model(tmp_path / "bad.onnx")
+
+
+# --- the protobuf limit ---------------------------------------------------------------------
+def odd_tensor(index: int) -> onnx.TensorProto:
+    """A tensor using every TensorProto field with awkward values (long names, negative int32
+    and int64 data that encode in ten bytes, many dims, metadata)."""
+    rng = np.random.default_rng(index)
+    tensor = TensorProto(name="t" * int(rng.integers(1, 300)), doc_string="d" * int(rng.integers(0, 300)),
+                         data_type=TensorProto.FLOAT)
+    tensor.dims.extend(int(d) for d in rng.integers(0, 2**40, size=int(rng.integers(0, 12))))
+    kind = index % 5
+    count = int(rng.integers(0, 300))
+    if kind == 0:
+        tensor.raw_data = bytes(count)
+    elif kind == 1:
+        tensor.int32_data.extend([-1] * count)
+    elif kind == 2:
+        tensor.int64_data.extend([-(2**62)] * count)
+    elif kind == 3:
+        tensor.string_data.extend([b"s" * 40] * count)
+    else:
+        tensor.uint64_data.extend([2**63] * count)
+        tensor.double_data.extend([1.5] * count)
+    tensor.external_data.add(key="k" * count, value="v")
+    tensor.metadata_props.add(key="m", value="v" * count)
+    tensor.segment.begin, tensor.segment.end = 2**62, -1
+    tensor.data_location = TensorProto.EXTERNAL
+    return tensor
+
+
+def test_the_size_bound_is_never_below_the_serialized_size():
+    """exceeds_protobuf_limit answers from a bound of the serialized size (weights measured, not
+    encoded) when that bound is below the limit: the bound must hold for any tensor."""
+    for index in range(60):
+        tensors = [odd_tensor(index * 3 + k) for k in range(3)]
+        model = make_model([helper.make_node("Identity", ["x"], ["y"], name="n" * 70)], [tensor_vi("x", [1])],
+                           [tensor_vi("y", [1])], tensors)
+        model.metadata_props.add(key="k", value="v" * 500)
+        raw = [len(t.raw_data) for t in model.graph.initializer]
+        assert ir.io._size_bound(model, raw) >= model.ByteSize()
+
+
+def test_a_model_near_the_limit_is_measured_whole(monkeypatch):
+    """Where the bound reaches the limit (lowered here) the model's own ByteSize decides."""
+    model = mlp()
+    size = model.ByteSize()
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", size + 1)  # the bound is above, the size below
+    assert ir.io._size_bound(model, [len(t.raw_data) for t in model.graph.initializer]) > size + 1
+    assert ir.exceeds_protobuf_limit(model) is False
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", size)
+    assert ir.exceeds_protobuf_limit(model) is True
+
+
+# --- writing in two steps -------------------------------------------------------------------
+def test_a_staged_model_is_written_and_test_loaded_once_then_renamed(tmp_path, monkeypatch):
+    """write() writes the temporary file and test-loads it (once); commit() renames it over the
+    output; the model file is save_model's."""
+    loads = []
+    from onnxcampo.runtime import check
+
+    real = check.check_loads
+    monkeypatch.setattr(check, "check_loads", lambda *args, **kwargs: loads.append(args[0]) or real(*args, **kwargs))
+    model, output = mlp(), tmp_path / "m.onnx"
+    output.write_bytes(b"old")
+    with ir.StagedModel(output) as staged:
+        staged.write(model)
+        assert staged.model is model and staged.path.parent == tmp_path and output.read_bytes() == b"old"
+        assert loads == [staged.path]
+        staged.commit()
+        assert staged.path is None
+    assert output.read_bytes() == model.SerializeToString() and len(loads) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+
+
+def test_a_staged_model_not_committed_leaves_nothing(tmp_path):
+    """Leaving the block without commit (the accuracy check failed under --validate) removes the
+    temporary file; an existing output stays as it was."""
+    output = tmp_path / "m.onnx"
+    output.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="check failed"):
+        with ir.StagedModel(output) as staged:
+            staged.write(mlp())
+            raise RuntimeError("check failed")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"] and output.read_bytes() == b"old"
+
+
+def test_a_staged_model_ort_cannot_load_is_not_written(tmp_path):
+    """The test-load fails at write(): the error says nothing was written, and nothing is."""
+    model = mlp()
+    model.graph.initializer[1].CopyFrom(weight("w2", (32, 64)))  # [2, 64] x [32, 64]
+    with pytest.raises(WrittenModelLoadError, match="nothing was written"):
+        with ir.StagedModel(tmp_path / "m.onnx") as staged:
+            staged.write(model)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_staged_model_past_the_limit_is_saved_at_commit(tmp_path, monkeypatch):
+    """Past the protobuf limit (lowered here) write() writes nothing (the conversion to external
+    data strips the model's tensors, which the caller still runs): commit() saves the model and
+    its data file, and the model the caller ran kept its weights until then."""
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 10)
+    model, output = mlp(), tmp_path / "m.onnx"
+    with ir.StagedModel(output) as staged:
+        staged.write(model, check_loads=False)
+        assert staged.path is None and not list(tmp_path.iterdir()) and model.graph.initializer[0].raw_data
+        staged.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
