@@ -115,8 +115,8 @@ class OptimizeConfig:
         yield_to_ort_fusions: with ``fuse_elementwise``, leave to ONNX Runtime the nodes its own
             graph optimizations fuse or fold (a MatMul's scale Mul into FusedMatMul, a
             LayerNormalization's skip Add, a bias Add into a Gemm; read on the planning graph),
-            as the fusion-aware costing assumes; off by default until the H200 decides
-            (``campo-fused-yield-graph`` in the benchmark; docs/ops.md).
+            as the fusion-aware costing assumes; off by default: no GPU measurement shows it
+            faster (``campo-fused-yield-graph`` in the benchmark is the A/B; docs/ops.md).
         fuse_row_gradients: with ``fuse_reductions``, also write a layer norm's and a softmax's
             input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.norm_fusion``);
             ``False`` leaves them to the block reductions and the elementwise fusion (the

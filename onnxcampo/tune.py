@@ -179,8 +179,8 @@ def host_per_launch(plain_ms: float, replayed_ms: float, launches: int) -> float
 
 def _host_on_this_machine(model: onnx.ModelProto, fp32: Timing, config: OptimizeConfig, inputs,
                           report: dict) -> dict | None:
-    """The host term measured again where the model will run (issue 15: host speed differs ~40 %
-    between two H200 machines): inference on CUDA, plain execution only; the fp32 candidate is
+    """The host term measured again where the model will run (host speed differed ~40 % between
+    two H200 machines of the benchmark): inference on CUDA, plain execution only; the fp32 candidate is
     timed once more replayed as a CUDA graph. None where that does not apply or fails (a model
     CUDA graphs cannot capture, e.g. with CPU-placed nodes)."""
     from onnxcampo.costdb.select import load_cost_model

@@ -1,4 +1,4 @@
-"""Training on ONNX Runtime: step graphs in standard ops and a runner (issue 4, in progress)."""
+"""Training on ONNX Runtime: step graphs in standard ops and a runner."""
 
 from onnxcampo.training.step import LOSSES, OPTIMIZERS, build_train_step, initial_weights, step_spec
 from onnxcampo.training.trainer import Trainer

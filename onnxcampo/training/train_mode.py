@@ -41,8 +41,9 @@ element's index, the node and the scalar state input ``dropout_seed`` (its ``.up
 the seed plus one, so each step draws a new mask and a run is reproduced by its starting seed,
 ``Trainer(seed=)``). The generator is exact int64 arithmetic (``x -> (x*x + k) mod (2^31 - 1)``
 rounds over a Weyl sequence; :func:`dropout_mask` is its numpy twin): no provider rounds it
-differently (checked on ORT CPU; not run on CUDA yet), and the stream is state the Trainer sets and checkpoints (``RandomUniformLike``'s
-``seed`` is an attribute, fixed in the graph).
+differently (checked on ORT CPU; on CUDA a step's losses follow the CPU's, docs/guide/training.md),
+and the stream is state the Trainer sets and checkpoints (``RandomUniformLike``'s ``seed`` is an
+attribute, fixed in the graph).
 
 Evaluation (:func:`onnxcampo.training.evaluate.eval_model`) makes every ``Where`` reading
 ``onnxcampo.train_mode`` take its false branch: running statistics, no dropout.
