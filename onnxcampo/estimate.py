@@ -628,9 +628,12 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     tensors = {id(t): t for n in ctx.nodes if precision_of(n.name) is Precision.FP16 for t in (*n.inputs, *n.outputs)}
     cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
     conv_launches, other_launches = 0, casts + _pad_nodes(ctx, precision_of)
+    fused_calls = 0  # FusedElementwise kernels: library calls, priced as such where measured
     for node in ctx.nodes:
         conv, other = host_launches(ctx, node, precision_of)
         conv_launches, other_launches = conv_launches + conv, other_launches + other
+        member = _fused_member(ctx, node)
+        fused_calls += int(member is not None and member.leader)
     training = bool(ctx.training_fp32)
     if ctx.loss_scaling is not None and any(precision_of(n.name) is Precision.FP16 for n in ctx.nodes):
         # a mixed training step gets dynamic loss scaling: its nodes, and a pass over the gradients
@@ -650,7 +653,8 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     # a training step's nodes cost the host more than single ops do (CostModel.launch_us)
     dispatch = (ctx.cost.launch_us("conv", training=training) * conv_launches
                 + ctx.cost.launch_us("other", training=training) * other_launches
-                + nhwc_call_us(ctx.cost) * layout.nhwc_calls)
+                + nhwc_call_us(ctx.cost) * layout.nhwc_calls
+                + fused_call_extra_us(ctx.cost, training) * fused_calls)
     gpu = nodes_us + cast_us
     # launches that add to the GPU's work (fitted so from whole runs), or hide behind it
     total = gpu + dispatch if ctx.cost.host_adds(training=training) else max(gpu, dispatch)
@@ -755,6 +759,14 @@ def nhwc_call_us(cost) -> float:
     else :data:`CONV_NHWC_HOST_US`."""
     measured = cost.library_launch_us("conv_nhwc")
     return CONV_NHWC_HOST_US if measured is None else measured
+
+
+def fused_call_extra_us(cost, training: bool = False) -> float:
+    """What a FusedElementwise call costs the host beyond an ORT kernel's launch (the custom-op
+    API's call, measured by ``costdb calibrate`` as ``host_launch.inference.custom``); 0 where
+    the database has no measurement or for a training step (its launches are fitted whole)."""
+    measured = cost.library_launch_us("custom")
+    return 0.0 if measured is None or training else max(measured - cost.launch_us("other"), 0.0)
 
 
 # At most this share of a float16 NCHW convolution's predicted time is taken to be cuDNN's layout

@@ -294,3 +294,14 @@ def test_the_roofline_of_a_detected_gpu_counts_the_host(monkeypatch):
     assert model.host_adds() and model.run_us() == TYPICAL_HOST.run_us
     reference = AnalyticCostModel()
     assert reference.launch_us("conv") == 0.0 and not reference.host_adds() and reference.run_us() == 0.0
+
+
+def test_a_measured_custom_op_call_adds_its_extra_host_time():
+    from onnxcampo import estimate
+
+    database = _database(H100.name)
+    database["host_launch"] = {"inference": {"conv": 8.0, "other": 3.0, "host": "additive", "custom": 4.5}}
+    model = RegressionCostModel(database)
+    assert estimate.fused_call_extra_us(model) == pytest.approx(1.5)
+    assert estimate.fused_call_extra_us(model, training=True) == 0.0
+    assert estimate.fused_call_extra_us(AnalyticCostModel()) == 0.0
