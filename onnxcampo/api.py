@@ -24,7 +24,9 @@ def optimize(
 ) -> OptimizeResult:
     """Turn an fp32 model into a mixed fp16/fp32 one; the input model is never modified.
 
-    ``options`` are :class:`OptimizeConfig` fields and override those of ``config``.
+    ``options`` are :class:`OptimizeConfig` fields and override those of ``config``; an
+    ``experimental`` mapping is merged over ``config.experimental``
+    (``experimental={"fuse_column_sums": False}``; :class:`~onnxcampo.config.ExperimentalOptions`).
     ``inputs``: with ``tune``, the feeds the candidates are timed on (a training step: its
     batch); with ``activation_limit``, the calibration feeds; random ones by default.
     """

@@ -112,8 +112,7 @@ class BenchResult:
             "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
             "dim_values": dict(self.dim_values), "reference": REFERENCE, "tolerance": str(self.tolerance),
             "plan_options": {"device_db": str(self.config.device_db) if self.config.device_db else None,
-                             "pad_tensor_cores": self.config.pad_tensor_cores, "cost_graph": self.config.cost_graph,
-                             "fuse": self.config.fuse},
+                             "fuse": self.config.fuse, "experimental": self.config.experimental.changed()},
             "error_measure": "rel_err: relative L2 against fp32's outputs (integer outputs: share differing), worst "
                              "output; within_tolerance: the onnxcampo.accuracy criterion (tolerance)",
             "policies": {name: p.to_json(reference, self.tolerance) for name, p in self.policies.items()},
@@ -194,8 +193,8 @@ def bench(
     module's numbered steps). ``inputs``: an ``.npz`` path or arrays (default: random, from the
     shapes and pins). ``tolerance``: the accuracy criterion (:class:`~onnxcampo.accuracy.Criterion` or its text; default
     relative L2 <= 0.01), which only marks the policies that fail it. ``config``:
-    the options every policy is optimized with (``device_db``, ``pad_tensor_cores``,
-    ``cost_graph``, ``fuse``, ...); its policy, execution and pins are replaced by the bench's."""
+    the options every policy is optimized with (``device_db``, ``fuse``, ``experimental``, ...);
+    its policy, execution and pins are replaced by the bench's."""
     from onnxcampo.api import optimize
     from onnxcampo.runtime import feeds_for, load_inputs_npz, random_inputs, require_provider
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -23,8 +24,8 @@ import time
 from pathlib import Path
 
 from onnxcampo import __version__
-from onnxcampo.config import (COST_GRAPHS, EXECUTION_MODES, FUSE_MODES, POLICIES, PROFILE_MODES, TUNE_PROVIDERS,
-                              OptimizeConfig, parse_dim_value, parse_input_shape)
+from onnxcampo.config import (EXECUTION_MODES, FUSE_MODES, POLICIES, TUNE_PROVIDERS, ExperimentalOptions,
+                              OptimizeConfig, parse_dim_value, parse_experimental, parse_input_shape)
 from onnxcampo.errors import CampoError, ConfigError, ValidationError, command_line, did_you_mean
 from onnxcampo.install import require_onnxruntime
 from onnxcampo.report import summary
@@ -128,9 +129,6 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                         help="nodes whose names match kept fp32 (repeatable)")
     plan.add_argument("--include-node", action="append", default=[], metavar="REGEX",
                         help="nodes whose names match forced fp16 where they have an fp16 schema (repeatable)")
-    timing.add_argument("--profile", choices=PROFILE_MODES, default="predict",
-                        help="fp32 node times: predicted by the cost model (predict, default) or measured by one "
-                             "ONNX Runtime profiling run on cpu or cuda")
     plan.add_argument("--min-gain", type=float, default=0.02, metavar="SHARE",
                         help="campo keeps fp32 unless a mixed plan is predicted at least this share faster "
                              "(default 0.02: 2 %%; smaller predicted gains are within the cost model's error)")
@@ -139,8 +137,6 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "refused for ONNX Runtime training artifacts, bound by name and dtype to their checkpoint)")
     plan.add_argument("--no-loss-scaling", action="store_true",
                         help="training steps: do not insert dynamic loss scaling (on by default when fp16 is used)")
-    plan.add_argument("--no-compare-plans", action="store_true",
-                        help="keep campo's plan even if the fp32 or amp plan is predicted faster")
     timing.add_argument("--tune", choices=TUNE_PROVIDERS, metavar="PROVIDER",
                         help="time campo's candidate plans (all-fp16, its own, without padding, amp, fp32) on this "
                              "ONNX Runtime provider (cuda or cpu) in the --execution mode and keep the fastest (fp32 "
@@ -162,9 +158,6 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "(node by node, default) or cuda-graph (captured once and replayed as a CUDA graph: no "
                              "per-node host time; needs static shapes and every node on the CUDA EP)")
     _add_cost_options(parser)
-    custom.add_argument("--int8-avg", action="store_true",
-                        help="quantized graphs: MatMulInteger (+Cast) -> ai.onnxcampo AvgMatMulInteger, 16-bit "
-                             "tree-averaging accumulation (needs the custom-op library to run; docs/avg-matmul.md)")
     custom.add_argument("--fuse-elementwise", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan: chains of elementwise ops, their Casts and the Conv/Gemm biases they "
                              "read included, as ai.onnxcampo FusedElementwise nodes, one kernel each, and a training "
@@ -181,14 +174,6 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "Reshapes and float16->float32 Casts around them, as BlockReduceSum nodes, one kernel "
                              "each (needs the custom-op library; docs/ops.md). Default: as --fuse-elementwise's, where "
                              "the library's CUDA kernels are")
-    custom.add_argument("--no-fuse-row-gradients", dest="fuse_row_gradients", action="store_false",
-                        help="with --fuse-reductions: leave layer-norm and softmax input gradients to the block "
-                             "reductions and the elementwise fusion instead of one LayerNormGrad / SoftmaxGrad node "
-                             "each (an A/B of those kernels). Default: fused")
-    custom.add_argument("--no-fuse-column-sums", dest="fuse_column_sums", action="store_false",
-                        help="with both fusions: keep a bias gradient's column sums as a BlockReduceSum node instead "
-                             "of the column_sums of the FusedElementwise node that writes the gradient (an A/B of "
-                             "the two). Default: fused")
     custom.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                         help="after the plan, before the fusions: store the 2-D convolutions' activations "
                              "channels-last (NHWC) and run the convolutions and their gradients as ai.onnxcampo "
@@ -197,21 +182,7 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "channels are not multiples of 8 stay NCHW. Default: as --fuse-elementwise's, where the "
                              "library's CUDA kernels are (the prediction counts the layout transforms it removes, the "
                              "Transposes it adds and each NHWC convolution call's host time)")
-    custom.add_argument("--channels-last-stem", type=int, choices=(0, 4, 8), default=4, metavar="{0,4,8}",
-                        help="with --channels-last: pad a stem convolution's input channels (fewer than 8) to this "
-                             "many and run it, its weight gradient and the MaxPools channels-last (the pools and their "
-                             "gradients as ai.onnxcampo MaxPoolNhwc / MaxPoolNhwcGrad; 4 is the layout of cuDNN's "
-                             "first-layer kernels); 0 keeps them NCHW (an A/B). Default: 4")
-    custom.add_argument("--yield-to-ort-fusions", action="store_true",
-                        help="with --fuse-elementwise: leave to ONNX Runtime the nodes its own graph optimizations "
-                             "fuse or fold (a MatMul's scale Mul, a LayerNormalization's skip Add, a Gemm's bias Add), "
-                             "as the fusion-aware costing assumes (experimental, off by default: no GPU measurement "
-                             "shows it faster)")
-    parser.add_argument("--no-plan-for-fusion", dest="plan_for_fusion", action="store_false",
-                        help="with --fuse-elementwise/--fuse-reductions: plan as if neither fusion ran (every Cast "
-                             "and elementwise op costed as a kernel of its own: the fusion-blind plan); the fusions "
-                             "still run after the plan. Default: plans are costed as the fused model runs "
-                             "(docs/ops.md, 'Planning with fusion in view')")
+    _add_experimental_option(parser)
 
 
 def _add_cost_options(parser: argparse.ArgumentParser) -> None:
@@ -223,11 +194,6 @@ def _add_cost_options(parser: argparse.ArgumentParser) -> None:
                              "`costdb calibrate` measured on this GPU, else the one shipped for it, else a roofline "
                              "model from its specs; $ONNXCAMPO_DEVICE, a GPU name or none for the reference model, "
                              "overrides the detection)")
-    cost.add_argument("--no-pad", action="store_true", help="never pad MatMul/Gemm/Conv dims for Tensor Cores")
-    cost.add_argument("--cost-graph", choices=COST_GRAPHS, default="ort",
-                        help="cost plans on the nodes ORT will run (ort, default: its own optimized graph, read on "
-                             "the CPU provider without its CPU-only fusions; aliased ops free, a fused group one "
-                             "launch, a Cast inside a group breaks it) or on every ONNX node (onnx)")
     cost.add_argument("--fuse", choices=FUSE_MODES, default="auto",
                         help="before planning, run ONNX Runtime's transformers optimizer (its Python fusions: "
                              "SkipLayerNormalization, Attention, BiasGelu, EmbedLayerNormalization, ...), so that "
@@ -243,10 +209,29 @@ def _add_cost_options(parser: argparse.ArgumentParser) -> None:
                         help="hidden size for --fuse (default 0: detected from the graph, else by ORT's optimizer)")
 
 
+def _add_experimental_option(parser: argparse.ArgumentParser) -> None:
+    """``--experimental KEY=VALUE``: :class:`~onnxcampo.config.ExperimentalOptions`, the switches
+    kept for A/B measurements and development, apart from the product's options."""
+    defaults = ", ".join(f"{name}={_text(value)}" for name, value in dataclasses.asdict(ExperimentalOptions()).items())
+    _group(parser, "experimental").add_argument(
+        "--experimental", action="append", default=[], metavar="KEY=VALUE",
+        help="set one of the switches kept for A/B measurements and development (repeatable; VALUE read as the "
+             "option's type: true/false, an integer or a word; docs/guide/cli.md says what each switches). The "
+             f"options and their defaults: {defaults}")
+
+
+def _text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _cost_fields(args: argparse.Namespace) -> dict:
-    """The OptimizeConfig fields of :func:`_add_cost_options`."""
-    return dict(device_db=args.device_db, pad_tensor_cores=not args.no_pad, cost_graph=args.cost_graph,
-                fuse=args.fuse, num_heads=args.num_heads, hidden_size=args.hidden_size)
+    """The OptimizeConfig fields of :func:`_add_cost_options` and :func:`_add_experimental_option`
+    (``--debug`` sets ``check_invariants``)."""
+    experimental = dict(parse_experimental(text) for text in args.experimental)
+    if args.debug:
+        experimental["check_invariants"] = True
+    return dict(device_db=args.device_db, fuse=args.fuse, num_heads=args.num_heads, hidden_size=args.hidden_size,
+                experimental=experimental)
 
 
 def _config(args: argparse.Namespace) -> OptimizeConfig:
@@ -261,20 +246,11 @@ def _config(args: argparse.Namespace) -> OptimizeConfig:
         include_ops=frozenset(args.include_op),
         exclude_nodes=tuple(args.exclude_node),
         include_nodes=tuple(args.include_node),
-        profile=args.profile,
-        compare_plans=not args.no_compare_plans,
         min_gain=args.min_gain,
-        check_invariants=args.debug,
         loss_scaling=not args.no_loss_scaling,
-        int8_avg=args.int8_avg,
         fuse_elementwise=args.fuse_elementwise,
         fuse_reductions=args.fuse_reductions,
-        plan_for_fusion=args.plan_for_fusion,
-        yield_to_ort_fusions=args.yield_to_ort_fusions,
-        fuse_row_gradients=args.fuse_row_gradients,
-        fuse_column_sums=args.fuse_column_sums,
         channels_last=args.channels_last,
-        channels_last_stem=args.channels_last_stem,
         tune=args.tune,
         tune_tolerance=args.tune_tolerance if args.tune_tolerance is not None else getattr(args, "tolerance", None),
         activation_limit=args.activation_limit,
@@ -467,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     timed.add_argument("--block-ms", type=float, default=20.0, metavar="MS",
                     help="a timed block lasts at least this long (default 20)")
     _add_cost_options(bn)  # every policy is optimized with them
+    _add_experimental_option(bn)
 
     cost = sub.add_parser("costdb", help="measure, fit and evaluate a GPU cost database")
     cost_sub = cost.add_subparsers(dest="costdb_command", required=True)
@@ -574,7 +551,21 @@ def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
     flags = [flag for action in parser._actions for flag in action.option_strings]
     unknown = next((extra.split("=")[0] for extra in extras if extra.startswith("-")), None)
     hint = did_you_mean(unknown, flags, cutoff=0.75) if unknown else ""
+    if unknown and not hint and "--experimental" in flags:
+        hint = _experimental_hint(unknown)
     parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+def _experimental_hint(flag: str) -> str:
+    """``--no-fuse-column-sums``, ``--cost-graph``: the ``--experimental`` setting of that name."""
+    name = flag.lstrip("-")
+    negated = name.startswith("no-")
+    key = name.removeprefix("no-").replace("-", "_")
+    if key not in ExperimentalOptions.names():
+        return ""
+    default = getattr(ExperimentalOptions(), key)
+    value = "false" if negated else "true" if default is False else "VALUE"
+    return f": {key} is an experimental option: --experimental {key}={value}"
 
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -932,7 +923,7 @@ def _bench(args: argparse.Namespace) -> int:
                    input_shapes=dict(parse_input_shape(text) for text in args.input_shape),
                    dim_values=dict(parse_dim_value(text) for text in args.dim), inputs=args.inputs,
                    rounds=args.rounds, block_ms=args.block_ms,
-                   config=OptimizeConfig(**_cost_fields(args), check_invariants=args.debug))
+                   config=OptimizeConfig(**_cost_fields(args)))
     print(result.table())
     if args.json is not None:
         write_json(result, args.json)

@@ -1,13 +1,16 @@
-"""The one frozen configuration shared by the Python API and the command line."""
+"""The one frozen configuration shared by the Python API and the command line: the product's
+options (:class:`OptimizeConfig`) and, nested in it, the switches kept for A/B measurements and
+development (:class:`ExperimentalOptions`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from onnxcampo.errors import ConfigError
+from onnxcampo.errors import ConfigError, did_you_mean
 
 POLICIES = ("campo", "amp", "fp16", "fp32")
 PROFILE_MODES = ("predict", "cpu", "cuda")
@@ -15,6 +18,144 @@ TUNE_PROVIDERS = ("cuda", "cpu")
 EXECUTION_MODES = ("plain", "cuda-graph")
 FUSE_MODES = ("auto", "bert", "gpt2", "none")
 COST_GRAPHS = ("ort", "onnx")
+
+
+def _bool_text(text: str) -> bool:
+    folded = text.strip().lower()
+    if folded in ("true", "yes", "on", "1"):
+        return True
+    if folded in ("false", "no", "off", "0"):
+        return False
+    raise ValueError("expected true or false")
+
+
+@dataclass(frozen=True)
+class ExperimentalOptions:
+    """Switches that exist for A/B measurements and for developing onnxcampo, apart from the
+    product's options: each default is what ``optimize`` runs, the other values are one arm of a
+    measured comparison (the benchmark policy that runs it is named) or a development check.
+
+    Given as ``OptimizeConfig(experimental={...})``, ``optimize(model, experimental={...})``
+    (a mapping, merged over the config's own) or ``--experimental KEY=VALUE`` (repeatable); an
+    unknown key or a value of the wrong type is a :class:`~onnxcampo.errors.ConfigError`.
+
+    Attributes:
+        compare_plans: campo also costs the ``fp32`` and ``amp`` plans and keeps the cheapest (fp32
+            unless a mixed plan is ``min_gain`` faster). ``False`` keeps campo's own plan whatever
+            the prediction (the benchmark's ``campo-nocost``; ``tune`` times that plan so).
+        pad_tensor_cores: campo zero-pads MatMul/Gemm/Conv dims to multiples of 8 where it is
+            predicted to pay. ``False`` never pads (the benchmark's ``campo-nopad``; ``tune`` times
+            that plan too).
+        cost_graph: which node set plans are costed on: ``ort`` (the default) asks ONNX Runtime
+            which nodes it will run (its graph optimizations at the extended level on the CPU
+            provider, as the CUDA EP fuses them): aliased and absorbed nodes cost nothing, fused
+            ones one launch; ``onnx`` costs every ONNX node as a kernel (no ORT session: faster on
+            huge graphs; also what happens when ORT cannot load the model).
+        profile: where the fp32 node times come from: ``predict`` (the default) the cost model;
+            ``cpu`` / ``cuda`` one ONNX Runtime profiling run on that provider (the A/B of the
+            cost database against measured times).
+        int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
+            ``ai.onnxcampo::AvgMatMulInteger`` custom op: 16-bit tree-averaging accumulation
+            (``docs/avg-matmul.md``). The written model needs the custom-op library to run.
+        plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions`` / ``channels_last``,
+            cost the plans as the rewritten model runs (``onnxcampo.estimate``: a Cast inside a
+            fused group costs nothing, one at its edge the bytes it changes there, a fused
+            elementwise op its share of the group's kernel; Casts read only by fp32 ReduceSums
+            nothing; channels-last convolutions without their layout transforms). ``False``: the
+            fusion-blind plan, costed as if the rewrites did not run (every Cast and elementwise
+            op a kernel of its own); the rewrites still run after it (the benchmark's
+            ``campo-fused-blind-graph``). No effect without a rewrite. The prediction deciding a
+            rewrite left None costs the rewrite either way.
+        yield_to_ort_fusions: with ``fuse_elementwise``, leave to ONNX Runtime the nodes its own
+            graph optimizations fuse or fold (a MatMul's scale Mul into FusedMatMul, a
+            LayerNormalization's skip Add, a bias Add into a Gemm; read on the planning graph),
+            as the fusion-aware costing assumes. Off by default: no GPU measurement shows it
+            faster (the benchmark's ``campo-fused-yield-graph``; docs/ops.md).
+        fuse_row_gradients: with ``fuse_reductions``, also write a layer norm's and a softmax's
+            input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.norm_fusion``).
+            ``False`` leaves them to the block reductions and the elementwise fusion (the
+            benchmark's ``campo-fused-norows-graph``).
+        fuse_column_sums: with both fusions, a BlockReduceSum of column sums (a bias gradient) of
+            a FusedElementwise node's output becomes that node's ``column_sums`` (its CUDA kernel
+            adds the values as it stores them; ``onnxcampo.elementwise_fusion`` rule 4). ``False``
+            keeps the BlockReduceSums (the benchmark's ``campo-fused-nosums-graph`` and
+            ``campo-fused-cl-nosums-graph``).
+        channels_last_stem: with ``channels_last``, also a stem convolution (fewer than 8 input
+            channels, zero-padded to this many: 4, the default, the layout of cuDNN's
+            ``image_first_layer`` kernels, or 8; ResNet-50 b64's step 9.904 -> 9.626 ms with 4 on
+            the H100) and the MaxPools between channels-last tensors, with onnx-ad's adjoints of
+            them, as ``ai.onnxcampo::MaxPoolNhwc`` / ``MaxPoolNhwcGrad`` (no layout Transpose,
+            scatter-add or zero fill around a ResNet's stem pool). ``0`` keeps both NCHW (the
+            benchmark's ``campo-fused-cl-nostem-graph``; ``campo-fused-cl-stem8-graph`` pads to 8).
+        check_invariants: check graph invariants after every pass (the tests, and ``--debug``
+            on the command line).
+    """
+
+    compare_plans: bool = True
+    pad_tensor_cores: bool = True
+    cost_graph: str = "ort"
+    profile: str = "predict"
+    int8_avg: bool = False
+    plan_for_fusion: bool = True
+    yield_to_ort_fusions: bool = False
+    fuse_row_gradients: bool = True
+    fuse_column_sums: bool = True
+    channels_last_stem: int = 4
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), type(f.default)
+            if kind is bool and not isinstance(value, bool):
+                raise ConfigError(f"experimental option {f.name} must be True or False, got {value!r}")
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"experimental option {f.name} must be an integer, got {value!r}")
+            if kind is str and not isinstance(value, str):
+                raise ConfigError(f"experimental option {f.name} must be a string, got {value!r}")
+        if self.cost_graph not in COST_GRAPHS:
+            raise ConfigError(f"unknown cost graph {self.cost_graph!r}; choose one of {', '.join(COST_GRAPHS)}")
+        if self.profile not in PROFILE_MODES:
+            raise ConfigError(f"unknown profile mode {self.profile!r}; choose one of {', '.join(PROFILE_MODES)}")
+        if self.channels_last_stem not in (0, 4, 8):
+            raise ConfigError(f"channels_last_stem must be 0 (the stem NCHW), 4 or 8 (the channels a stem's input "
+                              f"is padded to), got {self.channels_last_stem!r}")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def check_name(cls, name: str, given: str = "") -> None:
+        """A ConfigError naming the closest option unless ``name`` is one (``given``: how the
+        caller wrote it, the message's start)."""
+        if name not in cls.names():
+            raise ConfigError(f"{given}unknown experimental option {name!r}{did_you_mean(name, cls.names())} "
+                              f"(the options: {', '.join(cls.names())})")
+
+    def replace(self, **changes) -> "ExperimentalOptions":
+        for name in changes:
+            self.check_name(name)
+        return dataclasses.replace(self, **changes)
+
+    def changed(self) -> dict[str, object]:
+        """The options set away from their defaults (what the report and the benchmark record)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
+
+
+def parse_experimental(text: str) -> tuple[str, object]:
+    """Parse ``KEY=VALUE`` (the ``--experimental`` syntax): VALUE is read as the option's type
+    (``true``/``false``, an integer or a string); ``-`` in KEY may stand for ``_``."""
+    key, sep, value = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise ConfigError(f"--experimental {text!r}: expected KEY=VALUE (e.g. fuse_column_sums=false)")
+    ExperimentalOptions.check_name(key, f"--experimental {text!r}: ")
+    kind = type(next(f.default for f in dataclasses.fields(ExperimentalOptions) if f.name == key))
+    try:
+        return key, (_bool_text(value) if kind is bool else kind(value.strip()))
+    except ValueError:
+        expected = "true or false" if kind is bool else {int: "an integer", float: "a number"}.get(kind, "a string")
+        raise ConfigError(f"--experimental {text!r}: {key} takes {expected}") from None
 
 
 @dataclass(frozen=True)
@@ -25,10 +166,9 @@ class OptimizeConfig:
     do not: ``keep_io_types`` (``--no-keep-io-types``), ``input_shapes`` (``--input-shape``,
     repeatable), ``dim_values`` (``--dim``, repeatable), ``exclude_ops`` (``--exclude-op``),
     ``include_ops`` (``--include-op``), ``exclude_nodes`` (``--exclude-node``), ``include_nodes``
-    (``--include-node``) (one value a flag, repeatable), ``pad_tensor_cores`` (``--no-pad``),
-    ``compare_plans`` (``--no-compare-plans``), ``loss_scaling`` (``--no-loss-scaling``),
-    ``plan_for_fusion`` (``--no-plan-for-fusion``), ``fuse_row_gradients``
-    (``--no-fuse-row-gradients``), ``fuse_column_sums`` (``--no-fuse-column-sums``) and ``check_invariants`` (``--debug``, which also shows tracebacks).
+    (``--include-node``) (one value a flag, repeatable), ``loss_scaling`` (``--no-loss-scaling``)
+    and ``experimental`` (``--experimental KEY=VALUE``, repeatable; ``--debug`` sets its
+    ``check_invariants`` and shows tracebacks).
 
     Attributes:
         policy: ``campo`` (cost-aware four passes, the default), ``amp`` (greedy TensorFlow-AMP
@@ -45,14 +185,9 @@ class OptimizeConfig:
             measured on this GPU, else the one shipped for it (``costdb/data/<gpu>.json``), else
             a roofline model from the GPU's specs (``onnxcampo.costdb.select``;
             ``ONNXCAMPO_DEVICE`` overrides the detection).
-        profile: ``predict`` takes fp32 node times from the cost model; ``cpu`` / ``cuda`` measure
-            them with one ONNX Runtime profiling run on that provider.
-        pad_tensor_cores: zero-pad MatMul/Gemm/Conv dims to multiples of 8 where it pays.
-        compare_plans: also cost the ``fp32`` and ``amp`` plans and keep the cheapest (campo only).
-        min_gain: with ``compare_plans``, a mixed plan replaces fp32 only when it is predicted at
-            least this share faster (0.02: 2 %); smaller predicted gains are within the cost
-            model's error, and fp32 costs no accuracy.
-        check_invariants: check graph invariants after every pass (tests and ``--debug``).
+        min_gain: campo keeps fp32 unless a mixed plan is predicted at least this share faster
+            (0.02: 2 %), and a rewrite left None is kept only when predicted this much faster;
+            smaller predicted gains are within the cost model's error, and fp32 costs no accuracy.
         loss_scaling: in a training-step graph (from ``train-graph``) whose plan has fp16 nodes,
             insert dynamic loss scaling (see ``onnxcampo.training.scaling``).
         tune: ``None`` (decide from predicted times) or an ONNX Runtime provider (``cuda``,
@@ -79,16 +214,8 @@ class OptimizeConfig:
             GPU options) before planning: ``bert`` or ``gpt2`` force the model type, ``auto``
             (the default) fuses models recognised as BERT- or GPT-2-like transformers and leaves
             others as they are, ``none`` never fuses.
-        cost_graph: which node set plans are costed on: ``ort`` (the default) asks ONNX Runtime
-            which nodes it will run (its graph optimizations at the extended level on the CPU
-            provider, as the CUDA EP fuses them): aliased and absorbed nodes cost nothing, fused
-            ones one launch; ``onnx`` costs every ONNX node as a kernel (faster on huge graphs;
-            also what happens when ORT cannot load the model).
         num_heads / hidden_size: attention heads and hidden size for ``fuse`` (0: detected from
             the graph).
-        int8_avg: replace MatMulInteger (+ its Cast to float) of quantized graphs by the
-            ``ai.onnxcampo::AvgMatMulInteger`` custom op: 16-bit tree-averaging accumulation
-            (``docs/avg-matmul.md``). The written model needs the custom-op library to run.
         fuse_elementwise: after the plan, its Casts and loss scaling, replace chains of
             elementwise ops (their Casts included) by ``ai.onnxcampo::FusedElementwise`` nodes,
             one kernel each (``onnxcampo.elementwise_fusion``). Needs the custom-op library, to
@@ -112,20 +239,6 @@ class OptimizeConfig:
             float16 -> float32 Casts around them, by ``ai.onnxcampo::BlockReduceSum`` nodes
             (``onnxcampo.reductions``). Needs the custom-op library; None decides it as
             ``fuse_elementwise`` (its prediction: the Casts its BlockReduceSums fold).
-        yield_to_ort_fusions: with ``fuse_elementwise``, leave to ONNX Runtime the nodes its own
-            graph optimizations fuse or fold (a MatMul's scale Mul into FusedMatMul, a
-            LayerNormalization's skip Add, a bias Add into a Gemm; read on the planning graph),
-            as the fusion-aware costing assumes; off by default: no GPU measurement shows it
-            faster (``campo-fused-yield-graph`` in the benchmark is the A/B; docs/ops.md).
-        fuse_row_gradients: with ``fuse_reductions``, also write a layer norm's and a softmax's
-            input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.norm_fusion``);
-            ``False`` leaves them to the block reductions and the elementwise fusion (the
-            benchmark's ``campo-fused-norows-graph``, the A/B of the two kernels).
-        fuse_column_sums: with both fusions, a BlockReduceSum of column sums (a bias gradient) of
-            a FusedElementwise node's output becomes that node's ``column_sums`` (its CUDA kernel
-            adds the values as it stores them; ``onnxcampo.elementwise_fusion`` rule 4). ``False``
-            keeps the BlockReduceSums (the benchmark's ``campo-fused-nosums-graph`` and
-            ``campo-fused-cl-nosums-graph``, the A/B).
         channels_last: after the plan, its Casts and loss scaling (before the fusions), store the
             activations of the 2-D convolutions channels-last and run them, their input and weight
             gradients as ``ai.onnxcampo::ConvNhwc`` / ``ConvNhwcDataGrad`` / ``ConvNhwcWeightGrad``
@@ -138,22 +251,10 @@ class OptimizeConfig:
             layout boundaries and the host time of each NHWC convolution call, which a CUDA graph
             replay does not pay: ResNet-50 b64 on the H200 with the fusions, 2.85 ms replayed
             against 3.96 NCHW, but 6.42 ms run plainly against 4.29.
-        channels_last_stem: with ``channels_last``, also a stem convolution (fewer than 8 input
-            channels, zero-padded to this many: 4, the default, the layout of cuDNN's
-            ``image_first_layer`` kernels, or 8; ResNet-50 b64's step 9.904 -> 9.626 ms with 4 on
-            the H100) and the MaxPools between channels-last tensors, with
-            onnx-ad's adjoints of them, as ``ai.onnxcampo::MaxPoolNhwc`` / ``MaxPoolNhwcGrad``
-            (no layout Transpose, scatter-add or zero fill around a ResNet's stem pool). ``0``
-            keeps both NCHW (the benchmark's ``campo-fused-cl-nostem-graph``, their A/B;
-            ``campo-fused-cl-stem8-graph`` pads to 8).
-        plan_for_fusion: with ``fuse_elementwise`` / ``fuse_reductions`` / ``channels_last``,
-            cost the plans as the rewritten model runs (``onnxcampo.estimate``: a Cast inside a
-            fused group costs nothing, one at its edge the bytes it changes there, a fused
-            elementwise op its share of the group's kernel; Casts read only by fp32 ReduceSums
-            nothing; channels-last convolutions without their layout transforms). ``False``: the
-            fusion-blind plan, costed as if the rewrites did not run (every Cast and elementwise
-            op a kernel of its own); the passes still run after it. No effect without a rewrite.
-            The prediction deciding a rewrite left None costs the rewrite either way.
+        experimental: :class:`ExperimentalOptions`, the switches kept for A/B measurements and
+            development (comparing plans, padding, the cost graph, profiling, ``int8_avg``, the
+            fusion-aware costing and the rewrites' variants, invariant checks); a mapping is
+            checked and turned into one. ``config.with_experimental(name=value)`` changes one.
     """
 
     policy: str = "campo"
@@ -165,52 +266,33 @@ class OptimizeConfig:
     exclude_nodes: tuple[str, ...] = ()
     include_nodes: tuple[str, ...] = ()
     device_db: Path | None = None
-    profile: str = "predict"
-    pad_tensor_cores: bool = True
-    compare_plans: bool = True
     min_gain: float = 0.02
-    check_invariants: bool = False
     loss_scaling: bool = True
-    int8_avg: bool = False
     fuse_elementwise: bool | None = None
     fuse_reductions: bool | None = None
-    plan_for_fusion: bool = True
-    yield_to_ort_fusions: bool = False
-    fuse_row_gradients: bool = True
-    fuse_column_sums: bool = True
     channels_last: bool | None = None
-    channels_last_stem: int = 4
     tune: str | None = None
     tune_tolerance: float | str | None = None
     activation_limit: float | None = None
     execution: str = "plain"
     fuse: str = "auto"
-    cost_graph: str = "ort"
     num_heads: int = 0
     hidden_size: int = 0
+    experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        if self.profile not in PROFILE_MODES:
-            raise ConfigError(
-                f"unknown profile mode {self.profile!r}; choose one of {', '.join(PROFILE_MODES)}"
-            )
         if self.tune is not None and self.tune not in TUNE_PROVIDERS:
             raise ConfigError(f"unknown tuning provider {self.tune!r}; choose one of {', '.join(TUNE_PROVIDERS)}")
         if self.execution not in EXECUTION_MODES:
             raise ConfigError(f"unknown execution mode {self.execution!r}; choose one of {', '.join(EXECUTION_MODES)}")
-        if self.cost_graph not in COST_GRAPHS:
-            raise ConfigError(f"unknown cost graph {self.cost_graph!r}; choose one of {', '.join(COST_GRAPHS)}")
         if self.fuse not in FUSE_MODES:
             raise ConfigError(f"unknown fuse mode {self.fuse!r}; choose one of {', '.join(FUSE_MODES)}")
         for name in ("num_heads", "hidden_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0: detect), got {value!r}")
-        if self.channels_last_stem not in (0, 4, 8) or isinstance(self.channels_last_stem, bool):
-            raise ConfigError(f"channels_last_stem must be 0 (the stem NCHW), 4 or 8 (the channels a stem's input "
-                              f"is padded to), got {self.channels_last_stem!r}")
         if self.activation_limit is not None and not self.activation_limit > 0:
             raise ConfigError(f"activation_limit must be > 0, got {self.activation_limit}")
         from onnxcampo.accuracy import Criterion
@@ -235,9 +317,29 @@ class OptimizeConfig:
         object.__setattr__(self, "include_nodes", tuple(self.include_nodes))
         if self.device_db is not None:
             object.__setattr__(self, "device_db", Path(self.device_db))
+        if isinstance(self.experimental, Mapping):
+            object.__setattr__(self, "experimental", ExperimentalOptions().replace(**self.experimental))
+        elif not isinstance(self.experimental, ExperimentalOptions):
+            raise ConfigError(f"experimental must be a mapping of option names to values or ExperimentalOptions, "
+                              f"got {self.experimental!r}")
 
     def replace(self, **changes) -> "OptimizeConfig":
+        """A copy with ``changes``; an ``experimental`` mapping is merged over this config's
+        experimental options (an :class:`ExperimentalOptions` replaces them)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        for name in changes:
+            if name in names:
+                continue
+            if name in ExperimentalOptions.names():
+                raise ConfigError(f"{name} is an experimental option: experimental={{{name!r}: ...}}")
+            raise ConfigError(f"unknown option {name!r}{did_you_mean(name, names)}")
+        if isinstance(changes.get("experimental"), Mapping):
+            changes["experimental"] = self.experimental.replace(**changes["experimental"])
         return dataclasses.replace(self, **changes)
+
+    def with_experimental(self, **changes) -> "OptimizeConfig":
+        """A copy with these experimental options changed (``with_experimental(fuse_column_sums=False)``)."""
+        return dataclasses.replace(self, experimental=self.experimental.replace(**changes))
 
 
 def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:

@@ -84,10 +84,8 @@ class RuntimeCrashError(CampoError):
 # (``--exclude-op``) under ``onnxcampo`` (cli.main runs inside :func:`command_line`).
 _COMMAND_LINE: ContextVar[bool] = ContextVar("onnxcampo_command_line", default=False)
 _FLAGS = {"input_shapes": "--input-shape", "dim_values": "--dim", "exclude_ops": "--exclude-op",
-          "include_ops": "--include-op", "exclude_nodes": "--exclude-node", "include_nodes": "--include-node",
-          "check_invariants": "--debug"}
-_NEGATED_FLAGS = {"keep_io_types": "--no-keep-io-types", "pad_tensor_cores": "--no-pad",
-                  "compare_plans": "--no-compare-plans", "loss_scaling": "--no-loss-scaling",
+          "include_ops": "--include-op", "exclude_nodes": "--exclude-node", "include_nodes": "--include-node"}
+_NEGATED_FLAGS = {"keep_io_types": "--no-keep-io-types", "loss_scaling": "--no-loss-scaling",
                   "fuse_elementwise": "--no-fuse-elementwise", "fuse_reductions": "--no-fuse-reductions",
                   "channels_last": "--no-channels-last"}
 _UNSET = object()
@@ -110,7 +108,16 @@ def on_command_line() -> bool:
 def option(field: str, value: object = _UNSET) -> str:
     """An option as the caller gave it: ``option("tune", "cuda")`` is ``tune='cuda'`` from
     Python and ``--tune cuda`` on the command line; ``option("keep_io_types", False)`` is
-    ``keep_io_types=False`` or ``--no-keep-io-types``."""
+    ``keep_io_types=False`` or ``--no-keep-io-types``. An experimental option
+    (:class:`~onnxcampo.config.ExperimentalOptions`) is ``experimental={'int8_avg': True}`` or
+    ``--experimental int8_avg=true``."""
+    from onnxcampo.config import ExperimentalOptions
+
+    if field in ExperimentalOptions.names():
+        if not _COMMAND_LINE.get():
+            return f"experimental={{{field!r}: {'...' if value is _UNSET else repr(value)}}}"
+        text = "VALUE" if value is _UNSET else str(value).lower() if isinstance(value, bool) else value
+        return f"--experimental {field}={text}"
     if not _COMMAND_LINE.get():
         return field if value is _UNSET else f"{field}={value!r}"
     if value is False and field in _NEGATED_FLAGS:

@@ -150,7 +150,7 @@ def _summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
     ``[4096, 768]``, whose partials would be as large as the output). What is left of it is a
     small finishing launch over the partial sums."""
     elementwise, reductions = fusion_costed(ctx)
-    if not (elementwise and reductions and getattr(ctx.config, "fuse_column_sums", True)):
+    if not (elementwise and reductions and ctx.config.experimental.fuse_column_sums):
         return False
     if node.op != "ReduceSum" or (node.domain or "") not in oplists.DEFAULT_DOMAINS or not node.inputs:
         return False
@@ -336,7 +336,7 @@ def fusion_costed(ctx: GraphContext) -> tuple[bool, bool]:
     """(``fuse_elementwise``, ``fuse_reductions``) as the plan is costed: both off for the
     fusion-blind plan (``plan_for_fusion=False``), whose passes still run after it."""
     config = ctx.config
-    aware = getattr(config, "plan_for_fusion", True)
+    aware = config.experimental.plan_for_fusion
     return bool(config.fuse_elementwise and aware), bool(config.fuse_reductions and aware)
 
 
@@ -346,7 +346,7 @@ def layout_costed(ctx: GraphContext) -> bool:
     costed NCHW (its gradient convolutions' NHWC calls are not priced, and the Trainer replays the
     step, where their host time is not paid)."""
     config = ctx.config
-    return bool(getattr(config, "channels_last", False) and getattr(config, "plan_for_fusion", True)
+    return bool(config.channels_last and config.experimental.plan_for_fusion
                 and not ctx.training_fp32)
 
 
@@ -896,7 +896,7 @@ def _layout_trial(ctx: GraphContext, precision_of: PrecisionOf) -> _LayoutTrial 
                      and precision_of(n.name) is Precision.FP16)
     if not fp16:
         return None
-    stem = getattr(ctx.config, "channels_last_stem", 4)
+    stem = ctx.config.experimental.channels_last_stem
     cache = base.__dict__.setdefault("_layout_trials", {})
     key = (fp16, stem)
     if key in cache:
@@ -975,7 +975,7 @@ def _with_and_without(ctx: GraphContext, plan: PrecisionPlan, option: str) -> Re
     config = ctx.config
     totals = {}
     for on in (True, False):
-        ctx.config = config.replace(**{option: on}, plan_for_fusion=True)
+        ctx.config = config.replace(**{option: on}).with_experimental(plan_for_fusion=True)
         try:
             totals[on] = plan_time(ctx, plan).total_us
         finally:

@@ -1,4 +1,4 @@
-"""``--int8-avg``: MatMulInteger (+ its Cast to float) -> ``ai.onnxcampo::AvgMatMulInteger``.
+"""The experimental ``int8_avg``: MatMulInteger (+ its Cast to float) -> ``ai.onnxcampo::AvgMatMulInteger``.
 
 Runs on the exported model, after the precision passes (they never see the custom op). A node
 is replaced when (each rule failing gives the reason reported for it):

@@ -68,7 +68,7 @@ TRAINING = (TrainingRules(),)  # a training step's rules, before any plan (passe
 
 def mutating_passes(config: OptimizeConfig) -> tuple[PassBase, ...]:
     """The passes that change the graph, after the plan is chosen: Casts, then (campo) padding."""
-    if config.policy == "campo" and config.pad_tensor_cores:
+    if config.policy == "campo" and config.experimental.pad_tensor_cores:
         return (InsertCasts(), PadTensorCores())
     return (InsertCasts(),)
 
@@ -246,7 +246,7 @@ def run_loaded(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -
     # before the mutating passes change the graph
     both = _both_costings(prepared.ctx, chosen) if config.fuse_elementwise or config.fuse_reductions else None
     plan = chosen.plans[config.policy]
-    costs = node_rows(prepared.ctx, plan, padding=chosen.chosen == "campo" and config.pad_tensor_cores)
+    costs = node_rows(prepared.ctx, plan, padding=chosen.chosen == "campo" and config.experimental.pad_tensor_cores)
     ctx = Planning(prepared.ctx, plan)  # the chosen plan, applied and exported
     results = apply(ctx)
     report = build_report(ctx, loaded.source, chosen.plans, chosen.times, chosen.chosen, chosen.notes, results,
@@ -277,7 +277,7 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
     if training and not config.keep_io_types:
         log.warning("a training step keeps its input/output types (fp32 master weights and state)")
         config = config.replace(keep_io_types=True)
-    needs_sizes = config.policy == "campo" or config.profile != "predict"
+    needs_sizes = config.policy == "campo" or config.experimental.profile != "predict"
     info, unresolved = ir.infer_tensor_info(
         original, input_shapes=config.input_shapes, dim_values=config.dim_values, require_static=needs_sizes
     )
@@ -285,14 +285,14 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
     ctx = GraphContext.build(original, source, config, cost, info, unresolved)
     if training:
         analyse(Planning(ctx, analysis=True), TRAINING)  # tables only: no plan yet
-    if config.cost_graph == "ort":
+    if config.experimental.cost_graph == "ort":
         read_executed_graph(ctx)
     if config.activation_limit is not None:
         if training:
             raise ConfigError(f"{option('activation_limit')} calibrates inference models: a training step's activations "
                               "change as it trains (and its inputs include the weights)")
         _calibrate(ctx, inputs)
-    if config.profile != "predict":
+    if config.experimental.profile != "predict":
         _measure_fp32_times(ctx)
     return Prepared(ctx, fused, training)
 
@@ -305,7 +305,8 @@ def plan_policies(ctx: GraphContext) -> Plans:
     plans, times = {}, {}
     for name in dict.fromkeys((config.policy, "fp32", "amp")):
         # Only campo pads for Tensor Cores; the other plans are costed as they would run.
-        planning = Planning(ctx, fixed.copy(), padding=name == "campo" and config.pad_tensor_cores, analysis=True)
+        padding = name == "campo" and config.experimental.pad_tensor_cores
+        planning = Planning(ctx, fixed.copy(), padding=padding, analysis=True)
         plans[name] = analyse(planning, ANALYSIS[name])
         times[name] = estimate.plan_time(planning, plans[name])
     chosen, notes = choose_plan(config, plans, times)
@@ -333,7 +334,7 @@ def decide_rewrites(ctx: GraphContext, chosen: Plans, decisions: dict[str, Rewri
         return chosen
     config = ctx.config
     plan = chosen.plans[config.policy]
-    padding = chosen.chosen == "campo" and config.pad_tensor_cores
+    padding = chosen.chosen == "campo" and config.experimental.pad_tensor_cores
     planning = Planning(ctx, plan, padding=padding, analysis=True)
     settings = dict.fromkeys(pending, False)
     ctx.config = config.replace(**settings)
@@ -357,12 +358,13 @@ def decide_rewrites(ctx: GraphContext, chosen: Plans, decisions: dict[str, Rewri
     log.info("rewrites by predicted cost (%s): %s", config.execution,
              ", ".join(f"{option(name)} {'on' if settings[name] else 'off'}" for name in pending))
     kept = estimate.plan_time(planning, plan)
-    if any(settings.values()) and decided.plan_for_fusion:
+    if any(settings.values()) and decided.experimental.plan_for_fusion:
         again = plan_policies(ctx)
         if again.times[config.policy].total_us <= kept.total_us:
             return again
+    pads = decided.experimental.pad_tensor_cores
     times = {name: kept if name == config.policy else estimate.plan_time(
-                 Planning(ctx, other, padding=name == "campo" and decided.pad_tensor_cores, analysis=True), other)
+                 Planning(ctx, other, padding=name == "campo" and pads, analysis=True), other)
              for name, other in chosen.plans.items()}
     return Plans(chosen.plans, times, chosen.chosen, chosen.notes)
 
@@ -381,12 +383,12 @@ def _both_costings(ctx: GraphContext, chosen: Plans) -> dict:
     (``plan_for_fusion``): the plan was chosen under one of them; the other says what it would
     have been predicted to cost the other way (a fusion-blind plan run fused, for one)."""
     config = ctx.config
-    padding = chosen.chosen == "campo" and config.pad_tensor_cores
+    padding = chosen.chosen == "campo" and config.experimental.pad_tensor_cores
     kernel = ctx.cost.fused_kernel()
-    out = {"planned_for_fusion": config.plan_for_fusion,
+    out = {"planned_for_fusion": config.experimental.plan_for_fusion,
            "fused_kernel": {"bytes_per_us": kernel.bytes_per_us, "fixed_us": kernel.fixed_us, "measured": kernel.measured}}
     for name, aware in (("fusion_aware_us", True), ("fusion_blind_us", False)):
-        ctx.config = config.replace(plan_for_fusion=aware)
+        ctx.config = config.with_experimental(plan_for_fusion=aware)
         try:
             planning = Planning(ctx, chosen.plans[config.policy], padding=padding, analysis=True)
             out[name] = round(estimate.plan_time(planning, chosen.plans[config.policy]).total_us, 3)
@@ -401,7 +403,7 @@ def choose_plan(config: OptimizeConfig, plans: dict[str, PrecisionPlan],
     fastest of campo, fp32 and amp by prediction (``compare_plans``), and fp32 unless the mixed
     plan is predicted at least ``min_gain`` faster. Other policies keep their own plan."""
     chosen, notes = config.policy, []
-    if config.policy != "campo" or not config.compare_plans:
+    if config.policy != "campo" or not config.experimental.compare_plans:
         return chosen, notes
     best = min(COMPARED, key=lambda name: times[name].total_us)
     if times[best].total_us < times["campo"].total_us:
@@ -435,13 +437,14 @@ def node_rows(ctx: GraphContext, plan: PrecisionPlan, *, padding: bool) -> dict[
 
 def analyse(planning: Planning, passes) -> PrecisionPlan:
     """Run analysis ``passes`` on ``planning`` and return the plan they leave."""
-    PassManager(passes, check_invariants=planning.config.check_invariants, name="analyse").run(planning)
+    PassManager(passes, check_invariants=planning.config.experimental.check_invariants, name="analyse").run(planning)
     return planning.plan
 
 
 def apply(ctx: Planning) -> list[PassResult]:
     """The mutating passes on the chosen plan (invariants checked after each with ``--debug``)."""
-    manager = PassManager(mutating_passes(ctx.config), check_invariants=ctx.config.check_invariants, name="apply")
+    manager = PassManager(mutating_passes(ctx.config), check_invariants=ctx.config.experimental.check_invariants,
+                          name="apply")
     manager.run(ctx)
     return manager.results
 
@@ -457,7 +460,8 @@ def export(ctx: Planning, original: onnx.ModelProto, training: bool, report: dic
     out = ir.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
     fuse.clean_export(out)  # no planning-only shapes; no tensor names that ORT's fusions generate at load
     exported = Exported(out, ctx, training, report, starts, before)
-    PassManager(FINISHING, check_invariants=config.check_invariants, checker=_check_exported, name="finish").run(exported)
+    PassManager(FINISHING, check_invariants=config.experimental.check_invariants, checker=_check_exported,
+                name="finish").run(exported)
     return out
 
 
@@ -490,14 +494,14 @@ class KeepStartingWeights(PassBase):
 
 
 class Int8Avg(PassBase):
-    """``--int8-avg``: MatMulInteger as ai.onnxcampo's AvgMatMulInteger (the precision passes
+    """The experimental ``int8_avg``: MatMulInteger as ai.onnxcampo's AvgMatMulInteger (the precision passes
     never see the custom op)."""
 
     name = "int8_avg"
     mutates = True
 
     def run(self, exported: Exported) -> PassResult:
-        if not exported.ctx.config.int8_avg:
+        if not exported.ctx.config.experimental.int8_avg:
             return PassResult(self.name, False)
         exported.report["int8_avg"] = summary = _replace_matmul_integer(exported.model)
         replaced = int(summary.get("replaced", 0) or 0)
@@ -535,9 +539,10 @@ class FuseElementwise(PassBase):
             return PassResult(self.name, False)
         from onnxcampo.elementwise_fusion import fuse_elementwise
 
-        leave = ort_fused_nodes(exported.ctx, exported.model) if exported.ctx.config.yield_to_ort_fusions else set()
+        experimental = exported.ctx.config.experimental
+        leave = ort_fused_nodes(exported.ctx, exported.model) if experimental.yield_to_ort_fusions else set()
         result = fuse_elementwise(exported.model, leave=leave, info=exported.tensor_info,
-                                  column_sums=exported.ctx.config.fuse_column_sums)
+                                  column_sums=experimental.fuse_column_sums)
         exported.report["fuse_elementwise"] = {**result.to_json(), "left_to_ort": len(leave)}
         return PassResult(self.name, bool(result.groups), {"fused": result.groups, "replaced": result.nodes})
 
@@ -571,7 +576,7 @@ class ChannelsLast(PassBase):
             return PassResult(self.name, False)
         from onnxcampo.layout import to_channels_last
 
-        result = to_channels_last(exported.model, stem=exported.ctx.config.channels_last_stem)
+        result = to_channels_last(exported.model, stem=exported.ctx.config.experimental.channels_last_stem)
         exported.report["channels_last"] = result.to_json()
         converted = result.convolutions + result.data_grads + result.weight_grads
         return PassResult(self.name, bool(converted), {"converted": converted, "transposes": result.transposes})
@@ -599,7 +604,7 @@ class FuseReductions(PassBase):
         # records the tensors it makes)
         info, _ = ir.infer_tensor_info(exported.model)
         loss = fuse_softmax_cross_entropy(exported.model, info)
-        norms = (fuse_layer_norm_grad(exported.model, info) if exported.ctx.config.fuse_row_gradients
+        norms = (fuse_layer_norm_grad(exported.model, info) if exported.ctx.config.experimental.fuse_row_gradients
                  else NormFusionResult())
         result = fuse_reductions(exported.model, info)
         exported.tensor_info = info
@@ -665,7 +670,7 @@ _ADDED = {
     "SoftmaxGrad": "a softmax's input gradient (Mul, ReduceSum, Sub, Mul and a constant scale) in one pass "
                    "(--fuse-reductions)",
     "MultiTensorCast": "the float32 -> float16 Casts of the weights as one kernel (--fuse-elementwise)",
-    "AvgMatMulInteger": "MatMulInteger with 16-bit tree-averaging accumulation (--int8-avg)",
+    "AvgMatMulInteger": "MatMulInteger with 16-bit tree-averaging accumulation (the experimental int8_avg)",
 }
 
 
@@ -678,7 +683,7 @@ def _all_nodes(graph: onnx.GraphProto):
                 yield from _all_nodes(body)
 
 
-# Passes on the written model: loss scaling and --int8-avg rewrite a model file (loss scaling is
+# Passes on the written model: loss scaling and int8_avg rewrite a model file (loss scaling is
 # also what read_executed_graph costs a mixed step with, on a copy of the input model), and the
 # fusions must see what loss scaling adds; the annotation sees every node.
 FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), ChannelsLast(), FuseReductions(), FuseElementwise(),
@@ -696,7 +701,7 @@ def _check_exported(exported: Exported) -> list[str]:
 # --- helpers -----------------------------------------------------------------------------------
 
 def _replace_matmul_integer(model: onnx.ModelProto) -> dict:
-    """``--int8-avg`` on the exported model (the precision passes never see the custom op)."""
+    """The experimental ``int8_avg`` on the exported model (the precision passes never see the custom op)."""
     from onnxcampo import ops
     from onnxcampo.int8_avg import replace_matmul_integer
 
@@ -844,10 +849,10 @@ def _measure_fp32_times(ctx: GraphContext) -> None:
     from onnxcampo.runtime import random_inputs
 
     feeds = random_inputs(ctx.model, input_shapes=ctx.config.input_shapes, dim_values=ctx.config.dim_values)
-    measured = measure_node_times(ctx.model, provider=ctx.config.profile, feeds=feeds)
+    measured = measure_node_times(ctx.model, provider=ctx.config.experimental.profile, feeds=feeds)
     used = 0
     for name, micros in measured.node_us.items():
         if name in ctx.fp32_us and micros > 0:
             ctx.fp32_us[name] = micros
             used += 1
-    log.info("profiled %d nodes on %s: a run takes %.1f us", used, ctx.config.profile, measured.run_us)
+    log.info("profiled %d nodes on %s: a run takes %.1f us", used, ctx.config.experimental.profile, measured.run_us)

@@ -87,9 +87,9 @@ def candidate_configs(config: OptimizeConfig) -> dict[str, OptimizeConfig]:
     # fp32 first: its outputs are the others' reference. fp16 last: a graph it shares with amp or
     # campo is timed (and chosen) under their name. It keeps keep_io_types as given (Casts at the I/O).
     candidates = {"fp32": base.replace(policy="fp32"), "amp": base.replace(policy="amp"),
-                  "campo": base.replace(compare_plans=False)}
-    if config.pad_tensor_cores:
-        candidates["campo-nopad"] = base.replace(compare_plans=False, pad_tensor_cores=False)
+                  "campo": base.with_experimental(compare_plans=False)}
+    if config.experimental.pad_tensor_cores:
+        candidates["campo-nopad"] = base.with_experimental(compare_plans=False, pad_tensor_cores=False)
     candidates["fp16"] = base.replace(policy="fp16")
     return candidates
 

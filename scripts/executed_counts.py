@@ -1,5 +1,5 @@
 """How well ORT's CPU provider at the extended level stands in for the CUDA EP's graph optimizations:
-the nodes each leaves of the same models (what ``optimize``'s ``cost_graph="ort"`` reads).
+the nodes each leaves of the same models (what ``optimize``'s experimental ``cost_graph="ort"`` reads).
 
     python scripts/executed_counts.py MODEL.onnx [...] --json out.json
 

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo.bench import bench, parse_policies
 from onnxcampo.cli import main
+from onnxcampo.config import ExperimentalOptions
 from onnxcampo.errors import ConfigError
 
 FAST = ["--provider", "cpu", "--rounds", "2", "--block-ms", "2"]
@@ -143,7 +144,7 @@ def test_dynamic_dims_left_open_and_bad_numbers_are_one_line(model_path, capsys)
 
 @pytest.mark.slow
 def test_plan_options_reach_every_policys_optimize(model_path, tmp_path, capsys, monkeypatch):
-    """--device-db, --no-pad, --cost-graph and --fuse are optimize's options: every policy is
+    """--device-db, --fuse and --experimental are optimize's options: every policy is
     optimized with them (fp32, the reference, too), and the JSON says which were used."""
     import onnxcampo.api
 
@@ -158,16 +159,18 @@ def test_plan_options_reach_every_policys_optimize(model_path, tmp_path, capsys,
     database = Path(onnxcampo.api.__file__).parents[1] / "costdb" / "data" / "nvidia-h200.json"
     out = tmp_path / "bench.json"
     code, _, err = run_cli(capsys, "bench", model_path, "--policies", "fp16,amp,campo", "--dim", "batch=8",
-                           "--device-db", database, "--no-pad", "--cost-graph", "onnx", "--fuse", "none",
+                           "--device-db", database, "--experimental", "pad_tensor_cores=false",
+                           "--experimental", "cost_graph=onnx", "--fuse", "none",
                            "--json", out, *FAST)
     assert code == 0, err
     assert list(seen) == ["fp32", "fp16", "amp", "campo"]
     for policy, (config, report) in seen.items():
-        assert (config.device_db, config.pad_tensor_cores, config.cost_graph, config.fuse) == (
-            database, False, "onnx", "none"), policy
+        assert (config.device_db, config.experimental.pad_tensor_cores, config.experimental.cost_graph,
+                config.fuse) == (database, False, "onnx", "none"), policy
         assert report["cost_model"]["kind"] == "regression" and report["cost_graph"] == "onnx", policy
     assert json.loads(out.read_text())["plan_options"] == {
-        "device_db": str(database), "pad_tensor_cores": False, "cost_graph": "onnx", "fuse": "none"}
+        "device_db": str(database), "fuse": "none",
+        "experimental": {"pad_tensor_cores": False, "cost_graph": "onnx"}}
 
 
 @pytest.mark.slow
@@ -180,7 +183,7 @@ def test_plan_options_default_as_optimize_has_them(model_path, capsys, monkeypat
                         or real(model, config=config, **options))
     code, _, err = run_cli(capsys, "bench", model_path, "--policies", "fp16", "--dim", "batch=2", *FAST)
     assert code == 0, err
-    assert [(c.device_db, c.pad_tensor_cores, c.cost_graph, c.fuse) for c in seen] == [(None, True, "ort", "auto")] * 2
+    assert [(c.device_db, c.experimental, c.fuse) for c in seen] == [(None, ExperimentalOptions(), "auto")] * 2
 
 
 def test_a_missing_device_db_is_one_line(model_path, tmp_path, capsys):

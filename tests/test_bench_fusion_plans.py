@@ -29,9 +29,9 @@ def test_the_fusion_plan_variants_are_graph_policies_with_both_fusions():
         options = bench_policies.ONNXCAMPO[policy]
         assert options["execution"] == "cuda-graph" and options["fuse_elementwise"] and options["fuse_reductions"]
         assert bench_policies.graph_base(policy) == policy  # planned for the replay, not a replay of another
-    assert bench_policies.ONNXCAMPO["campo-fused-blind-graph"]["plan_for_fusion"] is False
+    assert bench_policies.ONNXCAMPO["campo-fused-blind-graph"]["experimental"]["plan_for_fusion"] is False
     assert bench_policies.ONNXCAMPO["fp16-fused-graph"]["policy"] == "fp16"
-    assert "plan_for_fusion" not in bench_policies.ONNXCAMPO["campo-fused-graph"]  # fusion-aware, the default
+    assert "experimental" not in bench_policies.ONNXCAMPO["campo-fused-graph"]  # fusion-aware, the default
 
 
 @pytest.mark.parametrize("policy", ["campo-fused-graph", "campo-fused-blind-graph", "fp16-fused-graph"])

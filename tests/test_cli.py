@@ -254,19 +254,17 @@ def test_report_in_a_missing_folder_is_refused_before_any_work(tmp_path, capsys)
 RENAMED_FLAGS = {
     "keep_io_types": "--no-keep-io-types", "input_shapes": "--input-shape", "dim_values": "--dim",
     "exclude_ops": "--exclude-op", "include_ops": "--include-op", "exclude_nodes": "--exclude-node",
-    "include_nodes": "--include-node", "pad_tensor_cores": "--no-pad", "compare_plans": "--no-compare-plans",
-    "loss_scaling": "--no-loss-scaling", "check_invariants": "--debug", "plan_for_fusion": "--no-plan-for-fusion",
-    "fuse_row_gradients": "--no-fuse-row-gradients", "fuse_column_sums": "--no-fuse-column-sums",
+    "include_nodes": "--include-node", "loss_scaling": "--no-loss-scaling", "experimental": "--experimental",
 }
 
 
 def test_every_config_field_has_an_optimize_flag_as_the_config_docstring_says():
     """Every OptimizeConfig field has a flag of ``onnxcampo optimize``: its own name, or the one
-    the docstring names for it."""
+    the docstring names for it; every experimental option is named in ``--experimental``'s help."""
     import dataclasses
 
     from onnxcampo.cli import build_parser
-    from onnxcampo.config import OptimizeConfig
+    from onnxcampo.config import ExperimentalOptions, OptimizeConfig
 
     optimize = build_parser()._subparsers._group_actions[0].choices["optimize"]
     flags = {flag for action in optimize._actions for flag in action.option_strings}
@@ -276,3 +274,5 @@ def test_every_config_field_has_an_optimize_flag_as_the_config_docstring_says():
         assert flag in flags, f.name
         if f.name in RENAMED_FLAGS:
             assert f"``{f.name}``" in doc and f"``{flag}" in doc, f.name
+    help_text = next(a.help for a in optimize._actions if "--experimental" in a.option_strings)
+    assert all(f"{name}=" in help_text for name in ExperimentalOptions.names())

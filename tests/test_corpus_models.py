@@ -54,7 +54,8 @@ def _relative_errors(reference: dict, candidate: dict) -> dict[str, float]:
 @pytest.mark.parametrize("policy", ["campo", "amp", "fp16"])
 def test_policy_on_real_model(entry, policy):
     path, proto, feeds = _load(entry)
-    result = onnxcampo.optimize(path, policy=policy, input_shapes=entry.input_shapes, check_invariants=True)
+    result = onnxcampo.optimize(path, policy=policy, input_shapes=entry.input_shapes,
+                                experimental={"check_invariants": True})
     model = result.model
     onnx.checker.check_model(model, full_check=True)
     assert model.ir_version == proto.ir_version

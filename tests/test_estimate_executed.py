@@ -104,7 +104,7 @@ def test_a_cast_breaks_the_fusion():
 def test_aliased_ops_cost_nothing_even_unfused():
     """cost_graph="onnx" (no ORT graph): MatMul and Add are separate kernels, the Reshape is
     still free (ORT aliases it whatever the fusions)."""
-    ctx = build_context(parse(MATMUL_BIAS), cost=HostCost(), cost_graph="onnx")
+    ctx = build_context(parse(MATMUL_BIAS), cost=HostCost(), experimental={"cost_graph": "onnx"})
     time = estimate.plan_time(ctx, plan_of(ctx))
     assert (time.nodes_us, time.launched) == (30.0, 3)
 
@@ -140,7 +140,7 @@ def test_report_names_the_execution_and_the_cost_graph():
     result = optimize(parse(MATMUL_BIAS), execution="cuda-graph")
     assert (result.report["execution"], result.report["cost_graph"], result.report["ort_nodes"]) == ("cuda-graph", "ort", 3)
     assert {plan["execution"] for plan in result.report["predicted_us"].values()} == {"cuda-graph"}
-    onnx_costed = optimize(parse(MATMUL_BIAS), cost_graph="onnx")
+    onnx_costed = optimize(parse(MATMUL_BIAS), experimental={"cost_graph": "onnx"})
     assert (onnx_costed.report["cost_graph"], onnx_costed.report["ort_nodes"]) == ("onnx", None)
 
 
@@ -170,7 +170,7 @@ def test_config_rejects_unknown_modes(execution):
     with pytest.raises(ConfigError, match="unknown execution mode"):
         OptimizeConfig(execution=execution + "x")
     with pytest.raises(ConfigError, match="unknown cost graph"):
-        OptimizeConfig(cost_graph="tensorrt")
+        OptimizeConfig(experimental={"cost_graph": "tensorrt"})
 
 
 def test_the_cpu_stand_in_leaves_conv_and_relu_apart_as_the_cuda_ep_does():
@@ -191,7 +191,7 @@ def test_launches_add_to_the_gpu_work_where_the_database_says_so():
         def host_adds(self, training: bool = False) -> bool:
             return True
 
-    ctx = build_context(parse(MATMUL_BIAS), cost=AddingCost(), cost_graph="onnx")
+    ctx = build_context(parse(MATMUL_BIAS), cost=AddingCost(), experimental={"cost_graph": "onnx"})
     time = estimate.plan_time(ctx, plan_of(ctx))
     assert (time.nodes_us, time.dispatch_us, time.total_us) == (30.0, 15.0, 30.0 + 15.0 + 20.0)
 

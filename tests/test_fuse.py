@@ -415,7 +415,7 @@ def test_optimize_plans_the_fused_graph_and_writes_a_model_ort_loads(tmp_path):
     layer on ORT CPU (wiring check; CPU runs fp16 nodes through casts)."""
     shape = {"batch": 8, "seq": 128, "hidden": 256, "heads": 4, "ffn": 1024}
     model = bert_layer(**shape)
-    result = onnxcampo.optimize(model, check_invariants=True)
+    result = onnxcampo.optimize(model, experimental={"check_invariants": True})
     report = result.report
     assert report["fuse"]["model_type"] == "bert" and report["fuse"]["ops"]["SkipLayerNormalization"] == 2
     plan = report["plan"]

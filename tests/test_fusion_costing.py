@@ -1,4 +1,4 @@
-"""Fusion-aware costing (``onnxcampo.estimate``, ``plan_for_fusion``): with ``--fuse-elementwise``
+"""Fusion-aware costing (``onnxcampo.estimate``, the experimental ``plan_for_fusion``): with ``--fuse-elementwise``
 a Cast inside a predicted FusedElementwise group costs nothing, one at its edge the bytes it
 changes there, and a fused elementwise op its share of the group's kernel; the fusion-blind plan
 (``plan_for_fusion=False``) is costed as if no fusion ran."""
@@ -67,7 +67,7 @@ def test_a_cast_inside_a_fused_group_costs_nothing():
     n = _nodes(planning)
     tensors = [n["mul"].inputs[0], n["mul"].outputs[0]]  # a (fp32 -> fp16) and b (fp16 -> fp32)
     assert estimate.casts_time(planning, tensors, planning.plan.precision) == (0.0, 0)
-    blind = _ctx(plan_for_fusion=False)
+    blind = _ctx(experimental={"plan_for_fusion": False})
     decide(blind, add="fp32", mul="fp16", tanh="fp32", neg="fp32", mm="fp32")
     m = _nodes(blind)
     assert estimate.casts_time(blind, [m["mul"].inputs[0], m["mul"].outputs[0]], blind.plan.precision) == (8.0, 2)
@@ -105,7 +105,7 @@ def test_interior_fused_ops_gain_nothing_from_fp16_and_the_group_launches_once()
     decide(planning, mul="fp32")
     fused = estimate.plan_time(planning, planning.plan)
     assert fused.launched == 2  # the group's kernel and the MatMul
-    blind = _ctx(plan_for_fusion=False)
+    blind = _ctx(experimental={"plan_for_fusion": False})
     decide(blind, add="fp32", mul="fp32", tanh="fp32", neg="fp32", mm="fp32")
     unfused = estimate.plan_time(blind, blind.plan)
     assert unfused.launched == 5 and unfused.nodes_us == 50.0
@@ -130,8 +130,9 @@ def test_fusion_aware_planning_makes_a_cheaper_choice_than_the_fusion_blind_plan
     kernels (which then move fewer bytes) and the fp16 MatMul pays."""
     plans = {}
     for aware in (True, False):
-        planning = build_context(parse(SANDWICH), cost=MemoryCost(), fuse_elementwise=True, plan_for_fusion=aware,
-                                 exclude_ops=frozenset({"Relu", "Neg"}), pad_tensor_cores=False)
+        planning = build_context(parse(SANDWICH), cost=MemoryCost(), fuse_elementwise=True,
+                                 exclude_ops=frozenset({"Relu", "Neg"}),
+                                 experimental={"plan_for_fusion": aware, "pad_tensor_cores": False})
         chosen = pipeline.plan_policies(planning.ctx)
         plans[aware] = (planning.ctx, chosen.plans["campo"], chosen.times["campo"])
     aware_ctx, aware_plan, aware_time = plans[True]
@@ -146,7 +147,7 @@ def test_fusion_aware_planning_makes_a_cheaper_choice_than_the_fusion_blind_plan
 
 def test_plan_for_fusion_off_costs_like_no_fusion():
     for aware in (True, False):
-        planning = _ctx(plan_for_fusion=aware)
+        planning = _ctx(experimental={"plan_for_fusion": aware})
         decide(planning, add="fp16", mul="fp32", tanh="fp16", neg="fp32", mm="fp16")
         off = build_context(parse(CHAIN), cost=MemoryCost())
         decide(off, add="fp16", mul="fp32", tanh="fp16", neg="fp32", mm="fp16")
@@ -154,13 +155,14 @@ def test_plan_for_fusion_off_costs_like_no_fusion():
         assert same is (not aware)
 
 
-def test_plan_for_fusion_is_on_by_default_and_off_with_its_flag():
-    assert OptimizeConfig().plan_for_fusion is True
+def test_plan_for_fusion_is_on_by_default_and_off_as_an_experimental_option():
+    assert OptimizeConfig().experimental.plan_for_fusion is True
     parser = build_parser()
-    args = parser.parse_args(["optimize", "m.onnx", "o.onnx", "--fuse-elementwise", "--no-plan-for-fusion"])
+    args = parser.parse_args(["optimize", "m.onnx", "o.onnx", "--fuse-elementwise",
+                              "--experimental", "plan_for_fusion=false"])
     config = config_from_args(args)
-    assert config.plan_for_fusion is False and config.fuse_elementwise is True
-    assert config_from_args(parser.parse_args(["optimize", "m.onnx", "o.onnx"])).plan_for_fusion is True
+    assert config.experimental.plan_for_fusion is False and config.fuse_elementwise is True
+    assert config_from_args(parser.parse_args(["optimize", "m.onnx", "o.onnx"])).experimental.plan_for_fusion is True
 
 
 def test_the_fused_kernel_cost_comes_from_the_database_or_the_documented_default(tmp_path):
@@ -273,7 +275,7 @@ def test_a_bias_gradient_summed_in_the_kernel_that_writes_it_costs_its_finishing
     text = BIAS_GRADIENT.replace("float[32] db", "float[32] db, float[64] rows").replace(
         "}\n", "  [last] last = Constant <value = int64[1] {1}> ()\n  [rows] rows = ReduceSum <keepdims = 0> (g, last)\n}\n", 1)
     planning = build_context(parse(text), cost=MemoryCost(), fuse_elementwise=True, fuse_reductions=True,
-                             fuse_column_sums=column_sums)
+                             experimental={"fuse_column_sums": column_sums})
     nodes = _nodes(planning)
     assert estimate._summed_in_kernel(planning, nodes["sum"]) is column_sums
     assert not estimate._summed_in_kernel(planning, nodes["rows"])

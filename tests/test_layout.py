@@ -200,8 +200,8 @@ def test_optimize_with_channels_last_writes_a_step_that_trains(tmp_path):
     batch = {k: v for k, v in _feeds(step, forward).items() if k in step_spec(step).batch}
     runs = {}
     for stem in (8, 0):
-        result = optimize(step, policy="fp16", channels_last=True, channels_last_stem=stem, fuse_elementwise=True,
-                          fuse_reductions=True)
+        result = optimize(step, policy="fp16", channels_last=True, fuse_elementwise=True, fuse_reductions=True,
+                          experimental={"channels_last_stem": stem})
         layout = result.report["channels_last"]
         ops = Counter(n.op_type for n in result.model.graph.node)
         assert ops["FusedElementwise"] > 0

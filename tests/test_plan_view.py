@@ -24,7 +24,7 @@ from onnxcampo.plan_view import filter_rows, node_rows, table
 from onnxcampo.report import counts_headline
 
 # policy fp16 with Exp excluded: the plan is known without a cost model; costed node by node
-FIXED = ["--policy", "fp16", "--exclude-op", "Exp", "--cost-graph", "onnx", "--fuse", "none"]
+FIXED = ["--policy", "fp16", "--exclude-op", "Exp", "--experimental", "cost_graph=onnx", "--fuse", "none"]
 
 
 def shape_and_constant_model() -> onnx.ModelProto:
@@ -105,8 +105,8 @@ def test_a_cast_shared_by_fp16_readers_is_split_between_them():
 def test_counts_separate_float_compute_from_shape_arithmetic_and_constants():
     """fp16 with Exp excluded: 2 of the 3 float compute nodes fp16; the Shape and the Constant are
     counted apart (old keys kept), in the JSON and the headline."""
-    result = optimize(shape_and_constant_model(), policy="fp16", exclude_ops=frozenset({"Exp"}), cost_graph="onnx",
-                      fuse="none")
+    result = optimize(shape_and_constant_model(), policy="fp16", exclude_ops=frozenset({"Exp"}),
+                      fuse="none", experimental={"cost_graph": "onnx"})
     report = result.report
     assert report["node_counts"] == {"float_compute": 3, "float_compute_fp16": 2, "float_compute_fp32": 1,
                                      "shape_arithmetic": 1, "constants": 1}
@@ -131,8 +131,8 @@ def test_headline_of_an_old_report_keeps_the_old_words():
 def test_every_written_node_says_what_onnxcampo_made_of_it():
     """Planned nodes: precision, reason and their own times; the exporter's text is kept, ours
     appended; inserted Casts say why they are there."""
-    result = optimize(shape_and_constant_model(), policy="fp16", exclude_ops=frozenset({"Exp"}), cost_graph="onnx",
-                      fuse="none")
+    result = optimize(shape_and_constant_model(), policy="fp16", exclude_ops=frozenset({"Exp"}),
+                      fuse="none", experimental={"cost_graph": "onnx"})
     docs = {n.name: n.doc_string for n in result.model.graph.node}
     assert all("onnxcampo: " in doc for doc in docs.values()), docs
     assert docs["mm"].startswith("exported from torch\nonnxcampo: fp16 (policy fp16); predicted fp32 ")
@@ -218,7 +218,7 @@ def test_page_lays_a_diamond_out_in_layers_and_escapes_names():
       ["c<script>"] v = Tanh(t)
       [d] y = Add(u, v)
     }
-    """), policy="fp32", cost_graph="onnx", fuse="none")
+    """), policy="fp32", fuse="none", experimental={"cost_graph": "onnx"})
     from onnxcampo.plan_html import columns, layout
 
     depth, layers = layout(list(result.model.graph.node))
@@ -251,7 +251,7 @@ def test_a_training_steps_loss_scaling_nodes_say_where_they_come_from():
       [relu] y = Relu(h)
     }
     """), loss="mse", optimizer="sgd", lr=0.1)
-    result = optimize(step, policy="amp", check_invariants=True)
+    result = optimize(step, policy="amp", experimental={"check_invariants": True})
     assert result.report["loss_scaling"]
     docs = [n.doc_string for n in result.model.graph.node]
     assert all("onnxcampo: " in doc for doc in docs)

@@ -168,7 +168,7 @@ def random_dags(draw):
 def _config(policy: str, model: onnx.ModelProto, cost_batch: int, pin_by_name: bool) -> OptimizeConfig:
     width = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
     pins = {"dim_values": {"N": cost_batch}} if pin_by_name else {"input_shapes": {"x": (cost_batch, width)}}
-    return OptimizeConfig(policy=policy, check_invariants=True, **pins)
+    return OptimizeConfig(policy=policy, experimental={"check_invariants": True}, **pins)
 
 
 @pytest.mark.slow

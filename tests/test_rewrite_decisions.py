@@ -61,7 +61,7 @@ def _with_cost(monkeypatch, cost) -> None:
 
 
 def _optimize(model, **options):
-    return onnxcampo.optimize(model, cost_graph="onnx", **options)
+    return onnxcampo.optimize(model, experimental={"cost_graph": "onnx"}, **options)
 
 
 def _close_on_ort(written, model, feeds, rtol):

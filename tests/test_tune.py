@@ -57,12 +57,12 @@ def test_candidates_are_all_fp16_campo_without_comparison_without_padding_amp_an
     candidates = candidate_configs(config)
     assert list(candidates) == ["fp32", "amp", "campo", "campo-nopad", "fp16"]  # fp16 last: a shared graph keeps amp's name
     assert all(c.tune is None and c.min_gain == 0.05 and c.execution == "cuda-graph" for c in candidates.values())
-    assert candidates["campo"].policy == "campo" and not candidates["campo"].compare_plans
-    assert not candidates["campo-nopad"].pad_tensor_cores
+    assert candidates["campo"].policy == "campo" and not candidates["campo"].experimental.compare_plans
+    assert not candidates["campo-nopad"].experimental.pad_tensor_cores
     assert (candidates["fp16"].policy, candidates["fp16"].keep_io_types) == ("fp16", True)
     assert not candidate_configs(config.replace(keep_io_types=False))["fp16"].keep_io_types
     assert (candidates["amp"].policy, candidates["fp32"].policy) == ("amp", "fp32")
-    assert "campo-nopad" not in candidate_configs(config.replace(pad_tensor_cores=False))
+    assert "campo-nopad" not in candidate_configs(config.with_experimental(pad_tensor_cores=False))
 
 
 def test_choose_keeps_fp32_unless_a_mixed_plan_is_min_gain_faster():
@@ -239,7 +239,7 @@ def test_fp16_inputs_of_a_candidate_get_the_given_fp32_inputs_cast():
     for them instead of failing them."""
     x = np.random.default_rng(0).standard_normal((64, 1001)).astype(np.float32)
     result = onnxcampo.optimize(odd_mlp(), tune="cpu", keep_io_types=False, inputs={"x": x},
-                                pad_tensor_cores=False)
+                                experimental={"pad_tensor_cores": False})
     entries = result.report["tuning"]["candidates"]
     assert "error" not in entries["amp"] and "ms" in entries["amp"]
 

@@ -14,7 +14,7 @@ def mlp_block_path() -> Path:
 
 def quantized_mlp_block(output: str | os.PathLike) -> Path:
     """``mlp_block.onnx`` dynamically quantized by ONNX Runtime (uint8 weights and activations):
-    three DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul patterns, the ``--int8-avg`` demo.
+    three DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul patterns, the demo of the experimental ``int8_avg``.
 
     The LayerNormalization weights are renamed first: the quantizer names the scale of the
     quantized ``ln`` tensor ``ln_scale`` and collides with them ("Graph is not a DAG").

@@ -1,7 +1,7 @@
 """The model file's graph as the proto-level rewrites read and edit it.
 
 The precision passes edit an onnx-graphsurgeon graph (:mod:`onnxcampo.ir.export`); the rewrites
-that work on a model file itself (onnx-ad's backward graph simplified, ``--int8-avg``, the
+that work on a model file itself (onnx-ad's backward graph simplified, the experimental ``int8_avg``, the
 transformer-pattern checks before ORT's fusions) read it through :class:`ModelEdit`: who produces
 and who reads each tensor, the graph's constants, attributes by name, fresh names, readers
 redirected. Tables are computed when asked, from the graph as it is then: a rewrite that changed

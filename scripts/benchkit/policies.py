@@ -116,8 +116,8 @@ FUSIONS = {"fuse_reductions": True, "fuse_elementwise": True}  # what campo-fuse
 AUTO = dict.fromkeys(("fuse_elementwise", "fuse_reductions", "channels_last"))  # optimize's default decides
 REFERENCE = "fp32-notf32"  # outputs and losses are compared with fp32 without TF32
 ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"policy": "campo"},
-             "campo-nopad": {"policy": "campo", "pad_tensor_cores": False},
-             "campo-nocost": {"policy": "campo", "compare_plans": False, "blind": True},
+             "campo-nopad": {"policy": "campo", "experimental": {"pad_tensor_cores": False}},
+             "campo-nocost": {"policy": "campo", "experimental": {"compare_plans": False}, "blind": True},
              # campo's candidate plans timed on the benchmark's provider and inputs (optimize's tune)
              "campo-tune": {"policy": "campo", "tune": True},
              # campo calibrated on the benchmark's inputs like ModelOpt (inference only)
@@ -134,33 +134,33 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-fused-gemm-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              "campo-fused-nhwc-graph": {"policy": "campo", "execution": "cuda-graph", **FUSIONS},
              # the same fusions and replay, the plan made as if they did not run (the fusion-blind plan)
-             "campo-fused-blind-graph": {"policy": "campo", "execution": "cuda-graph", "plan_for_fusion": False,
-                                         **FUSIONS},
+             "campo-fused-blind-graph": {"policy": "campo", "execution": "cuda-graph",
+                                         "experimental": {"plan_for_fusion": False}, **FUSIONS},
              # the same fusions and replay, the nodes ORT fuses itself left to it (yield_to_ort_fusions)
-             "campo-fused-yield-graph": {"policy": "campo", "execution": "cuda-graph", "yield_to_ort_fusions": True,
-                                         **FUSIONS},
+             "campo-fused-yield-graph": {"policy": "campo", "execution": "cuda-graph",
+                                         "experimental": {"yield_to_ort_fusions": True}, **FUSIONS},
              # the same without LayerNormGrad / SoftmaxGrad (fuse_row_gradients=False): their A/B
-             "campo-fused-norows-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_row_gradients": False,
-                                          **FUSIONS},
+             "campo-fused-norows-graph": {"policy": "campo", "execution": "cuda-graph",
+                                          "experimental": {"fuse_row_gradients": False}, **FUSIONS},
              # the same with the column sums as BlockReduceSum nodes (fuse_column_sums=False): their A/B
-             "campo-fused-nosums-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_column_sums": False,
-                                          **FUSIONS},
+             "campo-fused-nosums-graph": {"policy": "campo", "execution": "cuda-graph",
+                                          "experimental": {"fuse_column_sums": False}, **FUSIONS},
              # the convolutions channels-last (onnxcampo.layout), with both fusions
              "campo-fused-cl": {"policy": "campo", "channels_last": True, **FUSIONS},
              "campo-fused-cl-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
              "fp16-fused-cl-graph": {"policy": "fp16", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
              # the same with the stem convolution and the MaxPool NCHW (channels_last_stem=False): their A/B
              "campo-fused-cl-nostem-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
-                                             "channels_last_stem": 0, **FUSIONS},
+                                             "experimental": {"channels_last_stem": 0}, **FUSIONS},
              # the same with the column sums as BlockReduceSum nodes: their A/B
              "campo-fused-cl-nosums-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
-                                             "fuse_column_sums": False, **FUSIONS},
+                                             "experimental": {"fuse_column_sums": False}, **FUSIONS},
              # the same with the stem's input padded to 4 channels, the layout of cuDNN's image_first_layer kernels
              "campo-fused-cl-stem4-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
-                                            "channels_last_stem": 4, **FUSIONS},
+                                            "experimental": {"channels_last_stem": 4}, **FUSIONS},
              # the same padded to 8 channels (the default before session 20)
              "campo-fused-cl-stem8-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
-                                            "channels_last_stem": 8, **FUSIONS},
+                                            "experimental": {"channels_last_stem": 8}, **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
              # its plain run (for a CUPTI breakdown beside campo-fused's)
@@ -336,7 +336,7 @@ def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tup
             "predicted_us": {plan: entry.get("total_us") for plan, entry in (report.get("predicted_us") or {}).items()},
             # the chosen plan's predicted time (the policy's entry is the plan kept: choose_plan)
             "predicted_plan_us": ((report.get("predicted_us") or {}).get(options["policy"]) or {}).get("total_us"),
-            "plan_for_fusion": options.get("plan_for_fusion", True),
+            "plan_for_fusion": options.get("experimental", {}).get("plan_for_fusion", True),
             **({"channels_last": report["channels_last"]} if "channels_last" in report else {}),
             **({"predicted_fusion": report["predicted_fusion"]} if "predicted_fusion" in report else {}),
             "casts_inserted": report.get("casts_inserted"), "pads_inserted": report.get("pads_inserted"),

@@ -822,7 +822,7 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
     if fusion:
         lines += ["## Planning with fusion in view (fused and replayed)", "",
                   "`campo-fused-graph` plans with the fused kernels' costs (`plan_for_fusion`, the default), "
-                  "`campo-fused-blind-graph` as if no fusion ran (`--no-plan-for-fusion`); both then run the same "
+                  "`campo-fused-blind-graph` as if no fusion ran (`--experimental plan_for_fusion=false`); both then run the same "
                   "fusions. Predicted: the chosen plan's total as its own planning costed it.", ""]
         lines += fusion + [""]
     lines += ["## Where a training step's time goes (ORT profiler, graph optimizations off, host time per node and step)", ""]

@@ -87,7 +87,7 @@ def test_unchanged_if_bodies_are_written_as_read_and_outer_weights_stay_once(out
     ``two``; after any policy the same, whatever became fp16 outside; the outputs unchanged."""
     model = _if_model(outer_reader=outer_reader)
     W = onnx.numpy_helper.to_array(model.graph.initializer[0])
-    result = optimize(model, config=OptimizeConfig(policy=policy, compare_plans=False))
+    result = optimize(model, config=OptimizeConfig(policy=policy, experimental={"compare_plans": False}))
     out = result.model
     placed = _initializers(out.graph)
     assert "W" in placed["main"]

@@ -106,8 +106,8 @@ def test_replaced_graph_computes_the_reference(library, a_shape):
 
 def test_cli_on_the_quantized_mlp_block(library, quantized, tmp_path, capsys):
     out, report = tmp_path / "avg.onnx", tmp_path / "report.json"
-    code = main(["optimize", str(quantized), str(out), "--int8-avg", "--policy", "fp32", "--validate",
-                 "--input-shape", "x:64,256", "--report", str(report)])
+    code = main(["optimize", str(quantized), str(out), "--experimental", "int8_avg=true", "--policy", "fp32",
+                 "--validate", "--input-shape", "x:64,256", "--report", str(report)])
     err = capsys.readouterr().err
     assert code == 0, err
     assert "int8-avg: 3 MatMulInteger -> AvgMatMulInteger" in err

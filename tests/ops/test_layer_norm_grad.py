@@ -202,7 +202,8 @@ def test_a_softmax_gradient_fuses_with_the_unfused_values_on_ort_cpu(library):
 
 def test_the_option_off_leaves_the_row_gradients_unfused(library):
     step = build_train_step(_block(), loss="mse", optimizer="momentum")
-    off = onnxcampo.optimize(step, policy="campo", fuse_reductions=True, fuse_elementwise=False, fuse_row_gradients=False)
+    off = onnxcampo.optimize(step, policy="campo", fuse_reductions=True, fuse_elementwise=False,
+                             experimental={"fuse_row_gradients": False})
     assert off.report["fuse_reductions"]["layer_norms"]["layer_norm_grad"] == 0
     assert "LayerNormGrad" not in {n.op_type for n in off.model.graph.node}
 

@@ -52,11 +52,11 @@ def test_amp_retargets_a_cast_feeding_a_matmul_and_adds_one_before_it_when_an_ex
     """The whole amp policy: with only the MatMul reading it, the Cast's ``to`` becomes float16
     and no Cast is added before the MatMul; with an Exp (deny list, fp32) reading it too, it stays
     a Cast to float and one Cast to fp16 is added for the MatMul."""
-    alone = onnxcampo.optimize(parse(CAST_TO_MATMUL), policy="amp", check_invariants=True)
+    alone = onnxcampo.optimize(parse(CAST_TO_MATMUL), policy="amp", experimental={"check_invariants": True})
     assert alone.report["plan"]["to_float"]["reason"] == "cast_follows_consumers"
     to_fp16 = [c for c in casts(alone.model) if cast_to(c) == TensorProto.FLOAT16]
     assert [c.name for c in to_fp16] == ["to_float"]
-    shared = onnxcampo.optimize(parse(CAST_TO_MATMUL_AND_EXP), policy="amp", check_invariants=True)
+    shared = onnxcampo.optimize(parse(CAST_TO_MATMUL_AND_EXP), policy="amp", experimental={"check_invariants": True})
     assert shared.report["plan"]["to_float"] == {"precision": "fp32", "reason": "default_fp32"}
     to_fp16 = [c for c in casts(shared.model) if cast_to(c) == TensorProto.FLOAT16]
     assert len(to_fp16) == 1 and to_fp16[0].input == ["f"]

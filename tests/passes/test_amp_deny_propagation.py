@@ -64,7 +64,7 @@ def test_amp_paints_the_transposes_after_an_exp_fp16_with_one_cast():
     and one Cast, fp32 -> fp16, right after the Exp (plus the Cast back to fp32 that keeps the graph
     output's dtype). (The rule before this one denied both Transposes and put the Cast before the
     MatMul.)"""
-    result = onnxcampo.optimize(parse(EXP_TRANSPOSES_MATMUL), policy="amp", check_invariants=True)
+    result = onnxcampo.optimize(parse(EXP_TRANSPOSES_MATMUL), policy="amp", experimental={"check_invariants": True})
     model = result.model
     assert fp16_nodes(model) == {"tr1", "tr2", "mm"}
     [cast] = to_fp16(model)
@@ -81,7 +81,8 @@ def test_a_clear_op_between_a_deny_op_and_an_infer_op_is_denied():
     ctx = analyse(EXP_TRANSPOSE_ADD_RESHAPE_MATMUL)
     assert reasons(ctx) == {"exp": "DENY_LIST", "tr": "DENY_TOWARD_INFER", "add": "DENY_TOWARD_INFER",
                             "mm": "ALLOW_GREEDY"}
-    model = onnxcampo.optimize(parse(EXP_TRANSPOSE_ADD_RESHAPE_MATMUL), policy="amp", check_invariants=True).model
+    model = onnxcampo.optimize(parse(EXP_TRANSPOSE_ADD_RESHAPE_MATMUL), policy="amp",
+                               experimental={"check_invariants": True}).model
     assert fp16_nodes(model) == {"rs", "mm"}
     [cast] = to_fp16(model)
     assert producer(model, cast.input[0]).name == "add"

@@ -252,7 +252,7 @@ def test_qdq_pattern_left_intact_no_cast(policy):
     """Rule 4 end to end: DequantizeLinear -> Conv -> QuantizeLinear is written unchanged, no
     Cast inserted, whatever the policy (ORT only fuses the pattern in fp32)."""
     model = parse(QDQ_MODEL)
-    result = optimize(model, config=OptimizeConfig(policy=policy), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy=policy), experimental={"check_invariants": True})
     assert ops(result.model) == ["QuantizeLinear", "DequantizeLinear", "DequantizeLinear", "Conv",
                                  "QuantizeLinear", "DequantizeLinear"]
     assert result.report["casts_inserted"] == 0

@@ -124,7 +124,7 @@ def test_existing_cast_to_float_retargeted_in_every_policy(policy):
       [mm] y = MatMul(f, w)
     }}
     """
-    result = optimize(parse(text), config=OptimizeConfig(policy=policy), check_invariants=True)
+    result = optimize(parse(text), config=OptimizeConfig(policy=policy), experimental={"check_invariants": True})
     assert result.plan.is_fp16("mm"), result.report["plan"]
     assert ops(result.model) == ["Cast", "MatMul", "Cast"]
     assert cast_to(node(result.model, "to_float")) == FLOAT16
@@ -284,7 +284,7 @@ def test_attention_mask_clamped_in_report_and_softmax_finite():
     }
     """
     model = parse(text)
-    result = optimize(model, config=OptimizeConfig(policy="fp16"), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy="fp16"), experimental={"check_invariants": True})
     assert result.report["initializer_values_clamped"] == 4
     mask = initializer(result.model, "mask")
     assert mask.dtype == np.float16 and np.isfinite(mask).all() and mask.min() == -65504
@@ -375,7 +375,8 @@ def test_a_reader_of_any_dtype_does_not_keep_an_input_fp32():
       [shape] s = Shape(x)
     }
     """)
-    result = optimize(model, config=OptimizeConfig(policy="fp16", keep_io_types=False), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy="fp16", keep_io_types=False),
+                      experimental={"check_invariants": True})
     assert io_types(result.model)["x"] == FLOAT16 and not casts(result.model)
     assert node(result.model, "shape").input[0] == "x"
     assert result.report["casts_inserted"] == result.report["predicted_us"]["fp16"]["casts"] == 0
@@ -391,7 +392,8 @@ def test_keep_io_types_false_end_to_end_runs_in_fp16():
       [sig] y = Sigmoid(r)
     }
     """)
-    result = optimize(model, config=OptimizeConfig(policy="fp16", keep_io_types=False), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy="fp16", keep_io_types=False),
+                      experimental={"check_invariants": True})
     assert io_types(result.model) == {"x": FLOAT16, "y": FLOAT16}
     assert ops(result.model) == ["Relu", "Sigmoid"]
     x = np.linspace(-3, 3, 32, dtype=np.float16).reshape(4, 8)
@@ -442,7 +444,7 @@ def test_identity_cast_feeding_graph_output_makes_no_round_trip(policy):
       [mm] y = MatMul(f, w)
     }}
     """)
-    result = optimize(model, config=OptimizeConfig(policy=policy), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy=policy), experimental={"check_invariants": True})
     assert cast_round_trips(result.model) == []
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8) + np.float32(1e-4)
     f, _ = reference_run(result.model, {"x": x})
@@ -459,7 +461,7 @@ def test_constant_node_with_value_float_attribute(attr):
       [add] y = Add(x, k)
     }}
     """)
-    result = optimize(model, config=OptimizeConfig(policy="fp16"), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy="fp16"), experimental={"check_invariants": True})
     assert result.plan.is_fp16("add")
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
     (want,) = reference_run(model, {"x": x})
@@ -478,7 +480,7 @@ def test_comparison_inputs_get_one_dtype(policy):
       [less] c = Less(a, x)
     }}
     """)
-    result = optimize(model, config=OptimizeConfig(policy=policy), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy=policy), experimental={"check_invariants": True})
     assert result.plan.is_fp16("mm")
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
     (want, _), (got, _) = reference_run(model, {"x": x}), reference_run(result.model, {"x": x})
@@ -494,7 +496,7 @@ def test_fp16_model_with_fp32_output_cast_gets_no_extra_cast():
       [up] y = Cast<to=1>(r)
     }
     """)
-    result = optimize(model, config=OptimizeConfig(policy="fp16"), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy="fp16"), experimental={"check_invariants": True})
     assert result.report["casts_inserted"] == 0
     assert ops(result.model) == ["Relu", "Cast"]
 
@@ -508,7 +510,8 @@ def test_predicted_casts_match_inserted_casts():
       [exp] z = Exp(s)
     }
     """)
-    result = optimize(model, config=OptimizeConfig(policy="fp16", exclude_ops=frozenset({"Exp"})), check_invariants=True)
+    result = optimize(model, config=OptimizeConfig(policy="fp16", exclude_ops=frozenset({"Exp"})),
+                      experimental={"check_invariants": True})
     assert result.report["casts_inserted"] == 3  # x -> fp16, s -> fp32, y back to fp32
     assert result.report["predicted_us"]["fp16"]["casts"] == 3
 
@@ -523,7 +526,7 @@ def test_predicted_casts_match_inserted_casts_without_keep_io_types():
     }
     """)
     config = OptimizeConfig(policy="fp16", keep_io_types=False, exclude_ops=frozenset({"Exp"}))
-    result = optimize(model, config=config, check_invariants=True)
+    result = optimize(model, config=config, experimental={"check_invariants": True})
     assert result.report["casts_inserted"] == 1 and ops(result.model) == ["Cast", "Relu", "Exp"]
     assert result.report["predicted_us"]["fp16"]["casts"] == 1
 

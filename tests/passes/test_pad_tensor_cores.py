@@ -320,14 +320,17 @@ def test_optimize_campo_pads_and_reports():
     """End to end with the analytic H200 model: a 2048x1001x1001 fp16 MatMul is padded,
     ``report["pads_inserted"]`` says 2 and ORT CPU runs the result close to the original (a
     wiring check: ORT's CPU provider hides fp16 rounding; the padding's numerics are checked
-    exactly with the reference evaluator above); ``pad_tensor_cores=False`` pads nothing."""
+    exactly with the reference evaluator above); the experimental ``pad_tensor_cores=False`` pads
+    nothing."""
     from helpers import ort_run
 
     model, _ = matmul_model(2048, 1001, 1001)
-    on = optimize(model, config=OptimizeConfig(include_ops=frozenset({"MatMul"})), check_invariants=True)
+    config = OptimizeConfig(include_ops=frozenset({"MatMul"}))
+    on = optimize(model, config=config, experimental={"check_invariants": True})
     assert on.report["pads_inserted"] == 2 and "Pad" in ops(on.model) and "Slice" in ops(on.model)
-    off = optimize(model, config=OptimizeConfig(include_ops=frozenset({"MatMul"}), pad_tensor_cores=False),
-                   check_invariants=True)
+    off = optimize(model, config=config.with_experimental(pad_tensor_cores=False),
+                   experimental={"check_invariants": True})
+    assert off.report["experimental"] == {"pad_tensor_cores": False, "check_invariants": True}
     assert off.report["pads_inserted"] == 0 and ops(off.model) == ["Cast", "MatMul", "Cast"]
     x = rng_array((2048, 1001), 4, scale=1.0)
     (want,) = ort_run(model, {"x": x})

@@ -59,7 +59,8 @@ def checker_error(model: onnx.ModelProto) -> str | None:
 def optimized(request):
     name, policy = request.param
     original = onnx.load(str(training_model(name)))
-    result = onnxcampo.optimize(training_model(name), policy=policy, dim_values=BATCH, check_invariants=True)
+    result = onnxcampo.optimize(training_model(name), policy=policy, dim_values=BATCH,
+                                experimental={"check_invariants": True})
     return name, policy, original, result
 
 
@@ -141,7 +142,7 @@ def test_without_declared_value_infos_every_float_tensor_is_still_typed():
     fp16 backward Gemm reading the loss gradient gets it through a Cast."""
     model = onnx.load(str(training_model("mlp")))
     del model.graph.value_info[:]
-    result = onnxcampo.optimize(model, policy="amp", dim_values=BATCH, check_invariants=True)
+    result = onnxcampo.optimize(model, policy="amp", dim_values=BATCH, experimental={"check_invariants": True})
     ir.check_model(result.model, full_check=True)
     plan = result.report["plan"]
     assert plan["onnx::SoftmaxCrossEntropyLoss::4_Grad/SoftmaxCrossEntropyLossGrad_0"]["precision"] == "fp32"

@@ -50,7 +50,7 @@ def test_loss_and_update_stay_fp32(loss, policy, fused):
     """The loss, its gradient and the optimizer update are fp32 under every mixed policy, while the
     model's own matrix products (forward and backward) are fp16 under amp/fp16."""
     step = build_train_step(mlp(), loss=loss, optimizer="adamw", fused=fused)
-    result = optimize(step, policy=policy, pad_tensor_cores=False)
+    result = optimize(step, policy=policy, experimental={"pad_tensor_cores": False})
     forced = fp32_nodes(step)
     names = {n.name for n in step.graph.node}
     assert {n for n in names if n.startswith(("loss/", "update/")) or "/adam/" in n} <= forced
@@ -244,7 +244,7 @@ def test_weight_gradient_sums_read_fp16_under_campo_with_loss_scaling():
     assert not sums & {n.name for n in step.graph.node if n.op_type != "ReduceSum"}
 
     # the products fp16 whatever this machine's cost model says (the H200's makes them fp16 on its own)
-    fp16_products = {"include_ops": {"MatMul"}, "pad_tensor_cores": False}
+    fp16_products = {"include_ops": {"MatMul"}, "experimental": {"pad_tensor_cores": False}}
     campo = optimize(step, policy="campo", **fp16_products)
     # b2's gradient sums the loss gradient (the logits'): part of the loss, fp32 under every policy
     loss_side = sums & fp32_nodes(step)
@@ -281,7 +281,8 @@ def test_fp16_weight_gradient_sums_keep_the_gradients():
     from onnxcampo.training.scaling import gradient_sums
 
     sums = tuple(re.escape(name) + "$" for name in gradient_sums(step))
-    campo = optimize(step, policy="campo", pad_tensor_cores=False, include_ops={"MatMul"}, include_nodes=sums)
+    campo = optimize(step, policy="campo", experimental={"pad_tensor_cores": False}, include_ops={"MatMul"},
+                     include_nodes=sums)
     assert any(campo.plan.precision(n) is Precision.FP16 for n in gradient_sums(step))
     rng = np.random.default_rng(4)
     x = rng.standard_normal((64, 128)).astype(np.float32)
@@ -336,7 +337,8 @@ def test_campo_step_with_fp16_gradient_sums_trains_like_fp32(fused):
     sums = tuple(re.escape(name) + "$" for name in gradient_sums(step))
     # the sums are forced fp16 (whether they pay at this size is a tie in the analytic model): the
     # test is about how fp16 sums train, not about when they pay
-    campo = optimize(step, policy="campo", pad_tensor_cores=False, include_ops={"MatMul"}, include_nodes=sums)
+    campo = optimize(step, policy="campo", experimental={"pad_tensor_cores": False}, include_ops={"MatMul"},
+                     include_nodes=sums)
     assert any(campo.plan.precision(n) is Precision.FP16 for n in gradient_sums(step))
     rng = np.random.default_rng(5)
     batch = {"x": rng.standard_normal((64, 128)).astype(np.float32), "labels": rng.integers(0, 64, 64).astype(np.int64)}
@@ -424,7 +426,7 @@ def test_campo_prices_the_cast_the_fused_unscale_saves():
     from test_simplify import sequence_mlp
 
     step = build_train_step(sequence_mlp(), loss="cross_entropy", optimizer="momentum", lr=0.05, fused=True)
-    result = optimize(step, policy="campo", include_ops={"Gemm"}, pad_tensor_cores=False)
+    result = optimize(step, policy="campo", include_ops={"Gemm"}, experimental={"pad_tensor_cores": False})
     for name in ("w1/squeeze", "w2/squeeze"):
         decision = result.plan.get(name)
         assert decision.precision is Precision.FP16 and decision.reason is Reason.CLEAR_PAYS, name

@@ -460,7 +460,7 @@ def test_amp_optimized_train_mode_step_keeps_the_running_statistics_fp32_state()
     import onnxcampo
 
     step = build_train_step(conv_bn(), loss="mse", optimizer="momentum", lr=0.05, train_mode=True)
-    optimized = onnxcampo.optimize(step, policy="amp", check_invariants=True).model
+    optimized = onnxcampo.optimize(step, policy="amp", experimental={"check_invariants": True}).model
     inputs = {i.name: i.type.tensor_type.elem_type for i in optimized.graph.input}
     assert inputs["bn.running_mean"] == inputs["bn.running_var"] == TensorProto.FLOAT
     trainer = Trainer(optimized)
