@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# The pending GPU work of issues 17 and 18 as one sequence of stages, for the H200 machine
-# (../shared/device/README.md: 30 minutes of device time a session, the machine handed back after
-# ~30 s idle, /tmp kept between runs that follow each other). Run from the repository root there,
-# after onnxruntime-gpu is installed into /tmp/ortgpu, the bench wheels copied to /tmp/bw and
-# onnxcampo installed into /tmp/oc (the install runs: docs/benchmarks/issue17.md, "Commands"):
+# The GPU work as one sequence of stages, for the GPU machine (../shared/device/README.md: 30
+# minutes of device time a session, the machine handed back after ~30 s idle, /tmp kept between
+# runs that follow each other). Run from the repository root there, after onnxruntime-gpu is
+# installed into /tmp/ortgpu (with pytest: ORT_GPU_EXTRA="pytest==9.2.0 pluggy==1.7.0
+# iniconfig==2.3.1 pygments==2.21.0" for prepare-ort-gpu.sh), the bench wheels copied to /tmp/bw
+# and onnxcampo installed into /tmp/oc (the install runs: docs/benchmarks/issue17.md, "Commands"):
 #
 #   bash scripts/gpu_session.sh STAGE [STAGE ...]      results under $OUT/<stage>/
 #
 # Stages (each under its own time limit; a failed stage does not stop the next; its exit status
 # and command are appended to $OUT/<stage>/rc):
-#   checks   the custom-op kernel checks: FusedElementwise (generated and interpreter kernels,
-#            comparisons included), ConvWeightGrad (cuDNN), Im2Col, BlockReduceSum, ScatterNDAdd,
-#            the Trainer's device batches and CUDA graphs, MultiTensorCast,
-#            SoftmaxCrossEntropy(Grad), LayerNormGrad (values, and timed against the unfused
-#            GPT-2 loss and BERT layer-norm backward), the NHWC convolutions and pooling, the
-#            unscaling update, NchwToNhwc                                               (~8 min)
+#   checks   the GPU tests (tests/gpu, docs/guide/contributing.md) but the end-to-end ones: every
+#            custom op's CUDA kernels against their CPU kernels and numpy references, the
+#            side-by-side timings (figures as JSON in $OUT/checks/<test module>.json), the Trainer
+#            on the device. CHECKS (pytest's arguments) narrows them, e.g. to the modules a cut
+#            run did not reach                                                             (~7 min)
+#   policies every policy end to end on CUDA (tests/gpu/test_policies_cuda.py: the MLP block,
+#            BERT-base and GPT-2 exported there), figures in $OUT/policies/               (~5 min)
 #   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
-#            cases not measured yet (costdb/data/raw/harvested-cases.json: none left in session 13); copy
+#            cases with no sample (costdb/data/raw/harvested-cases.json); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
 #            costdb/data/raw/nvidia-h200.jsonl costdb/data/nvidia-h200.json`)          (~2 min)
 #   bench    training steps: campo with both fusions (channels-last too for ResNet-50:
@@ -29,27 +31,25 @@
 #            ROTATE_ROUNDS, ROTATE_SPLIT): campo channels-last with and without the column sums in
 #            the elementwise kernels, the fp16 plan, torch.compile AMP channels_last replayed
 #            (reduce-overhead), CUPTI splits of campo's and torch's                      (~4 min)
-#   targets  issue 17's targets in three rotations (scripts/rotate_training.py, one process a
+#   targets  the training targets in three rotations (scripts/rotate_training.py, one process a
 #            model): campo with every fusion against the fp16 plan with them, greedy amp and
 #            torch.compile replayed (reduce-overhead; AMP, and fp32 for the transformers; ResNet-50
 #            channels-last on both sides); ROTATE_ROUNDS (default 5)                       (~8 min)
 #   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
 #            stops printing "variants left")                                              (~9 min)
-#   infer    inference with the fusions (issue 17 item 4): campo with both fusions against campo
+#   infer    inference with the fusions: campo with both fusions against campo
 #            and the best anchors, plain and replayed, on the transformer and CNN suite (BENCH_MODELS,
 #            BENCH_POLICIES: e.g. resnet50 with campo-fused-cl-graph, the convolutions channels-last)
 #                                                                                         (~8 min)
-#   train18  issue 18 on CUDA: scripts/check_training_cuda.py (BatchNorm/Dropout train mode,
-#            evaluate, checkpoints and resume, schedule, partial batches; CUDA against the CPU)
-#            and scripts/example_finetune.py (magika, frozen and --train-all); carry
-#            .benchcorpus/magika-1.0.3 (CORPUS_DIR, default .benchcorpus)                  (~3 min)
+#   finetune scripts/example_finetune.py on CUDA (magika, frozen and --train-all); carry
+#            .benchcorpus/magika-1.0.3 (CORPUS_DIR, default .benchcorpus)                  (~2 min)
 # bench and infer re-measure rows older than BENCH_SINCE (default: now); a stage its budget cut
 # continues in the next call with the same BENCH_SINCE (e.g. BENCH_SINCE=2026-12-02T10:00), after
 # the rows that came back are merged into docs/benchmarks/raw/.
 # Copy what comes back into the repository before the next run (the machine keeps nothing):
-# $OUT/checks/* -> docs/benchmarks/custom-ops/issue17/<session>/, $OUT/bench/h200*.jsonl merged
-# into docs/benchmarks/raw/, $OUT/loss/loss-curves-h200.json and $OUT/train18/* ->
-# docs/benchmarks/training/.
+# $OUT/checks/*.json -> docs/benchmarks/custom-ops/, $OUT/policies/*.json -> docs/benchmarks/gpu-check/,
+# $OUT/bench/h200*.jsonl merged into docs/benchmarks/raw/, $OUT/loss/loss-curves-h200.json and
+# $OUT/finetune/* -> docs/benchmarks/training/.
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 export PYTHONPATH=/tmp/ortgpu:/tmp/oc:/tmp/benchpkgs:${PYTHONPATH:-}
@@ -70,21 +70,15 @@ stage() {  # stage NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT
 }
 
 run_checks() {
-  local d=$OUT/checks
-  stage checks 150 python3 scripts/check_fused_elementwise_cuda.py --provider cuda --timing --rounds 7 \
-    --out "$d/fused_elementwise.json"
-  stage checks 200 python3 scripts/check_conv_grad_cuda.py --out "$d/conv_grad.json"
-  stage checks 120 python3 scripts/check_im2col_cuda.py --no-large --out "$d/im2col.json"
-  stage checks 90 python3 scripts/check_reduce_cuda.py --out "$d/reduce.json"
-  stage checks 90 python3 scripts/check_scatter_cuda.py --out "$d/scatter.json"
-  stage checks 120 python3 scripts/check_trainer_device.py --fused-ops --out "$d/trainer-device.json"
-  stage checks 120 python3 scripts/check_multi_tensor_cast_cuda.py --out "$d/multi_tensor_cast.json"
-  stage checks 120 python3 scripts/check_cross_entropy_cuda.py --out "$d/cross_entropy.json"
-  stage checks 120 python3 scripts/check_layer_norm_grad_cuda.py --out "$d/layer_norm_grad.json"
-  stage checks 150 python3 scripts/check_conv_nhwc_cuda.py --out "$d/conv_nhwc.json"
-  stage checks 120 python3 scripts/check_max_pool_cuda.py --out "$d/max_pool.json"
-  stage checks 120 python3 scripts/check_update_cuda.py --out "$d/update.json"
-  stage checks 90 python3 scripts/check_to_nhwc_cuda.py --out "$d/to_nhwc.json"
+  # -P: the installed onnxcampo (/tmp/oc), not the checkout's folder (which lacks onnxcampo.costdb);
+  # ONNXCAMPO_GPU_REQUIRED: a missing CUDA provider or kernel fails the tests instead of skipping them
+  ONNXCAMPO_GPU_RESULTS=$OUT/checks ONNXCAMPO_GPU_REQUIRED=1 stage checks 590 python3 -P -m pytest -m gpu -q \
+    ${CHECKS:-tests/gpu --ignore=tests/gpu/test_policies_cuda.py}
+}
+
+run_policies() {
+  ONNXCAMPO_GPU_RESULTS=$OUT/policies ONNXCAMPO_GPU_REQUIRED=1 stage policies 590 python3 -P -m pytest -m gpu -q \
+    tests/gpu/test_policies_cuda.py
 }
 
 run_costs() {
@@ -120,11 +114,10 @@ run_infer() {
     --redo '*|*|inference|campo*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
 }
 
-run_train18() {
-  local d=$OUT/train18 corpus=${CORPUS_DIR:-.benchcorpus}
-  stage train18 200 python3 scripts/check_training_cuda.py --out "$d/check-training-h200.json"
-  stage train18 200 python3 scripts/example_finetune.py --provider cuda --corpus-dir "$corpus" --out "$d"
-  stage train18 200 python3 scripts/example_finetune.py --provider cuda --train-all --lr 3e-4 --corpus-dir "$corpus" \
+run_finetune() {
+  local d=$OUT/finetune corpus=${CORPUS_DIR:-.benchcorpus}
+  stage finetune 200 python3 scripts/example_finetune.py --provider cuda --corpus-dir "$corpus" --out "$d"
+  stage finetune 200 python3 scripts/example_finetune.py --provider cuda --train-all --lr 3e-4 --corpus-dir "$corpus" \
     --out "$d"
 }
 
@@ -160,13 +153,14 @@ fi
 for name in "$@"; do
   case $name in
     checks) run_checks ;;
+    policies) run_policies ;;
     costs) run_costs ;;
     bench) run_bench ;;
     loss) run_loss ;;
     rotate) run_rotate ;;
     targets) run_targets ;;
     infer) run_infer ;;
-    train18) run_train18 ;;
-    *) echo "unknown stage $name (checks, costs, bench, rotate, targets, loss, infer, train18)" >&2; exit 2 ;;
+    finetune) run_finetune ;;
+    *) echo "unknown stage $name (checks, policies, costs, bench, rotate, targets, loss, infer, finetune)" >&2; exit 2 ;;
   esac
 done

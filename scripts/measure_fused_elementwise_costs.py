@@ -5,10 +5,9 @@ library with CUDA:
 
     python3 -m onnxcampo.ops.build && python3 scripts/measure_fused_elementwise_costs.py --out fe.json
 
-Needs only onnxruntime(-gpu) and numpy, like ``scripts/check_fused_elementwise_cuda.py``, whose
-model writer, sessions and IO binding it reuses. The sweep: 2^16..2^25 elements, 1-4 inputs (their
-sum), every input float32 or every input float16, the output float32 or float16. Each case is timed
-with inputs and outputs bound on the device, median ms of ``--rounds`` blocks of ``--block`` runs;
+The sweep: 2^16..2^25 elements, 1-4 inputs (their sum), every input float32 or every input
+float16, the output float32 or float16. Each case is timed with inputs and outputs bound on the
+device (``onnxcampo.runtime.timing.BoundRunner``), median ms of ``--rounds`` blocks of ``--block`` runs;
 with torch present, the GPU kernel time per run (CUPTI) too, and the fit is made on kernel times
 (the planner counts the host's launches apart: ``CostModel.launch_us``); without torch on the wall
 times, which then hold ORT's per-run host cost in ``fixed_us`` (the JSON says which).
@@ -21,7 +20,6 @@ The JSON's ``fused_elementwise`` object merges into a cost database with
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import statistics
@@ -30,20 +28,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
 
-ROOT = Path(__file__).resolve().parent
+from onnxcampo.ops import jit, library_path, nodes
+from onnxcampo.ops.elementwise import Op
+from onnxcampo.runtime import make_session
+from onnxcampo.runtime.standalone import gpu_time_per_call
+from onnxcampo.runtime.timing import BoundRunner
 
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-check = _load("_check_fused_elementwise_cuda", ROOT / "check_fused_elementwise_cuda.py")
-Op, FLOAT, FLOAT16 = check.Op, check.FLOAT, check.FLOAT16
+FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
+NUMPY = {FLOAT: np.float32, FLOAT16: np.float16}
 
 
 def sum_program(inputs: int, out_type: int) -> list[int]:
@@ -57,14 +52,17 @@ def sum_program(inputs: int, out_type: int) -> list[int]:
     return [int(v) for row in rows for v in row]
 
 
-def case_model(elements: int, inputs: int, in_type: int, out_type: int) -> tuple[bytes, list[np.ndarray]]:
+def case_model(elements: int, inputs: int, in_type: int, out_type: int):
+    """The model of one case (a FusedElementwise node summing ``inputs`` inputs) and its inputs."""
     rng = np.random.default_rng(elements + inputs)
-    dtype = check.NUMPY[in_type]
-    arrays = [rng.standard_normal(elements).astype(dtype) for _ in range(inputs)]
+    arrays = [rng.standard_normal(elements).astype(NUMPY[in_type]) for _ in range(inputs)]
     names = [f"x{k}" for k in range(inputs)]
-    fused = check.fused_node(sum_program(inputs, out_type), 2, [], [out_type], names, ["y0"])
-    model = check.model([fused], [check.value_info(n, in_type, [elements]) for n in names],
-                        [check.value_info("y0", out_type, [elements])])
+    fused = nodes.fused_elementwise(names, ["y0"], program=sum_program(inputs, out_type), registers=2,
+                                    output_types=[out_type], name="fused")
+    graph = helper.make_graph([fused], "g", [helper.make_tensor_value_info(n, in_type, [elements]) for n in names],
+                              [helper.make_tensor_value_info("y0", out_type, [elements])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    nodes.import_domain(model)
     return model, arrays
 
 
@@ -76,19 +74,19 @@ def measure(provider: str, rounds: int, block: int, sizes: list[int]) -> list[di
             for in_type in (FLOAT, FLOAT16):
                 for out_type in (FLOAT, FLOAT16):
                     model, arrays = case_model(elements, inputs, in_type, out_type)
-                    bound = check.Bound(model, arrays, provider)
+                    device = "cuda" if provider == "cuda" else "cpu"
+                    bound = BoundRunner(make_session(model, provider=provider),
+                                        {f"x{k}": a for k, a in enumerate(arrays)}, device)
                     for _ in range(3):
-                        bound.run()
-                    bound.sync()
+                        bound()
                     times = []
                     for _ in range(rounds):
-                        bound.sync()
                         start = time.perf_counter()
                         for _ in range(block):
-                            bound.run()
-                        bound.sync()
+                            bound.launch()
+                        bound.synchronize()
                         times.append((time.perf_counter() - start) * 1e3 / block)
-                    gpu = check.gpu_ms_per_run(bound) if provider == "cuda" else None
+                    gpu = gpu_time_per_call(bound.launch, 10) if provider == "cuda" else None
                     moved = sum(a.nbytes for a in arrays) + elements * (2 if out_type == FLOAT16 else 4)
                     row = {"elements": elements, "inputs": inputs, "in": "fp16" if in_type == FLOAT16 else "fp32",
                            "out": "fp16" if out_type == FLOAT16 else "fp32", "bytes": moved,
@@ -122,9 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-log2", type=int, default=16)
     parser.add_argument("--max-log2", type=int, default=25)
     args = parser.parse_args(argv)
-    if args.provider == "cuda" and hasattr(check.ort, "preload_dlls"):
-        check.ort.preload_dlls()
-    print(f"onnxruntime {check.ort.__version__}, library {check.library_path()}, provider {args.provider}", flush=True)
+    print(f"onnxruntime {ort.__version__}, library {library_path()}, provider {args.provider}, NVRTC "
+          f"{jit.export_nvrtc()}", flush=True)
     rows = measure(args.provider, args.rounds, args.block, list(range(args.min_log2, args.max_log2 + 1)))
     kernel = any(r["kernel_ms"] is not None for r in rows)
     chosen = fit(rows, "kernel_ms" if kernel else "wall_ms")
@@ -140,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     entry = {"bytes_per_us": round(chosen["bytes_per_us"], 1), "fixed_us": round(max(chosen["fixed_us"], 0.0), 3),
              "samples": chosen["samples"], "mape": chosen["mape"], "time": chosen["time"], "measured": True,
              "source": "scripts/measure_fused_elementwise_costs.py", "date": time.strftime("%Y-%m-%d"),
-             "onnxruntime": check.ort.__version__, "host": platform.node()}
+             "onnxruntime": ort.__version__, "host": platform.node()}
     if args.out:
         args.out.write_text(json.dumps({"fused_elementwise": entry, "fits": fits, "rows": rows}, indent=1) + "\n")
     return 0

@@ -3,7 +3,7 @@ activations channels-last, the same numbers as the NCHW graph.
 
 The equality checks run on ORT's CPU provider in float32 (the library's CPU reference kernels:
 they check the rewrite's wiring, axes and permuted constants; cuDNN's kernels are checked on a GPU
-by scripts/check_conv_nhwc_cuda.py). The small CNN (tests/training/test_simplify.py) has every
+by tests/gpu/test_conv_nhwc_cuda.py). The small CNN (tests/training/test_simplify.py) has every
 convolution shape a ResNet meets: a 3-channel 7x7 stride-2 stem (kept NCHW), MaxPool, residual
 Adds, stride-2 3x3 and 1x1 convolutions, a 3x5 kernel, a dilated 3x3, a Conv without bias, then
 GlobalAveragePool, Flatten and Gemm.

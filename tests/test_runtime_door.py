@@ -74,9 +74,7 @@ def test_the_placed_graph_counts_what_orts_cpu_leaves_fp16(tmp_path):
     assert fp16_nodes(placed) == 1 and [n.op_type for n in placed.graph.node].count("Cast") == 2
 
 
-def test_the_standalone_sessions_stand_alone_for_the_gpu_check():
-    # scripts/check_fused_elementwise_cuda.py loads it by path where only onnxruntime and numpy are
+def test_the_standalone_sessions_stand_alone():
+    # the benchmark harness's probes make sessions from a path and a library file alone
     source = (ROOT / "onnxcampo" / "runtime" / "standalone.py").read_text()
     assert not re.search(r"^\s*(from|import) (onnxcampo|onnx\b)", source, re.M)
-    for script in ("check_fused_elementwise_cuda.py", "check_reduce_cuda.py", "check_scatter_cuda.py"):
-        assert "onnxcampo/runtime/standalone.py" in (ROOT / "scripts" / script).read_text(), script

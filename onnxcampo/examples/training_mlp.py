@@ -1,6 +1,6 @@
 """A two-layer MLP (8 -> 16 -> 3, batch 32) with fixed weights and data, for training checks.
 
-The training tests and ``scripts/check_training_gpu.py`` both train it: ``mlp()`` is the forward
+The training tests train it (``tests/gpu/test_trainer_cuda.py`` on CUDA too): ``mlp()`` is the forward
 model (weights as initializers), ``X`` the batch, ``TARGET`` (mse) and ``CLASSES`` (cross entropy)
 its labels. ``wide_mlp()`` is a larger one with a bias on both layers, big enough that campo's
 cost model makes its products fp16.

@@ -59,8 +59,8 @@ float64 and rounded once to float32 (the correctly rounded value, the same on ev
 the kernels' math libraries (glibc, CUDA) meet within their documented 1-2 ulp (CUDA's powf: 4).
 SIGMOID is that rounded exp followed by the float32 add and divide.
 
-This file imports numpy only (scipy's erf when installed): scripts/check_fused_elementwise_cuda.py
-loads it by path on the GPU machine. The kernels: csrc/elementwise.h; docs/ops.md.
+This file imports numpy only (scipy's erf when installed). The kernels: csrc/elementwise.h;
+docs/ops.md; tests/gpu/test_fused_elementwise_cuda.py checks the CUDA kernels against :func:`run`.
 """
 
 from __future__ import annotations

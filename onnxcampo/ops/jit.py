@@ -1,5 +1,5 @@
 """FusedElementwise's generated CUDA kernels seen from Python: where NVRTC is, the source a node's
-kernel has, and compiling that source (for tests and the GPU check script).
+kernel has, and compiling that source (for the tests).
 
 On CUDA the custom-op library writes one kernel per FusedElementwise program and call layout
 (csrc/elementwise_jit.h) and compiles it with NVRTC, loaded at run time; without NVRTC it runs
@@ -9,7 +9,7 @@ its slower interpreter kernel and says so once on stderr. NVRTC comes from ``$ON
 it; ``pip install nvidia-cuda-nvrtc`` otherwise) when it is installed: :func:`onnxcampo.ops.register`
 calls it.
 
-Standard library only (ctypes): scripts/check_fused_elementwise_cuda.py loads this file by path.
+Standard library only (ctypes).
 """
 
 from __future__ import annotations

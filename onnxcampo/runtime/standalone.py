@@ -1,10 +1,8 @@
-"""Sessions for scripts that run where onnxcampo is not installed: a model (bytes or a path) with
-the custom-op library registered, on one provider.
+"""Sessions of a model (bytes or a path) with the custom-op library registered, on one provider,
+bound once, and timed side by side; the GPU kernel time of a call as CUPTI sees it.
 
-Imports nothing of onnxcampo (nor onnx), on purpose: ``scripts/check_fused_elementwise_cuda.py``,
-``scripts/check_reduce_cuda.py`` and ``scripts/check_scatter_cuda.py`` run on the GPU machine
-without onnxcampo installed and load this file by its path, so that this package stays the only
-code that creates ONNX Runtime sessions.
+Imports nothing of onnxcampo (nor onnx): the benchmark harness's probes make their sessions here
+from a path and a library file alone; the GPU tests take their CUPTI times from here.
 """
 
 from __future__ import annotations

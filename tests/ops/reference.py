@@ -165,20 +165,3 @@ def scatter_nd_add_model(dtype: int, *, reduction: str | None = None, ranks: tup
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     nodes.import_domain(model)
     return model
-
-
-def check_script_passes_on_the_cpu(script: str, library: str, tmp_path) -> None:
-    """``scripts/<script>`` (a CUDA check run on the GPU machine) with ``--provider cpu --quick``:
-    exit 0 and every check of its JSON report ok."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / script
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    out = tmp_path / "report.json"
-    assert module.main(["--provider", "cpu", "--quick", "--library", library, "--out", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert report["checks"] and all(row["ok"] for row in report["checks"])

@@ -6,7 +6,7 @@ output) or rounded once to float16. Random normal inputs check the float32 accum
 a bound; several thread counts must give the same bits. The CUDA launch plan (pure host
 arithmetic, read through ``OnnxcampoBlockReducePlan``) is checked for every shape: its tiles
 cover every element exactly once, as the kernels walk them (emulated here in numpy);
-``scripts/check_reduce_cuda.py`` runs the kernels themselves on a GPU.
+``tests/gpu/test_block_reduce_cuda.py`` runs the kernels themselves on a GPU.
 """
 
 from __future__ import annotations
@@ -242,25 +242,3 @@ def test_the_cuda_kernels_loops_visit_every_element_once(library, sizes, half):
     for sms in (132, 2):
         count = covered(plan(library, p, q, r, half, sms=sms), p, q, r)
         assert count.min() == 1 and count.max() == 1, (sizes, sms)
-
-
-def test_the_gpu_check_script_runs_its_checks_and_timing_on_the_cpu(library, tmp_path):
-    """Wiring only: scripts/check_reduce_cuda.py (the H200 run) with the CPU kernel, small shapes."""
-    import json
-
-    import check_reduce_cuda as check
-
-    out = tmp_path / "reduce.json"
-    assert check.main(["--provider", "cpu", "--quick", "--rounds", "1", "--reps", "1", "--copies", "2",
-                       "--out", str(out), "--library", library]) == 0
-    results = json.loads(out.read_text())
-    assert results["failed"] == 0 and results["checks"] and all(row["ok"] for row in results["checks"])
-    names = {name for entry in results["timing"] for name in entry["variants"]}
-    assert {"block_f16_f16", "block_f32_f32", "block_f16_f32", "ort_f16_f32", "ort_f16_f32_pair"} <= names
-    assert all(item["agrees"] and item["wall_us"] > 0 for entry in results["timing"]
-               for item in entry["variants"].values())
-    # no CUDA provider in this onnxruntime: exit 2, nothing else
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        assert check.main(["--provider", "cuda", "--quick", "--library", library]) == 2

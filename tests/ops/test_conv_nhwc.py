@@ -1,5 +1,5 @@
 """ai.onnxcampo::ConvNhwc, ConvNhwcDataGrad and ConvNhwcWeightGrad on the CPU (ORT's CPU provider
-runs the library's reference kernels; scripts/check_conv_nhwc_cuda.py checks cuDNN's the same way):
+runs the library's reference kernels; tests/gpu/test_conv_nhwc_cuda.py checks cuDNN's the same way):
 against float64 numpy (onnxcampo.ops.conv_nhwc) in float32 and float16 (the kernel's own float16
 arithmetic: the op's inputs stay float16 on the CPU provider), against ORT's own NCHW Conv and
 ConvTranspose, the same bits for any thread count, inferred output shapes, clear errors."""
@@ -11,7 +11,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxcampo import ops
 from onnxcampo.ops import conv_nhwc as ref
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import make_session
@@ -192,24 +191,6 @@ def test_grouped_filter_and_gradient_groups_fail_clearly():
         nodes.conv_nhwc("x", "w", output="y", kernel_shape=(3, 3), group=0, name="f")
 
 
-@pytest.mark.skipif(not ops.cuda_kernels_here(), reason="needs ORT's CUDA provider and the library's CUDA kernels")
-@pytest.mark.parametrize("shape, kernel, strides, dilations, pads, cout, group", GROUPED, ids=GROUPED_IDS)
-def test_grouped_on_cuda_matches_the_cpu_kernel(shape, kernel, strides, dilations, pads, cout, group):
-    """cuDNN's grouped NHWC forward (cudnnSetConvolutionGroupCount, a KRSC filter of Cin / group
-    channels) against the float64 reference, float16 and float32."""
-    from reference import run_node
-
-    attrs = {"strides": strides, "dilations": dilations, "pads": pads}
-    node = nodes.conv_nhwc("x", "w", output="y", kernel_shape=kernel, group=group, name="f", **attrs)
-    ho, wo = ref.output_hw(shape[1], shape[2], kernel, strides, dilations, pads)
-    for dtype in (np.float16, np.float32):
-        rng = np.random.default_rng(1)
-        feeds = {"x": rng.standard_normal(shape).astype(dtype),
-                 "w": rng.standard_normal((cout, *kernel, shape[3] // group)).astype(dtype)}
-        y = run_node(node, feeds, {"y": (TYPES[dtype], [shape[0], ho, wo, cout])}, provider="cuda")["y"]
-        assert _close(y, ref.conv_nhwc(feeds["x"], feeds["w"], group=group, **attrs), 4e-3)
-
-
 def test_same_bits_for_any_thread_count():
     case = ((3, 11, 10, 5), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 6)
     runs = [_run_all(*case, np.float32, threads=t)[1] for t in (1, 2, 4)]
@@ -250,14 +231,6 @@ def test_builders_refuse_bad_attributes():
         nodes.conv_nhwc("x", "w", output="y", kernel_shape=(3, 3), strides=(0, 1), name="f")
     with pytest.raises(ValueError, match="input_spatial must be 2 positive ints"):
         nodes.conv_nhwc_data_grad("dy", "w", output="dx", input_spatial=(4,), kernel_shape=(3, 3), name="d")
-
-
-def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
-    """scripts/check_conv_nhwc_cuda.py --provider cpu --quick: its small checks against numpy pass
-    with the CPU kernels (the script's own wiring; on the GPU machine it checks cuDNN's)."""
-    from reference import check_script_passes_on_the_cpu
-
-    check_script_passes_on_the_cpu("check_conv_nhwc_cuda.py", library, tmp_path)
 
 
 # ---- NchwToNhwc -----------------------------------------------------------------------------
@@ -307,11 +280,3 @@ def test_nchw_to_nhwc_refuses_bad_attributes_and_inputs():
     session = _to_nhwc_session(np.float32, (1, 5, 2, 2), TensorProto.FLOAT16, 4, declare=False)
     with pytest.raises(Exception, match="below x's 5 channels"):
         session.run(None, {"x": np.zeros((1, 5, 2, 2), np.float32)})
-
-
-def test_the_nchw_to_nhwc_cuda_check_script_passes_on_the_cpu(library, tmp_path):
-    """scripts/check_to_nhwc_cuda.py --provider cpu --quick: its checks against numpy pass with the
-    CPU kernel (the script's own wiring; on the GPU machine it checks the CUDA kernel)."""
-    from reference import check_script_passes_on_the_cpu
-
-    check_script_passes_on_the_cpu("check_to_nhwc_cuda.py", library, tmp_path)

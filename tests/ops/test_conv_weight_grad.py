@@ -1,5 +1,5 @@
 """ai.onnxcampo::ConvWeightGrad on the CPU against a float64 numpy reference (the im2col matrix
-times dy; scripts/check_conv_grad_cuda.py checks cuDNN's kernel the same way on a GPU): float32
+times dy; tests/gpu/test_im2col_cuda.py checks cuDNN's kernel the same way on a GPU): float32
 and float16, strides, dilation, asymmetric pads, 1x1, 7x7, an empty batch; the type and shape
 ORT infers for an undeclared output; the same bits for any thread count; clear errors."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from check_conv_grad_cuda import SMALL_CASES, _close, dy_shape, op_model, reference, resnet_cout
+from cases.im2col import SMALL_CASES, close, dy_shape, reference_weight_grad, resnet_cout, weight_grad_model
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import make_session
 
@@ -27,20 +27,20 @@ def _feeds(shape, kernel, stride, dilation, pads, cout, dtype):
 def test_matches_numpy(shape, kernel, stride, dilation, pads, dtype, rtol):
     cout = 5
     feeds = _feeds(shape, kernel, stride, dilation, pads, cout, dtype)
-    model = op_model(shape, kernel, stride, dilation, pads, cout, TensorProto.FLOAT16 if dtype == np.float16 else 1)
+    model = weight_grad_model(shape, kernel, stride, dilation, pads, cout, TensorProto.FLOAT16 if dtype == np.float16 else 1)
     got = make_session(model).run(None, feeds)[0]
     assert got.dtype == dtype and got.shape == (cout, shape[1], *kernel)
-    want = reference(feeds["x"], feeds["dy"], kernel, stride, dilation, pads)
+    want = reference_weight_grad(feeds["x"], feeds["dy"], kernel, stride, dilation, pads)
     if shape[0] == 0:
         assert np.all(got == 0)
     else:
-        assert _close(got, want, rtol)["ok"], _close(got, want, rtol)
+        assert close(got, want, rtol)["ok"], close(got, want, rtol)
 
 
 def test_same_bits_for_any_thread_count():
     shape, kernel, stride, dilation, pads = (4, 33, 31, 29), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)
     feeds = _feeds(shape, kernel, stride, dilation, pads, 7, np.float32)
-    model = op_model(shape, kernel, stride, dilation, pads, 7, TensorProto.FLOAT)
+    model = weight_grad_model(shape, kernel, stride, dilation, pads, 7, TensorProto.FLOAT)
     runs = [make_session(model, intra_op_threads=t).run(None, feeds)[0] for t in (1, 2, 4)]
     assert all(np.array_equal(r.view(np.uint32), runs[0].view(np.uint32)) for r in runs)
 

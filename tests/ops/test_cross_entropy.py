@@ -24,7 +24,6 @@ from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import build_train_step
 
-from reference import check_script_passes_on_the_cpu
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NUMPY = {F32: np.float32, F16: np.float16}
@@ -183,11 +182,6 @@ def test_a_log_softmax_read_elsewhere_or_another_loss_is_left_alone(library):
     assert fuse_softmax_cross_entropy(exposed).forward == 0
     mse = build_train_step(_classifier(), loss="mse", optimizer="momentum")
     assert fuse_softmax_cross_entropy(mse).forward == 0
-
-
-def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
-    """scripts/check_cross_entropy_cuda.py (run on the GPU machine) on the CPU provider."""
-    check_script_passes_on_the_cpu("check_cross_entropy_cuda.py", library, tmp_path)
 
 
 @pytest.mark.parametrize("policy", ["fp16", "campo"])

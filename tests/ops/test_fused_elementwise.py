@@ -1,8 +1,8 @@
 """ai.onnxcampo::FusedElementwise on ORT's CPU EP with the built library against the numpy
 reference (onnxcampo.ops.elementwise.run): every opcode, float16/float32 inputs and outputs mixed,
 broadcasting, empty outputs, float16 rounding, thread-count independence; how ORT learns the
-output types; programs refused at session creation. The cases are those that
-scripts/check_fused_elementwise_cuda.py runs on the GPU."""
+output types; programs refused at session creation. The cases (tests/cases/fused_elementwise.py)
+are those that tests/gpu/test_fused_elementwise_cuda.py runs on the CUDA kernels."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-import check_fused_elementwise_cuda as cases
+from cases import fused_elementwise as cases
 from onnxcampo.errors import CampoError
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import nodes
@@ -49,9 +49,8 @@ def test_broadcasting_rounding_and_chains_match_the_reference(library, name):
 
 
 def test_the_case_models_are_valid_onnx():
-    # the script writes protobuf bytes itself (no onnx on the GPU machine); onnx reads them back
-    for case in (ALL["rank5"], ALL["op_POW"], ALL["gelu_erf"]):
-        model = onnx.load_from_string(case.model())
+    for case in (ALL["rank5"], ALL["op_POW"], ALL["gelu_erf"], ALL["column_sums_64x64_f16_to_f32"]):
+        model = case.model()
         onnx.checker.check_model(model)
         node = model.graph.node[0]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -59,7 +58,7 @@ def test_the_case_models_are_valid_onnx():
         assert attrs["registers"] == case.registers and list(attrs["output_types"]) == case.output_types
         assert [round(c, 5) for c in attrs.get("constants", [])] == [round(c, 5) for c in case.constants]
     for kind in ("gelu", "layernorm_backward", "cast_mul"):
-        onnx.checker.check_model(onnx.load_from_string(cases.unfused_model(kind, cases.chain_inputs(kind, 4, 8))))
+        onnx.checker.check_model(cases.unfused_model(kind, cases.chain_inputs(kind, 4, 8)))
 
 
 def test_round_f16_is_visible_between_float32_operations(library):

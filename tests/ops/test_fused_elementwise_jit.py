@@ -2,7 +2,7 @@
 the source the library writes for each program and layout, read through its C hook (the CPU
 library carries the code generator), and, where NVRTC is installed (the nvidia-cuda-nvrtc
 wheel), compiled for sm_80 and sm_90 with the library's options. Running them needs a GPU:
-scripts/check_fused_elementwise_cuda.py checks every case there against the reference."""
+tests/gpu/test_fused_elementwise_cuda.py runs every case there against the reference."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-import check_fused_elementwise_cuda as cases
+from cases import fused_elementwise as cases
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import jit, library_path
 from onnxcampo.ops.elementwise import Op

@@ -1,4 +1,4 @@
-"""ai.onnxcampo::Im2Col on the CPU against numpy (the reference of scripts/check_im2col_cuda.py,
+"""ai.onnxcampo::Im2Col on the CPU against numpy (the reference of tests/gpu/test_im2col_cuda.py,
 which checks the CUDA kernel the same way on a GPU): float32 and float16, strides 1 and 2,
 dilation 2, asymmetric pads, 1x1, 7x7, non-square kernels and images, an empty batch; the
 output type and shape ORT infers; the same bits for any thread count; clear errors for bad
@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from check_im2col_cuda import im2col_model, reference_im2col, slice_concat_model, tap_im2col
+from cases.im2col import im2col_model, reference_im2col, slice_concat_model, tap_im2col
 from onnxcampo import ops
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import make_session

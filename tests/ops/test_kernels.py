@@ -314,12 +314,3 @@ def test_outputs_do_not_depend_on_the_intra_op_thread_count(library, rng, thread
             assert_bits_equal(a, wanted, rng.seed_text)
         for a, wanted in zip(one[1], want[1]):
             close(a, wanted, rng.seed_text, rtol=1e-6, atol=1e-7)  # b^t: powf of two libraries
-
-
-def test_the_update_check_script_passes_on_the_cpu(library, tmp_path):
-    """scripts/check_update_cuda.py --provider cpu --quick: the two forms of a loss-scaled update
-    (UnscaleCheckFinite + update, CheckFinite + update unscale=1) agree bit for bit with the CPU
-    kernels (the script's own wiring; on the GPU machine it checks the CUDA kernels)."""
-    from reference import check_script_passes_on_the_cpu
-
-    check_script_passes_on_the_cpu("check_update_cuda.py", library, tmp_path)

@@ -22,7 +22,6 @@ from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import build_train_step
 
-from reference import check_script_passes_on_the_cpu
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NUMPY = {F32: np.float32, F16: np.float16}
@@ -145,11 +144,6 @@ def test_a_changed_pattern_is_left_alone(library):
     assert fuse_layer_norm_grad(exposed).fused == 1
     inference = _block()
     assert fuse_layer_norm_grad(inference).fused == 0
-
-
-def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
-    """scripts/check_layer_norm_grad_cuda.py (run on the GPU machine) on the CPU provider."""
-    check_script_passes_on_the_cpu("check_layer_norm_grad_cuda.py", library, tmp_path)
 
 
 @pytest.mark.parametrize("dy_type, y_type, out_type, scale", [(F32, F32, F32, 1.0), (F16, F16, F16, 0.125),

@@ -1,5 +1,5 @@
 """ai.onnxcampo::MaxPoolNhwc and MaxPoolNhwcGrad on the CPU (ORT's CPU provider runs the library's
-reference kernels; scripts/check_max_pool_cuda.py checks the CUDA kernels the same way): y and
+reference kernels; tests/gpu/test_conv_nhwc_cuda.py checks the CUDA kernels the same way): y and
 argmax exactly as the numpy reference (onnxcampo.ops.max_pool) in float32 and float16, ties and
 NaNs included; dx as the float32 sum in the op's order, within rounding of the float64 reference;
 against ORT's own NCHW MaxPool (y, and Indices + a scatter-add for the gradient); the same bits
@@ -264,11 +264,3 @@ def test_builders_refuse_bad_attributes():
                                name="p")
     assert list(node.output) == ["y", "a"] and node.domain == "ai.onnxcampo"
     assert list(nodes.max_pool_nhwc("x", output="y", kernel_shape=(2, 2), name="q").output) == ["y"]
-
-
-def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
-    """scripts/check_max_pool_cuda.py --provider cpu --quick: its small checks against numpy pass
-    with the CPU kernels (the script's own wiring; on the GPU machine it checks the CUDA kernels)."""
-    from reference import check_script_passes_on_the_cpu
-
-    check_script_passes_on_the_cpu("check_max_pool_cuda.py", library, tmp_path)

@@ -18,7 +18,6 @@ from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
 
-from reference import check_script_passes_on_the_cpu
 
 
 def _cast_model(shapes):
@@ -103,8 +102,3 @@ def test_one_cast_or_the_option_off_leaves_the_casts(library):
     model = _step_like()
     assert fuse_elementwise(model, group_weight_casts=False).weight_casts == 0
     assert [n.op_type for n in model.graph.node].count("Cast") == 5
-
-
-def test_the_cuda_check_script_passes_on_the_cpu(library, tmp_path):
-    """scripts/check_multi_tensor_cast_cuda.py (run on the GPU machine) on the CPU provider."""
-    check_script_passes_on_the_cpu("check_multi_tensor_cast_cuda.py", library, tmp_path)

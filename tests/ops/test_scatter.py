@@ -181,3 +181,19 @@ def test_a_computed_data_tensor_is_copied_not_changed(library):
             np.testing.assert_array_equal(out["output"], expected)
             if keep_data:
                 np.testing.assert_array_equal(out["data"], x)
+
+
+def test_the_bound_of_a_sum_in_any_order_catches_a_misplaced_update():
+    """tests/cases/scatter.py's comparison, which the CUDA test (atomics: no fixed order) relies on."""
+    from cases.scatter import compare
+
+    data = np.zeros((3, 2), np.float32)
+    tuples = np.array([[0], [2]])
+    updates = np.ones((2, 2), np.float32)
+    right = np.array([[1, 1], [0, 0], [1, 1]], np.float32)
+    assert compare(right, data, tuples, updates)["ok"]
+    assert not compare(right[[0, 2, 1]], data, tuples, updates)["ok"]  # row 2's update in row 1
+    touched_wrongly = right.copy()
+    touched_wrongly[1, 0] = 1e-30  # an element no update reaches must keep data's bits
+    report = compare(touched_wrongly, data, tuples, updates)
+    assert not report["ok"] and not report["untouched_equal_data"]

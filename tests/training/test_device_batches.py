@@ -3,7 +3,7 @@
 Everything here runs on ORT CPU. The CUDA-graph rule is a function of the step graph and the
 provider; OrtValue and DLPack batches check the wiring (the same losses as numpy batches), not
 GPU behaviour; CUDA memory is imitated by objects exposing ``__cuda_array_interface__``, which
-the Trainer must check and refuse before any CUDA call. ``scripts/check_trainer_device.py``
+the Trainer must check and refuse before any CUDA call. ``tests/gpu/test_trainer_cuda.py``
 runs the real thing on a GPU.
 """
 
@@ -299,40 +299,3 @@ def test_torch_tensors_on_the_host_train_like_numpy_arrays(step):
         assert trainer.step(tensors) == pytest.approx(reference.step(batch), rel=1e-6)
     with pytest.raises(ConfigError, match="from_dlpack failed"):
         trainer.step({"x": torch.from_numpy(X.copy()).requires_grad_(), "labels": TARGET})
-
-
-# --- the GPU check script ---------------------------------------------------------------------
-
-def test_the_gpu_check_runs_its_variants_and_compares_them(monkeypatch, tmp_path, capsys):
-    """Wiring only, on ORT CPU: scripts/check_trainer_device.py with a CPU stand-in for the CUDA
-    Trainer (OrtValues on the host, the CUDA-graph path on the CPU session) runs its numpy and
-    OrtValue variants and writes a JSON that passes; on a machine without the CUDA EP the real
-    script says so and exits 2."""
-    import types
-
-    import check_trainer_device as check
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        assert check.main(["--steps", "2"]) == 2
-        assert "no CUDAExecutionProvider" in capsys.readouterr().err
-
-    class CpuTrainer(Trainer):
-        def __init__(self, step, *, weights, provider, cuda_graph=None):
-            assert provider == "cuda"
-            super().__init__(step, weights=weights, provider="cpu", cuda_graph=False)
-            self.cuda_graph = True if cuda_graph is None else cuda_graph
-
-    host = types.SimpleNamespace(ortvalue_from_numpy=lambda array, device="cpu", index=0:
-                                 ort.OrtValue.ortvalue_from_numpy(array))
-    monkeypatch.setattr(check, "ort", types.SimpleNamespace(
-        __version__=ort.__version__, OrtValue=host,
-        get_available_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]))
-    monkeypatch.setattr(check, "Trainer", CpuTrainer)
-    monkeypatch.setattr(check, "_optional", lambda name: None)  # no torch, no CuPy variants
-    out = tmp_path / "results.json"
-    assert check.main(["--steps", "3", "--out", str(out)]) == 0
-    results = __import__("json").loads(out.read_text())
-    assert results["ok"] and set(results["variants"]) == {
-        "numpy/plain", "numpy/graph", "numpy/default", "ortvalue/plain", "ortvalue/graph"}
-    assert results["variants"]["ortvalue/graph"]["read_as"] == {"x": "OrtValue", "labels": "OrtValue"}
-    assert all(entry["max_rel_loss_diff"] == 0 and len(entry["losses"]) == 3 for entry in results["variants"].values())

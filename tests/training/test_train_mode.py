@@ -477,16 +477,10 @@ def test_the_fusion_keeps_the_prediction_that_evaluate_prunes_to():
     so the prediction would live only inside a fused kernel; the pass keeps it (metadata
     onnxcampo.prediction is an interface name) and evaluate still finds it (found on the H200,
     where the fusions are on by default)."""
-    import importlib.util
-    from pathlib import Path
-
+    from cases import training as script
     from onnxcampo import optimize
     from onnxcampo.ops import elementwise as ew
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "check_training_cuda.py"
-    spec = importlib.util.spec_from_file_location("check_training_cuda", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     step = build_train_step(script.cnn(), loss="cross_entropy", optimizer="adamw", lr=1e-2, train_mode=True)
     fused = optimize(step, policy="fp16", fuse_elementwise=True).model
     assert any(n.op_type == ew.OP_TYPE for n in fused.graph.node)
