@@ -57,8 +57,10 @@ def _name(source) -> str:
 
 def reference(original: onnx.ModelProto, *, feeds: Mapping[str, np.ndarray] | None = None, source=None,
               provider: str = "cpu", execution: str = "plain", input_shapes=None, dim_values=None,
-              seed: int = 0) -> Reference:
-    """The fp32 model's outputs on ``feeds`` (generated when ``None``), case 1 of the module."""
+              seed: int = 0, path=None) -> Reference:
+    """The fp32 model's outputs on ``feeds`` (generated when ``None``), case 1 of the module.
+    ``path``: the file ``original`` was read from; ONNX Runtime then reads it itself (a large
+    model is not serialized again), and the proto where it cannot."""
     from onnxcampo.runtime import random_inputs
 
     generated = feeds is None
@@ -67,7 +69,14 @@ def reference(original: onnx.ModelProto, *, feeds: Mapping[str, np.ndarray] | No
     where = "generated inputs" if generated else "the given inputs"
     hint = "; give --inputs" if generated else "; give other --inputs"
     try:
-        outputs, seconds = _timed_run(original, feeds, provider=provider, execution=execution)
+        outputs, seconds = None, 0.0
+        if path is not None and provider != "reference":
+            try:
+                outputs, seconds = _timed_run(str(path), feeds, provider=provider, execution=execution)
+            except CampoError:
+                outputs = None  # e.g. names the reader had to escape: the proto as read decides
+        if outputs is None:
+            outputs, seconds = _timed_run(original, feeds, provider=provider, execution=execution)
     except CampoError as exc:
         raise ReferenceError(f"the fp32 model {_name(source)} fails on {where}: {str(exc).splitlines()[0]}{hint}") from exc
     notes, usable = [], 0

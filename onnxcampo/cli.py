@@ -741,7 +741,7 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
             inputs_text += f" at {', '.join(f'{name}=1' for name in batch_one)} (--validate checks the planned shapes)"
     try:
         ref = acc.reference(original, feeds=feeds, source=args.input, provider=provider, execution=execution,
-                            input_shapes=config.input_shapes, dim_values=dims)
+                            input_shapes=config.input_shapes, dim_values=dims, path=args.input)
         if not args.validate and not (acc.small_enough_for_reference(original, ref.run_seconds)
                                       or acc.small_enough_for_reference(result.model)):
             provider = "reference"  # it computes fp16 nodes in fp16, which ORT's CPU provider does not

@@ -400,3 +400,24 @@ def test_the_default_check_runs_at_batch_one_where_the_batch_is_dynamic():
     assert batch_one_dims(model, {}, {"batch": 32, "seq": 128}) == ({"batch": 1, "seq": 128}, ["batch"])
     assert batch_one_dims(model, {"x": (32, 128)}, {}) == ({}, [])
     assert batch_one_dims(model, {}, {"batch": 1, "seq": 128}) == ({"batch": 1, "seq": 128}, [])
+
+
+def test_the_reference_runs_from_the_file_and_falls_back_to_the_proto(tmp_path):
+    """reference(path=...): ONNX Runtime reads the file itself (no second serialization); where it
+    cannot (here: no such file), the proto as read decides; the outputs are the same."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from onnxcampo.accuracy_check import reference
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    from_file = reference(model, path=path)
+    from_proto = reference(model, path=tmp_path / "missing.onnx")
+    np.testing.assert_array_equal(from_file.outputs["y"], from_proto.outputs["y"])
+    np.testing.assert_array_equal(from_file.outputs["y"], np.maximum(from_file.feeds["x"], 0))
