@@ -17,6 +17,13 @@
 #            run did not reach                                                             (~7 min)
 #   policies every policy end to end on CUDA (tests/gpu/test_policies_cuda.py: the MLP block,
 #            BERT-base and GPT-2 exported there), figures in $OUT/policies/               (~5 min)
+#   calibrate  this GPU's cost database by `onnxcampo costdb calibrate` (timed), written as
+#            $OUT/calibrate/<gpu>.json with its samples beside it; copy both to costdb/data/ and
+#            costdb/data/raw/ to ship it; CALIBRATE_BUDGET_S (default 540); to resume, carry the
+#            samples back and set CALIBRATE_SAMPLES to them                                  (~8 min)
+#   defaults inference with default options against the anchors (fp32, ORT's fp16 converter, ORT's
+#            transformers optimizer + fp16, ModelOpt), plain and replayed, on BERT, GPT-2,
+#            ResNet-50, the odd MLP and three corpus models (BENCH_MODELS narrows them)        (~10 min)
 #   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
 #            cases with no sample (costdb/data/raw/harvested-cases.json); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
@@ -79,6 +86,26 @@ run_checks() {
 run_policies() {
   ONNXCAMPO_GPU_RESULTS=$OUT/policies ONNXCAMPO_GPU_REQUIRED=1 stage policies 590 python3 -P -m pytest -m gpu -q \
     tests/gpu/test_policies_cuda.py
+}
+
+run_calibrate() {
+  local gpu db
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-|-$//g')
+  db=$OUT/calibrate/$gpu.json
+  mkdir -p "$OUT/calibrate"
+  [ -n "${CALIBRATE_SAMPLES:-}" ] && cp "$CALIBRATE_SAMPLES" "${db%.json}.jsonl"
+  stage calibrate 590 bash -c "time python3 -P -m onnxcampo costdb calibrate --out $db --budget-s ${CALIBRATE_BUDGET_S:-540}"
+  # the later stages' optimize picks it up where a user's would (the per-user cache)
+  local cached
+  cached=$(python3 -P -m onnxcampo costdb calibrate --where | cut -d' ' -f1)
+  [ -f "$db" ] && mkdir -p "$(dirname "$cached")" && cp "$db" "$cached"
+}
+
+run_defaults() {
+  stage defaults 590 python3 scripts/bench.py --out /tmp/benchraw --name "${BENCH_NAME:-h100}" --wheels "$WHEELS" \
+    --mirror "$OUT/defaults" --corpus-dir "${CORPUS_DIR:-.benchcorpus}" --budget-s "${BENCH_BUDGET_S:-520}" \
+    --models "${BENCH_MODELS:-resnet50,bert,gpt2,odd_mlp,ppocr_det,ppocr_rec,magika}" --mode inference \
+    --policies "${BENCH_POLICIES:-fp32,fp32-graph,fp16-graph,ort-fp16,ortopt-fp16,modelopt,campo,campo-graph}"
 }
 
 run_costs() {
@@ -154,6 +181,8 @@ for name in "$@"; do
   case $name in
     checks) run_checks ;;
     policies) run_policies ;;
+    calibrate) run_calibrate ;;
+    defaults) run_defaults ;;
     costs) run_costs ;;
     bench) run_bench ;;
     loss) run_loss ;;
@@ -161,6 +190,6 @@ for name in "$@"; do
     targets) run_targets ;;
     infer) run_infer ;;
     finetune) run_finetune ;;
-    *) echo "unknown stage $name (checks, policies, costs, bench, rotate, targets, loss, infer, finetune)" >&2; exit 2 ;;
+    *) echo "unknown stage $name (checks, policies, calibrate, defaults, costs, bench, rotate, targets, loss, infer, finetune)" >&2; exit 2 ;;
   esac
 done
