@@ -11,11 +11,11 @@
 // queued behind a kernel that holds the stream until the host has enqueued it, so the events
 // time the GPU and not cuDNN's host cost: at batch 1 a call's ~85 us on the host hid every
 // algorithm's kernel, and the choice fell on implicit_convolve_sgemm, 1.96 of ResNet-50's 2.25
-// GPU ms; docs/benchmarks/custom-ops/issue17/session17/) among those
+// GPU ms; docs/benchmarks/custom-ops/2026-12-03a/) among those
 // cudnnFind*Algorithm lists as working within kMaxWorkspace. Find's own
 // single-trial ranking was not trusted: on the H200 it chose wgrad_alg0 (0.76 ms) for the
 // ResNet-50 1x1 c128 28 x 28 shape where a GEMM-based algorithm takes about 0.04 ms
-// (docs/benchmarks/custom-ops/issue17/session11/conv_grad.json). Planning synchronises and
+// (docs/benchmarks/custom-ops/2026-12-01a/conv_grad.json). Planning synchronises and
 // allocates: ORT's runs before a CUDA-graph capture make those calls.
 // ONNXCAMPO_CONV_GRAD_LOG=1 prints each shape's candidates and choice to stderr.
 // float16 tensors run with Tensor Core math and float32 accumulation (compute type float), as

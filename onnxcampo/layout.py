@@ -3,7 +3,7 @@
 cuDNN's float16 convolution kernels on Tensor Cores read and write NHWC; an NCHW graph pays a
 layout transform of the input and output around every Conv, ConvTranspose and weight gradient
 (on ResNet-50's b64 training step 3.3 of 14.6 GPU ms in PyTorch's NCHW step, none in its
-channels_last one: ``docs/benchmarks/custom-ops/issue17/session14/torch-layout.json``). This pass
+channels_last one: ``docs/benchmarks/custom-ops/2026-12-02b/torch-layout.json``). This pass
 (``channels_last``, ``--channels-last``) rewrites
 
 - ``Conv`` (2-D; grouped and depthwise too, ``group`` kept) as ``ConvNhwc`` plus an ``Add`` of its
@@ -280,7 +280,7 @@ class _Layout:
         if not planned and self.dtype(tensors[0]) not in self.dtypes:
             # cuDNN's float32 NHWC kernels lose to its NCHW TF32 ones: ResNet-50 inference at
             # batch 1, campo's plan fp32, 0.92 ms for 31 convolutions against 0.18 ms for 16
-            # (docs/benchmarks/custom-ops/issue17/session15/probe-cl-inference-plain.json)
+            # (docs/benchmarks/custom-ops/2026-12-02c/probe-cl-inference-plain.json)
             return "float32 (only float16 convolutions run faster channels-last)"
         if cin % self.align:  # to `stem` channels (4 or 8) where they hold the input's, else to `align`
             self.pad_cin[id(node)] = (cin, self.stem if cin <= self.stem else self.align)

@@ -4,7 +4,7 @@
 # runs that follow each other). Run from the repository root there, after onnxruntime-gpu is
 # installed into /tmp/ortgpu (with pytest: ORT_GPU_EXTRA="pytest==9.2.0 pluggy==1.7.0
 # iniconfig==2.3.1 pygments==2.21.0" for prepare-ort-gpu.sh), the bench wheels copied to /tmp/bw
-# and onnxcampo installed into /tmp/oc (the install runs: docs/benchmarks/issue17.md, "Commands"):
+# and onnxcampo installed into /tmp/oc (the install runs: docs/benchmarks/training-steps.md, "Commands"):
 #
 #   bash scripts/gpu_session.sh STAGE [STAGE ...]      results under $OUT/<stage>/
 #

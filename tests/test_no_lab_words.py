@@ -13,8 +13,9 @@ csrc/) are scanned for the words of a lab notebook:
 
 A match may span a line break (``session`` at the end of one line, ``19`` at the start of the next).
 The results folder docs/benchmarks/ is left out: the measured results live there as files with the
-commands that made them, named after what they measured; history lives in git. A link to a file
-there (``docs/benchmarks/issue17.md``) is a path, not a lab word, and passes. An upstream project's
+commands that made them, named after what they measured or the date they were measured
+(``docs/benchmarks/training-steps.md``, ``custom-ops/2026-12-06a/``); a path named after a session
+or an issue (``issue17/session21/``) is flagged like the words. An upstream project's
 issue is cited by its address (``github.com/microsoft/onnxruntime/issues/18048``).
 """
 
@@ -26,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PATTERNS = {
-    "session number": re.compile(r"\b[Ss]essions?\s+#?\d+"),
-    "issue number": re.compile(r"\b[Ii]ssues?\s+#?\d+"),
+    "session number": re.compile(r"\b[Ss]essions?\s*#?\d+"),
+    "issue number": re.compile(r"\b[Ii]ssues?\s*#?\d+"),
     "run id": re.compile(r"`[0-9a-f]{8}`|\b[Rr]uns?\s+`?[0-9a-f]{8}\b"),
     "pending work": re.compile(
         r"\buntil\s+(?:the\s+H200|the\s+next\s+GPU\s+run|measured|timed)\b"
@@ -69,13 +70,14 @@ def test_the_patterns_flag_lab_words_and_pass_ordinary_ones():
                "run dfc20ae3", "off by default until the H200 decides", "until the next GPU run",
                "since session\n19 (9.985 -> 9.486 ms)", "the time is not measured yet",
                "Not measured on the GPU yet.", "Not yet run on the H200.", "not run on CUDA yet",
-               "(the next benchmark run of the training rows)", "off until measured on the GPU")
+               "(the next benchmark run of the training rows)", "off until measured on the GPU",
+               "docs/benchmarks/issue17.md", "custom-ops/issue17/session21/rotation.json")
     for text in flagged:
         assert lab_words(text), text
     assert [line for line, _, _ in lab_words("a\nb session\n20 c")] == [2]
     ordinary = ("an InferenceSession with session options", "a session per provider",
                 "the session's outputs", "sessions alive together", "a run of 8 steps",
-                "docs/benchmarks/issue17.md", "custom-ops/issue17/session19/max_pool.json",
+                "docs/benchmarks/training-steps.md", "custom-ops/2026-12-06a/max_pool.json",
                 "`abcdefgh`", "0x1f2e3d4c", "`--run 3`", "github.com/microsoft/onnxruntime/issues/18048",
                 "until the GPU is free", "not measured on a GPU", "a plan yet", "not known yet")
     for text in ordinary:

@@ -11,7 +11,7 @@ without its weights. The session gets a copy of the model without its large init
 (``ir.without_weights``) and those initializers' data from memory, as arrays over their bytes
 (``SessionOptions.add_external_initializers``): ORT's graph optimizations see the same values, and
 the model is not serialized whole for it; weight prepacking, which runs after the optimized graph
-is written, is off. Measured on the H200 (onnxruntime-gpu 1.31.1, ``docs/benchmarks/raw/issue15/
+is written, is off. Measured on the H200 (onnxruntime-gpu 1.31.1, ``docs/benchmarks/raw/inference-h200/
 executed-counts.json``): BERT-base 564 ONNX nodes -> 406 on both, GPT-2 780 -> 384 on both;
 ResNet-50 122 -> 122 on the CUDA EP but 89 on the CPU, whose ConvActivationFusion makes FusedConv
 of Conv + Relu, which the CUDA EP leaves apart: the stand-in runs without it (``CPU_ONLY_FUSIONS``).

@@ -118,7 +118,7 @@ def build_train_step(
     CUDA; on the CPU a direct loop, slower than the Gemm); None (the default) ``"cudnn"`` where
     this onnxruntime has the CUDA execution provider and the custom-op library its CUDA kernels,
     else ``"gemm"`` (H200, ResNet-50 b64: the step 1.21x faster with ConvWeightGrad,
-    docs/benchmarks/issue17.md).
+    docs/benchmarks/training-steps.md).
     ``output``: the model output the loss reads (default: the first); the step graph does not
     return the model's outputs. ``huber_delta``: where ``huber`` turns from quadratic to linear.
     ``train_mode``: which BatchNormalization and Dropout nodes run in training mode (batch

@@ -43,7 +43,7 @@ Inference (ONNX Runtime):
     campo-fused-nhwc-graph  (training) campo-fused-graph's model in a session with the CUDA EP's
                     ``prefer_nhwc`` (Convs and their neighbours in NHWC; ORT 1.31 has no NHWC
                     ConvTranspose, so a CNN step's dgrads go to the CPU and its graph cannot be
-                    captured: docs/benchmarks/issue17.md, session 12)
+                    captured: docs/benchmarks/training-steps.md, session 12)
     campo-fused-blind-graph  campo-fused-graph's fusions and replay, its plan made fusion-blind
                     (``plan_for_fusion=False``: costed as if no fusion ran); beside campo-fused-graph
                     it shows what planning with fusion in view buys, predicted and measured
