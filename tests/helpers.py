@@ -286,3 +286,14 @@ def one_error_line(err: str, *fragments: str) -> str:
         assert fragment in lines[0], lines[0]
     return lines[0]
 
+
+# a bias gradient: the column sums of an elementwise chain's output (fusion costing and A/B tests)
+BIAS_GRADIENT = """
+g (float[64,32] x, float[64,32] dy, float[32,32] w) => (float[64,32] dx, float[32] db) {
+  [mul] m = Mul(x, dy)
+  [tanh] g = Tanh(m)
+  [mm] dx = MatMul(g, w)
+  [axes] axes = Constant <value = int64[1] {0}> ()
+  [sum] db = ReduceSum <keepdims = 0> (g, axes)
+}
+"""

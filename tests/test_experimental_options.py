@@ -17,7 +17,8 @@ import dataclasses
 from importlib import resources
 
 import pytest
-from helpers import one_error_line, parse, run_cli
+from helpers import BIAS_GRADIENT, one_error_line, parse, run_cli
+
 
 import onnxcampo
 from onnxcampo.cli import _config, build_parser
@@ -156,15 +157,6 @@ def _commands():
 
 
 # --- the switches reach the passes ------------------------------------------------------------
-BIAS_GRADIENT = """
-g (float[64,32] x, float[64,32] dy, float[32,32] w) => (float[64,32] dx, float[32] db) {
-  [mul] m = Mul(x, dy)
-  [tanh] g = Tanh(m)
-  [mm] dx = MatMul(g, w)
-  [axes] axes = Constant <value = int64[1] {0}> ()
-  [sum] db = ReduceSum <keepdims = 0> (g, axes)
-}
-"""
 
 
 def test_fuse_column_sums_off_keeps_the_block_reduce_sum_in_the_written_model(library):

@@ -9,7 +9,7 @@ import json
 import sys
 
 import pytest
-from helpers import W_INIT, FakeCost, build_context, decide, parse
+from helpers import BIAS_GRADIENT, W_INIT, FakeCost, build_context, decide, parse
 
 from onnxcampo import estimate, pipeline
 from onnxcampo.cli import _config as config_from_args
@@ -253,17 +253,6 @@ def test_the_cast_after_the_loss_gradient_costs_nothing_when_the_loss_fusion_wri
             mixed = lambda name: Precision.FP32 if name == reader.name else planning.plan.precision(name)  # noqa: E731
             assert not estimate._loss_gradient_written_fp16(planning, boundary, mixed)
     assert times[True] == (0.0, 0) and times[False][0] > 0 and times[False][1] >= 1
-
-
-BIAS_GRADIENT = """
-g (float[64,32] x, float[64,32] dy, float[32,32] w) => (float[64,32] dx, float[32] db) {
-  [mul] m = Mul(x, dy)
-  [tanh] g = Tanh(m)
-  [mm] dx = MatMul(g, w)
-  [axes] axes = Constant <value = int64[1] {0}> ()
-  [sum] db = ReduceSum <keepdims = 0> (g, axes)
-}
-"""
 
 
 @pytest.mark.parametrize("column_sums", [True, False])

@@ -93,12 +93,12 @@ def compare(out: np.ndarray, data: np.ndarray, tuples: np.ndarray, updates: np.n
     return report
 
 
-def random_case(rng, dtype, data_shape, k, lead):
-    """Random data, indices with many duplicates (a third of them negative), updates."""
+def random_case(rng, dtype, data_shape, k, lead, negative: float = 0.33):
+    """Random data, indices with many duplicates (``negative`` of them negative), updates."""
     data = (rng.standard_normal(data_shape) * 4).astype(dtype)
     dims = np.array(data_shape[:k], dtype=np.int64)
     positive = rng.integers(0, np.maximum(dims, 1), size=(*lead, k)) if k else np.zeros((*lead, 0), np.int64)
-    indices = np.where(rng.random(positive.shape) < 0.33, positive - dims, positive).astype(np.int64)
+    indices = np.where(rng.random(positive.shape) < negative, positive - dims, positive).astype(np.int64)
     updates = (rng.standard_normal((*lead, *data_shape[k:])) * 4).astype(dtype)
     return data, indices, updates
 

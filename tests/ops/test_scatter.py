@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import reference as ref
+from cases.scatter import random_case
 from onnxcampo.errors import CampoError
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import make_session, run
@@ -30,14 +31,9 @@ def scatter(sessions, data, indices, updates):
     return run(sessions[dtype], {"data": data, "indices": indices, "updates": updates})["output"]
 
 
-def case(rng, dtype, data_shape, k, lead, low=None):
-    """Random data, indices (many duplicates, negative ones too) and updates."""
-    data = (rng.standard_normal(data_shape) * 4).astype(dtype)
-    dims = np.array(data_shape[:k], dtype=np.int64)
-    positive = rng.integers(0, np.maximum(dims, 1), size=(*lead, k)) if k else np.zeros((*lead, 0), np.int64)
-    indices = np.where(rng.random(positive.shape) < 0.4, positive - dims, positive).astype(np.int64)
-    updates = (rng.standard_normal((*lead, *data_shape[k:])) * 4).astype(dtype)
-    return data, indices, updates
+def case(rng, dtype, data_shape, k, lead):
+    """Random data, indices (many duplicates, 40 % negative) and updates."""
+    return random_case(rng, dtype, data_shape, k, lead, negative=0.4)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
