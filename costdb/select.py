@@ -7,8 +7,8 @@
 3. the database shipped for this GPU (``costdb/data/<gpu>.json``, the GPU's name lowercased with
    runs of other characters as dashes: ``nvidia-h100-80gb-hbm3.json``);
 4. on a GPU without a database: the analytic roofline model built from that GPU's own specs
-   (:mod:`onnxcampo.costdb.device`), with one line on stderr saying that the plan is
-   uncalibrated and how to calibrate;
+   (:mod:`onnxcampo.costdb.device`), with one warning saying that the plan is uncalibrated and
+   how to calibrate;
 5. without a GPU (planning on another machine): the analytic model of the reference GPU (an
    H200), logged at info level; ``ONNXCAMPO_DEVICE`` or ``--device-db`` name the target.
 
@@ -25,7 +25,6 @@ import functools
 import logging
 import os
 import re
-import sys
 from pathlib import Path
 
 from onnxcampo.costdb.analytic import TYPICAL_HOST, AnalyticCostModel
@@ -107,7 +106,8 @@ def shipped_database(device_name: str | None) -> Path | None:
 
 @functools.lru_cache(maxsize=None)
 def _say_once(message: str) -> None:
-    print(f"onnxcampo: {message}", file=sys.stderr)
+    """A warning once per process (every optimize call loads the cost model again)."""
+    log.warning("%s", message)
 
 
 def _age_days(date: str | None) -> int | None:
@@ -138,7 +138,7 @@ def load_cost_model(device_db: Path | None = None) -> CostModel:
             try:
                 model = _regression(calibrated, "calibrated")
             except CostModelError as exc:
-                _say_once(f"warning: ignoring the calibrated cost database {calibrated}: {exc}; run "
+                _say_once(f"ignoring the calibrated cost database {calibrated}: {exc}; run "
                           "`onnxcampo costdb calibrate --fresh` to measure it again")
             else:
                 log.info("using the cost database calibrated on this %s (%s)", gpu, calibrated)

@@ -69,23 +69,28 @@ def test_no_peaks_without_what_they_need():
     assert device.peaks_for(pascal) is None
 
 
-def test_a_gpu_without_a_database_gets_its_own_specs_and_one_line(monkeypatch, capsys):
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "onnxcampo.costdb.select" and r.levelname == "WARNING"]
+
+
+def test_a_gpu_without_a_database_gets_its_own_specs_and_one_line(monkeypatch, caplog):
     _gpu(monkeypatch, device.GpuSpec(**{**H100.to_json(), "name": "NVIDIA L40S"}))
     first = select.load_cost_model()
     second = select.load_cost_model()
     assert isinstance(first, AnalyticCostModel) and first.peaks.name.startswith("NVIDIA L40S")
     assert first.origin["source"] == "analytic-spec" and second.origin["source"] == "analytic-spec"
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err  # said once per process
+    said = _warnings(caplog)
+    assert len(said) == 1, said  # said once per process
+    err = said[0]
     assert "uncalibrated" in err and "onnxcampo costdb calibrate" in err and "NVIDIA L40S" in err
 
 
-def test_no_gpu_plans_for_the_reference_silently(monkeypatch, capsys):
+def test_no_gpu_plans_for_the_reference_silently(monkeypatch, caplog):
     _gpu(monkeypatch, None)
     model = select.load_cost_model()
     assert isinstance(model, AnalyticCostModel) and model.peaks == H200
     assert model.origin["source"] == "analytic-reference"
-    assert capsys.readouterr().err == ""
+    assert _warnings(caplog) == []
 
 
 # --- the databases: calibrated, shipped ---------------------------------------------------------
@@ -119,14 +124,14 @@ def test_the_database_is_keyed_by_the_runtime_versions(monkeypatch):
     assert one.name == "nvidia-h100-80gb-hbm3--ort-1-31-1--cuda-13-0.json"
 
 
-def test_a_corrupt_calibrated_database_is_reported_and_ignored(monkeypatch, capsys):
+def test_a_corrupt_calibrated_database_is_reported_and_ignored(monkeypatch, caplog):
     _gpu(monkeypatch, device.GpuSpec(**{**H100.to_json(), "name": "NVIDIA H200"}))
     path = select.user_database_path("NVIDIA H200")
     path.parent.mkdir(parents=True)
     path.write_text('{"schema_version": 1, "device": ')
     model = select.load_cost_model()
     assert model.origin["source"] == "shipped"
-    err = capsys.readouterr().err
+    err = " ".join(_warnings(caplog))
     assert "ignoring the calibrated cost database" in err and str(path) in err
 
 
