@@ -720,8 +720,12 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
     from onnxcampo.errors import WrittenModelLoadError
     from onnxcampo.runtime.check import check_loads
 
-    if staged is not None:
-        staged.write(result.model)  # written once, test-loaded from the file it is renamed from
+    def written() -> None:  # the test-load's verdict first: a model ORT cannot load is an error, not a figure
+        if staged is not None:
+            staged.wait()
+
+    if staged is not None:  # written once, test-loaded from the file it is renamed from, while the reference runs
+        staged.write(result.model, background=True)
     else:
         try:
             check_loads(result.model, label=str(args.output))
@@ -748,20 +752,23 @@ def _check_accuracy(args: argparse.Namespace, config: OptimizeConfig, result, op
         where = ("ONNX Runtime cpu (fp32) and the ONNX reference evaluator (written)" if provider == "reference"
                  and not args.validate else "the ONNX reference evaluator" if provider == "reference"
                  else f"ONNX Runtime {provider}")
-        print(f"onnxcampo: {what}: the fp32 and the written model on {where}, {inputs_text} "
-              f"({criterion.describe()})", file=sys.stderr)
+        announce = f"onnxcampo: {what}: the fp32 and the written model on {where}, {inputs_text} ({criterion.describe()})"
     except acc.ReferenceError as exc:
+        written()
         if args.validate:
             raise
         report["accuracy"] = {"skipped": str(exc)}
         print(f"onnxcampo: warning: accuracy check skipped: {exc}", file=sys.stderr)
         return result
     except CampoError as exc:  # dynamic dims nothing pins, and the like
+        written()
         if args.validate:
             raise
         report["accuracy"] = {"skipped": str(exc)}
         print(f"onnxcampo: accuracy check skipped: {exc}", file=sys.stderr)
         return result
+    written()
+    print(announce, file=sys.stderr)
     try:
         try:
             outputs = _run_written(result, ref, staged, provider=provider, execution=execution)

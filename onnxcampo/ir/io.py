@@ -11,6 +11,7 @@ again for each.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import logging
 import math
@@ -472,13 +473,19 @@ class StagedModel:
 
     A model over 2 GB is test-loaded in memory by :meth:`write` and saved by :meth:`commit`
     (:func:`save_model`: its conversion to external data strips the model's tensors in place,
-    which must wait until the caller has run it)."""
+    which must wait until the caller has run it).
+
+    ``write(model, background=True)`` serializes and test-loads on a thread while the caller
+    goes on (the accuracy check computes the fp32 reference meanwhile: the test-load's session is
+    made in the child process, so the two overlap); :meth:`wait` (and :attr:`path`,
+    :meth:`commit`) finish it and raise what it raised."""
 
     def __init__(self, output: str | os.PathLike) -> None:
         self.output = Path(output)
         self.model: onnx.ModelProto | None = None  # what write() was given last
         self._check_loads = True
         self._written: tuple[Path, Path | None] | None = None
+        self._pending: concurrent.futures.Future | None = None  # a background write
 
     def __enter__(self) -> StagedModel:
         return self
@@ -490,20 +497,32 @@ class StagedModel:
     def path(self) -> Path | None:
         """The temporary file :meth:`write` wrote (None before, after :meth:`commit`, and for a
         model over 2 GB): what runs the written model reads, as it will be renamed."""
+        self.wait()
         return self._written[0] if self._written is not None else None
 
-    def write(self, model: onnx.ModelProto, *, check_loads: bool = True) -> None:
+    def write(self, model: onnx.ModelProto, *, check_loads: bool = True, background: bool = False) -> None:
         self.discard()
+        self.model, self._check_loads = model, check_loads
         if exceeds_protobuf_limit(model):
             if check_loads:
                 _check_loads(model, model, self.output)
+        elif background:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="onnxcampo-write")
+            self._pending = pool.submit(_write_temporary, model, self.output, check_loads=check_loads, over_limit=False)
+            pool.shutdown(wait=False)  # the thread ends with the write
         else:
             self._written = _write_temporary(model, self.output, check_loads=check_loads, over_limit=False)
-        self.model, self._check_loads = model, check_loads
+
+    def wait(self) -> None:
+        """Finish a background :meth:`write`; raises what it raised (its files are removed then)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._written = pending.result()
 
     def commit(self) -> None:
         if self.model is None:
             raise ValueError("StagedModel.commit before write")
+        self.wait()
         if self._written is None:
             save_model(self.model, self.output, check_loads=self._check_loads)
             return
@@ -515,6 +534,10 @@ class StagedModel:
             raise
 
     def discard(self) -> None:
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - discarded: the failed write removed its own files
+            pass
         if self._written is not None:
             _remove(*self._written)
         self._written, self.model = None, None

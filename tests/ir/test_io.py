@@ -232,6 +232,34 @@ def test_a_staged_model_ort_cannot_load_is_not_written(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("loads", [True, False])
+def test_a_background_write_is_finished_by_wait_and_commit(tmp_path, loads):
+    """``write(background=True)`` returns at once; ``wait`` raises the test-load's error (its file
+    removed, nothing written), and a model that loads is committed whole; leaving the block
+    without ``wait`` leaves nothing behind either way."""
+    model = mlp()
+    if not loads:
+        model.graph.initializer[1].CopyFrom(weight("w2", (32, 64)))  # [2, 64] x [32, 64]
+    output = tmp_path / "m.onnx"
+    with ir.StagedModel(output) as staged:
+        staged.write(model, background=True)
+        assert staged.model is model
+        if not loads:
+            with pytest.raises(WrittenModelLoadError, match="nothing was written"):
+                staged.wait()
+            assert not list(tmp_path.iterdir())
+        else:
+            staged.wait()
+            assert staged.path.exists()
+            staged.commit()
+    assert [p.name for p in tmp_path.iterdir()] == (["m.onnx"] if loads else [])
+    if loads:
+        assert output.read_bytes() == model.SerializeToString()
+    with ir.StagedModel(output) as staged:  # not waited for: the block's end finishes and removes it
+        staged.write(mlp(), background=True)
+    assert [p.name for p in tmp_path.iterdir()] == (["m.onnx"] if loads else [])
+
+
 def test_a_staged_model_past_the_limit_is_saved_at_commit(tmp_path, monkeypatch):
     """Past the protobuf limit (lowered here) write() writes nothing (the conversion to external
     data strips the model's tensors, which the caller still runs): commit() saves the model and
