@@ -72,12 +72,12 @@ class ExperimentalOptions:
             as the fusion-aware costing assumes. Off by default: no GPU measurement shows it
             faster (the benchmark's ``campo-fused-yield-graph``; docs/ops.md).
         fuse_row_gradients: with ``fuse_reductions``, also write a layer norm's and a softmax's
-            input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.norm_fusion``).
+            input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.rewrites.norm``).
             ``False`` leaves them to the block reductions and the elementwise fusion (the
             benchmark's ``campo-fused-norows-graph``).
         fuse_column_sums: with both fusions, a BlockReduceSum of column sums (a bias gradient) of
             a FusedElementwise node's output becomes that node's ``column_sums`` (its CUDA kernel
-            adds the values as it stores them; ``onnxcampo.elementwise_fusion`` rule 4). ``False``
+            adds the values as it stores them; ``onnxcampo.rewrites.elementwise`` rule 4). ``False``
             keeps the BlockReduceSums (the benchmark's ``campo-fused-nosums-graph`` and
             ``campo-fused-cl-nosums-graph``).
         channels_last_stem: with ``channels_last``, also a stem convolution (fewer than 8 input
@@ -218,7 +218,7 @@ class OptimizeConfig:
             the graph).
         fuse_elementwise: after the plan, its Casts and loss scaling, replace chains of
             elementwise ops (their Casts included) by ``ai.onnxcampo::FusedElementwise`` nodes,
-            one kernel each (``onnxcampo.elementwise_fusion``). Needs the custom-op library, to
+            one kernel each (``onnxcampo.rewrites.elementwise``). Needs the custom-op library, to
             write the model (it is test-loaded) and to run it. None (the default, for it,
             ``fuse_reductions`` and ``channels_last``): decided where the written model would run
             the library's CUDA kernels (``onnxcampo.ops.cuda_kernels_here``; FusedElementwise also
@@ -237,12 +237,12 @@ class OptimizeConfig:
             replace ReduceSums over leading and/or trailing blocks of axes (bias, LayerNorm-scale
             and Conv-bias gradients; ``simplify``'s ReduceSum pairs), with the Reshapes and the
             float16 -> float32 Casts around them, by ``ai.onnxcampo::BlockReduceSum`` nodes
-            (``onnxcampo.reductions``). Needs the custom-op library; None decides it as
+            (``onnxcampo.rewrites.reductions``). Needs the custom-op library; None decides it as
             ``fuse_elementwise`` (its prediction: the Casts its BlockReduceSums fold).
         channels_last: after the plan, its Casts and loss scaling (before the fusions), store the
             activations of the 2-D convolutions channels-last and run them, their input and weight
             gradients as ``ai.onnxcampo::ConvNhwc`` / ``ConvNhwcDataGrad`` / ``ConvNhwcWeightGrad``
-            (cuDNN's NHWC kernels: no NCHW <-> NHWC transform around each; ``onnxcampo.layout``).
+            (cuDNN's NHWC kernels: no NCHW <-> NHWC transform around each; ``onnxcampo.rewrites.layout``).
             Convolutions whose channels are not multiples of 8 stay NCHW; graph inputs and
             outputs keep their layout. Needs the custom-op library. None decides it as
             ``fuse_elementwise`` (ResNet-50 b64's training step 1.34x on the H200); at inference

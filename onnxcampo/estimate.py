@@ -18,7 +18,7 @@ where every launch cost 2.3-4.4 us on top of the replayed run), else the larger 
 With ``fuse_elementwise`` the plan is costed as the fused model runs (``plan_for_fusion``, the
 default; ``False`` costs the fusion-blind plan as if neither fusion pass ran, though both still run
 after it). :func:`elementwise_groups` predicts the ``FusedElementwise`` groups on the planning
-graph (``onnxcampo.elementwise_fusion``'s rule 2: fusable nodes ORT runs as they are, joined to a
+graph (``onnxcampo.rewrites.elementwise``'s rule 2: fusable nodes ORT runs as they are, joined to a
 producer's group of the same shape, no cycle, at most 16 inputs; not its other kernel limits nor
 rule 2b, and the Casts the plan will add are not in this graph). A group of two or more nodes is
 one kernel, ``CostModel.fused_kernel``: ``fixed_us + bytes / bytes_per_us``, bytes being what it
@@ -42,11 +42,11 @@ estimate that is not measured, :data:`onnxcampo.costdb.model.DEFAULT_FUSED_KERNE
 
 With ``fuse_reductions`` (and ``plan_for_fusion``) a Cast to fp32 whose every reader is an fp32
 ReduceSum costs nothing: ``--fuse-reductions`` folds it into the BlockReduceSum, which reads either
-type (``onnxcampo.reductions``); so does the Cast of a cross-entropy loss's logits to its fp32
-LogSoftmax (``onnxcampo.loss_fusion``: SoftmaxCrossEntropy reads float16). With both fusions
+type (``onnxcampo.rewrites.reductions``); so does the Cast of a cross-entropy loss's logits to its fp32
+LogSoftmax (``onnxcampo.rewrites.loss``: SoftmaxCrossEntropy reads float16). With both fusions
 (and ``fuse_column_sums``) a bias gradient's column sums of a value a predicted group writes cost
 the fused kernel's fixed cost only (:func:`_summed_in_kernel`: the group's kernel adds them as it
-stores, ``onnxcampo.elementwise_fusion`` rule 4).
+stores, ``onnxcampo.rewrites.elementwise`` rule 4).
 
 With ``channels_last`` (and ``plan_for_fusion``) an inference model's plan is costed with what
 the layout pass does to it (:func:`layout_change`: the pass run on a copy of the planning graph; cuDNN's layout
@@ -74,12 +74,12 @@ from onnxcampo.casting import PrecisionOf, pinned_dtype, produced_dtype, tensor_
 from onnxcampo.context import GraphContext
 from onnxcampo.ir import TensorInfo
 from onnxcampo.costdb.regression import H200_SMS
-from onnxcampo.elementwise_fusion import FUSABLE, MOVES, SUM
-from onnxcampo.layout import to_channels_last
+from onnxcampo.rewrites.elementwise import FUSABLE, MOVES, SUM
+from onnxcampo.rewrites.layout import to_channels_last
 from onnxcampo.ops import DOMAIN as ops_domain
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops.elementwise import MAX_INPUTS
-from onnxcampo.reductions import MOVES as REDUCTION_VIEWS
+from onnxcampo.rewrites.reductions import MOVES as REDUCTION_VIEWS
 from onnxcampo.padding import pad_plan
 from onnxcampo.plan import Precision, PrecisionPlan
 
@@ -141,7 +141,7 @@ def node_time(ctx: GraphContext, node: gs.Node, precision: Precision, precision_
 
 def _summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
     """Whether the node is a bias gradient's column sums that the fused kernel writing its input
-    adds as it stores it (``onnxcampo.elementwise_fusion`` rule 4; both fusions and
+    adds as it stores it (``onnxcampo.rewrites.elementwise`` rule 4; both fusions and
     ``fuse_column_sums`` costed): a ReduceSum over leading axes, or, channels-last, over axes
     other than the channels of a rank >= 3 tensor (the layout stores them last and merges
     simplify's pair over the spatial axes, then the batch, into one over the leading block), of a
@@ -432,7 +432,7 @@ def written_static(ctx: GraphContext, name: str) -> bool:
 
 def elementwise_groups(ctx: GraphContext) -> dict[str, FusedMember]:
     """node name -> its :class:`FusedMember`, for the groups of two or more nodes that
-    ``--fuse-elementwise`` is predicted to make of the planning graph (``onnxcampo.elementwise_fusion``'s
+    ``--fuse-elementwise`` is predicted to make of the planning graph (``onnxcampo.rewrites.elementwise``'s
     rule 2 without its kernel limits other than the input count, and without rule 2b: the Casts
     the plan adds are not in this graph; they are costed at the groups' edges instead). One pass in
     graph order with dependencies as bit sets; computed once per node list."""
@@ -542,7 +542,7 @@ def _reduction_reads(ctx: GraphContext, tensor: gs.Tensor, precision_of: Precisi
     """Whether every reader of ``tensor`` is an fp32 ReduceSum (``--fuse-reductions`` folds a Cast
     to fp32 in front of one into its BlockReduceSum; a Cast to fp16 rounds every element and stays),
     or the tensor is the logits of a cross-entropy loss: one fp32 LogSoftmax over the last axis
-    reads it (``onnxcampo.loss_fusion`` folds that Cast: SoftmaxCrossEntropy reads float16)."""
+    reads it (``onnxcampo.rewrites.loss`` folds that Cast: SoftmaxCrossEntropy reads float16)."""
     readers = [use.node for use in ctx.uses(tensor)]
     if len(readers) == 1 and readers[0].op == "LogSoftmax" and (readers[0].domain or "") in oplists.DEFAULT_DOMAINS:
         last = len(tensor.shape or ()) - 1
@@ -795,7 +795,7 @@ class LayoutChange:
 
 @dataclass(frozen=True)
 class _LayoutTrial:
-    """``onnxcampo.layout`` run on a copy of the planning graph: the planning nodes it converts to
+    """``onnxcampo.rewrites.layout`` run on a copy of the planning graph: the planning nodes it converts to
     NHWC ops and those it removes, and the nodes it inserts with the elements each moves (the
     largest of its float tensors), and the converted convolutions whose bias became an Add."""
 
@@ -808,7 +808,7 @@ class _LayoutTrial:
 def layout_change(ctx: GraphContext, precision_of: PrecisionOf) -> LayoutChange:
     """What channels-last changes in the plan's run (nothing unless :func:`layout_costed`).
 
-    The layout pass (``onnxcampo.layout.to_channels_last``, its ``float16`` set to the plan's float16
+    The layout pass (``onnxcampo.rewrites.layout.to_channels_last``, its ``float16`` set to the plan's float16
     convolutions) runs on a copy of the planning graph; what it did is priced against the plan's
     own costing of the nodes concerned:
 
@@ -828,7 +828,7 @@ def layout_change(ctx: GraphContext, precision_of: PrecisionOf) -> LayoutChange:
     4. Each planning node the pass removes (the GlobalAveragePool, a pool's adjoint): its time and
        launches under the plan go. MaxPool -> MaxPoolNhwc and ConvWeightGrad -> ConvNhwcWeightGrad
        cost what they did.
-    Float32 convolutions stay NCHW (``onnxcampo.layout``), so an all-fp32 plan changes nothing.
+    Float32 convolutions stay NCHW (``onnxcampo.rewrites.layout``), so an all-fp32 plan changes nothing.
     """
     if not layout_costed(ctx):
         return LayoutChange()

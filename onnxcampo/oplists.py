@@ -224,7 +224,7 @@ FIXED_TYPE_PARAMS: dict[str, frozenset[str]] = {
     # wants all of them in T, so they follow and are not listed here.
 }
 
-# the experimental int8_avg (onnxcampo/int8_avg.py): the integer matmul it replaces by ai.onnxcampo's
+# the experimental int8_avg (onnxcampo/rewrites/int8_avg.py): the integer matmul it replaces by ai.onnxcampo's
 # AvgMatMulInteger, and the op that must read its int32 output (the op gives float directly).
 INT8_AVG_REPLACES = "MatMulInteger"
 INT8_AVG_CAST = "Cast"

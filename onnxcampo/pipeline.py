@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 
 from onnxcampo import __version__
-from onnxcampo import estimate, fuse, oplists
+from onnxcampo import estimate, oplists
+from onnxcampo.rewrites import transformer
 from onnxcampo import ir
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext, Planning
@@ -272,7 +273,7 @@ def prepare(loaded: Loaded, inputs: Mapping[str, np.ndarray] | None = None) -> P
     # load gave us our own copy: we name its nodes, and the export reuses it in place.
     ir.name_nodes(loaded.model)
     # ORT's transformer fusions, before planning, on our copy itself
-    original, fused = fuse.fuse_transformer(loaded.model, config, in_place=True)
+    original, fused = transformer.fuse_transformer(loaded.model, config, in_place=True)
     training = scaling.is_train_step(original)
     if training and not config.keep_io_types:
         log.warning("a training step keeps its input/output types (fp32 master weights and state)")
@@ -458,7 +459,7 @@ def export(ctx: Planning, original: onnx.ModelProto, training: bool, report: dic
     starts = [copy.deepcopy(t) for t in original.graph.initializer if t.name.startswith(INITIAL_PREFIX)] if training else []
     before = {node.name: (node.op_type, node.doc_string) for node in _all_nodes(original.graph)}
     out = ir.export_model(ctx.graph, original, ctx.dtypes, metadata, in_place=True)
-    fuse.clean_export(out)  # no planning-only shapes; no tensor names that ORT's fusions generate at load
+    transformer.clean_export(out)  # no planning-only shapes; no tensor names that ORT's fusions generate at load
     exported = Exported(out, ctx, training, report, starts, before)
     PassManager(FINISHING, check_invariants=config.experimental.check_invariants, checker=_check_exported,
                 name="finish").run(exported)
@@ -537,7 +538,7 @@ class FuseElementwise(PassBase):
     def run(self, exported: Exported) -> PassResult:
         if not exported.ctx.config.fuse_elementwise:
             return PassResult(self.name, False)
-        from onnxcampo.elementwise_fusion import fuse_elementwise
+        from onnxcampo.rewrites.elementwise import fuse_elementwise
 
         experimental = exported.ctx.config.experimental
         leave = ort_fused_nodes(exported.ctx, exported.model) if experimental.yield_to_ort_fusions else set()
@@ -565,7 +566,7 @@ def ort_fused_nodes(ctx: GraphContext, model: onnx.ModelProto) -> set[str]:
 
 class ChannelsLast(PassBase):
     """``--channels-last``: the 2-D convolutions and their gradients as ai.onnxcampo's NHWC ops,
-    their activations channels-last (``onnxcampo.layout``); after loss scaling, before the
+    their activations channels-last (``onnxcampo.rewrites.layout``); after loss scaling, before the
     fusions (which then fuse the channels-last elementwise ops and reductions)."""
 
     name = "channels_last"
@@ -574,7 +575,7 @@ class ChannelsLast(PassBase):
     def run(self, exported: Exported) -> PassResult:
         if not exported.ctx.config.channels_last:
             return PassResult(self.name, False)
-        from onnxcampo.layout import to_channels_last
+        from onnxcampo.rewrites.layout import to_channels_last
 
         result = to_channels_last(exported.model, stem=exported.ctx.config.experimental.channels_last_stem)
         exported.report["channels_last"] = result.to_json()
@@ -595,9 +596,9 @@ class FuseReductions(PassBase):
     def run(self, exported: Exported) -> PassResult:
         if not exported.ctx.config.fuse_reductions:
             return PassResult(self.name, False)
-        from onnxcampo.loss_fusion import fuse_softmax_cross_entropy
-        from onnxcampo.norm_fusion import NormFusionResult, fuse_layer_norm_grad
-        from onnxcampo.reductions import fuse_reductions
+        from onnxcampo.rewrites.loss import fuse_softmax_cross_entropy
+        from onnxcampo.rewrites.norm import NormFusionResult, fuse_layer_norm_grad
+        from onnxcampo.rewrites.reductions import fuse_reductions
 
         # first the patterns whose reductions the block reductions would take: the loss's, the
         # layer norms' and softmaxes' input gradients; one shape inference for the three (each
@@ -703,7 +704,7 @@ def _check_exported(exported: Exported) -> list[str]:
 def _replace_matmul_integer(model: onnx.ModelProto) -> dict:
     """The experimental ``int8_avg`` on the exported model (the precision passes never see the custom op)."""
     from onnxcampo import ops
-    from onnxcampo.int8_avg import replace_matmul_integer
+    from onnxcampo.rewrites.int8_avg import replace_matmul_integer
 
     result = replace_matmul_integer(model)
     if result.replaced and not ops.available():
@@ -813,7 +814,7 @@ def read_executed_graph(ctx: GraphContext) -> None:
 
     # a copy without the weights, whose data ORT reads from ctx.model's tensors
     model, held = ir.without_weights(ctx.model, location=IN_MEMORY)
-    renamed = fuse.rename_ort_generated_names(model)  # names ORT's own fusions would collide with at load
+    renamed = transformer.rename_ort_generated_names(model)  # names ORT's own fusions would collide with at load
     weights = {renamed.get(name, name): tensor for name, tensor in held.items()}
     try:
         ir.pin_input_shapes(model, ctx.config.input_shapes, ctx.config.dim_values, require_static=False)

@@ -114,10 +114,10 @@ def tune(model: onnx.ModelProto, config: OptimizeConfig,
             if name in inputs and tuple(np.shape(inputs[name])) != tuple(dims):
                 log.warning("the tuning input %s has shape %s, the plans were costed for %s: the candidates are "
                             "timed on the given shape", name, list(np.shape(inputs[name])), list(dims))
-    from onnxcampo import fuse
+    from onnxcampo.rewrites import transformer
 
     # ORT's transformer fusions once, not once per candidate: every candidate plans the fused graph
-    model, fused = fuse.fuse_transformer(model, config)
+    model, fused = transformer.fuse_transformer(model, config)
     built, results, same, seen = {}, {}, {}, {}
     for name, candidate in candidate_configs(config.replace(fuse="none")).items():
         if name == "campo-nopad" and not built["campo"].report.get("pads_inserted"):

@@ -1,5 +1,5 @@
 """Write ``tests/fixtures/transformers/*.onnx``: tiny randomly initialised transformers models
-exported as users export them, for ``--fuse auto``'s detection tests (``tests/test_fuse.py``).
+exported as users export them, for ``--fuse auto``'s detection tests (``tests/rewrites/test_transformer.py``).
 
 Each model (BERT, RoBERTa, a MiniLM-like BERT, GPT-2, GPT-2 with its LM head) is built from a
 transformers config (no download) with SDPA attention (transformers' default) and, for BERT and

@@ -175,7 +175,7 @@ def test_each_distinct_warning_is_shown_once():
         record("onnxcampo.api", logging.WARNING, "calibrating on %s inputs", "random"),
         record("onnxcampo.api", logging.WARNING, "calibrating on random inputs"),  # the same text, formatted
         record("onnxcampo.api", logging.WARNING, "calibrating on %s inputs", "given"),
-        record("onnxcampo.fuse", logging.WARNING, "calibrating on random inputs"),
+        record("onnxcampo.rewrites.transformer", logging.WARNING, "calibrating on random inputs"),
         record("onnxcampo.api", logging.ERROR, "calibrating on random inputs"),
         record("onnxcampo.api", logging.INFO, "pass done"),
         record("onnxcampo.api", logging.INFO, "pass done"))]

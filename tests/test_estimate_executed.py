@@ -366,7 +366,7 @@ def weight_folding() -> onnx.ModelProto:
 
 
 def bert_layer():
-    from test_fuse import bert_layer as layer
+    from cases.transformer import bert_layer as layer
 
     return layer()
 

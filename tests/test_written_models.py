@@ -3,7 +3,7 @@
 * ``ir.save_model`` test-loads the temporary file (``onnxcampo.runtime.check``) before the
   rename: a model ORT rejects leaves nothing behind, and an existing output stays as it was;
 * the exported model carries no tensor named like the initializers ORT's own fusions generate
-  (``fuse.clean_export``): ORT names them without looking at the tensors already in the graph.
+  (``transformer.clean_export``): ORT names them without looking at the tensors already in the graph.
 
 The model ORT rejects is a genuine one (reproduced on ORT CPU 1.32): a 3-D MatMul+Add saved by
 ORT itself (``optimized_model_filepath``), whose MatMulAddFusion left the initializers
@@ -23,7 +23,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
-from onnxcampo import fuse, ir
+from onnxcampo import ir
+from onnxcampo.rewrites import transformer
 from onnxcampo.cli import main
 from onnxcampo.errors import WrittenModelLoadError
 from onnxcampo.runtime import make_session, run
@@ -146,7 +147,7 @@ def test_ops_no_session_here_can_run_are_written_with_a_warning(tmp_path, caplog
 
 def test_cli_exits_nonzero_with_one_line_and_keeps_the_old_output(tmp_path, capsys, monkeypatch):
     """Without the renaming at export, the colliding model's optimized output would not load."""
-    monkeypatch.setattr(fuse, "rename_ort_generated_names", lambda model: {})
+    monkeypatch.setattr(transformer, "rename_ort_generated_names", lambda model: {})
     source = tmp_path / "in.onnx"
     onnx.save(colliding(tmp_path), str(source))
     out = tmp_path / "out.onnx"
@@ -163,7 +164,7 @@ def test_cli_exits_nonzero_with_one_line_and_keeps_the_old_output(tmp_path, caps
 
 # --- the renaming at export -------------------------------------------------------------------
 def test_the_exported_model_renames_ort_generated_names_and_loads(tmp_path):
-    """Fails without ``fuse.clean_export``: the written model would collide at load. The outputs
+    """Fails without ``transformer.clean_export``: the written model would collide at load. The outputs
     on ORT CPU are compared as a wiring check (ORT's CPU provider hides fp16 rounding)."""
     model = colliding(tmp_path)
     result = onnxcampo.optimize(model)
@@ -192,7 +193,7 @@ def test_renaming_reaches_subgraphs_and_token_suffixes_and_spares_graph_outputs(
         [helper.make_tensor_value_info("gemm_output_shape", TensorProto.FLOAT, [4, 2]),
          helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])], [shape])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    mapping = fuse.rename_ort_generated_names(model)
+    mapping = transformer.rename_ort_generated_names(model)
     assert mapping == {"gemm_input_shape_token_3": "onnxcampo/gemm_input_shape_token_3",
                        "squeeze_axes": "onnxcampo/squeeze_axes"}
     onnx.checker.check_model(model, full_check=True)

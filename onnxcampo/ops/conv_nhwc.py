@@ -1,6 +1,6 @@
 """``ai.onnxcampo::ConvNhwc``, ``ConvNhwcDataGrad`` and ``ConvNhwcWeightGrad``: a 2-D convolution
 and its two adjoints in channels-last layout, what a channels-last graph runs
-(``onnxcampo.layout``, ``docs/ops.md``). float64 numpy references for the tests and the CUDA check.
+(``onnxcampo.rewrites.layout``, ``docs/ops.md``). float64 numpy references for the tests and the CUDA check.
 
 Shapes: x [N, H, W, Cin], y / dy [N, Ho, Wo, Cout], the filter w / dw [Cout, kh, kw, Cin / group]
 (KRSC); attributes as ONNX Conv's (``kernel_shape``, ``strides``, ``dilations``, ``pads`` [top,

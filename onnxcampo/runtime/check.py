@@ -3,7 +3,7 @@
 
 onnx.checker does not see what ONNX Runtime does at session creation: its graph optimizations
 run then, and their fusions can fail on a graph the checker accepts (they name new initializers
-without looking at the tensors already there: ``onnxcampo.fuse.ORT_GENERATED_NAMES``). A written
+without looking at the tensors already there: ``onnxcampo.rewrites.transformer.ORT_GENERATED_NAMES``). A written
 model that ORT cannot load must not replace anything. The check, case by case:
 
 1. a session is created on the CPU EP at ``ORT_ENABLE_ALL``, and on the CUDA EP at

@@ -29,7 +29,7 @@ Inference (ONNX Runtime):
     campo-fused-norows-graph  campo-fused-graph without LayerNormGrad / SoftmaxGrad
     campo-fused-cl-graph, fp16-fused-cl-graph, campo-fused-cl  campo-fused-graph, fp16-fused-graph and
                     campo-fused with ``channels_last`` (the convolutions as ai.onnxcampo's NHWC ops,
-                    their activations channels-last: onnxcampo.layout)
+                    their activations channels-last: onnxcampo.rewrites.layout)
     campo-fused-nosums-graph, campo-fused-cl-nosums-graph  campo-fused-graph and
                     campo-fused-cl-graph with ``fuse_column_sums=False``: the bias gradients' column
                     sums as BlockReduceSum nodes, not in the elementwise kernels: their A/B
@@ -145,7 +145,7 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same with the column sums as BlockReduceSum nodes (fuse_column_sums=False): their A/B
              "campo-fused-nosums-graph": {"policy": "campo", "execution": "cuda-graph",
                                           "experimental": {"fuse_column_sums": False}, **FUSIONS},
-             # the convolutions channels-last (onnxcampo.layout), with both fusions
+             # the convolutions channels-last (onnxcampo.rewrites.layout), with both fusions
              "campo-fused-cl": {"policy": "campo", "channels_last": True, **FUSIONS},
              "campo-fused-cl-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
              "fp16-fused-cl-graph": {"policy": "fp16", "execution": "cuda-graph", "channels_last": True, **FUSIONS},
@@ -387,7 +387,7 @@ def run_ortopt_fp16(source: Path, target: Path) -> dict[str, Any]:
         from onnxruntime.transformers.optimizer import optimize_model
     except ImportError as exc:
         raise Unavailable(f"onnxruntime.transformers not importable: {exc}") from None
-    from onnxcampo.fuse import detect
+    from onnxcampo.rewrites.transformer import detect
 
     model = onnx.load(str(source))
     found = detect(model)

@@ -2,7 +2,7 @@
 
 The CPU kernels against the numpy reference (float64) on ONNX Runtime's CPU provider: float32 and
 float16 logits and outputs, padded rows, labels counted from the end and out of range, one scale
-or one per row. The rewrite (``onnxcampo.loss_fusion``) on training steps built by
+or one per row. The rewrite (``onnxcampo.rewrites.loss``) on training steps built by
 ``build_train_step``: the fused step against the unfused one on ORT CPU (wiring, within float32
 rounding) and with the ONNX reference evaluator for a mixed-precision plan (float16 numerics)."""
 
@@ -18,7 +18,7 @@ from onnx.reference import ReferenceEvaluator
 
 import onnxcampo
 from onnxcampo import ir
-from onnxcampo.loss_fusion import fuse_softmax_cross_entropy
+from onnxcampo.rewrites.loss import fuse_softmax_cross_entropy
 from onnxcampo.ops import cross_entropy as ce
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
@@ -252,7 +252,7 @@ GPT2_LIKE = """
 
 
 def _fold(model):
-    from onnxcampo.loss_fusion import LossFusionResult, _fold_gradient_casts_and_pads
+    from onnxcampo.rewrites.loss import LossFusionResult, _fold_gradient_casts_and_pads
 
     model.graph.initializer.append(numpy_helper.from_array(np.array([12, 32], np.int64), "s2m"))
     folded = onnx.ModelProto()

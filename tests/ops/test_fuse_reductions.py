@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
 from onnxcampo import ir
-from onnxcampo.reductions import fuse_reductions
+from onnxcampo.rewrites.reductions import fuse_reductions
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import build_train_step
 
@@ -148,7 +148,7 @@ def test_an_fp16_reduction_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there
     import onnx
 
     from onnxcampo import ir
-    from onnxcampo.reductions import fuse_reductions
+    from onnxcampo.rewrites.reductions import fuse_reductions
     from onnxcampo.runtime import make_session
 
     model = onnx.parser.parse_model("""
@@ -176,7 +176,7 @@ def test_the_fusions_default_to_on_for_training_steps_where_the_cuda_kernels_run
     ops gets BlockReduceSum where the library's CUDA kernels run here and FusedElementwise where
     NVRTC is there too (the machine's facts faked: this one has no GPU); a step built with
     standard ops never; an explicit False wins; an inference model's are decided by their
-    predicted cost where the kernels run (``tests/test_rewrite_decisions.py``), else off.
+    predicted cost where the kernels run (``tests/rewrites/test_decisions.py``), else off.
     The written step loads on ORT's CPU (wiring)."""
     from onnxcampo import ops
 

@@ -264,11 +264,11 @@ FUSION_MODELS = {
 
 @pytest.mark.parametrize("name", sorted(FUSION_MODELS))
 def test_models_fused_by_fuse_elementwise_run_on_ort_cpu(library, name):
-    # onnxcampo.elementwise_fusion writes the nodes; ORT runs them with this library and gives the
+    # onnxcampo.rewrites.elementwise writes the nodes; ORT runs them with this library and gives the
     # reference's values (ReferenceEvaluator with elementwise.run) and the unfused graph's
     from onnx import numpy_helper
 
-    from onnxcampo.elementwise_fusion import fuse_elementwise
+    from onnxcampo.rewrites.elementwise import fuse_elementwise
 
     text, scalars = FUSION_MODELS[name]
     model = _parsed(text)

@@ -15,7 +15,7 @@ from onnxcampo import ops
 from onnxcampo.api import optimize
 from onnxcampo.cli import main
 from onnxcampo.examples import quantized_mlp_block
-from onnxcampo.int8_avg import replace_matmul_integer
+from onnxcampo.rewrites.int8_avg import replace_matmul_integer
 from onnxcampo.runtime import make_session, run
 
 from reference import avg_matmul_integer

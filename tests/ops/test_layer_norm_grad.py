@@ -2,7 +2,7 @@
 
 The CPU kernel against the numpy reference (float64) on ONNX Runtime's CPU provider, float16 and
 float32 tensors mixed, with and without the residual ``acc``; the rewrite
-(``onnxcampo.norm_fusion``) on training steps of a small transformer block built by
+(``onnxcampo.rewrites.norm``) on training steps of a small transformer block built by
 ``build_train_step``: fused against unfused on ORT CPU (wiring, within float32 rounding) and, for
 the fp16 plan, with the ONNX reference evaluator (float16 numerics)."""
 
@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import onnxcampo
-from onnxcampo.norm_fusion import fuse_layer_norm_grad
+from onnxcampo.rewrites.norm import fuse_layer_norm_grad
 from onnxcampo.ops import layer_norm as ln
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run

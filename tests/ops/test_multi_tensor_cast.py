@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxcampo import ir
-from onnxcampo.elementwise_fusion import fuse_elementwise
+from onnxcampo.rewrites.elementwise import fuse_elementwise
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run

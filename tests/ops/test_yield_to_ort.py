@@ -5,7 +5,7 @@ the CPU provider; the written models load on it: a wiring check)."""
 from __future__ import annotations
 
 import onnx
-from test_elementwise_fusion import scaled_chain
+from rewrites.test_elementwise import scaled_chain
 
 from onnxcampo import ir
 

@@ -66,7 +66,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
-from onnxcampo.reductions import MOVES, reduce_axes
+from onnxcampo.rewrites.reductions import MOVES, reduce_axes
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxcampo import ir
 from onnxcampo.ops import reduce as block_reduce
-from onnxcampo.reductions import fuse_reductions
+from onnxcampo.rewrites.reductions import fuse_reductions
 
 OP = block_reduce.OP_TYPE
 

@@ -81,7 +81,7 @@ from onnxcampo import ir, oplists
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.ops.elementwise import Op
-from onnxcampo.reductions import MOVES as VIEWS  # what fuse_reductions folds before a BlockReduceSum
+from onnxcampo.rewrites.reductions import MOVES as VIEWS  # what fuse_reductions folds before a BlockReduceSum
 
 log = logging.getLogger(__name__)
 

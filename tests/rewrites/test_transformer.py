@@ -1,4 +1,4 @@
-"""``--fuse``: ONNX Runtime's transformers optimizer before planning (``onnxcampo.fuse``).
+"""``--fuse``: ONNX Runtime's transformers optimizer before planning (``onnxcampo.rewrites.transformer``).
 
 Most graphs are built in code: a BERT-like encoder layer (embedding Add, decomposed LayerNorm,
 Q/K/V projections split into heads, scaled and masked Softmax attention, output projection,
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
@@ -21,107 +20,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
-from onnxcampo import fuse
+from onnxcampo.rewrites import transformer
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import UnsupportedModelError, command_line
 from onnxcampo.runtime import make_session, run
 
-HIDDEN, HEADS, SEQ, BATCH, FFN = 64, 4, 8, 2, 256
-
-
-def bert_layer(*, batch=BATCH, seq=SEQ, hidden=HIDDEN, heads=HEADS, ffn=FFN, causal=False, norm="pattern",
-               activation="erf", nan_guard=False, seed=0) -> onnx.ModelProto:
-    """One encoder layer as a PyTorch export of BERT spells it; ``causal`` adds a decoder's
-    lower-triangular mask (0 on and below the diagonal, -10000 above) to the scores; ``norm``:
-    ``pattern`` (ReduceMean ... Div), ``reciprocal`` (... Mul by Reciprocal(Sqrt)), ``op``
-    (LayerNormalization) or ``none``; ``activation``: ``erf`` (BERT's Gelu), ``tanh`` (GPT-2's) or
-    ``relu``; ``nan_guard`` puts SDPA's Where(IsNaN(p), 0, p) between the Softmax and probs.V."""
-    rng = np.random.default_rng(seed)
-    head = hidden // heads
-    inits, nodes = [], []
-
-    def const(name, value, dtype=np.float32):
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def weight(name, shape, scale=0.05):
-        return const(name, rng.standard_normal(shape) * scale)
-
-    def node(op, inputs, output, **attrs):
-        nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
-        return output
-
-    def layer_norm(x, prefix):
-        gamma, beta = 1 + 0.1 * rng.standard_normal(hidden), 0.1 * rng.standard_normal(hidden)
-        if norm == "none":
-            return x
-        if norm == "op":
-            return node("LayerNormalization", [x, const(f"{prefix}/gamma", gamma), const(f"{prefix}/beta", beta)],
-                        f"{prefix}/out", axis=-1, epsilon=1e-12)
-        mean = node("ReduceMean", [x], f"{prefix}/mean", axes=[-1])
-        centred = node("Sub", [x, mean], f"{prefix}/sub")
-        variance = node("ReduceMean", [node("Pow", [centred, const(f"{prefix}/two", 2.0)], f"{prefix}/pow")],
-                        f"{prefix}/var", axes=[-1])
-        deviation = node("Sqrt", [node("Add", [variance, const(f"{prefix}/eps", 1e-12)], f"{prefix}/add_eps")],
-                         f"{prefix}/sqrt")
-        if norm == "reciprocal":
-            normed = node("Mul", [centred, node("Reciprocal", [deviation], f"{prefix}/reciprocal")], f"{prefix}/div")
-        else:
-            normed = node("Div", [centred, deviation], f"{prefix}/div")
-        scaled = node("Mul", [normed, const(f"{prefix}/gamma", gamma)], f"{prefix}/mul")
-        return node("Add", [scaled, const(f"{prefix}/beta", beta)], f"{prefix}/out")
-
-    def linear(x, prefix, n_in, n_out):
-        product = node("MatMul", [x, weight(f"{prefix}/w", (n_in, n_out))], f"{prefix}/matmul")
-        return node("Add", [weight(f"{prefix}/b", (n_out,)), product], f"{prefix}/add")
-
-    def split_heads(x, prefix, perm):
-        shape = const(f"{prefix}/heads", [0, 0, heads, head], np.int64)
-        return node("Transpose", [node("Reshape", [x, shape], f"{prefix}/reshape")], f"{prefix}/transpose", perm=perm)
-
-    ln0 = layer_norm(node("Add", ["embeddings", weight("position", (seq, hidden), 0.5)], "embed/add"), "ln0")
-    q = split_heads(linear(ln0, "q", hidden, hidden), "q", [0, 2, 1, 3])
-    k = split_heads(linear(ln0, "k", hidden, hidden), "k", [0, 2, 3, 1])
-    v = split_heads(linear(ln0, "v", hidden, hidden), "v", [0, 2, 1, 3])
-    scores = node("Div", [node("MatMul", [q, k], "attn/qk"), const("attn/scale", math.sqrt(head))], "attn/div")
-    if causal:
-        triangle = np.triu(np.full((seq, seq), -10000.0), k=1)
-        scores = node("Add", [scores, const("attn/causal", triangle)], "attn/add_causal")
-    mask = node("Unsqueeze", ["attention_mask", const("mask/axis1", [1], np.int64)], "mask/unsqueeze1")
-    mask = node("Unsqueeze", [mask, const("mask/axis2", [2], np.int64)], "mask/unsqueeze2")
-    mask = node("Cast", [mask], "mask/cast", to=TensorProto.FLOAT)
-    mask = node("Mul", [node("Sub", [const("mask/one", 1.0), mask], "mask/sub"), const("mask/neg", -10000.0)],
-                "mask/mul")
-    probs = node("Softmax", [node("Add", [scores, mask], "attn/add_mask")], "attn/softmax", axis=-1)
-    if nan_guard:
-        probs = node("Where", [node("IsNaN", [probs], "attn/isnan"), const("attn/zero", 0.0), probs], "attn/guard")
-    context = node("Transpose", [node("MatMul", [probs, v], "attn/context")], "attn/transpose", perm=[0, 2, 1, 3])
-    context = node("Reshape", [context, const("attn/merge_heads", [0, 0, hidden], np.int64)], "attn/merge")
-    ln1 = layer_norm(node("Add", [linear(context, "attn_out", hidden, hidden), ln0], "attn/residual"), "ln1")
-    h = linear(ln1, "ffn1", hidden, ffn)
-    if activation == "relu":
-        act = node("Relu", [h], "act/out")
-    else:
-        if activation == "tanh":  # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-            cubic = node("Mul", [node("Pow", [h, const("gelu/three", 3.0)], "gelu/pow"), const("gelu/c", 0.044715)],
-                         "gelu/cubic")
-            inner = node("Mul", [node("Add", [h, cubic], "gelu/inner_add"),
-                                 const("gelu/scale", math.sqrt(2 / math.pi))], "gelu/inner")
-            bounded = node("Tanh", [inner], "gelu/tanh")
-        else:
-            bounded = node("Erf", [node("Div", [h, const("gelu/sqrt2", math.sqrt(2.0))], "gelu/div")], "gelu/erf")
-        act = node("Mul", [node("Mul", [h, node("Add", [bounded, const("gelu/one", 1.0)], "gelu/add")], "gelu/mul"),
-                           const("gelu/half", 0.5)], "gelu/out")
-    ln2 = layer_norm(node("Add", [linear(act, "ffn2", ffn, hidden), ln1], "ffn/residual"), "ln2")
-    nodes.append(helper.make_node("Identity", [ln2], ["hidden_states"], name="output"))
-    graph = helper.make_graph(
-        nodes, "bert_layer",
-        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, [batch, seq, hidden]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, seq])],
-        [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [batch, seq, hidden])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
-    onnx.checker.check_model(model, full_check=True)
-    return model
+from cases.transformer import BATCH, FFN, HIDDEN, SEQ, bert_layer
 
 
 def mlp() -> onnx.ModelProto:
@@ -153,7 +57,7 @@ def test_a_bert_layer_is_detected_with_its_heads_and_hidden_size():
     """Layer norm pattern + attention Softmax + erf Gelu, no causal mask -> bert; hidden size
     from the layer norms' scale, heads from the Reshape to [B, S, heads, head size]."""
     for hidden, heads in ((64, 4), (96, 6)):
-        detection = fuse.detect(bert_layer(hidden=hidden, heads=heads))
+        detection = transformer.detect(bert_layer(hidden=hidden, heads=heads))
         assert (detection.model_type, detection.num_heads, detection.hidden_size) == ("bert", heads, hidden)
     assert detection.reason == "layer norms, attention Softmax, Gelu and no causal mask"
 
@@ -166,7 +70,7 @@ def test_other_spellings_of_the_layer_are_recognised_too(variant, model_type):
     norms; SDPA's Where(IsNaN(p), 0, p) between the Softmax and probs.V still makes attention;
     the tanh GELU alone (GPT-2's; BERT's is the erf form) makes a layer without a causal mask
     GPT-2-like (case e)."""
-    detection = fuse.detect(bert_layer(**variant))
+    detection = transformer.detect(bert_layer(**variant))
     assert (detection.model_type, detection.num_heads, detection.hidden_size) == (model_type, 4, 64)
     assert ("tanh GELU" in detection.reason) == (model_type == "gpt2")
 
@@ -175,8 +79,8 @@ def test_a_causal_mask_makes_it_gpt2_like():
     """The same layer with a lower-triangular mask constant on the scores is a decoder; ORT's
     gpt2 fusions keep what it computes (the masked attention is not fused into an unmasked one)."""
     model = bert_layer(causal=True)
-    assert fuse.detect(model).model_type == "gpt2"
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    assert transformer.detect(model).model_type == "gpt2"
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     assert report["model_type"] == "gpt2" and report["ops"]["SkipLayerNormalization"] == 2
     np.testing.assert_allclose(run(make_session(fused), feeds())["hidden_states"],
                                run(make_session(model), feeds())["hidden_states"], rtol=1e-4, atol=1e-4)
@@ -185,8 +89,8 @@ def test_a_causal_mask_makes_it_gpt2_like():
 def test_a_graph_without_attention_is_left_untouched_silently(caplog):
     """Case a: no Softmax between MatMuls: the reason in the report, an info line, no warning."""
     model = mlp()
-    with caplog.at_level(logging.INFO, logger="onnxcampo.fuse"):
-        fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    with caplog.at_level(logging.INFO, logger="onnxcampo.rewrites.transformer"):
+        fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     assert fused is model
     assert report == {"mode": "auto", "model_type": None,
                       "reason": "not a transformer: no attention Softmax between MatMuls of activations"}
@@ -201,12 +105,12 @@ def test_a_graph_with_attention_it_declines_gets_one_warning_saying_how_to_force
     """Cases b and c: a graph with attention that is not fused says why on one line, and names
     the options that force the fusion (as flags on the command line, as keywords from Python)."""
     model = bert_layer(**variant)
-    detection = fuse.detect(model)
+    detection = transformer.detect(model)
     assert detection.model_type is None and detection.attention and detection.reason.endswith(missing)
-    with caplog.at_level(logging.INFO, logger="onnxcampo.fuse"):
-        fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    with caplog.at_level(logging.INFO, logger="onnxcampo.rewrites.transformer"):
+        fused, report = transformer.fuse_transformer(model, OptimizeConfig())
         with command_line():
-            fuse.fuse_transformer(model, OptimizeConfig())
+            transformer.fuse_transformer(model, OptimizeConfig())
     assert fused is model and report["reason"] == detection.reason
     api, cli = [r.getMessage() for r in caplog.records]
     assert api == f"fuse: not fused: {detection.reason}; fuse='bert' or fuse='gpt2' fuses it as that model type"
@@ -218,10 +122,10 @@ def test_training_steps_and_fused_graphs_are_never_fused():
     """Whatever the mode: a train-graph step, and a graph that already has ORT's fused ops."""
     step = bert_layer()
     step.metadata_props.add(key="onnxcampo.train_step", value="1")
-    fused, report = fuse.fuse_transformer(step, OptimizeConfig(fuse="bert"))
+    fused, report = transformer.fuse_transformer(step, OptimizeConfig(fuse="bert"))
     assert fused is step and report["reason"].startswith("a training-step graph")
-    already, _ = fuse.fuse_transformer(bert_layer(), OptimizeConfig())
-    again, report = fuse.fuse_transformer(already, OptimizeConfig(fuse="bert"))
+    already, _ = transformer.fuse_transformer(bert_layer(), OptimizeConfig())
+    again, report = transformer.fuse_transformer(already, OptimizeConfig(fuse="bert"))
     assert again is already and report["reason"].startswith("already fused (1 Attention, 1 BiasGelu")
 
 
@@ -233,7 +137,7 @@ def test_the_command_line_prints_the_decline_once_on_stderr(tmp_path, capsys):
     onnx.save(bert_layer(activation="relu"), tmp_path / "m.onnx")
     assert main(["optimize", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx")]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "fuse: not fused" in line]
-    assert lines == ["WARNING onnxcampo.fuse: fuse: not fused: not BERT- or GPT-2-like: attention and layer norms, "
+    assert lines == ["WARNING onnxcampo.rewrites.transformer: fuse: not fused: not BERT- or GPT-2-like: attention and layer norms, "
                      "but no Gelu (the op, its erf or tanh form); --fuse bert or --fuse gpt2 fuses it as that "
                      "model type"]
 
@@ -244,7 +148,7 @@ def test_auto_fuses_a_bert_layer_into_ort_ops_and_keeps_the_model_valid():
     com.microsoft is declared, the graph passes the checker; the input is not modified."""
     model = bert_layer()
     before = model.SerializeToString()
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     assert model.SerializeToString() == before
     assert report["model_type"] == "bert" and (report["num_heads"], report["hidden_size"]) == (4, 64)
     assert report["ops"]["SkipLayerNormalization"] == 2
@@ -262,14 +166,14 @@ def test_fused_layer_computes_what_the_unfused_one_does():
     """Wiring check on ORT CPU, in fp32: the fused kernels get the right inputs (the raw mask
     keeps a left-padded row right); it says nothing about fp16 numerics."""
     model = bert_layer()
-    fused, _ = fuse.fuse_transformer(model, OptimizeConfig())
+    fused, _ = transformer.fuse_transformer(model, OptimizeConfig())
     expected = run(make_session(model), feeds())["hidden_states"]
     got = run(make_session(fused), feeds())["hidden_states"]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_forced_mode_takes_the_given_sizes():
-    _, report = fuse.fuse_transformer(bert_layer(), OptimizeConfig(fuse="bert", num_heads=4, hidden_size=64))
+    _, report = transformer.fuse_transformer(bert_layer(), OptimizeConfig(fuse="bert", num_heads=4, hidden_size=64))
     assert (report["mode"], report["model_type"], report["num_heads"], report["hidden_size"]) == ("bert", "bert", 4, 64)
 
 
@@ -277,20 +181,20 @@ def test_sizes_that_do_not_go_together_are_left_to_ort_to_detect():
     """ORT's optimizer asserts heads and hidden size both given (heads dividing the size) or
     neither: heads that do not divide the hidden size (or a hidden size without heads, where no
     head split is read) go as neither, and the graph is still fused."""
-    _, report = fuse.fuse_transformer(bert_layer(), OptimizeConfig(fuse="bert", num_heads=3, hidden_size=64))
+    _, report = transformer.fuse_transformer(bert_layer(), OptimizeConfig(fuse="bert", num_heads=3, hidden_size=64))
     assert (report["num_heads"], report["hidden_size"]) == (0, 0) and report["ops"]
 
 
 def test_fused_ops_get_shapes_for_planning_only():
     """ONNX inference stops at com.microsoft ops: the fused outputs get marked value infos,
     which clean_export drops."""
-    fused, _ = fuse.fuse_transformer(bert_layer(), OptimizeConfig())
+    fused, _ = transformer.fuse_transformer(bert_layer(), OptimizeConfig())
     planning = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
-                for vi in fused.graph.value_info if vi.doc_string == fuse.PLANNING_SHAPE}
+                for vi in fused.graph.value_info if vi.doc_string == transformer.PLANNING_SHAPE}
     assert planning["attn/merge"] == [BATCH, SEQ, HIDDEN]  # the Attention op's output
     assert planning["gelu/out"] == [BATCH, SEQ, FFN]
-    fuse.clean_export(fused)
-    assert not [vi for vi in fused.graph.value_info if vi.doc_string == fuse.PLANNING_SHAPE]
+    transformer.clean_export(fused)
+    assert not [vi for vi in fused.graph.value_info if vi.doc_string == transformer.PLANNING_SHAPE]
 
 
 def test_an_unsorted_graph_is_sorted():
@@ -298,35 +202,35 @@ def test_an_unsorted_graph_is_sorted():
     reversed_nodes = list(model.graph.node)[::-1]
     del model.graph.node[:]
     model.graph.node.extend(reversed_nodes)
-    assert fuse.toposort_model(model) is True
+    assert transformer.toposort_model(model) is True
     onnx.checker.check_model(model)  # the checker rejects unsorted graphs
-    assert fuse.toposort_model(model) is False
+    assert transformer.toposort_model(model) is False
 
 
 def test_an_optimizer_failure_leaves_auto_unfused_and_fails_a_forced_mode(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("pattern matcher fell over")
 
-    monkeypatch.setattr(fuse, "_run_optimizer", broken)
+    monkeypatch.setattr(transformer, "_run_optimizer", broken)
     model = bert_layer()
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     assert fused is model
     assert report["reason"] == "ONNX Runtime's transformers optimizer failed (RuntimeError: pattern matcher fell over)"
     with pytest.raises(UnsupportedModelError, match="fuse='bert': .*fuse='none'"):
-        fuse.fuse_transformer(model, OptimizeConfig(fuse="bert"))
+        transformer.fuse_transformer(model, OptimizeConfig(fuse="bert"))
 
 
 def test_an_optimizer_that_changes_the_graph_inputs_is_not_kept(monkeypatch):
-    real = fuse._run_optimizer
+    real = transformer._run_optimizer
 
     def renaming(*args, **kwargs):
         fused = real(*args, **kwargs)
         fused.graph.input[1].type.tensor_type.elem_type = TensorProto.INT32
         return fused
 
-    monkeypatch.setattr(fuse, "_run_optimizer", renaming)
+    monkeypatch.setattr(transformer, "_run_optimizer", renaming)
     model = bert_layer()
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     assert fused is model
     assert report["reason"] == "ONNX Runtime's transformers optimizer changed graph input 'attention_mask'"
 
@@ -343,14 +247,14 @@ def test_fusing_in_place_and_on_weightless_shape_copies_gives_what_ort_alone_giv
     data (values read from the model itself): byte for byte the graph that fusing a copy with
     ORT's own shape inference gives (Attention's fusion reads and concatenates the Q, K, V weights)."""
     skeletons = []
-    real_skeleton = fuse.ir.skeleton
-    monkeypatch.setattr(fuse.ir, "skeleton",
+    real_skeleton = transformer.ir.skeleton
+    monkeypatch.setattr(transformer.ir, "skeleton",
                         lambda *args, **kwargs: skeletons.append(1) or real_skeleton(*args, **kwargs))
     model = in_place_layers()[name]
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig(), in_place=True)
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig(), in_place=True)
     assert fused is model and report["ops"] and len(skeletons) > 1  # planning shapes' one, and ORT's runs
-    monkeypatch.setattr(fuse, "_shape_inference_on_weightless_copies", contextlib.nullcontext)
-    plain, plain_report = fuse.fuse_transformer(in_place_layers()[name], OptimizeConfig())
+    monkeypatch.setattr(transformer, "_shape_inference_on_weightless_copies", contextlib.nullcontext)
+    plain, plain_report = transformer.fuse_transformer(in_place_layers()[name], OptimizeConfig())
     assert report["ops"] == plain_report["ops"]
     assert fused.SerializeToString() == plain.SerializeToString()
 
@@ -372,7 +276,7 @@ def test_a_failure_midway_in_place_puts_the_model_back_as_it_was(monkeypatch):
     monkeypatch.setattr(BertOnnxModel, "fuse_add_bias_skip_layer_norm", broken)
     model = bert_layer()
     before = model.SerializeToString()
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig(), in_place=True)
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig(), in_place=True)
     assert "q/w" not in seen["initializers"] and {"Attention", "SkipLayerNormalization"} <= seen["ops"]
     assert fused is model and model.SerializeToString() == before
     assert report["reason"] == "ONNX Runtime's transformers optimizer failed (RuntimeError: bias fusion fell over)"
@@ -381,7 +285,7 @@ def test_a_failure_midway_in_place_puts_the_model_back_as_it_was(monkeypatch):
 def test_an_in_place_fusion_that_is_not_kept_puts_the_model_back(monkeypatch):
     """``in_place``: a fusion that changed the graph's inputs, or that ONNX refuses (opset 14's
     LayerNormalization), is not kept, and the model is as it was."""
-    real = fuse._run_optimizer
+    real = transformer._run_optimizer
 
     def retyping(*args, **kwargs):
         fused = real(*args, **kwargs)
@@ -391,13 +295,13 @@ def test_an_in_place_fusion_that_is_not_kept_puts_the_model_back(monkeypatch):
     model = bert_layer()
     before = model.SerializeToString()
     with monkeypatch.context() as patch:
-        patch.setattr(fuse, "_run_optimizer", retyping)
-        fused, report = fuse.fuse_transformer(model, OptimizeConfig(), in_place=True)
+        patch.setattr(transformer, "_run_optimizer", retyping)
+        fused, report = transformer.fuse_transformer(model, OptimizeConfig(), in_place=True)
     assert fused is model and model.SerializeToString() == before and "changed graph input" in report["reason"]
     for entry in model.opset_import:
         entry.version = 14 if entry.domain in ("", "ai.onnx") else entry.version
     before = model.SerializeToString()
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig(), in_place=True)
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig(), in_place=True)
     assert fused is model and model.SerializeToString() == before and "invalid ONNX graph" in report["reason"]
 
 
@@ -422,7 +326,7 @@ def test_optimize_plans_the_fused_graph_and_writes_a_model_ort_loads(tmp_path):
     fused_nodes = [n.name for n in result.model.graph.node if n.domain == "com.microsoft"]
     assert fused_nodes and all(plan[name]["reason"] != "unknown_shape" for name in fused_nodes)
     assert report["nodes_fp16"] > 0
-    assert not [vi for vi in result.model.graph.value_info if vi.doc_string == fuse.PLANNING_SHAPE]
+    assert not [vi for vi in result.model.graph.value_info if vi.doc_string == transformer.PLANNING_SHAPE]
     out = tmp_path / "bert.campo.onnx"
     result.save(out)
     inputs = feeds(shape["batch"], shape["seq"], shape["hidden"])
@@ -435,8 +339,8 @@ def test_optimize_plans_the_fused_graph_and_writes_a_model_ort_loads(tmp_path):
 def test_tune_fuses_once_and_every_candidate_plans_the_fused_graph(monkeypatch):
     """--tune runs ORT's optimizer once (not once per candidate) and reports its fusion."""
     calls = []
-    original = fuse._run_optimizer
-    monkeypatch.setattr(fuse, "_run_optimizer", lambda *args: calls.append(args) or original(*args))
+    original = transformer._run_optimizer
+    monkeypatch.setattr(transformer, "_run_optimizer", lambda *args: calls.append(args) or original(*args))
     result = onnxcampo.optimize(bert_layer(), tune="cpu")
     assert len(calls) == 1 and result.report["fuse"]["ops"]
     assert set(result.report["tuning"]["candidates"]) >= {"fp32", "amp", "campo", "fp16"}
@@ -449,14 +353,14 @@ def test_a_fused_graph_onnx_refuses_is_not_kept():
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
             entry.version = 14
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     assert report["model_type"] is None and "invalid ONNX graph" in report["reason"] and fused is model
     with pytest.raises(UnsupportedModelError, match="invalid ONNX graph"):
-        fuse.fuse_transformer(model, OptimizeConfig(fuse="bert"))
+        transformer.fuse_transformer(model, OptimizeConfig(fuse="bert"))
 
 
 # --- exports of transformers models (tests/fixtures/transformers) -----------------------------
-FIXTURES = Path(__file__).parent / "fixtures" / "transformers"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "transformers"
 # model: (model type, heads, hidden size, layers), as scripts/make_transformer_fixtures.py builds it
 MODELS = {"bert": ("bert", 4, 32, 2), "roberta": ("bert", 2, 32, 2), "minilm": ("bert", 3, 24, 3),
           "gpt2": ("gpt2", 4, 32, 2), "gpt2_lm": ("gpt2", 4, 32, 2)}
@@ -489,7 +393,7 @@ def test_exports_of_transformers_models_are_detected_with_their_type_and_sizes(e
     guard, LayerNormalization, the erf or tanh GELU, GPT-2's causal mask as a comparison of
     Range-derived positions; heads from the head split ``[B, S, -1, head size]`` (rule 5)."""
     model_type, heads, hidden, _ = model_of(export)
-    detection = fuse.detect(onnx.load(FIXTURES / f"{export}.onnx"))
+    detection = transformer.detect(onnx.load(FIXTURES / f"{export}.onnx"))
     assert (detection.model_type, detection.num_heads, detection.hidden_size) == (model_type, heads, hidden)
     mask = "a causal mask" if model_type == "gpt2" else "no causal mask"
     assert detection.reason == f"layer norms, attention Softmax, Gelu and {mask}"
@@ -506,7 +410,7 @@ def test_exports_are_fused_into_what_ort_makes_of_them_and_compute_the_same(expo
     on ORT CPU in fp32, with a right-padded row."""
     model_type, heads, hidden, layers = model_of(export)
     model = onnx.load(FIXTURES / f"{export}.onnx")
-    fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     expected = {"SkipLayerNormalization": 2 * layers, "FastGelu" if model_type == "gpt2" else "BiasGelu": layers}
     if export == "bert_eager_torchscript":
         expected |= {"Attention": layers, "EmbedLayerNormalization": 1}
@@ -522,9 +426,9 @@ def test_exports_are_fused_into_what_ort_makes_of_them_and_compute_the_same(expo
 def test_exports_fuse_alike_on_weightless_shape_copies(export, monkeypatch):
     """The same equality on the transformers exports (two exporters, SDPA and eager attention,
     BERT's Attention and EmbedLayerNormalization fusions)."""
-    fused, _ = fuse.fuse_transformer(onnx.load(FIXTURES / f"{export}.onnx"), OptimizeConfig(), in_place=True)
-    monkeypatch.setattr(fuse, "_shape_inference_on_weightless_copies", contextlib.nullcontext)
-    plain, _ = fuse.fuse_transformer(onnx.load(FIXTURES / f"{export}.onnx"), OptimizeConfig())
+    fused, _ = transformer.fuse_transformer(onnx.load(FIXTURES / f"{export}.onnx"), OptimizeConfig(), in_place=True)
+    monkeypatch.setattr(transformer, "_shape_inference_on_weightless_copies", contextlib.nullcontext)
+    plain, _ = transformer.fuse_transformer(onnx.load(FIXTURES / f"{export}.onnx"), OptimizeConfig())
     assert fused.SerializeToString() == plain.SerializeToString()
 
 
@@ -538,7 +442,7 @@ def test_exports_made_now_are_detected_too(tmp_path):
 
     for path in make_transformer_fixtures.write_fixtures(tmp_path):
         model_type, heads, hidden, _ = model_of(path.stem)
-        detection = fuse.detect(onnx.load(path))
+        detection = transformer.detect(onnx.load(path))
         assert (path.stem, detection.model_type, detection.num_heads, detection.hidden_size) == (
             path.stem, model_type, heads, hidden)
 
@@ -554,12 +458,12 @@ def test_an_ocr_recognizer_is_not_taken_for_bert(caplog):
     except corpus.CorpusUnavailable as exc:
         pytest.skip(f"corpus model unavailable: {exc}")
     model = onnx.load(str(path))
-    detection = fuse.detect(model)
+    detection = transformer.detect(model)
     assert (detection.model_type, detection.attention) == (None, True)
     assert detection.reason == ("not BERT- or GPT-2-like: attention and layer norms, but no Gelu (the op, its erf or "
                                 "tanh form)")
-    with caplog.at_level(logging.WARNING, logger="onnxcampo.fuse"):
-        fused, report = fuse.fuse_transformer(model, OptimizeConfig())
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.rewrites.transformer"):
+        fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     assert fused is model and report["model_type"] is None
     assert [r.getMessage() for r in caplog.records] == [
         f"fuse: not fused: {detection.reason}; fuse='bert' or fuse='gpt2' fuses it as that model type"]

@@ -8,7 +8,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxcampo import ir
-from onnxcampo.elementwise_fusion import fuse_elementwise
+from onnxcampo.rewrites.elementwise import fuse_elementwise
 from onnxcampo.ops import elementwise as ew
 
 
@@ -495,7 +495,7 @@ def _both_fusions(model, feeds, **options):
     """fuse_reductions then fuse_elementwise (the pipeline's order) on a copy; the values checked
     against the unfused model's (exactly: integer data)."""
     from onnxcampo.ops import reduce as block_reduce
-    from onnxcampo.reductions import fuse_reductions
+    from onnxcampo.rewrites.reductions import fuse_reductions
 
     want = ReferenceEvaluator(model).run(None, feeds)
     fused = onnx.ModelProto()

@@ -87,7 +87,7 @@ log = logging.getLogger(__name__)
 
 ORT_PRODUCER = "onnxruntime.transformers"
 # Marks the value infos made for planning (rule 7): :func:`clean_export` drops them.
-PLANNING_SHAPE = "onnxcampo.fuse: shape for planning, not written"
+PLANNING_SHAPE = "onnxcampo.rewrites.transformer: shape for planning, not written"
 
 # The com.microsoft ops ORT's transformers optimizer makes: a graph with any of them is fused
 # already, and the report counts the ones a fusion made.

@@ -1,4 +1,4 @@
-"""onnxcampo.layout (``channels_last``): the convolutions as ai.onnxcampo's NHWC ops, their
+"""onnxcampo.rewrites.layout (``channels_last``): the convolutions as ai.onnxcampo's NHWC ops, their
 activations channels-last, the same numbers as the NCHW graph.
 
 The equality checks run on ORT's CPU provider in float32 (the library's CPU reference kernels:
@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxcampo import ir
-from onnxcampo.layout import _reshaped_channel, physical_shape, to_channels_last, to_logical_perm, to_physical_perm
+from onnxcampo.rewrites.layout import _reshaped_channel, physical_shape, to_channels_last, to_logical_perm, to_physical_perm
 from onnxcampo.runtime import make_session
 from onnxcampo.training import build_train_step, initial_weights, step_spec
 from training.test_simplify import small_cnn
@@ -255,7 +255,7 @@ def test_a_stem_whose_weight_gradient_stays_float32_keeps_the_stem_and_pool_nchw
 def test_channels_last_is_on_by_default_where_the_fused_ops_run_on_cuda(monkeypatch, cuda):
     """``channels_last=None``: on for a training step built with the fused ops where their CUDA
     kernels are (as --fuse-reductions), off elsewhere; False wins. An inference model's is
-    decided by its predicted cost where the kernels are (``tests/test_rewrite_decisions.py``),
+    decided by its predicted cost where the kernels are (``tests/rewrites/test_decisions.py``),
     else off."""
     from onnxcampo import ops
     from onnxcampo.api import optimize
