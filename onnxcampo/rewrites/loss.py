@@ -59,18 +59,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
-from onnxcampo.rewrites.reductions import MOVES, reduce_axes
+from onnxcampo.rewrites.matcher import FLOATS, VIEWS, GraphView, Miss, first_match
 
 log = logging.getLogger(__name__)
 
-FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
+GRADIENT_VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Identity")  # rule 5's views
 
 
 @dataclass
@@ -111,6 +111,21 @@ class _Match:
     prediction_slice: dict | None = None
 
 
+class _LossView(GraphView):
+    """The matcher's view with what the loss rules read besides: the opset, the nodes' order and
+    the step's prediction (which rule 3 may slice back at evaluation)."""
+
+    def __init__(self, model: onnx.ModelProto, info: dict[str, ir.TensorInfo]) -> None:
+        super().__init__(model, info, fresh_prefix="xent", empty=False)
+        self.prediction = ir.metadata(model, ir.PREDICTION_KEY)
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.position = {id(n): k for k, n in enumerate(model.graph.node)}
+
+    def uses(self, name: str) -> list[onnx.NodeProto]:
+        """The readers of ``name``, none when it is protected (a graph output or read by a subgraph)."""
+        return [] if name in self.protected else self.readers(name)
+
+
 def fuse_softmax_cross_entropy(model: onnx.ModelProto,
                                info: dict[str, ir.TensorInfo] | None = None) -> LossFusionResult:
     """Replace the cross-entropy losses of ``model`` (in place) and their gradients by the fused ops.
@@ -123,236 +138,21 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto,
 
     if info is None:
         info, _ = ir.infer_tensor_info(model)
-    edit = ir.ModelEdit(model, fresh_prefix="xent")
-    constants = edit.constants()
-    producers, consumers = edit.producers(), edit.consumers()
-    protected = edit.interface()
-    prediction = ir.metadata(model, ir.PREDICTION_KEY)
-    kept_names = protected - {prediction}  # graph inputs and outputs, what subgraphs read
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-    def static(name: str) -> tuple[int, ...] | None:
-        return ir.static_shape(info, name, empty=False)
-
-    def dtype(name: str) -> int | None:
-        return ir.tensor_dtype(info, name)
-
-    def readers(name: str) -> list[onnx.NodeProto]:
-        return [] if name in protected else consumers.get(name, [])
-
-    def sole(name: str) -> onnx.NodeProto | None:
-        found = readers(name)
-        return found[0] if len(found) == 1 else None
-
-    def default(node: onnx.NodeProto | None, op: str) -> bool:
-        return node is not None and node.op_type == op and node.domain in oplists.DEFAULT_DOMAINS
-
-    def constant(name: str) -> np.ndarray | None:
-        tensor = constants.get(name)
-        return None if tensor is None else numpy_helper.to_array(tensor)
-
-    def other(node: onnx.NodeProto, name: str) -> str | None:
-        """The Mul/Sub input that is not ``name`` (None when both or neither are)."""
-        if len(node.input) != 2 or (node.input[0] == name) == (node.input[1] == name):
-            return None
-        return node.input[1] if node.input[0] == name else node.input[0]
-
-    def views(start: str) -> tuple[str, list[onnx.NodeProto]]:
-        """``start`` through the view chain its sole readers make: (the last value, the views)."""
-        chain, value = [], start
-        while True:
-            nxt = sole(value)
-            if nxt is None or nxt.op_type not in MOVES or nxt.domain not in oplists.DEFAULT_DOMAINS \
-                    or nxt.input[0] != value or static(nxt.output[0]) is None:
-                return value, chain
-            chain.append(nxt)
-            value = nxt.output[0]
-
-    def forward(node: onnx.NodeProto) -> _Match | None:
-        """Rule 1 (and rule 3), from the LogSoftmax."""
-        xf, logp = node.input[0], node.output[0]
-        shape = static(xf)
-        if shape is None or dtype(xf) not in FLOATS or static(logp) != shape:
-            return None
-        rank = len(shape)
-        axis = ir.attribute(node, "axis", -1 if opset >= 13 else 1)
-        if axis % rank != rank - 1 or (opset < 13 and rank != 2):
-            return None
-        classes = shape[-1]
-        rows = math.prod(shape[:-1])
-        users = readers(logp)
-        mul = [u for u in users if default(u, "Mul")]
-        exp = [u for u in users if default(u, "Exp")]
-        if len(mul) != 1 or len(exp) > 1 or len(users) != len(mul) + len(exp):
-            return None
-        mul = mul[0]
-        onehot_out = other(mul, logp)
-        onehot = producers.get(onehot_out) if onehot_out else None
-        if not default(onehot, "OneHot") or static(mul.output[0]) != shape or onehot_out in protected:
-            return None
-        labels, depth, values = (list(onehot.input) + ["", "", ""])[:3]
-        depth_value, values_value = constant(depth), constant(values)
-        if (dtype(labels) != TensorProto.INT64 or static(labels) is None or math.prod(static(labels)) != rows
-                or depth_value is None or depth_value.size != 1 or int(depth_value.reshape(-1)[0]) != classes
-                or values_value is None or values_value.reshape(-1).tolist() != [0.0, 1.0]
-                or ir.attribute(onehot, "axis", -1) % (len(static(labels)) + 1) != len(static(labels))):
-            return None
-        total = sole(mul.output[0])
-        if not default(total, "ReduceSum") or static(total.output[0]) != static(labels):
-            return None
-        if reduce_axes(total, constants, rank) != [rank - 1] or dtype(total.output[0]) not in FLOATS:
-            return None
-        onehot_users = readers(onehot_out)
-        if mul not in onehot_users or len(onehot_users) > 2:
-            return None
-        removed = [node, onehot, mul, total]
-        forward_at = max((node, onehot), key=lambda n: position[id(n)])
-        match = _Match(x=xf, labels=labels, classes=classes, width=classes, picked=total.output[0],
-                       forward_at=forward_at, removed=removed)
-        if exp:
-            if not backward(match, exp[0], [u for u in onehot_users if u is not mul], rows):
-                return None
-        elif len(onehot_users) != 1:
-            return None
-        fold_input(match, node)
-        return match
-
-    def backward(match: _Match, exp: onnx.NodeProto, onehot_users: list[onnx.NodeProto], rows: int) -> bool:
-        """Rule 2: fills ``match``'s backward; False when the pattern is not there."""
-        if len(onehot_users) != 1:
-            return False
-        onehot_out = match.removed[1].output[0]
-        first = onehot_users[0]
-        v, v_chain = onehot_out, []
-        if first.op_type in MOVES and first.domain in oplists.DEFAULT_DOMAINS and first.input[0] == onehot_out \
-                and static(first.output[0]) is not None:
-            v, v_chain = views(first.output[0])
-            v_chain.insert(0, first)
-        g_node = sole(v) if v_chain else first
-        if not default(g_node, "Mul"):
-            return False
-        g = g_node.output[0]
-        g_shape = static(g)
-        a = other(g_node, v)
-        if g_shape is None or a is None or static(v) != g_shape or dtype(g) not in FLOATS:
-            return False
-        split = _row_split(g_shape, rows, match.classes)
-        if split is None:
-            return False
-        scale, expand = scale_of(a, g_shape, split)
-        if scale is None:
-            return False
-        g_users = readers(g)
-        t_node = next((u for u in g_users if default(u, "ReduceSum")), None)
-        sub = next((u for u in g_users if default(u, "Sub")), None)
-        if len(g_users) != 2 or t_node is None or sub is None or sub.input[0] != g:
-            return False
-        t = t_node.output[0]
-        class_axes = list(range(split, len(g_shape)))
-        reduced = reduce_axes(t_node, constants, len(g_shape))
-        row_shape = tuple(g_shape[:split]) + (1,) * (len(g_shape) - split)
-        if (reduced is None or not set(d for d in class_axes if g_shape[d] > 1) <= set(reduced) <= set(class_axes)
-                or static(t) != row_shape or ir.attribute(t_node, "keepdims", 1) != 1):
-            return False
-        e, e_chain = views(exp.output[0])
-        m_node = sole(t)
-        if not default(m_node, "Mul") or other(m_node, t) != e or sole(e) is not m_node or static(e) != g_shape:
-            return False
-        m = m_node.output[0]
-        if sole(m) is not sub or sub.input[1] != m or static(sub.output[0]) != g_shape:
-            return False
-        if dtype(sub.output[0]) not in FLOATS or dtype(scale) not in FLOATS:
-            return False
-        match.removed += [*v_chain, g_node, t_node, exp, *e_chain, m_node, sub] + ([expand] if expand else [])
-        match.scale, match.dx, match.backward_at = scale, sub.output[0], sub
-        return True
-
-    def scale_of(a: str, g_shape: tuple[int, ...], split: int) -> tuple[str | None, onnx.NodeProto | None]:
-        """Rule 2's ``a``: (the scale tensor, the Expand to remove or None)."""
-        shape = static(a)
-        if shape is not None and math.prod(shape) == 1:
-            return a, None
-        expand = producers.get(a)
-        if not default(expand, "Expand") or sole(a) is None or static(expand.input[0]) is None:
-            return None, None
-        s = expand.input[0]
-        s_shape = (1,) * (len(g_shape) - len(static(s))) + tuple(static(s))
-        if len(s_shape) != len(g_shape) or any(d != 1 for d in s_shape[split:]):
-            return None, None
-        if s_shape[:split] != tuple(g_shape[:split]) and math.prod(s_shape) != 1:
-            return None, None
-        return s, expand
-
-    def fold_input(match: _Match, log_softmax: onnx.NodeProto) -> None:
-        """Rule 3."""
-        x = match.x
-        cast = producers.get(x)
-        if (default(cast, "Cast") and sole(x) is log_softmax and ir.attribute(cast, "to") == TensorProto.FLOAT
-                and dtype(cast.input[0]) == TensorProto.FLOAT16):
-            match.removed.append(cast)
-            match.casts += 1
-            x = cast.input[0]
-        cut = producers.get(x)
-        if default(cut, "Slice") and static(cut.input[0]) is not None:
-            source = static(cut.input[0])
-            starts, ends = constant(cut.input[1]), constant(cut.input[2])
-            axes = constant(cut.input[3]) if len(cut.input) > 3 and cut.input[3] else np.arange(len(source))
-            steps = constant(cut.input[4]) if len(cut.input) > 4 and cut.input[4] else np.ones(len(source))
-            rank = len(source)
-            if (starts is not None and ends is not None and axes is not None and steps is not None
-                    and axes.size == 1 and int(axes.reshape(-1)[0]) % rank == rank - 1
-                    and int(starts.reshape(-1)[0]) == 0 and int(steps.reshape(-1)[0]) == 1
-                    and static(x) == source[:-1] + (match.classes,) and source[-1] > match.classes):
-                match.width = source[-1]
-                match.slices += 1
-                if len(readers(x)) == 1 and x not in protected:
-                    match.removed.append(cut)
-                elif x == prediction and x not in kept_names and len(consumers.get(x, [])) == 1:
-                    match.removed.append(cut)  # rule 3: evaluation slices the prediction back
-                    match.prediction_slice = {"input": cut.input[0], "columns": match.classes}
-                x = cut.input[0]
-        match.x = x
-
-    position = {id(n): k for k, n in enumerate(model.graph.node)}
+    view = _LossView(model, info)
     matches: list[_Match] = []
     taken: set[int] = set()
     for node in list(model.graph.node):
-        if not default(node, "LogSoftmax") or id(node) in taken:
+        if not view.is_op(node, "LogSoftmax") or id(node) in taken:
             continue
-        match = forward(node)
+        match = first_match([_loss], view, node, "fuse-reductions (loss)")
         if match is None or any(id(n) in taken for n in match.removed):
             continue
         taken.update(id(n) for n in match.removed)
         matches.append(match)
     if not matches:
         return result
-
-    made: dict[int, onnx.NodeProto] = {}
-    new_info: list[onnx.ValueInfoProto] = []
-    for match in matches:
-        classes = match.classes if match.width != match.classes else None
-        lse = edit.fresh(f"{match.picked}/lse")
-        made[id(match.forward_at)] = op_nodes.softmax_cross_entropy(
-            match.x, match.labels, picked=match.picked, lse=lse, classes=classes,
-            output_type=dtype(match.picked), name=edit.fresh(f"{match.forward_at.name or 'loss'}/softmax_cross_entropy"))
-        new_info += [helper.make_tensor_value_info(match.picked, dtype(match.picked), list(static(match.picked))),
-                     helper.make_tensor_value_info(lse, TensorProto.FLOAT, list(static(match.picked)))]
-        result.forward += 1
-        if match.dx is not None:
-            made[id(match.backward_at)] = op_nodes.softmax_cross_entropy_grad(
-                match.x, lse, match.labels, match.scale, output=match.dx, classes=classes,
-                output_type=dtype(match.dx), output_shape=list(static(match.dx)),
-                name=edit.fresh(f"{match.backward_at.name or 'loss'}/softmax_cross_entropy_grad"))
-            new_info.append(helper.make_tensor_value_info(match.dx, dtype(match.dx), list(static(match.dx))))
-            result.backward += 1
-        result.nodes += len(match.removed)
-        result.casts += match.casts
-        result.slices += match.slices
-
-    edit.replace_nodes(made, {id(n) for m in matches for n in m.removed}, new_info)
-    ir.record_value_infos(info, new_info)
-    made_grads = {n.output[0] for n in made.values() if n.op_type == "SoftmaxCrossEntropyGrad"}
-    for node in [n for n in model.graph.node if n.op_type == "SoftmaxCrossEntropyGrad" and n.output[0] in made_grads]:
+    made = _replace(view, matches, result)
+    for node in [n for n in model.graph.node if n.op_type == "SoftmaxCrossEntropyGrad" and n.output[0] in made]:
         _fold_gradient_casts_and_pads(model, node, info, result)  # the graph's own node (extend copies)
     for match in matches:
         if match.prediction_slice is not None:
@@ -364,171 +164,408 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto,
     return result
 
 
+# --- the pattern (rules 1-3) ------------------------------------------------------------------
+
+
+def _loss(view: _LossView, node: onnx.NodeProto) -> _Match | Miss:
+    """Rules 1-3 from the LogSoftmax ``node``."""
+    found = _forward(view, node)
+    if not found:
+        return found
+    match, exp, onehot_users, rows = found
+    if exp is not None:
+        missed = _backward(view, match, exp, onehot_users, rows)
+        if missed is not None:
+            return missed
+    elif onehot_users:
+        return Miss("the one-hot has other readers and there is no gradient")
+    _fold_input(view, match, node)
+    return match
+
+
+def _forward(view: _LossView, node: onnx.NodeProto):
+    """Rule 1: (the match, the Exp reading the log probabilities or None, the one-hot's other
+    readers, the rows), or a Miss."""
+    xf, logp = node.input[0], node.output[0]
+    shape = view.static(xf)
+    if shape is None or view.dtype(xf) not in FLOATS or view.static(logp) != shape:
+        return Miss("the logits are not a float tensor of a static shape")
+    rank = len(shape)
+    axis = ir.attribute(node, "axis", -1 if view.opset >= 13 else 1)
+    if axis % rank != rank - 1 or (view.opset < 13 and rank != 2):
+        return Miss("not over the last axis")
+    classes, rows = shape[-1], math.prod(shape[:-1])
+    users = view.uses(logp)
+    mul = [u for u in users if view.is_op(u, "Mul")]
+    exp = [u for u in users if view.is_op(u, "Exp")]
+    if len(mul) != 1 or len(exp) > 1 or len(users) != len(mul) + len(exp):
+        return Miss("the log probabilities are not read by one Mul and at most one Exp")
+    mul = mul[0]
+    onehot_out = view.other(mul, logp)
+    onehot = view.producers.get(onehot_out) if onehot_out else None
+    if not view.is_op(onehot, "OneHot") or view.static(mul.output[0]) != shape or onehot_out in view.protected:
+        return Miss("the Mul does not read a one-hot of the logits' shape")
+    labels = _onehot_labels(view, onehot, rows, classes)
+    if not labels:
+        return labels
+    total = view.sole_reader(mul.output[0])
+    if not view.is_op(total, "ReduceSum") or view.static(total.output[0]) != view.static(labels):
+        return Miss("the product is not summed to the labels' shape")
+    if view.reduce_axes(total, rank) != [rank - 1] or view.dtype(total.output[0]) not in FLOATS:
+        return Miss("the sum is not over the classes")
+    onehot_users = view.uses(onehot_out)
+    if mul not in onehot_users or len(onehot_users) > 2:
+        return Miss("the one-hot has more readers than the Mul and the gradient")
+    forward_at = max((node, onehot), key=lambda n: view.position[id(n)])
+    match = _Match(x=xf, labels=labels, classes=classes, width=classes, picked=total.output[0],
+                   forward_at=forward_at, removed=[node, onehot, mul, total])
+    return match, (exp[0] if exp else None), [u for u in onehot_users if u is not mul], rows
+
+
+def _onehot_labels(view: GraphView, onehot: onnx.NodeProto, rows: int, classes: int) -> str | Miss:
+    """Rule 1's one-hot: its int64 labels, one a row, ``classes`` deep with values [0, 1] on the
+    last axis; else a Miss."""
+    labels, depth, values = (list(onehot.input) + ["", "", ""])[:3]
+    depth_value, values_value = view.constant(depth), view.constant(values)
+    labels_shape = view.static(labels)
+    if view.dtype(labels) != TensorProto.INT64 or labels_shape is None or math.prod(labels_shape) != rows:
+        return Miss("the labels are not int64, one a row")
+    if depth_value is None or depth_value.size != 1 or int(depth_value.reshape(-1)[0]) != classes:
+        return Miss("the one-hot's depth is not the classes")
+    if values_value is None or values_value.reshape(-1).tolist() != [0.0, 1.0]:
+        return Miss("the one-hot's values are not [0, 1]")
+    if ir.attribute(onehot, "axis", -1) % (len(labels_shape) + 1) != len(labels_shape):
+        return Miss("the one-hot is not on the last axis")
+    return labels
+
+
+def _backward(view: _LossView, match: _Match, exp: onnx.NodeProto, onehot_users: list[onnx.NodeProto],
+              rows: int) -> Miss | None:
+    """Rule 2: fills ``match``'s backward; a Miss when the pattern is not there."""
+    if len(onehot_users) != 1:
+        return Miss("the gradient does not read the one-hot once")
+    onehot_out, first = match.removed[1].output[0], onehot_users[0]
+    v, v_chain = onehot_out, []
+    if first.op_type in VIEWS and first.domain in oplists.DEFAULT_DOMAINS and first.input[0] == onehot_out \
+            and view.static(first.output[0]) is not None:
+        v, v_chain = view.views_after(first.output[0])
+        v_chain.insert(0, first)
+    g_node = view.sole_reader(v) if v_chain else first
+    if not view.is_op(g_node, "Mul"):
+        return Miss("the one-hot is not scaled by a Mul")
+    g, a = g_node.output[0], view.other(g_node, v)
+    g_shape = view.static(g)
+    if g_shape is None or a is None or view.static(v) != g_shape or view.dtype(g) not in FLOATS:
+        return Miss("the scaled one-hot is not a float tensor of the one-hot's shape")
+    split = _row_split(g_shape, rows, match.classes)
+    if split is None:
+        return Miss("the scaled one-hot's shape does not split into rows and classes")
+    scale, expand = _scale_of(view, a, g_shape, split)
+    if scale is None:
+        return Miss("the one-hot's scale is not one value a row")
+    g_users = view.uses(g)
+    t_node = next((u for u in g_users if view.is_op(u, "ReduceSum")), None)
+    sub = next((u for u in g_users if view.is_op(u, "Sub")), None)
+    if len(g_users) != 2 or t_node is None or sub is None or sub.input[0] != g:
+        return Miss("the scaled one-hot is not read by one ReduceSum and one Sub")
+    t = t_node.output[0]
+    class_axes = list(range(split, len(g_shape)))
+    reduced = view.reduce_axes(t_node, len(g_shape))
+    row_shape = tuple(g_shape[:split]) + (1,) * (len(g_shape) - split)
+    if (reduced is None or not set(d for d in class_axes if g_shape[d] > 1) <= set(reduced) <= set(class_axes)
+            or view.static(t) != row_shape or ir.attribute(t_node, "keepdims", 1) != 1):
+        return Miss("the gradient's sum is not over the classes with keepdims")
+    e, e_chain = view.views_after(exp.output[0])
+    m_node = view.sole_reader(t)
+    if not view.is_op(m_node, "Mul") or view.other(m_node, t) != e or view.sole_reader(e) is not m_node \
+            or view.static(e) != g_shape:
+        return Miss("the sum does not scale the probabilities")
+    m = m_node.output[0]
+    if view.sole_reader(m) is not sub or sub.input[1] != m or view.static(sub.output[0]) != g_shape:
+        return Miss("the scaled probabilities are not subtracted from the scaled one-hot")
+    if view.dtype(sub.output[0]) not in FLOATS or view.dtype(scale) not in FLOATS:
+        return Miss("the gradient or its scale is not float")
+    match.removed += [*v_chain, g_node, t_node, exp, *e_chain, m_node, sub] + ([expand] if expand else [])
+    match.scale, match.dx, match.backward_at = scale, sub.output[0], sub
+    return None
+
+
+def _scale_of(view: GraphView, a: str, g_shape: tuple[int, ...],
+              split: int) -> tuple[str | None, onnx.NodeProto | None]:
+    """Rule 2's ``a``: (the scale tensor, the Expand to remove or None)."""
+    shape = view.static(a)
+    if shape is not None and math.prod(shape) == 1:
+        return a, None
+    expand = view.producers.get(a)
+    if not view.is_op(expand, "Expand") or view.sole_reader(a) is None or view.static(expand.input[0]) is None:
+        return None, None
+    s = expand.input[0]
+    s_shape = (1,) * (len(g_shape) - len(view.static(s))) + tuple(view.static(s))
+    if len(s_shape) != len(g_shape) or any(d != 1 for d in s_shape[split:]):
+        return None, None
+    if s_shape[:split] != tuple(g_shape[:split]) and math.prod(s_shape) != 1:
+        return None, None
+    return s, expand
+
+
+def _fold_input(view: _LossView, match: _Match, log_softmax: onnx.NodeProto) -> None:
+    """Rule 3: the Cast to float32 and the Slice of padded classes in front of the logits."""
+    x = match.x
+    cast = view.producers.get(x)
+    if (view.is_op(cast, "Cast") and view.sole_reader(x) is log_softmax
+            and ir.attribute(cast, "to") == TensorProto.FLOAT and view.dtype(cast.input[0]) == TensorProto.FLOAT16):
+        match.removed.append(cast)
+        match.casts += 1
+        x = cast.input[0]
+    cut = view.producers.get(x)
+    if view.is_op(cut, "Slice") and _slices_classes(view, cut, x, match.classes):
+        match.width = view.static(cut.input[0])[-1]
+        match.slices += 1
+        if len(view.uses(x)) == 1 and x not in view.protected:
+            match.removed.append(cut)
+        elif x == view.prediction and len(view.readers(x)) == 1:
+            match.removed.append(cut)  # rule 3: evaluation slices the prediction back
+            match.prediction_slice = {"input": cut.input[0], "columns": match.classes}
+        x = cut.input[0]
+    match.x = x
+
+
+def _slices_classes(view: GraphView, cut: onnx.NodeProto, x: str, classes: int) -> bool:
+    """Whether the Slice ``cut`` (writing ``x``) keeps the first ``classes`` of a wider last axis."""
+    source = view.static(cut.input[0])
+    if source is None:
+        return False
+    rank = len(source)
+    starts, ends = view.constant(cut.input[1]), view.constant(cut.input[2])
+    axes = view.constant(cut.input[3]) if len(cut.input) > 3 and cut.input[3] else np.arange(rank)
+    steps = view.constant(cut.input[4]) if len(cut.input) > 4 and cut.input[4] else np.ones(rank)
+    return (starts is not None and ends is not None and axes is not None and steps is not None
+            and axes.size == 1 and int(axes.reshape(-1)[0]) % rank == rank - 1
+            and int(starts.reshape(-1)[0]) == 0 and int(steps.reshape(-1)[0]) == 1
+            and view.static(x) == source[:-1] + (classes,) and source[-1] > classes)
+
+
+def _replace(view: _LossView, matches: list[_Match], result: LossFusionResult) -> set[str]:
+    """Rule 4: the fused nodes in the matches' places; the names of the gradients made."""
+    from onnxcampo.ops import nodes as op_nodes
+
+    made: dict[int, onnx.NodeProto] = {}
+    outputs: list[str] = []
+    lses: list[onnx.ValueInfoProto] = []
+    for match in matches:
+        classes = match.classes if match.width != match.classes else None
+        lse = view.edit.fresh(f"{match.picked}/lse")
+        made[id(match.forward_at)] = op_nodes.softmax_cross_entropy(
+            match.x, match.labels, picked=match.picked, lse=lse, classes=classes,
+            output_type=view.dtype(match.picked),
+            name=view.edit.fresh(f"{match.forward_at.name or 'loss'}/softmax_cross_entropy"))
+        outputs.append(match.picked)
+        lses.append(helper.make_tensor_value_info(lse, TensorProto.FLOAT, list(view.static(match.picked))))
+        result.forward += 1
+        if match.dx is not None:
+            made[id(match.backward_at)] = op_nodes.softmax_cross_entropy_grad(
+                match.x, lse, match.labels, match.scale, output=match.dx, classes=classes,
+                output_type=view.dtype(match.dx), output_shape=list(view.static(match.dx)),
+                name=view.edit.fresh(f"{match.backward_at.name or 'loss'}/softmax_cross_entropy_grad"))
+            outputs.append(match.dx)
+            result.backward += 1
+        result.nodes += len(match.removed)
+        result.casts += match.casts
+        result.slices += match.slices
+    view.replace(made, {id(n) for m in matches for n in m.removed}, outputs, extra=lses)
+    return {m.dx for m in matches if m.dx is not None}
+
+
+# --- after the gradient (rule 5) --------------------------------------------------------------
+
+
 def _last_non_one(shape: tuple[int, ...]) -> int | None:
     """The index of the last dimension that is not 1 (None when all are)."""
     return next((k for k in reversed(range(len(shape))) if shape[k] != 1), None)
 
 
+def _pad_width(constants: dict[str, onnx.TensorProto], node: onnx.NodeProto, shape: tuple[int, ...]) -> int | None:
+    """W when the Pad ``node`` pads only the end of ``shape``'s last axis (the classes) with zeros."""
+    if ir.attribute(node, "mode", b"constant") not in (b"constant", "constant") or len(node.input) < 2:
+        return None
+    amounts = constants.get(node.input[1])
+    value = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if amounts is None or (len(node.input) > 2 and node.input[2] and value is None) or len(node.input) > 3:
+        return None
+    if value is not None and np.any(numpy_helper.to_array(value) != 0):
+        return None
+    pads = [int(v) for v in numpy_helper.to_array(amounts).reshape(-1)]
+    rank = len(shape)
+    if len(pads) != 2 * rank or _last_non_one(shape) != rank - 1 or any(pads[:2 * rank - 1]) or pads[-1] < 0:
+        return None
+    return shape[-1] + pads[-1]
+
+
+@dataclass
+class _GradientPaths:
+    """Rule 5's walk over every reader path of the gradient ``dx`` of ``classes`` columns."""
+
+    view: GraphView
+    classes: int
+    views: list[onnx.NodeProto] = field(default_factory=list)
+    casts: list[onnx.NodeProto] = field(default_factory=list)
+    pads: list[onnx.NodeProto] = field(default_factory=list)
+    ends: list[onnx.NodeProto] = field(default_factory=list)  # readers after a Cast, neither views nor Pads
+    matmuls: list[onnx.NodeProto] = field(default_factory=list)  # of those, MatMuls with K the classes (5b)
+    widths: set[int] = field(default_factory=set)
+
+    def walk(self, value: str, cast_seen: bool) -> bool:
+        """Every reader path from ``value`` fits rule 5 (collecting its nodes)."""
+        readers = self.view.readers(value)
+        if value in self.view.protected or not readers:
+            return False
+        for node in readers:
+            if node.domain not in oplists.DEFAULT_DOMAINS or not node.input or node.input[0] != value:
+                if not cast_seen:
+                    return False
+                self.ends.append(node)
+            elif not self._step(node, value, cast_seen):
+                return False
+        return True
+
+    def _step(self, node: onnx.NodeProto, value: str, cast_seen: bool) -> bool:
+        view = self.view
+        if node.op_type in GRADIENT_VIEWS:
+            shape = view.static(node.output[0]) if node.output else None
+            if shape is None or _last_non_one(shape) is None or shape[_last_non_one(shape)] != self.classes:
+                return False
+            self.views.append(node)
+            return self.walk(node.output[0], cast_seen)
+        if node.op_type == "Cast" and not cast_seen:
+            if ir.attribute(node, "to") != TensorProto.FLOAT16:
+                return False
+            self.casts.append(node)
+            return self.walk(node.output[0], True)
+        if not cast_seen:
+            return False
+        source = view.static(value)
+        if node.op_type == "Pad":
+            width = None if source is None else _pad_width(view.constants, node, source)
+            if width is None:
+                self.ends.append(node)  # another Pad: a reader like any other
+            else:
+                self.widths.add(width)
+                self.pads.append(node)
+            return True
+        self.ends.append(node)
+        b = view.static(node.input[1]) if len(node.input) > 1 else None
+        if node.op_type == "MatMul" and source is not None and _last_non_one(source) == len(source) - 1 \
+                and b is not None and len(b) == 2 and b[0] == self.classes:
+            self.matmuls.append(node)
+        return True
+
+
 def _fold_gradient_casts_and_pads(model: onnx.ModelProto, grad: onnx.NodeProto, info: dict[str, ir.TensorInfo],
                                   result: LossFusionResult) -> None:
     """Rule 5 on one SoftmaxCrossEntropyGrad node (made float32 by rule 4)."""
-    edit = ir.ModelEdit(model, fresh_prefix="xent")
-    constants, consumers = edit.constants(), edit.consumers()
-    protected = edit.interface()
+    view = GraphView(model, info, fresh_prefix="xent", empty=False)
     dx = grad.output[0]
     classes = ir.attribute(grad, "classes", None)
-    dx_shape = ir.static_shape(info, dx, empty=False) or tuple(ir.attribute(grad, "output_shape", None) or ()) or None
+    dx_shape = view.static(dx) or tuple(ir.attribute(grad, "output_shape", None) or ()) or None
     if ir.attribute(grad, "output_type", TensorProto.FLOAT) != TensorProto.FLOAT or dx_shape is None:
         return
     axis = _last_non_one(dx_shape)
     if axis is None or (classes is not None and dx_shape[axis] != classes):
         return
-    classes = dx_shape[axis]
-    views: list[onnx.NodeProto] = []
-    casts: list[onnx.NodeProto] = []
-    pads: list[onnx.NodeProto] = []
-    ends: list[onnx.NodeProto] = []  # readers after a Cast that are neither views nor Pads
-    matmuls: list[onnx.NodeProto] = []  # of those, MatMuls whose K is the class axis (rule 5b)
-    widths: set[int] = set()
-
-    def pad_width(node: onnx.NodeProto, shape: tuple[int, ...]) -> int | None:
-        """W when ``node`` pads only the end of ``shape``'s last axis (the classes) with zeros."""
-        if ir.attribute(node, "mode", b"constant") not in (b"constant", "constant") or len(node.input) < 2:
-            return None
-        amounts = constants.get(node.input[1])
-        value = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        if amounts is None or (len(node.input) > 2 and node.input[2] and value is None) or len(node.input) > 3:
-            return None
-        if value is not None and np.any(numpy_helper.to_array(value) != 0):
-            return None
-        pads_ = [int(v) for v in numpy_helper.to_array(amounts).reshape(-1)]
-        rank = len(shape)
-        if len(pads_) != 2 * rank or _last_non_one(shape) != rank - 1 or any(pads_[:2 * rank - 1]) or pads_[-1] < 0:
-            return None
-        return shape[-1] + pads_[-1]
-
-    def walk(value: str, cast_seen: bool) -> bool:
-        """Every reader path from ``value`` fits rule 5 (collecting its nodes)."""
-        readers = consumers.get(value, [])
-        if value in protected or not readers:
-            return False
-        for node in readers:
-            if node.domain not in oplists.DEFAULT_DOMAINS or not node.input or node.input[0] != value:
-                if cast_seen:
-                    ends.append(node)
-                    continue
-                return False
-            shape = ir.static_shape(info, node.output[0], empty=False) if node.output else None
-            if node.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Identity"):
-                if shape is None or _last_non_one(shape) is None or shape[_last_non_one(shape)] != classes:
-                    return False
-                views.append(node)
-                if not walk(node.output[0], cast_seen):
-                    return False
-            elif node.op_type == "Cast" and not cast_seen:
-                if ir.attribute(node, "to") != TensorProto.FLOAT16:
-                    return False
-                casts.append(node)
-                if not walk(node.output[0], True):
-                    return False
-            elif node.op_type == "Pad" and cast_seen:
-                source = ir.static_shape(info, value, empty=False)
-                width = None if source is None else pad_width(node, source)
-                if width is None:
-                    ends.append(node)  # another Pad: a reader like any other
-                else:
-                    widths.add(width)
-                    pads.append(node)
-            elif cast_seen:
-                ends.append(node)
-                source = ir.static_shape(info, value, empty=False)
-                b = ir.static_shape(info, node.input[1], empty=False) if len(node.input) > 1 else None
-                if node.op_type == "MatMul" and source is not None and _last_non_one(source) == len(source) - 1 \
-                        and b is not None and len(b) == 2 and b[0] == classes:
-                    matmuls.append(node)
-            else:
-                return False
-        return True
-
-    if not walk(dx, False) or not casts:
+    paths = _GradientPaths(view, dx_shape[axis])
+    if not paths.walk(dx, False) or not paths.casts:
         return
     padded_matmuls: list[str] = []  # rule 5b: the outputs of the MatMuls whose B gets a Pad
-    if len(widths) == 1 and ends and len(matmuls) == len(ends):
+    if len(paths.widths) == 1 and paths.ends and len(paths.matmuls) == len(paths.ends):
         # a MatMul reading the gradient as A (K the classes) reads it padded too, its B padded
         # with zero rows to the same K; its products with the zeros add nothing
-        padded_matmuls = [node.output[0] for node in matmuls]
-        ends = []
-    if ends or len(widths) != 1:  # the Pads stay (readers like the others): float16 rows of C
-        ends += pads
-        pads, widths = [], set()
-    width = widths.pop() if widths else classes
-    new_info = []
+        padded_matmuls = [node.output[0] for node in paths.matmuls]
+        paths.ends = []
+    if paths.ends or len(paths.widths) != 1:  # the Pads stay (readers like the others): float16 rows of C
+        paths.ends += paths.pads
+        paths.pads, paths.widths = [], set()
+    width = paths.widths.pop() if paths.widths else paths.classes
+    _write_float16_gradient(view, grad, paths, dx_shape, width)
+    for node in [n for n in model.graph.node if n.output and n.output[0] in padded_matmuls]:
+        _pad_matmul_b(view, node, paths.classes, width, result)
+    if padded_matmuls:
+        ir.toposort_model(model)
+    result.gradient_casts += len(paths.casts)
+    result.gradient_pads += len(paths.pads)
+
+
+def _write_float16_gradient(view: GraphView, grad: onnx.NodeProto, paths: _GradientPaths,
+                            dx_shape: tuple[int, ...], width: int) -> None:
+    """Rule 5's rewrite: ``grad`` writes float16 rows of ``width``, the views take ``width`` for
+    the classes, the Casts and the Pads go."""
+    model, dx = view.model, grad.output[0]
 
     def widened(shape: tuple[int, ...]) -> list[int]:
         out = list(shape)
         out[_last_non_one(shape)] = width
         return out
 
-    old_shapes = {view.input[1] for view in views if view.op_type == "Reshape"}
-    for view in views:
-        shape = widened(ir.static_shape(info, view.output[0], empty=False))
-        if view.op_type == "Reshape":
-            target = edit.fresh(f"{view.name or 'reshape'}/padded_shape")
+    new_info = []
+    old_shapes = {node.input[1] for node in paths.views if node.op_type == "Reshape"}
+    for node in paths.views:
+        shape = widened(view.static(node.output[0]))
+        if node.op_type == "Reshape":
+            target = view.edit.fresh(f"{node.name or 'reshape'}/padded_shape")
             model.graph.initializer.append(numpy_helper.from_array(np.array(shape, np.int64), target))
-            view.input[1] = target
-        new_info.append(helper.make_tensor_value_info(view.output[0], TensorProto.FLOAT16, shape))
+            node.input[1] = target
+        new_info.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT16, shape))
     new_info.append(helper.make_tensor_value_info(dx, TensorProto.FLOAT16, widened(dx_shape)))
     for key, value in (("output_type", TensorProto.FLOAT16), ("output_shape", widened(dx_shape))):
         for attribute in list(grad.attribute):
             if attribute.name == key:
                 grad.attribute.remove(attribute)
         grad.attribute.append(helper.make_attribute(key, value))
-    if width != classes:
+    if width != paths.classes:
         grad.attribute.append(helper.make_attribute("output_columns", width))
     if ir.attribute(grad, "classes", None) is None:
-        grad.attribute.append(helper.make_attribute("classes", classes))
-    for node in casts + pads:
-        edit.replace_uses(node.output[0], node.input[0])
-    edit.replace_nodes({}, {id(n) for n in casts + pads}, new_info)
-    edit.drop_unread(old_shapes)
-    ir.record_value_infos(info, new_info)
-    if padded_matmuls:
-        producers, readers_of = edit.producers(), edit.consumers()
-    for node in [n for n in model.graph.node if n.output and n.output[0] in padded_matmuls]:
-        b, b_shape = node.input[1], ir.static_shape(info, node.input[1], empty=False)
-        dtype_b = ir.tensor_dtype(info, b)
-        b_info = None
-        # B = Transpose(X) of a weight X [N, C] that a Pad already widens to [N, W] (the LM head's
-        # forward): B padded is the Transpose of that Pad's output, no Pad of its own
-        transpose = producers.get(b)
-        if transpose is not None and transpose.op_type == "Transpose" and len(readers_of.get(b, [])) == 1 \
-                and b not in protected and list(ir.attribute(transpose, "perm", [1, 0]) or [1, 0]) == [1, 0]:
-            source = transpose.input[0]
-            for pad in readers_of.get(source, []):
-                if pad.op_type == "Pad" and pad.domain in oplists.DEFAULT_DOMAINS and pad.input[0] == source \
-                        and pad_width(pad, (b_shape[1], classes)) == width:
-                    transpose.input[0] = pad.output[0]
-                    b_info = helper.make_tensor_value_info(b, dtype_b, [width, b_shape[1]])
-                    result.gradient_transposes += 1
-                    break
-        if b_info is None:
-            amounts = edit.fresh(f"{node.name or 'matmul'}/pad_k_rows")
-            padded_b = edit.fresh(f"{b}/padded_k")
-            model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, width - classes, 0], np.int64),
-                                                                   amounts))
-            model.graph.node.append(helper.make_node("Pad", [b, amounts], [padded_b],
-                                                     name=edit.fresh(f"{node.name or 'matmul'}/pad_b")))
-            b_info = helper.make_tensor_value_info(padded_b, dtype_b, [width, b_shape[1]])
-            node.input[1] = padded_b
-        kept_info = [v for v in model.graph.value_info if v.name != b_info.name]
-        del model.graph.value_info[:]
-        model.graph.value_info.extend(kept_info + [b_info])
-        ir.record_value_infos(info, [b_info])
-        result.gradient_matmuls += 1
-    if padded_matmuls:
-        ir.toposort_model(model)
-    result.gradient_casts += len(casts)
-    result.gradient_pads += len(pads)
+        grad.attribute.append(helper.make_attribute("classes", paths.classes))
+    for node in paths.casts + paths.pads:
+        view.edit.replace_uses(node.output[0], node.input[0])
+    view.edit.replace_nodes({}, {id(n) for n in paths.casts + paths.pads}, new_info)
+    view.edit.drop_unread(old_shapes)
+    ir.record_value_infos(view.info, new_info)
+
+
+def _pad_matmul_b(view: GraphView, node: onnx.NodeProto, classes: int, width: int,
+                  result: LossFusionResult) -> None:
+    """Rule 5b on one MatMul reading the padded gradient as A: its B gets ``width - classes`` zero
+    rows, or, where B is the Transpose of a weight that a Pad already widens to ``width`` (the LM
+    head's forward), the Transpose reads that Pad's output."""
+    model = view.model
+    producers, readers_of = view.edit.producers(), view.edit.consumers()
+    b, b_shape = node.input[1], view.static(node.input[1])
+    dtype_b = view.dtype(b)
+    b_info = None
+    transpose = producers.get(b)
+    if transpose is not None and transpose.op_type == "Transpose" and len(readers_of.get(b, [])) == 1 \
+            and b not in view.protected and list(ir.attribute(transpose, "perm", [1, 0]) or [1, 0]) == [1, 0]:
+        source = transpose.input[0]
+        for pad in readers_of.get(source, []):
+            if pad.op_type == "Pad" and pad.domain in oplists.DEFAULT_DOMAINS and pad.input[0] == source \
+                    and _pad_width(view.constants, pad, (b_shape[1], classes)) == width:
+                transpose.input[0] = pad.output[0]
+                b_info = helper.make_tensor_value_info(b, dtype_b, [width, b_shape[1]])
+                result.gradient_transposes += 1
+                break
+    if b_info is None:
+        amounts = view.edit.fresh(f"{node.name or 'matmul'}/pad_k_rows")
+        padded_b = view.edit.fresh(f"{b}/padded_k")
+        model.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, width - classes, 0], np.int64),
+                                                               amounts))
+        model.graph.node.append(helper.make_node("Pad", [b, amounts], [padded_b],
+                                                 name=view.edit.fresh(f"{node.name or 'matmul'}/pad_b")))
+        b_info = helper.make_tensor_value_info(padded_b, dtype_b, [width, b_shape[1]])
+        node.input[1] = padded_b
+    kept_info = [v for v in model.graph.value_info if v.name != b_info.name]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept_info + [b_info])
+    ir.record_value_infos(view.info, [b_info])
+    result.gradient_matmuls += 1
 
 
 def _row_split(shape: tuple[int, ...], rows: int, classes: int) -> int | None:

@@ -175,11 +175,14 @@ class GraphView:
             frontier.extend(node.input)
         return dead
 
-    def replace(self, made: Mapping[int, onnx.NodeProto], removed: set[int], outputs: Iterable[str]) -> None:
+    def replace(self, made: Mapping[int, onnx.NodeProto], removed: set[int], outputs: Iterable[str],
+                extra: Iterable[onnx.ValueInfoProto] = ()) -> None:
         """Put each new node of ``made`` in the place of the removed node whose id keys it, drop
         the ``removed`` nodes, and record the types and static shapes of the new ``outputs``
-        (kept in ``info`` for the rewrites after this one)."""
+        (kept in ``info`` for the rewrites after this one) and the ``extra`` tensors the new
+        nodes make (their types and shapes given)."""
         infos = [helper.make_tensor_value_info(name, self.dtype(name), list(self.static(name))) for name in outputs]
+        infos += list(extra)
         self.edit.replace_nodes(dict(made), removed, infos)
         ir.record_value_infos(self.info, infos)
 
