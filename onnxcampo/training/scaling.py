@@ -222,44 +222,79 @@ def add_loss_scaling(
     if dtypes is None:
         info, _ = ir.infer_tensor_info(model)
         dtypes = {name: entry.dtype for name, entry in info.items()}
-    nodes: list[onnx.NodeProto] = []
-    consts: list[onnx.TensorProto] = []
-
-    def const(name: str, value, dtype=np.float32) -> str:
-        consts.append(numpy_helper.from_array(np.array(value, dtype), f"{LOSS_SCALE}/{name}"))
-        return f"{LOSS_SCALE}/{name}"
-
-    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
-        return output
-
+    b = _Builder()
     # The backward pass starts from loss_scale instead of 1.
     graph.initializer.remove(seed_init)
-    seed_shape = const("seed_shape", list(seed_init.dims), np.int64)
+    seed_shape = b.const("seed_shape", list(seed_init.dims), np.int64)
     seeded = helper.make_node("Reshape", [LOSS_SCALE, seed_shape], [seed], name=f"{LOSS_SCALE}/seed")
-
-    # Unscale every weight gradient in fp32, where the update reads it, and flag inf/NaN.
-    inv = node("Reciprocal", [LOSS_SCALE], f"{LOSS_SCALE}/inverse")
-    zero = const("zero", 0.0)
     producers = {o: n for n in graph.node for o in n.output}
-    if ir.metadata(model, FUSED_KEY) == "1":
-        updates = [n for n in graph.node if FUSED_FOUND_INF in n.input]
-        found = _fused_unscale(model, spec.weights, producers, dtypes, inv, nodes, updates)
-    else:
-        sums = []
-        for weight in spec.weights:
-            gradient = _fp32_gradient(model, weight, producers, dtypes)
-            scaled = gradient + ".scaled"
-            producer = producers[gradient]
-            producer.output[list(producer.output).index(gradient)] = scaled
-            node("Mul", [scaled, inv], gradient)
-            sums.append(node("ReduceSum", [gradient], f"{weight}/grad.sum", keepdims=0))
-        # Any inf or NaN makes the sum of all gradients non-finite, and sum * 0 NaN.
-        total = node("Sum", sums, f"{LOSS_SCALE}/grad_sum")
-        zeroed = node("Mul", [total, zero], f"{LOSS_SCALE}/grad_sum_x0")
-        found = node("IsNaN", [zeroed], FOUND_INF)
+    found = _unscale(model, spec, producers, dtypes, b)
+    _skip_non_finite(model, spec, producers, found, b)
+    _update_scale(found, growth_interval, b)
 
-    # A step with a non-finite gradient changes nothing.
+    # Inputs and outputs; the seed must be computed before the backward pass reads it.
+    for name in (LOSS_SCALE, CLEAN_STEPS):
+        graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, []))
+        graph.output.append(helper.make_tensor_value_info(name + UPDATED, TensorProto.FLOAT, []))
+    graph.initializer.extend(b.consts)
+    body = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([seeded, *body, *b.nodes])
+    try:
+        ir.toposort_model(model)
+    except UnsupportedModelError:
+        raise UnsupportedModelError("loss scaling left the training-step graph with a cycle") from None
+    state = initial_state(model)
+    state[LOSS_SCALE] = float(init_scale)
+    ir.set_metadata(model, STATE_KEY, json.dumps(state))
+    ir.set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
+
+
+class _Builder:
+    """The nodes and constants loss scaling adds, named under ``loss_scale/``."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.consts: list[onnx.TensorProto] = []
+
+    def const(self, name: str, value, dtype=np.float32) -> str:
+        """The constant ``loss_scale/<name>``, made once."""
+        full = f"{LOSS_SCALE}/{name}"
+        if all(c.name != full for c in self.consts):
+            self.consts.append(numpy_helper.from_array(np.array(value, dtype), full))
+        return full
+
+    def node(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+
+def _unscale(model: onnx.ModelProto, spec, producers: dict[str, onnx.NodeProto], dtypes: dict[str, int],
+             b: _Builder) -> str:
+    """Unscale every weight gradient in fp32, where the update reads it, and flag inf/NaN: the
+    name of the flag."""
+    inv = b.node("Reciprocal", [LOSS_SCALE], f"{LOSS_SCALE}/inverse")
+    if ir.metadata(model, FUSED_KEY) == "1":
+        updates = [n for n in model.graph.node if FUSED_FOUND_INF in n.input]
+        return _fused_unscale(model, spec.weights, producers, dtypes, inv, b.nodes, updates)
+    sums = []
+    for weight in spec.weights:
+        gradient = _fp32_gradient(model, weight, producers, dtypes)
+        scaled = gradient + ".scaled"
+        producer = producers[gradient]
+        producer.output[list(producer.output).index(gradient)] = scaled
+        b.node("Mul", [scaled, inv], gradient)
+        sums.append(b.node("ReduceSum", [gradient], f"{weight}/grad.sum", keepdims=0))
+    # Any inf or NaN makes the sum of all gradients non-finite, and sum * 0 NaN.
+    total = b.node("Sum", sums, f"{LOSS_SCALE}/grad_sum")
+    zeroed = b.node("Mul", [total, b.const("zero", 0.0)], f"{LOSS_SCALE}/grad_sum_x0")
+    return b.node("IsNaN", [zeroed], FOUND_INF)
+
+
+def _skip_non_finite(model: onnx.ModelProto, spec, producers: dict[str, onnx.NodeProto], found: str,
+                     b: _Builder) -> None:
+    """A step with a non-finite gradient changes nothing: every update is a Where on ``found``."""
+    graph = model.graph
     fused = [n for n in graph.node if FUSED_FOUND_INF in n.input]
     for n in fused:
         n.input[list(n.input).index(FUSED_FOUND_INF)] = found
@@ -277,39 +312,25 @@ def add_loss_scaling(
         producer.output[list(producer.output).index(out)] = candidate
         for reader in readers.get(out, ()):  # the update itself reads the candidate (AdamW's step count)
             reader.input[list(reader.input).index(out)] = candidate
-        node("Where", [found, name, candidate], out)
+        b.node("Where", [found, name, candidate], out)
     if fused and not any(FUSED_FOUND_INF in n.input for n in graph.node):
         for tensor in list(graph.initializer):
             if tensor.name == FUSED_FOUND_INF:
                 graph.initializer.remove(tensor)
 
-    # Halve on overflow; double after growth_interval clean steps.
-    one = const("one", 1.0)
-    counted = node("Add", [CLEAN_STEPS, one], f"{LOSS_SCALE}/clean_plus_one")
-    clean = node("Where", [found, zero, counted], f"{LOSS_SCALE}/clean")
-    grow = node("GreaterOrEqual", [clean, const("growth_interval", float(growth_interval))], f"{LOSS_SCALE}/grow")
-    node("Where", [grow, zero, clean], CLEAN_STEPS + UPDATED)
-    doubled = node("Mul", [LOSS_SCALE, const("two", 2.0)], f"{LOSS_SCALE}/doubled")
-    halved = node("Mul", [LOSS_SCALE, const("half", 0.5)], f"{LOSS_SCALE}/halved")
-    grown = node("Where", [grow, doubled, LOSS_SCALE], f"{LOSS_SCALE}/grown")
-    node("Where", [found, halved, grown], LOSS_SCALE + UPDATED)
 
-    # Inputs and outputs; the seed must be computed before the backward pass reads it.
-    for name in (LOSS_SCALE, CLEAN_STEPS):
-        graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, []))
-        graph.output.append(helper.make_tensor_value_info(name + UPDATED, TensorProto.FLOAT, []))
-    graph.initializer.extend(consts)
-    body = list(graph.node)
-    del graph.node[:]
-    graph.node.extend([seeded, *body, *nodes])
-    try:
-        ir.toposort_model(model)
-    except UnsupportedModelError:
-        raise UnsupportedModelError("loss scaling left the training-step graph with a cycle") from None
-    state = initial_state(model)
-    state[LOSS_SCALE] = float(init_scale)
-    ir.set_metadata(model, STATE_KEY, json.dumps(state))
-    ir.set_metadata(model, SCALING_KEY, json.dumps({"init_scale": init_scale, "growth_interval": growth_interval}))
+def _update_scale(found: str, growth_interval: int, b: _Builder) -> None:
+    """Halve the scale on overflow; double it after ``growth_interval`` clean steps."""
+    zero = b.const("zero", 0.0)
+    one = b.const("one", 1.0)
+    counted = b.node("Add", [CLEAN_STEPS, one], f"{LOSS_SCALE}/clean_plus_one")
+    clean = b.node("Where", [found, zero, counted], f"{LOSS_SCALE}/clean")
+    grow = b.node("GreaterOrEqual", [clean, b.const("growth_interval", float(growth_interval))], f"{LOSS_SCALE}/grow")
+    b.node("Where", [grow, zero, clean], CLEAN_STEPS + UPDATED)
+    doubled = b.node("Mul", [LOSS_SCALE, b.const("two", 2.0)], f"{LOSS_SCALE}/doubled")
+    halved = b.node("Mul", [LOSS_SCALE, b.const("half", 0.5)], f"{LOSS_SCALE}/halved")
+    grown = b.node("Where", [grow, doubled, LOSS_SCALE], f"{LOSS_SCALE}/grown")
+    b.node("Where", [found, halved, grown], LOSS_SCALE + UPDATED)
 
 
 def _fused_unscale(model: onnx.ModelProto, weights: Sequence[str], producers: dict[str, onnx.NodeProto],
