@@ -225,7 +225,7 @@ class OptimizeConfig:
             needs NVRTC for its generated kernels, ``ops.generated_kernels_here``): on for a
             training step built with the fused ops (it runs the library's ops already); for an
             inference model, by predicted cost: the kept plan is costed with the rewrite and
-            without it in the ``execution`` mode (``onnxcampo.estimate.predict_fuse_elementwise``
+            without it in the ``execution`` mode (``onnxcampo.rewrites.elementwise.predict``
             and its two siblings) and the rewrite is kept when it is predicted at least
             ``min_gain`` faster, the three decided together (``onnxcampo.pipeline.decide_rewrites``;
             the report's ``rewrites`` has each decision, who made it and both predicted totals).
@@ -246,7 +246,7 @@ class OptimizeConfig:
             Convolutions whose channels are not multiples of 8 stay NCHW; graph inputs and
             outputs keep their layout. Needs the custom-op library. None decides it as
             ``fuse_elementwise`` (ResNet-50 b64's training step 1.34x on the H200); at inference
-            its prediction (``onnxcampo.estimate.layout_change``) removes cuDNN's layout
+            its prediction (``onnxcampo.rewrites.layout.layout_change``) removes cuDNN's layout
             transforms around the float16 convolutions and adds the Transposes the pass writes at
             layout boundaries and the host time of each NHWC convolution call, which a CUDA graph
             replay does not pay: ResNet-50 b64 on the H200 with the fusions, 2.85 ms replayed

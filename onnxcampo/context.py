@@ -297,3 +297,25 @@ class Planning:
             object.__setattr__(self, name, value)
         else:  # a mutating pass refreshing ctx.nodes, a rule filling a table: the context's
             setattr(self.ctx, name, value)
+
+
+def written_info(ctx: GraphContext) -> dict[str, TensorInfo]:
+    """The tensor types and shapes of the model as written, which the model-file rewrites read:
+    the planning graph's without the pins of ``input_shapes`` / ``dim_values`` (they size the
+    costs; the written model keeps its dynamic inputs) where a graph input has a dynamic dim, else
+    the planning table itself. The fusions and the layout pass act where these shapes are static."""
+    base = getattr(ctx, "ctx", ctx)
+    found = base.__dict__.get("_written_info")
+    if found is None:
+        dynamic = any(not vi.type.tensor_type.HasField("shape")
+                      or not all(d.HasField("dim_value") and d.dim_value > 0 for d in vi.type.tensor_type.shape.dim)
+                      for vi in ir.graph_inputs(base.model) if vi.type.HasField("tensor_type"))
+        found = ir.infer_tensor_info(base.model, require_static=False)[0] if dynamic else base.info
+        base.__dict__["_written_info"] = found
+    return found
+
+
+def written_static(ctx: GraphContext, name: str) -> bool:
+    """Whether ``name`` has a static shape in the written model (:func:`written_info`)."""
+    info = written_info(ctx)
+    return info is getattr(ctx, "ctx", ctx).info or ir.static_shape(info, name) is not None

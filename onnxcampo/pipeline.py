@@ -552,7 +552,7 @@ def ort_fused_nodes(ctx: GraphContext, model: onnx.ModelProto) -> set[str]:
     """Nodes of ``model`` that ONNX Runtime's own graph optimizations fuse into a neighbour or
     fold (``ctx.ort_status``: absorbed, fused, carried; read on the planning graph at the extended
     level, as the CUDA EP fuses): the elementwise fusion leaves them to ORT, as the costing
-    (``estimate.elementwise_groups``) assumed. Casts and views stay fusable: ORT's removal of
+    (``onnxcampo.rewrites.elementwise.predicted_groups``) assumed. Casts and views stay fusable: ORT's removal of
     those is no kernel of its own, and the fusion computes them in registers. Used with
     ``yield_to_ort_fusions`` (off by default, no GPU measurement shows it faster: on the BERT-base
     b32 step it leaves 361 nodes to ORT and makes 139 fused groups instead of 211, 72 Casts then

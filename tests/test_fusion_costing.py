@@ -18,6 +18,7 @@ from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import Planning
 from onnxcampo.costdb.model import DEFAULT_FUSED_KERNEL, FusedKernelCost
 from onnxcampo.plan import Precision
+from onnxcampo.rewrites import elementwise, loss
 
 
 class MemoryCost(FakeCost):
@@ -52,7 +53,7 @@ def _nodes(planning):
 
 def test_the_predicted_group_holds_the_elementwise_chain_and_not_the_matmul():
     planning = _ctx()
-    groups = estimate.elementwise_groups(planning)
+    groups = elementwise.predicted_groups(planning)
     assert set(groups) == {"add", "mul", "tanh", "neg"}
     assert len({m.group for m in groups.values()}) == 1
     assert [name for name, m in groups.items() if m.leader] == ["add"]
@@ -239,7 +240,7 @@ def test_the_cast_after_the_loss_gradient_costs_nothing_when_the_loss_fusion_wri
         planning = build_context(step, cost=MemoryCost(), fuse_reductions=reducing, fuse_elementwise=False)
         for node in planning.nodes:
             decide(planning, **{node.name: "fp32" if node.name in kept else "fp16"})
-        subs = [n for n in planning.nodes if n.op == "Sub" and estimate._loss_gradient_written_fp16(
+        subs = [n for n in planning.nodes if n.op == "Sub" and loss.gradient_written_fp16(
             planning, n.outputs[0], lambda name: Precision.FP16)]
         (gradient,) = [n.outputs[0] for n in subs]
         boundary = gradient  # where the plan puts the Cast: the Sub's output or a view's after it
@@ -251,7 +252,7 @@ def test_the_cast_after_the_loss_gradient_costs_nothing_when_the_loss_fusion_wri
             while reader.op in ("Reshape", "Squeeze", "Unsqueeze", "Identity"):
                 reader = next(u.node for u in planning.uses(reader.outputs[0]))
             mixed = lambda name: Precision.FP32 if name == reader.name else planning.plan.precision(name)  # noqa: E731
-            assert not estimate._loss_gradient_written_fp16(planning, boundary, mixed)
+            assert not loss.gradient_written_fp16(planning, boundary, mixed)
     assert times[True] == (0.0, 0) and times[False][0] > 0 and times[False][1] >= 1
 
 
@@ -266,8 +267,8 @@ def test_a_bias_gradient_summed_in_the_kernel_that_writes_it_costs_its_finishing
     planning = build_context(parse(text), cost=MemoryCost(), fuse_elementwise=True, fuse_reductions=True,
                              experimental={"fuse_column_sums": column_sums})
     nodes = _nodes(planning)
-    assert estimate._summed_in_kernel(planning, nodes["sum"]) is column_sums
-    assert not estimate._summed_in_kernel(planning, nodes["rows"])
+    assert elementwise.summed_in_kernel(planning, nodes["sum"]) is column_sums
+    assert not elementwise.summed_in_kernel(planning, nodes["rows"])
     fp32 = estimate.node_time(planning, nodes["sum"], Precision.FP32)
     if column_sums:
         assert fp32 == MemoryCost().fused_kernel().fixed_us
@@ -281,7 +282,7 @@ def test_a_column_sum_the_kernel_cannot_take_costs_what_it_costs_alone():
     text = BIAS_GRADIENT.replace("[64,32]", "[64,6]").replace("[32,32]", "[6,6]").replace("float[32] db", "float[6] db")
     planning = build_context(parse(text), cost=MemoryCost(), fuse_elementwise=True, fuse_reductions=True)
     node = _nodes(planning)["sum"]
-    assert not estimate._summed_in_kernel(planning, node)
+    assert not elementwise.summed_in_kernel(planning, node)
     assert estimate.node_time(planning, node, Precision.FP32) == planning.fp32_us["sum"]
     from onnxcampo.ops import elementwise as ew
 

@@ -72,16 +72,28 @@ import math
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 from onnx import TensorProto, numpy_helper
 
 from onnxcampo import ir, oplists
+from onnxcampo.casting import PrecisionOf, pinned_dtype, produced_dtype, use_dtype
+from onnxcampo.context import GraphContext, written_static
+from onnxcampo.costdb.regression import H200_SMS
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.ops.elementwise import Op
-from onnxcampo.rewrites.reductions import MOVES as VIEWS  # what fuse_reductions folds before a BlockReduceSum
+from onnxcampo.plan import Precision
+from onnxcampo.rewrites import reductions
+from onnxcampo.rewrites.reductions import (
+    MOVES as VIEWS,  # what fuse_reductions folds before a BlockReduceSum
+)
+
+if TYPE_CHECKING:
+    from onnxcampo.estimate import RewritePrediction
 
 log = logging.getLogger(__name__)
 
@@ -630,5 +642,241 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
         output_types=output_types, input_types=[info[name].dtype for name in inputs],
         name=edit.fresh(group.nodes[0].name or "chain"))
 
+
+
+# --- the prediction: the groups this rewrite makes of the planning graph, and what they cost ------
+#
+# The plan is costed on the planning graph (``onnxcampo.context.GraphContext``, ORT's own fusions
+# known) before any rewrite runs; ``onnxcampo.estimate`` asks these functions what the fused
+# groups change: each member's share of its group's kernel, the Casts inside and at the edges of
+# a group, a bias gradient's column sums added as the kernel stores.
+
+
+def costed(ctx: GraphContext) -> bool:
+    """Whether the plan is costed with this rewrite: ``fuse_elementwise`` and ``plan_for_fusion``
+    (``False`` costs the fusion-blind plan, though the rewrite still runs after it)."""
+    return bool(ctx.config.fuse_elementwise and ctx.config.experimental.plan_for_fusion)
+
+
+def predict(ctx: GraphContext, plan) -> RewritePrediction:
+    """``fuse_elementwise``: the plan's total with the predicted FusedElementwise groups (one
+    kernel and launch each, the Casts inside and at their edges folded: :func:`predicted_groups`)
+    and without them."""
+    from onnxcampo import estimate
+
+    return estimate.with_and_without(ctx, plan, "fuse_elementwise")
+
+
+_BYTES = {Precision.FP16: 2, Precision.FP32: 4}
+
+
+@dataclass(frozen=True)
+class FusedMember:
+    """A node of a predicted ``FusedElementwise`` group and its share of the group's kernel:
+    the elements it reads from outside the group (an input read by k members: 1/k each), the
+    elements of its outputs read outside the group (or graph outputs), and 1/``size`` of the
+    kernel's fixed cost. Bytes are counted in the node's own precision; a Cast at the group's
+    edge corrects them to the type actually read or written (:func:`group_cast_us`)."""
+
+    group: int
+    size: int
+    leader: bool
+    read_elements: float
+    written_elements: float
+
+    def time_us(self, kernel, precision: Precision) -> float:
+        moved = (self.read_elements + self.written_elements) * _BYTES[precision]
+        return kernel.fixed_us / self.size + moved / kernel.bytes_per_us
+
+
+def _plan_fusable(ctx: GraphContext, node: gs.Node) -> tuple[int, ...] | None:
+    """The node's output shape when ``--fuse-elementwise`` can fuse it (its rule 1) and ORT runs
+    it as it is (a node ORT fuses or aliases keeps the costing of ORT's graph), else None."""
+    if (node.domain or "") not in oplists.DEFAULT_DOMAINS or len(node.outputs) != 1 or node.name in ctx.ort_status:
+        return None
+    if node.op in FUSABLE:
+        if len(node.inputs) != FUSABLE[node.op][1]:
+            return None
+    elif node.op == SUM:
+        if not 1 <= len(node.inputs) <= ew.MAX_INPUTS:
+            return None
+    elif node.op not in MOVES or (node.op == "Cast" and int(node.attrs.get("to", 0)) not in FLOATS):
+        return None
+    out = ctx.info.get(node.outputs[0].name)
+    if out is None or out.dtype not in FLOATS or out.shape is None or not out.numel:
+        return None
+    for tensor in node.inputs:
+        entry = ctx.info.get(tensor.name)
+        if entry is None or entry.dtype not in FLOATS or entry.shape is None:
+            return None
+    if not all(written_static(ctx, t.name) for t in (*node.inputs, node.outputs[0]) if t.name):
+        return None  # the pass fuses static shapes of the written model only
+    return tuple(out.shape)
+
+
+FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
+
+
+def predicted_groups(ctx: GraphContext) -> dict[str, FusedMember]:
+    """node name -> its :class:`FusedMember`, for the groups of two or more nodes that
+    ``--fuse-elementwise`` is predicted to make of the planning graph (this module's
+    rule 2 without its kernel limits other than the input count, and without rule 2b: the Casts
+    the plan adds are not in this graph; they are costed at the groups' edges instead). One pass in
+    graph order with dependencies as bit sets; computed once per node list."""
+    base = getattr(ctx, "ctx", ctx)  # a Planning reads through to its context: cache there
+    cache = base.__dict__.setdefault("_elementwise_groups", {})
+    key = (id(base.nodes), len(base.nodes))
+    if key in cache:
+        return cache[key]
+    group_of: dict[str, int] = {}  # tensor -> group writing it
+    depends: dict[str, int] = {}  # tensor -> bit set of the groups it depends on
+    shapes: list[tuple[int, ...]] = []
+    inputs: list[set[str]] = []
+    members: list[list[gs.Node]] = []
+    scalar = lambda t: ctx.numel(t) == 1 and ctx.is_constant(t)  # noqa: E731  (folded into the program)
+    for node in ctx.nodes:
+        names = [t.name for t in node.inputs if t.name]
+        upstream = 0
+        for name in names:
+            upstream |= depends.get(name, 0)
+        shape = _plan_fusable(ctx, node)
+        own = 0
+        if shape is not None:
+            chosen = None
+            for tensor in node.inputs:
+                g = group_of.get(tensor.name)
+                if g is None or shapes[g] != shape:
+                    continue
+                others = [t for t in node.inputs if t.name and not scalar(t) and group_of.get(t.name) != g]
+                if any(depends.get(t.name, 0) >> g & 1 for t in others):
+                    continue  # a path from the group outside it reaches this node: a cycle
+                if len(inputs[g] | {t.name for t in others}) > ew.MAX_INPUTS:
+                    continue
+                chosen = g
+                break
+            if chosen is None:
+                chosen = len(shapes)
+                shapes.append(shape)
+                inputs.append(set())
+                members.append([])
+            members[chosen].append(node)
+            inputs[chosen].update(t.name for t in node.inputs
+                                  if t.name and not scalar(t) and group_of.get(t.name) != chosen)
+            group_of[node.outputs[0].name] = chosen
+            own = 1 << chosen
+        for tensor in node.outputs:
+            depends[tensor.name] = upstream | own
+    found: dict[str, FusedMember] = {}
+    for g, nodes in enumerate(members):
+        if len(nodes) < 2:
+            continue
+        names = {n.name for n in nodes}
+        readers: dict[str, int] = {}
+        for n in nodes:
+            for name in {t.name for t in n.inputs if t.name and not scalar(t) and group_of.get(t.name) != g}:
+                readers[name] = readers.get(name, 0) + 1
+        for k, n in enumerate(nodes):
+            own = {t.name: t for t in n.inputs if t.name in readers}
+            read = sum(ctx.numel(t) / readers[name] for name, t in own.items())
+            out = n.outputs[0]
+            escapes = out.name in ctx.graph_outputs or any(c.name not in names for c in out.outputs)
+            found[n.name] = FusedMember(g, len(nodes), k == 0, read, ctx.numel(out) if escapes else 0.0)
+    cache[key] = found
+    return found
+
+
+def group_cast_us(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> float | None:
+    """What the Casts of ``tensor`` cost when a predicted fused group folds them, else None.
+
+    1. The producer and every reader in one group: the value never leaves the registers; 0.
+    2. The producer in a group: the kernel writes the tensor in each type needed (the members'
+       share counted it in the producer's precision): a type the readers outside the group no
+       longer read in the produced type replaces it (the byte difference), else it is written too.
+    3. Every reader needing a Cast in groups: each such group reads the tensor in the type it is
+       produced in instead of its members' (the byte difference, per group).
+    """
+    groups = predicted_groups(ctx)
+    producer = ctx.producer(tensor)
+    uses = ctx.uses(tensor)
+    if not uses:
+        return None
+    made = produced_dtype(ctx, tensor, precision_of) or ctx.original_dtype(tensor)
+    size = {TensorProto.FLOAT16: 2, TensorProto.FLOAT: 4}
+    if made not in size:
+        return None
+    rate = ctx.cost.fused_kernel().bytes_per_us
+    numel = ctx.numel(tensor)
+    home = groups.get(producer.name) if producer is not None else None
+    if home is not None:
+        outside = [u for u in uses if groups.get(u.node.name) is None or groups[u.node.name].group != home.group]
+        pinned = pinned_dtype(ctx, tensor)
+        needed = {use_dtype(ctx, tensor, u, precision_of) for u in outside} | {pinned}
+        needed.discard(None)
+        extra = [d for d in needed if d != made and d in size]
+        if not extra:
+            return 0.0  # only members read another type: in registers
+        keeps = made in needed
+        moved = sum(size[d] for d in extra) - (0 if keeps else size[made])
+        return numel * moved / rate
+    casting = [u for u in uses if use_dtype(ctx, tensor, u, precision_of) not in (None, made)]
+    if not casting or any(u.node.name not in groups for u in casting):
+        return None
+    readers = {groups[u.node.name].group: use_dtype(ctx, tensor, u, precision_of) for u in casting}
+    return sum(numel * (size[made] - size.get(d, size[made])) / rate for d in readers.values())
+
+
+def cast_folds(ctx: GraphContext, tensor: gs.Tensor) -> bool:
+    """Whether ``--fuse-elementwise`` would fold a Cast of ``tensor`` into a neighbour: its
+    producer, or every reader, is an op it fuses (static shapes)."""
+    def fusable(node: gs.Node | None) -> bool:
+        return (node is not None and node.op in FUSABLE and (node.domain or "") in oplists.DEFAULT_DOMAINS
+                and all(ctx.info.get(t.name) is not None and ctx.info[t.name].numel and written_static(ctx, t.name)
+                        for t in node.outputs))
+
+    if ctx.numel(tensor) == 0:
+        return False
+    readers = [use.node for use in ctx.uses(tensor)]
+    return fusable(ctx.producer(tensor)) or (bool(readers) and all(fusable(n) for n in readers))
+
+
+def summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
+    """Whether the node is a bias gradient's column sums that the fused kernel writing its input
+    adds as it stores it (rule 4; both fusions and
+    ``fuse_column_sums`` costed): a ReduceSum over leading axes, or, channels-last, over axes
+    other than the channels of a rank >= 3 tensor (the layout stores them last and merges
+    simplify's pair over the spatial axes, then the batch, into one over the leading block), of a
+    value a predicted fused group writes (directly or through views), where the kernel's grid
+    sums them (``ops.elementwise.sum_grid`` on the H200's/H100's 132 multiprocessors: not BERT's
+    ``[4096, 768]``, whose partials would be as large as the output). What is left of it is a
+    small finishing launch over the partial sums."""
+    if not (costed(ctx) and reductions.costed(ctx) and ctx.config.experimental.fuse_column_sums):
+        return False
+    if node.op != "ReduceSum" or (node.domain or "") not in oplists.DEFAULT_DOMAINS or not node.inputs:
+        return False
+    shape = ctx.info.get(node.inputs[0].name)
+    rank = len(shape.shape) if shape is not None and shape.shape is not None else 0
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1:
+        given = node.inputs[1]
+        if not isinstance(given, gs.Constant) and ctx.is_constant(given):
+            given = given.inputs[0].attrs["value"]  # a Constant node's value (a gs.Constant)
+        axes = given.values.tolist() if isinstance(given, gs.Constant) else None
+    if not rank or axes is None:
+        return False
+    axes = sorted({int(a) % rank for a in axes})
+    leading = axes == list(range(len(axes))) and len(axes) < rank
+    channels_last = bool(getattr(ctx.config, "channels_last", False)) and rank >= 3 and 1 not in axes
+    if not (leading or channels_last):
+        return False
+    dims = shape.shape
+    if not all(isinstance(d, int) for d in dims):
+        return False
+    columns = dims[1] if channels_last and not leading else math.prod(dims[len(axes):])
+    if ew.sum_grid(math.prod(dims), columns, ew.JIT_BLOCKS_PER_SM * H200_SMS) is None:
+        return False  # the kernel would sum no columns: BlockReduceSum reads the stored output
+    producer = ctx.producer(node.inputs[0])  # the summed value's writer, past the views
+    while producer is not None and producer.op in VIEWS and (producer.domain or "") in oplists.DEFAULT_DOMAINS:
+        producer = ctx.producer(producer.inputs[0])
+    return producer is not None and producer.name in predicted_groups(ctx)
 
 __all__ = ["COMPARES", "FUSABLE", "FusionResult", "fuse_elementwise"]

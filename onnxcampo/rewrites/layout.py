@@ -44,19 +44,31 @@ both layouts hold the same bytes. Graph inputs and outputs keep their layout.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import ir
+from onnxcampo import ir, oplists
+from onnxcampo.context import written_info
 from onnxcampo.ir.edit import ModelEdit, attribute
 from onnxcampo.ops import DOMAIN, nodes
 from onnxcampo.ops.conv_nhwc import output_hw
 from onnxcampo.ops.max_pool import pool_output_hw
+from onnxcampo.plan import Precision
+from onnxcampo.rewrites import elementwise
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from onnxcampo.casting import PrecisionOf
+    from onnxcampo.context import GraphContext
+    from onnxcampo.estimate import RewritePrediction
 
 ELEMENTWISE = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Relu", "LeakyRelu", "Sigmoid",
@@ -1107,6 +1119,205 @@ def to_channels_last(model: onnx.ModelProto, info: dict | None = None, *, align:
     if result.convolutions or result.data_grads or result.weight_grads:
         nodes.import_domain(model)
     return result
+
+
+
+# --- the prediction: what channels-last changes in a plan's run (``onnxcampo.estimate``) ---------
+
+
+def costed(ctx: GraphContext) -> bool:
+    """Whether the plan is costed channels-last: ``channels_last`` on an inference model, unless
+    ``plan_for_fusion=False`` asks for the plan as if no rewrite ran. A training step's plans are
+    costed NCHW (its gradient convolutions' NHWC calls are not priced, and the Trainer replays the
+    step, where their host time is not paid)."""
+    config = ctx.config
+    return bool(config.channels_last and config.experimental.plan_for_fusion
+                and not ctx.training_fp32)
+
+
+def predict(ctx: GraphContext, plan) -> RewritePrediction:
+    """``channels_last``: the plan's total with the layout pass's changes (:func:`layout_change`)
+    and without them."""
+    from onnxcampo import estimate
+
+    return estimate.with_and_without(ctx, plan, "channels_last")
+
+
+# Host time of one ConvNhwc (or ConvNhwcDataGrad) call: the custom op calls cuDNN's legacy
+# convolution API, which costs the host far more than ORT's own Conv launch. Measured on the H200
+# (ResNet-50 b64 inference, FusedElementwise and channels-last): run plainly 6.42 ms, replayed as a
+# CUDA graph 2.85 ms, the difference over its 53 convolutions about 60 us a call after the other
+# launches (docs/benchmarks/raw/h200.jsonl; docs/ops.md has ~85 us for the same API).
+CONV_NHWC_HOST_US = 60.0
+
+
+def nhwc_call_us(cost) -> float:
+    """Host time of one NHWC convolution call: the database's measurement (``costdb calibrate``),
+    else :data:`CONV_NHWC_HOST_US`."""
+    measured = cost.library_launch_us("conv_nhwc")
+    return CONV_NHWC_HOST_US if measured is None else measured
+
+
+# At most this share of a float16 NCHW convolution's predicted time is taken to be cuDNN's layout
+# transforms (the database's times are measured with them; the analytic model's are not).
+LAYOUT_SHARE_MAX = 0.5
+_LAYOUT_CONVS = {("Conv", ""), ("ConvTranspose", ""), ("ConvWeightGrad", DOMAIN)}
+_NHWC_CONVS = frozenset({"ConvNhwc", "ConvNhwcDataGrad", "ConvNhwcWeightGrad"})
+
+
+@dataclass(frozen=True)
+class LayoutChange:
+    """What ``channels_last`` changes in a plan's predicted run, as :func:`layout_change` prices it:
+    GPU time (``gpu_us``, negative where it saves), launches of ORT kernels (``launches``) and of
+    convolutions (``conv_launches``), and the NHWC convolution calls that replace these
+    (``nhwc_calls``, each :data:`CONV_NHWC_HOST_US` of host time). ``convolutions``: the
+    convolutions converted, ``inserted``: the kernels the layout pass adds (Transposes, NchwToNhwc,
+    Pads, bias Adds, ...)."""
+
+    convolutions: int = 0
+    inserted: int = 0
+    gpu_us: float = 0.0
+    launches: int = 0
+    conv_launches: int = 0
+    nhwc_calls: int = 0
+
+
+@dataclass(frozen=True)
+class _LayoutTrial:
+    """``onnxcampo.rewrites.layout`` run on a copy of the planning graph: the planning nodes it converts to
+    NHWC ops and those it removes, and the nodes it inserts with the elements each moves (the
+    largest of its float tensors), and the converted convolutions whose bias became an Add."""
+
+    converted: tuple[str, ...]
+    removed: tuple[str, ...]
+    inserted: tuple[tuple[str, str, int], ...]  # (name, op type, elements)
+    bias_adds: frozenset[str]  # inserted Adds of a converted convolution's bias (by the Add's name)
+
+
+def layout_change(ctx: GraphContext, precision_of: PrecisionOf) -> LayoutChange:
+    """What channels-last changes in the plan's run (nothing unless :func:`costed`).
+
+    The layout pass (:func:`to_channels_last`, its ``float16`` set to the plan's float16
+    convolutions) runs on a copy of the planning graph; what it did is priced against the plan's
+    own costing of the nodes concerned:
+
+    1. A converted float16 Conv or ConvTranspose: cuDNN's two layout transforms around it go (each
+       costed as a Cast of its input or output: one pass over it, :meth:`CostModel.cast_time`; at
+       most :data:`LAYOUT_SHARE_MAX` of the convolution's time), and with them the
+       ``NCHW_FP16_LAYOUT_LAUNCHES``; its launch becomes an NHWC call (:data:`CONV_NHWC_HOST_US`).
+    2. The nodes ORT fused into such a convolution (its ReLU, a residual Add): ORT no longer fuses
+       them. Costed with ``fuse_elementwise``, they and the convolution's bias are one fused kernel
+       as they are NCHW (the elementwise fusion moves a Conv's bias into its readers' group in
+       either layout): the group's launch is that kernel's. Without it each runs alone (its own
+       time and launch), and so does the bias: an Add, the pass over the output that ORT's Conv
+       makes for its bias (cuDNN's ``cudnnAddTensor``) as a node of its own: one launch more.
+    3. Each node the pass inserts other than a free reshape (a Transpose at a layout boundary, the
+       stem's NchwToNhwc, a Pad, the ReduceMean of a GlobalAveragePool, ...): one pass over its
+       largest tensor (a Cast's time) and one launch.
+    4. Each planning node the pass removes (the GlobalAveragePool, a pool's adjoint): its time and
+       launches under the plan go. MaxPool -> MaxPoolNhwc and ConvWeightGrad -> ConvNhwcWeightGrad
+       cost what they did.
+    Float32 convolutions stay NCHW (``onnxcampo.rewrites.layout``), so an all-fp32 plan changes nothing.
+    """
+    from onnxcampo import estimate
+
+    if not costed(ctx):
+        return LayoutChange()
+    trial = _layout_trial(ctx, precision_of)
+    if trial is None or not trial.converted:
+        return LayoutChange()
+    base = getattr(ctx, "ctx", ctx)
+    by_name = {n.name: n for n in base.nodes}
+    roots = estimate.fusion_groups(ctx)[2]
+    in_group: dict[str, list[str]] = {}
+    for member, root in roots.items():
+        in_group.setdefault(root, []).append(member)
+    fused = elementwise.costed(ctx)
+    cast = ctx.cost.cast_time
+    gpu, launches, conv_launches, nhwc, convolutions = 0.0, 0, 0, 0, 0
+    converted = set(trial.converted)
+    for name in trial.converted:
+        node = by_name[name]
+        if node.op not in oplists.NCHW_FP16_LAYOUT_OPS:
+            continue  # ConvWeightGrad: the library's cuDNN call either way
+        convolutions += 1
+        conv, other = estimate.host_launches(ctx, node, precision_of)
+        conv_launches -= conv
+        launches -= other
+        nhwc += 1
+        alone = estimate.alone_time(ctx, node, Precision.FP16)
+        transforms = cast(ctx.numel(node.inputs[0])) + cast(ctx.numel(node.outputs[0]))
+        gpu += alone - min(transforms, LAYOUT_SHARE_MAX * alone) - estimate.node_time(ctx, node, Precision.FP16, precision_of)
+        members = [by_name[m] for m in in_group.get(roots.get(name), ()) if m != name and m in by_name
+                   and m not in converted and not estimate.aliased(by_name[m]) and not estimate.eliminated(ctx, by_name[m])]
+        for member in members:
+            conv, other = estimate.host_launches(ctx, member, precision_of)
+            conv_launches -= conv
+            if fused:
+                launches += conv  # the epilogue's fused kernel launches where the fused Conv did
+            else:
+                launches += 1 - other
+                precision = precision_of(member.name)
+                gpu += estimate.alone_time(ctx, member, precision) - estimate.node_time(ctx, member, precision, precision_of)
+    for name, op, elements in trial.inserted:
+        if op in oplists.ALIASED:
+            continue
+        if name in trial.bias_adds:
+            launches += 0 if fused else 1  # the pass ORT's Conv makes for its bias (cudnnAddTensor), as a node
+            continue
+        gpu += cast(elements)
+        launches += 1
+    for name in trial.removed:
+        node = by_name.get(name)
+        if node is None:
+            continue
+        gpu -= estimate.node_time(ctx, node, precision_of(node.name), precision_of)
+        conv, other = estimate.host_launches(ctx, node, precision_of)
+        conv_launches -= conv
+        launches -= other
+    inserted = sum(1 for name, op, _ in trial.inserted if op not in oplists.ALIASED)
+    return LayoutChange(convolutions, inserted, gpu, launches, conv_launches, nhwc)
+
+
+def _layout_trial(ctx: GraphContext, precision_of: PrecisionOf) -> _LayoutTrial | None:
+    """The layout pass on a copy of the planning graph for the plan's float16 convolutions; None
+    when the plan has none. Cached per set of float16 convolutions and stem setting."""
+    base = getattr(ctx, "ctx", ctx)
+    fp16 = frozenset(n.name for n in base.nodes if (n.op, n.domain or "") in _LAYOUT_CONVS
+                     and precision_of(n.name) is Precision.FP16)
+    if not fp16:
+        return None
+    stem = ctx.config.experimental.channels_last_stem
+    cache = base.__dict__.setdefault("_layout_trials", {})
+    key = (fp16, stem)
+    if key in cache:
+        return cache[key]
+    model = onnx.ModelProto()
+    model.CopyFrom(base.model)
+    info = dict(written_info(ctx))  # the pass converts convolutions of static shapes in the written model
+    try:
+        to_channels_last(model, info, stem=stem, float16=fp16)
+    except Exception as exc:  # noqa: BLE001 (a prediction: the pass itself reports on the written model)
+        log.info("channels-last not priced: the layout pass fails on the planning graph (%s: %s)",
+                 type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        cache[key] = None
+        return None
+    planned = {n.name for n in base.nodes}
+    written = {n.name: n for n in model.graph.node}
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    converted = tuple(name for name, n in written.items() if name in planned and n.op_type in _NHWC_CONVS)
+
+    def elements(node) -> int:  # sized as the plan is costed (base.info: pinned), else as the pass made it
+        sizes = [(base.info.get(t) or info[t]).numel or 0 for t in (*node.input, *node.output)
+                 if t in info and info[t].is_float]
+        return max(sizes, default=0)
+
+    inserted = tuple((name, n.op_type, elements(n)) for name, n in written.items() if name not in planned)
+    bias_adds = frozenset(name for name, n in written.items() if name not in planned and n.op_type == "Add"
+                          and n.input and n.input[0] in producers and producers[n.input[0]].name in converted)
+    removed = tuple(name for name in planned if name not in written)
+    cache[key] = _LayoutTrial(converted, removed, inserted, bias_adds)
+    return cache[key]
 
 
 __all__ = ["ALIGN", "STEM_CHANNELS", "LayoutResult", "physical_shape", "to_channels_last", "to_logical_perm", "to_physical_perm"]

@@ -60,13 +60,20 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
+from onnxcampo.plan import Precision
 from onnxcampo.rewrites.matcher import FLOATS, VIEWS, GraphView, Miss, first_match
+
+if TYPE_CHECKING:
+    from onnxcampo.casting import PrecisionOf
+    from onnxcampo.context import GraphContext
 
 log = logging.getLogger(__name__)
 
@@ -576,6 +583,56 @@ def _row_split(shape: tuple[int, ...], rows: int, classes: int) -> int | None:
         if math.prod(shape[:k]) == rows and math.prod(shape[k:]) == classes:
             found = k
     return found
+
+
+
+# --- the prediction: what the plan prices of this rewrite (``onnxcampo.estimate``) --------------
+
+
+def reads_logits_cast(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:
+    """Whether ``tensor`` is the logits of a cross-entropy loss: one fp32 LogSoftmax over the last
+    axis reads it (rule 3 folds a Cast to it: SoftmaxCrossEntropy reads float16)."""
+    readers = [use.node for use in ctx.uses(tensor)]
+    if len(readers) != 1 or readers[0].op != "LogSoftmax" or (readers[0].domain or "") not in oplists.DEFAULT_DOMAINS:
+        return False
+    last = len(tensor.shape or ()) - 1
+    return precision_of(readers[0].name) is Precision.FP32 and readers[0].attrs.get("axis", -1) in (-1, last)
+
+
+def gradient_written_fp16(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:
+    """Whether ``tensor`` is, through views, onnx-ad's cross-entropy gradient ``Sub(g, Mul(Exp(
+    LogSoftmax(x)), t))`` and every node that reads it past the views runs fp16: rule
+    5 then has ``SoftmaxCrossEntropyGrad`` write float16 and no Cast is made."""
+    def default(node: gs.Node | None, *ops: str) -> bool:
+        return node is not None and node.op in ops and (node.domain or "") in oplists.DEFAULT_DOMAINS
+
+    def through_views(node: gs.Node | None) -> gs.Node | None:
+        while default(node, *GRADIENT_VIEWS) and node.inputs:
+            node = ctx.producer(node.inputs[0])
+        return node
+
+    source = through_views(ctx.producer(tensor))
+    if not default(source, "Sub") or len(source.inputs) != 2:
+        return False
+    product = ctx.producer(source.inputs[1])
+    if not default(product, "Mul"):
+        return False
+    exps = [through_views(ctx.producer(t)) for t in product.inputs]
+    if not any(default(e, "Exp") and default(through_views(ctx.producer(e.inputs[0])), "LogSoftmax") for e in exps
+               if e is not None and e.inputs):
+        return False
+    pending, readers = list(source.outputs), []
+    outputs = {o.name for o in ctx.graph.outputs}
+    while pending:
+        value = pending.pop()
+        if value.name in outputs:
+            return False
+        for use in ctx.uses(value):
+            if default(use.node, *GRADIENT_VIEWS) and use.node.inputs and use.node.inputs[0] is value:
+                pending.extend(use.node.outputs)
+            else:
+                readers.append(use.node)
+    return bool(readers) and all(precision_of(n.name) is Precision.FP16 for n in readers)
 
 
 __all__ = ["LossFusionResult", "fuse_softmax_cross_entropy"]

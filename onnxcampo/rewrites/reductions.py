@@ -53,13 +53,21 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
+import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from onnxcampo import ir, oplists
+from onnxcampo.plan import Precision
 from onnxcampo.rewrites.matcher import FLOATS, VIEWS, GraphView, reduce_axes
 from onnxcampo.training.simplify import _split_sizes
+
+if TYPE_CHECKING:
+    from onnxcampo.casting import PrecisionOf
+    from onnxcampo.context import GraphContext
+    from onnxcampo.estimate import RewritePrediction
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +264,32 @@ def _replace(view: GraphView, chains: list[_Chain], shared: dict[int, onnx.NodeP
         dead = [n for n in model.graph.node if n.output and n.output[0] in unread]  # held: their ids stay theirs
         view.edit.replace_nodes({}, {id(n) for n in dead}, [])
     op_nodes.import_domain(model)
+
+
+
+# --- the prediction --------------------------------------------------------------------------
+
+
+def costed(ctx: GraphContext) -> bool:
+    """Whether the plan is costed with this rewrite: ``fuse_reductions`` and ``plan_for_fusion``."""
+    return bool(ctx.config.fuse_reductions and ctx.config.experimental.plan_for_fusion)
+
+
+def predict(ctx: GraphContext, plan) -> RewritePrediction:
+    """``fuse_reductions``: the plan's total with the Casts its BlockReduceSums read folded
+    (:func:`reads_cast`; a cross-entropy's logits: ``onnxcampo.rewrites.loss.reads_logits_cast``)
+    and without. The reduction's own kernel is costed as the ReduceSum it replaces."""
+    from onnxcampo import estimate
+
+    return estimate.with_and_without(ctx, plan, "fuse_reductions")
+
+
+def reads_cast(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) -> bool:
+    """Whether every reader of ``tensor`` is an fp32 ReduceSum: the rewrite folds a Cast to fp32
+    in front of one into its BlockReduceSum (a Cast to fp16 rounds every element and stays)."""
+    readers = [use.node for use in ctx.uses(tensor)]
+    return bool(readers) and all(n.op == "ReduceSum" and (n.domain or "") in oplists.DEFAULT_DOMAINS
+                                 and precision_of(n.name) is Precision.FP32 for n in readers)
 
 
 __all__ = ["MOVES", "ReductionFusionResult", "fuse_reductions", "reduce_axes"]

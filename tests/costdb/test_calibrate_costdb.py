@@ -15,6 +15,7 @@ from onnxcampo.costdb.analytic import H200, AnalyticCostModel
 from onnxcampo.costdb.measure import Case
 from onnxcampo.costdb.regression import RegressionCostModel
 from onnxcampo.errors import CostModelError
+from onnxcampo.rewrites import layout
 
 H100 = device.GpuSpec(name="NVIDIA H100 80GB HBM3", compute_capability="9.0", multiprocessors=132,
                       sm_clock_mhz=1980.0, memory_clock_mhz=2619.0, bus_width_bits=5120, memory_mb=81559)
@@ -275,7 +276,6 @@ def test_host_probe_chains_run(kind):
 
 
 def test_library_host_costs_reach_the_estimate():
-    from onnxcampo import estimate
 
     rows = [{"kind": "host", "class": "other", "us_per_launch": 3.0},
             {"kind": "host", "class": "conv_nhwc", "us_per_launch": 11.5},
@@ -284,8 +284,8 @@ def test_library_host_costs_reach_the_estimate():
     database.update(calibrate.host_entries(rows))
     model = RegressionCostModel(database)
     assert model.library_launch_us("conv_nhwc") == 11.5 and model.library_launch_us("custom") == 4.5
-    assert estimate.nhwc_call_us(model) == 11.5
-    assert estimate.nhwc_call_us(AnalyticCostModel()) == estimate.CONV_NHWC_HOST_US
+    assert layout.nhwc_call_us(model) == 11.5
+    assert layout.nhwc_call_us(AnalyticCostModel()) == layout.CONV_NHWC_HOST_US
 
 
 def test_the_roofline_of_a_detected_gpu_counts_the_host(monkeypatch):

@@ -19,6 +19,7 @@ from onnxcampo import estimate, ops, pipeline
 from onnxcampo.costdb.model import FusedKernelCost
 from onnxcampo.plan import Precision, PrecisionPlan, Reason
 from onnxcampo.report import summary
+from onnxcampo.rewrites import layout
 from onnxcampo.runtime import make_session
 from training.test_simplify import small_cnn
 
@@ -222,21 +223,21 @@ def test_the_layout_change_prices_what_the_layout_pass_does():
                        [weight("w", [8, 8, 3, 3]), init("b", np.zeros(8, np.float32))])
     planning = build_context(model, cost=ConvCost(), channels_last=True)
     plan = _fp16_plan(planning)
-    change = estimate.layout_change(planning, plan.precision)
+    change = layout.layout_change(planning, plan.precision)
     transforms = 2 * (1.0 + 2048 / 1000)
     passes = 2 * (1.0 + 2048 / 1000)  # the Transposes at the graph's input and output
     assert change.convolutions == change.nhwc_calls == 1
     assert change.gpu_us == pytest.approx(-transforms + passes)
     assert change.conv_launches == -1 and change.launches == -2 + 2 + 1
     planning.config = planning.config.replace(fuse_elementwise=True)  # the bias joins its readers' fused kernel
-    assert estimate.layout_change(planning, plan.precision).launches == -2 + 2
+    assert layout.layout_change(planning, plan.precision).launches == -2 + 2
     planning.config = planning.config.replace(fuse_elementwise=False)
-    prediction = estimate.predict_channels_last(planning, plan)
+    prediction = layout.predict(planning, plan)
     assert prediction.with_us == pytest.approx(estimate.plan_time(planning, plan).total_us)  # costed channels-last
     fp32 = PrecisionPlan()
     for node in planning.nodes:
         fp32.decide(node.name, Precision.FP32, Reason.POLICY_FP32)
-    assert estimate.layout_change(planning, fp32.precision) == estimate.LayoutChange()
+    assert layout.layout_change(planning, fp32.precision) == layout.LayoutChange()
 
 
 def test_the_summary_says_the_decisions_in_one_line():

@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxcampo import ir
+from onnxcampo.rewrites import layout
 from onnxcampo.rewrites.layout import _reshaped_channel, physical_shape, to_channels_last, to_logical_perm, to_physical_perm
 from onnxcampo.runtime import make_session
 from onnxcampo.training import build_train_step, initial_weights, step_spec
@@ -504,7 +505,7 @@ def test_ppocr_models_run_channels_last(key, shape, logits, expected):
 
 
 def test_the_pricing_counts_the_grouped_convolutions_and_the_folded_norms():
-    """``estimate.layout_change`` runs the pass on a copy of the planning graph: the MobileNet
+    """``layout.layout_change`` runs the pass on a copy of the planning graph: the MobileNet
     block's float16 plan converts its 6 Convs, the 3 grouped ones priced as group-1 Convs are (each
     an NHWC call, cuDNN's layout transforms around it gone); the 2 BatchNormalizations folded into
     them are planning nodes removed, and so is the GlobalAveragePool (a ReduceMean inserted); the 2
@@ -512,16 +513,15 @@ def test_the_pricing_counts_the_grouped_convolutions_and_the_folded_norms():
     of the folded norms' shifts among them)."""
     from helpers import FakeCost, build_context
 
-    from onnxcampo import estimate
     from onnxcampo.plan import Precision, PrecisionPlan, Reason
 
     planning = build_context(_mobilenet_block(np.float32), cost=FakeCost(), channels_last=True)
     plan = PrecisionPlan()
     for node in planning.nodes:
         plan.decide(node.name, Precision.FP16, Reason.POLICY_FP16)
-    change = estimate.layout_change(planning, plan.precision)
+    change = layout.layout_change(planning, plan.precision)
     assert change.convolutions == change.nhwc_calls == 6
-    trial = estimate._layout_trial(planning, plan.precision)
+    trial = layout._layout_trial(planning, plan.precision)
     groups = {n.name: ir.attribute(n, "group", 1) for n in planning.model.graph.node if n.op_type == "Conv"}
     assert sorted(groups[name] for name in trial.converted) == [1, 1, 1, 4, 16, 32]
     removed = Counter(planning.model.graph.node[[n.name for n in planning.model.graph.node].index(name)].op_type
