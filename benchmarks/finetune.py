@@ -45,7 +45,7 @@ from onnxcampo.benchmarks import corpus
 from onnxcampo.training import Trainer, build_train_step, initial_weights
 
 from onnxcampo.benchmarks import ROOT
-log = logging.getLogger("example_finetune")
+log = logging.getLogger("onnxcampo.benchmarks.finetune")
 
 #: the seven kinds of file, by name suffix (class index = position)
 KINDS = (("python", (".py", ".pyi")), ("font metrics", (".afm",)), ("truetype", (".ttf",)),
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args)
     except corpus.CorpusUnavailable as exc:
-        print(f"example_finetune: the magika model cannot be had: {exc}", file=sys.stderr)
+        print(f"finetune: the magika model cannot be had: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"finetune-magika-{args.provider}{'-all' if args.train_all else ''}"

@@ -6,7 +6,7 @@ replayed as a CUDA graph. It answers why the channels-last plan can lose at batc
     python3 -P -m onnxcampo.benchmarks probe-cl-inference --batches 1,64 [--execution plain] --out probe-cl-inference.json
 
 Needs onnxruntime-gpu, the custom-op library with CUDA kernels (ONNXCAMPO_OPS_LIBRARY), torch
-(for CUPTI) and what scripts/benchkit builds the model with.
+(for CUPTI) and what the benchmark builds the model with (``models``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """ResNet-50's PyTorch training step in NCHW and in channels_last, and where its GPU time goes.
 
-The benchmark's torch anchors (``benchkit/torch_twins.py``) for ResNet-50 b64 (BatchNorm folded,
+The benchmark's torch anchors (``torch_twins``) for ResNet-50 b64 (BatchNorm folded,
 SGD momentum, cross-entropy) timed in both memory formats, eager and ``torch.compile``, fp32 (TF32)
 and AMP, one after another in one process; then the eager AMP step of each format and the
 compiled channels_last one under ``torch.profiler`` (CUPTI kernel times), its kernels grouped into cuDNN's layout transforms, the

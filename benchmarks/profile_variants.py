@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--policies", default="fp32,ort-fp16,fp16,amp,campo")
     p.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--wheels", type=Path, help="folder with the anchors' wheels (as bench.py --wheels)")
+    p.add_argument("--wheels", type=Path, help="folder with the anchors' wheels (as run --wheels)")
     p.add_argument("--top", type=int, default=25, help="op types shown (default 25)")
     p.add_argument("--out", type=Path, help="JSON file to write")
     args = p.parse_args(argv)

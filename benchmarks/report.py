@@ -29,7 +29,7 @@ batch dimension is fixed fails at the large batch, so its headline is batch 1); 
 every batch tried, failed ones with an empty ``throughput``. A policy whose row failed (status not
 ``ok``, no or a non-finite throughput) is absent; a mode with nothing measured is ``{}`` with batch
 ``null``. A batch entry's ``interleaved`` is true when its throughputs are the medians of the
-group's interleaved timing (``bench.py --interleave``: all variants' sessions alive, blocks in
+group's interleaved timing (``run --interleave``: all variants' sessions alive, blocks in
 rotation) rather than of each row's own blocks.
 Rows outside the accuracy tolerance KEEP their throughput and are listed in ``inaccurate``, so a
 "higher is better" comparison can exclude them; rows whose accuracy could not be judged (no
@@ -88,7 +88,7 @@ def read_runs(path: Path) -> list[dict[str, Any]]:
 
 
 def read_interleaved(path: Path) -> list[dict[str, Any]]:
-    """The interleaved timings (``bench.py --interleave``) that succeeded, one per group and run."""
+    """The interleaved timings (``run --interleave``) that succeeded, one per group and run."""
     records = {(r["key"], r.get("run")): r for r in json_lines(path)
                if r.get("status", "ok") == "ok" and isinstance(r.get("ms"), dict)}
     return list(records.values())
@@ -205,7 +205,7 @@ def vs_fp32(group, campo: str = "campo") -> tuple[float | None, str]:
     """campo's speed over fp32's, and how it is known: "same graph" (campo kept every node fp32 and
     padded nothing: 1 by construction, whatever two runs measured), "paired" (fp32 timed right
     after campo in the same run: ``fp32_ms_paired``), "interleaved" (both timed side by side:
-    ``bench.py --interleave``) or "" (the two rows, maybe from runs hours apart)."""
+    ``run --interleave``) or "" (the two rows, maybe from runs hours apart)."""
     row = group.get(campo)
     if not _ok(row):
         return None, ""
@@ -771,7 +771,7 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
         lines += [
             "Interleaved groups: the inference variants of " + ", ".join(interleaved) + " were measured in one run "
             "and then timed again with all their sessions alive, one block each in a rotating order per round "
-            "(`bench.py --interleave`); their ms below are the medians of those blocks, scaled so that fp32 keeps "
+            "(`run --interleave`); their ms below are the medians of those blocks, scaled so that fp32 keeps "
             "its own row's time (each row keeps its own median as `ms_row`). Rows of one group timed one after another compare the host's drift at batch 1 "
             "(the same graph measured up to 1.4x apart minutes apart); blocks in rotation compare the graphs.",
             "",

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="the model's small twin (a smoke test)")
     p.add_argument("--wheels", type=Path, default=None, help="anchor wheels (bench_wheels.sh), for the torch twins")
     p.add_argument("--split", default="", help="comma-separated policies whose GPU time (CUPTI, through torch.profiler) "
-                   "is split by kernel class after the timing, as bench.py's breakdown does")
+                   "is split by kernel class after the timing, as the run subcommand's breakdown does")
     p.add_argument("--split-runs", type=int, default=5, help="steps the split averages over (default 5)")
     p.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
     p.add_argument("-v", "--verbose", action="store_true")
