@@ -631,7 +631,7 @@ DISPATCH_KEYS = {"training": "dispatch_step", "inference": "dispatch_model"}
 
 def fit_step_dispatch(rows: Iterable[dict], mode: str = "training", run_us: float = 0.0) -> dict | None:
     """Per-node host time of whole runs (``mode`` "training": steps; "inference": models), from
-    benchmark rows (``scripts/bench.py``).
+    benchmark rows (``benchmarks/runner.py``).
 
     Where a model's fp32 run was at least ``STEP_DISPATCH_MIN_GAIN`` times faster replayed as a
     CUDA graph (``fp32-graph``: no host dispatch), the host bounded the plain run, which took at
@@ -724,7 +724,7 @@ def fit_run_overhead(rows: Iterable[dict]) -> dict | None:
 def with_launches(rows: list[dict], launches: Iterable[dict]) -> list[dict]:
     """``rows`` whose fp32 inference rows lack ``ort_launches`` take them from ``launches``
     (``{"model", "batch", "ort_launches"}`` lines: ORT's CPU stand-in counted them where the row
-    was measured before the benchmark recorded them; ``scripts/graph_factors.py --launches-out``)."""
+    was measured before the benchmark recorded them; ``benchmarks/graph_factors.py --launches-out``)."""
     known = {(entry["model"], entry["batch"]): entry for entry in launches}
     out = []
     for row in rows:
@@ -762,7 +762,7 @@ def add_step_dispatch(bench_rows_path: str | Path, database_path: str | Path,
 
 
 def merge_fused_elementwise(database_path: str | Path, measured_path: str | Path) -> dict:
-    """Write the ``fused_elementwise`` entry of ``scripts/measure_fused_elementwise_costs.py``'s
+    """Write the ``fused_elementwise`` entry of ``benchmarks/fused_elementwise_costs.py``'s
     JSON (``bytes_per_us``, ``fixed_us``: the fused kernel's bandwidth fit) into a database file
     (atomically); returns the entry."""
     try:

@@ -12,7 +12,7 @@ from onnxcampo.costdb.features import OpFeatures
 class FusedKernelCost:
     """One ``ai.onnxcampo::FusedElementwise`` kernel: ``fixed_us + bytes / bytes_per_us``, bytes
     being what it reads (its inputs, once) plus what it writes (the outputs read outside it).
-    ``measured``: fitted on the device (``scripts/measure_fused_elementwise_costs.py``)."""
+    ``measured``: fitted on the device (``benchmarks/fused_elementwise_costs.py``)."""
 
     bytes_per_us: float
     fixed_us: float
@@ -26,7 +26,7 @@ class FusedKernelCost:
 # 75 MB moved in 0.031 ms (~2.4e6 bytes/us; the table's three chains give 1.6-4.7e6 bytes/us: the
 # erf GELU moves 50 MB in 0.031 ms, the Cast + Mul 75 MB in 0.019 ms, the LayerNorm-backward-like
 # chain 38 MB in 0.008 ms), and a fixed cost of the order of a Cast kernel's fitted C_I (0.88 us).
-# To be replaced by the fit of scripts/measure_fused_elementwise_costs.py on the H200, merged into
+# To be replaced by the fit of benchmarks/fused_elementwise_costs.py on the H200, merged into
 # the database (onnxcampo.costdb.fit.merge_fused_elementwise).
 DEFAULT_FUSED_KERNEL = FusedKernelCost(bytes_per_us=75e6 / 31.0, fixed_us=1.0, measured=False)
 

@@ -176,7 +176,7 @@ def batch_one_dims(model: onnx.ModelProto, input_shapes, dim_values) -> tuple[di
 def small_enough_for_reference(model: onnx.ModelProto, ort_seconds: float = 0.0) -> str | None:
     """``None`` when the reference evaluator checks this model by default, else why not
     (``ort_seconds``: the fp32 model's run on ORT's CPU provider)."""
-    from onnxcampo.corpus import iter_graphs
+    from onnxcampo.ir.topology import iter_graphs
 
     if ort_seconds > REFERENCE_MAX_ORT_S:
         return f"its fp32 run takes {1e3 * ort_seconds:.0f} ms on ORT's CPU provider"

@@ -481,14 +481,14 @@ def build_parser() -> argparse.ArgumentParser:
     step_dispatch = cost_sub.add_parser(
         "fit-step-dispatch", help="add the per-node host time of whole models and training steps, from benchmark "
                                   "rows (fp32 against fp32-graph), to a database")
-    step_dispatch.add_argument("bench_rows", type=Path, help="scripts/bench.py rows (e.g. docs/benchmarks/raw/h200.jsonl)")
+    step_dispatch.add_argument("bench_rows", type=Path, help="the benchmark suite's rows (python -m onnxcampo.benchmarks run; e.g. docs/benchmarks/raw/h200.jsonl)")
     step_dispatch.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
     step_dispatch.add_argument("--launches", type=Path, metavar="FILE.jsonl",
                                help="ORT launch counts for fp32 rows measured before the benchmark recorded them "
-                                    "(scripts/graph_factors.py --launches-out)")
+                                    "(python -m onnxcampo.benchmarks graph-factors --launches-out)")
     fused_cost = cost_sub.add_parser(
         "fit-fused-elementwise", help="add the FusedElementwise kernel's cost (bytes/us and fixed us, fitted by "
-                                      "scripts/measure_fused_elementwise_costs.py on the GPU) to a database")
+                                      "python -m onnxcampo.benchmarks fused-elementwise-costs on the GPU) to a database")
     fused_cost.add_argument("measured", type=Path, help="the measurement script's --out JSON")
     fused_cost.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
     evaluate = cost_sub.add_parser("eval", help="accuracy of a database on its held-out samples")

@@ -23,7 +23,7 @@ producer's group of the same shape, no cycle, at most 16 inputs; not its other k
 rule 2b, and the Casts the plan will add are not in this graph). A group of two or more nodes is
 one kernel, ``CostModel.fused_kernel``: ``fixed_us + bytes / bytes_per_us``, bytes being what it
 reads from outside the group plus what it writes for readers outside it (``fused_elementwise`` in
-the cost database, fitted by ``scripts/measure_fused_elementwise_costs.py``; without it an
+the cost database, fitted by ``benchmarks/fused_elementwise_costs.py``; without it an
 estimate that is not measured, :data:`onnxcampo.costdb.model.DEFAULT_FUSED_KERNEL`). Then:
 
 1. A member of a group costs its share of that kernel (:class:`FusedMember`): 1/size of the fixed

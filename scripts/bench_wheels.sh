@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Downloads the wheels the benchmark's anchors need on the GPU machine (Python 3.12, x86_64, no
-# network there) into the git-ignored .benchwheels/ of the checkout. scripts/bench.py (benchkit/policies.py) installs the
-# ones that fit the running Python into /tmp/benchpkgs with `pip install --no-deps --no-index
-# --target` and appends that folder to sys.path (packages already installed there win).
+# network there) into the git-ignored .benchwheels/ of the checkout. The benchmarks
+# (onnxcampo.benchmarks.policies) install the ones that fit the running Python into /tmp/benchpkgs
+# with `pip install --no-deps --no-index --target` and append that folder to sys.path (packages
+# already installed there win).
 #
 # Usage, in the project root:   bash scripts/bench_wheels.sh     (then carry .benchwheels)
 set -euo pipefail

@@ -8,6 +8,9 @@
 #
 #   bash scripts/gpu_session.sh STAGE [STAGE ...]      results under $OUT/<stage>/
 #
+# The benchmarks run as `python3 -P -m onnxcampo.benchmarks SUBCOMMAND` (-P: the installed
+# /tmp/oc copy, not the checkout's ./onnxcampo folder, which lacks the mapped subpackages).
+#
 # Stages (each under its own time limit; a failed stage does not stop the next; its exit status
 # and command are appended to $OUT/<stage>/rc):
 #   checks   the GPU tests (tests/gpu, docs/guide/contributing.md) but the end-to-end ones: every
@@ -34,21 +37,21 @@
 #            BERT, GPT-2, ResNet-50 (BENCH_BUDGET_S a model group, default 300; BENCH_MODELS,
 #            BENCH_POLICIES narrow them)                                                  (~9 min)
 #   rotate   training steps of one model side by side, in rotation, in one process
-#            (scripts/rotate_training.py; ROTATE_MODEL, default resnet50, ROTATE_POLICIES,
+#            (the benchmarks' rotate; ROTATE_MODEL, default resnet50, ROTATE_POLICIES,
 #            ROTATE_ROUNDS, ROTATE_SPLIT): campo channels-last with and without the column sums in
 #            the elementwise kernels, the fp16 plan, torch.compile AMP channels_last replayed
 #            (reduce-overhead), CUPTI splits of campo's and torch's                      (~4 min)
-#   targets  the training targets in three rotations (scripts/rotate_training.py, one process a
+#   targets  the training targets in three rotations (the benchmarks' rotate, one process a
 #            model): campo with every fusion against the fp16 plan with them, greedy amp and
 #            torch.compile replayed (reduce-overhead; AMP, and fp32 for the transformers; ResNet-50
 #            channels-last on both sides); ROTATE_ROUNDS (default 5)                       (~8 min)
-#   loss     200-step loss curves against fp32 (scripts/loss_curves.py; run again until it
+#   loss     200-step loss curves against fp32 (the benchmarks' loss-curves; run again until it
 #            stops printing "variants left")                                              (~9 min)
 #   infer    inference with the fusions: campo with both fusions against campo
 #            and the best anchors, plain and replayed, on the transformer and CNN suite (BENCH_MODELS,
 #            BENCH_POLICIES: e.g. resnet50 with campo-fused-cl-graph, the convolutions channels-last)
 #                                                                                         (~8 min)
-#   finetune scripts/example_finetune.py on CUDA (magika, frozen and --train-all); carry
+#   finetune the fine-tuning example on CUDA (magika, frozen and --train-all); carry
 #            .benchcorpus/magika-1.0.3 (CORPUS_DIR, default .benchcorpus)                  (~2 min)
 # bench and infer re-measure rows older than BENCH_SINCE (default: now); a stage its budget cut
 # continues in the next call with the same BENCH_SINCE (e.g. BENCH_SINCE=2026-12-02T10:00), after
@@ -102,14 +105,14 @@ run_calibrate() {
 }
 
 run_defaults() {
-  stage defaults 590 python3 scripts/bench.py --out /tmp/benchraw --name "${BENCH_NAME:-h100}" --wheels "$WHEELS" \
+  stage defaults 590 python3 -P -m onnxcampo.benchmarks run --out /tmp/benchraw --name "${BENCH_NAME:-h100}" --wheels "$WHEELS" \
     --mirror "$OUT/defaults" --corpus-dir "${CORPUS_DIR:-.benchcorpus}" --budget-s "${BENCH_BUDGET_S:-520}" \
     --models "${BENCH_MODELS:-resnet50,bert,gpt2,odd_mlp,ppocr_det,ppocr_rec,magika}" --mode inference \
     --policies "${BENCH_POLICIES:-fp32,fp32-graph,fp16-graph,ort-fp16,ortopt-fp16,modelopt,campo,campo-graph}"
 }
 
 run_costs() {
-  stage costs 120 python3 scripts/measure_fused_elementwise_costs.py --out "$OUT/costs/fused_elementwise_costs.json"
+  stage costs 120 python3 -P -m onnxcampo.benchmarks fused-elementwise-costs --out "$OUT/costs/fused_elementwise_costs.json"
   # the cost database's grid cases not measured yet (the samples file resumes: only those run)
   cp costdb/data/raw/nvidia-h200.jsonl "$OUT/costs/nvidia-h200.jsonl"
   # -P: the checkout (cwd) is not on the path, the installed onnxcampo is (the checkout has no onnxcampo.costdb)
@@ -124,10 +127,10 @@ run_bench() {
   text=$(echo "$models" | tr ',' '\n' | grep -v '^resnet50$' | paste -sd, -)
   image=$(echo "$models" | tr ',' '\n' | grep '^resnet50$' | paste -sd, -)
   local since=${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}
-  [ -n "$text" ] && stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
+  [ -n "$text" ] && stage bench 590 python3 -P -m onnxcampo.benchmarks run --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-300}" --models "$text" --mode training --policies "${BENCH_POLICIES:-$common}" \
     --redo '*|*|training|*' --redo-before "$since"
-  [ -n "$image" ] && stage bench 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
+  [ -n "$image" ] && stage bench 590 python3 -P -m onnxcampo.benchmarks run --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/bench" \
     --budget-s "${BENCH_BUDGET_S:-300}" --models "$image" --mode training \
     --policies "${BENCH_POLICIES:-$common,campo-fused-cl-graph,fp16-fused-cl-graph,torch-compile-amp-cl}" \
     --redo '*|*|training|*' --redo-before "$since"
@@ -135,7 +138,7 @@ run_bench() {
 }
 
 run_infer() {
-  stage infer 590 python3 scripts/bench.py --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/infer" \
+  stage infer 590 python3 -P -m onnxcampo.benchmarks run --out docs/benchmarks/raw --wheels "$WHEELS" --mirror "$OUT/infer" \
     --budget-s "${BENCH_BUDGET_S:-500}" --models "${BENCH_MODELS:-bert,gpt2,resnet50,minilm}" --mode inference \
     --policies "${BENCH_POLICIES:-fp32,amp,ortopt-fp16,campo,campo-fused,campo-graph,campo-fused-graph,campo-fused-yield-graph}" \
     --redo '*|*|inference|campo*' --redo-before "${BENCH_SINCE:-$(date -u +%Y-%m-%dT%H:%M)}"
@@ -143,14 +146,14 @@ run_infer() {
 
 run_finetune() {
   local d=$OUT/finetune corpus=${CORPUS_DIR:-.benchcorpus}
-  stage finetune 200 python3 scripts/example_finetune.py --provider cuda --corpus-dir "$corpus" --out "$d"
-  stage finetune 200 python3 scripts/example_finetune.py --provider cuda --train-all --lr 3e-4 --corpus-dir "$corpus" \
+  stage finetune 200 python3 -P -m onnxcampo.benchmarks finetune --provider cuda --corpus-dir "$corpus" --out "$d"
+  stage finetune 200 python3 -P -m onnxcampo.benchmarks finetune --provider cuda --train-all --lr 3e-4 --corpus-dir "$corpus" \
     --out "$d"
 }
 
 run_rotate() {
   # ResNet-50's step variants and its torch.compile anchors side by side, in rotation, in one process
-  stage rotate 590 python3 scripts/rotate_training.py --model "${ROTATE_MODEL:-resnet50}" --wheels "$WHEELS" \
+  stage rotate 590 python3 -P -m onnxcampo.benchmarks rotate --model "${ROTATE_MODEL:-resnet50}" --wheels "$WHEELS" \
     --policies "${ROTATE_POLICIES:-campo-fused-cl-graph,campo-fused-cl-nosums-graph,fp16-fused-cl-graph,torch-compile-graph-amp-cl}" \
     --split "${ROTATE_SPLIT:-campo-fused-cl-graph,torch-compile-graph-amp-cl}" \
     --rounds "${ROTATE_ROUNDS:-7}" --out "$OUT/rotate/rotation-${ROTATE_MODEL:-resnet50}.json"
@@ -158,19 +161,19 @@ run_rotate() {
 
 run_targets() {
   local rounds=${ROTATE_ROUNDS:-5}
-  stage targets 590 python3 scripts/rotate_training.py --model resnet50 --wheels "$WHEELS" --rounds "$rounds" \
+  stage targets 590 python3 -P -m onnxcampo.benchmarks rotate --model resnet50 --wheels "$WHEELS" --rounds "$rounds" \
     --policies campo-fused-cl-graph,fp16-fused-cl-graph,amp-graph,torch-compile-graph-amp-cl \
     --split campo-fused-cl-graph,torch-compile-graph-amp-cl --out "$OUT/targets/rotation-resnet50.json"
   local model
   for model in gpt2 bert; do
-    stage targets 590 python3 scripts/rotate_training.py --model "$model" --wheels "$WHEELS" --rounds "$rounds" \
+    stage targets 590 python3 -P -m onnxcampo.benchmarks rotate --model "$model" --wheels "$WHEELS" --rounds "$rounds" \
       --policies campo-fused-graph,fp16-fused-graph,amp-graph,torch-compile-graph-amp,torch-compile-graph \
       --out "$OUT/targets/rotation-$model.json"
   done
 }
 
 run_loss() {
-  stage loss 590 python3 scripts/loss_curves.py --wheels "$WHEELS" --mirror "$OUT/loss" --budget-s 540
+  stage loss 590 python3 -P -m onnxcampo.benchmarks loss-curves --wheels "$WHEELS" --mirror "$OUT/loss" --budget-s 540
 }
 
 if [ $# -eq 0 ]; then

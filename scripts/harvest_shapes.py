@@ -46,7 +46,7 @@ def harvest(model: onnx.ModelProto, shapes: dict) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    from onnxcampo import corpus
+    from onnxcampo.benchmarks import corpus
 
     cases: dict[str, dict] = {}
     sources = [(entry.key, corpus.load(entry), dict(entry.input_shapes)) for entry in corpus.CORPUS]

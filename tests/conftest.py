@@ -1,5 +1,5 @@
-"""Shared test setup. ``tests/`` and ``scripts/`` are on the import path through pytest's
-``pythonpath`` option (pyproject.toml), so tests can ``import helpers`` and the harness."""
+"""Shared test setup. ``tests/`` is on the import path through pytest's ``pythonpath`` option
+(pyproject.toml), so tests can ``import helpers``; the benchmarks are ``onnxcampo.benchmarks``."""
 
 from __future__ import annotations
 

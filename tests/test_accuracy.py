@@ -372,7 +372,7 @@ def test_cli_no_accuracy_check_runs_nothing(planted_file, tmp_path, capsys):
 def test_silero_vad_runs_on_generated_inputs_with_its_sample_rate():
     """silero VAD refuses a random sample rate (its If branches check sr): a generated ``sr`` is
     16000, so the fp32 model runs and its outputs are finite."""
-    from onnxcampo import corpus
+    from onnxcampo.benchmarks import corpus
 
     entry = corpus.get("silero_vad")
     try:

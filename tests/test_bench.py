@@ -1,11 +1,10 @@
 """The benchmark suite's own logic, on CPU: keys and resuming, the report's target wording, the
-training-step time breakdown, and a ``--quick --provider cpu`` run end to end (scripts/bench.py,
-the harness package scripts/benchkit/, on the import path through pytest's ``pythonpath``)."""
+training-step time breakdown, and a ``--quick --provider cpu`` run end to end (``python -m
+onnxcampo.benchmarks run``, benchmarks/runner.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import sys
@@ -13,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from benchkit import measure as bench_measure
-from benchkit import models as bench_models
-from benchkit import policies as bench_policies
-from benchkit import report as bench_report
-from benchkit import runner as bench
+from onnxcampo.benchmarks import measure as bench_measure
+from onnxcampo.benchmarks import models as bench_models
+from onnxcampo.benchmarks import policies as bench_policies
+from onnxcampo.benchmarks import report as bench_report
+from onnxcampo.benchmarks import runner as bench
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -30,25 +29,33 @@ def _isolated(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_scripts_import_without_torch():
-    """The device-only parts import torch lazily: the scripts load on a machine without it."""
-    code = ("import sys, benchkit.runner, benchkit.results, benchkit.report, benchkit.measure, benchkit.models, "
-            "benchkit.policies, benchkit.torch_twins, benchkit.custom_ops, benchkit.loss_curves; assert 'torch' not in sys.modules, 'torch imported'")
-    # scripts/ on the child's path the way a launcher has it (first); no empty entry, which is the cwd
-    path = [str(SCRIPTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
+def test_the_benchmarks_import_without_torch():
+    """The device-only parts import torch lazily: every benchmark module loads on a machine without it."""
+    from onnxcampo.benchmarks.__main__ import COMMANDS
+
+    modules = ["results", "measure", "models", "policies", "torch_twins", "corpus",
+               *(module for module, _ in COMMANDS.values())]
+    code = (f"import importlib, sys; [importlib.import_module('onnxcampo.benchmarks.' + m) for m in {modules!r}]; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_launchers_run_from_the_root_and_as_a_module():
-    """``python3 scripts/bench.py`` from the repository root (scripts/ first on the path, so the
-    installed onnxcampo is not shadowed by ./onnxcampo) and ``python -m benchkit`` from scripts/."""
-    root = SCRIPTS.parent  # the children inherit this process's environment, not pytest's pythonpath
-    for script in ("bench.py", "bench_report.py", "bench_ops.py", "loss_curves.py"):
-        done = subprocess.run([sys.executable, f"scripts/{script}", "--help"], cwd=root, capture_output=True, text=True)
-        assert done.returncode == 0 and "usage:" in done.stdout, (script, done.stderr[-500:])
-    for module in ("benchkit", "benchkit.report", "benchkit.custom_ops"):
-        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=SCRIPTS, capture_output=True, text=True)
-        assert done.returncode == 0 and "usage:" in done.stdout, (module, done.stderr[-500:])
+def test_every_subcommand_answers_help():
+    """``python -m onnxcampo.benchmarks`` lists the subcommands; each answers ``--help`` with its
+    own options under its own name (from the repository root, as the docs run them)."""
+    from onnxcampo.benchmarks.__main__ import COMMANDS
+
+    done = subprocess.run([sys.executable, "-m", "onnxcampo.benchmarks", "--help"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and all(f"  {name} " in done.stdout for name in COMMANDS), done.stdout
+    for name in ("run", "report", "ops", "loss-curves", "rotate", "fetch-corpus"):
+        done = subprocess.run([sys.executable, "-m", "onnxcampo.benchmarks", name, "--help"], cwd=ROOT,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, (name, done.stderr[-500:])
+        assert done.stdout.startswith(f"usage: python -m onnxcampo.benchmarks {name} "), (name, done.stdout[:200])
+    done = subprocess.run([sys.executable, "-m", "onnxcampo.benchmarks", "nonsense"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown subcommand 'nonsense'" in done.stderr
 
 
 def test_keys_resume_and_killed_items(tmp_path):
@@ -551,7 +558,7 @@ def test_onnx_twin_computes_the_onnx_model_and_trains_the_step_graphs_weights(tm
     pytest.importorskip("onnx2torch")
     import onnxruntime as ort
 
-    from benchkit import torch_twins as bench_torch
+    from onnxcampo.benchmarks import torch_twins as bench_torch
 
     path, feeds, labels, make = _twin_of(_convertible_classifier(), tmp_path)
     module, inputs, torch_labels = make()
@@ -852,9 +859,9 @@ def test_gpu_kernels_are_split_by_class_and_reported():
 
 @pytest.mark.slow
 def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys):
-    """scripts/probe_options.py: every (policy, option set) pair of both modes timed and kept as
+    """probe-options (benchmarks/probe_options.py): every (policy, option set) pair of both modes timed and kept as
     JSON, ratios to the first set; a bad --options argument is one line and exit 2."""
-    import probe_options
+    from onnxcampo.benchmarks import probe_options
 
     out = tmp_path / "probe.json"
     args = ["--model", "odd_mlp", "--batch", "4", "--mode", "inference,training", "--policies", "fp32,campo",
@@ -891,7 +898,7 @@ def test_probe_options_times_each_policy_under_each_option_set(tmp_path, capsys)
 @pytest.mark.slow
 def test_probe_options_keeps_what_it_measured_when_cut_short(tmp_path, monkeypatch):
     """--out is rewritten after each policy: a run killed during the second keeps the first."""
-    import probe_options
+    from onnxcampo.benchmarks import probe_options
 
     real = probe_options._timer
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from benchkit import policies as bench_policies
-from benchkit import report as bench_report
+from onnxcampo.benchmarks import policies as bench_policies
+from onnxcampo.benchmarks import report as bench_report
 from helpers import parse
 
 from onnxcampo.ops import library_path
@@ -71,7 +71,7 @@ def test_the_cudnn_variant_trains_on_a_step_with_conv_weight_grad(tmp_path, monk
     """campo-fused-cudnn-graph (training only): campo-fused-graph on a step graph of its own,
     built with conv_weight_grad="cudnn" (every Conv weight gradient one ConvWeightGrad), cached
     apart from the group's step."""
-    from benchkit import runner as bench
+    from onnxcampo.benchmarks import runner as bench
 
     try:
         library_path()

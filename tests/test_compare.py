@@ -82,7 +82,7 @@ def test_check_outputs_judges_each_output_against_the_tolerance():
 
 def test_the_element_wise_report_carries_the_benchmarks_scaled_errors():
     """OutputDiff.scaled_max_err = max|c - r| / max|r|, scaled_mean_err = mean|c - r| / mean|r|,
-    over the finite reference elements (scripts/bench.py's rel_err_max / rel_err_mean)."""
+    over the finite reference elements (the benchmark's rel_err_max / rel_err_mean)."""
     ref = np.array([1.0, -4.0, 2.0, np.inf], np.float32)
     (diff,) = runtime.compare_outputs({"y": ref}, {"y": np.array([1.5, -4.0, 2.0, 0.0], np.float32)}, rtol=0.02, atol=1e-3)
     assert diff.scaled_max_err == pytest.approx(0.5 / 4.0) and diff.scaled_mean_err == pytest.approx((0.5 / 3) / (7.0 / 3))

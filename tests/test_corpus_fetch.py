@@ -18,8 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import corpus
-from onnxcampo.corpus import CorpusModel, CorpusUnavailable
+from onnxcampo.benchmarks import corpus
+from onnxcampo.benchmarks.corpus import CorpusModel, CorpusUnavailable
 
 FAKE = CorpusModel(
     key="fake",

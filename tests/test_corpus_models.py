@@ -16,7 +16,8 @@ import onnx
 import pytest
 
 import onnxcampo
-from onnxcampo import corpus, ir
+from onnxcampo import ir
+from onnxcampo.benchmarks import corpus
 from onnxcampo.runtime import make_session, run
 
 pytestmark = pytest.mark.corpus

@@ -1,7 +1,7 @@
 """Every file README.md and docs/ point to exists: markdown links, and repository paths in the text.
 
 The docs mostly name files as repository paths in backticks (``docs/benchmarks/h200.md``,
-``scripts/train_parity.py``) rather than as markdown links, so both are checked: a moved or renamed
+``benchmarks/train_parity.py``) rather than as markdown links, so both are checked: a moved or renamed
 file fails here until every page that names it follows. Code blocks (fenced or indented) are left
 out: their command lines may name files a run would write.
 """
@@ -16,7 +16,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # top-level folders of the repository: a path in the text that starts with one of them is a
 # repository path (``runtime/check.py`` inside a package, ``ddddocr/common.onnx`` inside a wheel are not)
-TOP_LEVEL = ("docs", "scripts", "onnxcampo", "costdb", "passes", "tests", "csrc", ".ci")
+TOP_LEVEL = ("docs", "scripts", "onnxcampo", "costdb", "passes", "benchmarks", "tests", "csrc", ".ci")
 
 FENCED = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 INDENTED = re.compile(r"^(?: {4}|\t).*$", re.M)

@@ -199,20 +199,14 @@ def test_costdb_fit_fused_elementwise_writes_the_entry(tmp_path):
 
 def test_the_measurement_script_sweeps_fits_and_writes_a_mergeable_entry(tmp_path):
     """On the CPU provider, two small sizes: the sweep's cases run, the fit and its JSON come out."""
-    import importlib.util
-    from pathlib import Path
-
     try:
         from onnxcampo.ops import library_path
 
         library_path()
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"custom-op library not built: {exc}")
-    path = Path(__file__).resolve().parents[1] / "scripts" / "measure_fused_elementwise_costs.py"
-    spec = importlib.util.spec_from_file_location("_measure_fused", path)
-    script = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = script
-    spec.loader.exec_module(script)
+    from onnxcampo.benchmarks import fused_elementwise_costs as script
+
     line = [(1000 * k, 1.0 + 1000 * k / 2.0e6) for k in (1, 2, 4, 8)]  # us = 1 + bytes / 2e6
     fitted = script.fit([{"bytes": b, "wall_ms": us / 1e3} for b, us in line], "wall_ms")
     assert fitted["bytes_per_us"] == pytest.approx(2.0e6) and fitted["fixed_us"] == pytest.approx(1.0)

@@ -1,8 +1,8 @@
-"""scripts/graph_factors.py: per-class factors of single-op times inside whole graphs."""
+"""The graph-factors subcommand (benchmarks/graph_factors.py): per-class factors of single-op times inside whole graphs."""
 
 from __future__ import annotations
 
-import graph_factors
+from onnxcampo.benchmarks import graph_factors
 import pytest
 
 

@@ -1,4 +1,4 @@
-"""scripts/loss_curves.py (benchkit.loss_curves): the comparison of loss curves with the
+"""The loss-curves subcommand (benchmarks/loss_curves.py): the comparison of loss curves with the
 reference, on made-up curves, and a ``--quick --provider cpu`` run end to end on the benchmark's
 tiny models (the JSON's layout, finite losses, resuming)."""
 
@@ -9,9 +9,9 @@ import math
 
 import numpy as np
 import pytest
-from benchkit import loss_curves as lc
-from benchkit import measure as bench_measure
-from benchkit import models as bench_models
+from onnxcampo.benchmarks import loss_curves as lc
+from onnxcampo.benchmarks import measure as bench_measure
+from onnxcampo.benchmarks import models as bench_models
 
 
 @pytest.fixture(autouse=True)
@@ -141,7 +141,7 @@ def test_quick_cpu_run_end_to_end_and_resume(tmp_path, capsys):
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["format"] == lc.FORMAT and data["settings"]["steps"] == 24 and data["settings"]["batches"] == 3
-    assert len(data["runs"]) == 1 and data["runs"][0]["command"].startswith("loss_curves.py --provider cpu")
+    assert len(data["runs"]) == 1 and data["runs"][0]["command"].startswith("python -m onnxcampo.benchmarks loss-curves --provider cpu")
     assert data["runs"][0]["versions"]["onnx"] and data["runs"][0]["start"] and data["runs"][0]["end"]
     assert set(data["models"]) == {"odd_mlp", "odd_cnn"}
     for name, model in data["models"].items():

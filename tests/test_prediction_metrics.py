@@ -1,10 +1,10 @@
-"""scripts/prediction_metrics.py: predictions paired with the runs of the same plan and mode."""
+"""The prediction-metrics subcommand (benchmarks/prediction_metrics.py): predictions paired with the runs of the same plan and mode."""
 
 from __future__ import annotations
 
 import json
 
-import prediction_metrics as pm
+from onnxcampo.benchmarks import prediction_metrics as pm
 
 
 def row(policy, ms, batch=1, execution=None, predicted=None, time="2026-12-01T12:00"):

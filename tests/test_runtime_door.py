@@ -1,6 +1,6 @@
 """One runtime door: onnxcampo.runtime is the only code that creates ONNX Runtime sessions.
 
-Everything else (the optimizer, the cost database, the benchmark scripts) asks
+Everything else (the optimizer, the cost database, the benchmarks) asks
 ``onnxcampo.runtime.make_session`` for one, so that providers, TF32, CUDA graphs, session options
 and ORT's errors are handled in one place. The modules are read as text: a new
 ``InferenceSession(`` or ``SessionOptions(`` outside the door fails here, named by file and line.
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SEARCHED = ("onnxcampo", "costdb", "passes", "scripts")
+SEARCHED = ("onnxcampo", "costdb", "passes", "benchmarks", "scripts")
 # the door itself; the custom-op library's load probe (ops.available() builds SessionOptions to
 # try registering the library)
 EXEMPT = ("onnxcampo/runtime/", "onnxcampo/ops/__init__.py")

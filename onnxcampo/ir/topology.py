@@ -17,7 +17,7 @@ It takes linear time (graphsurgeon's own sort recomputes hierarchy levels and ta
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import onnx
@@ -28,6 +28,18 @@ from onnxcampo.errors import UnsupportedModelError
 CONTROL_FLOW_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 Node = TypeVar("Node")
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from iter_graphs(g)
 
 
 def has_subgraph(node: onnx.NodeProto) -> bool:

@@ -178,7 +178,7 @@ class OutputDiff:
 
     ``scaled_max_err`` (max |c - r| / max |r|) and ``scaled_mean_err`` (mean |c - r| / mean
     |r|) are taken over the elements where the reference is finite (a reference of zeros: scale
-    1): the numbers scripts/bench.py reports as ``rel_err_max`` / ``rel_err_mean``; inf like the
+    1): the numbers the benchmark suite reports as ``rel_err_max`` / ``rel_err_mean``; inf like the
     others, and when the candidate is not finite at such an element.
     """
 

@@ -79,7 +79,7 @@ def transformers_models(tmp_path_factory):
     """(name -> (model, feeds, shapes)): BERT-base b32 s128 and GPT-2 small b8 s256, exported once."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
-    from benchkit.models import export_hf  # the benchmark's exporter (TorchScript, opset 17)
+    from onnxcampo.benchmarks.models import export_hf  # the benchmark's exporter (TorchScript, opset 17)
 
     folder = tmp_path_factory.mktemp("hf")
     return {"bert": export_hf("bert", lambda: transformers.BertModel(transformers.BertConfig()), 32, 128, 30522,

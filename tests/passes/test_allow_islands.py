@@ -156,7 +156,7 @@ def test_rule_4_looks_only_at_near_partners_in_a_residual_stream(monkeypatch):
     """A residual stream joins every MatMul to every other through open Adds: rule 4 prices each
     rejected MatMul with its nearest MAX_PARTNERS partners only, so the work grows with the graph,
     not with its square (the pairs priced are counted, not timed)."""
-    from bench_tool import generated_model
+    from onnxcampo.benchmarks.tool import generated_model
 
     from onnxcampo.passes import allow_islands
 

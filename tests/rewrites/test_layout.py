@@ -453,7 +453,7 @@ def _pinned_corpus_model(key: str, shape, logits: str | None = None):
     """A corpus model pinned to ``shape``; ``logits``: the input of that op type's last node
     declared a graph output too (the detector's sigmoid map saturates near 0 on random images,
     its logits do not)."""
-    from onnxcampo import corpus
+    from onnxcampo.benchmarks import corpus
 
     entry = corpus.get(key)
     try:

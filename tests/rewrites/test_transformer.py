@@ -451,7 +451,7 @@ def test_exports_made_now_are_detected_too(tmp_path):
 def test_an_ocr_recognizer_is_not_taken_for_bert(caplog):
     """Case c: PP-OCRv4's SVTR recognizer has attention and layer norms (Paddle's ReduceMean
     pattern) but Swish and HardSwish activations, no GELU: left alone, with the warning."""
-    from onnxcampo import corpus
+    from onnxcampo.benchmarks import corpus
 
     try:
         path = corpus.fetch(corpus.get("ppocr_rec"))

@@ -1,5 +1,5 @@
 """Accuracy parity of mixed-precision step graphs on CPU (the small models of
-scripts/train_parity.py): the fp32, amp and campo step graphs of an MLP and a CNN train on the
+the train-parity subcommand, benchmarks/train_parity.py): the fp32, amp and campo step graphs of an MLP and a CNN train on the
 same fixed data to final losses within 2 % of each other, without divergence, and the loss
 really falls. ORT's CPU provider hides most fp16 rounding, so this guards the plumbing (step
 graph -> optimize -> Trainer, loss scaling state) more than the numerics; the CUDA run of the
@@ -13,7 +13,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def parity():
-    import train_parity  # scripts/ is on the import path (pytest's pythonpath)
+    from onnxcampo.benchmarks import train_parity
 
     return train_parity
 

@@ -143,7 +143,7 @@ def test_inference_dropout_is_fine():
 
 
 def _corpus_model(key: str) -> onnx.ModelProto:
-    from onnxcampo import corpus
+    from onnxcampo.benchmarks import corpus
 
     try:
         return corpus.load(corpus.get(key)), corpus.get(key)

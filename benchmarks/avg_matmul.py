@@ -1,6 +1,6 @@
 """Time AvgMatMulInteger (16-bit tree averaging) against 32-bit accumulation on the CPU.
 
-    python scripts/bench_avg_matmul.py [--quick] [--out docs/benchmarks/avg-matmul/avg-matmul-bench]
+    python -m onnxcampo.benchmarks avg-matmul [--quick] [--out docs/benchmarks/avg-matmul/avg-matmul-bench]
 
 Three uint8 x uint8 matmuls, each a one-node ONNX Runtime session (same call overhead):
 ``ai.onnxcampo::AvgMatMulInteger`` (ours, 16-bit lanes), ``ai.onnxcampo::ExactMatMulInteger``
@@ -29,7 +29,7 @@ from onnxcampo import ops
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import make_session
 
-ROOT = Path(__file__).resolve().parents[1]
+from onnxcampo.benchmarks import ROOT
 CUBES = [64, 128, 256, 512, 1024]
 SHAPES = [(128, 768, 768), (128, 768, 3072), (128, 3072, 768), (20, 1024, 8210), (1, 1024, 8210)]
 KERNELS = ("avg", "exact", "ort")
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
 def markdown(info, rows, accuracy, labels) -> str:
     lines = ["# AvgMatMulInteger: benchmark", "",
-             f"Written by `scripts/bench_avg_matmul.py`. {info['cpu']}, {info['cores']} cores, onnxruntime "
+             f"Written by `benchmarks/avg_matmul.py`. {info['cpu']}, {info['cores']} cores, onnxruntime "
              f"{info['onnxruntime']}, kernel `{info['kernel']}`. {info['note']}.", "",
              "Median milliseconds per call of one-node sessions; uint8 inputs uniform in [0, 255], no zero points. "
              "`avg`: AvgMatMulInteger (16-bit tree); `exact`: ExactMatMulInteger (int32 accumulation, same tiles); "

@@ -1,6 +1,6 @@
 """The benchmark's models: how each is built, its inputs, and its PyTorch twin.
 
-Shared by ``scripts/bench.py`` and ``scripts/gpu_check.py``. Models come from code, not from
+Shared by the suite (``runner``), the other benchmarks and ``tests/gpu/test_policies_cuda.py``. Models come from code, not from
 files, because the GPU machine has no network: ResNet-50 (torchvision), BERT-base and GPT-2 small
 (transformers configs, random weights) are exported with torch there; the "odd" models (layers
 1000/1001 wide, 3 input channels) are written with ``onnx.helper`` and need no torch; corpus
@@ -24,7 +24,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[2]
 OPSET = 17
 IR_VERSION = 10  # ORT 1.31 accepts <= 13; onnx 1.23 would write 14 (DESIGN.md)
 
@@ -56,7 +55,7 @@ class Built:
     notes: list[str] = field(default_factory=list)
     lr: float = 0.01  # the step graph's SGD learning rate (the PyTorch twins use the same)
     # sample(index) -> feeds and labels of another batch (index >= 1), drawn the way ``feeds`` and
-    # ``labels`` are; for runs over several batches (scripts/loss_curves.py). None: no others.
+    # ``labels`` are; for runs over several batches (``loss_curves``). None: no others.
     sample: Callable[[int], dict[str, np.ndarray]] | None = None
 
     def training_batch(self, index: int = 0) -> dict[str, np.ndarray]:
@@ -509,7 +508,7 @@ CORPUS_LR = {"ppocr_rec": float(os.environ.get("BENCH_PPOCR_LR", "0.0001"))}
 
 
 def corpus_module():
-    from onnxcampo import corpus
+    from onnxcampo.benchmarks import corpus
 
     return corpus
 
@@ -540,7 +539,7 @@ def _corpus(key: str):
             dynamic = [vi.name for vi in original.graph.input if vi.name in shapes and shapes[vi.name]
                        and not vi.type.tensor_type.shape.dim[0].dim_value]
             if not dynamic:
-                from benchkit.policies import Unavailable
+                from onnxcampo.benchmarks.policies import Unavailable
 
                 raise Unavailable(f"corpus model {key}: its batch dim is fixed; no input has a dynamic one to set to {batch}")
             shapes = {name: (batch, *dims[1:]) if name in dynamic else dims for name, dims in shapes.items()}
@@ -580,7 +579,7 @@ def onnx_twin(model_path: Path, feeds: dict[str, np.ndarray], labels: np.ndarray
     fixed to the feeds' (``fixed_shapes``), so that ``torch.compile`` can trace the module.
     """
     def make():
-        from benchkit.policies import Unavailable
+        from onnxcampo.benchmarks.policies import Unavailable
 
         try:
             import onnx2torch
@@ -765,7 +764,7 @@ def _train_like_step_graph(graph_module, model: onnx.ModelProto, weights: set[st
     import math
 
     import torch
-    from benchkit.policies import Unavailable
+    from onnxcampo.benchmarks.policies import Unavailable
 
     producers = {out: node for node in model.graph.node for out in node.output}
     sizes = {t.name: math.prod(t.dims) for t in model.graph.initializer}

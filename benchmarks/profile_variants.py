@@ -1,9 +1,9 @@
 """Where one benchmark model's inference time goes under several policies: kernel time per op type.
 
-    python scripts/profile_variants.py --model gpt2 --batch 1 --policies fp32,ort-fp16,fp16,campo \
+    python -m onnxcampo.benchmarks profile-variants --model gpt2 --batch 1 --policies fp32,ort-fp16,fp16,campo \
         --provider cuda --wheels /tmp/bw --out profile.json
 
-Builds the model as ``scripts/bench.py`` does (same cache), makes each policy's variant, times it
+Builds the model as ``benchmarks/runner.py`` does (same cache), makes each policy's variant, times it
 (IO binding, median of 7 blocks) and profiles 10 runs with ORT's profiler (graph optimizations
 on: the kernels users get). Prints, per op type (with the dtype of its first input), the kernel
 time per run and the kernel count under every policy, largest first, then the wall time and the
@@ -20,9 +20,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from benchkit import measure as m
-from benchkit import models as bench_models
-from benchkit import policies as pol
+from onnxcampo.benchmarks import measure as m
+from onnxcampo.benchmarks import models as bench_models
+from onnxcampo.benchmarks import policies as pol
 
 
 def op_times(trace: str) -> tuple[dict[str, float], dict[str, int]]:
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--policies", default="fp32,ort-fp16,fp16,amp,campo")
     p.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--wheels", type=Path, help="folder with the anchors' wheels (as bench.py --wheels)")
+    p.add_argument("--wheels", type=Path, help="folder with the anchors' wheels (as run --wheels)")
     p.add_argument("--top", type=int, default=25, help="op types shown (default 25)")
     p.add_argument("--out", type=Path, help="JSON file to write")
     args = p.parse_args(argv)

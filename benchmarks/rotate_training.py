@@ -1,13 +1,13 @@
 """Training steps of one benchmark model timed side by side, in rotation, in one process.
 
-    python3 scripts/rotate_training.py --model resnet50 --wheels /tmp/bw \
+    python3 -P -m onnxcampo.benchmarks rotate --model resnet50 --wheels /tmp/bw \
         --policies campo-fused-cl-graph,campo-fused-cl-nostem-graph,torch-compile-graph-amp-cl \
         --rounds 7 --out rotation.json
 
-``scripts/bench.py`` times a model's training variants one after another; a comparison of two
+``benchmarks/runner.py`` times a model's training variants one after another; a comparison of two
 variants a few percent apart then also compares the minutes between them (the host's clock, the
 GPU's temperature). Here every variant (onnxcampo's step graphs as the benchmark makes them, the
-PyTorch anchors of ``benchkit.torch_twins``) is built first and stays alive, then each round times
+PyTorch anchors of ``onnxcampo.benchmarks.torch_twins``) is built first and stays alive, then each round times
 one block of steps of every variant, starting one further along each round
 (``onnxcampo.runtime.timing.time_in_rotation``). A step is one call: the ONNX step run and its
 loss read back, a PyTorch step and a device synchronisation (both wait for the step's end).
@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchkit import measure as m
-from benchkit import models as bench_models
-from benchkit import policies as pol
-from benchkit.runner import Group, Settings, check_provider, training_variant
+from onnxcampo.benchmarks import measure as m
+from onnxcampo.benchmarks import models as bench_models
+from onnxcampo.benchmarks import policies as pol
+from onnxcampo.benchmarks.runner import Group, Settings, check_provider, training_variant
 
 
 def make_runs(group: Group, policies: list[str], provider: str) -> tuple[dict, dict]:
@@ -53,7 +53,7 @@ def make_runs(group: Group, policies: list[str], provider: str) -> tuple[dict, d
 def make_run(group: Group, policy: str, provider: str, batch: dict) -> tuple[object, dict]:
     """One variant's step callable and what is known of it."""
     if policy in pol.TORCH_POLICIES:
-        from benchkit.torch_twins import TorchStep
+        from onnxcampo.benchmarks.torch_twins import TorchStep
 
         return TorchStep(group.built, policy, provider=provider, lr=group.built.lr), {"kind": "torch"}
     if policy not in pol.TRAINING_POLICIES:
@@ -67,7 +67,7 @@ def make_run(group: Group, policy: str, provider: str, batch: dict) -> tuple[obj
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="rotate_training.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="resnet50", help="a benchmark model with a training batch (default resnet50)")
     p.add_argument("--policies", required=True, help="comma-separated training policies (onnxcampo's and torch-*)")
     p.add_argument("--rounds", type=int, default=7, help="blocks per variant, one a round (default 7)")
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="the model's small twin (a smoke test)")
     p.add_argument("--wheels", type=Path, default=None, help="anchor wheels (bench_wheels.sh), for the torch twins")
     p.add_argument("--split", default="", help="comma-separated policies whose GPU time (CUPTI, through torch.profiler) "
-                   "is split by kernel class after the timing, as bench.py's breakdown does")
+                   "is split by kernel class after the timing, as the run subcommand's breakdown does")
     p.add_argument("--split-runs", type=int, default=5, help="steps the split averages over (default 5)")
     p.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     policies = [x for x in args.policies.split(",") if x]
     if args.wheels is not None:
         pol.install_wheels(args.wheels)
-    from benchkit.torch_twins import versions
+    from onnxcampo.benchmarks.torch_twins import versions
     from onnxcampo.runtime.timing import time_in_rotation
 
     settings = Settings.make(args.provider, args.quick, False, ())
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
             print(f"{'':32s} GPU {row['gpu']['total_ms']:.3f} ms: " + ", ".join(
                 f"{k} {v:.3f}" for k, v in list(row["gpu"]["by_class_ms"].items())[:8]))
     result = {"model": args.model, "batch": spec.train_batch, "provider": args.provider, "rounds": args.rounds,
-              "block_ms": args.block_ms, "command": " ".join(["rotate_training.py", *(argv or sys.argv[1:])]),
+              "block_ms": args.block_ms, "command": " ".join(["python -m onnxcampo.benchmarks rotate", *(argv or sys.argv[1:])]),
               "versions": {**pol.package_versions(), **versions()}, "policies": rows}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

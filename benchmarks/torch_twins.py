@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from benchkit.policies import Unavailable
+from onnxcampo.benchmarks.policies import Unavailable
 
 
 class TorchStep:

@@ -5,14 +5,14 @@ generated graph of about 20,000 nodes, each in a fresh subprocess so that peak R
 that model alone. Targets (issue 2): under 10 s for 20k nodes on a 2-core machine; peak memory
 under 3x the model size (reported as extra RSS over the interpreter's baseline).
 
-    python scripts/bench_tool.py [--nodes 20000] [--json docs/benchmarks/bench-tool/bench-tool.json]
+    python -m onnxcampo.benchmarks tool [--nodes 20000] [--json docs/benchmarks/bench-tool/bench-tool.json]
 
 ``--model PATH`` times the command line on one model file instead: ``onnxcampo optimize PATH
 OUT`` with the given ``--dim`` / ``--input-shape`` pins and otherwise default options (the
 accuracy check included), and again with ``--no-accuracy-check``, each ``--repeat`` times in
 fresh processes (alternating), best and every wall time printed (and written with ``--json``):
 
-    python scripts/bench_tool.py --model bert_base.onnx --dim batch=32 --dim sequence=128
+    python -m onnxcampo.benchmarks tool --model bert_base.onnx --dim batch=32 --dim sequence=128
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[1]
+from onnxcampo.benchmarks import ROOT
 
 LARGEST_CORPUS = ("layout_cdla", "ppocr_rec", "ppocr_det", "ddddocr_det", "smart_turn")
 
@@ -89,8 +89,9 @@ def measure_one(path: str, shapes_json: str) -> dict:
 
     shapes = {k: tuple(v) for k, v in json.loads(shapes_json).items()}
     # Warm up on the bundled example so lazy imports (ONNX Runtime's schemas) are not counted.
-    example = ROOT / "onnxcampo" / "examples" / "mlp_block.onnx"
-    onnxcampo.optimize(example, input_shapes={"x": (64, 256)})
+    from onnxcampo.examples import mlp_block_path
+
+    onnxcampo.optimize(mlp_block_path(), input_shapes={"x": (64, 256)})
     _reset_peak_rss()
     baseline = _status_kb("VmRSS")
     start = time.perf_counter()
@@ -106,12 +107,11 @@ def measure_one(path: str, shapes_json: str) -> dict:
 
 
 def run_child(path: Path, shapes: dict) -> dict:
-    code = "import json; from bench_tool import measure_one; print(json.dumps(measure_one(%r, %r)))" % (
-        str(path), json.dumps(shapes))
-    # the child finds this file through PYTHONPATH (scripts/ first); no empty entry, which would mean the cwd
-    path_entries = [str(ROOT / "scripts"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path_entries)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    code = ("import json; from onnxcampo.benchmarks.tool import measure_one; "
+            "print(json.dumps(measure_one(%r, %r)))" % (str(path), json.dumps(shapes)))
+    # -P as this process has it: a --target install run from the repository root must not find ./onnxcampo
+    safe = ["-P"] if sys.flags.safe_path else []
+    done = subprocess.run([sys.executable, *safe, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if not args.skip_corpus:
-        from onnxcampo import corpus
+        from onnxcampo.benchmarks import corpus
 
         for key in LARGEST_CORPUS:
             entry = corpus.get(key)

@@ -1,12 +1,12 @@
 """ResNet-50's PyTorch training step in NCHW and in channels_last, and where its GPU time goes.
 
-The benchmark's torch anchors (``benchkit/torch_twins.py``) for ResNet-50 b64 (BatchNorm folded,
+The benchmark's torch anchors (``torch_twins``) for ResNet-50 b64 (BatchNorm folded,
 SGD momentum, cross-entropy) timed in both memory formats, eager and ``torch.compile``, fp32 (TF32)
 and AMP, one after another in one process; then the eager AMP step of each format and the
 compiled channels_last one under ``torch.profiler`` (CUPTI kernel times), its kernels grouped into cuDNN's layout transforms, the
 convolutions, and the rest. Needs only PyTorch with CUDA (no ONNX Runtime):
 
-    python3 scripts/probe_torch_layout.py --out $OUT/torch-layout.json
+    python3 -P -m onnxcampo.benchmarks probe-torch-layout --out $OUT/torch-layout.json
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import json
 import re
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 POLICIES = ("torch-eager-amp", "torch-eager-amp-cl", "torch-compile-amp", "torch-compile-amp-cl",
             "torch-compile", "torch-compile-cl")
@@ -35,7 +33,7 @@ class Built:
         import torch
         import torchvision
 
-        from benchkit.models import distinct_parameters, fold_batchnorm
+        from onnxcampo.benchmarks.models import distinct_parameters, fold_batchnorm
 
         torch.manual_seed(0)
         net = torchvision.models.resnet50(weights=None, zero_init_residual=True).eval()
@@ -106,7 +104,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
-    from benchkit import torch_twins
+    from onnxcampo.benchmarks import torch_twins
 
     built = Built(args.batch)
     report = {"batch": args.batch, "versions": torch_twins.versions(), "cudnn": torch.backends.cudnn.version(),

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Accuracy parity of mixed-precision training steps: fp32 vs ``amp`` vs ``campo``.
 
 Every model trains for a fixed number of steps on a small fixed synthetic dataset (a few seeded
@@ -7,9 +6,9 @@ step graph from ``build_train_step`` as is, ``amp``/``campo`` are that graph thr
 ``onnxcampo.optimize``. The Trainer is a black box: whatever state an optimized graph adds
 (a loss scale, counters) it handles through the ``<name>.updated`` convention.
 
-    python scripts/train_parity.py                                  # every model, CPU, docs/benchmarks/training/
-    python scripts/train_parity.py --models mlp,cnn --steps 30
-    python scripts/train_parity.py --provider cuda --corpus-dir .cache/corpus
+    python -m onnxcampo.benchmarks train-parity                                  # every model, CPU, docs/benchmarks/training/
+    python -m onnxcampo.benchmarks train-parity --models mlp,cnn --steps 30
+    python -m onnxcampo.benchmarks train-parity --provider cuda --corpus-dir .cache/corpus
 
 Writes ``parity-<provider>.json`` (curves and numbers), ``.png`` (one subplot per model, one
 curve per policy) and ``.md`` (the table) into ``--out``. Exit status 1 if any policy diverged or
@@ -37,9 +36,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[1]
+from onnxcampo.benchmarks import ROOT
 import onnxcampo
-from onnxcampo import corpus
+from onnxcampo.benchmarks import corpus
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import Trainer, build_train_step, initial_weights
 
@@ -502,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"provider": args.provider, "device": _device(args.provider), "steps": args.steps,
             "tolerance": args.tolerance, "policies": policies, "exclude_ops": sorted(exclude_ops), "onnxruntime": onnxruntime.__version__,
             "date": time.strftime("%Y-%m-%d"),
-            "command": "python scripts/train_parity.py " + " ".join(a for a in (argv or sys.argv[1:]))}
+            "command": "python -m onnxcampo.benchmarks train-parity " + " ".join(a for a in (argv or sys.argv[1:]))}
     results, failed = {}, []
     started = time.perf_counter()
     for name in models:

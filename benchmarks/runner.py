@@ -2,7 +2,7 @@
 
 One command, resumable, for runs of at most 10 minutes on the H200 machine (issue 6)::
 
-    PYTHONPATH=/tmp/ortgpu:/tmp/oc:$PYTHONPATH python3 scripts/bench.py --out docs/benchmarks/raw \\
+    PYTHONPATH=/tmp/ortgpu:/tmp/oc:$PYTHONPATH python3 -P -m onnxcampo.benchmarks run --out docs/benchmarks/raw \\
         --budget-s 540 --corpus-dir .benchcorpus --mirror "$OUT"
 
 Every finished measurement is appended as one JSON line to ``OUT/<name>.jsonl`` (key
@@ -12,10 +12,10 @@ until it prints ``everything is done``. Before an item starts, a line goes to
 finished (the run was killed) is recorded as failed instead of being tried forever.
 After an inference group, the variants measured in the run are timed again side by side
 (``--interleave``: all sessions alive, one block each in rotation) into ``<name>.interleaved.jsonl``.
-``docs/benchmarks/README.md`` says how to run it on the GPU machine; ``scripts/bench_report.py``
+``docs/benchmarks/README.md`` says how to run it on the GPU machine; ``benchmarks/report.py``
 turns the JSON lines into ``docs/benchmarks/h200.md`` and plots.
 
-    python scripts/bench.py --quick --provider cpu --models odd_mlp --out /tmp/b   # a CPU smoke run
+    python -m onnxcampo.benchmarks run --quick --provider cpu --models odd_mlp --out /tmp/b   # a CPU smoke run
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from benchkit import models as bench_models
-from benchkit import policies as pol
-from benchkit.results import Item, Results, done_keys, killed_items, make_key, read_rows  # noqa: F401  (also the harness's API)
+from onnxcampo.benchmarks import models as bench_models
+from onnxcampo.benchmarks import policies as pol
+from onnxcampo.benchmarks.results import Item, Results, done_keys, killed_items, make_key, read_rows  # noqa: F401  (also the harness's API)
 
 log = logging.getLogger("bench")
-ROOT = Path(__file__).resolve().parents[2]
+from onnxcampo.benchmarks import ROOT
 MODES = ("inference", "training")
 DEFAULT_MODELS = tuple(bench_models.MODELS)
 DEFAULT_BREAKDOWN = ("fp32", "amp", "campo")
@@ -164,7 +164,7 @@ class Group:
     def reference(self) -> dict:
         """fp32 outputs without TF32: what every policy's outputs are compared with."""
         if self._reference is None:
-            from benchkit import measure as m
+            from onnxcampo.benchmarks import measure as m
 
             runner = m.bound(self.built.path, self.built.feeds, provider=self.settings.provider, tf32=False)
             runner()
@@ -299,7 +299,7 @@ def ort_launches(path: Path, provider: str) -> dict[str, Any]:
 
 
 def measure_inference(group: Group, policy: str, *, prepare_only: bool = False) -> dict[str, Any]:
-    from benchkit import measure as m
+    from onnxcampo.benchmarks import measure as m
     import onnx
 
     s = group.settings
@@ -373,7 +373,7 @@ def interleave(group: Group) -> dict[str, Any]:
     session per visit. With ``--sessions N`` (alive) the whole round robin runs N times with fresh
     sessions. A variant whose session fails here is left out of the record with its reason.
     """
-    from benchkit import measure as m
+    from onnxcampo.benchmarks import measure as m
     from onnxcampo.errors import CampoError
     from onnxcampo.runtime.timing import time_in_rotation
 
@@ -546,7 +546,7 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
     s = group.settings
     stages = Stages()
     if policy in pol.TORCH_POLICIES:
-        from benchkit import torch_twins as bench_torch
+        from onnxcampo.benchmarks import torch_twins as bench_torch
 
         if prepare_only:
             return {"stage_s": {}}
@@ -554,7 +554,7 @@ def measure_training(group: Group, policy: str, *, prepare_only: bool = False) -
             row = bench_torch.train(group.built, policy, provider=s.provider, warmup=s.train_warmup,
                                     blocks=s.train_blocks, per_block=s.train_per_block, lr=group.built.lr)
         return {**row, "stage_s": stages.seconds}
-    from benchkit import measure as m
+    from onnxcampo.benchmarks import measure as m
     import onnx
 
     graph = policy in pol.GRAPH_POLICIES
@@ -715,7 +715,7 @@ def prepare_corpus(target: Path) -> int:
     total = 0
     for key, source, relative in bench_models.corpus_files():
         if not source.is_file():
-            print(f"{key}: not cached at {source}; run scripts/fetch_corpus.py {key}", file=sys.stderr)
+            print(f"{key}: not cached at {source}; run python -m onnxcampo.benchmarks fetch-corpus {key}", file=sys.stderr)
             return 1
         dest = target / relative
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -768,10 +768,10 @@ def main(argv=None) -> int:
         return 2
     run = uuid.uuid4().hex[:8]
     wheels_note = pol.install_wheels(args.wheels)
-    from benchkit import torch_twins as bench_torch
+    from onnxcampo.benchmarks import torch_twins as bench_torch
 
     record = {"run": run, "start": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join([_program() if argv is None else "bench.py", *(sys.argv[1:] if argv is None else argv)]),
+              "command": " ".join([_program(), *(sys.argv[1:] if argv is None else argv)]),
               "provider": args.provider, "quick": args.quick, "budget_s": args.budget_s, "python": platform.python_version(),
               "versions": {**pol.package_versions(), **bench_torch.versions()}, "wheels": wheels_note,
               "pending_at_start": len(pending)}
@@ -878,9 +878,8 @@ def main(argv=None) -> int:
 
 
 def _program() -> str:
-    """How this run was started, for the run record: ``bench.py`` (the launcher) or ``-m benchkit``."""
-    name = Path(sys.argv[0]).name
-    return "-m benchkit" if name == "__main__.py" else name
+    """How this run is started, for ``--help`` and the run record."""
+    return "python -m onnxcampo.benchmarks run"
 
 
 def _alarm(signum, frame):

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Fine-tune a real model: magika's file-type classifier on the files matplotlib ships.
 
 The model is magika 1.0.3's ``standard_v3_3`` (a corpus model, :mod:`onnxcampo.corpus`: byte
@@ -11,9 +10,9 @@ most of a step's cost on a CPU; ``--train-all`` trains them too), the Conv bias,
 train, with AdamW and cross-entropy. Every fourth file is held out; the held-out loss and accuracy
 are measured before and after.
 
-    python scripts/example_finetune.py                              # CPU, 120 steps, docs/benchmarks/training/
-    python scripts/example_finetune.py --provider cuda --corpus-dir .cache/corpus   # on a GPU machine, offline
-    python scripts/example_finetune.py --provider cuda --train-all --lr 3e-4        # everything trains
+    python -m onnxcampo.benchmarks finetune                              # CPU, 120 steps, docs/benchmarks/training/
+    python -m onnxcampo.benchmarks finetune --provider cuda --corpus-dir .cache/corpus   # on a GPU machine, offline
+    python -m onnxcampo.benchmarks finetune --provider cuda --train-all --lr 3e-4        # everything trains
 
 Writes ``finetune-magika-<provider>.json`` (the command, the losses of every step, held-out loss
 and accuracy before and after, timings, versions) and ``.png`` (the loss curve) into ``--out``.
@@ -42,11 +41,11 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxcampo
-from onnxcampo import corpus
+from onnxcampo.benchmarks import corpus
 from onnxcampo.training import Trainer, build_train_step, initial_weights
 
-ROOT = Path(__file__).resolve().parents[1]
-log = logging.getLogger("example_finetune")
+from onnxcampo.benchmarks import ROOT
+log = logging.getLogger("onnxcampo.benchmarks.finetune")
 
 #: the seven kinds of file, by name suffix (class index = position)
 KINDS = (("python", (".py", ".pyi")), ("font metrics", (".afm",)), ("truetype", (".ttf",)),
@@ -199,7 +198,7 @@ def run(args: argparse.Namespace) -> dict:
     after = held_out(trainer, held, args.batch)
     tenth = max(1, args.steps // 10)
     return {
-        "command": "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0])), *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "onnxcampo.benchmarks", "finetune", *sys.argv[1:]]),
         "model": "magika==1.0.3 magika/models/standard_v3_3/model.onnx (corpus key magika), 214-way head -> 7-way",
         "data": {**description, "kinds": [kind for kind, _ in KINDS], "train_rows": len(train["labels"]),
                  "held_out_rows": len(held["labels"])},
@@ -239,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args)
     except corpus.CorpusUnavailable as exc:
-        print(f"example_finetune: the magika model cannot be had: {exc}", file=sys.stderr)
+        print(f"finetune: the magika model cannot be had: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"finetune-magika-{args.provider}{'-all' if args.train_all else ''}"

@@ -1,8 +1,8 @@
 """Where a training step's time goes: per-op-type split of forward / backward / update.
 
-    python scripts/profile_step.py resnet50 --batch 2 --size 64 --provider cpu
-    python scripts/profile_step.py FWD.onnx --input-shape x:32,3,224,224 --provider cuda
-    python scripts/profile_step.py resnet50 --batch 32 --size 224 --provider cuda --compare
+    python -m onnxcampo.benchmarks profile-step resnet50 --batch 2 --size 64 --provider cpu
+    python -m onnxcampo.benchmarks profile-step FWD.onnx --input-shape x:32,3,224,224 --provider cuda
+    python -m onnxcampo.benchmarks profile-step resnet50 --batch 32 --size 224 --provider cuda --compare
 
 Builds the step graph of a forward model (``build_train_step``: cross-entropy, AdamW by default),
 runs it a few times with every input bound once (weights and optimizer state stay where they
@@ -44,7 +44,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[1]
 
 import onnxruntime as ort
 
@@ -258,7 +257,7 @@ def profile(step: onnx.ModelProto, forward: onnx.ModelProto, feeds, *, provider:
 
 def cupti_by_kernel(bound: BoundStep, runs: int) -> list[tuple[str, float, float]] | None:
     """(kernel name, GPU ms per step, launches per step) from CUPTI via torch.profiler, top first."""
-    from benchkit import measure as bench_measure
+    from onnxcampo.benchmarks import measure as bench_measure
 
     kernels = bench_measure.cupti_kernels(bound.run, runs)
     if kernels is None:

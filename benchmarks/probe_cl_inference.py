@@ -3,10 +3,10 @@ same with ``channels_last`` (ai.onnxcampo's ConvNhwc), per batch: the CUPTI kern
 torch's profiler) of each plan run plainly, plus both plans timed side by side, plain and
 replayed as a CUDA graph. It answers why the channels-last plan can lose at batch 1.
 
-    python3 scripts/probe_cl_inference.py --batches 1,64 [--execution plain] --out probe-cl-inference.json
+    python3 -P -m onnxcampo.benchmarks probe-cl-inference --batches 1,64 [--execution plain] --out probe-cl-inference.json
 
 Needs onnxruntime-gpu, the custom-op library with CUDA kernels (ONNXCAMPO_OPS_LIBRARY), torch
-(for CUPTI) and what scripts/benchkit builds the model with.
+(for CUPTI) and what the benchmark builds the model with (``models``).
 """
 
 from __future__ import annotations
@@ -17,16 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 VARIANTS = {"campo-fused": {"channels_last": False}, "campo-fused-cl": {"channels_last": True}}
 
 
 def plans(batch: int, execution: str = "cuda-graph") -> tuple[dict, dict, dict]:
     import onnxcampo
-    from benchkit import models as bm
+    from onnxcampo.benchmarks import models as bm
 
     built = bm.MODELS["resnet50"].build(batch, training=False)
     shapes = {k: list(v.shape) for k, v in built.feeds.items()}
@@ -57,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import onnxruntime
 
-    from benchkit import measure as m
+    from onnxcampo.benchmarks import measure as m
     from onnxcampo import ops
     from onnxcampo.runtime.standalone import BoundSession, custom_op_session, time_in_rotation
 
     onnxruntime.preload_dlls()
     library = str(ops.library_path())
-    result = {"command": " ".join(["python3", "scripts/probe_cl_inference.py", *(argv or sys.argv[1:])]),
+    result = {"command": " ".join(["python3 -P -m onnxcampo.benchmarks probe-cl-inference", *(argv or sys.argv[1:])]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "batches": {}}
     for batch in (int(b) for b in args.batches.split(",")):
         models, reports, io = plans(batch, args.execution)

@@ -4,11 +4,11 @@ On the GPU machine (onnxruntime-gpu in /tmp/ortgpu, the library built here and c
 
     pip install -q --no-deps --no-build-isolation --target /tmp/oc . &&
     PYTHONPATH=/tmp/oc:/tmp/ortgpu ONNXCAMPO_OPS_LIBRARY=$PWD/onnxcampo/ops/lib/libonnxcampo_ops.so \
-        python3 scripts/bench_ops.py --provider cuda --out $OUT/bench_ops.json
+        python3 -P -m onnxcampo.benchmarks ops --provider cuda --out $OUT/bench_ops.json
 
 (carry onnxcampo/ops/lib, built here by ``python -m onnxcampo.ops.build`` with nvcc present).
 
-Here, to check that it runs: ``python scripts/bench_ops.py --provider cpu --quick --out /tmp/b.json``.
+Here, to check that it runs: ``python -m onnxcampo.benchmarks ops --provider cpu --quick --out /tmp/b.json``.
 
 1. Correctness on the device: the CUDA kernels against the CPU kernels on the same inputs
    (inf/NaN injected, fp16/fp32 gradients, found_inf on and off, a call of 1200 tensors that
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import statistics
 import sys
@@ -48,6 +47,7 @@ from onnxcampo.ops import nodes
 from onnxcampo.runtime import available_providers, make_session, preload_cuda_dlls
 from onnxcampo.runtime.timing import BoundRunner
 from onnxcampo.training import Trainer, build_train_step
+from onnxcampo.examples import mlp_block_path
 from onnxcampo.training.step import add_update  # the exact update train-graph emits
 
 F32, F16 = np.float32, np.float16
@@ -258,7 +258,7 @@ def copy_bandwidth_gbps(nbytes: int = 1 << 30, runs: int = 20) -> float | None:
 
 def cupti_kernel_ms(fn, runs: int) -> float | None:
     """GPU time of all kernels, memsets and copies per call of ``fn`` as CUPTI sees them."""
-    from benchkit import measure as bench_measure
+    from onnxcampo.benchmarks import measure as bench_measure
 
     kernels = bench_measure.cupti_kernels(fn, runs)
     return sum(ms for _, ms, _ in kernels) if kernels else None
@@ -395,11 +395,11 @@ def kernel_bench(provider: str, rng: np.random.Generator, quick: bool, budget_en
 
 def real_model(name: str, batch: int, folder: Path, rng: np.random.Generator):
     """(label, forward model, batch feeds, loss): a model of the benchmark suite (``bert``, ``gpt2``,
-    ``odd_cnn``, ... from ``benchkit.models``, built for training), else a torchvision model exported
+    ``odd_cnn``, ... from ``onnxcampo.benchmarks.models``, built for training), else a torchvision model exported
     now, else the bundled MLP block."""
     if name != "mlp":
         try:
-            from benchkit import models as bench_models
+            from onnxcampo.benchmarks import models as bench_models
 
             if name in bench_models.MODELS:
                 built = bench_models.MODELS[name].build(batch, training=True)
@@ -420,7 +420,7 @@ def real_model(name: str, batch: int, folder: Path, rng: np.random.Generator):
             return f"{name} b{batch} (torchvision, eval-mode export)", onnx.load(str(path)), feeds, "cross_entropy"
         except Exception as exc:
             print(f"  {name} unavailable ({type(exc).__name__}: {exc}); using the bundled MLP block", file=sys.stderr)
-    forward = onnx.load(str(Path(__file__).resolve().parents[2] / "onnxcampo" / "examples" / "mlp_block.onnx"))
+    forward = onnx.load(str(mlp_block_path()))
     rows = batch * 128
     feeds = {"x": rng.standard_normal((rows, 256), dtype=F32), "labels": rng.integers(0, 10, rows).astype(np.int64)}
     return f"mlp_block b{rows}", forward, feeds, "cross_entropy"
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sets and few runs (a smoke test)")
     parser.add_argument("--out", type=Path, required=True, help="JSON results")
     parser.add_argument("--model", default="resnet50",
-                        help="models for the step time, comma-separated, each NAME or NAME:BATCH: a benchkit.models model "
+                        help="models for the step time, comma-separated, each NAME or NAME:BATCH: a benchmark model (models.py) "
                              "(bert, gpt2, odd_cnn, ...), a torchvision model, or 'mlp' (default: resnet50)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--optimizers", default="adamw,momentum", help="step-time optimizers, in order (budget)")
@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         preload_cuda_dlls()
     rng = np.random.default_rng(0)
     result = {
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "command": " ".join(["python -m onnxcampo.benchmarks ops", *sys.argv[1:]]),
         "onnxruntime": ort.__version__, "providers": available_providers(), "host": platform.node(),
         "library": ops.library_path(), "library_build": ops.build_info(), "provider": args.provider,
         "timing": "wall ms per run, IO binding, outputs pre-bound, median of blocks after warm-up; kernel ms: "

@@ -181,7 +181,7 @@ for _options in ONNXCAMPO.values():
     _options.setdefault("fuse_reductions", False)
     _options.setdefault("channels_last", False)
 
-# Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them).
+# Wheels the anchors need on the GPU machine (scripts/bench_wheels.sh downloads them into .benchwheels).
 PACKAGE_DIR = Path(os.environ.get("ONNXCAMPO_BENCH_PKGS", "/tmp/benchpkgs"))
 
 

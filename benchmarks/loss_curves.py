@@ -5,7 +5,7 @@ Issue 17's target: "loss curves over 200 steps within 2 % of fp32; no divergence
 Every model of ``--models`` is trained ``--steps`` steps by each variant of ``--policies``, all
 from the same starting weights on the same sequence of batches: ``--batches K`` distinct seeded
 batches (batch 0 is the benchmark's own feeds and labels, the others drawn the same way from
-their index: ``benchkit.models.Built.training_batch``), cycled, so a model can memorize them and
+their index: ``models.Built.training_batch``), cycled, so a model can memorize them and
 its loss moves. The step graphs are the benchmark's (``runner.Group.step_graph``,
 ``runner.training_variant``: cross-entropy, SGD momentum, the model's lr; built once and cached
 on disk under ``$ONNXCAMPO_BENCH_CACHE``), run by ``measure.StepRunner`` (the benchmark's session
@@ -21,8 +21,8 @@ reference's first window mean (the run ended worse than training started). With 
 scaling the variant's ``loss_scale`` is read after every step: a step whose scale went down was
 skipped (an overflow: nothing updated), the final scale is recorded.
 
-    python3 scripts/loss_curves.py                                      # bert, gpt2, resnet50 on CUDA
-    python3 scripts/loss_curves.py --provider cpu --quick --models odd_mlp --steps 30 --policies fp32-notf32,amp,campo
+    python3 -P -m onnxcampo.benchmarks loss-curves                                      # bert, gpt2, resnet50 on CUDA
+    python3 -P -m onnxcampo.benchmarks loss-curves --provider cpu --quick --models odd_mlp --steps 30 --policies fp32-notf32,amp,campo
 
 Writes ``--out`` (JSON: every loss, the comparison, command lines, versions, times) after every
 variant and a PNG beside it (one panel per model; needs matplotlib, else skipped with a warning:
@@ -52,11 +52,11 @@ from typing import Any
 
 import numpy as np
 
-from benchkit import models as bench_models
-from benchkit import policies as pol
+from onnxcampo.benchmarks import models as bench_models
+from onnxcampo.benchmarks import policies as pol
 
 log = logging.getLogger("loss_curves")
-ROOT = Path(__file__).resolve().parents[2]
+from onnxcampo.benchmarks import ROOT
 DEFAULT_MODELS = ("bert", "gpt2", "resnet50")
 DEFAULT_POLICIES = (pol.REFERENCE, "fp32", "amp-graph", "campo-graph", "campo-fused-graph", "campo-fused-cl-graph")
 TOLERANCE = 0.02
@@ -165,8 +165,8 @@ def train_variant(group, policy: str, batches: list[dict[str, np.ndarray]], *, s
     ``i % len(batches)`` at step ``i``: the losses, the loss scale's changes, timings."""
     import onnx
 
-    from benchkit import measure as m
-    from benchkit.runner import training_variant
+    from onnxcampo.benchmarks import measure as m
+    from onnxcampo.benchmarks.runner import training_variant
 
     provider = group.settings.provider
     graph = policy in pol.GRAPH_POLICIES
@@ -340,7 +340,7 @@ def plot(data: dict[str, Any], path: Path) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("matplotlib is missing: no %s (python3 scripts/loss_curves.py --plot-only --out %s, where it "
+        log.warning("matplotlib is missing: no %s (python3 -P -m onnxcampo.benchmarks loss-curves --plot-only --out %s, where it "
                     "is installed)", path, path.with_suffix(".json"))
         return None
     models = [(name, m) for name, m in data["models"].items() if any(e.get("status") == "ok" for e in m["policies"].values())]
@@ -412,10 +412,10 @@ def device_name(provider: str) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="loss_curves.py", description=__doc__.splitlines()[0])
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated benchkit models")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated benchmark models")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                   help=f"comma-separated training variants (benchkit's names); {pol.REFERENCE} is always run first")
+                   help=f"comma-separated training variants (the benchmark's names); {pol.REFERENCE} is always run first")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batches", type=int, default=8, help="distinct seeded batches, cycled")
     p.add_argument("--window", type=int, default=WINDOW, help="steps a loss is averaged over")
@@ -478,7 +478,7 @@ def main(argv=None) -> int:
             return 2
         return finish(data, args, out)
 
-    from benchkit.runner import Group, Settings, check_provider
+    from onnxcampo.benchmarks.runner import Group, Settings, check_provider
 
     problem = check_provider(args.provider)
     if problem:
@@ -492,7 +492,7 @@ def main(argv=None) -> int:
         data = {"format": FORMAT, "settings": key, "runs": [], "models": {}}
     run = uuid.uuid4().hex[:8]
     record = {"run": run, "start": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(["loss_curves.py", *(sys.argv[1:] if argv is None else argv)]),
+              "command": " ".join(["python -m onnxcampo.benchmarks loss-curves", *(sys.argv[1:] if argv is None else argv)]),
               "provider": args.provider, "device": device_name(args.provider), "python": platform.python_version(),
               "versions": pol.package_versions(), "wheels": wheels, "custom_ops": _custom_ops()}
     data["runs"].append(record)
