@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--name {args.name!r} is no regular expression: {exc}") from None
     if args.html is not None:
         ir.check_output_path(args.html, args.input if args.input.exists() else None)
-    result = optimize(args.input, config=config_from_args(args))
+    result = optimize(args.input, config=config_from_args(args), accuracy="off")
     rows = filter_rows(node_rows(result.report), ops=args.op, precision=args.precision, name=args.name)
     if args.json:
         print(json.dumps({**result.report, "nodes": [row.to_json() for row in rows]}, indent=1))
