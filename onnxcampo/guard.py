@@ -19,8 +19,8 @@
 
 The check is skipped (``{"skipped": why}``) where nothing was converted, for a training step,
 and in report mode for a model over 1 GiB without given inputs. The optimized model is
-test-loaded in ONNX Runtime before it runs (:func:`onnxcampo.runtime.check.check_loads`, in a
-child process: a crash there is an error, not the end of this process). With
+test-loaded in ONNX Runtime before it runs there (:func:`onnxcampo.runtime.check.check_loads`, in
+a child process: a crash there is an error, not the end of this process). With
 ``AccuracyCheck(staged=...)`` (the command line's output file, :class:`onnxcampo.ir.StagedModel`)
 it is written there first and test-loaded from that file on a thread while the fp32 reference
 runs, and run from the file; otherwise the check runs in memory and writes nothing.
@@ -195,8 +195,8 @@ def _feeds(accuracy: AccuracyCheck, original, inputs) -> tuple[dict | None, str]
 
 
 def _prepare(model, config, result, accuracy: AccuracyCheck, inputs) -> _Run | None:
-    """The optimized model written (or test-loaded in memory) and the fp32 reference run, side by
-    side; ``None`` where report mode skips the check (the report says why)."""
+    """The optimized model written (``staged``: test-loaded from the file on a thread) and the
+    fp32 reference run, side by side; ``None`` where report mode skips the check (the report says why)."""
     from onnxcampo import accuracy_check as acc
     from onnxcampo.accuracy import Criterion
 
@@ -205,10 +205,6 @@ def _prepare(model, config, result, accuracy: AccuracyCheck, inputs) -> _Run | N
     staged = accuracy.staged
     if staged is not None:  # written once, test-loaded from the file it is renamed from, while the reference runs
         staged.write(result.model, background=True)
-    else:
-        from onnxcampo.runtime.check import check_loads
-
-        check_loads(result.model, label="the optimized model")
 
     def written() -> None:  # the test-load's verdict first: a model ORT cannot load is an error, not a figure
         if staged is not None:
@@ -281,6 +277,12 @@ def _outputs(result, run: _Run, staged):
 
     path = staged.path if staged is not None and staged.model is result.model else None
     if path is None or run.provider == "reference":
+        if run.provider != "reference" and staged is None:
+            # in memory: test-loaded in the child process first, so that an ONNX Runtime crash on it
+            # is an error here, not the end of this process (result.save() test-loads it again)
+            from onnxcampo.runtime.check import check_loads
+
+            check_loads(result.model, label="the optimized model")
         return acc.run_candidate(result.model, run.ref, provider=run.provider, execution=run.execution)
     return acc.run_model(str(path), feeds_for(result.model, run.ref.feeds), provider=run.provider,
                          execution=run.execution)
