@@ -1,6 +1,6 @@
 """Fine-tune a real model: magika's file-type classifier on the files matplotlib ships.
 
-The model is magika 1.0.3's ``standard_v3_3`` (a corpus model, :mod:`onnxcampo.corpus`: byte
+The model is magika 1.0.3's ``standard_v3_3`` (a corpus model, :mod:`onnxcampo.benchmarks.corpus`: byte
 embedding -> Conv -> max pool -> LayerNorms -> 214 file-type logits). The task is a new one: tell
 apart seven kinds of file that the installed matplotlib package ships (Python source, Adobe font
 metrics, TrueType fonts, matplotlib style sheets, PNG, SVG, PDF; the label is the kind the file

@@ -292,7 +292,7 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
             return cache[kept]
         probes += 1
         cfg = config.replace(exclude_nodes=base_excludes + ((exclusion(kept),) if kept else ()))
-        result = optimize(model, config=cfg, inputs=inputs)
+        result = optimize(model, config=cfg, inputs=inputs, accuracy="off")
         verdict = check(result.model, ref, criterion, provider=provider, execution=execution)
         worst = verdict.worst()
         say(f"  bisect probe {probes}: {len(kept)} of {len(order)} fp16 nodes kept fp32 -> "

@@ -421,3 +421,63 @@ def test_the_reference_runs_from_the_file_and_falls_back_to_the_proto(tmp_path):
     from_proto = reference(model, path=tmp_path / "missing.onnx")
     np.testing.assert_array_equal(from_file.outputs["y"], from_proto.outputs["y"])
     np.testing.assert_array_equal(from_file.outputs["y"], np.maximum(from_file.feeds["x"], 0))
+
+
+# ---- the Python API: optimize(..., accuracy=...) ---------------------------------------------
+
+
+def test_optimize_reports_accuracy_by_default_and_never_searches(monkeypatch, caplog):
+    """accuracy="report", the default: checked once in memory, the verdict in the report, a
+    failure a warning and a note, nothing re-optimized."""
+    def no_search(*args, **kwargs):
+        raise AssertionError("the default accuracy check searched the culprits")
+
+    monkeypatch.setattr(acc, "find_culprits", no_search)
+    with caplog.at_level(logging.INFO, logger="onnxcampo.accuracy"):
+        result = optimize(planted(), policy="fp16")
+    entry = result.report["accuracy"]
+    assert entry["ok"] is False and entry["provider"] == "reference"  # small: the reference evaluator sees fp16
+    assert entry["culprits"]["searched"] is False and entry["culprits"]["max_reoptimizations"] == 42
+    assert any(note.startswith("accuracy check: the written model's outputs differ") for note in result.report["notes"])
+    assert "validation" not in result.report
+    assert any(r.levelno == logging.WARNING and "outputs differ beyond the tolerance" in r.getMessage()
+               for r in caplog.records)
+    passing = optimize(planted(culprit=99), policy="fp16")  # no overflow: fp16 is as good as fp32 here
+    assert passing.report["accuracy"]["ok"] is True and "culprits" not in passing.report["accuracy"]
+
+
+def test_optimize_accuracy_off_skips_the_check(monkeypatch):
+    monkeypatch.setattr(acc, "reference", lambda *a, **k: pytest.fail("accuracy='off' ran the check"))
+    result = optimize(planted(), policy="fp16", accuracy="off")
+    assert "accuracy" not in result.report
+
+
+def test_optimize_says_why_the_check_is_skipped():
+    result = optimize(planted(), policy="fp32")
+    assert result.report["accuracy"] == {"skipped": "nothing converted"}
+
+
+def test_optimize_validate_raises_on_a_failing_model_and_names_the_culprits():
+    from onnxcampo.errors import ValidationError
+    from onnxcampo.guard import AccuracyCheck
+
+    with pytest.raises(ValidationError, match=r"outputs differ beyond the tolerance .*scale_up2"):
+        optimize(planted(), policy="fp16", accuracy=AccuracyCheck("validate", provider="reference"))
+    # ORT's CPU provider runs the fp16 Muls in fp32: validate there passes, with the validation rows
+    result = optimize(planted(), policy="fp16", accuracy="validate")
+    assert result.report["accuracy"]["ok"] is True and result.report["validation"][0]["ok"]
+    with pytest.raises(ValidationError, match="outputs differ beyond the tolerance"):
+        optimize(planted(culprit=99), policy="fp16", accuracy=AccuracyCheck("validate", tolerance="rel_l2=1e-9"))
+
+
+def test_optimize_fix_returns_the_model_that_keeps_the_culprits_fp32():
+    result = optimize(planted(), policy="fp16", accuracy="fix")
+    entry = result.report["accuracy"]
+    assert entry["ok"] is True and entry["fixed"] is True and entry["before"]["ok"] is False
+    assert result.report["plan"]["scale_up2"]["precision"] == "fp32"
+
+
+@pytest.mark.parametrize("accuracy", ["strict", "", None, True])
+def test_optimize_rejects_an_unknown_accuracy_mode(accuracy):
+    with pytest.raises(ValueError, match="expected one of 'report', 'validate', 'fix', 'off'"):
+        optimize(planted(), accuracy=accuracy)

@@ -150,8 +150,9 @@ def test_plan_options_reach_every_policys_optimize(model_path, tmp_path, capsys,
 
     real, seen = onnxcampo.api.optimize, {}
 
-    def spy(model, *, config=None, **options):
-        result = real(model, config=config, **options)
+    def spy(model, *, config=None, accuracy="report", **options):
+        assert accuracy == "off"  # bench compares the outputs itself
+        result = real(model, config=config, accuracy=accuracy, **options)
         seen[options["policy"]] = (config.replace(**options), result.report)
         return result
 
@@ -179,8 +180,8 @@ def test_plan_options_default_as_optimize_has_them(model_path, capsys, monkeypat
 
     real, seen = onnxcampo.api.optimize, []
     monkeypatch.setattr(onnxcampo.api, "optimize",
-                        lambda model, *, config=None, **options: seen.append(config.replace(**options))
-                        or real(model, config=config, **options))
+                        lambda model, *, config=None, accuracy="report", **options: seen.append(
+                            config.replace(**options)) or real(model, config=config, accuracy=accuracy, **options))
     code, _, err = run_cli(capsys, "bench", model_path, "--policies", "fp16", "--dim", "batch=2", *FAST)
     assert code == 0, err
     assert [(c.device_db, c.experimental, c.fuse) for c in seen] == [(None, ExperimentalOptions(), "auto")] * 2

@@ -15,7 +15,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo.cli import main
 from helpers import one_error_line as assert_one_line_error, run_cli
 
 EXAMPLE = Path(str(resources.files("onnxcampo.examples") / "mlp_block.onnx"))

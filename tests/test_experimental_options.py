@@ -21,7 +21,7 @@ from helpers import BIAS_GRADIENT, one_error_line, parse, run_cli
 
 
 import onnxcampo
-from onnxcampo.cli import _config, build_parser
+from onnxcampo.cli import build_parser, config_from_args
 from onnxcampo.config import ExperimentalOptions, OptimizeConfig, parse_experimental
 from onnxcampo.errors import ConfigError
 
@@ -126,7 +126,7 @@ def test_bad_experimental_text_is_a_config_error(text, message):
 def test_repeated_experimental_flags_and_debug_reach_the_config():
     args = build_parser().parse_args(["optimize", "m.onnx", "o.onnx", "--experimental", "fuse_column_sums=false",
                                       "--experimental", "channels_last_stem=0", "--debug"])
-    assert _config(args).experimental.changed() == {"fuse_column_sums": False, "channels_last_stem": 0,
+    assert config_from_args(args).experimental.changed() == {"fuse_column_sums": False, "channels_last_stem": 0,
                                                      "check_invariants": True}
 
 
@@ -151,7 +151,7 @@ def test_a_bad_experimental_flag_is_one_line(capsys, tmp_path):
 
 
 def _commands():
-    from onnxcampo.cli_reference import commands
+    from onnxcampo.cli.reference import commands
 
     return commands(build_parser())
 

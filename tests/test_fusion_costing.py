@@ -12,7 +12,7 @@ import pytest
 from helpers import BIAS_GRADIENT, W_INIT, FakeCost, build_context, decide, parse
 
 from onnxcampo import estimate, pipeline
-from onnxcampo.cli import _config as config_from_args
+from onnxcampo.cli import config_from_args
 from onnxcampo.cli import build_parser
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import Planning

@@ -182,8 +182,8 @@ def test_optimize_properties(policy, case, pin_by_name, use_tf32):
     config = _config(policy, model, cost_batch, pin_by_name)
     before = model.SerializeToString()
     with mock.patch("onnxcampo.pipeline.load_cost_model", lambda device_db=None: AnalyticCostModel(use_tf32=use_tf32)):
-        result = optimize(model, config=config)
-        again = optimize(result.model, config=config)
+        result = optimize(model, config=config, accuracy="off")  # the properties check the outputs
+        again = optimize(result.model, config=config, accuracy="off")
     out = result.model
     assert model.SerializeToString() == before  # the input model is never modified
 

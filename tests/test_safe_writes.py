@@ -15,7 +15,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, optimize, patterns
-from onnxcampo.cli import main
 from onnxcampo.errors import OutputPathError, RuntimeCrashError, WrittenModelLoadError
 from onnxcampo.runtime import isolated
 from helpers import one_error_line, run_cli

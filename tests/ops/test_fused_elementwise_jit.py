@@ -29,7 +29,7 @@ def _source(case: cases.Case, literal: bool = True) -> str:
 def test_every_case_has_a_source_with_one_kernel_and_its_constants():
     for case in cases.all_cases():
         source = _source(case)
-        assert source.count(f'extern "C" __global__') == 1, case.name
+        assert source.count('extern "C" __global__') == 1, case.name
         assert jit.KERNEL_NAME in source
         assert source == _source(case), "the source is deterministic"
         for k in range(0, len(case.program), 4):

@@ -1,8 +1,9 @@
 """The command-line reference, ``docs/guide/cli-reference.md``, rendered from the parser.
 
-Every option is documented once, in its help text in :func:`onnxcampo.cli.build_parser`; this
-module renders every command and subcommand (usage, then one table row per argument: flag,
-value or choices, default, help) into markdown. ``python -m onnxcampo.cli_reference`` rewrites
+Every option is documented once, in its help text in its command's module of
+:mod:`onnxcampo.cli` (the shared groups in :mod:`onnxcampo.cli.options`); this module renders
+every command and subcommand of :func:`onnxcampo.cli.build_parser` (usage, then one table row per
+argument: flag, value or choices, default, help) into markdown. ``python -m onnxcampo.cli.reference`` rewrites
 the file, ``--check`` only says whether it is current (exit 1 if not); the test suite checks it.
 
 The usage lines are built here rather than by argparse, whose wrapping depends on the terminal
@@ -16,10 +17,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from onnxcampo.cli import build_parser
+from onnxcampo.cli.parser import build_parser
 
-REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "cli-reference.md"
-REGENERATE = "python -m onnxcampo.cli_reference"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "cli-reference.md"
+REGENERATE = "python -m onnxcampo.cli.reference"
 
 
 def commands(parser: argparse.ArgumentParser | None = None, prefix: str = "onnxcampo",
@@ -105,8 +106,9 @@ def render() -> str:
     out = [
         "# Command-line reference",
         "",
-        f"Generated from the parser (`build_parser()` in `onnxcampo/cli.py`) by `{REGENERATE}`: do not edit",
-        "this file, edit the help texts there and regenerate (`tests/test_cli_reference.py` fails when it",
+        f"Generated from the parser (`build_parser()` in `onnxcampo/cli/parser.py`) by `{REGENERATE}`: do",
+        "not edit this file, edit the help texts in the command's module of `onnxcampo/cli/` (the shared",
+        "groups in `onnxcampo/cli/options.py`) and regenerate (`tests/test_cli_reference.py` fails when it",
         "is out of date). What the commands do, exit codes, training, custom ops and fusion:",
         "[cli.md](cli.md). Every command also takes `-h`/`--help`, which prints the same texts.",
         "",

@@ -1,0 +1,5 @@
+import sys
+
+from onnxcampo.cli import main
+
+sys.exit(main())
