@@ -1,4 +1,4 @@
-"""Benchmark the ai.onnxcampo ops against the standard-op graphs they replace (issue 5).
+"""Benchmark the ai.onnxcampo ops against the standard-op graphs they replace.
 
 On the GPU machine (onnxruntime-gpu in /tmp/ortgpu, the library built here and carried along):
 

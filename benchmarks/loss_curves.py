@@ -1,6 +1,6 @@
 """Loss curves of the benchmark's training variants over many steps, compared with fp32.
 
-Issue 17's target: "loss curves over 200 steps within 2 % of fp32; no divergence".
+The target: "loss curves over 200 steps within 2 % of fp32; no divergence".
 
 Every model of ``--models`` is trained ``--steps`` steps by each variant of ``--policies``, all
 from the same starting weights on the same sequence of batches: ``--batches K`` distinct seeded

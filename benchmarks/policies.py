@@ -36,14 +36,14 @@ Inference (ONNX Runtime):
     campo-fused-cl-nostem-graph  campo-fused-cl-graph with ``channels_last_stem=0``: the stem
                     convolution and the MaxPool NCHW (as before MaxPoolNhwc): their A/B
     campo-fused-cl-stem4-graph  campo-fused-cl-graph with the stem's input padded to 4 channels
-                    (``channels_last_stem=4``, the default since session 20: the same model)
+                    (``channels_last_stem=4``, the default: the same model)
     campo-fused-cl-stem8-graph  campo-fused-cl-graph with the stem's input padded to 8 channels
                     (``channels_last_stem=8``, the default before): their A/B
                     (``fuse_row_gradients=False``): their elementwise parts fused, reductions apart
     campo-fused-nhwc-graph  (training) campo-fused-graph's model in a session with the CUDA EP's
                     ``prefer_nhwc`` (Convs and their neighbours in NHWC; ORT 1.31 has no NHWC
                     ConvTranspose, so a CNN step's dgrads go to the CPU and its graph cannot be
-                    captured: docs/benchmarks/training-steps.md, session 12)
+                    captured: docs/benchmarks/training-steps.md)
     campo-fused-blind-graph  campo-fused-graph's fusions and replay, its plan made fusion-blind
                     (``plan_for_fusion=False``: costed as if no fusion ran); beside campo-fused-graph
                     it shows what planning with fusion in view buys, predicted and measured
@@ -158,7 +158,7 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same with the stem's input padded to 4 channels, the layout of cuDNN's image_first_layer kernels
              "campo-fused-cl-stem4-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
                                             "experimental": {"channels_last_stem": 4}, **FUSIONS},
-             # the same padded to 8 channels (the default before session 20)
+             # the same padded to 8 channels (channels_last_stem=8)
              "campo-fused-cl-stem8-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
                                             "experimental": {"channels_last_stem": 8}, **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison

@@ -11,7 +11,7 @@ same (model, batch) group: ``fp32`` with ``fp32`` (plain) or ``fp32-graph`` (rep
 ``fp16`` / ``fp16-graph``, ``campo`` with ``campo`` / ``campo-graph``, ``amp`` with ``amp``. Only
 rows measured since ``--since`` (the cost model they were planned with) count.
 
-Metrics (issue 15, item 8): the mean absolute percentage error by model and mode, for the fp32
+Metrics: the mean absolute percentage error by model and mode, for the fp32
 and all-fp16 plans at batch 1 and at the large batch; the ranking regret of a group, the measured
 time of the plan predicted fastest over the measured fastest of the plans predicted there, minus 1;
 the share of groups whose regret is within 2 %.
@@ -111,13 +111,13 @@ def summary(found: list[dict], regret_rows: list[dict]) -> dict:
                        "met": share >= 0.95 if share is not None else None}}
 
 
-def markdown(result: dict, command: str) -> str:
+def markdown(result: dict, command: str, gpu: str | None = None) -> str:
     s = result["summary"]
-    lines = ["# Whole-graph predictions against H200 runs (generated)", "",
+    lines = [f"# Whole-graph predictions against {gpu or 'GPU'} runs (generated)", "",
              f"`{command}`", "",
              "Predicted plan times (`optimize`'s `predicted_us`, in the mode the plan was made for) against the "
              "runs of the same plans in the same benchmark (`benchmarks/prediction_metrics.py` says how they are "
-             "paired).", "", "## Targets (issue 15)", "",
+             "paired).", "", "## Targets", "",
              "| what | value | target | met |", "|---|---:|---:|---|"]
     for cls, entry in s["mape_fp32_fp16"].items():
         value = "-" if entry["mape"] is None else f"{100 * entry['mape']:.1f} % ({entry['pairs']} pairs)"
@@ -142,6 +142,19 @@ def markdown(result: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gpu_of(rows: Path) -> str | None:
+    """The GPU the rows were measured on, from the runs file beside them (``<name>.runs.jsonl``)."""
+    runs = rows.with_name(rows.name.removesuffix(".jsonl") + ".runs.jsonl")
+    try:
+        for line in runs.read_text(encoding="utf-8").splitlines():
+            gpu = json.loads(line).get("versions", {}).get("gpu") if line.strip() else None
+            if gpu:
+                return gpu
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rows", type=Path, help="benchmark rows (JSON lines of the run subcommand)")
@@ -156,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"pairs": found, "regret": regret_rows, "summary": summary(found, regret_rows)}
     command = "python -m onnxcampo.benchmarks prediction-metrics " + " ".join(argv if argv is not None else sys.argv[1:])
     write_text_atomically(args.out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
-    write_text_atomically(args.out.with_suffix(".md"), markdown(result, command))
+    write_text_atomically(args.out.with_suffix(".md"), markdown(result, command, _gpu_of(args.rows)))
     print(f"{len(found)} pairs, {len(regret_rows)} groups: {json.dumps(result['summary']['mape_fp32_fp16'])}")
     return 0
 

@@ -4,7 +4,7 @@
     python -m onnxcampo.benchmarks report docs/benchmarks/raw --headline # also prints the headline table
 
 Nothing here measures or invents a number: every figure comes from a row of ``<name>.jsonl``.
-Targets (issue 6) are evaluated on the rows present and each is stated as met, not met, or not
+The targets are evaluated on the rows present and each is stated as met, not met, or not
 measurable (with what is missing).
 
 Next to the markdown, ``<name>.json`` (e.g. ``docs/benchmarks/h200.json``) gives the throughput per
@@ -232,7 +232,7 @@ def _ratio(group, a: str, b: str) -> float | None:
 
 
 def evaluate_targets(rows: list[dict[str, Any]], campo: str = "campo") -> list[dict[str, Any]]:
-    """Each target of issue 6: {"name", "met": True/False/None, "text"} (None: not measurable), for
+    """Each target: {"name", "met": True/False/None, "text"} (None: not measurable), for
     ``campo`` (the policy judged: ``campo``, or ``campo-tune`` whose plan was measured)."""
     groups = group_rows(rows)
     out = []
@@ -777,7 +777,7 @@ def render(rows: list[dict[str, Any]], runs: list[dict[str, Any]], plots: list[s
             "",
         ]
     lines += [
-        "## Targets (issue 6)",
+        "## Targets",
         "",
         "Why a target is missed (from the tables below, written by hand after each measuring session): "
         "`docs/benchmarks/README.md`, \"Why the targets are missed\".",

@@ -1,6 +1,6 @@
 """Benchmark suite: fp32, fp16, amp, campo and the anchors, inference and training, with accuracy.
 
-One command, resumable, for runs of at most 10 minutes on the H200 machine (issue 6)::
+One command, resumable, for runs of at most 10 minutes on the GPU machine::
 
     PYTHONPATH=/tmp/ortgpu:/tmp/oc:$PYTHONPATH python3 -P -m onnxcampo.benchmarks run --out docs/benchmarks/raw \\
         --budget-s 540 --corpus-dir .benchcorpus --mirror "$OUT"

@@ -2,7 +2,7 @@
 
 Times ``optimize`` (policy campo, analytic cost model) on the largest corpus models and on a
 generated graph of about 20,000 nodes, each in a fresh subprocess so that peak RSS belongs to
-that model alone. Targets (issue 2): under 10 s for 20k nodes on a 2-core machine; peak memory
+that model alone. Targets: under 10 s for 20k nodes on a 2-core machine; peak memory
 under 3x the model size (reported as extra RSS over the interpreter's baseline).
 
     python -m onnxcampo.benchmarks tool [--nodes 20000] [--json docs/benchmarks/bench-tool/bench-tool.json]

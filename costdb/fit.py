@@ -213,6 +213,9 @@ def collect(samples: Iterable[dict]) -> SampleSet:
     tf32_off: dict[str, list[float]] = defaultdict(list)
     sides: dict[str, dict[str, list]] = defaultdict(lambda: {"fp32": [], "fp16": []})
     for index, row in enumerate(samples):
+        if isinstance(row, dict) and isinstance(row.get("kind"), str):
+            skipped[f"{row['kind']} rows"] += 1  # costdb calibrate's host and fused-kernel timings, fitted apart
+            continue
         if not isinstance(row, dict) or not isinstance(row.get("op_type"), str):
             raise CostModelError(f"sample #{index + 1}: not a measurement (no 'op_type')")
         op_type, precision = row["op_type"], row.get("precision")

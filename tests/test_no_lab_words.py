@@ -42,7 +42,7 @@ def product_files(root: Path = ROOT) -> list[Path]:
     """README.md, docs/guide/*.md, docs/*.md (not docs/benchmarks/) and the code's sources."""
     files = [root / "README.md", *sorted((root / "docs" / "guide").rglob("*.md")),
              *sorted((root / "docs").glob("*.md"))]
-    for package in ("onnxcampo", "passes", "costdb"):
+    for package in ("onnxcampo", "passes", "costdb", "benchmarks"):
         files += sorted((root / package).rglob("*.py"))
     files += sorted(p for p in (root / "csrc").rglob("*") if p.is_file())
     return [f for f in files if f.is_file()]

@@ -197,6 +197,20 @@ def test_repeated_rows_use_the_median():
     assert case.t32 == pytest.approx(first["time_us"] * 1.01)
 
 
+def test_calibrate_host_and_fused_kernel_rows_are_skipped_by_the_op_fit(spread_db):
+    """``costdb calibrate``'s samples file also holds its host-launch and FusedElementwise timings
+    (rows with a ``kind``): fitting or evaluating the op models over that file leaves them out."""
+    rows, database = spread_db
+    facts = {"device": rows[0]["device"]}
+    extra = [{"key": "host|other|96", "kind": "host", "class": "other", "launches": 96, "plain_us": 700.0, **facts},
+             {"key": "fe|1", "kind": "fused_elementwise", "bytes": 4096, "time_us": 3.0, **facts}]
+    again = fit_database(rows + extra)
+    assert again["ops"] == database["ops"]
+    assert again["summary"]["rows_skipped"] == {"host rows": 1, "fused_elementwise rows": 1}
+    with pytest.raises(CostModelError, match="not a measurement"):
+        fit_database(rows + [{"key": "no op type", "time_us": 1.0}])
+
+
 def test_time_floor():
     assert sample_time({"time_us": -0.3}) == 0.5
     assert sample_time({"time_us": 0.1}) == 0.5
