@@ -11,7 +11,7 @@ import onnx
 
 from onnxcampo import pipeline
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.guard import AccuracyCheck
+from onnxcampo.accuracy.guard import AccuracyCheck
 from onnxcampo.pipeline import ANALYSIS, COMPARED, METADATA_KEY, OptimizeResult, read_executed_graph
 
 __all__ = ["ANALYSIS", "COMPARED", "METADATA_KEY", "AccuracyCheck", "OptimizeResult", "optimize",
@@ -34,12 +34,12 @@ def optimize(
     ``inputs``: with ``tune``, the feeds the candidates are timed on (a training step: its
     batch); with ``activation_limit``, the calibration feeds; random ones by default.
 
-    ``accuracy``: the optimized model checked against the fp32 one (:mod:`onnxcampo.guard`), the
+    ``accuracy``: the optimized model checked against the fp32 one (:mod:`onnxcampo.accuracy.guard`), the
     verdict in ``report["accuracy"]``: ``"report"`` (default: checked once, a failure is a
     warning and a note, never an error), ``"validate"`` (a failure searches the nodes
     responsible and raises :class:`~onnxcampo.errors.ValidationError`), ``"fix"`` (a failure
     searches them and returns the optimization that keeps them fp32, when it passes) or
-    ``"off"``; an :class:`~onnxcampo.guard.AccuracyCheck` sets the tolerance, provider and
+    ``"off"``; an :class:`~onnxcampo.accuracy.guard.AccuracyCheck` sets the tolerance, provider and
     inputs of the check too. The check runs in memory and writes nothing.
     """
     check = AccuracyCheck.of(accuracy)
@@ -50,7 +50,7 @@ def optimize(
     result = _optimize(model, config, inputs)
     if check.mode == "off":
         return result
-    from onnxcampo import guard
+    from onnxcampo.accuracy import guard
 
     return guard.check(model, config, result, check, optimize_s=time.perf_counter() - started, inputs=inputs)
 

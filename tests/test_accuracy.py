@@ -1,4 +1,4 @@
-"""The accuracy criterion (onnxcampo.accuracy) and its runs (onnxcampo.accuracy_check, the CLI):
+"""The accuracy criterion (onnxcampo.accuracy) and its runs (onnxcampo.accuracy.check, the CLI):
 statistics on made-up arrays, the tolerance that would pass, the fp32 model failing on its
 inputs, the bisection finding a planted culprit within its stated bound, --fix, the default
 accuracy check (reports, never re-optimizes)."""
@@ -16,7 +16,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from onnxcampo import accuracy_check as acc
+from onnxcampo.accuracy import check as acc
 from onnxcampo.accuracy import DEFAULT_CRITERION, Criterion, evaluate, output_stats
 from onnxcampo.api import optimize
 from onnxcampo.cli import main
@@ -391,7 +391,7 @@ def test_the_default_check_runs_at_batch_one_where_the_batch_is_dynamic():
     pins that input; other dims keep their values."""
     from onnx import TensorProto, helper
 
-    from onnxcampo.accuracy_check import batch_one_dims
+    from onnxcampo.accuracy.check import batch_one_dims
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
@@ -409,7 +409,7 @@ def test_the_reference_runs_from_the_file_and_falls_back_to_the_proto(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from onnxcampo.accuracy_check import reference
+    from onnxcampo.accuracy.check import reference
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
@@ -459,7 +459,7 @@ def test_optimize_says_why_the_check_is_skipped():
 
 def test_optimize_validate_raises_on_a_failing_model_and_names_the_culprits():
     from onnxcampo.errors import ValidationError
-    from onnxcampo.guard import AccuracyCheck
+    from onnxcampo.accuracy.guard import AccuracyCheck
 
     with pytest.raises(ValidationError, match=r"outputs differ beyond the tolerance .*scale_up2"):
         optimize(planted(), policy="fp16", accuracy=AccuracyCheck("validate", provider="reference"))

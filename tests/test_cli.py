@@ -97,7 +97,7 @@ def test_the_accuracy_check_runs_the_file_it_writes_test_loaded_once(tmp_path, c
     renamed to the output, test-loaded once from it and run (on ORT) from it; the output is the
     model optimize() makes, and no temporary file is left."""
     import onnxcampo
-    from onnxcampo import accuracy_check
+    from onnxcampo.accuracy import check as accuracy_check
     from onnxcampo.runtime import check
 
     loads, runs = [], []

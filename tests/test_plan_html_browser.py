@@ -15,7 +15,7 @@ import pytest
 from test_plan_view import FIXED, shape_and_constant_model
 
 from onnxcampo.cli import main
-from onnxcampo.plan_html import COLOURS
+from onnxcampo.report.plan_html import COLOURS
 
 BROWSER = next((path for path in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if path), None)
 pytestmark = [pytest.mark.slow,

@@ -19,8 +19,8 @@ from onnxcampo.passes.allow_islands import AllowIslands
 from onnxcampo.passes.classify import Classify
 from onnxcampo.passes.deny_propagation import DenyPropagation
 from onnxcampo.passes.fill_infer_clear import FillInferClear
-from onnxcampo.plan_html import render
-from onnxcampo.plan_view import filter_rows, node_rows, table
+from onnxcampo.report.plan_html import render
+from onnxcampo.report.plan_view import filter_rows, node_rows, table
 from onnxcampo.report import counts_headline
 
 # policy fp16 with Exp excluded: the plan is known without a cost model; costed node by node
@@ -219,7 +219,7 @@ def test_page_lays_a_diamond_out_in_layers_and_escapes_names():
       [d] y = Add(u, v)
     }
     """), policy="fp32", fuse="none", experimental={"cost_graph": "onnx"})
-    from onnxcampo.plan_html import columns, layout
+    from onnxcampo.report.plan_html import columns, layout
 
     depth, layers = layout(list(result.model.graph.node))
     assert depth == [0, 1, 1, 2] and layers == {0: [0], 1: [1, 2], 2: [3]}

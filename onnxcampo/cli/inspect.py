@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     from onnxcampo import ir
     from onnxcampo.api import optimize
-    from onnxcampo.plan_html import write_html
-    from onnxcampo.plan_view import filter_rows, node_rows, table
+    from onnxcampo.report.plan_html import write_html
+    from onnxcampo.report.plan_view import filter_rows, node_rows, table
 
     if args.name is not None:
         try:

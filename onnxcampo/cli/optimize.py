@@ -15,7 +15,7 @@ from onnxcampo.errors import ConfigError
 from onnxcampo.report import summary
 
 if TYPE_CHECKING:
-    from onnxcampo.guard import AccuracyCheck
+    from onnxcampo.accuracy.guard import AccuracyCheck
 
 EPILOGS = {"optimize": examples(
     f"onnxcampo optimize {EXAMPLE} out.onnx --input-shape x:16384,256 --validate",
@@ -126,7 +126,7 @@ def _accuracy(args: argparse.Namespace, staged) -> AccuracyCheck:
     """optimize()'s ``accuracy``: ``--validate`` (with ``--fix``: fixed on failure), ``--fix``,
     ``--no-accuracy-check`` or the default report; checked from the output's temporary file, the
     lines on stderr."""
-    from onnxcampo.guard import AccuracyCheck
+    from onnxcampo.accuracy.guard import AccuracyCheck
 
     if args.validate:
         mode = "validate"

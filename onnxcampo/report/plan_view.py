@@ -1,5 +1,5 @@
 """The plan as rows, one per node with its own numbers: what ``onnxcampo inspect`` prints
-(``--nodes``), emits (``--json``) and draws (``--html``, ``onnxcampo.plan_html``).
+(``--nodes``), emits (``--json``) and draws (``--html``, ``onnxcampo.report.plan_html``).
 
 A row's numbers are the node's own under the chosen plan (``report["plan_nodes"]``,
 ``estimate.node_costs``): its fp32 and fp16 times and the Casts it causes. The numbers its

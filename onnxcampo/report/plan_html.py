@@ -22,7 +22,7 @@ import onnx
 from onnxcampo import ir
 from onnxcampo.plan import Reason
 from onnxcampo.report import counts_headline
-from onnxcampo.plan_view import INSERTED, UNPLANNED, NodeRow, node_rows
+from onnxcampo.report.plan_view import INSERTED, UNPLANNED, NodeRow, node_rows
 
 # Fill colours by kind (plan_view.NodeRow.kind); the browser test looks for the first two.
 COLOURS = {"fp16": "#1f77b4", "fp32": "#ff7f0e", "cast": "#d62728", "pad": "#9467bd", "other": "#c7c7c7",

@@ -10,7 +10,7 @@
    warning and a note, never an error, and nothing is re-optimized: the entry says what the
    search of the nodes responsible would take.
 2. ``"validate"``: the same at the planned shapes, on ``provider``; a failure searches the nodes
-   responsible (:func:`onnxcampo.accuracy_check.find_culprits`, each probe re-optimizing) and
+   responsible (:func:`onnxcampo.accuracy.check.find_culprits`, each probe re-optimizing) and
    raises :class:`~onnxcampo.errors.ValidationError`. The report also gets ``validation`` rows.
 3. ``"fix"``: report's check; on failure the search, and the optimization that keeps the
    culprits fp32 is returned when it passes (``AccuracyCheck("validate", fix=True)``:
@@ -82,7 +82,7 @@ class AccuracyCheck:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"accuracy={self.mode!r}: expected one of {', '.join(repr(m) for m in MODES)} "
-                             "(or an onnxcampo.guard.AccuracyCheck)")
+                             "(or an onnxcampo.accuracy.guard.AccuracyCheck)")
         if self.provider not in PROVIDERS:
             raise ValueError(f"AccuracyCheck(provider={self.provider!r}): expected one of "
                              f"{', '.join(repr(p) for p in PROVIDERS)}")
@@ -93,7 +93,7 @@ class AccuracyCheck:
             return accuracy
         if not isinstance(accuracy, str):
             raise ValueError(f"accuracy={accuracy!r}: expected one of {', '.join(repr(m) for m in MODES)} "
-                             "(or an onnxcampo.guard.AccuracyCheck)")
+                             "(or an onnxcampo.accuracy.guard.AccuracyCheck)")
         return cls(accuracy)
 
     @property
@@ -197,7 +197,7 @@ def _feeds(accuracy: AccuracyCheck, original, inputs) -> tuple[dict | None, str]
 def _prepare(model, config, result, accuracy: AccuracyCheck, inputs) -> _Run | None:
     """The optimized model written (``staged``: test-loaded from the file on a thread) and the
     fp32 reference run, side by side; ``None`` where report mode skips the check (the report says why)."""
-    from onnxcampo import accuracy_check as acc
+    from onnxcampo.accuracy import check as acc
     from onnxcampo.accuracy import Criterion
 
     criterion = Criterion.parse(accuracy.tolerance)
@@ -272,7 +272,7 @@ def _run_optimized(result, run: _Run, accuracy: AccuracyCheck):
 def _outputs(result, run: _Run, staged):
     """The optimized model's outputs on the reference's feeds (``accuracy_check.run_candidate``);
     on ONNX Runtime from the file it was written to (``staged``), not serialized once more."""
-    from onnxcampo import accuracy_check as acc
+    from onnxcampo.accuracy import check as acc
     from onnxcampo.runtime import feeds_for
 
     path = staged.path if staged is not None and staged.model is result.model else None
@@ -320,7 +320,7 @@ def validation_rows(outputs: list[dict], criterion) -> list[dict]:
 
 def _judge(model, config, result, accuracy: AccuracyCheck, run: _Run, outputs, *, optimize_s: float, inputs):
     """The verdict in the report (and one line per output); a failure goes to :func:`_failed`."""
-    from onnxcampo import accuracy_check as acc
+    from onnxcampo.accuracy import check as acc
 
     verdict = acc.evaluate(run.ref.outputs, outputs, run.criterion, inputs=run.ref.inputs)
     elementwise = _elementwise(accuracy, run.ref.outputs, outputs)
@@ -345,7 +345,7 @@ def _failed(model, config, result, accuracy: AccuracyCheck, run: _Run, verdict, 
             optimize_s: float, inputs):
     """A failed check: the culprits searched (validate and fix only) or what searching would take
     (report); the fixed result under fix, else the error (validate) or the warning (report)."""
-    from onnxcampo import accuracy_check as acc
+    from onnxcampo.accuracy import check as acc
 
     criterion = run.criterion
     parts = [o.failure(criterion) for o in verdict.failed]
