@@ -69,7 +69,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
 from onnxcampo.plan import Precision
-from onnxcampo.rewrites.matcher import FLOATS, VIEWS, GraphView, Miss, first_match
+from onnxcampo.rewrites.matcher import FLOATS, VIEWS, GraphView, Miss, match_all
 
 if TYPE_CHECKING:
     from onnxcampo.casting import PrecisionOf
@@ -146,16 +146,7 @@ def fuse_softmax_cross_entropy(model: onnx.ModelProto,
     if info is None:
         info, _ = ir.infer_tensor_info(model)
     view = _LossView(model, info)
-    matches: list[_Match] = []
-    taken: set[int] = set()
-    for node in list(model.graph.node):
-        if not view.is_op(node, "LogSoftmax") or id(node) in taken:
-            continue
-        match = first_match([_loss], view, node, "fuse-reductions (loss)")
-        if match is None or any(id(n) in taken for n in match.removed):
-            continue
-        taken.update(id(n) for n in match.removed)
-        matches.append(match)
+    matches: list[_Match] = match_all(view, "LogSoftmax", [_loss], "fuse-reductions (loss)")
     if not matches:
         return result
     made = _replace(view, matches, result)

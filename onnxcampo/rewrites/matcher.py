@@ -218,4 +218,20 @@ def first_match(patterns, view: GraphView, node: onnx.NodeProto, rewrite: str):
     return None
 
 
-__all__ = ["FLOATS", "GraphView", "Miss", "VIEWS", "first_match", "reduce_axes"]
+def match_all(view: GraphView, op: str, patterns, rewrite: str) -> list:
+    """Every match of ``patterns`` anchored at the default domain's ``op`` nodes, in graph order,
+    none overlapping: a match that takes a node an earlier match took is dropped. A match has
+    ``removed``, the nodes it replaces."""
+    matches, taken = [], set()
+    for node in list(view.model.graph.node):
+        if not view.is_op(node, op) or id(node) in taken:
+            continue
+        found = first_match(patterns, view, node, rewrite)
+        if found is None or any(id(n) in taken for n in found.removed):
+            continue
+        taken.update(id(n) for n in found.removed)
+        matches.append(found)
+    return matches
+
+
+__all__ = ["FLOATS", "GraphView", "Miss", "VIEWS", "first_match", "match_all", "reduce_axes"]

@@ -46,7 +46,7 @@ import numpy as np
 import onnx
 
 from onnxcampo import ir, oplists
-from onnxcampo.rewrites.matcher import FLOATS, GraphView, Miss, first_match
+from onnxcampo.rewrites.matcher import FLOATS, GraphView, Miss, match_all
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +86,7 @@ def fuse_layer_norm_grad(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] 
     if info is None:
         info, _ = ir.infer_tensor_info(model)
     view = GraphView(model, info, fresh_prefix="lngrad", empty=False)
-    matches: list[_Match] = []
-    taken: set[int] = set()
-    for node in list(model.graph.node):
-        if not view.is_op(node, "Mul") or id(node) in taken:
-            continue
-        found = first_match((_layer_norm, _softmax), view, node, "fuse-reductions")
-        if found is None or any(id(n) in taken for n in found.removed):
-            continue
-        taken.update(id(n) for n in found.removed)
-        matches.append(found)
+    matches: list[_Match] = match_all(view, "Mul", (_layer_norm, _softmax), "fuse-reductions")
     if not matches:
         return result
     removed = {id(n) for m in matches for n in m.removed}
@@ -137,12 +128,19 @@ def _pick(view: GraphView, pair: tuple[str, str], op: str, reader: onnx.NodeProt
     return None
 
 
-def _layer_norm(view: GraphView, dx_node: onnx.NodeProto) -> _Match | Miss:
-    """Rules 1 and 2, from dx's Mul."""
+def _sub_operand(view: GraphView, dx_node: onnx.NodeProto):
+    """dx = Mul(other, Sub(..)) with the Sub read by dx alone: (the other operand, the Sub's output, the Sub), or
+    a Miss."""
     pair = view.operands(dx_node)
     picked = _pick(view, pair, "Sub", dx_node) if pair else None
-    if picked is None:
-        return Miss("dx is no Mul of a Sub read by it alone")
+    return Miss("dx is no Mul of a Sub read by it alone") if picked is None else picked
+
+
+def _layer_norm(view: GraphView, dx_node: onnx.NodeProto) -> _Match | Miss:
+    """Rules 1 and 2, from dx's Mul."""
+    picked = _sub_operand(view, dx_node)
+    if not picked:
+        return picked
     invstd, _, sub2 = picked
     d1, m = sub2.input
     sub1, mul_m = view.made_by(d1, "Sub"), view.made_by(m, "Mul")
@@ -218,10 +216,9 @@ def _layer_norm_match(view: GraphView, reads: tuple, out: str, at: onnx.NodeProt
 
 def _softmax(view: GraphView, dx_node: onnx.NodeProto) -> _Match | Miss:
     """Rule 4, from dx's Mul."""
-    pair = view.operands(dx_node)
-    picked = _pick(view, pair, "Sub", dx_node) if pair else None
-    if picked is None:
-        return Miss("dx is no Mul of a Sub read by it alone")
+    picked = _sub_operand(view, dx_node)
+    if not picked:
+        return picked
     y, _, sub = picked
     dy, t = sub.input
     total, shape = view.made_by(t, "ReduceSum"), view.static(dy)
