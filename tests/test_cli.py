@@ -275,3 +275,27 @@ def test_every_config_field_has_an_optimize_flag_as_the_config_docstring_says():
             assert f"``{f.name}``" in doc and f"``{flag}" in doc, f.name
     help_text = next(a.help for a in optimize._actions if "--experimental" in a.option_strings)
     assert all(f"{name}=" in help_text for name in ExperimentalOptions.names())
+
+
+class _ClosedPipe:
+    """A stdout whose reader has left: every write and flush raises BrokenPipeError."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self):
+        raise OSError("no file descriptor")
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly(monkeypatch, capsys):
+    """``onnxcampo inspect MODEL --nodes | head -1``: the reader closes the pipe; the command ends as
+    SIGPIPE would end it (141), with no error line."""
+    from onnxcampo.cli import main
+
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    code = main(["inspect", str(EXAMPLE), "--input-shape", "x:64,256", "--nodes"])
+    assert code == 141
+    assert "error" not in capsys.readouterr().err

@@ -7,6 +7,8 @@ import argparse
 import contextlib
 import io
 import logging
+import os
+import signal
 import sys
 
 from onnxcampo.cli import bench, costdb, inspect, optimize, train, train_graph
@@ -37,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with command_line(), _quiet(args.quiet):
             require_onnxruntime()  # not pinned by the core: onnxcampo[cpu] or onnxcampo[gpu]
-            return COMMANDS[args.command].run(args)
+            code = COMMANDS[args.command].run(args)
+            sys.stdout.flush()  # a reader that left (``| head``) shows here, not at the interpreter's exit
+            return code
+    except BrokenPipeError:
+        return _reader_left()
     except CampoError as exc:
         print(f"onnxcampo: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -46,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"onnxcampo: internal error: {exc.__class__.__name__}: {exc} (rerun with --debug for details)", file=sys.stderr)
         return 3
+
+
+def _reader_left() -> int:
+    """The reader of stdout closed it (``onnxcampo inspect M --nodes | head -1``): end quietly, as
+    a program that SIGPIPE stops does (exit status 141), with nothing more written to the pipe."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
