@@ -68,11 +68,10 @@ def run(args: argparse.Namespace) -> int:
     from onnxcampo.training import Trainer, initial_weights
     from onnxcampo.training.batches import input_specs
     from onnxcampo.training.data import NpzBatches, dropped_text
+    from onnxcampo.training.scaling import is_train_step
     from onnxcampo.training.step import step_spec
     from onnxcampo.training.schedules import parse_schedule
 
-    if not args.data.exists():
-        raise ConfigError(f"{args.data}: no such file or folder")
     if args.steps <= 0:
         raise ConfigError("--steps must be positive")
     if args.out is not None:
@@ -87,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
         if written is not None:
             ir.check_output_path(written, args.step)
     step_model, _ = ir.read_model(args.step)
+    if not is_train_step(step_model):  # before the data: the model is the first thing to be wrong
+        raise ConfigError(f"{args.step} is not a training-step graph; build one from the forward model with "
+                          f"`onnxcampo train-graph {args.step} step.onnx` and train step.onnx")
+    if not args.data.exists():
+        raise ConfigError(f"{args.data}: no such file or folder")
     specs = input_specs(step_model)  # the batch files are checked before the session is made
     batches = NpzBatches(args.data, {name: specs[name] for name in step_spec(step_model).batch},
                          drop_partial=args.partial_batch == "drop")

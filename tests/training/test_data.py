@@ -273,3 +273,13 @@ def test_npz_headers_are_read_without_the_arrays(tmp_path):
     specs = input_specs(build_train_step(mlp(), loss="mse", optimizer="sgd"))
     batches = NpzBatches(tmp_path / "b.npz", {"x": specs["x"]})
     assert np.array_equal(batches[5]["x"], X)
+
+
+def test_train_on_a_forward_model_says_how_to_build_a_step_graph_before_reading_the_data(tmp_path, capsys):
+    """``onnxcampo train FORWARD.onnx --data batch.npz``: the model is checked first (the data
+    need not even exist), one line naming train-graph."""
+    forward = tmp_path / "forward.onnx"
+    onnx.save(mlp(), str(forward))
+    assert main(["train", str(forward), "--data", str(tmp_path / "missing.npz"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a training-step graph" in err[0] and "onnxcampo train-graph" in err[0]
