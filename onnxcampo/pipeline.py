@@ -356,6 +356,7 @@ def decide_rewrites(ctx: GraphContext, chosen: Plans, decisions: dict[str, Rewri
         ctx.config = config
         raise
     decided = ctx.config
+    _say_where_dynamic_dims_stop_them(ctx.model, {name: decisions[name] for name in pending})
     log.info("rewrites by predicted cost (%s): %s", config.execution,
              ", ".join(f"{option(name)} {'on' if settings[name] else 'off'}" for name in pending))
     kept = estimate.plan_time(planning, plan)
@@ -368,6 +369,33 @@ def decide_rewrites(ctx: GraphContext, chosen: Plans, decisions: dict[str, Rewri
                  Planning(ctx, other, padding=name == "campo" and pads, analysis=True), other)
              for name, other in chosen.plans.items()}
     return Plans(chosen.plans, times, chosen.chosen, chosen.notes)
+
+
+def dynamic_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs with a dim that is not a fixed positive number."""
+    return [vi.name for vi in ir.graph_inputs(model) if vi.type.HasField("tensor_type") and (
+        not vi.type.tensor_type.HasField("shape")
+        or not all(d.HasField("dim_value") and d.dim_value > 0 for d in vi.type.tensor_type.shape.dim))]
+
+
+def _say_where_dynamic_dims_stop_them(model: onnx.ModelProto, decisions: dict[str, RewriteDecision]) -> None:
+    """The rewrites act on the written model's static shapes only; a model with dynamic input dims
+    keeps them (the pins of ``input_shapes`` / ``dim_values`` size the costs only), so each rewrite
+    is predicted to change nothing. Say so once, with the way out, and in each decision's words."""
+    unchanged = [name for name, d in decisions.items()
+                 if d.prediction is not None and d.prediction.with_us == d.prediction.without_us]
+    dynamic = dynamic_inputs(model)
+    if not unchanged or len(unchanged) != len(decisions) or not dynamic:
+        return
+    names, one = ", ".join(dynamic), len(dynamic) == 1
+    words = f"it acts on static shapes only, and {names} {'keeps' if one else 'keep'} dynamic dims in the written model"
+    for name in unchanged:
+        decision = decisions[name]
+        decision.why = f"{decision.why}: {words}"
+    log.warning("the fused kernels and channels-last act on static shapes only: %s dynamic dims, which the "
+                "written model keeps (the pinned dims size the costs only); to let them apply, fix the dims in "
+                "the model first (python -m onnxruntime.tools.make_dynamic_shape_fixed --input_name NAME "
+                "--input_shape DIMS IN.onnx OUT.onnx)", f"input {names} has" if one else f"inputs {names} have")
 
 
 def _prediction_words(prediction: estimate.RewritePrediction, min_gain: float) -> str:

@@ -1,7 +1,7 @@
 """The model-file rewrites left None on an inference model (``fuse_elementwise``,
 ``fuse_reductions``, ``channels_last``): where the library's CUDA kernels run (faked here: this
 machine has no GPU), each is decided by its predicted cost on the kept plan
-(``pipeline.decide_rewrites``, ``estimate.predict_*``: with it against without it, in the
+(``pipeline.decide_rewrites``, each rewrite's ``predict()``: with it against without it, in the
 configured execution mode, kept when ``min_gain`` faster); where they do not, off with one line
 saying why; an explicit option wins. Cost models are fakes, so each test states its numbers."""
 
@@ -96,6 +96,22 @@ def test_a_chain_of_dynamic_shapes_is_predicted_as_the_written_model_runs(kernel
     decision = result.report["rewrites"]["fuse_elementwise"]
     assert decision["on"] is False and decision["predicted_with_us"] == decision["predicted_without_us"]
     assert "FusedElementwise" not in {n.op_type for n in result.model.graph.node}
+    assert decision["why"].endswith("it acts on static shapes only, and x keeps dynamic dims in the written model")
+
+
+def test_dynamic_dims_that_keep_every_rewrite_off_are_said_once_with_the_way_out(kernels_here, monkeypatch, caplog):
+    """One warning names the dynamic input and ORT's tool that fixes its dims; the static chain,
+    where the fusion pays, gets none."""
+    _with_cost(monkeypatch, ChainCost())
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.pipeline"):
+        _optimize(parse(CHAIN.replace("[64,1000]", "[N,1000]")), dim_values={"N": 64})
+    said = [r.getMessage() for r in caplog.records if "static shapes only" in r.getMessage()]
+    assert len(said) == 1 and "input x has dynamic dims" in said[0]
+    assert "onnxruntime.tools.make_dynamic_shape_fixed" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.pipeline"):
+        _optimize(parse(CHAIN))
+    assert not [r for r in caplog.records if "static shapes only" in r.getMessage()]
 
 
 def test_the_elementwise_fusion_stays_off_where_its_kernel_is_predicted_to_cost_more(kernels_here, monkeypatch):
