@@ -299,3 +299,16 @@ def test_a_reader_that_leaves_ends_the_command_quietly(monkeypatch, capsys):
     code = main(["inspect", str(EXAMPLE), "--input-shape", "x:64,256", "--nodes"])
     assert code == 141
     assert "error" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, named, hint", [
+    (["optimise", "a.onnx", "b.onnx"], "onnxcampo: error: argument COMMAND", "did you mean 'optimize'?"),
+    (["costdb", "calibrat"], "onnxcampo: error: onnxcampo costdb: argument", "did you mean 'calibrate'?"),
+])
+def test_a_misspelt_command_is_one_line_naming_the_closest(argv, named, hint, capsys):
+    from onnxcampo.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(named) and hint in err[0]
+    assert "onnxcampo: onnxcampo" not in err[0] and "error: onnxcampo: " not in err[0]

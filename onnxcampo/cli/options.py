@@ -23,7 +23,21 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        self.exit(2, f"onnxcampo: error: {self.prog}: {message} ({self.prog} --help lists the options)\n")
+        where = "" if self.prog == "onnxcampo" else f"{self.prog}: "  # the command named once
+        self.exit(2, f"onnxcampo: error: {where}{_command_hint(message)} ({self.prog} --help lists the options)\n")
+
+
+def _command_hint(message: str) -> str:
+    """argparse's "invalid choice: 'optimise' (choose from ...)" with the closest choice named."""
+    import re
+
+    from onnxcampo.errors import did_you_mean
+
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not found:
+        return message
+    choices = re.findall(r"'([^']*)'", found.group(2)) or [c.strip() for c in found.group(2).split(",")]
+    return message + did_you_mean(found.group(1), choices, cutoff=0.6)
 
 
 def group(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
