@@ -312,3 +312,24 @@ def test_a_misspelt_command_is_one_line_naming_the_closest(argv, named, hint, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(named) and hint in err[0]
     assert "onnxcampo: onnxcampo" not in err[0] and "error: onnxcampo: " not in err[0]
+
+
+def test_an_inputs_file_that_is_not_an_npz_says_so_without_numpys_pickle_advice(tmp_path, capsys):
+    from onnxcampo.cli import main
+
+    text = tmp_path / "inputs.txt"
+    text.write_text("hello\n")
+    code = main(["optimize", str(EXAMPLE), str(tmp_path / "out.onnx"), "--input-shape", "x:64,256",
+                 "--validate", "--inputs", str(text)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "is not a readable .npz (not a NumPy .npz archive)" in err[0] and "numpy.savez" in err[0]
+    assert "pickle" not in err[0] and not (tmp_path / "out.onnx").exists()
+
+
+def test_train_graph_says_how_to_pin_shapes_on_the_command_line(tmp_path, capsys):
+    from onnxcampo.cli import main
+
+    assert main(["train-graph", str(EXAMPLE), str(tmp_path / "step.onnx")]) != 0
+    err = capsys.readouterr().err
+    assert "pin the inputs with --input-shape" in err and "input_shapes" not in err

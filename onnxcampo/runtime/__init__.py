@@ -313,7 +313,9 @@ def load_inputs_npz(path: str | os.PathLike[str], model: onnx.ModelProto,
     except FileNotFoundError as exc:
         raise ConfigError(f"inputs file {path} does not exist") from exc
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise ConfigError(f"inputs file {path} is not a readable .npz: {exc}") from exc
+        why = "not a NumPy .npz archive" if "pickle" in str(exc) or isinstance(exc, zipfile.BadZipFile) else str(exc)
+        raise ConfigError(f"inputs file {path} is not a readable .npz ({why}); write one with "
+                          "numpy.savez(path, **{input name: array})") from exc
 
     all_inputs = {vi.name: vi for vi in model.graph.input}
     if only is not None:

@@ -47,7 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir
 from onnxcampo import ops
-from onnxcampo.errors import ConfigError, UnsupportedModelError
+from onnxcampo.errors import ConfigError, UnsupportedModelError, option
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.training.scatter import fuse_scatter_add
 from onnxcampo.training.simplify import ALIAS_RULES, CONV_WEIGHT_GRADS, simplify_backward
@@ -140,7 +140,7 @@ def build_train_step(
     shape = info[prediction].shape if prediction in info else None
     if shape is None or None in shape:
         raise UnsupportedModelError(
-            f"the shape of the prediction {prediction!r} is not static; pin the inputs with input_shapes")
+            f"the shape of the prediction {prediction!r} is not static; pin the inputs with {option('input_shapes')}")
     _add_loss(model, prediction, loss, list(shape), huber_delta=huber_delta)
     del model.graph.output[:]
     model.graph.output.append(helper.make_tensor_value_info(LOSS, TensorProto.FLOAT, []))
