@@ -113,7 +113,8 @@ def test_the_check_can_be_skipped(tmp_path):
 
 def test_an_external_data_model_is_checked_before_its_data_replaces_the_old(tmp_path, monkeypatch):
     """Over protobuf's limit (lowered here) the model is loaded from the temporary file with its
-    data under the temporary name: a rejected model leaves the old <output>.data alone."""
+    data under its own new name: a rejected model leaves the old model and its <output>.data
+    alone; an accepted one replaces both (the old data file removed after the rename)."""
     monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 1024)
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
@@ -123,9 +124,11 @@ def test_an_external_data_model_is_checked_before_its_data_replaces_the_old(tmp_
     with pytest.raises(WrittenModelLoadError, match=COLLISION):
         ir.save_model(colliding(tmp_path), out)
     assert (out.read_bytes(), data.read_bytes()) == (b"old model", b"old data")
-    assert leftovers(out.parent) == []
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.onnx", "model.onnx.data"]
     ir.save_model(ort_optimized(tmp_path), out)
-    assert data.stat().st_size > 1024
+    assert not data.exists()
+    (written,) = out.parent.glob("model.onnx.*.data")
+    assert written.stat().st_size > 1024
     x = np.ones((2, 8, 16), dtype=np.float32)
     assert run(make_session(out), {"x": x})["y"].shape == (2, 8, 32)
 

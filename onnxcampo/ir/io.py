@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import glob
 import logging
 import math
 import os
+import re
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -396,9 +399,14 @@ def check_output_path(output: str | os.PathLike, input_path: Path | None, *,
 def save_model(model: onnx.ModelProto, output: Path, *, check_loads: bool = True) -> None:
     """Write atomically: a temporary file in the same folder, then a rename.
 
-    Models over protobuf's 2 GB limit get their tensors in ``<output>.data`` next to them.
-    With ``check_loads`` ONNX Runtime first loads the temporary file (and its data, under their
-    temporary names; :func:`onnxcampo.runtime.check.check_loads`): a model it cannot load raises
+    Models over protobuf's 2 GB limit get their tensors in a data file next to them named
+    ``<output>.<8 hex digits>.data``, a name no other write uses: the data is written whole first,
+    the model that points to it is renamed over ``output`` last (one rename publishes both), and
+    the data files of the model it replaced (``<output>.data``, ``<output>.*.data``) are removed
+    after. A crash at any point leaves the old model or the new one; writers racing for one path
+    leave the last one renamed, whole.
+    With ``check_loads`` ONNX Runtime first loads the temporary file (and its data;
+    :func:`onnxcampo.runtime.check.check_loads`): a model it cannot load raises
     :class:`WrittenModelLoadError` and nothing is written, an existing output stays as it was.
     Callers that write what this onnxruntime need not load may pass ``check_loads=False``.
     """
@@ -413,8 +421,9 @@ def save_model(model: onnx.ModelProto, output: Path, *, check_loads: bool = True
 
 def _write_temporary(model: onnx.ModelProto, output: Path, *, check_loads: bool,
                      over_limit: bool | None = None) -> tuple[Path, Path | None]:
-    """:func:`save_model` up to the rename: the temporary file (and data file), test-loaded.
-    ``over_limit``: :func:`exceeds_protobuf_limit` of the model, when the caller knows it."""
+    """:func:`save_model` up to the rename: the temporary file (and its data file, under the name
+    it keeps), test-loaded. ``over_limit``: :func:`exceeds_protobuf_limit` of the model, when the
+    caller knows it."""
     directory = output.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
@@ -423,39 +432,61 @@ def _write_temporary(model: onnx.ModelProto, output: Path, *, check_loads: bool,
     try:
         if not (exceeds_protobuf_limit(model) if over_limit is None else over_limit):
             tmp.write_bytes(model.SerializeToString())
-            if check_loads:
-                _check_loads(tmp, model, output)
         else:
-            data_name = f"{output.name}.data"
-            tmp_data = directory / f".{data_name}.tmp"
-            if tmp_data.exists():
-                tmp_data.unlink()
+            tmp_data = _fresh_data_path(output)
             # Converts ``model``'s tensors to external ones in place: it is our own output model.
-            onnx.save_model(
-                model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                location=tmp_data.name, size_threshold=1024,
-            )
-            if check_loads:  # before the data replaces an existing <output>.data
-                _check_loads(tmp, model, output)
-            # The model names its data file: rewrite the location to the final name.
-            saved = onnx.load(str(tmp), load_external_data=False)
-            for tensor in _all_tensors(saved):
-                for entry in tensor.external_data:
-                    if entry.key == "location":
-                        entry.value = data_name
-            tmp.write_bytes(saved.SerializeToString())
+            onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=tmp_data.name, size_threshold=1024)
+        if check_loads:
+            _check_loads(tmp, model, output)
     except BaseException:
         _remove(tmp, tmp_data)
         raise
     return tmp, tmp_data
 
 
+def _fresh_data_path(output: Path) -> Path:
+    """``<output>.<8 hex digits>.data``, made now (exclusively: no other writer has it)."""
+    while True:
+        path = output.parent / f"{output.name}.{secrets.token_hex(4)}.data"
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return path
+        except FileExistsError:
+            continue
+
+
+def _own_data_files(output: Path) -> set[Path]:
+    """The data files of the model at ``output`` that its writes made (``<output>.data``,
+    ``<output>.<hex>.data`` in its folder; a data file of another name may be shared and is never
+    touched), and a stale ``<output>.data`` whatever points to it."""
+    pattern = re.compile(re.escape(output.name) + r"(\.[0-9a-f]{8})?\.data")
+    found = set()
+    legacy = output.parent / f"{output.name}.data"
+    if legacy.exists():
+        found.add(legacy)
+    candidates = [p for p in output.parent.glob(f"{glob.escape(output.name)}.*.data") if pattern.fullmatch(p.name)]
+    if not candidates or not output.is_file():  # (an inline model is not parsed for nothing)
+        return found
+    try:
+        old = onnx.load(str(output), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a model we can read: its data files are not ours to judge
+        return found
+    for tensor in _all_tensors(old):
+        for entry in tensor.external_data:
+            if entry.key == "location" and pattern.fullmatch(entry.value):
+                found.add(output.parent / entry.value)
+    return found
+
+
 def _commit(tmp: Path, tmp_data: Path | None, output: Path) -> None:
     if tmp_data is not None:
-        _apply_umask(tmp_data)  # onnx writes it 0600: it gets the model file's mode
-        os.replace(tmp_data, output.parent / f"{output.name}.data")
+        _apply_umask(tmp_data)  # made 0600: it gets the model file's mode
     _apply_umask(tmp)  # mkstemp creates 0600; a saved model gets the usual permissions
-    os.replace(tmp, output)
+    replaced = _own_data_files(output)
+    os.replace(tmp, output)  # publishes the model and the data it names at once
+    for path in replaced - {tmp_data}:
+        path.unlink(missing_ok=True)
 
 
 def _remove(tmp: Path, tmp_data: Path | None) -> None:

@@ -6,6 +6,7 @@ weights (``without_weights``, ``check_model``, ``exceeds_protobuf_limit``)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import numpy as np
@@ -20,8 +21,8 @@ from onnxcampo.errors import ModelLoadError, WrittenModelLoadError
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
 def test_external_data_gets_the_model_files_mode(tmp_path, monkeypatch, umask):
-    """A model past the protobuf limit (lowered here) -> ``<output>.data`` next to it, with the
-    model file's permissions (0666 less the umask), not the 0600 onnx writes it with."""
+    """A model past the protobuf limit (lowered here) -> ``<output>.<hex>.data`` next to it, with
+    the model file's permissions (0666 less the umask), not the 0600 onnx writes it with."""
     model = make_model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [tensor_vi("x", [2, 64])],
                        [tensor_vi("y", [2, 64])], [numpy_helper.from_array(np.ones((64, 64), np.float32), "W")])
     monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 10)
@@ -30,8 +31,13 @@ def test_external_data_gets_the_model_files_mode(tmp_path, monkeypatch, umask):
         ir.save_model(model, tmp_path / "m.onnx", check_loads=False)
     finally:
         os.umask(old)
-    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
-    assert modes == {"m.onnx": 0o666 & ~umask, "m.onnx.data": 0o666 & ~umask}
+    modes = {_data_name(p.name): stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"m.onnx": 0o666 & ~umask, "m.onnx.HEX.data": 0o666 & ~umask}
+
+
+def _data_name(name: str) -> str:
+    """``m.onnx.3fa2c1d0.data`` -> ``m.onnx.HEX.data``: a data file's name with its unique part."""
+    return re.sub(r"\.[0-9a-f]{8}\.data$", ".HEX.data", name)
 
 
 def mlp(width: int = 64) -> onnx.ModelProto:
@@ -270,4 +276,78 @@ def test_a_staged_model_past_the_limit_is_saved_at_commit(tmp_path, monkeypatch)
         staged.write(model, check_loads=False)
         assert staged.path is None and not list(tmp_path.iterdir()) and model.graph.initializer[0].raw_data
         staged.commit()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    assert sorted(_data_name(p.name) for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.HEX.data"]
+
+
+def _external_model(value: float):
+    """A MatMul whose weight (64x64, every element ``value``) goes to external data past the
+    lowered limit: the output says which write it came from."""
+    return make_model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], [tensor_vi("x", [2, 64])],
+                      [tensor_vi("y", [2, 64])], [numpy_helper.from_array(np.full((64, 64), value, np.float32), "W")])
+
+
+def _written_value(path) -> float:
+    loaded = onnx.load(str(path))
+    values = {float(v) for v in numpy_helper.to_array(loaded.graph.initializer[0]).reshape(-1)}
+    assert len(values) == 1, "a model whose data came from two writes"
+    return values.pop()
+
+
+def test_writers_racing_for_one_path_leave_one_whole_model_and_no_stale_data(tmp_path, monkeypatch):
+    """Eight threads write eight external-data models to one path at once: the model left is one
+    of them with its own data (every weight the same value), and only its data file is left."""
+    import threading
+
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 10)
+    out = tmp_path / "m.onnx"
+    start = threading.Barrier(8)
+
+    def write(value):
+        start.wait()
+        ir.save_model(_external_model(value), out, check_loads=False)
+
+    threads = [threading.Thread(target=write, args=(float(k),)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert _written_value(out) in {float(k) for k in range(8)}
+    ir.save_model(_external_model(9.0), out, check_loads=False)  # a later write cleans what a race left
+    assert _written_value(out) == 9.0
+    names = sorted(_data_name(p.name) for p in tmp_path.iterdir())
+    assert names[0] == "m.onnx" and set(names[1:]) == {"m.onnx.HEX.data"}
+
+
+def test_a_crash_before_the_rename_leaves_the_old_model_whole(tmp_path, monkeypatch):
+    """The new data is written under its own name and the model renamed last: a write that dies
+    at the rename leaves the old model with its old data (and removes its own files)."""
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 10)
+    out = tmp_path / "m.onnx"
+    ir.save_model(_external_model(1.0), out, check_loads=False)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    real_replace = os.replace
+
+    def crash(src, dst):
+        if str(dst) == str(out):
+            raise KeyboardInterrupt("killed between writing the data and renaming the model")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ir.io.os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        ir.save_model(_external_model(2.0), out, check_loads=False)
+    monkeypatch.setattr(ir.io.os, "replace", real_replace)
+    assert _written_value(out) == 1.0 and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_an_inline_rewrite_removes_the_data_the_old_model_had(tmp_path, monkeypatch):
+    """An external-data model replaced by one under the limit: its data file goes too; a data
+    file of another name (maybe shared by other models) is never touched."""
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 10)
+    out = tmp_path / "m.onnx"
+    ir.save_model(_external_model(1.0), out, check_loads=False)
+    (tmp_path / "m.onnx.data").write_bytes(b"stale, from an older write")
+    (tmp_path / "weights.bin").write_bytes(b"someone else's")
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", (1 << 31) - (1 << 20))
+    ir.save_model(_external_model(3.0), out, check_loads=False)
+    assert _written_value(out) == 3.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "weights.bin"]
