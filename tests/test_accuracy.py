@@ -481,3 +481,18 @@ def test_optimize_fix_returns_the_model_that_keeps_the_culprits_fp32():
 def test_optimize_rejects_an_unknown_accuracy_mode(accuracy):
     with pytest.raises(ValueError, match="expected one of 'report', 'validate', 'fix', 'off'"):
         optimize(planted(), accuracy=accuracy)
+
+
+def test_the_size_that_skips_the_report_check_counts_external_data(tmp_path, monkeypatch):
+    """A model whose weights are in an external file is as large as file and data together: the
+    report-mode check's size rule sees the data too (a 4 GiB model's .onnx is a few kB)."""
+    from onnxcampo.accuracy import guard
+    from onnxcampo.examples.training_mlp import mlp as small_mlp
+
+    path = tmp_path / "m.onnx"
+    onnx.save_model(small_mlp(), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.weights", size_threshold=0)
+    data = (tmp_path / "m.weights").stat().st_size
+    assert data > 0 and guard._model_bytes(path) == path.stat().st_size + data
+    monkeypatch.setattr(guard, "GUARD_MAX_BYTES", path.stat().st_size + data // 2)
+    assert guard._model_bytes(path) > guard.GUARD_MAX_BYTES  # past the limit only with its data

@@ -166,10 +166,27 @@ def _skipped(model, config, result, accuracy: AccuracyCheck, inputs) -> str | No
 
 
 def _model_bytes(model) -> int:
+    """The model's size with its weights: in memory, the initializers' bytes; a file, its size
+    plus that of each external data file its tensors name (once each)."""
     if isinstance(model, onnx.ModelProto):
         return sum(len(t.raw_data) for t in model.graph.initializer)
     path = Path(model)
-    return path.stat().st_size if path.exists() else 0
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size > GUARD_MAX_BYTES:
+        return size
+    try:
+        header = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - unreadable here: the optimizer read it, its size is what we know
+        return size
+    locations = {entry.value for tensor in header.graph.initializer for entry in tensor.external_data
+                 if entry.key == "location"}
+    for location in locations:
+        data = path.parent / location
+        if data.is_file():
+            size += data.stat().st_size
+    return size
 
 
 def _source(model) -> tuple[onnx.ModelProto, Path | None]:
