@@ -241,6 +241,59 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy.deepcopy(model)
 
 
+# --- the graph rewrites (fuse_elementwise, fuse_reductions) -----------------------------------
+
+def named_model(text: str, *, opset: int = 17) -> onnx.ModelProto:
+    """An ONNX-text graph as an IR 8 model with every node named (``ir.name_nodes``), unchecked."""
+    model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : {opset}]>\n' + text)
+    ir.name_nodes(model)
+    return model
+
+
+def add_ints(model: onnx.ModelProto, name: str, values) -> None:
+    """Append an int64 initializer (axes, shapes) to ``model``."""
+    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def fused_outputs(model: onnx.ModelProto, fuse, feeds: dict[str, np.ndarray], new_ops):
+    """``fuse`` (a rewrite that edits a model in place and returns its result) run on a copy of
+    ``model``, the copy checked; returns the copy, the result, and the outputs of ``model`` and of
+    the copy on onnx's reference evaluator (``new_ops``: the reference ops of the custom ops)."""
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(model).run(None, feeds)
+    fused = copy_model(model)
+    result = fuse(fused)
+    onnx.checker.check_model(fused)
+    got = ReferenceEvaluator(fused, new_ops=new_ops).run(None, feeds)
+    return fused, result, want, got
+
+
+def fused_first_output_on_ort(model: onnx.ModelProto, fuse, feeds: dict[str, np.ndarray]):
+    """``fuse`` run on a copy of ``model``; returns its result and the first output of ``model``
+    and of the copy on ONNX Runtime (``make_session``'s default provider, the library loaded)."""
+    from onnxcampo.runtime import make_session
+
+    want = make_session(model).run(None, feeds)[0]
+    fused = copy_model(model)
+    result = fuse(fused)
+    got = make_session(fused).run(None, feeds)[0]
+    return result, want, got
+
+
+# The fp16 bias + erf GELU of a campo plan with Casts at its edges: x float32, bias float16 (and the
+# float16 scalars s, one and half), y float32.
+BIAS_GELU_CHAIN = """
+      h = Cast <to = 10> (x)
+      a = Add(h, bias)
+      u = Mul(a, s)
+      e = Erf(u)
+      p = Add(e, one)
+      m = Mul(a, half)
+      g16 = Mul(m, p)
+      y = Cast <to = 1> (g16)"""
+
+
 # An 8x8 weight of 0.125s, and the chain most pass tests start from.
 W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
 

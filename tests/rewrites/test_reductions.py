@@ -10,24 +10,15 @@ on ONNX Runtime's CPU provider with the library's kernel.
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from onnxcampo import ir
+from helpers import add_ints as _ints, fused_outputs, named_model as _model, ops as _ops
+
 from onnxcampo.ops import reduce as block_reduce
 from onnxcampo.rewrites.reductions import fuse_reductions
 
 OP = block_reduce.OP_TYPE
-
-
-def _model(text: str, opset: int = 17) -> onnx.ModelProto:
-    model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : {opset}]>\n' + text)
-    ir.name_nodes(model)
-    return model
-
-
-def _ints(model, name, values):
-    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
 
 
 def _feeds(model, seed=0):
@@ -42,22 +33,12 @@ def _feeds(model, seed=0):
 
 def _fuse(model, *, exact=True):
     """The fused copy of ``model``, its result, and a check of its values against the unfused."""
-    feeds = _feeds(model)
-    want = ReferenceEvaluator(model).run(None, feeds)
-    fused = onnx.ModelProto()
-    fused.CopyFrom(model)
-    result = fuse_reductions(fused)
-    onnx.checker.check_model(fused)
-    got = ReferenceEvaluator(fused, new_ops=[block_reduce.reference_op()]).run(None, feeds)
+    fused, result, want, got = fused_outputs(model, fuse_reductions, _feeds(model), [block_reduce.reference_op()])
     for value, expected, actual in zip(model.graph.output, want, got):
         assert actual.dtype == expected.dtype and actual.shape == expected.shape, value.name
         if exact:
             np.testing.assert_array_equal(actual, expected, err_msg=value.name)
     return fused, result
-
-
-def _ops(model):
-    return [n.op_type for n in model.graph.node]
 
 
 def _node(model):
@@ -121,17 +102,25 @@ def test_simplify_rule_7s_reduce_sum_pair_with_its_reshapes_is_one_node():
     assert "ReduceSum" not in _ops(fused)
 
 
-def test_a_cast_to_float32_read_only_by_the_reduction_is_folded():
-    model = _model("""
+@pytest.mark.parametrize("text, ops, reads, output_type, casts", [
+    pytest.param("""
     g (float16[64,8] dy) => (float[8] db) {
       d32 = Cast <to = 1> (dy)
       db = ReduceSum <keepdims = 0> (d32, axes)
-    }""")
+    }""", [OP], "dy", TensorProto.FLOAT, 1, id="to_float32_read_only_by_the_reduction_is_folded"),
+    pytest.param("""
+    g (float[64,8] x) => (float16[8] y) {
+      h = Cast <to = 10> (x)
+      y = ReduceSum <keepdims = 0> (h, axes)
+    }""", ["Cast", OP], "h", TensorProto.FLOAT16, 0, id="to_float16_before_the_reduction_stays_it_rounds"),
+])
+def test_a_cast_before_the_reduction(text, ops, reads, output_type, casts):
+    model = _model(text)
     _ints(model, "axes", [0])
     fused, result = _fuse(model)
     node, attrs = _node(fused)
-    assert _ops(fused) == [OP] and list(node.input) == ["dy"] and attrs["output_type"] == TensorProto.FLOAT
-    assert result.casts == 1
+    assert _ops(fused) == ops and list(node.input) == [reads] and attrs["output_type"] == output_type
+    assert result.casts == casts
 
 
 def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_input():
@@ -207,18 +196,6 @@ def test_sums_of_one_tensor_over_other_axes_or_to_other_types_stay_two_nodes():
     _ints(model, "axes1", [1])
     fused, result = _fuse(model)
     assert _ops(fused).count(OP) == 3 and result.shared == 0
-
-
-def test_a_cast_to_float16_before_the_reduction_stays_it_rounds():
-    model = _model("""
-    g (float[64,8] x) => (float16[8] y) {
-      h = Cast <to = 10> (x)
-      y = ReduceSum <keepdims = 0> (h, axes)
-    }""")
-    _ints(model, "axes", [0])
-    fused, _ = _fuse(model)
-    node, attrs = _node(fused)
-    assert _ops(fused) == ["Cast", OP] and list(node.input) == ["h"] and attrs["output_type"] == TensorProto.FLOAT16
 
 
 def test_casts_after_the_reduction_are_folded_into_its_output_type():
