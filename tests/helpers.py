@@ -255,6 +255,18 @@ def add_ints(model: onnx.ModelProto, name: str, values) -> None:
     model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
 
 
+def float16_sum_read_as_float32(rows: int, cols: int) -> onnx.ModelProto:
+    """``z = Cast(ReduceSum(h, axis 0), float32)`` for a float16 ``h`` of ``[rows, cols]``: the
+    unfused graph rounds the sum to float16 first, a fused BlockReduceSum writes the float32 sum."""
+    model = named_model(f"""
+    g (float16[{rows},{cols}] h) => (float[{cols}] z) {{
+      t = ReduceSum <keepdims = 0> (h, axes)
+      z = Cast <to = 1> (t)
+    }}""")
+    add_ints(model, "axes", [0])
+    return model
+
+
 def fused_outputs(model: onnx.ModelProto, fuse, feeds: dict[str, np.ndarray], new_ops):
     """``fuse`` (a rewrite that edits a model in place and returns its result) run on a copy of
     ``model``, the copy checked; returns the copy, the result, and the outputs of ``model`` and of

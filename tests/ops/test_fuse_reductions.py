@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import add_ints as _ints, copy_model, fused_first_output_on_ort, named_model as _model
+from helpers import add_ints as _ints, copy_model, float16_sum_read_as_float32, fused_first_output_on_ort
+from helpers import named_model as _model
 
 import onnxcampo
 from onnxcampo.rewrites.reductions import fuse_reductions
@@ -72,12 +73,7 @@ def test_a_graph_of_reductions_gives_the_unfused_values_on_ort_cpu(library):
 
 
 def test_a_float16_reduction_read_as_float32_is_the_float32_sum(library):
-    model = _model("""
-    g (float16[512,8] h) => (float[8] z) {
-      t = ReduceSum <keepdims = 0> (h, axes)
-      z = Cast <to = 1> (t)
-    }""")
-    _ints(model, "axes", [0])
+    model = float16_sum_read_as_float32(512, 8)
     fuse_reductions(model)
     h = (np.random.default_rng(3).standard_normal((512, 8)) * 40).astype(np.float16)
     got = run(make_session(model, provider="cpu"), {"h": h})["z"]

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from helpers import add_ints as _ints, fused_outputs, named_model as _model, ops as _ops
+from helpers import add_ints as _ints, float16_sum_read_as_float32, fused_outputs, named_model as _model, ops as _ops
 
 from onnxcampo.ops import reduce as block_reduce
 from onnxcampo.rewrites.reductions import fuse_reductions
@@ -138,21 +138,27 @@ def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_input():
     assert result.casts == 0
 
 
+def _bias_gradients_of_a_residual(first: str, second: str, readers: str = "") -> onnx.ModelProto:
+    """Two sums, named ``first`` and ``second``, of one float32 Cast of a float16 gradient dy, each
+    through a Reshape (the graph outputs a and b: the sums, or what ``readers`` compute from them)."""
+    model = _model(f"""
+    g (float16[64,8,5] dy) => (float[8] a, float[8] b) {{
+      d32 = Cast <to = 1> (dy)
+      r1 = Reshape(d32, shape)
+      {first} = ReduceSum <keepdims = 0> (r1, axes)
+      r2 = Reshape(d32, shape)
+      {second} = ReduceSum <keepdims = 0> (r2, axes){readers}
+    }}""")
+    _ints(model, "axes", [0, 2])
+    _ints(model, "shape", [64, 8, 5])
+    return model
+
+
 def test_a_cast_read_only_by_two_reductions_goes():
     """A residual gradient's two bias gradients (a ResNet stage's first block: the conv3 and the
     downsample bias) each sum the same float32 Cast of a float16 tensor: both read the float16
     tensor and the Cast goes."""
-    model = _model("""
-    g (float16[64,8,5] dy) => (float[8] a, float[8] b) {
-      d32 = Cast <to = 1> (dy)
-      r1 = Reshape(d32, shape)
-      a = ReduceSum <keepdims = 0> (r1, axes)
-      r2 = Reshape(d32, shape)
-      b = ReduceSum <keepdims = 0> (r2, axes)
-    }""")
-    _ints(model, "axes", [0, 2])
-    _ints(model, "shape", [64, 8, 5])
-    fused, result = _fuse(model)
+    fused, result = _fuse(_bias_gradients_of_a_residual("a", "b"))
     assert _ops(fused) == [OP, OP] and all(list(n.input) == ["dy"] for n in fused.graph.node)
     assert result.casts == 1 and result.fused == 2
 
@@ -160,19 +166,9 @@ def test_a_cast_read_only_by_two_reductions_goes():
 def test_two_sums_of_one_tensor_are_one_node_and_its_output_is_read_twice():
     """Rule 6: the conv3 and downsample bias gradients of a ResNet stage's first block sum the
     same residual gradient; one node sums it, both readers read its output."""
-    model = _model("""
-    g (float16[64,8,5] dy) => (float[8] a, float[8] b) {
-      d32 = Cast <to = 1> (dy)
-      r1 = Reshape(d32, shape)
-      s1 = ReduceSum <keepdims = 0> (r1, axes)
-      r2 = Reshape(d32, shape)
-      s2 = ReduceSum <keepdims = 0> (r2, axes)
+    fused, result = _fuse(_bias_gradients_of_a_residual("s1", "s2", readers="""
       a = Neg(s1)
-      b = Abs(s2)
-    }""")
-    _ints(model, "axes", [0, 2])
-    _ints(model, "shape", [64, 8, 5])
-    fused, result = _fuse(model)
+      b = Abs(s2)"""))
     assert _ops(fused) == [OP, "Neg", "Abs"] and list(fused.graph.node[0].input) == ["dy"]
     (out,) = fused.graph.node[0].output
     assert [n.input[0] for n in fused.graph.node[1:]] == [out, out]
@@ -216,12 +212,7 @@ def test_casts_after_the_reduction_are_folded_into_its_output_type():
 
 def test_a_float16_reduction_cast_to_float32_keeps_the_float32_sum():
     # the unfused graph rounds the sum to float16 first; the fused node writes the float32 sum
-    model = _model("""
-    g (float16[3,2] h) => (float[2] z) {
-      t = ReduceSum <keepdims = 0> (h, axes)
-      z = Cast <to = 1> (t)
-    }""")
-    _ints(model, "axes", [0])
+    model = float16_sum_read_as_float32(3, 2)
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
     fuse_reductions(fused)
