@@ -330,6 +330,22 @@ g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
 """
 
 
+# --- device batches --------------------------------------------------------------------------
+
+class DLPackOnly:
+    """A tensor or array seen through DLPack alone (``__dlpack__`` and ``__dlpack_device__``):
+    host memory as a torch CPU tensor shows itself, or CUDA memory read by OrtValue.from_dlpack."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __dlpack__(self, **options):
+        return self._tensor.__dlpack__(**options)
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
+
+
 # --- the command line -----------------------------------------------------------------------
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
