@@ -330,6 +330,30 @@ g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
 """
 
 
+# --- training steps --------------------------------------------------------------------------
+
+def step_feeds(step: onnx.ModelProto, batch: dict[str, np.ndarray], *, lr: float) -> dict[str, np.ndarray]:
+    """Feeds for a training step graph: ``batch`` as given, each weight its starting value (its
+    ``onnxcampo.initial/<name>`` initializer), ``lr``, a loss scale of 1024 (mixed-precision
+    steps) and zeros for the rest (the optimizer's state)."""
+    initial = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
+    feeds = dict(batch)
+    for value in step.graph.input:
+        name = value.name
+        if name in feeds:
+            continue
+        if f"onnxcampo.initial/{name}" in initial:
+            feeds[name] = initial[f"onnxcampo.initial/{name}"]
+        elif name == "lr":
+            feeds[name] = np.array(lr, np.float32)
+        elif name == "loss_scale":
+            feeds[name] = np.array(1024.0, np.float32)
+        else:
+            dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+            feeds[name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+    return feeds
+
+
 # --- device batches --------------------------------------------------------------------------
 
 class DLPackOnly:

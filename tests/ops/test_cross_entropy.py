@@ -15,6 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from helpers import step_feeds
 
 import onnxcampo
 from onnxcampo import ir
@@ -100,23 +101,9 @@ def _feeds(step, classes, seed=0):
     """x and labels at random, the weights their starting values, their momenta zero, lr 0.1 and
     (mixed-precision steps) a loss scale of 1024."""
     rng = np.random.default_rng(seed)
-    feeds = {"x": rng.standard_normal((4, 3, 16)).astype(np.float32),
+    batch = {"x": rng.standard_normal((4, 3, 16)).astype(np.float32),
              "labels": rng.integers(0, classes, size=(4, 3)).astype(np.int64)}
-    initial = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
-    for value in step.graph.input:
-        name = value.name
-        if name in feeds:
-            continue
-        if f"onnxcampo.initial/{name}" in initial:
-            feeds[name] = initial[f"onnxcampo.initial/{name}"]
-        elif name == "lr":
-            feeds[name] = np.array(0.1, np.float32)
-        elif name == "loss_scale":
-            feeds[name] = np.array(1024.0, np.float32)
-        else:
-            dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-            feeds[name] = np.zeros(dims, onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
-    return feeds
+    return step_feeds(step, batch, lr=0.1)
 
 
 def _fused(step):
