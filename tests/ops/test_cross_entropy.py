@@ -285,14 +285,11 @@ def test_rule_5_writes_the_padded_float16_gradient_and_the_casts_and_pads_go():
 
 
 def test_rule_5_folds_the_casts_alone_when_nothing_pads():
-    paths = """
-      seed = Reshape(dx, s1)
-      seed16 = Cast <to = 10> (seed)
-      m = MatMul(seed16, w)
-      dxw = Reshape(m, s2m)
-      rows = Reshape(seed, s2)
-      rows16 = Cast <to = 10> (rows)
-      dw = Gemm <transA = 1> (a, rows16)"""
+    paths = GPT2_LIKE.replace("seed_padded = Pad(seed16, pads4)\n      m = MatMul(seed_padded, w)",
+                              "m = MatMul(seed16, w)")
+    paths = paths.replace("rows_padded = Pad(rows16, pads2)\n      dw = Gemm <transA = 1> (a, rows_padded)",
+                          "dw = Gemm <transA = 1> (a, rows16)")
+    assert "Pad" not in paths  # GPT2_LIKE without its Pads
     model = _gradient_then(paths, padded=10)
     folded, result = _fold(model)
     assert (result.gradient_casts, result.gradient_pads) == (2, 0)
