@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, helper
+from onnx import AttributeProto, TensorProto, helper
 
 from onnxcampo.ir.topology import iter_graphs  # noqa: F401  (also this module's API)
 
@@ -554,3 +554,26 @@ def pin_input_shapes(proto, model: CorpusModel):
         for v in pins:
             shape.dim.add().dim_value = int(v)
     return out
+
+
+def cut_at(proto: onnx.ModelProto, output: str, shape: list) -> onnx.ModelProto:
+    """``proto``, edited in place, with ``output`` (float, of ``shape``) as its only output and the
+    nodes and initializers it does not need removed."""
+    graph = proto.graph
+    producer = {o: index for index, n in enumerate(graph.node) for o in n.output}
+    needed, stack = set(), [output]
+    while stack:
+        index = producer.get(stack.pop())
+        if index is not None and index not in needed:
+            needed.add(index)
+            stack.extend(i for i in graph.node[index].input if i)
+    kept = [n for index, n in enumerate(graph.node) if index in needed]
+    used = {i for n in kept for i in n.input}
+    initializers = [t for t in graph.initializer if t.name in used]
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info(output, TensorProto.FLOAT, shape))
+    return proto

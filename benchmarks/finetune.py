@@ -93,29 +93,15 @@ def dataset(seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], di
 def forward_model(seed: int) -> onnx.ModelProto:
     """magika with its 214-way head replaced by a new 7-way one (logits, batch dim symbolic)."""
     model = corpus.load(corpus.get("magika"))
-    graph = model.graph
-    hidden = next(n.output[0] for n in graph.node if n.output[0].endswith(HIDDEN_OUTPUT))
-    producer = {output: index for index, node in enumerate(graph.node) for output in node.output}
-    needed, stack = set(), [hidden]
-    while stack:  # the nodes the features need; the old head and its softmax go
-        index = producer.get(stack.pop())
-        if index is not None and index not in needed:
-            needed.add(index)
-            stack.extend(name for name in graph.node[index].input if name)
-    kept = [node for index, node in enumerate(graph.node) if index in needed]
-    used = {name for node in kept for name in node.input}
-    initializers = [t for t in graph.initializer if t.name in used]
     width = 512
+    hidden = next(n.output[0] for n in model.graph.node if n.output[0].endswith(HIDDEN_OUTPUT))
+    graph = corpus.cut_at(model, hidden, ["batch", width]).graph  # the old head and its softmax go
     rng = np.random.default_rng(seed)
-    initializers += [
+    graph.initializer.extend([
         numpy_helper.from_array((rng.standard_normal((width, len(KINDS))) / np.sqrt(width)).astype(np.float32), "head.weight"),
-        numpy_helper.from_array(np.zeros(len(KINDS), np.float32), "head.bias")]
-    kept += [helper.make_node("MatMul", [hidden, "head.weight"], ["head.matmul"], name="head/MatMul"),
-             helper.make_node("Add", ["head.matmul", "head.bias"], ["logits"], name="head/Add")]
-    del graph.node[:]
-    graph.node.extend(kept)
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
+        numpy_helper.from_array(np.zeros(len(KINDS), np.float32), "head.bias")])
+    graph.node.extend([helper.make_node("MatMul", [hidden, "head.weight"], ["head.matmul"], name="head/MatMul"),
+                       helper.make_node("Add", ["head.matmul", "head.bias"], ["logits"], name="head/Add")])
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(KINDS)]))
     return model

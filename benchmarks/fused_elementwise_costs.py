@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from onnxcampo.benchmarks.custom_ops import wall_ms
 from onnxcampo.ops import jit, library_path, nodes
 from onnxcampo.ops.elementwise import Op
 from onnxcampo.runtime import make_session
@@ -79,18 +79,12 @@ def measure(provider: str, rounds: int, block: int, sizes: list[int]) -> list[di
                                         {f"x{k}": a for k, a in enumerate(arrays)}, device)
                     for _ in range(3):
                         bound()
-                    times = []
-                    for _ in range(rounds):
-                        start = time.perf_counter()
-                        for _ in range(block):
-                            bound.launch()
-                        bound.synchronize()
-                        times.append((time.perf_counter() - start) * 1e3 / block)
+                    wall = wall_ms(bound, 0, block, rounds)
                     gpu = gpu_time_per_call(bound.launch, 10) if provider == "cuda" else None
                     moved = sum(a.nbytes for a in arrays) + elements * (2 if out_type == FLOAT16 else 4)
                     row = {"elements": elements, "inputs": inputs, "in": "fp16" if in_type == FLOAT16 else "fp32",
                            "out": "fp16" if out_type == FLOAT16 else "fp32", "bytes": moved,
-                           "wall_ms": statistics.median(times),
+                           "wall_ms": wall,
                            "kernel_ms": gpu["total_ms"] if gpu else None}
                     rows.append(row)
                     print(f"2^{log2:2d} x{inputs} {row['in']}->{row['out']}: {row['wall_ms']:.4f} ms wall"

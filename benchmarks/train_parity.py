@@ -117,7 +117,7 @@ def magika_logits(proto: onnx.ModelProto) -> onnx.ModelProto:
     """magika ends in a softmax written out (Exp/ReduceSum/Div); cross-entropy wants the logits
     before it (Dense_1's output)."""
     logits = next(n.output[0] for n in proto.graph.node if n.output[0].endswith("Dense_1/AddV2:0"))
-    return _cut_at(proto, logits, ["batch", 214])
+    return corpus.cut_at(proto, logits, ["batch", 214])
 
 
 def softmax_input(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -127,29 +127,7 @@ def softmax_input(proto: onnx.ModelProto) -> onnx.ModelProto:
     if node.op_type != "Softmax":
         raise ValueError(f"the first output comes from {node.op_type}, not Softmax")
     rank = len(proto.graph.output[0].type.tensor_type.shape.dim)
-    return _cut_at(proto, node.input[0], [f"d{i}" for i in range(rank)])
-
-
-def _cut_at(proto: onnx.ModelProto, output: str, shape: list) -> onnx.ModelProto:
-    """``proto`` with ``output`` as its only output and the nodes it does not need removed."""
-    graph = proto.graph
-    producer = {o: index for index, n in enumerate(graph.node) for o in n.output}
-    needed, stack = set(), [output]
-    while stack:
-        index = producer.get(stack.pop())
-        if index is not None and index not in needed:
-            needed.add(index)
-            stack.extend(i for i in graph.node[index].input if i)
-    kept = [n for index, n in enumerate(graph.node) if index in needed]
-    used = {i for n in kept for i in n.input}
-    initializers = [t for t in graph.initializer if t.name in used]
-    del graph.node[:]
-    graph.node.extend(kept)
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
-    del graph.output[:]
-    graph.output.append(helper.make_tensor_value_info(output, TensorProto.FLOAT, shape))
-    return proto
+    return corpus.cut_at(proto, node.input[0], [f"d{i}" for i in range(rank)])
 
 
 # ------------------------------------------------------------------------------------------

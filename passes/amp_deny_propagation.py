@@ -41,17 +41,17 @@ from onnxcampo.context import GraphContext
 from onnxcampo.oplists import Category
 from onnxcampo.plan import Precision, Reason
 
-from onnxcampo.passes.deny_propagation import deny_sources
-from onnxcampo.passes.manager import PassBase, PassResult
+from onnxcampo.passes.deny_propagation import DenyPropagation
 
 _BOUND_ENDS = (Category.INFER, Category.DENY)
 
 
-class AmpDenyPropagation(PassBase):
+class AmpDenyPropagation(DenyPropagation):
+    """Rule 1 and the result as ``deny_propagation``'s; rules 2 and 3 walk instead."""
+
     name = "amp_deny_propagation"
 
-    def run(self, ctx: GraphContext) -> PassResult:
-        queue, denied = deny_sources(ctx)
+    def _walk(self, ctx: GraphContext, queue: deque) -> int:
         downstream = 0
         bound = self._infer_bound(ctx)
         walked = {n.name for n in queue}
@@ -66,7 +66,7 @@ class AmpDenyPropagation(PassBase):
                     ctx.plan.decide(consumer.name, Precision.FP32, Reason.DENY_TOWARD_INFER)
                     downstream += 1
                 queue.append(consumer)
-        return PassResult(self.name, False, {"deny": denied, "downstream": downstream})
+        return downstream
 
     @staticmethod
     def _infer_bound(ctx: GraphContext) -> set[str]:

@@ -25,6 +25,12 @@ class DenyPropagation(PassBase):
 
     def run(self, ctx: GraphContext) -> PassResult:
         queue, denied = deny_sources(ctx)
+        downstream = self._walk(ctx, queue)
+        return PassResult(self.name, False, {"deny": denied, "downstream": downstream})
+
+    def _walk(self, ctx: GraphContext, queue: deque) -> int:
+        """Rule 2, from the deny-list nodes planned fp32 in ``queue``; how many nodes went fp32.
+        ``amp_deny_propagation`` overrides this walk and keeps rule 1 and the result."""
         downstream = 0
         while queue:
             for consumer in ctx.downstream(queue.popleft()):
@@ -33,11 +39,11 @@ class DenyPropagation(PassBase):
                 ctx.plan.decide(consumer.name, Precision.FP32, Reason.DENY_DOWNSTREAM)
                 downstream += 1
                 queue.append(consumer)
-        return PassResult(self.name, False, {"deny": denied, "downstream": downstream})
+        return downstream
 
 
 def deny_sources(ctx: GraphContext) -> tuple[deque, int]:
-    """Rule 1 (shared with ``amp_deny_propagation``): every undecided deny-list node goes fp32;
+    """Rule 1 (``amp_deny_propagation`` keeps it): every undecided deny-list node goes fp32;
     returns the deny-list nodes planned fp32 (the walks start there) and how many were decided."""
     queue, denied = deque(), 0
     for node in ctx.nodes:

@@ -241,6 +241,71 @@ def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy.deepcopy(model)
 
 
+# --- the graph rewrites (fuse_elementwise, fuse_reductions) -----------------------------------
+
+def named_model(text: str, *, opset: int = 17) -> onnx.ModelProto:
+    """An ONNX-text graph as an IR 8 model with every node named (``ir.name_nodes``), unchecked."""
+    model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : {opset}]>\n' + text)
+    ir.name_nodes(model)
+    return model
+
+
+def add_ints(model: onnx.ModelProto, name: str, values) -> None:
+    """Append an int64 initializer (axes, shapes) to ``model``."""
+    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def float16_sum_read_as_float32(rows: int, cols: int) -> onnx.ModelProto:
+    """``z = Cast(ReduceSum(h, axis 0), float32)`` for a float16 ``h`` of ``[rows, cols]``: the
+    unfused graph rounds the sum to float16 first, a fused BlockReduceSum writes the float32 sum."""
+    model = named_model(f"""
+    g (float16[{rows},{cols}] h) => (float[{cols}] z) {{
+      t = ReduceSum <keepdims = 0> (h, axes)
+      z = Cast <to = 1> (t)
+    }}""")
+    add_ints(model, "axes", [0])
+    return model
+
+
+def fused_outputs(model: onnx.ModelProto, fuse, feeds: dict[str, np.ndarray], new_ops):
+    """``fuse`` (a rewrite that edits a model in place and returns its result) run on a copy of
+    ``model``, the copy checked; returns the copy, the result, and the outputs of ``model`` and of
+    the copy on onnx's reference evaluator (``new_ops``: the reference ops of the custom ops)."""
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(model).run(None, feeds)
+    fused = copy_model(model)
+    result = fuse(fused)
+    onnx.checker.check_model(fused)
+    got = ReferenceEvaluator(fused, new_ops=new_ops).run(None, feeds)
+    return fused, result, want, got
+
+
+def fused_first_output_on_ort(model: onnx.ModelProto, fuse, feeds: dict[str, np.ndarray]):
+    """``fuse`` run on a copy of ``model``; returns its result and the first output of ``model``
+    and of the copy on ONNX Runtime (``make_session``'s default provider, the library loaded)."""
+    from onnxcampo.runtime import make_session
+
+    want = make_session(model).run(None, feeds)[0]
+    fused = copy_model(model)
+    result = fuse(fused)
+    got = make_session(fused).run(None, feeds)[0]
+    return result, want, got
+
+
+# The fp16 bias + erf GELU of a campo plan with Casts at its edges: x float32, bias float16 (and the
+# float16 scalars s, one and half), y float32.
+BIAS_GELU_CHAIN = """
+      h = Cast <to = 10> (x)
+      a = Add(h, bias)
+      u = Mul(a, s)
+      e = Erf(u)
+      p = Add(e, one)
+      m = Mul(a, half)
+      g16 = Mul(m, p)
+      y = Cast <to = 1> (g16)"""
+
+
 # An 8x8 weight of 0.125s, and the chain most pass tests start from.
 W_INIT = "float[8,8] w = {" + ",".join(["0.125"] * 64) + "}"
 
@@ -263,6 +328,46 @@ g (float[4,8] x) => (float[4,8] y) <{W_INIT}> {{
   [mm2] y = MatMul(s, w)
 }}
 """
+
+
+# --- training steps --------------------------------------------------------------------------
+
+def step_feeds(step: onnx.ModelProto, batch: dict[str, np.ndarray], *, lr: float) -> dict[str, np.ndarray]:
+    """Feeds for a training step graph: ``batch`` as given, each weight its starting value (its
+    ``onnxcampo.initial/<name>`` initializer), ``lr``, a loss scale of 1024 (mixed-precision
+    steps) and zeros for the rest (the optimizer's state)."""
+    initial = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
+    feeds = dict(batch)
+    for value in step.graph.input:
+        name = value.name
+        if name in feeds:
+            continue
+        if f"onnxcampo.initial/{name}" in initial:
+            feeds[name] = initial[f"onnxcampo.initial/{name}"]
+        elif name == "lr":
+            feeds[name] = np.array(lr, np.float32)
+        elif name == "loss_scale":
+            feeds[name] = np.array(1024.0, np.float32)
+        else:
+            dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+            feeds[name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+    return feeds
+
+
+# --- device batches --------------------------------------------------------------------------
+
+class DLPackOnly:
+    """A tensor or array seen through DLPack alone (``__dlpack__`` and ``__dlpack_device__``):
+    host memory as a torch CPU tensor shows itself, or CUDA memory read by OrtValue.from_dlpack."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __dlpack__(self, **options):
+        return self._tensor.__dlpack__(**options)
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
 
 
 # --- the command line -----------------------------------------------------------------------

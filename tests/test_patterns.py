@@ -36,15 +36,22 @@ def _extreme_and_moderate(big: float) -> np.ndarray:
     return x
 
 
+def _fp16_under_amp(text: str, nodes, big: float):
+    """``text`` optimized with policy amp, each of ``nodes`` planned fp16; the input
+    :func:`_extreme_and_moderate` and the output for it (reference evaluator), all finite."""
+    result = onnxcampo.optimize(parse(text), policy="amp")
+    plan = result.report["plan"]
+    assert all(plan[name]["precision"] == "fp16" for name in nodes), plan
+    x = _extreme_and_moderate(big)
+    (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})  # w1 is the identity
+    assert np.isfinite(got).all()
+    return x, got
+
+
 def test_tanh_gelu_runs_fp16_and_saturates_correctly():
     """Before: Pow would deny the whole GELU. After: every node fp16 under amp (no deny left),
     and in fp16 the result for |x| = 100 (x^3 overflows) is still x or 0, as GELU gives."""
-    result = onnxcampo.optimize(parse(GELU), policy="amp")
-    plan = result.report["plan"]
-    assert plan["pow"]["precision"] == "fp16" and plan["tanh"]["precision"] == "fp16"
-    x = _extreme_and_moderate(100.0)
-    (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})  # w1 is the identity
-    assert np.isfinite(got).all()
+    x, got = _fp16_under_amp(GELU, ("pow", "tanh"), 100.0)
     np.testing.assert_allclose(got[0], 100.0, rtol=1e-3)
     np.testing.assert_allclose(got[1], 0.0, atol=1e-3)
     exact = 0.5 * x[2] * (1 + np.tanh(0.7978845608 * (x[2] + 0.044715 * x[2] ** 3)))
@@ -109,12 +116,7 @@ def test_gaussian_exp_runs_fp16_and_saturates_correctly():
     """exp(-u*u), the erf-GELU derivative's Gaussian (onnx-ad writes one per BERT layer into the
     backward pass), lies in (0, 1]: under amp the Exp is fp16 like its neighbours; in fp16 u*u
     overflows for |u| > 256 and exp(-inf) = 0, the limit, and moderate values keep fp16's precision."""
-    result = onnxcampo.optimize(parse(GAUSSIAN), policy="amp")
-    plan = result.report["plan"]
-    assert plan["exp"]["precision"] == "fp16" and plan["mulx"]["precision"] == "fp16"
-    x = _extreme_and_moderate(1000.0)
-    (got,) = ReferenceEvaluator(result.model).run(None, {"a": x})  # w1 is the identity
-    assert np.isfinite(got).all()
+    x, got = _fp16_under_amp(GAUSSIAN, ("exp", "mulx"), 1000.0)
     np.testing.assert_array_equal(got[:2], 0.0)
     exact = np.exp(-(x[2:] * 0.70710678) ** 2) * x[2:]
     np.testing.assert_allclose(got[2:], exact, rtol=2e-3, atol=1e-3)

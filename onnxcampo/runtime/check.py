@@ -40,6 +40,7 @@ import onnxruntime as ort
 from onnxcampo import ops
 from onnxcampo.errors import CampoError, ModelLoadError, RuntimeCrashError, WrittenModelLoadError
 from onnxcampo.ir.io import exceeds_protobuf_limit
+from onnxcampo.ir.topology import iter_graphs
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def _ops_without_kernels(model: onnx.ModelProto, provider: str) -> list[str]:
     known = kernels if kernels is not None else _schemas()
     functions = {(f.domain, f.name) for f in model.functions}
     missing: set[str] = set()
-    for node in _all_nodes(model.graph):
+    for node in (n for g in iter_graphs(model.graph) for n in g.node):
         domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
         if domain == ops.DOMAIN or (domain, node.op_type) in known or (node.domain, node.op_type) in functions:
             continue
@@ -199,15 +200,6 @@ def _ops_without_kernels(model: onnx.ModelProto, provider: str) -> list[str]:
     return sorted(missing)
 
 
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _all_nodes(sub)
 
 
 def _pairs(entries, name: str) -> frozenset[tuple[str, str]]:

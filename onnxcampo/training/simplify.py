@@ -137,6 +137,13 @@ class _Graph(ir.ModelEdit):
         self.shapes[name] = tuple(array.shape)
         return name
 
+    def of_type(self, *op_types: str):
+        """The nodes of these op types, in graph order, over a copy of the node list (a rule may
+        edit the graph as it goes; a node's op type is read when the walk reaches it)."""
+        for node in list(self.nodes):
+            if node.op_type in op_types:
+                yield node
+
 
 _attr = ir.attribute
 
@@ -432,9 +439,7 @@ def matmul_weight_gradient(g: _Graph) -> int:
     """Rule 1b (see the module docstring); returns how many ReduceSums of batched products it rewrote."""
     count = 0
     producers, consumers = g.producers(), g.consumers()
-    for node in list(g.nodes):
-        if node.op_type != "ReduceSum":
-            continue
+    for node in g.of_type("ReduceSum"):
         found = _match_matmul_gradient(g, node, producers, consumers)
         if found is None:
             continue
@@ -553,9 +558,7 @@ def _split_sizes(shape: tuple[int, ...], axes: list[int]) -> tuple[int, int, int
 def matrix_reductions(g: _Graph) -> int:
     """Rule 7 (see the module docstring); returns how many ReduceSums it rewrote."""
     count = 0
-    for node in list(g.nodes):
-        if node.op_type != "ReduceSum":
-            continue
+    for node in g.of_type("ReduceSum"):
         shape, out = g.static(node.input[0]), g.static(node.output[0])
         if shape is None or out is None or 0 in shape or 0 in out:
             continue
@@ -611,26 +614,23 @@ def _alias(g: _Graph, node, source: str) -> bool:
 def same_shape_expand(g: _Graph) -> int:
     """Rule 2."""
     count = 0
-    for node in list(g.nodes):
-        if node.op_type == "Expand":
-            shape = g.static(node.input[0])
-            if shape is not None and shape == g.static(node.output[0]) and _alias(g, node, node.input[0]):
-                count += 1
+    for node in g.of_type("Expand"):
+        shape = g.static(node.input[0])
+        if shape is not None and shape == g.static(node.output[0]) and _alias(g, node, node.input[0]):
+            count += 1
     return count
 
 
 def identity(g: _Graph) -> int:
     """Rule 2b: an Identity's readers read its input (onnx-ad ends every weight gradient with one)."""
-    return sum(_alias(g, node, node.input[0]) for node in list(g.nodes) if node.op_type == "Identity")
+    return sum(_alias(g, node, node.input[0]) for node in g.of_type("Identity"))
 
 
 def squeeze_as_reshape(g: _Graph) -> int:
     """Rule 5a: a Squeeze or Unsqueeze with a static output shape is a Reshape to that shape, which
     rule 5 then merges with its neighbours (onnx-ad squeezes the seed axis off every gradient)."""
     count = 0
-    for node in list(g.nodes):
-        if node.op_type not in ("Squeeze", "Unsqueeze"):
-            continue
+    for node in g.of_type("Squeeze", "Unsqueeze"):
         out = g.static(node.output[0])
         if out is None or 0 in out or g.static(node.input[0]) is None:  # a 0 in a Reshape shape copies a dim
             continue
@@ -655,9 +655,7 @@ def _moves_only_ones(shape: tuple[int, ...], perm: list[int]) -> bool:
 def unit_axis_transpose(g: _Graph) -> int:
     """Rule 3."""
     count = 0
-    for node in list(g.nodes):
-        if node.op_type != "Transpose":
-            continue
+    for node in g.of_type("Transpose"):
         shape, out = g.static(node.input[0]), g.static(node.output[0])
         perm = list(_attr(node, "perm", []))
         if shape is None or out is None or not perm or not _moves_only_ones(shape, perm):
@@ -671,9 +669,7 @@ def transpose_pairs(g: _Graph) -> int:
     """Rule 4."""
     count = 0
     producers, consumers = g.producers(), g.consumers()
-    for node in list(g.nodes):
-        if node.op_type != "Transpose":
-            continue
+    for node in g.of_type("Transpose"):
         first = _sole_producer(g, producers, consumers, node.input[0], "Transpose")
         if first is None:
             continue
@@ -703,9 +699,7 @@ def reshape_chains(g: _Graph) -> int:
     """Rule 5."""
     count = 0
     producers, consumers = g.producers(), g.consumers()
-    for node in list(g.nodes):
-        if node.op_type != "Reshape":
-            continue
+    for node in g.of_type("Reshape"):
         out = g.static(node.output[0])
         if out is None:
             continue
@@ -726,22 +720,20 @@ def reshape_chains(g: _Graph) -> int:
 
 def full_slice(g: _Graph) -> int:
     """Rule 6."""
-    count = 0
-    for node in list(g.nodes):
-        if node.op_type != "Slice":
-            continue
-        shape = g.static(node.input[0])
-        values = [g.constants.get(name) for name in node.input[1:]]
-        if shape is None or len(values) < 2 or any(v is None for v in values):
-            continue
-        starts, ends = list(values[0].reshape(-1)), list(values[1].reshape(-1))
-        axes = list(values[2].reshape(-1)) if len(values) > 2 else list(range(len(starts)))
-        steps = list(values[3].reshape(-1)) if len(values) > 3 else [1] * len(starts)
-        whole = all(s == 0 and st == 1 and e >= shape[a % len(shape)]
-                    for s, e, a, st in zip(starts, ends, axes, steps))
-        if whole and _alias(g, node, node.input[0]):
-            count += 1
-    return count
+    return sum(_takes_all(g, node) and _alias(g, node, node.input[0]) for node in g.of_type("Slice"))
+
+
+def _takes_all(g: _Graph, node) -> bool:
+    """Whether the Slice ``node`` keeps every element of its input (static shape, constant
+    starts/ends/axes/steps)."""
+    shape = g.static(node.input[0])
+    values = [g.constants.get(name) for name in node.input[1:]]
+    if shape is None or len(values) < 2 or any(v is None for v in values):
+        return False
+    starts, ends = list(values[0].reshape(-1)), list(values[1].reshape(-1))
+    axes = list(values[2].reshape(-1)) if len(values) > 2 else list(range(len(starts)))
+    steps = list(values[3].reshape(-1)) if len(values) > 3 else [1] * len(starts)
+    return all(s == 0 and st == 1 and e >= shape[a % len(shape)] for s, e, a, st in zip(starts, ends, axes, steps))
 
 
 ELEMENTWISE_BINARY = ("Add", "Sub", "Mul", "Div")

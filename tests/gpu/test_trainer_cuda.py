@@ -27,6 +27,7 @@ import onnxruntime as ort
 import pytest
 
 from cases import training as cases
+from helpers import DLPackOnly
 from onnxcampo.errors import ConfigError
 from onnxcampo.examples.training_mlp import CLASSES, X, mlp, wide_mlp
 from onnxcampo.training import Trainer, build_train_step, initial_weights
@@ -55,19 +56,6 @@ def _torch():
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
     return torch
-
-
-class DLPackOnly:
-    """CUDA memory seen through DLPack alone (read by OrtValue.from_dlpack)."""
-
-    def __init__(self, tensor):
-        self._tensor = tensor
-
-    def __dlpack__(self, **options):
-        return self._tensor.__dlpack__(**options)
-
-    def __dlpack_device__(self):
-        return self._tensor.__dlpack_device__()
 
 
 def _converters(device, kind: str):

@@ -15,6 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from helpers import step_feeds
 
 import onnxcampo
 from onnxcampo import ir
@@ -100,23 +101,9 @@ def _feeds(step, classes, seed=0):
     """x and labels at random, the weights their starting values, their momenta zero, lr 0.1 and
     (mixed-precision steps) a loss scale of 1024."""
     rng = np.random.default_rng(seed)
-    feeds = {"x": rng.standard_normal((4, 3, 16)).astype(np.float32),
+    batch = {"x": rng.standard_normal((4, 3, 16)).astype(np.float32),
              "labels": rng.integers(0, classes, size=(4, 3)).astype(np.int64)}
-    initial = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
-    for value in step.graph.input:
-        name = value.name
-        if name in feeds:
-            continue
-        if f"onnxcampo.initial/{name}" in initial:
-            feeds[name] = initial[f"onnxcampo.initial/{name}"]
-        elif name == "lr":
-            feeds[name] = np.array(0.1, np.float32)
-        elif name == "loss_scale":
-            feeds[name] = np.array(1024.0, np.float32)
-        else:
-            dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-            feeds[name] = np.zeros(dims, onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
-    return feeds
+    return step_feeds(step, batch, lr=0.1)
 
 
 def _fused(step):
@@ -298,14 +285,11 @@ def test_rule_5_writes_the_padded_float16_gradient_and_the_casts_and_pads_go():
 
 
 def test_rule_5_folds_the_casts_alone_when_nothing_pads():
-    paths = """
-      seed = Reshape(dx, s1)
-      seed16 = Cast <to = 10> (seed)
-      m = MatMul(seed16, w)
-      dxw = Reshape(m, s2m)
-      rows = Reshape(seed, s2)
-      rows16 = Cast <to = 10> (rows)
-      dw = Gemm <transA = 1> (a, rows16)"""
+    paths = GPT2_LIKE.replace("seed_padded = Pad(seed16, pads4)\n      m = MatMul(seed_padded, w)",
+                              "m = MatMul(seed16, w)")
+    paths = paths.replace("rows_padded = Pad(rows16, pads2)\n      dw = Gemm <transA = 1> (a, rows_padded)",
+                          "dw = Gemm <transA = 1> (a, rows16)")
+    assert "Pad" not in paths  # GPT2_LIKE without its Pads
     model = _gradient_then(paths, padded=10)
     folded, result = _fold(model)
     assert (result.gradient_casts, result.gradient_pads) == (2, 0)

@@ -9,25 +9,16 @@ with numpy instead. The float16 numerics of the kernel itself: tests/ops/test_bl
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import add_ints as _ints, copy_model, float16_sum_read_as_float32, fused_first_output_on_ort
+from helpers import named_model as _model
+
 import onnxcampo
-from onnxcampo import ir
 from onnxcampo.rewrites.reductions import fuse_reductions
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import build_train_step
-
-
-def _model(text: str) -> onnx.ModelProto:
-    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
-    ir.name_nodes(model)
-    return model
-
-
-def _ints(model, name, values):
-    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
 
 
 def _random_feeds(session, seed=0):
@@ -73,8 +64,7 @@ def test_a_graph_of_reductions_gives_the_unfused_values_on_ort_cpu(library):
     _ints(model, "rows", [0, 1])
     _ints(model, "conv", [0, 2, 3])
     _ints(model, "first", [0])
-    fused = onnx.ModelProto()
-    fused.CopyFrom(model)
+    fused = copy_model(model)
     result = fuse_reductions(fused)
     assert result.fused == 3 and result.casts == 2
     plain, custom = make_session(model, provider="cpu"), make_session(fused, provider="cpu")
@@ -83,12 +73,7 @@ def test_a_graph_of_reductions_gives_the_unfused_values_on_ort_cpu(library):
 
 
 def test_a_float16_reduction_read_as_float32_is_the_float32_sum(library):
-    model = _model("""
-    g (float16[512,8] h) => (float[8] z) {
-      t = ReduceSum <keepdims = 0> (h, axes)
-      z = Cast <to = 1> (t)
-    }""")
-    _ints(model, "axes", [0])
+    model = float16_sum_read_as_float32(512, 8)
     fuse_reductions(model)
     h = (np.random.default_rng(3).standard_normal((512, 8)) * 40).astype(np.float16)
     got = run(make_session(model, provider="cpu"), {"h": h})["z"]
@@ -144,15 +129,7 @@ def test_an_fp16_reduction_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there
     """ORT's CPU provider runs an fp16 node whose neighbours have no fp16 CPU kernels in fp32 (its
     InsertCastTransformer); BlockReduceSum, told its input's planned type, then writes its fp16
     output as fp32. A wiring check on ORT CPU: the values match the unfused model's."""
-    import numpy as np
-    import onnx
-
-    from onnxcampo import ir
-    from onnxcampo.rewrites.reductions import fuse_reductions
-    from onnxcampo.runtime import make_session
-
-    model = onnx.parser.parse_model("""
-    <ir_version: 8, opset_import: ["" : 17]>
+    model = _model("""
     g (float16[64,8] x) => (float16[8] y) {
       s = Softmax <axis = -1> (x)
       axes = Constant <value = int64[1] {0}> ()
@@ -160,13 +137,9 @@ def test_an_fp16_reduction_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there
       y = Softmax <axis = -1> (r)
     }
     """)
-    ir.name_nodes(model)
     feeds = {"x": np.random.default_rng(6).standard_normal((64, 8)).astype(np.float16)}
-    want = make_session(model).run(None, feeds)[0]
-    fused = onnx.ModelProto()
-    fused.CopyFrom(model)
-    assert fuse_reductions(fused).fused == 1
-    got = make_session(fused).run(None, feeds)[0]
+    result, want, got = fused_first_output_on_ort(model, fuse_reductions, feeds)
+    assert result.fused == 1
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3)
 
 

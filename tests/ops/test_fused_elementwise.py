@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from cases import fused_elementwise as cases
+from helpers import BIAS_GELU_CHAIN, named_model
 from onnxcampo.errors import CampoError
 from onnxcampo.ops import elementwise as ew
 from onnxcampo.ops import nodes
@@ -226,26 +227,10 @@ def test_the_node_builder_checks_the_program():
                                 output_types=[F32], name="n")
 
 
-def _parsed(text: str) -> onnx.ModelProto:
-    from onnxcampo import ir
-
-    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
-    ir.name_nodes(model)
-    return model
-
-
 FUSION_MODELS = {
     # the fp16 bias + erf GELU of a campo plan, Casts at the edges; an intermediate read outside
     "bias_gelu": ("""
-    g (float[64,96] x, float16[96] bias) => (float[64,96] y, float16[64,96] a) {
-      h = Cast <to = 10> (x)
-      a = Add(h, bias)
-      u = Mul(a, s)
-      e = Erf(u)
-      p = Add(e, one)
-      m = Mul(a, half)
-      g16 = Mul(m, p)
-      y = Cast <to = 1> (g16)
+    g (float[64,96] x, float16[96] bias) => (float[64,96] y, float16[64,96] a) {""" + BIAS_GELU_CHAIN + """
     }
     """, {"s": 0.70710678, "one": 1.0, "half": 0.5}),
     # fp32 arithmetic with a [N, 1] operand, a Sigmoid, fp16 at one edge
@@ -271,7 +256,7 @@ def test_models_fused_by_fuse_elementwise_run_on_ort_cpu(library, name):
     from onnxcampo.rewrites.elementwise import fuse_elementwise
 
     text, scalars = FUSION_MODELS[name]
-    model = _parsed(text)
+    model = named_model(text)
     for key, value in scalars.items():
         model.graph.initializer.append(numpy_helper.from_array(np.array([value], np.float16), key))
     rng = np.random.default_rng(5)

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from helpers import step_feeds
 
 import onnxcampo
 from onnxcampo.rewrites.norm import fuse_layer_norm_grad
@@ -71,23 +72,11 @@ def _block():
 
 
 def _feeds(step, seed=0):
+    """x and labels (mse targets) at random, the rest as :func:`helpers.step_feeds` gives them (lr 0.05)."""
     rng = np.random.default_rng(seed)
-    feeds = {}
-    initial = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
-    for value in step.graph.input:
-        name = value.name
-        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        if f"onnxcampo.initial/{name}" in initial:
-            feeds[name] = initial[f"onnxcampo.initial/{name}"]
-        elif name == "lr":
-            feeds[name] = np.array(0.05, np.float32)
-        elif name == "loss_scale":
-            feeds[name] = np.array(1024.0, np.float32)
-        elif name in ("x", "labels"):
-            feeds[name] = rng.standard_normal(dims).astype(np.float32)
-        else:
-            feeds[name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
-    return feeds
+    batch = {value.name: rng.standard_normal([d.dim_value for d in value.type.tensor_type.shape.dim]).astype(np.float32)
+             for value in step.graph.input if value.name in ("x", "labels")}
+    return step_feeds(step, batch, lr=0.05)
 
 
 def _fused(model):

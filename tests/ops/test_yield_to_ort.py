@@ -4,21 +4,8 @@ the CPU provider; the written models load on it: a wiring check)."""
 
 from __future__ import annotations
 
-import onnx
+from helpers import named_model as _model, ops as _ops
 from rewrites.test_elementwise import scaled_chain
-
-from onnxcampo import ir
-
-
-def _model(text: str) -> onnx.ModelProto:
-    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
-    ir.name_nodes(model)
-    return model
-
-
-def _ops(model):
-    return [n.op_type for n in model.graph.node]
-
 
 
 def test_yield_to_ort_fusions_leaves_a_matmuls_scale_to_onnx_runtime(library):

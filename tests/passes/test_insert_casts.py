@@ -146,10 +146,10 @@ def test_cast_planned_fp32_stays_and_a_cast_is_added():
 
 
 # --- rule 3: one Cast per (tensor, dtype) ----------------------------------------------------
-def test_one_cast_per_tensor_and_dtype_shared_by_consumers():
-    """Rule 3: x is read by three fp16 nodes and one fp32 node: one Cast ``x -> x/fp16``
-    feeds all three fp16 consumers; the fp32 Exp reads x."""
-    ctx, model, counts = apply_counted("""
+def _x_read_four_times():
+    """The pass on x read by three fp16 nodes and one fp32 node, all four graph outputs: (ctx,
+    model, counts)."""
+    return apply_counted("""
     g (float[4,8] x) => (float[4,8] a, float[4,8] b, float[4,8] c, float[4,8] d) {
       [relu] a = Relu(x)
       [sig] b = Sigmoid(x)
@@ -157,6 +157,12 @@ def test_one_cast_per_tensor_and_dtype_shared_by_consumers():
       [exp] d = Exp(x)
     }
     """, {"relu": "fp16", "sig": "fp16", "tanh": "fp16", "exp": "fp32"})
+
+
+def test_one_cast_per_tensor_and_dtype_shared_by_consumers():
+    """Rule 3: x is read by three fp16 nodes and one fp32 node: one Cast ``x -> x/fp16``
+    feeds all three fp16 consumers; the fp32 Exp reads x."""
+    ctx, model, counts = _x_read_four_times()
     to_half = [c for c in casts(model) if list(c.input) == ["x"]]
     assert len(to_half) == 1 and list(to_half[0].output) == ["x/fp16"]
     assert sorted(n.name for n in consumers(model, "x/fp16")) == ["relu", "sig", "tanh"]
@@ -535,14 +541,7 @@ def test_every_cast_says_why_it_is_there():
     """Each Cast the pass adds is recorded (``ctx.inserted``, the written node's doc_string) with
     its tensor, where the tensor comes from and who reads it: x to fp16 for the three fp16
     readers, each output back to fp32 because it is a graph output."""
-    ctx, model, _ = apply_counted("""
-    g (float[4,8] x) => (float[4,8] a, float[4,8] b, float[4,8] c, float[4,8] d) {
-      [relu] a = Relu(x)
-      [sig] b = Sigmoid(x)
-      [tanh] c = Tanh(x)
-      [exp] d = Exp(x)
-    }
-    """, {"relu": "fp16", "sig": "fp16", "tanh": "fp16", "exp": "fp32"})
+    ctx, model, _ = _x_read_four_times()
     assert sorted(ctx.inserted) == sorted(c.name for c in casts(model))
     assert ctx.inserted["x/cast_fp16"] == {
         "op": "Cast", "why": "Cast to float16 of x (graph input); for fp16 relu, fp16 sig, fp16 tanh"}

@@ -257,27 +257,37 @@ def conv_model(c_in, c_out, *, group=1, bias=True, op="Conv"):
     )
 
 
+def _channels_padded(op: str, side: int):
+    """``conv_model(5, 7, op=op)`` through the pass: one node padded (a Pad and a Slice), the
+    weight [8, 8, 3, 3], and the same output as the unpadded plan's (reference evaluator, x of
+    [1, 5, side, side]); returns the padded model, its ``op`` node, its weight and its output."""
+    model = conv_model(5, 7, op=op)
+    _, padded, result = run(model)
+    assert result.counts == {"nodes": 1, "pad_slice_nodes": 2}
+    assert ops(padded) == ["Cast", "Pad", op, "Slice", "Cast"]
+    conv = node(padded, "mm")
+    weight = initializer(padded, conv.input[1])
+    assert weight.shape == (8, 8, 3, 3)
+    _, unpadded, _ = run(model, pad=False)
+    x = rng_array((1, 5, side, side), 2, scale=1.0)
+    (got,), (want,) = reference_run(padded, {"x": x}), reference_run(unpadded, {"x": x})
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    return padded, conv, weight, got
+
+
 def test_conv_channels_padded_and_identical():
     """Rule 2: Conv (group=1) with 5 input and 7 output channels: X gets a Pad on axis 1 to 8
     channels, the weight [7,5,3,3] becomes [8,8,3,3] with zero rows and columns, the bias gets a
     zero, Y is sliced back to 7 channels on axis 1; identical output."""
-    model = conv_model(5, 7)
-    ctx, padded, result = run(model)
-    assert result.counts == {"nodes": 1, "pad_slice_nodes": 2}
-    assert ops(padded) == ["Cast", "Pad", "Conv", "Slice", "Cast"]
-    conv = node(padded, "mm")
-    weight = initializer(padded, conv.input[1])
-    assert weight.shape == (8, 8, 3, 3) and not weight[7:].any() and not weight[:, 5:].any()
+    padded, conv, weight, got = _channels_padded("Conv", 8)
+    assert not weight[7:].any() and not weight[:, 5:].any()
     bias = initializer(padded, conv.input[2])
     assert bias.shape == (8,) and bias[7] == 0
     pad = producer(padded, conv.input[0])
     assert initializer(padded, pad.input[1]).tolist() == [0, 0, 0, 0, 0, 3, 0, 0]
     assert slice_spec(padded, 4) == ([0], [7], [1])
-    _, unpadded, _ = run(model, pad=False)
-    x = rng_array((1, 5, 8, 8), 2, scale=1.0)
-    (got,), (want,) = reference_run(padded, {"x": x}), reference_run(unpadded, {"x": x})
     assert got.shape == (1, 7, 8, 8)
-    np.testing.assert_array_equal(got, want)
 
 
 def test_conv_without_bias_padded():
@@ -301,18 +311,8 @@ def test_conv_transpose_channels_padded_and_identical():
     """Rule 2: ConvTranspose (group=1) with weight [5,7,3,3] (C_in=5, C_out=7): X padded to 8
     channels, the weight to [8,8,3,3] with zero slices, the bias gets a zero, Y is sliced back
     to 7 channels; identical output."""
-    model = conv_model(5, 7, op="ConvTranspose")
-    _, padded, result = run(model)
-    assert result.counts == {"nodes": 1, "pad_slice_nodes": 2}
-    assert ops(padded) == ["Cast", "Pad", "ConvTranspose", "Slice", "Cast"]
-    conv = node(padded, "mm")
-    weight = initializer(padded, conv.input[1])
-    assert weight.shape == (8, 8, 3, 3) and not weight[5:].any() and not weight[:, 7:].any()
-    _, unpadded, _ = run(model, pad=False)
-    x = rng_array((1, 5, 12, 12), 2, scale=1.0)
-    (got,), (want,) = reference_run(padded, {"x": x}), reference_run(unpadded, {"x": x})
-    assert got.shape == want.shape
-    np.testing.assert_array_equal(got, want)
+    _, _, weight, _ = _channels_padded("ConvTranspose", 12)
+    assert not weight[5:].any() and not weight[:, 7:].any()
 
 
 @pytest.mark.slow

@@ -7,24 +7,15 @@ import pytest
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from helpers import BIAS_GELU_CHAIN, fused_first_output_on_ort, fused_outputs, named_model as _model, ops as _ops
+
 from onnxcampo import ir
 from onnxcampo.rewrites.elementwise import fuse_elementwise
 from onnxcampo.ops import elementwise as ew
 
 
-def _model(text: str) -> onnx.ModelProto:
-    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n' + text)
-    ir.name_nodes(model)
-    return model
-
-
 def _same_values(model, feeds, exact=True):
-    unfused = ReferenceEvaluator(model).run(None, feeds)
-    fused_model = onnx.ModelProto()
-    fused_model.CopyFrom(model)
-    result = fuse_elementwise(fused_model)
-    onnx.checker.check_model(fused_model)
-    got = ReferenceEvaluator(fused_model, new_ops=[ew.reference_op()]).run(None, feeds)
+    fused_model, result, unfused, got = fused_outputs(model, fuse_elementwise, feeds, [ew.reference_op()])
     for want, have in zip(unfused, got):
         assert want.dtype == have.dtype and want.shape == have.shape
         if exact:
@@ -34,21 +25,9 @@ def _same_values(model, feeds, exact=True):
     return fused_model, result
 
 
-def _ops(model):
-    return [n.op_type for n in model.graph.node]
-
-
 def test_a_bias_gelu_chain_with_its_casts_becomes_one_node_with_the_same_fp16_values():
     model = _model("""
-    g (float[4,8] x, float16[8] bias) => (float[4,8] y) {
-      h = Cast <to = 10> (x)
-      a = Add(h, bias)
-      u = Mul(a, s)
-      e = Erf(u)
-      p = Add(e, one)
-      m = Mul(a, half)
-      g16 = Mul(m, p)
-      y = Cast <to = 1> (g16)
+    g (float[4,8] x, float16[8] bias) => (float[4,8] y) {""" + BIAS_GELU_CHAIN + """
     }
     """)
     for name, value in (("s", 0.70710678), ("one", 1.0), ("half", 0.5)):  # scalars as a campo plan leaves them
@@ -205,8 +184,6 @@ def test_an_fp16_chain_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there():
     """ORT's CPU provider runs an fp16 node whose neighbours have no fp16 kernels in fp32 (it
     casts around it); the fused node, told its input types, writes its fp16 outputs as fp32 then.
     A wiring check on ORT CPU (which hides fp16 rounding): the values match the unfused model's."""
-    from onnxcampo.runtime import make_session
-
     model = _model("""
     g (float16[4,8] x, float16[4,8] mask) => (float16[4,8] y) {
       s = Softmax <axis = -1> (x)
@@ -219,11 +196,8 @@ def test_an_fp16_chain_between_ops_ort_cpu_runs_in_fp32_loads_and_runs_there():
     """)
     rng = np.random.default_rng(5)
     feeds = {"x": rng.standard_normal((4, 8)).astype(np.float16), "mask": rng.standard_normal((4, 8)).astype(np.float16)}
-    want = make_session(model).run(None, feeds)[0]
-    fused = onnx.ModelProto()
-    fused.CopyFrom(model)
-    assert fuse_elementwise(fused).groups == 1
-    got = make_session(fused).run(None, feeds)[0]
+    result, want, got = fused_first_output_on_ort(model, fuse_elementwise, feeds)
+    assert result.groups == 1
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3)
 
 
@@ -497,13 +471,11 @@ def _both_fusions(model, feeds, **options):
     from onnxcampo.ops import reduce as block_reduce
     from onnxcampo.rewrites.reductions import fuse_reductions
 
-    want = ReferenceEvaluator(model).run(None, feeds)
-    fused = onnx.ModelProto()
-    fused.CopyFrom(model)
-    fuse_reductions(fused)
-    result = fuse_elementwise(fused, **options)
-    onnx.checker.check_model(fused)
-    got = ReferenceEvaluator(fused, new_ops=[ew.reference_op(), block_reduce.reference_op()]).run(None, feeds)
+    def fuse(copy):
+        fuse_reductions(copy)
+        return fuse_elementwise(copy, **options)
+
+    fused, result, want, got = fused_outputs(model, fuse, feeds, [ew.reference_op(), block_reduce.reference_op()])
     for expected, actual in zip(want, got):
         assert expected.dtype == actual.dtype and expected.shape == actual.shape
         np.testing.assert_array_equal(actual, expected)

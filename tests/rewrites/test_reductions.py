@@ -10,24 +10,15 @@ on ONNX Runtime's CPU provider with the library's kernel.
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from onnxcampo import ir
+from helpers import add_ints as _ints, float16_sum_read_as_float32, fused_outputs, named_model as _model, ops as _ops
+
 from onnxcampo.ops import reduce as block_reduce
 from onnxcampo.rewrites.reductions import fuse_reductions
 
 OP = block_reduce.OP_TYPE
-
-
-def _model(text: str, opset: int = 17) -> onnx.ModelProto:
-    model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : {opset}]>\n' + text)
-    ir.name_nodes(model)
-    return model
-
-
-def _ints(model, name, values):
-    model.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
 
 
 def _feeds(model, seed=0):
@@ -42,22 +33,12 @@ def _feeds(model, seed=0):
 
 def _fuse(model, *, exact=True):
     """The fused copy of ``model``, its result, and a check of its values against the unfused."""
-    feeds = _feeds(model)
-    want = ReferenceEvaluator(model).run(None, feeds)
-    fused = onnx.ModelProto()
-    fused.CopyFrom(model)
-    result = fuse_reductions(fused)
-    onnx.checker.check_model(fused)
-    got = ReferenceEvaluator(fused, new_ops=[block_reduce.reference_op()]).run(None, feeds)
+    fused, result, want, got = fused_outputs(model, fuse_reductions, _feeds(model), [block_reduce.reference_op()])
     for value, expected, actual in zip(model.graph.output, want, got):
         assert actual.dtype == expected.dtype and actual.shape == expected.shape, value.name
         if exact:
             np.testing.assert_array_equal(actual, expected, err_msg=value.name)
     return fused, result
-
-
-def _ops(model):
-    return [n.op_type for n in model.graph.node]
 
 
 def _node(model):
@@ -121,17 +102,25 @@ def test_simplify_rule_7s_reduce_sum_pair_with_its_reshapes_is_one_node():
     assert "ReduceSum" not in _ops(fused)
 
 
-def test_a_cast_to_float32_read_only_by_the_reduction_is_folded():
-    model = _model("""
+@pytest.mark.parametrize("text, ops, reads, output_type, casts", [
+    pytest.param("""
     g (float16[64,8] dy) => (float[8] db) {
       d32 = Cast <to = 1> (dy)
       db = ReduceSum <keepdims = 0> (d32, axes)
-    }""")
+    }""", [OP], "dy", TensorProto.FLOAT, 1, id="to_float32_read_only_by_the_reduction_is_folded"),
+    pytest.param("""
+    g (float[64,8] x) => (float16[8] y) {
+      h = Cast <to = 10> (x)
+      y = ReduceSum <keepdims = 0> (h, axes)
+    }""", ["Cast", OP], "h", TensorProto.FLOAT16, 0, id="to_float16_before_the_reduction_stays_it_rounds"),
+])
+def test_a_cast_before_the_reduction(text, ops, reads, output_type, casts):
+    model = _model(text)
     _ints(model, "axes", [0])
     fused, result = _fuse(model)
     node, attrs = _node(fused)
-    assert _ops(fused) == [OP] and list(node.input) == ["dy"] and attrs["output_type"] == TensorProto.FLOAT
-    assert result.casts == 1
+    assert _ops(fused) == ops and list(node.input) == [reads] and attrs["output_type"] == output_type
+    assert result.casts == casts
 
 
 def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_input():
@@ -149,21 +138,27 @@ def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_input():
     assert result.casts == 0
 
 
+def _bias_gradients_of_a_residual(first: str, second: str, readers: str = "") -> onnx.ModelProto:
+    """Two sums, named ``first`` and ``second``, of one float32 Cast of a float16 gradient dy, each
+    through a Reshape (the graph outputs a and b: the sums, or what ``readers`` compute from them)."""
+    model = _model(f"""
+    g (float16[64,8,5] dy) => (float[8] a, float[8] b) {{
+      d32 = Cast <to = 1> (dy)
+      r1 = Reshape(d32, shape)
+      {first} = ReduceSum <keepdims = 0> (r1, axes)
+      r2 = Reshape(d32, shape)
+      {second} = ReduceSum <keepdims = 0> (r2, axes){readers}
+    }}""")
+    _ints(model, "axes", [0, 2])
+    _ints(model, "shape", [64, 8, 5])
+    return model
+
+
 def test_a_cast_read_only_by_two_reductions_goes():
     """A residual gradient's two bias gradients (a ResNet stage's first block: the conv3 and the
     downsample bias) each sum the same float32 Cast of a float16 tensor: both read the float16
     tensor and the Cast goes."""
-    model = _model("""
-    g (float16[64,8,5] dy) => (float[8] a, float[8] b) {
-      d32 = Cast <to = 1> (dy)
-      r1 = Reshape(d32, shape)
-      a = ReduceSum <keepdims = 0> (r1, axes)
-      r2 = Reshape(d32, shape)
-      b = ReduceSum <keepdims = 0> (r2, axes)
-    }""")
-    _ints(model, "axes", [0, 2])
-    _ints(model, "shape", [64, 8, 5])
-    fused, result = _fuse(model)
+    fused, result = _fuse(_bias_gradients_of_a_residual("a", "b"))
     assert _ops(fused) == [OP, OP] and all(list(n.input) == ["dy"] for n in fused.graph.node)
     assert result.casts == 1 and result.fused == 2
 
@@ -171,19 +166,9 @@ def test_a_cast_read_only_by_two_reductions_goes():
 def test_two_sums_of_one_tensor_are_one_node_and_its_output_is_read_twice():
     """Rule 6: the conv3 and downsample bias gradients of a ResNet stage's first block sum the
     same residual gradient; one node sums it, both readers read its output."""
-    model = _model("""
-    g (float16[64,8,5] dy) => (float[8] a, float[8] b) {
-      d32 = Cast <to = 1> (dy)
-      r1 = Reshape(d32, shape)
-      s1 = ReduceSum <keepdims = 0> (r1, axes)
-      r2 = Reshape(d32, shape)
-      s2 = ReduceSum <keepdims = 0> (r2, axes)
+    fused, result = _fuse(_bias_gradients_of_a_residual("s1", "s2", readers="""
       a = Neg(s1)
-      b = Abs(s2)
-    }""")
-    _ints(model, "axes", [0, 2])
-    _ints(model, "shape", [64, 8, 5])
-    fused, result = _fuse(model)
+      b = Abs(s2)"""))
     assert _ops(fused) == [OP, "Neg", "Abs"] and list(fused.graph.node[0].input) == ["dy"]
     (out,) = fused.graph.node[0].output
     assert [n.input[0] for n in fused.graph.node[1:]] == [out, out]
@@ -209,18 +194,6 @@ def test_sums_of_one_tensor_over_other_axes_or_to_other_types_stay_two_nodes():
     assert _ops(fused).count(OP) == 3 and result.shared == 0
 
 
-def test_a_cast_to_float16_before_the_reduction_stays_it_rounds():
-    model = _model("""
-    g (float[64,8] x) => (float16[8] y) {
-      h = Cast <to = 10> (x)
-      y = ReduceSum <keepdims = 0> (h, axes)
-    }""")
-    _ints(model, "axes", [0])
-    fused, _ = _fuse(model)
-    node, attrs = _node(fused)
-    assert _ops(fused) == ["Cast", OP] and list(node.input) == ["h"] and attrs["output_type"] == TensorProto.FLOAT16
-
-
 def test_casts_after_the_reduction_are_folded_into_its_output_type():
     model = _model("""
     g (float[64,8] x, float16[16,4] h) => (float16[8] y, float[4] z) {
@@ -239,12 +212,7 @@ def test_casts_after_the_reduction_are_folded_into_its_output_type():
 
 def test_a_float16_reduction_cast_to_float32_keeps_the_float32_sum():
     # the unfused graph rounds the sum to float16 first; the fused node writes the float32 sum
-    model = _model("""
-    g (float16[3,2] h) => (float[2] z) {
-      t = ReduceSum <keepdims = 0> (h, axes)
-      z = Cast <to = 1> (t)
-    }""")
-    _ints(model, "axes", [0])
+    model = float16_sum_read_as_float32(3, 2)
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
     fuse_reductions(fused)

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from helpers import DLPackOnly
 
 from onnxcampo.errors import ConfigError, ModelLoadError
 from onnxcampo.examples.training_mlp import TARGET, X, mlp
@@ -167,19 +168,6 @@ def test_the_command_line_has_a_way_out(tmp_path, capsys):
 
 # --- OrtValue and DLPack batches on the CPU ---------------------------------------------------
 
-class _HostDLPack:
-    """Host memory seen only through DLPack (as a torch CPU tensor shows itself)."""
-
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, **options):
-        return self._array.__dlpack__(**options)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
-
-
 @pytest.mark.parametrize("graph_path", [False, True], ids=["plain", "fixed-buffers"])
 def test_ortvalue_and_dlpack_batches_give_the_losses_of_numpy_batches(step, graph_path):
     """Wiring on ORT CPU: OrtValues are bound as they are (plain path) or copied into the fixed
@@ -194,7 +182,7 @@ def test_ortvalue_and_dlpack_batches_give_the_losses_of_numpy_batches(step, grap
         expected = reference.step(batch)
         as_values = {name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in batch.items()}
         assert ortvalues.step(as_values) == pytest.approx(expected, rel=1e-6)
-        assert dlpack.step({name: _HostDLPack(value) for name, value in batch.items()}) == pytest.approx(expected, rel=1e-6)
+        assert dlpack.step({name: DLPackOnly(value) for name, value in batch.items()}) == pytest.approx(expected, rel=1e-6)
         assert mixed.step({"x": as_values["x"], "labels": batch["labels"]}) == pytest.approx(expected, rel=1e-6)
     assert all(np.array_equal(batch["x"], x) for batch, x in zip(batches, kept))
     for trainer in (ortvalues, dlpack, mixed):

@@ -271,19 +271,25 @@ def _cast_elements(model: onnx.ModelProto) -> int:
     return sum(info[n.output[0]].numel for n in model.graph.node if n.op_type == "Cast")
 
 
-def test_fp16_weight_gradient_sums_keep_the_gradients():
-    """fp16 numerics (ONNX reference evaluator): the campo step's bias gradients, summed from fp16
-    dy, are within fp16's rounding of the fp32 step's."""
-    forward = wide_mlp(rows=64, width=128)
-    step = build_train_step(forward, loss="cross_entropy", optimizer="sgd", lr=1.0, fused=False)
-    # the sums are forced fp16 (whether they pay at this size is a tie in the analytic model): the
-    # test is about how fp16 sums train, not about when they pay
+def _wide_mlp_step_with_fp16_sums(*, lr: float, fused: bool):
+    """A wide MLP, its SGD cross-entropy step and the step's campo result with the gradient sums
+    fp16 (asserted): forced so (whether they pay at this size is a tie in the analytic model), the
+    tests being about how fp16 sums train, not about when they pay."""
     from onnxcampo.training.scaling import gradient_sums
 
+    forward = wide_mlp(rows=64, width=128)
+    step = build_train_step(forward, loss="cross_entropy", optimizer="sgd", lr=lr, fused=fused)
     sums = tuple(re.escape(name) + "$" for name in gradient_sums(step))
     campo = optimize(step, policy="campo", experimental={"pad_tensor_cores": False}, include_ops={"MatMul"},
                      include_nodes=sums)
     assert any(campo.plan.precision(n) is Precision.FP16 for n in gradient_sums(step))
+    return forward, step, campo
+
+
+def test_fp16_weight_gradient_sums_keep_the_gradients():
+    """fp16 numerics (ONNX reference evaluator): the campo step's bias gradients, summed from fp16
+    dy, are within fp16's rounding of the fp32 step's."""
+    forward, step, campo = _wide_mlp_step_with_fp16_sums(lr=1.0, fused=False)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((64, 128)).astype(np.float32)
     labels = rng.integers(0, 64, 64).astype(np.int64)
@@ -330,16 +336,7 @@ def test_campo_step_with_fp16_gradient_sums_trains_like_fp32(fused):
     unscale reading them as they are or the standard ops casting them, follows fp32's loss curve.
     A wiring check (ORT's CPU provider hides fp16 rounding): the sums' fp16 numerics are checked
     with the reference evaluator in ``test_fp16_weight_gradient_sums_keep_the_gradients``."""
-    from onnxcampo.training.scaling import gradient_sums
-
-    forward = wide_mlp(rows=64, width=128)
-    step = build_train_step(forward, loss="cross_entropy", optimizer="sgd", lr=0.05, fused=fused)
-    sums = tuple(re.escape(name) + "$" for name in gradient_sums(step))
-    # the sums are forced fp16 (whether they pay at this size is a tie in the analytic model): the
-    # test is about how fp16 sums train, not about when they pay
-    campo = optimize(step, policy="campo", experimental={"pad_tensor_cores": False}, include_ops={"MatMul"},
-                     include_nodes=sums)
-    assert any(campo.plan.precision(n) is Precision.FP16 for n in gradient_sums(step))
+    forward, step, campo = _wide_mlp_step_with_fp16_sums(lr=0.05, fused=fused)
     rng = np.random.default_rng(5)
     batch = {"x": rng.standard_normal((64, 128)).astype(np.float32), "labels": rng.integers(0, 64, 64).astype(np.int64)}
     curves = {}

@@ -680,40 +680,54 @@ def test_a_layernorm_step_trains_as_without_the_rule_and_in_fp16():
 RELU_RULE = ["ReLU mask from the output"]
 
 
+def _relu_mask_step(signature: str, *, constants: str, rest: str, rules: list[str], dy_shape, **feeds):
+    """``y = Relu(x)``, the constants zero and ``constants``, and the backward mask
+    ``mf = Cast(Greater(x, zero))`` followed by ``rest`` (ONNX text); x at random with 0, -0 and NaN in its first row, dy at random, and ``feeds``. Runs
+    ``rules`` and checks that the outputs stay the same (reference evaluator); returns the model
+    and the rules' counts."""
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxcampo import ir
+
+    model = onnx.parser.parse_model(f"""
+    <ir_version: 9, opset_import: ["" : 17]>
+    g {signature} {{
+      y = Relu(x)
+      zero = Constant <value = float {{0.0}}> (){constants}
+      m = Greater(x, zero)
+      mf = Cast <to = 1> (m){rest}
+    }}
+    """)
+    ir.name_nodes(model)
+    x = RNG.standard_normal((4, 6)).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, np.nan]
+    feeds = {"x": x, "dy": RNG.standard_normal(dy_shape).astype(np.float32), **feeds}
+    want = ReferenceEvaluator(model).run(None, feeds)
+    counts = simplify_backward(model, rules=rules)
+    onnx.checker.check_model(onnx.shape_inference.infer_shapes(model, strict_mode=True))
+    got = ReferenceEvaluator(model).run(None, feeds)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(b, a)
+    return model, counts
+
+
 def test_the_relu_mask_reads_the_relus_output_with_the_same_values():
     """Greater(x, 0) -> Greater(Relu(x), 0): the same mask (x > 0 exactly when Relu(x) > 0; NaN
     false both), and x is no longer read after the forward; a comparison with another constant,
     or an x without a Relu, stays."""
-    from onnx.reference import ReferenceEvaluator
-
-    model = onnx.parser.parse_model("""
-    <ir_version: 9, opset_import: ["" : 17]>
-    g (float[4,6] x, float[4,6] dy, float[4,6] z) => (float[4,6] dx, bool[4,6] other, bool[4,6] plain) {
-      y = Relu(x)
-      zero = Constant <value = float {0.0}> ()
-      half = Constant <value = float {0.5}> ()
-      m = Greater(x, zero)
-      mf = Cast <to = 1> (m)
+    model, counts = _relu_mask_step(
+        "(float[4,6] x, float[4,6] dy, float[4,6] z) => (float[4,6] dx, bool[4,6] other, bool[4,6] plain)",
+        constants="""
+      half = Constant <value = float {0.5}> ()""",
+        rest="""
       g1 = Mul(dy, mf)
       dx = Mul(g1, y)
       other = Greater(x, half)
-      plain = Greater(z, zero)
-    }
-    """)
-    from onnxcampo import ir
-
-    ir.name_nodes(model)
-    x = RNG.standard_normal((4, 6)).astype(np.float32)
-    x[0, :3] = [0.0, -0.0, np.nan]
-    feeds = {"x": x, "dy": RNG.standard_normal((4, 6)).astype(np.float32),
-             "z": RNG.standard_normal((4, 6)).astype(np.float32)}
-    want = ReferenceEvaluator(model).run(None, feeds)
-    assert simplify_backward(model, rules=RELU_RULE)["ReLU mask from the output"] == 1
+      plain = Greater(z, zero)""",
+        rules=RELU_RULE, dy_shape=(4, 6), z=RNG.standard_normal((4, 6)).astype(np.float32))
+    assert counts["ReLU mask from the output"] == 1
     greater = {n.output[0]: list(n.input) for n in model.graph.node if n.op_type == "Greater"}
     assert greater["m"][0] == "y" and greater["other"][0] == "x" and greater["plain"][0] == "z"
-    got = ReferenceEvaluator(model).run(None, feeds)
-    for a, b in zip(want, got):
-        np.testing.assert_array_equal(b, a)
 
 
 RELU_RESHAPE_RULES = ["ReLU mask from the output", "ReLU mask's Reshape first"]
@@ -723,18 +737,11 @@ def test_a_relu_masks_reshape_moves_to_the_relus_output_with_the_same_values():
     """Rule 9b: Reshape(Cast(Greater(y, 0))) -> Cast(Greater(Reshape(y), 0)), the mask reshaped
     to the seed-axis shape of the gradient it gates before it is computed; the same values. A
     mask read by anything else besides the Reshape stays."""
-    from onnx.reference import ReferenceEvaluator
-
-    from onnxcampo import ir
-
-    model = onnx.parser.parse_model("""
-    <ir_version: 9, opset_import: ["" : 17]>
-    g (float[4,6] x, float[4,6,1] dy) => (float[4,6,1] dx, float[4,6] kept) {
-      y = Relu(x)
-      zero = Constant <value = float {0.0}> ()
-      seed = Constant <value = int64[3] {4, 6, 1}> ()
-      m = Greater(x, zero)
-      mf = Cast <to = 1> (m)
+    model, counts = _relu_mask_step(
+        "(float[4,6] x, float[4,6,1] dy) => (float[4,6,1] dx, float[4,6] kept)",
+        constants="""
+      seed = Constant <value = int64[3] {4, 6, 1}> ()""",
+        rest="""
       mr = Reshape(mf, seed)
       dx = Mul(dy, mr)
       m2 = Greater(y, zero)
@@ -742,22 +749,11 @@ def test_a_relu_masks_reshape_moves_to_the_relus_output_with_the_same_values():
       mr2 = Reshape(mf2, seed)
       g2 = Mul(dy, mr2)
       back = Reshape(g2, seed)
-      kept = Add(mf2, y)
-    }
-    """)
-    ir.name_nodes(model)
-    x = RNG.standard_normal((4, 6)).astype(np.float32)
-    x[0, :3] = [0.0, -0.0, np.nan]
-    feeds = {"x": x, "dy": RNG.standard_normal((4, 6, 1)).astype(np.float32)}
-    want = ReferenceEvaluator(model).run(None, feeds)
-    counts = simplify_backward(model, rules=RELU_RESHAPE_RULES)
+      kept = Add(mf2, y)""",
+        rules=RELU_RESHAPE_RULES, dy_shape=(4, 6, 1))
     assert counts["ReLU mask's Reshape first"] == 1  # mf2 is read by the Add too: its Reshape stays
     by_output = {n.output[0]: n for n in model.graph.node}
     assert by_output["mr"].op_type == "Cast" and by_output["mr"].input[0] in by_output
     greater = by_output[by_output["mr"].input[0]]
     assert greater.op_type == "Greater" and by_output[greater.input[0]].op_type == "Reshape"
     assert by_output[greater.input[0]].input[0] == "y"
-    onnx.checker.check_model(onnx.shape_inference.infer_shapes(model, strict_mode=True))
-    got = ReferenceEvaluator(model).run(None, feeds)
-    for a, b in zip(want, got):
-        np.testing.assert_array_equal(b, a)
