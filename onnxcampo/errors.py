@@ -34,6 +34,11 @@ class ConfigError(CampoError):
     """An option has a bad value (unknown policy, malformed --input-shape, bad regex, ...)."""
 
 
+class ProviderUnavailableError(ConfigError):
+    """The execution provider asked for is not in this ONNX Runtime build (``--provider cuda`` on
+    the CPU build); the message says what to install."""
+
+
 class OutputPathError(CampoError):
     """The output path is unusable (same as the input, in a missing folder, ...)."""
 

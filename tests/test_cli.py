@@ -333,3 +333,17 @@ def test_train_graph_says_how_to_pin_shapes_on_the_command_line(tmp_path, capsys
     assert main(["train-graph", str(EXAMPLE), str(tmp_path / "step.onnx")]) != 0
     err = capsys.readouterr().err
     assert "pin the inputs with --input-shape" in err and "input_shapes" not in err
+
+
+def test_validate_on_a_provider_this_build_lacks_blames_the_provider_not_the_model(tmp_path, capsys):
+    import onnxruntime
+
+    from onnxcampo.cli import main
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    out = tmp_path / "out.onnx"
+    code = main(["optimize", str(EXAMPLE), str(out), "--input-shape", "x:64,256", "--validate", "--provider", "cuda"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not out.exists()
+    assert err[0].startswith("onnxcampo: error: provider 'cuda' needs onnxruntime-gpu") and "fp32 model" not in err[0]

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 from onnxcampo.accuracy import Criterion, Verdict, evaluate
-from onnxcampo.errors import CampoError, ConfigError
+from onnxcampo.errors import CampoError, ConfigError, ProviderUnavailableError
 
 log = logging.getLogger("onnxcampo.accuracy")
 
@@ -77,6 +77,8 @@ def reference(original: onnx.ModelProto, *, feeds: Mapping[str, np.ndarray] | No
                 outputs = None
         if outputs is None:
             outputs, seconds = _timed_run(original, feeds, provider=provider, execution=execution)
+    except ProviderUnavailableError:
+        raise  # the provider's problem, not the model's
     except CampoError as exc:
         raise ReferenceError(f"the fp32 model {_name(source)} fails on {where}: {str(exc).splitlines()[0]}{hint}") from exc
     notes, usable = [], 0

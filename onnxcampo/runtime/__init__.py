@@ -34,6 +34,7 @@ from onnxcampo.errors import (
     CampoError,
     ConfigError,
     ModelLoadError,
+    ProviderUnavailableError,
     ShapeError,
     UnsupportedModelError,
     ValidationError,
@@ -385,7 +386,7 @@ def _providers(provider: str, cuda_graph: bool = False, *, tf32: bool = True,
     if "CUDAExecutionProvider" not in available:
         from onnxcampo.install import cuda_provider_hint
 
-        raise CampoError(
+        raise ProviderUnavailableError(
             "provider 'cuda' needs onnxruntime-gpu with CUDAExecutionProvider, but this "
             f"onnxruntime {ort.__version__} offers only {available}; {cuda_provider_hint()}; "
             "or choose the cpu provider"
