@@ -781,6 +781,9 @@ def _nothing_to_do(model: onnx.ModelProto) -> str | None:
         return "the graph has no nodes"
     if any(p.key == METADATA_KEY for p in model.metadata_props):
         return "it was already optimized by onnxcampo"
+    if not any(n.domain in oplists.DEFAULT_DOMAINS for n in graph.node):
+        domains = sorted({n.domain for n in graph.node})
+        return f"it has no ONNX-domain ops, the only ones onnxcampo converts (its ops are {', '.join(domains)})"
     float32 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
     float32 |= {v.name for v in (*graph.input, *graph.value_info, *graph.output)
                 if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}

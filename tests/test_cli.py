@@ -347,3 +347,19 @@ def test_validate_on_a_provider_this_build_lacks_blames_the_provider_not_the_mod
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and not out.exists()
     assert err[0].startswith("onnxcampo: error: provider 'cuda' needs onnxruntime-gpu") and "fp32 model" not in err[0]
+
+
+def test_a_model_of_ai_onnx_ml_ops_only_is_written_unchanged_not_refused_for_its_opset(tmp_path, capsys):
+    """No default-domain import at all (an ai.onnx.ml classifier): not "opset 0 is older than 11",
+    but nothing to convert, the model written as it is."""
+    from onnxcampo.cli import main
+
+    graph = helper.make_graph([helper.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", threshold=0.5)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    source, out = tmp_path / "ml.onnx", tmp_path / "ml.out.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)], ir_version=8), str(source))
+    assert main(["optimize", str(source), str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "opset 0" not in err and "no ONNX-domain ops" in err and "ai.onnx.ml" in err
+    assert onnx.load(str(out)).SerializeToString() == onnx.load(str(source)).SerializeToString()
