@@ -363,3 +363,27 @@ def test_a_model_of_ai_onnx_ml_ops_only_is_written_unchanged_not_refused_for_its
     err = capsys.readouterr().err
     assert "opset 0" not in err and "no ONNX-domain ops" in err and "ai.onnx.ml" in err
     assert onnx.load(str(out)).SerializeToString() == onnx.load(str(source)).SerializeToString()
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """The disk fills while the model is written: exit 2 with one line naming the output, no
+    temporary file left, an existing output unchanged (was an internal error)."""
+    import errno
+
+    from onnxcampo.cli import main
+
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"the previous model")
+    real = Path.write_bytes
+
+    def full(self, data):
+        if self.name.startswith(".out.onnx."):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    code = main(["optimize", str(EXAMPLE), str(out), "--input-shape", "x:64,256", "--no-accuracy-check"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith(f"onnxcampo: error: {out}: no space left on the device") and "nothing was written" in err[0]
+    assert out.read_bytes() == b"the previous model" and sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]

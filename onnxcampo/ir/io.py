@@ -12,6 +12,7 @@ again for each.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import copy
 import glob
 import logging
@@ -441,10 +442,27 @@ def _write_temporary(model: onnx.ModelProto, output: Path, *, check_loads: bool,
                             location=tmp_data.name, size_threshold=1024)
         if check_loads:
             _check_loads(tmp, model, output)
+    except OSError as exc:
+        _remove(tmp, tmp_data)
+        if exc.errno in _NO_ROOM:
+            raise _write_error(exc, output) from exc
+        raise
     except BaseException:
         _remove(tmp, tmp_data)
         raise
     return tmp, tmp_data
+
+
+_NO_ROOM = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
+            errno.EROFS: "the file system is read-only", errno.EFBIG: "the file is larger than the file system allows"}
+
+
+def _write_error(exc: OSError, output: Path) -> OutputPathError:
+    """A write that failed for want of room (or a read-only file system, :data:`_NO_ROOM`): one
+    line naming the output; nothing was written and an existing output stays as it was."""
+    why = _NO_ROOM[exc.errno]
+    return OutputPathError(f"{output}: {why} (writing {Path(exc.filename).name if exc.filename else 'it'}); "
+                           "nothing was written, an existing file stays as it was")
 
 
 def _fresh_data_path(output: Path) -> Path:
@@ -606,6 +624,11 @@ def _write_atomically(path: str | os.PathLike, content: str | bytes, mode: str) 
             handle.write(content)
         _apply_umask(Path(tmp_name))
         os.replace(tmp_name, path)
+    except OSError as exc:
+        Path(tmp_name).unlink(missing_ok=True)
+        if exc.errno in _NO_ROOM:
+            raise _write_error(exc, path) from exc
+        raise
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
