@@ -35,6 +35,7 @@ class Reason(enum.Enum):
     CONTROL_FLOW = "control-flow op (If/Loop/Scan): body kept fp32"
     IN_SUBGRAPH = "inside an If/Loop/Scan body"
     USER_EXCLUDED = "excluded by the user"
+    ACCURACY_FIX = "kept fp32 by the accuracy check's fix: the model failed the criterion with it fp16"
     TRAINING_FP32 = "training step: loss, loss gradient, loss scaling or optimizer update"
     CONSTANT_OUT_OF_RANGE = "reads a constant beyond the fp16 range"
     ACCUMULATING_SCATTER = "scatter with a reduction (sums in its output dtype; onnx-ad's backward uses it)"

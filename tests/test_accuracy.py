@@ -475,6 +475,11 @@ def test_optimize_fix_returns_the_model_that_keeps_the_culprits_fp32():
     entry = result.report["accuracy"]
     assert entry["ok"] is True and entry["fixed"] is True and entry["before"]["ok"] is False
     assert result.report["plan"]["scale_up2"]["precision"] == "fp32"
+    # labelled as the fix's, not as the user's exclusion: plan, counts and the written node
+    assert result.report["plan"]["scale_up2"]["reason"] == "accuracy_fix"
+    assert not any("excluded by the user" in reason for reason in result.report["reasons"])
+    node = next(n for n in result.model.graph.node if n.name == "scale_up2")
+    assert "accuracy check's fix" in node.doc_string and "excluded by the user" not in node.doc_string
 
 
 @pytest.mark.parametrize("accuracy", ["strict", "", None, True])
