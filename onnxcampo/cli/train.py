@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         if args.lr is not None:
             trainer.lr = args.lr
     lines = []
+    live = sys.stderr.isatty()
     bad = 0  # non-finite losses in a row: dynamic loss scaling skips such steps, a few are fine
     first = trainer.steps  # 0, or the checkpoint's step count
     last = first + args.steps
@@ -122,8 +123,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValidationError(f"the loss is {loss} at step {index + 1}: training diverged")
         if (index + 1 - first) % max(1, args.steps // 20) == 0 or index + 1 == last:
             shown = f", loss scale {scale:g}" if scale else ""
-            print(f"\rstep {index + 1}/{last}: loss {loss:.5g}{shown}   ", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+            text = f"step {index + 1}/{last}: loss {loss:.5g}{shown}"
+            if live:  # a terminal: one line rewritten in place
+                print(f"\r{text}   ", end="", file=sys.stderr, flush=True)
+            else:  # a log file or pipe: one line each, no carriage returns
+                print(text, file=sys.stderr, flush=True)
+    if live:
+        print(file=sys.stderr)
     if args.log:
         ir.write_text_atomically(args.log, "\n".join(lines) + "\n")
     if args.save_checkpoint:

@@ -283,3 +283,14 @@ def test_train_on_a_forward_model_says_how_to_build_a_step_graph_before_reading_
     assert main(["train", str(forward), "--data", str(tmp_path / "missing.npz"), "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a training-step graph" in err[0] and "onnxcampo train-graph" in err[0]
+
+
+def test_train_progress_in_a_log_file_is_one_line_a_report_without_carriage_returns(tmp_path, step, capsys):
+    """stderr is no terminal here (a log file, a pipe): each progress report is its own line."""
+    path, folder = tmp_path / "step.onnx", None
+    onnx.save(step, str(path))
+    folder, _, _ = _folder(tmp_path)
+    assert main(["train", str(path), "--data", str(folder), "--steps", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert [line for line in err.splitlines() if line.startswith("step ")][-1].startswith("step 4/4: loss ")
