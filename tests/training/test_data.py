@@ -287,7 +287,7 @@ def test_train_on_a_forward_model_says_how_to_build_a_step_graph_before_reading_
 
 def test_train_progress_in_a_log_file_is_one_line_a_report_without_carriage_returns(tmp_path, step, capsys):
     """stderr is no terminal here (a log file, a pipe): each progress report is its own line."""
-    path, folder = tmp_path / "step.onnx", None
+    path = tmp_path / "step.onnx"
     onnx.save(step, str(path))
     folder, _, _ = _folder(tmp_path)
     assert main(["train", str(path), "--data", str(folder), "--steps", "4"]) == 0
