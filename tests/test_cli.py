@@ -387,3 +387,19 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatc
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"onnxcampo: error: {out}: no space left on the device") and "nothing was written" in err[0]
     assert out.read_bytes() == b"the previous model" and sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
+
+
+def test_warnings_on_stderr_read_like_the_programs_own_lines(tmp_path, capsys):
+    """One style on stderr: ``onnxcampo: warning: ...`` as ``onnxcampo: error: ...``; level and
+    logger names only with -v (and in --log-file)."""
+    from onnxcampo.cli import main
+
+    graph = helper.make_graph([helper.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", threshold=0.5)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    source = tmp_path / "ml.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)], ir_version=8), str(source))
+    assert main(["optimize", str(source), str(tmp_path / "out.onnx")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("onnxcampo: warning: ") and "nothing to optimize" in line for line in err)
+    assert not any(line.startswith(("WARNING ", "INFO ")) for line in err)

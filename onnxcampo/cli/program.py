@@ -95,6 +95,19 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 PROGRESS_LOGGERS = {"tune": ("onnxcampo.tune",), "bench": ("onnxcampo.bench", "onnxcampo.runtime.timing")}
 
 
+class ConsoleFormatter(logging.Formatter):
+    """Warnings and errors in the program's own style (``onnxcampo: warning: ...``, as its error
+    lines are); info and debug lines (``-v``, ``-vv``) keep their level and logger's name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno < logging.WARNING:
+            return super().format(record)
+        text = f"onnxcampo: {'error' if record.levelno >= logging.ERROR else 'warning'}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
 class OncePerRun(logging.Filter):
     """Passes each distinct warning or error once (distinct: another logger or another formatted
     message); lower levels pass. Every probe of the culprit search re-optimizes the model, and a
@@ -128,7 +141,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
             record.name == name or record.name.startswith(name + ".") for name in progress))
 
     console = logging.StreamHandler(sys.stderr)
-    console.setFormatter(logging.Formatter(LOG_FORMAT))
+    console.setFormatter(ConsoleFormatter(LOG_FORMAT))
     console.addFilter(shown)
     console.addFilter(OncePerRun())
     handlers: list[logging.Handler] = [console]

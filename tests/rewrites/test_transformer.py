@@ -137,7 +137,7 @@ def test_the_command_line_prints_the_decline_once_on_stderr(tmp_path, capsys):
     onnx.save(bert_layer(activation="relu"), tmp_path / "m.onnx")
     assert main(["optimize", str(tmp_path / "m.onnx"), str(tmp_path / "o.onnx")]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if "fuse: not fused" in line]
-    assert lines == ["WARNING onnxcampo.rewrites.transformer: fuse: not fused: not BERT- or GPT-2-like: attention and layer norms, "
+    assert lines == ["onnxcampo: warning: fuse: not fused: not BERT- or GPT-2-like: attention and layer norms, "
                      "but no Gelu (the op, its erf or tanh form); --fuse bert or --fuse gpt2 fuses it as that "
                      "model type"]
 
