@@ -141,6 +141,7 @@ def build_train_step(
     if shape is None or None in shape:
         raise UnsupportedModelError(
             f"the shape of the prediction {prediction!r} is not static; pin the inputs with {option('input_shapes')}")
+    _warn_if_normalized_twice(model, prediction, loss)
     _add_loss(model, prediction, loss, list(shape), huber_delta=huber_delta)
     del model.graph.output[:]
     model.graph.output.append(helper.make_tensor_value_info(LOSS, TensorProto.FLOAT, []))
@@ -269,6 +270,21 @@ def _lift_weights(model: onnx.ModelProto, freeze: str | None, prediction: str | 
     model.graph.ClearField("initializer")
     model.graph.initializer.extend(frozen)
     return list(selection.weights), lifted
+
+
+def _warn_if_normalized_twice(model: onnx.ModelProto, prediction: str, loss: str) -> None:
+    """cross_entropy applies its own LogSoftmax: a prediction a Softmax or LogSoftmax already
+    made is normalized twice (the loss trains, towards the wrong optimum). One warning naming the
+    logits to train on instead."""
+    if loss != "cross_entropy":
+        return
+    producer = next((n for n in model.graph.node if prediction in n.output), None)
+    if producer is None or producer.op_type not in ("Softmax", "LogSoftmax") or producer.domain not in ("", "ai.onnx"):
+        return
+    log.warning("the prediction %r is the output of a %s, and cross_entropy applies its own LogSoftmax: the "
+                "probabilities are normalized twice; train on the logits instead (make %r an output of the "
+                "model and pass %s)", prediction, producer.op_type, producer.input[0],
+                option("output", producer.input[0]))
 
 
 def _add_loss(model: onnx.ModelProto, prediction: str, loss: str, shape: list[int], *, huber_delta: float = 1.0) -> None:

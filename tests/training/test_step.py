@@ -226,3 +226,31 @@ def test_fixed_buffer_steps_of_the_cuda_graph_path_equal_plain_steps():
         fixed.step({"x": X[:1], "labels": TARGET[:1]})
     with pytest.raises(ConfigError, match=r"batch input x \(host array\) has shape \[1, 8\]; the step graph takes float32\[32, 8\]"):
         fixed.step({"x": X[:1], "labels": TARGET})  # not cut short everywhere: not a partial batch
+
+
+def _with_softmax(op: str) -> onnx.ModelProto:
+    """The MLP whose output is a (Log)Softmax of its logits ``y``."""
+    from onnx import helper
+
+    model = mlp()
+    graph = model.graph
+    graph.node.append(helper.make_node(op, ["y"], ["probs"], axis=-1))
+    del graph.output[:]
+    graph.output.extend([helper.make_tensor_value_info("probs", TensorProto.FLOAT, [32, 3]),
+                         helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 3])])
+    return model
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_cross_entropy_on_a_softmax_output_warns_that_it_normalizes_twice(op, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.training.step"):
+        build_train_step(_with_softmax(op), loss="cross_entropy")
+    said = [r.getMessage() for r in caplog.records if "normalized twice" in r.getMessage()]
+    assert len(said) == 1 and f"output of a {op}" in said[0] and "pass output='y'" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.training.step"):
+        build_train_step(_with_softmax(op), loss="cross_entropy", output="y")  # the logits: no warning
+        build_train_step(_with_softmax(op), loss="mse")  # another loss: no warning
+    assert not [r for r in caplog.records if "normalized twice" in r.getMessage()]
