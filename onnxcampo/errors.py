@@ -92,7 +92,7 @@ _FLAGS = {"input_shapes": "--input-shape", "dim_values": "--dim", "exclude_ops":
           "include_ops": "--include-op", "exclude_nodes": "--exclude-node", "include_nodes": "--include-node"}
 _NEGATED_FLAGS = {"keep_io_types": "--no-keep-io-types", "loss_scaling": "--no-loss-scaling",
                   "fuse_elementwise": "--no-fuse-elementwise", "fuse_reductions": "--no-fuse-reductions",
-                  "channels_last": "--no-channels-last"}
+                  "channels_last": "--no-channels-last", "fused": "--no-fused-ops"}
 _UNSET = object()
 
 

@@ -149,7 +149,12 @@ def build_train_step(
     model.ir_version = min(model.ir_version, 10)
     gradients = _backward(model, weights)
     seed = next(i.name for i in gradients.graph.input if i.name.startswith("grad_"))
-    fused = ops.available() if fused is None else fused
+    if fused is None:
+        fused = ops.available()
+        if not fused:
+            log.warning("the custom-op library is not built or does not load: the step uses standard ONNX ops "
+                        "only (the update, im2col and embedding gradients as many nodes, slower); build it with "
+                        "python -m onnxcampo.ops.build, or pass %s to say so", option("fused", False))
     if simplify:
         _pin_seed(gradients, seed)
         # the prediction names where the loss starts (metadata onnxcampo.prediction): kept by name;

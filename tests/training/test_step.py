@@ -254,3 +254,19 @@ def test_cross_entropy_on_a_softmax_output_warns_that_it_normalizes_twice(op, ca
         build_train_step(_with_softmax(op), loss="cross_entropy", output="y")  # the logits: no warning
         build_train_step(_with_softmax(op), loss="mse")  # another loss: no warning
     assert not [r for r in caplog.records if "normalized twice" in r.getMessage()]
+
+
+def test_without_the_custom_op_library_the_standard_op_step_is_said_not_silent(monkeypatch, caplog):
+    import logging
+
+    from onnxcampo import ops
+
+    monkeypatch.setattr(ops, "available", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.training.step"):
+        build_train_step(mlp())
+    said = [r.getMessage() for r in caplog.records if "custom-op library is not built" in r.getMessage()]
+    assert len(said) == 1 and "python -m onnxcampo.ops.build" in said[0] and "fused=False" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.training.step"):
+        build_train_step(mlp(), fused=False)  # asked for: nothing to say
+    assert not caplog.records
