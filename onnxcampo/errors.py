@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import shlex
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 
@@ -48,9 +49,11 @@ class CostModelError(CampoError):
 
 
 class ValidationError(CampoError):
-    """The optimized model's outputs differ from the original's by more than the tolerance."""
+    """The optimized model's outputs differ from the original's by more than the tolerance.
+    ``report``: the optimization's report with the failed check, where there is one."""
 
     exit_code = 1
+    report: dict | None = None
 
 
 class OpsLibraryError(CampoError):
@@ -88,6 +91,7 @@ class RuntimeCrashError(CampoError):
 # the caller gave it: the OptimizeConfig field (``exclude_ops``) from Python, the flag
 # (``--exclude-op``) under ``onnxcampo`` (cli.main runs inside :func:`command_line`).
 _COMMAND_LINE: ContextVar[bool] = ContextVar("onnxcampo_command_line", default=False)
+_ARGV: ContextVar[list[str] | None] = ContextVar("onnxcampo_argv", default=None)
 _FLAGS = {"input_shapes": "--input-shape", "dim_values": "--dim", "exclude_ops": "--exclude-op",
           "include_ops": "--include-op", "exclude_nodes": "--exclude-node", "include_nodes": "--include-node"}
 _NEGATED_FLAGS = {"keep_io_types": "--no-keep-io-types", "loss_scaling": "--no-loss-scaling",
@@ -97,17 +101,29 @@ _UNSET = object()
 
 
 @contextlib.contextmanager
-def command_line() -> Iterator[None]:
-    """Within it, :func:`option` spells options as command-line flags."""
+def command_line(argv: list[str] | None = None) -> Iterator[None]:
+    """Within it, :func:`option` spells options as command-line flags; ``argv`` (the command's
+    arguments) is what :func:`command_line_text` gives back, for the report."""
     token = _COMMAND_LINE.set(True)
+    args = _ARGV.set(list(argv) if argv is not None else None)
     try:
         yield
     finally:
+        _ARGV.reset(args)
         _COMMAND_LINE.reset(token)
 
 
 def on_command_line() -> bool:
     return _COMMAND_LINE.get()
+
+
+def command_line_text() -> str | None:
+    """The running command as a shell line (``onnxcampo optimize m.onnx ...``), or None outside
+    the command line."""
+    argv = _ARGV.get()
+    if not _COMMAND_LINE.get() or argv is None:
+        return None
+    return shlex.join(["onnxcampo", *argv])
 
 
 def option(field: str, value: object = _UNSET) -> str:

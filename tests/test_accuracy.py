@@ -501,3 +501,21 @@ def test_the_size_that_skips_the_report_check_counts_external_data(tmp_path, mon
     assert data > 0 and guard._model_bytes(path) == path.stat().st_size + data
     monkeypatch.setattr(guard, "GUARD_MAX_BYTES", path.stat().st_size + data // 2)
     assert guard._model_bytes(path) > guard.GUARD_MAX_BYTES  # past the limit only with its data
+
+
+def test_cli_a_failed_validation_still_writes_the_report_that_reproduces_the_run(planted_file, tmp_path, capsys):
+    """The model is not written, the report is: the failed check's figures, the culprits, the
+    options and the command line that ran, the report's schema version."""
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    argv = ["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--provider", "reference",
+            "--report", str(report)]
+    assert main(argv) == 1 and not out.exists()
+    written = json.loads(report.read_text())
+    assert written["accuracy"]["ok"] is False and "scale_up2" in json.dumps(written["accuracy"]["culprits"])
+    assert written["options"]["policy"] == "fp16" and written["schema_version"] >= 2
+    assert written["command_line"].startswith("onnxcampo optimize ") and "--validate" in written["command_line"]
+
+
+def test_the_api_report_names_its_options_and_no_command_line():
+    report = optimize(planted(), policy="fp16", accuracy="off").report
+    assert report["options"]["policy"] == "fp16" and "command_line" not in report

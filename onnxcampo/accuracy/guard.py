@@ -392,7 +392,9 @@ def _failed(model, config, result, accuracy: AccuracyCheck, run: _Run, verdict, 
     advice = _advice(verdict, accuracy, culprits)
     blame = _blame(culprits)
     if accuracy.validating:
-        raise ValidationError(f"{figures}{blame}; nothing written ({advice})")
+        error = ValidationError(f"{figures}{blame}; nothing written ({advice})")
+        error.report = result.report  # what failed, for --report (the model itself is not written)
+        raise error
     warning = f"the written model's {figures}{blame} ({advice}, or --exclude-node)"
     result.report.setdefault("notes", []).append(f"accuracy check: {warning}")
     accuracy.say(f"onnxcampo: warning: {warning}", logging.WARNING)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from onnxcampo.cli.options import EXAMPLE, add_model_argument, add_plan_options, config_from_args, examples, group
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.errors import ConfigError
+from onnxcampo.errors import ConfigError, ValidationError
 from onnxcampo.report import summary
 
 if TYPE_CHECKING:
@@ -96,7 +96,12 @@ def _optimize(args: argparse.Namespace) -> int:
         raise ConfigError("--fix acts on a failed accuracy check: drop --no-accuracy-check or give --validate")
     inputs = _optimization_inputs(args, config)
     with ir.StagedModel(output) as staged:  # the check runs the model written there, before the rename
-        result = optimize(args.input, config=config, inputs=inputs, accuracy=_accuracy(args, staged))
+        try:
+            result = optimize(args.input, config=config, inputs=inputs, accuracy=_accuracy(args, staged))
+        except ValidationError as exc:
+            if args.report and exc.report is not None:  # the failed check's figures, for the record
+                ir.write_text_atomically(args.report, json.dumps(exc.report, indent=1) + "\n")
+            raise
         if staged.model is not result.model:  # not checked, or --fix gave another
             staged.write(result.model, check_loads=result.changed)
         staged.commit()

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _configure_logging(args)
     try:
-        with command_line(), _quiet(args.quiet):
+        with command_line(sys.argv[1:] if argv is None else argv), _quiet(args.quiet):
             require_onnxruntime()  # not pinned by the core: onnxcampo[cpu] or onnxcampo[gpu]
             code = COMMANDS[args.command].run(args)
             sys.stdout.flush()  # a reader that left (``| head``) shows here, not at the interpreter's exit

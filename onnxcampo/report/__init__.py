@@ -3,14 +3,19 @@ human summary (:func:`summary`, what ``onnxcampo optimize`` prints on stderr).""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from onnxcampo import __version__
 from onnxcampo.config import OptimizeConfig
+from onnxcampo.errors import command_line_text
 from onnxcampo.plan import Precision, PrecisionPlan, Reason
 
 # Nodes that are no float computation, whatever the policy: counted apart so that the headline
 # says how many of the float compute nodes run fp16 (BERT-base: 585 of 585, not "585 fp16, 825 fp32").
+# The report's layout: raised when a key changes meaning or goes (new keys keep it).
+SCHEMA_VERSION = 2
+
 OTHER_NODES = {Reason.NO_FLOAT: "shape_arithmetic", Reason.CONSTANT: "constants"}
 
 
@@ -47,6 +52,7 @@ def build_report(ctx, source, plans, times, chosen, notes, results, node_costs=N
     plan = ctx.plan
     counts = plan.counts()
     return {
+        **how_it_ran(config),
         "onnxcampo_version": __version__,
         "input": str(source) if source else None,
         "policy": config.policy,
@@ -81,11 +87,39 @@ def build_report(ctx, source, plans, times, chosen, notes, results, node_costs=N
 def unchanged_report(config: OptimizeConfig, source, reason: str) -> dict:
     """The report of a model written unchanged (nothing to optimize)."""
     return {
+        **how_it_ran(config),
         "onnxcampo_version": __version__, "input": str(source) if source else None, "policy": config.policy,
         "chosen_plan": None, "nodes_fp16": 0, "nodes_fp32": 0, "node_counts": None, "casts_inserted": 0, "pads_inserted": 0,
         "initializers_converted": 0, "initializer_values_clamped": 0, "notes": [f"nothing to optimize: {reason}"],
         "plan": {},
     }
+
+
+def how_it_ran(config: OptimizeConfig) -> dict:
+    """What reproduces the run: the report's ``schema_version``, the options that differ from the
+    defaults (``options``: input shapes and dims included; the experimental ones under
+    ``experimental``) and, from the command line, the command (``command_line``)."""
+    defaults = OptimizeConfig()
+    options = {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)
+               if f.name != "experimental" and getattr(config, f.name) != getattr(defaults, f.name)}
+    found = {"schema_version": SCHEMA_VERSION, "options": options}
+    text = command_line_text()
+    if text is not None:
+        found["command_line"] = text
+    return found
+
+
+def _plain(value):
+    """A config value as JSON holds it (tuples and sets as lists, paths as text)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (frozenset, set)):
+        return sorted(_plain(v) for v in value)
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 def _counted(results, pass_name: str, key: str) -> int:
