@@ -775,15 +775,20 @@ def _require_ops_library(option: str) -> None:
                           f"custom-op library is not available here ({ops.BUILD_COMMAND} builds it)")
 
 
+# Domains whose ops onnxcampo leaves as they are (classical ML, training-only ops): a model of
+# those alone is written unchanged.
+_UNCONVERTED_DOMAINS = frozenset({"ai.onnx.ml", "ai.onnx.preview.training"})
+
+
 def _nothing_to_do(model: onnx.ModelProto) -> str | None:
     graph = model.graph
     if not graph.node:
         return "the graph has no nodes"
     if any(p.key == METADATA_KEY for p in model.metadata_props):
         return "it was already optimized by onnxcampo"
-    if not any(n.domain in oplists.DEFAULT_DOMAINS for n in graph.node):
-        domains = sorted({n.domain for n in graph.node})
-        return f"it has no ONNX-domain ops, the only ones onnxcampo converts (its ops are {', '.join(domains)})"
+    domains = {n.domain for n in graph.node}
+    if domains <= _UNCONVERTED_DOMAINS:
+        return f"its ops are all of {', '.join(sorted(domains))}, which onnxcampo does not convert"
     float32 = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
     float32 |= {v.name for v in (*graph.input, *graph.value_info, *graph.output)
                 if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}

@@ -361,7 +361,7 @@ def test_a_model_of_ai_onnx_ml_ops_only_is_written_unchanged_not_refused_for_its
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 3)], ir_version=8), str(source))
     assert main(["optimize", str(source), str(out)]) == 0
     err = capsys.readouterr().err
-    assert "opset 0" not in err and "no ONNX-domain ops" in err and "ai.onnx.ml" in err
+    assert "opset 0" not in err and "its ops are all of ai.onnx.ml" in err
     assert onnx.load(str(out)).SerializeToString() == onnx.load(str(source)).SerializeToString()
 
 

@@ -309,7 +309,7 @@ def _uses_external_data(graph: onnx.GraphProto) -> bool:
 def _check_opset(model: onnx.ModelProto, where: str) -> None:
     opset = default_opset(model)
     if opset == 0 and not any(n.domain in ("", "ai.onnx") for n in model.graph.node):
-        return  # no ONNX-domain op at all (ai.onnx.ml, preview.training only): nothing to convert
+        return  # no ONNX-domain op at all (ai.onnx.ml, preview.training, ...): no opset to judge
     if opset < MIN_OPSET:
         raise UnsupportedModelError(
             f"{where}: opset {opset} is older than {MIN_OPSET}; convert it first "
