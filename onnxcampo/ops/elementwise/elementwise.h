@@ -1,5 +1,5 @@
 // FusedElementwise (ai.onnxcampo): a register program run per output element over broadcast
-// inputs (onnxcampo/ops/elementwise.py specifies it; docs/ops.md describes the kernels).
+// inputs (onnxcampo/ops/elementwise/__init__.py specifies it; docs/ops.md describes the kernels).
 //
 // This header is shared by the CPU kernel (elementwise.cc, g++) and the CUDA kernel
 // (elementwise.cu, nvcc): the instruction semantics below are one __host__ __device__ code, so
@@ -29,7 +29,7 @@
 namespace onnxcampo {
 namespace ew {
 
-// The limits of onnxcampo/ops/elementwise.py.
+// The limits of onnxcampo/ops/elementwise/__init__.py.
 constexpr int kMaxInputs = 16;
 constexpr int kMaxOutputs = 8;
 constexpr int kMaxRegisters = 32;

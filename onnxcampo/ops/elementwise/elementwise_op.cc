@@ -391,7 +391,7 @@ ONNXCAMPO_REGISTER_OPS(elementwise, FusedElementwiseOp);
 }  // namespace onnxcampo
 
 // What FusedElementwise's generated CUDA kernels did in this process (ew::JitStats), "" in a
-// library without CUDA (read by onnxcampo.ops.jit.kernel_stats).
+// library without CUDA (read by onnxcampo.ops.elementwise.jit.kernel_stats).
 extern "C" __attribute__((visibility("default"))) const char* OnnxcampoFusedElementwiseStats() {
 #ifdef ONNXCAMPO_WITH_CUDA
   static thread_local std::string text;
@@ -413,7 +413,7 @@ extern "C" __attribute__((visibility("default"))) int OnnxcampoJitSumGrid(int64_
 }
 
 // The CUDA source FusedElementwise's generated kernel has for a node and one call's input shapes
-// (elementwise_jit.h), for tests and scripts (onnxcampo.ops.jit): `shapes` holds the inputs'
+// (elementwise_jit.h), for tests and scripts (onnxcampo.ops.elementwise.jit): `shapes` holds the inputs'
 // dimensions one after the other, `ranks[k]` how many are input k's, `input_types[k]` 1 or 10;
 // `sum_output` >= 0: the kernel also sums that output's `sum_columns` columns (column_sums).
 // Writes the source (NUL-terminated) into `buffer` when it fits and returns its length; a

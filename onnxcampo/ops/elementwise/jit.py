@@ -2,7 +2,7 @@
 kernel has, and compiling that source (for the tests).
 
 On CUDA the custom-op library writes one kernel per FusedElementwise program and call layout
-(csrc/elementwise_jit.h) and compiles it with NVRTC, loaded at run time; without NVRTC it runs
+(onnxcampo/ops/elementwise/elementwise_jit.h) and compiles it with NVRTC, loaded at run time; without NVRTC it runs
 its slower interpreter kernel and says so once on stderr. NVRTC comes from ``$ONNXCAMPO_NVRTC``
 (a path to ``libnvrtc.so``), else the loader's path. :func:`export_nvrtc` points
 ``$ONNXCAMPO_NVRTC`` at the ``nvidia-cuda-nvrtc`` wheel's library (PyTorch's CUDA wheels bring

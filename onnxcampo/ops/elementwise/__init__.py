@@ -59,7 +59,7 @@ float64 and rounded once to float32 (the correctly rounded value, the same on ev
 the kernels' math libraries (glibc, CUDA) meet within their documented 1-2 ulp (CUDA's powf: 4).
 SIGMOID is that rounded exp followed by the float32 add and divide.
 
-This file imports numpy only (scipy's erf when installed). The kernels: csrc/elementwise.h;
+This file imports numpy only (scipy's erf when installed). The kernels: onnxcampo/ops/elementwise/elementwise.h;
 docs/ops.md; tests/gpu/test_fused_elementwise_cuda.py checks the CUDA kernels against :func:`run`.
 """
 
@@ -152,7 +152,7 @@ NUMPY_TYPES = {ONNX_FLOAT: np.float32, ONNX_FLOAT16: np.float16}
 
 
 class ProgramError(ValueError):
-    """A program the kernels would refuse (the same checks as csrc's)."""
+    """A program the kernels would refuse (the same checks as elementwise.h's)."""
 
 
 def check(program: Sequence[int], registers: int, constants: Sequence[float], inputs: int,
@@ -220,7 +220,7 @@ JIT_BLOCKS_PER_SM = 8
 
 def sum_grid(n: int, columns: int, max_blocks: int) -> tuple[int, int, bool] | None:
     """``(blocks, rows, combine)``: the grid the generated CUDA kernel sums the columns of an
-    output of ``n`` elements with (``ew::PlanJitSums``, ``csrc/elementwise_codegen.cc``; the
+    output of ``n`` elements with (``ew::PlanJitSums``, ``onnxcampo/ops/elementwise/elementwise_codegen.cc``; the
     library's ``OnnxcampoJitSumGrid`` gives the same, tests/ops/test_fused_elementwise_jit.py),
     ``max_blocks`` its usual grid (8 blocks a multiprocessor); None where the kernel sums no
     columns and the op sums the stored output after it: Q not a multiple of the lanes or not

@@ -17,29 +17,6 @@ import numpy as np
 OPS = ("ConvNhwc", "ConvNhwcDataGrad", "ConvNhwcWeightGrad", "NchwToNhwc")
 
 
-def nchw_to_nhwc(x: np.ndarray, to: int, channels: int | None = None) -> np.ndarray:
-    """``NchwToNhwc``: x [N, C, S...] channels-last in ``to``'s type (1 float32, 10 float16), zero
-    channels appended up to ``channels``."""
-    y = np.moveaxis(x, 1, -1).astype({1: np.float32, 10: np.float16}[int(to)])
-    c = x.shape[1] if channels is None else int(channels)
-    if c < x.shape[1]:
-        raise ValueError(f"channels ({c}) below x's {x.shape[1]}")
-    return np.ascontiguousarray(np.pad(y, [(0, 0)] * (y.ndim - 1) + [(0, c - x.shape[1])]))
-
-
-def reference_ops() -> list:
-    """``NchwToNhwc`` for :class:`onnx.reference.ReferenceEvaluator` (``new_ops=[...]``)."""
-    from onnx.reference.op_run import OpRun
-
-    class NchwToNhwc(OpRun):
-        op_domain = "ai.onnxcampo"
-
-        def _run(self, x, to=None, channels=None):
-            return (nchw_to_nhwc(x, to, channels),)
-
-    return [NchwToNhwc]
-
-
 def output_hw(h: int, w: int, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
               pads: Sequence[int]) -> tuple[int, int]:
     """(Ho, Wo) of the convolution, as ONNX Conv computes them."""
@@ -100,4 +77,4 @@ def conv_nhwc_data_grad(dy: np.ndarray, w: np.ndarray, input_spatial: Sequence[i
     return padded[:, pads[0]:pads[0] + h, pads[1]:pads[1] + wd]
 
 
-__all__ = ["OPS", "conv_nhwc", "conv_nhwc_data_grad", "conv_nhwc_weight_grad", "nchw_to_nhwc", "output_hw", "reference_ops"]
+__all__ = ["OPS", "conv_nhwc", "conv_nhwc_data_grad", "conv_nhwc_weight_grad", "output_hw"]
