@@ -137,10 +137,10 @@ inline void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector
   }
 }
 
-// Declares output `index` of the node as `type` with `dims` (-1: unknown) and `symbols` (a name
-// per dimension, "" for none).
-inline void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
-                      const std::vector<int64_t>& dims, const std::vector<const char*>& symbols) {
+// Declares output `index` of the node as `type` with `dims` (-1: unknown) and, when given,
+// `symbols` (a name per dimension, "" for none).
+inline void SetInferredOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
+                              const std::vector<int64_t>& dims, const std::vector<const char*>* symbols) {
   const OrtApi& api = Ort::GetApi();
   OrtTensorTypeAndShapeInfo* info = nullptr;
   Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&info));
@@ -148,8 +148,21 @@ inline void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensor
       info, [](OrtTensorTypeAndShapeInfo* p) { Ort::GetApi().ReleaseTensorTypeAndShapeInfo(p); });
   Ort::ThrowOnError(api.SetTensorElementType(info, type));
   Ort::ThrowOnError(api.SetDimensions(info, dims.data(), dims.size()));
-  Ort::ThrowOnError(api.SetSymbolicDimensions(info, const_cast<const char**>(symbols.data()), symbols.size()));
+  if (symbols != nullptr) {
+    Ort::ThrowOnError(api.SetSymbolicDimensions(info, const_cast<const char**>(symbols->data()), symbols->size()));
+  }
   Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, index, info));
+}
+
+inline void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
+                             const std::vector<int64_t>& dims, const std::vector<const char*>& symbols) {
+  SetInferredOutput(ctx, index, type, dims, &symbols);
+}
+
+// The same with numbers (and -1) only, no symbols.
+inline void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
+                             const std::vector<int64_t>& dims) {
+  SetInferredOutput(ctx, index, type, dims, nullptr);
 }
 
 // ---- small checks and texts -----------------------------------------------------------------
@@ -226,6 +239,24 @@ OrtStatusPtr StatusOf(Body&& body, const std::string& who, OrtErrorCode code) {
     return Ort::Status((who.empty() ? std::string(e.what()) : who + ": " + e.what()).c_str(), code).release();
   }
 }
+
+// ---- kernel structs --------------------------------------------------------------------------
+
+// What every kernel struct repeats: the node named for messages (`who`: "<op> node '<name>'"),
+// the provider (`cuda`), Fail(message) naming the node, and the ComputeV2 ORT calls: Impl's
+// Compute(OrtKernelContext*) with exceptions turned into a status (an Ort::Exception keeps its
+// code and message; another one becomes ORT_RUNTIME_EXCEPTION "<who>: <what>").
+template <typename Impl>
+struct NodeKernel {
+  NodeKernel(const char* op, const OrtKernelInfo* info, bool cuda) : who(NodeWho(op, info)), cuda(cuda) {}
+  [[noreturn]] void Fail(const std::string& message) const { onnxcampo::Fail(who, message); }
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    return StatusOf([&] { static_cast<Impl*>(this)->Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
+  }
+
+  std::string who;
+  bool cuda;
+};
 
 // ---- op classes ----------------------------------------------------------------------------
 

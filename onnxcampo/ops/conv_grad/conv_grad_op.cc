@@ -58,17 +58,10 @@ OrtStatusPtr InferConvWeightGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) 
   return nullptr;
 }
 
-struct ConvWeightGradKernel {
-  ConvWeightGradKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    who = NodeWho(kName, info);
+struct ConvWeightGradKernel : NodeKernel<ConvWeightGradKernel> {
+  ConvWeightGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<ConvWeightGradKernel>(kName, info, cuda) {
     const std::string why = ReadIm2ColAttrs(info, &attrs);  // im2col_op.cc: the same four attributes
     if (!why.empty()) Fail(why);
-  }
-
-  [[noreturn]] void Fail(const std::string& message) const { onnxcampo::Fail(who, message); }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, "", ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -106,8 +99,6 @@ struct ConvWeightGradKernel {
     ConvWeightGradCpu(args, ThreadPoolRunner(ctx));
   }
 
-  bool cuda;
-  std::string who;
   Im2ColAttrs attrs;
 };
 

@@ -75,9 +75,13 @@ OrtStatusPtr InferConvNhwc(const OrtCustomOp*, OrtShapeInferContext* ctx) noexce
 }
 
 template <ConvKind kKind>
-struct ConvNhwcKernel {
-  ConvNhwcKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    who = NodeWho(NameOf(kKind), info);
+struct ConvNhwcKernel : NodeKernel<ConvNhwcKernel<kKind>> {
+  using Base = NodeKernel<ConvNhwcKernel<kKind>>;
+  using Base::cuda;
+  using Base::Fail;
+  using Base::who;
+
+  ConvNhwcKernel(const OrtKernelInfo* info, bool cuda) : Base(NameOf(kKind), info, cuda) {
     const std::string why = ReadIm2ColAttrs(info, &attrs);  // im2col_op.cc: kernel_shape, strides, dilations, pads
     if (!why.empty()) Fail(why);
     group = IntAttribute(info, "group", 1);
@@ -93,12 +97,6 @@ struct ConvNhwcKernel {
         Fail("input_spatial must be 2 positive ints (the input's H, W)");
       }
     }
-  }
-
-  [[noreturn]] void Fail(const std::string& message) const { onnxcampo::Fail(who, message); }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, "", ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -174,8 +172,6 @@ struct ConvNhwcKernel {
     if (!why.empty()) Fail(why);
   }
 
-  bool cuda;
-  std::string who;
   Im2ColAttrs attrs;
   int64_t group = 1;
   std::vector<int64_t> spatial;

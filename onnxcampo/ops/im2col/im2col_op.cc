@@ -75,17 +75,10 @@ OrtStatusPtr InferIm2Col(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept
   return release();
 }
 
-struct Im2ColKernel {
-  Im2ColKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    who = NodeWho(kName, info);
+struct Im2ColKernel : NodeKernel<Im2ColKernel> {
+  Im2ColKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<Im2ColKernel>(kName, info, cuda) {
     const std::string why = ReadIm2ColAttrs(info, &attrs);
     if (!why.empty()) Fail(why);
-  }
-
-  [[noreturn]] void Fail(const std::string& message) const { onnxcampo::Fail(who, message); }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, "", ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -114,8 +107,6 @@ struct Im2ColKernel {
     Im2ColCpu(args, ThreadPoolRunner(ctx));
   }
 
-  bool cuda;
-  std::string who;
   Im2ColAttrs attrs;
 };
 

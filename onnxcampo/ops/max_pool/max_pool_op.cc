@@ -97,9 +97,12 @@ OrtStatusPtr InferMaxPool(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcep
 }
 
 // What both kernels read at creation: the pooling attributes (and input_spatial for the gradient).
-struct MaxPoolKernelBase {
-  MaxPoolKernelBase(const OrtKernelInfo* info, bool cuda, const char* name, bool grad) : cuda(cuda) {
-    who = NodeWho(name, info);
+template <typename Impl>
+struct MaxPoolKernelBase : NodeKernel<Impl> {
+  using NodeKernel<Impl>::Fail;
+
+  MaxPoolKernelBase(const OrtKernelInfo* info, bool cuda, const char* name, bool grad)
+      : NodeKernel<Impl>(name, info, cuda) {
     bool have_kernel = false, have_strides = false, have_pads = false, found = false;
     const auto kernel = IntsAttribute(info, "kernel_shape", &have_kernel);
     const auto strides = IntsAttribute(info, "strides", &have_strides);
@@ -119,26 +122,18 @@ struct MaxPoolKernelBase {
     }
   }
 
-  [[noreturn]] void Fail(const std::string& message) const { onnxcampo::Fail(who, message); }
-
   // Ho, Wo of `g`'s H, W.
   void Size(MaxPoolShape* g) const {
     const std::string why = MaxPoolOutputSize(attrs, g->h, g->w, &g->ho, &g->wo);
     if (!why.empty()) Fail(why);
   }
 
-  bool cuda;
-  std::string who;
   MaxPoolAttrs attrs;
   std::vector<int64_t> spatial;
 };
 
-struct MaxPoolNhwcKernel : MaxPoolKernelBase {
+struct MaxPoolNhwcKernel : MaxPoolKernelBase<MaxPoolNhwcKernel> {
   MaxPoolNhwcKernel(const OrtKernelInfo* info, bool cuda) : MaxPoolKernelBase(info, cuda, kForwardName, false) {}
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, "", ORT_RUNTIME_EXCEPTION);
-  }
 
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext ctx(raw);
@@ -169,12 +164,8 @@ struct MaxPoolNhwcKernel : MaxPoolKernelBase {
   }
 };
 
-struct MaxPoolNhwcGradKernel : MaxPoolKernelBase {
+struct MaxPoolNhwcGradKernel : MaxPoolKernelBase<MaxPoolNhwcGradKernel> {
   MaxPoolNhwcGradKernel(const OrtKernelInfo* info, bool cuda) : MaxPoolKernelBase(info, cuda, kGradName, true) {}
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, "", ORT_RUNTIME_EXCEPTION);
-  }
 
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext ctx(raw);

@@ -27,18 +27,13 @@ constexpr const char* kSoftmaxName = "SoftmaxGrad";
 constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
-struct LayerNormGradKernel {
-  LayerNormGradKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    who = NodeWho(kName, info);
+struct LayerNormGradKernel : NodeKernel<LayerNormGradKernel> {
+  LayerNormGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<LayerNormGradKernel>(kName, info, cuda) {
     output_type = IntAttribute(info, "output_type", kFloat);
     if (output_type != kFloat && output_type != kHalf) {
-      Fail(who, "attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
+      Fail("attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
     }
     shape = IntsAttribute(info, "output_shape", &has_shape);
-  }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
   }
 
   // The tensor `index` checked to be float32/float16 with `count` elements (count < 0: any).
@@ -46,9 +41,9 @@ struct LayerNormGradKernel {
     Ort::ConstValue value = ctx.GetInput(index);
     auto info = value.GetTensorTypeAndShapeInfo();
     const auto type = info.GetElementType();
-    if (!IsFloatOrHalf(type)) Fail(who, std::string(name) + " must be float32 or float16");
+    if (!IsFloatOrHalf(type)) Fail(std::string(name) + " must be float32 or float16");
     if (count >= 0 && static_cast<int64_t>(info.GetElementCount()) != count) {
-      Fail(who, std::string(name) + " " + ShapeText(info.GetShape()) + " must hold " + std::to_string(count) +
+      Fail(std::string(name) + " " + ShapeText(info.GetShape()) + " must hold " + std::to_string(count) +
                     " elements");
     }
     *half = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
@@ -64,7 +59,7 @@ struct LayerNormGradKernel {
     const int64_t count = static_cast<int64_t>(dy.GetTensorTypeAndShapeInfo().GetElementCount());
     a.cols = static_cast<int64_t>(gamma.GetTensorTypeAndShapeInfo().GetElementCount());
     if (a.cols == 0 || count % a.cols != 0) {
-      Fail(who, "dy " + ShapeText(dy_shape) + " is not rows of gamma's " + std::to_string(a.cols) + " elements");
+      Fail("dy " + ShapeText(dy_shape) + " is not rows of gamma's " + std::to_string(a.cols) + " elements");
     }
     a.rows = count / a.cols;
     Ort::ConstValue xhat = Input(ctx, 1, "xhat", count, &a.xhat_half);
@@ -81,7 +76,7 @@ struct LayerNormGradKernel {
     int64_t out_count = 1;
     for (int64_t d : out_shape) out_count *= d;
     if (out_count != count) {
-      Fail(who, "attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's " + std::to_string(count) +
+      Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's " + std::to_string(count) +
                     " elements");
     }
     a.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
@@ -92,8 +87,6 @@ struct LayerNormGradKernel {
     LayerNormGradCpu(a, ThreadPoolRunner(ctx));
   }
 
-  std::string who;
-  bool cuda;
   int64_t output_type = kFloat;
   bool has_shape = false;
   std::vector<int64_t> shape;
@@ -102,7 +95,6 @@ struct LayerNormGradKernel {
 // dx's type from output_type, its shape from output_shape or dy's (ORT ignores the status).
 OrtStatusPtr ORT_API_CALL InferLayerNormGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
   const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* out = nullptr;
   try {
     int64_t output_type = kFloat;
     if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloat;
@@ -116,13 +108,9 @@ OrtStatusPtr ORT_API_CALL InferLayerNormGrad(const OrtCustomOp*, OrtShapeInferCo
       dims.resize(rank);
       Ort::ThrowOnError(api.GetDimensions(dy, dims.data(), rank));
     }
-    Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
-    Ort::ThrowOnError(api.SetTensorElementType(out, static_cast<ONNXTensorElementDataType>(output_type)));
-    Ort::ThrowOnError(api.SetDimensions(out, dims.data(), dims.size()));
-    Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, 0, out));
+    ShapeInferOutput(ctx, 0, static_cast<ONNXTensorElementDataType>(output_type), dims);
   } catch (...) {  // nothing may unwind into ORT; the kernel says what is wrong
   }
-  if (out != nullptr) api.ReleaseTensorTypeAndShapeInfo(out);
   return nullptr;
 }
 
@@ -139,21 +127,16 @@ struct LayerNormGradOpType : OpBase<LayerNormGradOpType, LayerNormGradKernel> {
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
-struct SoftmaxGradKernel {
-  SoftmaxGradKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    who = NodeWho(kSoftmaxName, info);
+struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
+  SoftmaxGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<SoftmaxGradKernel>(kSoftmaxName, info, cuda) {
     output_type = IntAttribute(info, "output_type", kFloat);
     if (output_type != kFloat && output_type != kHalf) {
-      Fail(who, "attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
+      Fail("attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
     }
     cols = IntAttribute(info, "cols", 0);
-    if (cols < 1) Fail(who, "attribute 'cols' (the softmax axis' length, >= 1) is missing or < 1");
+    if (cols < 1) Fail("attribute 'cols' (the softmax axis' length, >= 1) is missing or < 1");
     scale = FloatAttribute(info, "scale", 1.0f);
     shape = IntsAttribute(info, "output_shape", &has_shape);
-  }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -163,17 +146,17 @@ struct SoftmaxGradKernel {
     auto dy_info = dy.GetTensorTypeAndShapeInfo();
     auto y_info = y.GetTensorTypeAndShapeInfo();
     if (!IsFloatOrHalf(dy_info.GetElementType()) || !IsFloatOrHalf(y_info.GetElementType())) {
-      Fail(who, "dy and y must be float32 or float16");
+      Fail("dy and y must be float32 or float16");
     }
     const int64_t count = static_cast<int64_t>(dy_info.GetElementCount());
     if (static_cast<int64_t>(y_info.GetElementCount()) != count || count % cols != 0) {
-      Fail(who, "dy " + ShapeText(dy_info.GetShape()) + " and y " + ShapeText(y_info.GetShape()) +
+      Fail("dy " + ShapeText(dy_info.GetShape()) + " and y " + ShapeText(y_info.GetShape()) +
                     " must be the same rows of " + std::to_string(cols) + " elements");
     }
     const std::vector<int64_t> out_shape = has_shape ? shape : dy_info.GetShape();
     int64_t out_count = 1;
     for (int64_t d : out_shape) out_count *= d;
-    if (out_count != count) Fail(who, "attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
+    if (out_count != count) Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
     SoftmaxGradArgs a;
     a.dy = dy.GetTensorRawData();
     a.dy_half = dy_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
@@ -190,8 +173,6 @@ struct SoftmaxGradKernel {
     SoftmaxGradCpu(a, ThreadPoolRunner(ctx));
   }
 
-  std::string who;
-  bool cuda;
   int64_t output_type = kFloat, cols = 0;
   float scale = 1.0f;
   bool has_shape = false;

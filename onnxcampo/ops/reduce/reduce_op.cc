@@ -68,26 +68,21 @@ std::string CheckAttributes(const std::vector<int64_t>& sizes, int64_t output_ty
   return "";
 }
 
-struct BlockReduceSumKernel {
-  BlockReduceSumKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
+struct BlockReduceSumKernel : NodeKernel<BlockReduceSumKernel> {
+  BlockReduceSumKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<BlockReduceSumKernel>(kName, info, cuda) {
     Ort::ConstKernelInfo kernel_info(info);
-    who = NodeWho(kName, info);
     bool found = false;
     const std::vector<int64_t> sizes = IntsAttribute(info, "sizes", &found);
-    if (!found) Fail(who, "attribute 'sizes' (ints [P, Q, R]) is missing");
+    if (!found) Fail("attribute 'sizes' (ints [P, Q, R]) is missing");
     output_type = IntAttribute(info, "output_type", kFloat);  // absent: float32
     shape = IntsAttribute(info, "output_shape", &found);
     if (!found && sizes.size() == 3) shape = {sizes[1]};
     const std::string error = CheckAttributes(sizes, output_type, shape);
-    if (!error.empty()) Fail(who, error);
+    if (!error.empty()) Fail(error);
     P = sizes[0], Q = sizes[1], R = sizes[2];
     const int64_t declared = IntAttribute(info, "input_type", 0);  // absent: no fp32 run
     const auto actual = kernel_info.GetInputTypeInfo(0).GetTensorTypeAndShapeInfo().GetElementType();
     output_type = WrittenType(declared, actual, output_type);
-  }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -96,16 +91,16 @@ struct BlockReduceSumKernel {
     auto info = input.GetTensorTypeAndShapeInfo();
     const auto type = info.GetElementType();
     if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
-      Fail(who, "x must be float32 or float16");
+      Fail("x must be float32 or float16");
     }
     const int64_t count = static_cast<int64_t>(info.GetElementCount());
     if (count != P * Q * R) {
-      Fail(who, "x " + ShapeText(info.GetShape()) + " holds " + std::to_string(count) + " elements, sizes " +
+      Fail("x " + ShapeText(info.GetShape()) + " holds " + std::to_string(count) + " elements, sizes " +
                     ShapeText({P, Q, R}) + " " + std::to_string(P * Q * R));
     }
     Ort::UnownedValue output = ctx.GetOutput(0, shape);
     if (output.GetTensorTypeAndShapeInfo().GetElementType() != output_type) {
-      Fail(who, "y has element type " + std::to_string(output.GetTensorTypeAndShapeInfo().GetElementType()) +
+      Fail("y has element type " + std::to_string(output.GetTensorTypeAndShapeInfo().GetElementType()) +
                     ", output_type says " + std::to_string(output_type));
     }
     BlockReduceArgs args;
@@ -129,8 +124,6 @@ struct BlockReduceSumKernel {
   int64_t P = 0, Q = 0, R = 0;
   int64_t output_type = kFloat;
   std::vector<int64_t> shape;
-  std::string who;
-  bool cuda;
 };
 
 // y's element type from output_type and its shape from output_shape (or [Q]). With `input_type`
@@ -142,7 +135,6 @@ struct BlockReduceSumKernel {
 // kernel's creation then says what is wrong. ORT ignores the returned status; nothing throws.
 OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
   const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* out = nullptr;
   try {
     std::vector<int64_t> sizes, shape;
     int64_t output_type = kFloat, declared = 0;
@@ -157,13 +149,9 @@ OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferC
       Ort::ThrowOnError(api.GetTensorElementType(x, &actual));
       output_type = WrittenType(declared, actual, output_type);
     }
-    Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
-    Ort::ThrowOnError(api.SetTensorElementType(out, static_cast<ONNXTensorElementDataType>(output_type)));
-    Ort::ThrowOnError(api.SetDimensions(out, shape.data(), shape.size()));
-    Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, 0, out));
+    ShapeInferOutput(ctx, 0, static_cast<ONNXTensorElementDataType>(output_type), shape);
   } catch (...) {  // nothing may unwind into ORT
   }
-  if (out != nullptr) api.ReleaseTensorTypeAndShapeInfo(out);
   return nullptr;
 }
 

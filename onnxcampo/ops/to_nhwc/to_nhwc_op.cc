@@ -34,17 +34,12 @@ std::string CheckAttributes(int64_t to, int64_t channels, int64_t c) {
   return "";
 }
 
-struct NchwToNhwcKernel {
-  NchwToNhwcKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    who = NodeWho(kName, info);
+struct NchwToNhwcKernel : NodeKernel<NchwToNhwcKernel> {
+  NchwToNhwcKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<NchwToNhwcKernel>(kName, info, cuda) {
     to = IntAttribute(info, "to", -1);
     channels = IntAttribute(info, "channels", -1);
     const std::string error = CheckAttributes(to, channels, -1);
-    if (!error.empty()) Fail(who, error);
-  }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
+    if (!error.empty()) Fail(error);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -52,11 +47,11 @@ struct NchwToNhwcKernel {
     Ort::ConstValue x = ctx.GetInput(0);
     auto info = x.GetTensorTypeAndShapeInfo();
     const auto type = info.GetElementType();
-    if (!IsFloatOrHalf(type)) Fail(who, "x must be float32 or float16");
+    if (!IsFloatOrHalf(type)) Fail("x must be float32 or float16");
     const std::vector<int64_t> shape = info.GetShape();
-    if (shape.size() < 3) Fail(who, "x must be [N, C, spatial...] (rank >= 3), got " + ShapeText(shape));
+    if (shape.size() < 3) Fail("x must be [N, C, spatial...] (rank >= 3), got " + ShapeText(shape));
     const std::string error = CheckAttributes(to, channels, shape[1]);
-    if (!error.empty()) Fail(who, error);
+    if (!error.empty()) Fail(error);
     ToNhwcArgs g;
     g.x = x.GetTensorRawData();
     g.x_half = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
@@ -75,8 +70,6 @@ struct NchwToNhwcKernel {
   }
 
   int64_t to = kHalf, channels = -1;
-  std::string who;
-  bool cuda;
 };
 
 // y: `to`'s type, [N, S..., channels] from x's dims (symbols kept; C must be known when
@@ -84,7 +77,6 @@ struct NchwToNhwcKernel {
 // it; the kernel's creation then says what is wrong. ORT ignores the returned status.
 OrtStatusPtr ORT_API_CALL InferNchwToNhwc(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
   const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* out = nullptr;
   try {
     int64_t to = -1, channels = -1;
     if (!InferInt(ctx, "to", &to)) return nullptr;
@@ -107,14 +99,9 @@ OrtStatusPtr ORT_API_CALL InferNchwToNhwc(const OrtCustomOp*, OrtShapeInferConte
     }
     shape.push_back(channels == -1 ? dims[1] : channels);
     symbols.push_back("");
-    Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
-    Ort::ThrowOnError(api.SetTensorElementType(out, static_cast<ONNXTensorElementDataType>(to)));
-    Ort::ThrowOnError(api.SetDimensions(out, shape.data(), shape.size()));
-    Ort::ThrowOnError(api.SetSymbolicDimensions(out, symbols.data(), symbols.size()));
-    Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, 0, out));
+    ShapeInferOutput(ctx, 0, static_cast<ONNXTensorElementDataType>(to), shape, symbols);
   } catch (...) {  // nothing may unwind into ORT
   }
-  if (out != nullptr) api.ReleaseTensorTypeAndShapeInfo(out);
   return nullptr;
 }
 

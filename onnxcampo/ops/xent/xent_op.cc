@@ -71,16 +71,11 @@ void CheckLabels(const std::string& who, Ort::ConstValue& labels, int64_t rows) 
   }
 }
 
-struct ForwardKernel {
-  ForwardKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    who = NodeWho(kForwardName, info);
+struct ForwardKernel : NodeKernel<ForwardKernel> {
+  ForwardKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<ForwardKernel>(kForwardName, info, cuda) {
     classes = IntAttribute(info, "classes", -1);
     output_type = IntAttribute(info, "output_type", kFloat);
     CheckOutputType(who, output_type);
-  }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -106,23 +101,16 @@ struct ForwardKernel {
     SoftmaxCrossEntropyCpu(args, ThreadPoolRunner(ctx));
   }
 
-  std::string who;
-  bool cuda;
   int64_t classes = -1, output_type = kFloat;
 };
 
-struct GradKernel {
-  GradKernel(const OrtKernelInfo* info, bool cuda) : cuda(cuda) {
-    who = NodeWho(kGradName, info);
+struct GradKernel : NodeKernel<GradKernel> {
+  GradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<GradKernel>(kGradName, info, cuda) {
     classes = IntAttribute(info, "classes", -1);
     output_type = IntAttribute(info, "output_type", kFloat);
     CheckOutputType(who, output_type);
     shape = IntsAttribute(info, "output_shape", &has_shape);
     columns = IntAttribute(info, "output_columns", -1);
-  }
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
-    return StatusOf([&] { Compute(context); }, who, ORT_RUNTIME_EXCEPTION);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -141,16 +129,16 @@ struct GradKernel {
     CheckLabels(who, labels, rows.rows);
     if (lse_info.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
         static_cast<int64_t>(lse_info.GetElementCount()) != rows.rows) {
-      Fail(who, "lse must be float32 with one value per row of x (" + std::to_string(rows.rows) + ")");
+      Fail("lse must be float32 with one value per row of x (" + std::to_string(rows.rows) + ")");
     }
     const int64_t scales = static_cast<int64_t>(scale_info.GetElementCount());
     if (scales != 1 && scales != rows.rows) {
-      Fail(who, "scale must hold 1 value or one per row (" + std::to_string(rows.rows) + "), not " +
+      Fail("scale must hold 1 value or one per row (" + std::to_string(rows.rows) + "), not " +
                     std::to_string(scales));
     }
     const int64_t dx_width = columns < 0 ? rows.classes : columns;
     if (dx_width < rows.classes) {
-      Fail(who, "attribute 'output_columns' (" + std::to_string(dx_width) + ") must be >= classes (" +
+      Fail("attribute 'output_columns' (" + std::to_string(dx_width) + ") must be >= classes (" +
                     std::to_string(rows.classes) + ")");
     }
     std::vector<int64_t> out_shape = shape;
@@ -159,7 +147,7 @@ struct GradKernel {
       out_shape.back() = dx_width;
     }
     if (Count(out_shape) != rows.rows * dx_width) {
-      Fail(who, "attribute 'output_shape' " + ShapeText(out_shape) + " must hold rows x " +
+      Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold rows x " +
                     std::string(columns < 0 ? "classes" : "output_columns") + " = " +
                     std::to_string(rows.rows * dx_width) + " elements");
     }
@@ -181,8 +169,6 @@ struct GradKernel {
     SoftmaxCrossEntropyGradCpu(args, ThreadPoolRunner(ctx));
   }
 
-  std::string who;
-  bool cuda;
   int64_t classes = -1, output_type = kFloat, columns = -1;
   bool has_shape = false;
   std::vector<int64_t> shape;
