@@ -1,4 +1,4 @@
-// Helpers the CUDA kernel files share (kernels.cu, elementwise.cu, im2col.cu, reduce.cu,
+// Helpers the CUDA kernel files share (multi_tensor.cu, elementwise.cu, im2col.cu, reduce.cu,
 // scatter.cu). Included by .cu files only.
 #pragma once
 

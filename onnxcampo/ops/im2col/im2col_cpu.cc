@@ -11,7 +11,7 @@
 namespace onnxcampo {
 namespace {
 
-constexpr int64_t kChunk = int64_t{1} << 16;  // output elements per task, as kernels_cpu.cc
+constexpr int64_t kChunk = int64_t{1} << 16;  // output elements per task, as multi_tensor_cpu.cc
 
 // Smallest q >= 0 with q*s >= v (v may be negative).
 int64_t CeilDivPositive(int64_t v, int64_t s) { return v <= 0 ? 0 : (v + s - 1) / s; }

@@ -71,7 +71,7 @@ struct CastArgs {
   std::vector<int64_t> size;   // elements
 };
 
-// The CPU kernels cut all elements of a call into chunks (kernels_cpu.cc) that `run` spreads
+// The CPU kernels cut all elements of a call into chunks (multi_tensor_cpu.cc) that `run` spreads
 // over threads; every element is computed as in a serial loop, so results do not depend on
 // the thread count.
 void UnscaleCheckFiniteCpu(const UnscaleArgs& args, const ParallelRunner& run);
@@ -80,7 +80,7 @@ void MultiTensorAdamWCpu(const AdamWArgs& args, const ParallelRunner& run);
 void MultiTensorCastCpu(const CastArgs& args, const ParallelRunner& run);
 
 #ifdef ONNXCAMPO_WITH_CUDA
-// One kernel launch per call (per ~460+ tensors; see kernels.cu), on `stream` (a cudaStream_t).
+// One kernel launch per call (per ~460+ tensors; see multi_tensor.cu), on `stream` (a cudaStream_t).
 void UnscaleCheckFiniteCuda(const UnscaleArgs& args, void* stream);
 void MultiTensorSgdCuda(const SgdArgs& args, void* stream);
 void MultiTensorAdamWCuda(const AdamWArgs& args, void* stream);

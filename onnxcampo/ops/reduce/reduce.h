@@ -1,6 +1,6 @@
 // BlockReduceSum: y[q] = sum over p, r of x[p][q][r], x a contiguous [P, Q, R] array of float16
 // or float32, accumulated in float32 and rounded once to y's type (float32 or float16). Free of
-// ONNX Runtime types, like kernels.h: reduce_op.cc is the ORT op, reduce_cpu.cc the CPU kernel
+// ONNX Runtime types, like multi_tensor.h: reduce_op.cc is the ORT op, reduce_cpu.cc the CPU kernel
 // and the CUDA launch plan, reduce.cu the CUDA kernels.
 //
 // Both kernels are deterministic: every element is added in an order fixed by the shape (and,
