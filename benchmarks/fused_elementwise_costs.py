@@ -31,7 +31,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from onnxcampo.benchmarks.custom_ops import wall_ms
-from onnxcampo.ops import jit, library_path, nodes
+from onnxcampo.ops import library_path, nodes
+from onnxcampo.ops.elementwise import jit
 from onnxcampo.ops.elementwise import Op
 from onnxcampo.runtime import make_session
 from onnxcampo.runtime.standalone import gpu_time_per_call

@@ -529,10 +529,10 @@ def training_variant(group: Group, policy: str) -> tuple[Path, dict[str, Any]]:
 
 
 def _ew_kernel_stats() -> dict[str, int]:
-    """onnxcampo.ops.jit.kernel_stats of the loaded custom-op library ({} without one or CUDA)."""
+    """onnxcampo.ops.elementwise.jit.kernel_stats of the loaded custom-op library ({} without one or CUDA)."""
     try:
         from onnxcampo import ops
-        from onnxcampo.ops import jit
+        from onnxcampo.ops.elementwise import jit
 
         return jit.kernel_stats(ops.check()) if ops.available() else {}
     except Exception:  # noqa: BLE001 - a diagnostic only

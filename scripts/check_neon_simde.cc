@@ -1,4 +1,4 @@
-// Checks the NEON tile kernels (csrc/avg_matmul_neon.cc) on x86 through SIMDe's NEON emulation:
+// Checks the NEON tile kernels (onnxcampo/ops/avg_matmul/avg_matmul_neon.cc) on x86 through SIMDe's NEON emulation:
 // they must equal the scalar tiles bit for bit. Built and run by scripts/check_neon_simde.sh.
 #include <cstdio>
 #include <random>

@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 include=${SIMDE_INCLUDE:-/usr/include}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-c++ -std=c++17 -O2 -Wall -Wextra -I"$root/csrc" -I"$include" -DONNXCAMPO_NEON_VIA_SIMDE \
-    "$root/scripts/check_neon_simde.cc" "$root/csrc/avg_matmul_neon.cc" "$root/csrc/avg_matmul.cc" \
-    "$root/csrc/avg_matmul_avx2.cc" -mavx2 -o "$out/check"  # -mavx2: the x86 dispatch links the AVX2 tiles
+c++ -std=c++17 -O2 -Wall -Wextra -I"$root/onnxcampo/ops/common" -I"$root/onnxcampo/ops/avg_matmul" -I"$include" -DONNXCAMPO_NEON_VIA_SIMDE \
+    "$root/scripts/check_neon_simde.cc" "$root/onnxcampo/ops/avg_matmul/avg_matmul_neon.cc" "$root/onnxcampo/ops/avg_matmul/avg_matmul.cc" \
+    "$root/onnxcampo/ops/avg_matmul/avg_matmul_avx2.cc" -mavx2 -o "$out/check"  # -mavx2: the x86 dispatch links the AVX2 tiles
 "$out/check"

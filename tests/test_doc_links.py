@@ -16,7 +16,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # top-level folders of the repository: a path in the text that starts with one of them is a
 # repository path (``runtime/check.py`` inside a package, ``ddddocr/common.onnx`` inside a wheel are not)
-TOP_LEVEL = ("docs", "scripts", "onnxcampo", "costdb", "passes", "benchmarks", "tests", "csrc", ".ci")
+TOP_LEVEL = ("docs", "scripts", "onnxcampo", "costdb", "passes", "benchmarks", "tests", ".ci")
 
 FENCED = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 INDENTED = re.compile(r"^(?: {4}|\t).*$", re.M)

@@ -1,7 +1,7 @@
 """The product states what the software does and its current figures; the lab notebook stays out.
 
-README.md, docs/guide/, the reference pages docs/*.md and the code (onnxcampo/, passes/, costdb/,
-csrc/) are scanned for the words of a lab notebook:
+README.md, docs/guide/, the reference pages docs/*.md and the code (onnxcampo/ with its op units'
+C++ and CUDA, passes/, costdb/) are scanned for the words of a lab notebook:
 
 1. a work session by number: ``session 19``, ``Session 21`` (``a session``, ``InferenceSession``,
    ``the session's`` are ordinary words and pass);
@@ -44,7 +44,8 @@ def product_files(root: Path = ROOT) -> list[Path]:
              *sorted((root / "docs").glob("*.md"))]
     for package in ("onnxcampo", "passes", "costdb", "benchmarks"):
         files += sorted((root / package).rglob("*.py"))
-    files += sorted(p for p in (root / "csrc").rglob("*") if p.is_file())
+    files += sorted(p for p in (root / "onnxcampo" / "ops").rglob("*")
+                    if p.is_file() and (p.suffix in (".h", ".cc", ".cu", ".cmake") or p.name == "CMakeLists.txt"))
     return [f for f in files if f.is_file()]
 
 

@@ -1,7 +1,7 @@
 """The custom-op library ``onnxcampo_ops`` (domain ``ai.onnxcampo``): where it is, whether it
 loads, and how sessions register it.
 
-The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
+The library is built from the op units (``onnxcampo/ops/<unit>/``, ``common/``) by ``python -m onnxcampo.ops.build`` into
 ``onnxcampo/ops/lib/``; ``$ONNXCAMPO_OPS_LIBRARY`` points elsewhere. Ops (``docs/ops.md``):
 
 * ``UnscaleCheckFinite(inv_scale, g_1..g_n) -> (found_inf, u_1..u_n)`` and
@@ -17,7 +17,7 @@ The library is built from ``csrc/`` by ``python -m onnxcampo.ops.build`` into
 * ``FusedElementwise[program, registers, constants, output_types](x_1..x_n) -> (y_1..y_m)``: a
   chain of elementwise ops as one kernel, a register program per element of the inputs' broadcast
   shape, float16/float32 inputs and outputs (:mod:`onnxcampo.ops.elementwise` specifies it); on
-  CUDA a kernel generated per program and compiled by NVRTC (:mod:`onnxcampo.ops.jit`); with
+  CUDA a kernel generated per program and compiled by NVRTC (:mod:`onnxcampo.ops.elementwise.jit`); with
   ``column_sums=[k, Q]`` also the column sums of output k (a bias gradient) as one more output
 * ``Im2Col[kernel_shape, strides, dilations, pads](x) -> columns`` (x [N, C, H, W] float16/float32
   -> [C*kh*kw, N*Ho*Wo] of x's type: a Conv's column matrix, for the weight gradient's Gemm)
@@ -48,7 +48,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxcampo.errors import OpsLibraryError
-from onnxcampo.ops import jit
+from onnxcampo.ops.elementwise import jit
 
 DOMAIN = "ai.onnxcampo"
 OPSET_VERSION = 1

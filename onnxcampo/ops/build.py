@@ -6,8 +6,10 @@
    finds with a private sources list and lists folder; it is unpacked into
    ``~/.cache/onnxcampo/ort-headers/``. Nothing of the system changes.
    ``$ONNXCAMPO_ORT_INCLUDE`` (a folder holding ``onnxruntime_cxx_api.h``) skips the download.
-2. CMake builds ``csrc/`` in ``build/ops-<kernels>/``: CPU kernels always, CUDA kernels
-   (sm_80, sm_90) when nvcc is found (``$CUDACXX``, ``PATH``, ``/usr/local/cuda/bin``).
+2. CMake builds the op units (``onnxcampo/ops/<unit>/``, shared code in ``onnxcampo/ops/common/``;
+   ``onnxcampo/ops/CMakeLists.txt``, shipped with the package) in ``build/ops-<kernels>/`` of a
+   source checkout (``~/.cache/onnxcampo/build/`` for an installed package): CPU kernels always,
+   CUDA kernels (sm_80, sm_90) when nvcc is found (``$CUDACXX``, ``PATH``, ``/usr/local/cuda/bin``).
 3. The library is copied to ``onnxcampo/ops/lib/`` with a stamp of its inputs; a later run
    with the same sources, headers and compilers does nothing.
 """
@@ -42,8 +44,27 @@ HEADER = "onnxruntime_cxx_api.h"
 INCLUDE_ENV = "ONNXCAMPO_ORT_INCLUDE"
 
 
+SOURCE_SUFFIXES = (".h", ".cc", ".cu", ".cmake")
+
+
 def sources_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "csrc"
+    """``onnxcampo/ops/``: its ``CMakeLists.txt``, the units' folders and ``common/``."""
+    return Path(__file__).resolve().parent
+
+
+def source_files(sources: Path) -> list[Path]:
+    """The files the library is built from (``lib/``, Python files and caches left out)."""
+    return sorted(path for path in sources.rglob("*")
+                  if path.is_file() and (path.suffix in SOURCE_SUFFIXES or path.name == "CMakeLists.txt")
+                  and "lib" not in path.relative_to(sources).parts[:1])
+
+
+def build_root() -> Path:
+    """``build/`` of the source checkout the package is in, else ``~/.cache/onnxcampo/build``."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file():
+        return checkout / "build"
+    return cache_dir().parent / "build"
 
 
 def cache_dir() -> Path:
@@ -182,10 +203,9 @@ def _version_line(tool: str) -> str:
 
 def _stamp(sources: Path, include: Path, nvcc: str | None, cmake: str) -> str:
     digest = hashlib.sha256()
-    for path in sorted(sources.rglob("*")):
-        if path.is_file():
-            digest.update(path.relative_to(sources).as_posix().encode())
-            digest.update(path.read_bytes())
+    for path in source_files(sources):
+        digest.update(path.relative_to(sources).as_posix().encode())
+        digest.update(path.read_bytes())
     digest.update((include / HEADER).read_bytes())
     digest.update((include / "onnxruntime_c_api.h").read_bytes())
     for tool in (cmake, os.environ.get("CXX") or "c++", nvcc):
@@ -199,7 +219,7 @@ def build(*, cpu_only: bool = False, force: bool = False, jobs: int | None = Non
     """Build (or reuse) the library; returns the installed file."""
     sources = sources_dir()
     if not (sources / "CMakeLists.txt").is_file():
-        raise OpsLibraryError(f"no library sources at {sources}; build from a source checkout of onnxcampo")
+        raise OpsLibraryError(f"no library sources at {sources} (no CMakeLists.txt); reinstall onnxcampo")
     cmake = shutil.which("cmake")
     if cmake is None:
         raise OpsLibraryError("cmake is not installed; install it (apt-get install cmake, or pip install cmake)")
@@ -218,7 +238,8 @@ def build(*, cpu_only: bool = False, force: bool = False, jobs: int | None = Non
         if previous.get("stamp") == stamp:
             logger.info("up to date: %s (%s kernels)", target, previous.get("kernels"))
             return target
-    build_dir = sources.parent / "build" / f"ops-{kernels.replace('+', '-')}"
+    build_dir = build_root() / f"ops-{kernels.replace('+', '-')}"
+    _drop_stale_cache(build_dir, sources)
     configure = [cmake, "-S", str(sources), "-B", str(build_dir), f"-DORT_INCLUDE_DIR={include}",
                  "-DCMAKE_BUILD_TYPE=Release", f"-DONNXCAMPO_CUDA={'ON' if nvcc else 'OFF'}"]
     if nvcc:
@@ -237,6 +258,20 @@ def build(*, cpu_only: bool = False, force: bool = False, jobs: int | None = Non
     stamp_file.write_text(json.dumps({"stamp": stamp, "kernels": kernels, "headers": str(include)}, indent=1) + "\n")
     logger.info("built %s (%s kernels)", target, kernels)
     return target
+
+
+def _drop_stale_cache(build_dir: Path, sources: Path) -> None:
+    """Removes a build folder CMake configured for another source folder (it would refuse it)."""
+    cache = build_dir / "CMakeCache.txt"
+    if not cache.is_file():
+        return
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:"):
+            home = line.split("=", 1)[-1].strip()
+            if Path(home).resolve() != sources.resolve():
+                logger.info("%s was configured for %s: starting it afresh", build_dir, home)
+                shutil.rmtree(build_dir)
+            return
 
 
 def _run(command: list[str]) -> None:

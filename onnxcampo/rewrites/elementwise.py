@@ -1,5 +1,5 @@
 """``--fuse-elementwise``: chains of elementwise ops, with the Casts between and at their edges,
-as one ``ai.onnxcampo::FusedElementwise`` node each (``onnxcampo/ops/elementwise.py``).
+as one ``ai.onnxcampo::FusedElementwise`` node each (``onnxcampo/ops/elementwise/__init__.py``).
 
 ONNX Runtime's CUDA provider launches one kernel per node, each reading its inputs from memory and
 writing its output back; a Cast is one more such pass. A fused node reads the chain's inputs once,

@@ -1,6 +1,6 @@
 """``--fuse-reductions``, the loss: a cross-entropy over the last axis and its gradient as one
 ``ai.onnxcampo::SoftmaxCrossEntropy`` and one ``SoftmaxCrossEntropyGrad`` node
-(``onnxcampo/ops/cross_entropy.py``, ``docs/ops.md``).
+(``onnxcampo/ops/xent/__init__.py``, ``docs/ops.md``).
 
 ``onnxcampo train-graph`` writes the cross-entropy loss as LogSoftmax, OneHot, Mul and ReduceSum;
 onnx-ad's backward of it is ``g - Exp(logp) * ReduceSum(g)`` with ``g = scale * OneHot``. Over

@@ -1,6 +1,6 @@
 """``--fuse-reductions``, row gradients: the backward of a LayerNormalization over the last axis as
-one ``ai.onnxcampo::LayerNormGrad`` node (``onnxcampo/ops/layer_norm.py``), and a Softmax's as one
-``SoftmaxGrad`` (``onnxcampo/ops/softmax.py``; ``docs/ops.md``).
+one ``ai.onnxcampo::LayerNormGrad`` node (``onnxcampo/ops/norm/layer_norm.py``), and a Softmax's as one
+``SoftmaxGrad`` (``onnxcampo/ops/norm/softmax.py``; ``docs/ops.md``).
 
 onnx-ad and ``training.simplify`` write a layer norm's input gradient from the standardized input
 ``xhat`` as ``g = dy * gamma``, ``dx = invstd * ((g - ReduceMean(g)) - xhat * ReduceMean(g * xhat))``:

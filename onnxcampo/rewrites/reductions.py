@@ -1,6 +1,6 @@
 """``--fuse-reductions``: ReduceSums that add up blocks of leading and trailing axes, with the
 Reshapes and Casts around them, as one ``ai.onnxcampo::BlockReduceSum`` node each
-(``onnxcampo/ops/reduce.py``, ``docs/ops.md``).
+(``onnxcampo/ops/reduce/__init__.py``, ``docs/ops.md``).
 
 A training step's bias and LayerNorm-scale gradients are sums over the rows of ``[P, Q]``
 matrices, a Conv bias gradient sums ``[N, C, H*W]`` over N and H*W, and

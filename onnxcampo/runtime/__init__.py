@@ -433,7 +433,7 @@ def _session_options(*, profiling: bool, optimization_level: str,
     if custom_ops_library is not None:
         if not Path(custom_ops_library).is_file():
             raise ConfigError(f"custom-op library {custom_ops_library} does not exist")
-        from onnxcampo.ops import jit  # standard library only
+        from onnxcampo.ops.elementwise import jit  # standard library only
 
         jit.export_nvrtc()  # NVRTC for FusedElementwise's generated CUDA kernels, when installed
         try:
@@ -606,7 +606,7 @@ def session_recipe(*, provider: str = "cpu", optimization_level: str = "all", in
     libraries = [ops.check()] if ops.available() else []
     env = {}
     if libraries:
-        from onnxcampo.ops import jit
+        from onnxcampo.ops.elementwise import jit
 
         path = jit.export_nvrtc()
         if path and os.path.isabs(path):

@@ -20,7 +20,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnxcampo.ops import elementwise as ew
-from onnxcampo.ops import jit, nodes
+from onnxcampo.ops import nodes
+from onnxcampo.ops.elementwise import jit
 from onnxcampo.ops import reduce as block_reduce
 from onnxcampo.ops.elementwise import Op
 from onnxcampo.runtime import make_session

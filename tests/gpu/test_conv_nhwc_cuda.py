@@ -32,6 +32,7 @@ from onnx import TensorProto, helper
 
 from cases.im2col import RESNET50_B64, close, resnet_cout
 from onnxcampo.ops import conv_nhwc as ref
+from onnxcampo.ops import to_nhwc as to_nhwc_ref
 from onnxcampo.ops import max_pool as pool_ref
 from onnxcampo.ops import nodes
 
@@ -370,7 +371,7 @@ def test_nchw_to_nhwc_is_numpys_bit_for_bit_plain_and_replayed(device, x_shape, 
     x = _values(x_shape, x_dtype, np.random.default_rng(sum(x_shape)))
     model = to_nhwc_model(x_shape, x_dtype, to, channels)
     with np.errstate(over="ignore"):
-        want = ref.nchw_to_nhwc(x, to, channels)
+        want = to_nhwc_ref.nchw_to_nhwc(x, to, channels)
     assert _same_but_any_nan(device.run(model, {"x": x})["y"], want)
     assert _same_but_any_nan(device.run(model, {"x": x}, cuda_graph=True)["y"], want)
 

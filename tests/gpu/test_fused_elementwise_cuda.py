@@ -20,7 +20,8 @@ import pytest
 from cases import fused_elementwise as fe
 from onnxcampo import ops
 from onnxcampo.ops import elementwise as ew
-from onnxcampo.ops import jit, nodes
+from onnxcampo.ops import nodes
+from onnxcampo.ops.elementwise import jit
 
 CASES = {case.name: case for case in fe.all_cases()}
 FLOAT, FLOAT16 = fe.FLOAT, fe.FLOAT16

@@ -1,7 +1,7 @@
 """The row-wise loss and normalization ops on CUDA against their numpy references, and timed
 against the unfused graphs of a training step (tests/gpu/conftest.py: skipped without a GPU):
-``SoftmaxCrossEntropy`` and ``SoftmaxCrossEntropyGrad`` (``onnxcampo.ops.cross_entropy``),
-``LayerNormGrad`` (``onnxcampo.ops.layer_norm``) and ``SoftmaxGrad`` (``onnxcampo.ops.softmax``).
+``SoftmaxCrossEntropy`` and ``SoftmaxCrossEntropyGrad`` (``onnxcampo.ops.xent``),
+``LayerNormGrad`` (``onnxcampo.ops.norm.layer_norm``) and ``SoftmaxGrad`` (``onnxcampo.ops.norm.softmax``).
 
 1. Cross entropy: float32 and float16 logits and outputs, padded rows (``classes`` < width), the
    gradient written in padded rows (``output_columns``: zeros after the classes, as loss fusion
@@ -26,10 +26,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo.ops import cross_entropy as ce
-from onnxcampo.ops import layer_norm as ln
+from onnxcampo.ops import xent as ce
+from onnxcampo.ops.norm import layer_norm as ln
 from onnxcampo.ops import nodes
-from onnxcampo.ops import softmax as sm
+from onnxcampo.ops.norm import softmax as sm
 
 F32, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NUMPY = {F32: np.float32, F16: np.float16}

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxcampo.ops import conv_nhwc as ref
+from onnxcampo.ops import to_nhwc as to_nhwc_ref
 from onnxcampo.ops import nodes
 from onnxcampo.runtime import make_session
 
@@ -260,7 +261,7 @@ def test_nchw_to_nhwc_matches_numpy_bit_for_bit(x_dtype, to, shape, channels):
         x.flat[:5] = [np.nan, np.inf, -0.0, 1e-7, 70000.0]  # NaN, inf, a signed zero, a subnormal, overflow
     for declare in (True, False):  # the output's type and shape inferred when not declared
         got = _to_nhwc_session(x_dtype, shape, to, channels, declare).run(None, {"x": x})[0]
-        want = ref.nchw_to_nhwc(x, to, channels)
+        want = to_nhwc_ref.nchw_to_nhwc(x, to, channels)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 

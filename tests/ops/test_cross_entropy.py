@@ -20,7 +20,7 @@ from helpers import step_feeds
 import onnxcampo
 from onnxcampo import ir
 from onnxcampo.rewrites.loss import fuse_softmax_cross_entropy
-from onnxcampo.ops import cross_entropy as ce
+from onnxcampo.ops import xent as ce
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import build_train_step

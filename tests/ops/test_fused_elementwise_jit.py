@@ -1,4 +1,4 @@
-"""FusedElementwise's generated CUDA kernels (csrc/elementwise_codegen.cc, onnxcampo.ops.jit):
+"""FusedElementwise's generated CUDA kernels (onnxcampo/ops/elementwise/elementwise_codegen.cc, onnxcampo.ops.elementwise.jit):
 the source the library writes for each program and layout, read through its C hook (the CPU
 library carries the code generator), and, where NVRTC is installed (the nvidia-cuda-nvrtc
 wheel), compiled for sm_80 and sm_90 with the library's options. Running them needs a GPU:
@@ -13,7 +13,8 @@ import pytest
 
 from cases import fused_elementwise as cases
 from onnxcampo.ops import elementwise as ew
-from onnxcampo.ops import jit, library_path
+from onnxcampo.ops import library_path
+from onnxcampo.ops.elementwise import jit
 from onnxcampo.ops.elementwise import Op
 
 pytestmark = pytest.mark.usefixtures("library")  # fails (never skips) without the built library
@@ -102,7 +103,7 @@ def test_nvrtc_errors_carry_the_log():
 
 # ---- column sums: the grid and where each thread's partial sums go ----------------------------
 
-THREADS, LANES = ew.JIT_THREADS, ew.JIT_LANES  # csrc/elementwise_jit.h: kJitThreads, kJitLanes
+THREADS, LANES = ew.JIT_THREADS, ew.JIT_LANES  # onnxcampo/ops/elementwise/elementwise_jit.h: kJitThreads, kJitLanes
 
 
 def _sum_grid(n: int, q: int, max_blocks: int):

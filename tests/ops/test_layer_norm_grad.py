@@ -18,7 +18,7 @@ from helpers import step_feeds
 
 import onnxcampo
 from onnxcampo.rewrites.norm import fuse_layer_norm_grad
-from onnxcampo.ops import layer_norm as ln
+from onnxcampo.ops.norm import layer_norm as ln
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.runtime import make_session, run
 from onnxcampo.training import build_train_step
@@ -138,7 +138,7 @@ def test_a_changed_pattern_is_left_alone(library):
 @pytest.mark.parametrize("dy_type, y_type, out_type, scale", [(F32, F32, F32, 1.0), (F16, F16, F16, 0.125),
                                                                (F32, F16, F16, 0.5)])
 def test_the_softmax_grad_cpu_kernel_matches_numpy(library, dy_type, y_type, out_type, scale):
-    from onnxcampo.ops import softmax as sm
+    from onnxcampo.ops.norm import softmax as sm
 
     rng = np.random.default_rng(7)
     dy = rng.standard_normal((3, 4, 50, 1)).astype(NUMPY[dy_type])
