@@ -21,6 +21,7 @@ from onnxcampo.passes.deny_propagation import DenyPropagation
 from onnxcampo.passes.fill_infer_clear import FillInferClear
 from onnxcampo.report.plan_html import render
 from onnxcampo.report.plan_view import filter_rows, node_rows, table
+from onnxcampo.plan import Precision, PrecisionPlan, Reason
 from onnxcampo.report import counts_headline
 
 # policy fp16 with Exp excluded: the plan is known without a cost model; costed node by node
@@ -109,10 +110,25 @@ def test_counts_separate_float_compute_from_shape_arithmetic_and_constants():
                       fuse="none", experimental={"cost_graph": "onnx"})
     report = result.report
     assert report["node_counts"] == {"float_compute": 3, "float_compute_fp16": 2, "float_compute_fp32": 1,
-                                     "shape_arithmetic": 1, "constants": 1}
+                                     "shape_arithmetic": 1, "constants": 1, "views": 0}
     assert (report["nodes_fp16"], report["nodes_fp32"]) == (2, 3)
     assert "policy fp16: 2 of 3 float compute nodes fp16; 2 others (1 shape arithmetic, 1 constants) unchanged; " \
         in summary(report, None)
+
+
+def test_views_are_not_counted_as_float_compute():
+    """An Identity or Reshape computes nothing in either precision (ORT aliases its output): counted
+    apart as a view, in the JSON and the headline."""
+    from onnxcampo.report import node_counts
+
+    plan = PrecisionPlan()
+    plan.decide("mm", Precision.FP16, Reason.POLICY_FP16)
+    plan.decide("view", Precision.FP16, Reason.POLICY_FP16)
+    plan.decide("id", Precision.FP32, Reason.POLICY_FP32)
+    counts = node_counts(plan, {"mm": "MatMul", "view": "Reshape", "id": "Identity"})
+    assert (counts["float_compute"], counts["float_compute_fp16"], counts["views"]) == (1, 1, 2)
+    assert counts_headline(counts) == ("1 of 1 float compute nodes fp16; 2 others (0 shape arithmetic, "
+                                       "0 constants, 2 views) unchanged")
 
 
 def test_headline_leaves_out_others_when_there_are_none():

@@ -16,16 +16,22 @@ from onnxcampo.plan import Precision, PrecisionPlan, Reason
 # The report's layout: raised when a key changes meaning or goes (new keys keep it).
 SCHEMA_VERSION = 2
 
+VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})  # oplists.ALIASED's views
 OTHER_NODES = {Reason.NO_FLOAT: "shape_arithmetic", Reason.CONSTANT: "constants"}
 
 
-def node_counts(plan: PrecisionPlan) -> dict[str, int]:
-    """Float compute nodes (every planned node but shape arithmetic and constants) by precision,
-    and the others by kind."""
+def node_counts(plan: PrecisionPlan, op_types: dict[str, str] | None = None) -> dict[str, int]:
+    """Float compute nodes (every planned node but shape arithmetic, constants and views) by
+    precision, and the others by kind; ``op_types`` (node name -> op type) tells the views
+    (Identity, Reshape, Squeeze, Unsqueeze, Flatten: ORT aliases their output to their input, so
+    they compute nothing in either precision)."""
     counts = {"float_compute": 0, "float_compute_fp16": 0, "float_compute_fp32": 0,
-              **{kind: 0 for kind in OTHER_NODES.values()}}
-    for _, decision in plan.items():
+              **{kind: 0 for kind in OTHER_NODES.values()}, "views": 0}
+    op_types = op_types or {}
+    for name, decision in plan.items():
         kind = OTHER_NODES.get(decision.reason)
+        if kind is None and op_types.get(name) in VIEW_OPS:
+            kind = "views"
         if kind is not None:
             counts[kind] += 1
             continue
@@ -38,10 +44,13 @@ def counts_headline(counts: dict[str, int]) -> str:
     """``node_counts`` in words: "585 of 585 float compute nodes fp16; 825 others (729 shape
     arithmetic, 96 constants) unchanged"."""
     text = f"{counts['float_compute_fp16']} of {counts['float_compute']} float compute nodes fp16"
-    others = counts["shape_arithmetic"] + counts["constants"]
+    views = counts.get("views", 0)
+    others = counts["shape_arithmetic"] + counts["constants"] + views
     if others:
-        text += (f"; {others} others ({counts['shape_arithmetic']} shape arithmetic, {counts['constants']} "
-                 "constants) unchanged")
+        parts = [f"{counts['shape_arithmetic']} shape arithmetic", f"{counts['constants']} constants"]
+        if views:
+            parts.append(f"{views} views")
+        text += f"; {others} others ({', '.join(parts)}) unchanged"
     return text
 
 
@@ -66,7 +75,8 @@ def build_report(ctx, source, plans, times, chosen, notes, results, node_costs=N
         "ort_nodes": ctx.ort_nodes,
         "nodes_fp16": counts.get("fp16", 0),
         "nodes_fp32": counts.get("fp32", 0),
-        "node_counts": node_counts(plan),
+        "node_counts": node_counts(plan, {n.name: n.op_type for n in ctx.model.graph.node
+                                          if n.domain in ("", "ai.onnx")}),
         "reasons": plan.reasons(),
         "casts_inserted": _counted(results, "insert_casts", "casts"),
         "pads_inserted": _counted(results, "pad_tensor_cores", "pad_slice_nodes"),
