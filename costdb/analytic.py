@@ -85,6 +85,8 @@ class AnalyticCostModel(CostModel):
         return 0.0 if self.host is None else self.host.run_us
 
     def _gemm_us(self, flops: float, peak: float) -> float:
+        if flops <= 0:  # a product of a zero-size dim: no work
+            return 0.0
         rate = peak * flops / (flops + self.peaks.half_rate_flops)
         return flops / rate * 1e6
 

@@ -167,7 +167,7 @@ def _pins_from_inputs(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[i
         if vi.name in pins or vi.name not in inputs or not vi.type.tensor_type.HasField("shape"):
             continue
         dims = vi.type.tensor_type.shape.dim
-        open_dims = [d for d in dims if not (d.HasField("dim_value") and d.dim_value > 0)
+        open_dims = [d for d in dims if not (d.HasField("dim_value") and d.dim_value >= 0)
                      and not (d.HasField("dim_param") and d.dim_param in dim_values)]
         if open_dims and np.ndim(inputs[vi.name]) == len(dims):
             pins[vi.name] = tuple(int(d) for d in np.shape(inputs[vi.name]))

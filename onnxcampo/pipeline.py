@@ -375,7 +375,7 @@ def dynamic_inputs(model: onnx.ModelProto) -> list[str]:
     """The graph inputs with a dim that is not a fixed positive number."""
     return [vi.name for vi in ir.graph_inputs(model) if vi.type.HasField("tensor_type") and (
         not vi.type.tensor_type.HasField("shape")
-        or not all(d.HasField("dim_value") and d.dim_value > 0 for d in vi.type.tensor_type.shape.dim))]
+        or not all(d.HasField("dim_value") and d.dim_value >= 0 for d in vi.type.tensor_type.shape.dim))]
 
 
 def _say_where_dynamic_dims_stop_them(model: onnx.ModelProto, decisions: dict[str, RewriteDecision]) -> None:
@@ -812,7 +812,7 @@ def _shapes_from_inputs(model: onnx.ModelProto, config: OptimizeConfig,
         if vi.name in config.input_shapes or vi.name not in inputs or not vi.type.tensor_type.HasField("shape"):
             continue
         dims = vi.type.tensor_type.shape.dim
-        open_dims = [d for d in dims if not (d.HasField("dim_value") and d.dim_value > 0)
+        open_dims = [d for d in dims if not (d.HasField("dim_value") and d.dim_value >= 0)
                      and not (d.HasField("dim_param") and d.dim_param in config.dim_values)]
         if open_dims and np.ndim(inputs[vi.name]) == len(dims):
             added[vi.name] = tuple(int(d) for d in np.shape(inputs[vi.name]))

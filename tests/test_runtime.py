@@ -97,8 +97,15 @@ def test_random_inputs_dynamic_dim_error_has_pin_hint():
 
 
 def test_random_inputs_unnamed_dynamic_dim():
+    model = mlp()
+    model.graph.input[0].type.tensor_type.shape.dim[0].Clear()  # neither dim_value nor dim_param: dynamic
     with pytest.raises(ShapeError, match=r"unnamed dynamic dim \(axis 0\).*input_shapes=\{'x': \(1,4\)\}"):
-        random_inputs(mlp(batch=0))  # dim_value 0, no dim_param: dynamic
+        random_inputs(model)
+
+
+def test_random_inputs_of_a_zero_size_dim_have_no_rows():
+    """dim_value 0 is a zero-size dim (ONNX's backend tests have them), not a dynamic one."""
+    assert random_inputs(mlp(batch=0))["x"].shape[0] == 0
 
 
 def test_random_inputs_pin_rank_mismatch():

@@ -166,14 +166,14 @@ def pin_input_shapes(
                 dim.dim_value = value
             continue
         for axis, dim in enumerate(dims):
-            if dim.HasField("dim_value") and dim.dim_value > 0:
+            if dim.HasField("dim_value") and dim.dim_value >= 0:
                 continue
             if dim.HasField("dim_param") and dim.dim_param in dim_values:
                 dim.dim_value = dim_values[dim.dim_param]
                 continue
             label = dim.dim_param or "?"
             example = ",".join(
-                str(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else "N" for d in dims
+                str(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else "N" for d in dims
             )
             hint = f"pin it with {shape_pin(name, example)}"
             if dim.dim_param:
@@ -248,7 +248,7 @@ def _value_info_to_info(value_info: onnx.ValueInfoProto, symbols: dict[str, int]
     shape = None
     if tensor_type.HasField("shape"):
         shape = tuple(
-            d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+            d.dim_value if d.HasField("dim_value") and d.dim_value >= 0
             else symbols.get(d.dim_param) if d.HasField("dim_param") else None
             for d in tensor_type.shape.dim
         )

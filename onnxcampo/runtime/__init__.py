@@ -124,8 +124,9 @@ def _model_dims(vi: onnx.ValueInfoProto) -> list[onnx.TensorShapeProto.Dimension
 
 
 def _static_value(dim: onnx.TensorShapeProto.Dimension) -> int | None:
-    """A dim's fixed size; dim_value 0 without a dim_param is how exporters say 'unknown'."""
-    if dim.HasField("dim_value") and dim.dim_value > 0:
+    """A dim's fixed size, 0 included (a zero-size dim, as ONNX's backend tests have them; a pin
+    may still replace a 0, which some exporters write for 'unknown')."""
+    if dim.HasField("dim_value") and dim.dim_value >= 0:
         return dim.dim_value
     return None
 

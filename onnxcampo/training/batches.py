@@ -74,7 +74,7 @@ def input_specs(model: onnx.ModelProto) -> dict[str, InputSpec]:
         if vi.name in initializers or not vi.type.HasField("tensor_type"):
             continue
         tensor = vi.type.tensor_type
-        dims = (tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor.shape.dim)
+        dims = (tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tensor.shape.dim)
                 if tensor.HasField("shape") else None)
         try:
             dtype = np_dtype(tensor.elem_type, vi.name)
