@@ -63,6 +63,10 @@ instead of one per weight (GPT-2's step: 124 Cast launches, 0.72 GPU ms for 0.74
 
 The values are those of the unfused graph up to the math library's last bits: a value the graph
 holds in float16 is rounded to float16 where the graph rounds it (``ROUND_F16``).
+
+The rules read the model through the shared matcher's view (``onnxcampo.rewrites.matcher``); the
+bias split, rule 0 and rule 4 are patterns whose reason for leaving a node alone is logged at
+debug level.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -88,6 +92,7 @@ from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.ops.elementwise import Op
 from onnxcampo.plan import Precision
 from onnxcampo.rewrites import reductions
+from onnxcampo.rewrites.matcher import GraphView, Miss, first_match
 from onnxcampo.rewrites.reductions import (
     MOVES as VIEWS,  # what fuse_reductions folds before a BlockReduceSum
 )
@@ -142,6 +147,42 @@ class _Group:
     instructions: int = 0  # at most what the members' program takes (see _instructions)
 
 
+@dataclass
+class _Grouping:
+    """The groups rule 2 forms in one pass over the graph, and what it tracks as it goes."""
+
+    groups: list[_Group] = field(default_factory=list)
+    group_of: dict[str, _Group] = field(default_factory=dict)  # tensor -> group that writes it
+    depends: dict[str, frozenset[int]] = field(default_factory=dict)  # tensor -> groups it depends on
+
+
+class _FusionView(GraphView):
+    """The matcher's view with what the grouping reads besides: the scalar constants a program
+    folds in (:func:`_scalar_constants`) and ``leave``, the names of the nodes left to ORT."""
+
+    def __init__(self, model: onnx.ModelProto, info: dict[str, ir.TensorInfo], leave: Collection[str]) -> None:
+        super().__init__(model, info, fresh_prefix="fused")
+        self.leave = frozenset(leave)
+        self.scalars = _scalar_constants(self.constants)
+
+    def mask(self, name: str) -> tuple[int, ...] | None:
+        """The shape of a comparison's bool output that only Casts to float32/float16 read."""
+        readers = self.readers(name)
+        if name in self.protected or not readers or any(
+                not self.is_op(r, "Cast") or ir.attribute(r, "to") not in FLOATS for r in readers):
+            return None
+        return self.static(name, (TensorProto.BOOL,))
+
+    def fusable(self, node: onnx.NodeProto) -> tuple[int, ...] | None:
+        """The node's output shape when rule 1 lets it be fused and it is not left to ORT."""
+        return None if node.name in self.leave else _fusable_shape(self, node)
+
+    def fusable_readers(self, name: str) -> bool:
+        """``name`` is read, not protected, and every reader can be fused."""
+        readers = self.readers(name)
+        return bool(readers) and name not in self.protected and all(self.fusable(r) is not None for r in readers)
+
+
 def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
                      split_biases: bool = True, group_weight_casts: bool = True, column_sums: bool = True,
                      info: dict[str, ir.TensorInfo] | None = None) -> FusionResult:
@@ -154,87 +195,69 @@ def fuse_elementwise(model: onnx.ModelProto, *, leave: Collection[str] = (),
     fused node's output as that node's column sums (rule 4; the module docstring). ``info``: the
     model's tensor types and shapes when the caller has them (the pipeline's, from
     ``--fuse-reductions``), else inferred here."""
-    leave = frozenset(leave)
     result = FusionResult()
     if info is None:
         info, _ = ir.infer_tensor_info(model)
-    edit = ir.ModelEdit(model, fresh_prefix="fused")
-    scalars = _scalar_constants(edit)
-    consumers = edit.consumers()
-    graph_outputs = {o.name for o in model.graph.output} | edit.interface()
-
-    def static(name: str, dtypes=FLOATS) -> tuple[int, ...] | None:
-        entry = info.get(name)
-        if entry is None or entry.dtype not in dtypes or entry.shape is None:
-            return None
-        shape = tuple(entry.shape)
-        return shape if all(isinstance(d, int) and d >= 0 for d in shape) else None
-
-    def mask(name: str) -> tuple[int, ...] | None:
-        """The shape of a comparison's bool output that only Casts to float32/float16 read."""
-        readers = consumers.get(name, [])
-        if name in graph_outputs or not readers or any(
-                r.op_type != "Cast" or r.domain not in oplists.DEFAULT_DOMAINS or ir.attribute(r, "to") not in FLOATS
-                for r in readers):
-            return None
-        return static(name, (TensorProto.BOOL,))
-
+    view = _FusionView(model, info, leave)
     if split_biases:
-        result.biases = _split_biases(model, edit, info, static, mask, scalars, consumers, graph_outputs, leave)
+        result.biases = _split_biases(view)
     if result.biases:
-        consumers = edit.consumers()
-    result.casts_moved = _widening_casts_after_reshapes(model, edit, info, consumers, graph_outputs, leave)
+        view.refresh()
+    result.casts_moved = _widening_casts_after_reshapes(view)
     if result.casts_moved:
-        consumers = edit.consumers()
+        view.refresh()
 
-    groups: list[_Group] = []
-    group_of: dict[str, _Group] = {}  # tensor -> group that writes it
-    depends: dict[str, frozenset[int]] = {}  # tensor -> groups it depends on (through any node)
-    for node in model.graph.node:
-        upstream = frozenset().union(*(depends.get(name, frozenset()) for name in node.input if name))
-        shape = _fusable_shape(node, static, scalars, mask) if node.name not in leave else None
-        group = None
-        if shape is not None:
-            group = _join(node, shape, group_of, depends, scalars)
-            bool_cast = node.op_type == "Cast" and info[node.input[0]].dtype == TensorProto.BOOL
-            if group is not None and not bool_cast and _leads_back(node, group, group_of, consumers, depends, static,
-                                                                 scalars, mask, leave):
-                group = None  # rule 2c: the chain it heads belongs with the backward node that reads it
-            if group is None and bool_cast:
-                shape = None  # a mask's Cast only in its comparison's group (no bool input to a kernel)
-            elif group is None:
-                group = _Group(len(groups), shape)
-                groups.append(group)
-        if group is not None:
-            _add(group, node, scalars)
-            for out in node.output:
-                group_of[out] = group
-        own = frozenset((group.index,)) if group is not None else frozenset()
-        for out in node.output:
-            depends[out] = upstream | own
-
-    producers = edit.producers()
-    for group in groups:
-        _absorb_producers(group, group_of, producers, consumers, graph_outputs, scalars, depends)
-    fused = [g for g in groups if len(g.nodes) >= 2]
+    grouping = _form_groups(view)
+    for group in grouping.groups:
+        _absorb_producers(view, grouping, group)
+    fused = [g for g in grouping.groups if len(g.nodes) >= 2]
     replaced: list[tuple[_Group, onnx.NodeProto]] = []
     for group in fused:
-        built = _build(group, info, consumers, graph_outputs, edit)
+        built = _build(view, group)
         if built is not None:
             replaced.append((group, built))
     if replaced:
-        _replace(model, replaced, result)
+        _replace(view, replaced, result)
         if column_sums:
-            result.column_sums = _fuse_column_sums(model, edit, {node.name for _, node in replaced}, graph_outputs)
+            view.refresh()
+            result.column_sums = _fuse_column_sums(view, {node.name for _, node in replaced})
     if group_weight_casts:
-        result.weight_casts = _group_weight_casts(model, edit, info, leave)
+        result.weight_casts = _group_weight_casts(view)
     log.info("fuse-elementwise: %d chains of %d nodes as FusedElementwise (%d with column sums), %d weight Casts "
              "as one", result.groups, result.nodes, result.column_sums, result.weight_casts)
     return result
 
 
-def _replace(model: onnx.ModelProto, replaced: list[tuple[_Group, onnx.NodeProto]], result: FusionResult) -> None:
+def _form_groups(view: _FusionView) -> _Grouping:
+    """Rules 1, 2 and 2c: each node in graph order joins a producer's group or starts one."""
+    grouping = _Grouping()
+    for node in view.model.graph.node:
+        upstream = frozenset().union(*(grouping.depends.get(name, frozenset()) for name in node.input if name))
+        shape = view.fusable(node)
+        group = None
+        if shape is not None:
+            group = _join(view, grouping, node, shape)
+            bool_cast = node.op_type == "Cast" and view.dtype(node.input[0]) == TensorProto.BOOL
+            if group is not None and not bool_cast and _leads_back(view, grouping, node, group):
+                group = None  # rule 2c: the chain it heads belongs with the backward node that reads it
+            if group is None and bool_cast:
+                shape = None  # a mask's Cast only in its comparison's group (no bool input to a kernel)
+            elif group is None:
+                group = _Group(len(grouping.groups), shape)
+                grouping.groups.append(group)
+        if group is not None:
+            _add(view, group, node)
+            for out in node.output:
+                grouping.group_of[out] = group
+        own = frozenset((group.index,)) if group is not None else frozenset()
+        for out in node.output:
+            grouping.depends[out] = upstream | own
+    return grouping
+
+
+def _replace(view: _FusionView, replaced: list[tuple[_Group, onnx.NodeProto]], result: FusionResult) -> None:
     """Each group's members out, its fused node in (rule 3); the graph in topological order."""
+    model = view.model
     members = {id(n) for group, _ in replaced for n in group.nodes}
     kept = [n for n in model.graph.node if id(n) not in members]
     del model.graph.node[:]
@@ -252,28 +275,39 @@ def _replace(model: onnx.ModelProto, replaced: list[tuple[_Group, onnx.NodeProto
         result.by_size[len(group.nodes)] += 1
 
 
-def _fuse_column_sums(model: onnx.ModelProto, edit: ir.ModelEdit, fused: set[str], graph_outputs: set[str]) -> int:
+def _fuse_column_sums(view: _FusionView, fused: set[str]) -> int:
     """Rule 4: BlockReduceSums of column sums of the outputs of the nodes named ``fused`` as those
     nodes' ``column_sums``; returns how many."""
-    producers, consumers = edit.producers(), edit.consumers()
+    model = view.model
     where = {out: (node, k) for node in model.graph.node if node.op_type == ew.OP_TYPE and node.name in fused
              for k, out in enumerate(node.output)}
     summed: set[int] = set()  # fused nodes given their column sums
     gone: list[onnx.NodeProto] = []
     sums_info: list[onnx.ValueInfoProto] = []  # the sums' types and shapes, now the fused nodes' outputs
+
+    def summed_output(view: _FusionView, node: onnx.NodeProto) -> tuple[str, list[onnx.NodeProto]] | Miss:
+        """The pattern at the BlockReduceSum ``node``: the fused node's output it sums of columns
+        and the views between, nearest the sum first."""
+        _, _, R = (int(v) for v in ir.attribute(node, "sizes"))
+        name, views = node.input[0], []
+        while name not in where:
+            step = view.producers.get(name)
+            if step is None or step.op_type not in VIEWS or step.domain not in oplists.DEFAULT_DOMAINS:
+                break
+            views.append(step)
+            name = step.input[0]
+        if R != 1:
+            return Miss("not a sum of columns")
+        return (name, views) if name in where else Miss("not of a fused node's output")
+
     for node in model.graph.node:
         if node.op_type != "BlockReduceSum" or node.domain != op_nodes.DOMAIN:
             continue
-        _, Q, R = (int(v) for v in ir.attribute(node, "sizes"))
-        name, views = node.input[0], []
-        while name not in where:
-            view = producers.get(name)
-            if view is None or view.op_type not in VIEWS or view.domain not in oplists.DEFAULT_DOMAINS:
-                break
-            views.append(view)
-            name = view.input[0]
-        if R != 1 or name not in where or id(where[name][0]) in summed:
+        found = first_match([summed_output], view, node, "fuse-elementwise (column sums)")
+        if found is None or id(where[found[0]][0]) in summed:
             continue
+        name, views = found
+        _, Q, _ = (int(v) for v in ir.attribute(node, "sizes"))
         target, k = where[name]
         sum_type, shape = int(ir.attribute(node, "output_type", TensorProto.FLOAT)), ir.attribute(node, "output_shape")
         attributes = {"column_sums": [k, Q], "column_sums_type": sum_type}
@@ -285,29 +319,30 @@ def _fuse_column_sums(model: onnx.ModelProto, edit: ir.ModelEdit, fused: set[str
         summed.add(id(target))
         gone.append(node)
         reading = {id(node)}
-        for view in views:  # nearest the sum first: a view goes when only what goes read it
-            if view.output[0] in graph_outputs or any(id(r) not in reading for r in consumers.get(view.output[0], [])):
+        for step in views:  # nearest the sum first: a view goes when only what goes read it
+            if step.output[0] in view.protected or any(id(r) not in reading for r in view.readers(step.output[0])):
                 break
-            reading.add(id(view))
-            gone.append(view)
+            reading.add(id(step))
+            gone.append(step)
     if gone:  # the fused nodes come before the sums they take: the order holds
-        edit.replace_nodes({}, {id(n) for n in gone}, sums_info)
+        view.edit.replace_nodes({}, {id(n) for n in gone}, sums_info)
     return len(summed)
 
 
-def _group_weight_casts(model: onnx.ModelProto, edit: ir.ModelEdit, info, leave) -> int:
+def _group_weight_casts(view: _FusionView) -> int:
     """The float32 -> float16 Casts of graph inputs as one MultiTensorCast, first in the graph;
     returns how many it took (none when fewer than two)."""
+    model = view.model
     inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}
     casts = [n for n in model.graph.node
-             if n.op_type == "Cast" and n.domain in oplists.DEFAULT_DOMAINS and n.name not in leave
+             if view.is_op(n, "Cast") and n.name not in view.leave
              and len(n.input) == 1 and n.input[0] in inputs and ir.attribute(n, "to") == TensorProto.FLOAT16
-             and info.get(n.input[0]) is not None and info[n.input[0]].dtype == TensorProto.FLOAT]
+             and view.dtype(n.input[0]) == TensorProto.FLOAT]
     if len(casts) < 2:
         return 0
     taken = {id(n) for n in casts}
     node = op_nodes.multi_tensor_cast([n.input[0] for n in casts], [n.output[0] for n in casts],
-                                      name=edit.fresh("weight_casts"))
+                                      name=view.edit.fresh("weight_casts"))
     kept = [n for n in model.graph.node if id(n) not in taken]
     del model.graph.node[:]
     model.graph.node.extend([node, *kept])
@@ -315,57 +350,83 @@ def _group_weight_casts(model: onnx.ModelProto, edit: ir.ModelEdit, info, leave)
     return len(casts)
 
 
-def _split_biases(model, edit: ir.ModelEdit, info, static, mask, scalars, consumers, graph_outputs, leave) -> int:
+@dataclass
+class _Bias:
+    """A Conv's or Gemm's bias to move out: ``anchor`` writes ``out`` (the node, or the one
+    Reshape after a Gemm), which the Add will write instead; ``shape``: the node's output's."""
+
+    node: onnx.NodeProto
+    anchor: onnx.NodeProto
+    out: str
+    shape: tuple[int, ...]
+
+
+def _bias(view: _FusionView, node: onnx.NodeProto) -> _Bias | Miss | None:
+    """The pattern of the bias split at ``node`` (None when it is no Conv or Gemm with a bias)."""
+    if node.op_type not in ("Conv", "Gemm") or node.domain not in oplists.DEFAULT_DOMAINS \
+            or len(node.input) != 3 or not node.input[2] or len(node.output) != 1:
+        return None
+    out = node.output[0]
+    shape, bias = view.static(out, FLOATS), view.static(node.input[2], FLOATS)
+    if shape is None or bias is None:
+        return Miss("the output or the bias is not a float tensor of a static shape")
+    if node.op_type == "Conv":
+        if len(shape) < 3 or bias != (shape[1],):
+            return Miss("the bias is not one per channel")
+        if not view.fusable_readers(out):
+            return Miss("a reader of the output cannot be fused")
+        return _Bias(node, node, out, shape)
+    if ir.attribute(node, "beta", 1.0) != 1.0 or len(shape) != 2 or bias != (shape[1],):
+        return Miss("beta is not 1 or the bias is not one per column")
+    if view.fusable_readers(out):
+        return _Bias(node, node, out, shape)
+    reshape = view.sole_reader(out)
+    if not view.is_op(reshape, "Reshape") or (view.static(reshape.output[0], FLOATS) or (None,))[-1] != shape[1] \
+            or not view.fusable_readers(reshape.output[0]):
+        return Miss("a reader of the output cannot be fused, nor is it one Reshape keeping the columns "
+                    "that only fusable nodes read")
+    return _Bias(node, reshape, reshape.output[0], shape)
+
+
+def _move_bias(view: _FusionView, found: _Bias) -> list[onnx.NodeProto]:
+    """The bias of ``found`` out of its node, into an Add (after a Reshape of a Conv's bias to
+    ``[C, 1, ...]``); the new tensors go into ``view.info``. Returns the nodes to place after the
+    anchor."""
+    node, shape, out, info = found.node, found.shape, found.out, view.info
+    bias_input, adds = node.input[2], []
+    if node.op_type == "Conv":
+        target, reshaped = view.edit.fresh("conv_bias_shape"), view.edit.fresh("conv_bias")
+        view.model.graph.initializer.append(
+            numpy_helper.from_array(np.array([shape[1]] + [1] * (len(shape) - 2), np.int64), target))
+        reshape = onnx.helper.make_node("Reshape", [bias_input, target], [reshaped],
+                                        name=view.edit.fresh("conv_bias_reshape"))
+        info[target] = ir.TensorInfo(TensorProto.INT64, (len(shape) - 1,))
+        info[reshaped] = ir.TensorInfo(view.dtype(bias_input), (shape[1],) + (1,) * (len(shape) - 2))
+        bias_input, adds = reshaped, [reshape]
+    raw = view.edit.fresh(f"{node.op_type.lower()}_raw")
+    info[raw] = info[out]  # the Add's first input: the output without the bias, same type and shape
+    del node.input[2]
+    found.anchor.output[0] = raw
+    adds.append(onnx.helper.make_node("Add", [raw, bias_input], [out],
+                                      name=view.edit.fresh(f"{node.op_type.lower()}_bias_add")))
+    return adds
+
+
+def _split_biases(view: _FusionView) -> int:
     """Moves biases out of Conv and Gemm nodes whose output only fusable nodes read: ``Conv(x, W,
     b) -> y`` becomes ``Conv(x, W) -> y0; Add(y0, Reshape(b, [C, 1, ...])) -> y``, ``Gemm(a, B, c)
     -> y`` (beta 1, c of [N]) ``Gemm(a, B) -> y0; Add(y0, c) -> y``, also when one Reshape that
     keeps the last axis stands between the Gemm and the fusable readers (a torch Linear's
     ``addmm`` and ``view``). The tensors it makes go into ``info`` (no second shape inference).
     Returns how many nodes changed."""
-    def fusable_readers(name: str) -> bool:
-        readers = consumers.get(name, [])
-        return bool(readers) and name not in graph_outputs and all(
-            r.name not in leave and _fusable_shape(r, static, scalars, mask) is not None for r in readers)
-
+    model = view.model
     after: dict[int, list[onnx.NodeProto]] = {}  # id of a node -> the nodes to place after it
     changed = 0
     for node in model.graph.node:
-        if node.op_type not in ("Conv", "Gemm") or node.domain not in oplists.DEFAULT_DOMAINS \
-                or len(node.input) != 3 or not node.input[2] or len(node.output) != 1:
+        found = first_match([_bias], view, node, "fuse-elementwise (biases)")
+        if found is None:
             continue
-        out, bias_input = node.output[0], node.input[2]
-        shape, bias = static(out), static(bias_input)
-        if shape is None or bias is None:
-            continue
-        if node.op_type == "Conv":
-            if len(shape) < 3 or bias != (shape[1],) or not fusable_readers(out):
-                continue
-            target, reshaped = edit.fresh("conv_bias_shape"), edit.fresh("conv_bias")
-            model.graph.initializer.append(
-                numpy_helper.from_array(np.array([shape[1]] + [1] * (len(shape) - 2), np.int64), target))
-            reshape = onnx.helper.make_node("Reshape", [bias_input, target], [reshaped],
-                                            name=edit.fresh("conv_bias_reshape"))
-            info[target] = ir.TensorInfo(TensorProto.INT64, (len(shape) - 1,))
-            info[reshaped] = ir.TensorInfo(info[bias_input].dtype, (shape[1],) + (1,) * (len(shape) - 2))
-            bias_input, anchor, adds = reshaped, node, [reshape]
-        else:
-            if ir.attribute(node, "beta", 1.0) != 1.0 or len(shape) != 2 or bias != (shape[1],):
-                continue
-            readers = consumers.get(out, [])
-            anchor, adds = node, []
-            if not fusable_readers(out):
-                view = readers[0] if len(readers) == 1 else None
-                if view is None or view.op_type != "Reshape" or view.domain not in oplists.DEFAULT_DOMAINS \
-                        or out in graph_outputs or (static(view.output[0]) or (None,))[-1] != shape[1] \
-                        or not fusable_readers(view.output[0]):
-                    continue
-                anchor, out = view, view.output[0]
-        raw = edit.fresh(f"{node.op_type.lower()}_raw")
-        info[raw] = info[out]  # the Add's first input: the output without the bias, same type and shape
-        del node.input[2]
-        anchor.output[0] = raw
-        adds.append(onnx.helper.make_node("Add", [raw, bias_input], [out], name=edit.fresh(f"{node.op_type.lower()}_bias_add")))
-        after.setdefault(id(anchor), []).extend(adds)
+        after.setdefault(id(found.anchor), []).extend(_move_bias(view, found))
         changed += 1
     if changed:
         nodes = [n for node in model.graph.node for n in (node, *after.get(id(node), ()))]
@@ -374,30 +435,41 @@ def _split_biases(model, edit: ir.ModelEdit, info, static, mask, scalars, consum
     return changed
 
 
-def _widening_casts_after_reshapes(model, edit: ir.ModelEdit, info, consumers, graph_outputs, leave) -> int:
+def _widening_cast(view: _FusionView, cast: onnx.NodeProto) -> onnx.NodeProto | Miss | None:
+    """Rule 0's pattern at ``cast``: the Reshape it moves after (None when it is no float16 ->
+    float32 Cast of a computed tensor)."""
+    if not view.is_op(cast, "Cast") or cast.name in view.leave:
+        return None
+    x, mid = cast.input[0], cast.output[0]
+    if x not in view.producers or view.dtype(x) != TensorProto.FLOAT16 or ir.attribute(cast, "to") != TensorProto.FLOAT:
+        return None
+    reshape = view.sole_reader(mid)
+    if not view.is_op(reshape, "Reshape") or reshape.input[0] != mid:
+        return Miss("the Cast is not read by a Reshape alone")
+    out = reshape.output[0]
+    if len(reshape.input) < 2 or reshape.input[1] not in view.constants or out in view.protected \
+            or view.info.get(out) is None:
+        return Miss("the Reshape's shape is not constant, or its output is protected or of no known type")
+    fusable = set(FUSABLE) | set(COMPARES) | set(MOVES) | {SUM}
+    readers = view.readers(out)
+    if not readers or any(r.op_type not in fusable or r.domain not in oplists.DEFAULT_DOMAINS for r in readers):
+        return Miss("a reader of the Reshape is not an op the rewrite fuses")
+    return reshape
+
+
+def _widening_casts_after_reshapes(view: _FusionView) -> int:
     """Rule 0: ``Reshape(Cast(x, to=float))`` of a float16 ``x`` that a node computes, the Cast read
     by the Reshape alone and the Reshape's readers all fusable, becomes ``Cast(Reshape(x))``: the
     same values. The Cast then joins the group of its readers (a float32 ReLU mask's comparison
     reading a Reshape of the float16 activation: simplify's rule 9b) instead of the group that
     computes ``x``, which would write a float32 copy of ``x`` for the backward to read back."""
-    producers, constants = edit.producers(), edit.constants()
-    fusable = set(FUSABLE) | set(COMPARES) | set(MOVES) | {SUM}
+    model = view.model
     moved = 0
     for cast in list(model.graph.node):
-        if cast.op_type != "Cast" or cast.domain not in oplists.DEFAULT_DOMAINS or cast.name in leave:
+        reshape = first_match([_widening_cast], view, cast, "fuse-elementwise (rule 0)")
+        if reshape is None:
             continue
-        x, mid = cast.input[0], cast.output[0]
-        readers = consumers.get(mid, [])
-        if x not in producers or mid in graph_outputs or len(readers) != 1 or info.get(x) is None \
-                or info[x].dtype != TensorProto.FLOAT16 or ir.attribute(cast, "to") != TensorProto.FLOAT:
-            continue
-        reshape = readers[0]
-        out = reshape.output[0]
-        if (reshape.op_type != "Reshape" or reshape.domain not in oplists.DEFAULT_DOMAINS or reshape.input[0] != mid
-                or len(reshape.input) < 2 or reshape.input[1] not in constants or out in graph_outputs
-                or info.get(out) is None or not consumers.get(out)
-                or any(r.op_type not in fusable or r.domain not in oplists.DEFAULT_DOMAINS for r in consumers[out])):
-            continue
+        x, mid, out = cast.input[0], cast.output[0], reshape.output[0]
         made_reshape, made_cast = onnx.NodeProto(), onnx.NodeProto()
         made_reshape.CopyFrom(reshape)
         made_reshape.input[0] = x
@@ -407,7 +479,7 @@ def _widening_casts_after_reshapes(model, edit: ir.ModelEdit, info, consumers, g
         made_cast.output[0] = out
         cast.CopyFrom(made_reshape)  # the Cast's place (x is computed before it) now reshapes
         reshape.CopyFrom(made_cast)
-        info[mid] = ir.TensorInfo(TensorProto.FLOAT16, info[out].shape)
+        view.info[mid] = ir.TensorInfo(TensorProto.FLOAT16, view.info[out].shape)
         kept = [v for v in model.graph.value_info if v.name != mid]
         if len(kept) != len(model.graph.value_info):
             del model.graph.value_info[:]
@@ -416,26 +488,28 @@ def _widening_casts_after_reshapes(model, edit: ir.ModelEdit, info, consumers, g
     return moved
 
 
-def _scalar_constants(edit: ir.ModelEdit) -> dict[str, float]:
+def _scalar_constants(constants: Mapping[str, onnx.TensorProto]) -> dict[str, float]:
     """Float constants of one element (initializers and Constant nodes), by name."""
     found = {}
-    for name, tensor in edit.constants().items():
+    for name, tensor in constants.items():
         if tensor.data_type in FLOATS and math.prod(tensor.dims) == 1:
             found[name] = float(numpy_helper.to_array(tensor).reshape(-1)[0])
     return found
 
 
-def _fusable_shape(node: onnx.NodeProto, static, scalars: dict[str, float], mask) -> tuple[int, ...] | None:
+def _fusable_shape(view: _FusionView, node: onnx.NodeProto) -> tuple[int, ...] | None:
     """The node's output shape when rule 1 lets it be fused, else None."""
     if node.domain not in oplists.DEFAULT_DOMAINS or len(node.output) != 1:
         return None
+    scalars = view.scalars
     if node.op_type in COMPARES:  # float inputs, a bool output only float Casts read
-        if len(node.input) != 2 or any(not name or (name not in scalars and static(name) is None) for name in node.input):
+        if len(node.input) != 2 or any(not name or (name not in scalars and view.static(name, FLOATS) is None)
+                                       for name in node.input):
             return None
-        return mask(node.output[0])
-    if node.op_type == "Cast" and len(node.input) == 1 and mask(node.input[0]) is not None \
+        return view.mask(node.output[0])
+    if node.op_type == "Cast" and len(node.input) == 1 and view.mask(node.input[0]) is not None \
             and ir.attribute(node, "to") in FLOATS:
-        return static(node.output[0])  # a comparison's mask as 1.0 / 0.0
+        return view.static(node.output[0], FLOATS)  # a comparison's mask as 1.0 / 0.0
     if node.op_type in FUSABLE:
         if len(node.input) != FUSABLE[node.op_type][1]:
             return None
@@ -447,19 +521,21 @@ def _fusable_shape(node: onnx.NodeProto, static, scalars: dict[str, float], mask
             return None
     elif node.op_type != "Identity":
         return None
-    shape = static(node.output[0])
-    if shape is None or any(not name or (name not in scalars and static(name) is None) for name in node.input):
+    shape = view.static(node.output[0], FLOATS)
+    if shape is None or any(not name or (name not in scalars and view.static(name, FLOATS) is None)
+                            for name in node.input):
         return None
     return shape
 
 
-def _join(node, shape, group_of, depends, scalars) -> _Group | None:
+def _join(view: _FusionView, grouping: _Grouping, node: onnx.NodeProto, shape: tuple[int, ...]) -> _Group | None:
     """The producer group ``node`` may join (rule 2), or None."""
+    group_of, depends = grouping.group_of, grouping.depends
     for name in node.input:
         group = group_of.get(name)
         if group is None or group.shape != shape:
             continue
-        others = [n for n in node.input if n and n not in scalars and group_of.get(n) is not group]
+        others = [n for n in node.input if n and n not in view.scalars and group_of.get(n) is not group]
         if any(group.index in depends.get(n, frozenset()) for n in others):
             continue  # an outside path from the group reaches this node: fusing would make a cycle
         extra_inputs = {n for n in others if n not in group.inputs}
@@ -470,7 +546,7 @@ def _join(node, shape, group_of, depends, scalars) -> _Group | None:
     return None
 
 
-def _leads_back(node, group: _Group, group_of, consumers, depends, static, scalars, mask, leave,
+def _leads_back(view: _FusionView, grouping: _Grouping, node: onnx.NodeProto, group: _Group,
                 limit: int = 8) -> bool:
     """Rule 2c: whether a fusable chain that ``node`` starts (its fusable readers, theirs, up to
     ``limit`` nodes) reaches a node with another input that depends on ``group`` through a node
@@ -484,11 +560,11 @@ def _leads_back(node, group: _Group, group_of, consumers, depends, static, scala
     frontier = list(node.output)
     while frontier and len(chain) <= limit:
         name = frontier.pop()
-        for reader in consumers.get(name, []):
-            if id(reader) in chain or reader.name in leave or _fusable_shape(reader, static, scalars, mask) is None:
+        for reader in view.readers(name):
+            if id(reader) in chain or view.fusable(reader) is None:
                 continue
-            if any(i and i not in produced and i not in scalars and group_of.get(i) is not group
-                   and group.index in depends.get(i, ()) for i in reader.input):
+            if any(i and i not in produced and i not in view.scalars and grouping.group_of.get(i) is not group
+                   and group.index in grouping.depends.get(i, ()) for i in reader.input):
                 return True
             chain.add(id(reader))
             produced.update(reader.output)
@@ -496,7 +572,27 @@ def _leads_back(node, group: _Group, group_of, consumers, depends, static, scala
     return False
 
 
-def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outputs, scalars, depends) -> None:
+def _absorbable(view: _FusionView, grouping: _Grouping, group: _Group, name: str) -> _Group | None:
+    """Rule 2b's test for the group writing the input ``name`` of ``group``: it joins when only
+    ``group`` reads its outputs, it reads nothing ``group`` computes, and the kernel's limits hold."""
+    owner = grouping.group_of.get(name)
+    if view.producers.get(name) is None or owner is None or owner is group or not owner.nodes:
+        return None
+    members, owned = {id(n) for n in group.nodes}, {id(n) for n in owner.nodes}
+    if any(out in view.protected or any(id(c) not in members and id(c) not in owned for c in view.readers(out))
+           for out in owner.outputs):
+        return None
+    if any(i in group.outputs or group.index in grouping.depends.get(i, ()) for i in owner.inputs):
+        return None  # the owner reads what the group computes: joining would make a cycle
+    taken = [out for out in owner.outputs if out in group.inputs]
+    extra = [i for i in owner.inputs if i not in group.inputs]
+    if len(group.inputs) - len(taken) + len(extra) > ew.MAX_INPUTS \
+            or group.instructions + owner.instructions > ew.MAX_INSTRUCTIONS:
+        return None
+    return owner
+
+
+def _absorb_producers(view: _FusionView, grouping: _Grouping, group: _Group) -> None:
     """Rule 2b: a group whose outputs only this group reads joins it, whatever its (smaller,
     broadcast) shape: a lone bias Cast computed per element instead of in a launch of its own, a
     ReLU's mask (its comparison and Cast, on the forward value) computed where the gradient it
@@ -507,23 +603,11 @@ def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outpu
     changed = True
     while changed:
         changed = False
-        members = {id(n) for n in group.nodes}
         for name in list(group.inputs):
-            owner = group_of.get(name)
-            if producers.get(name) is None or owner is None or owner is group or not owner.nodes:
+            owner = _absorbable(view, grouping, group, name)
+            if owner is None:
                 continue
-            owned = {id(n) for n in owner.nodes}
-            if any(out in graph_outputs or any(id(c) not in members and id(c) not in owned for c in consumers.get(out, []))
-                   for out in owner.outputs):
-                continue
-            if any(i in group.outputs or group.index in depends.get(i, ()) for i in owner.inputs):
-                continue  # the owner reads what the group computes: joining would make a cycle
-            taken = [out for out in owner.outputs if out in group.inputs]
-            extra = [i for i in owner.inputs if i not in group.inputs]
-            if len(group.inputs) - len(taken) + len(extra) > ew.MAX_INPUTS \
-                    or group.instructions + owner.instructions > ew.MAX_INSTRUCTIONS:
-                continue
-            for out in taken:
+            for out in [out for out in owner.outputs if out in group.inputs]:
                 del group.inputs[out]
             group.nodes[:0] = owner.nodes  # their inputs are all from outside the group: first is in order
             group.instructions += owner.instructions
@@ -531,7 +615,7 @@ def _absorb_producers(group: _Group, group_of, producers, consumers, graph_outpu
             group.constants.update(owner.constants)
             group.outputs.update(owner.outputs)
             for out in owner.outputs:
-                group_of[out] = group
+                grouping.group_of[out] = group
             owner.nodes.clear()
             owner.inputs.clear()
             owner.outputs.clear()
@@ -546,28 +630,28 @@ def _instructions(node: onnx.NodeProto) -> int:
     return 3 * len(node.input) + 2
 
 
-def _add(group: _Group, node: onnx.NodeProto, scalars: dict[str, float]) -> None:
+def _add(view: _FusionView, group: _Group, node: onnx.NodeProto) -> None:
     group.nodes.append(node)
     group.instructions += _instructions(node)
     for name in node.input:
         if name in group.outputs:
             continue
-        if name in scalars:
-            group.constants[name] = scalars[name]
+        if name in view.scalars:
+            group.constants[name] = view.scalars[name]
         else:
             group.inputs[name] = None
     group.outputs.update(node.output)
 
 
-def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.ModelEdit) -> onnx.NodeProto | None:
+def _build(view: _FusionView, group: _Group) -> onnx.NodeProto | None:
     """The FusedElementwise node of ``group`` (rule 3), or None when it exceeds the kernel's limits."""
     members = {id(n) for n in group.nodes}
     escaping = [out for n in group.nodes for out in n.output
-                if out in graph_outputs or any(id(c) not in members for c in consumers.get(out, []))]
+                if out in view.protected or any(id(c) not in members for c in view.readers(out))]
     if not escaping or len(escaping) > ew.MAX_OUTPUTS:
         return None
     inputs = list(group.inputs)
-    if any(info[name].dtype not in FLOATS for name in inputs):
+    if any(view.dtype(name) not in FLOATS for name in inputs):
         return None  # a comparison's mask read from outside the group: the kernel reads floats only
     constants = list(dict.fromkeys(group.constants.values()))
     program: list[int] = []
@@ -607,7 +691,7 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
         out = node.output[0]
         if dst is None:
             dst = allocate()  # may be an argument's register: one instruction reads before it writes
-        half = info[out].dtype == TensorProto.FLOAT16
+        half = view.dtype(out) == TensorProto.FLOAT16
         if node.op_type in COMPARES:  # 1.0 / 0.0: the bool the Casts after it read
             program.extend((COMPARES[node.op_type], dst, args[0], args[1]))
         elif node.op_type in FUSABLE:
@@ -630,7 +714,7 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
             free.append(register.pop(out))
         if used > ew.MAX_REGISTERS:
             return None
-    output_types = [info[name].dtype for name in escaping]
+    output_types = [view.dtype(name) for name in escaping]
     program = [int(v) for v in program]
     try:
         ew.check(program, used, constants, len(inputs), output_types)
@@ -639,8 +723,8 @@ def _build(group: _Group, info, consumers, graph_outputs: set[str], edit: ir.Mod
         return None
     return op_nodes.fused_elementwise(
         inputs, escaping, program=program, registers=used, constants=[float(np.float32(c)) for c in constants],
-        output_types=output_types, input_types=[info[name].dtype for name in inputs],
-        name=edit.fresh(group.nodes[0].name or "chain"))
+        output_types=output_types, input_types=[view.dtype(name) for name in inputs],
+        name=view.edit.fresh(group.nodes[0].name or "chain"))
 
 
 

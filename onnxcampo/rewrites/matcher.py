@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -58,7 +58,11 @@ class GraphView:
         self.protected = self.edit.interface()
 
     # --- tensors ------------------------------------------------------------------------------
-    def static(self, name: str) -> tuple[int, ...] | None:
+    def static(self, name: str, dtypes: Collection[int] | None = None) -> tuple[int, ...] | None:
+        """``name``'s shape when every dimension is a known number (a 0 only when the view counts
+        an empty shape as static); with ``dtypes``, None too unless its type is one of them."""
+        if dtypes is not None and self.dtype(name) not in dtypes:
+            return None
         return ir.static_shape(self.info, name) if self._empty else ir.static_shape(self.info, name, empty=False)
 
     def dtype(self, name: str) -> int | None:
@@ -148,6 +152,13 @@ class GraphView:
             value = nxt.output[0]
 
     # --- the rewrite ---------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Read the producers, readers and constants again, after the rewrite changed the graph in
+        place other than through :meth:`replace` (the protected names stay those of the start)."""
+        self.constants = self.edit.constants()
+        self.producers = self.edit.producers()
+        self.consumers = self.edit.consumers()
+
     def feeders_left_unread(self, removed: set[int], reads: Iterable[str]) -> set[int]:
         """The views and Casts (ids) that only removed nodes read, transitively from the removed
         nodes' inputs: they go with them. ``reads``: what the new nodes read (kept)."""
