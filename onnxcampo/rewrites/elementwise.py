@@ -798,9 +798,6 @@ def _plan_fusable(ctx: GraphContext, node: gs.Node) -> tuple[int, ...] | None:
     return tuple(out.shape)
 
 
-FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16)
-
-
 def predicted_groups(ctx: GraphContext) -> dict[str, FusedMember]:
     """node name -> its :class:`FusedMember`, for the groups of two or more nodes that
     ``--fuse-elementwise`` is predicted to make of the planning graph (this module's
