@@ -89,6 +89,11 @@ class ExperimentalOptions:
             benchmark's ``campo-fused-cl-nostem-graph``; ``campo-fused-cl-stem8-graph`` pads to 8).
         check_invariants: check graph invariants after every pass (the tests, and ``--debug``
             on the command line).
+        static_shapes: write the model with its inputs' dynamic dims fixed at the pins
+            (``input_shapes``, ``dim_values``), as ``onnxruntime.tools.make_dynamic_shape_fixed``
+            would: the rewrites act on static shapes only, so a model with a dynamic batch gets
+            them (and runs at the pinned shapes only). Off by default: the written model keeps the
+            input's interface.
     """
 
     compare_plans: bool = True
@@ -102,6 +107,7 @@ class ExperimentalOptions:
     fuse_column_sums: bool = True
     channels_last_stem: int = 4
     check_invariants: bool = False
+    static_shapes: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -148,6 +148,8 @@ def load(model, config: OptimizeConfig, inputs: Mapping[str, np.ndarray] | None)
     """Read the model and check the request; an :class:`OptimizeResult` when there is nothing to do."""
     original, source = ir.read_model(model)
     _check_names(original, config)
+    if config.experimental.static_shapes:  # our own copy: the written model gets the pinned dims
+        ir.pin_input_shapes(original, config.input_shapes, config.dim_values, require_static=False)
     config, rewrites = _default_rewrites(original, config, source)
     if not config.keep_io_types and any(oplists.updates_state_in_place(n.op_type, n.domain) for n in original.graph.node):
         raise ConfigError(
@@ -395,7 +397,8 @@ def _say_where_dynamic_dims_stop_them(model: onnx.ModelProto, decisions: dict[st
     log.warning("the fused kernels and channels-last act on static shapes only: %s dynamic dims, which the "
                 "written model keeps (the pinned dims size the costs only); to let them apply, fix the dims in "
                 "the model first (python -m onnxruntime.tools.make_dynamic_shape_fixed --input_name NAME "
-                "--input_shape DIMS IN.onnx OUT.onnx)", f"input {names} has" if one else f"inputs {names} have")
+                "--input_shape DIMS IN.onnx OUT.onnx), or write it fixed at the pinned dims with %s",
+                f"input {names} has" if one else f"inputs {names} have", option("static_shapes", True))
 
 
 def _prediction_words(prediction: estimate.RewritePrediction, min_gain: float) -> str:

@@ -99,6 +99,19 @@ def test_a_chain_of_dynamic_shapes_is_predicted_as_the_written_model_runs(kernel
     assert decision["why"].endswith("it acts on static shapes only, and x keeps dynamic dims in the written model")
 
 
+def test_static_shapes_writes_the_pinned_dims_and_the_fusion_then_applies(kernels_here, monkeypatch):
+    """``experimental static_shapes``: the dynamic batch is written fixed at its pin, so the
+    fusion, which acts on static shapes, is predicted and kept; the input model is untouched."""
+    _with_cost(monkeypatch, ChainCost())
+    model = parse(CHAIN.replace("[64,1000]", "[N,1000]"))
+    before = model.SerializeToString()
+    result = onnxcampo.optimize(model, dim_values={"N": 64}, experimental={"cost_graph": "onnx", "static_shapes": True})
+    assert result.report["rewrites"]["fuse_elementwise"]["on"] is True
+    assert [d.dim_value for d in result.model.graph.input[0].type.tensor_type.shape.dim] == [64, 1000]
+    assert "FusedElementwise" in {n.op_type for n in result.model.graph.node}
+    assert model.SerializeToString() == before
+
+
 def test_dynamic_dims_that_keep_every_rewrite_off_are_said_once_with_the_way_out(kernels_here, monkeypatch, caplog):
     """One warning names the dynamic input and ORT's tool that fixes its dims; the static chain,
     where the fusion pays, gets none."""
@@ -107,7 +120,7 @@ def test_dynamic_dims_that_keep_every_rewrite_off_are_said_once_with_the_way_out
         _optimize(parse(CHAIN.replace("[64,1000]", "[N,1000]")), dim_values={"N": 64})
     said = [r.getMessage() for r in caplog.records if "static shapes only" in r.getMessage()]
     assert len(said) == 1 and "input x has dynamic dims" in said[0]
-    assert "onnxruntime.tools.make_dynamic_shape_fixed" in said[0]
+    assert "onnxruntime.tools.make_dynamic_shape_fixed" in said[0] and "'static_shapes': True" in said[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="onnxcampo.pipeline"):
         _optimize(parse(CHAIN))
