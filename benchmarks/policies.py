@@ -33,6 +33,8 @@ Inference (ONNX Runtime):
     campo-fused-nosums-graph, campo-fused-cl-nosums-graph  campo-fused-graph and
                     campo-fused-cl-graph with ``fuse_column_sums=False``: the bias gradients' column
                     sums as BlockReduceSum nodes, not in the elementwise kernels: their A/B
+    campo-static(-graph)  campo with default options, the model written fixed at the benchmark's
+                    input shapes (``static_shapes``): the rewrites then apply to dynamic-batch models
     campo-fused-cl-nostem-graph  campo-fused-cl-graph with ``channels_last_stem=0``: the stem
                     convolution and the MaxPool NCHW (as before MaxPoolNhwc): their A/B
     campo-fused-cl-stem4-graph  campo-fused-cl-graph with the stem's input padded to 4 channels
@@ -88,7 +90,8 @@ GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo
                   "campo-fused-gemm-graph", "campo-fused-yield-graph", "campo-fused-nhwc-graph",
                   "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
                   "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph", "campo-fused-cl-stem8-graph",
-                  "campo-fused-nosums-graph", "campo-fused-cl-nosums-graph", "campo-auto-graph")
+                  "campo-fused-nosums-graph", "campo-fused-cl-nosums-graph", "campo-auto-graph",
+                  "campo-static-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -120,6 +123,11 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-nocost": {"policy": "campo", "experimental": {"compare_plans": False}, "blind": True},
              # campo's candidate plans timed on the benchmark's provider and inputs (optimize's tune)
              "campo-tune": {"policy": "campo", "tune": True},
+             # campo with default options on the model written fixed at the benchmark's shapes
+             # (experimental static_shapes: the rewrites, which act on static shapes, can apply to a
+             # corpus model's dynamic batch), plain and replayed
+             "campo-static": {"policy": "campo", "experimental": {"static_shapes": True}},
+             "campo-static-graph": {"policy": "campo", "execution": "cuda-graph", "experimental": {"static_shapes": True}},
              # campo calibrated on the benchmark's inputs like ModelOpt (inference only)
              "campo-calib": {"policy": "campo", "activation_limit": 512.0},
              # planned for CUDA-graph replay, and replayed (GRAPH_POLICIES)
