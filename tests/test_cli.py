@@ -403,3 +403,22 @@ def test_warnings_on_stderr_read_like_the_programs_own_lines(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert any(line.startswith("onnxcampo: warning: ") and "nothing to optimize" in line for line in err)
     assert not any(line.startswith(("WARNING ", "INFO ")) for line in err)
+
+
+def test_an_input_ort_cannot_load_is_the_inputs_problem_not_an_internal_error(tmp_path, capsys):
+    """Acosh on float64 has no kernel in ONNX Runtime's CPU provider: the written model cannot
+    load, and neither can the input: one user error naming the input (exit 2), nothing written."""
+    from onnxcampo.cli import main
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "x"], ["m"]), helper.make_node("Cast", ["m"], ["d"], to=TensorProto.DOUBLE),
+         helper.make_node("Acosh", ["d"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.DOUBLE, [64, 64])])
+    source, out = tmp_path / "acosh.onnx", tmp_path / "out.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), str(source))
+    code = main(["optimize", str(source), str(out), "--no-accuracy-check"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not out.exists()
+    assert err[0].startswith(f"onnxcampo: error: {source}: the input model does not load in ONNX Runtime either")
+    assert "Acosh" in err[0]

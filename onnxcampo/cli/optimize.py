@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from onnxcampo.cli.options import EXAMPLE, add_model_argument, add_plan_options, config_from_args, examples, group
 from onnxcampo.config import OptimizeConfig
-from onnxcampo.errors import ConfigError, ValidationError
+from onnxcampo.errors import ConfigError, ModelLoadError, ValidationError, WrittenModelLoadError
 from onnxcampo.report import summary
 
 if TYPE_CHECKING:
@@ -95,21 +95,41 @@ def _optimize(args: argparse.Namespace) -> int:
     if args.fix and args.no_accuracy_check and not args.validate:
         raise ConfigError("--fix acts on a failed accuracy check: drop --no-accuracy-check or give --validate")
     inputs = _optimization_inputs(args, config)
-    with ir.StagedModel(output) as staged:  # the check runs the model written there, before the rename
-        try:
-            result = optimize(args.input, config=config, inputs=inputs, accuracy=_accuracy(args, staged))
-        except ValidationError as exc:
-            if args.report and exc.report is not None:  # the failed check's figures, for the record
-                ir.write_text_atomically(args.report, json.dumps(exc.report, indent=1) + "\n")
-            raise
-        if staged.model is not result.model:  # not checked, or --fix gave another
-            staged.write(result.model, check_loads=result.changed)
-        staged.commit()
+    try:
+        with ir.StagedModel(output) as staged:  # the check runs the model written there, before the rename
+            try:
+                result = optimize(args.input, config=config, inputs=inputs, accuracy=_accuracy(args, staged))
+            except ValidationError as exc:
+                if args.report and exc.report is not None:  # the failed check's figures, for the record
+                    ir.write_text_atomically(args.report, json.dumps(exc.report, indent=1) + "\n")
+                raise
+            if staged.model is not result.model:  # not checked, or --fix gave another
+                staged.write(result.model, check_loads=result.changed)
+            staged.commit()
+    except WrittenModelLoadError as exc:
+        _blame_the_input_if_it_fails_too(args.input, exc)
+        raise
     report = result.report
     if args.report:
         ir.write_text_atomically(args.report, json.dumps(report, indent=1) + "\n")
     print(summary(report, output), file=sys.stderr)
     return 0
+
+
+def _blame_the_input_if_it_fails_too(source: Path, error: WrittenModelLoadError) -> None:
+    """The written model does not load in ONNX Runtime: when the input does not either, the
+    problem is the input's (an op this onnxruntime has no kernel for, say): one user error naming
+    it (exit 2), not an internal one about the output."""
+    from onnxcampo.runtime.check import check_loads
+
+    try:
+        check_loads(source)
+    except WrittenModelLoadError as input_error:
+        why = str(input_error).split(": ", 1)[-1].removesuffix("; nothing was written")
+        raise ModelLoadError(f"{source}: the input model does not load in ONNX Runtime either ({why}); "
+                             "onnxcampo writes only models ONNX Runtime loads: nothing was written") from error
+    except Exception:  # noqa: BLE001 - the input's own check failed otherwise: the written model's error stands
+        return
 
 
 def _optimization_inputs(args: argparse.Namespace, config: OptimizeConfig):
