@@ -519,3 +519,20 @@ def test_cli_a_failed_validation_still_writes_the_report_that_reproduces_the_run
 def test_the_api_report_names_its_options_and_no_command_line():
     report = optimize(planted(), policy="fp16", accuracy="off").report
     assert report["options"]["policy"] == "fp16" and "command_line" not in report
+
+
+def test_a_failing_output_says_where_its_largest_error_is():
+    """As Polygraphy does: the index of the largest absolute error and the two values there (the
+    first non-finite value of the candidate when it has one), in the line and the JSON."""
+    ref = np.zeros((2, 3), np.float32)
+    got = ref.copy()
+    got[1, 2], got[0, 1] = 0.5, 0.1
+    verdict = evaluate({"y": ref + 1}, {"y": got + 1})
+    line = verdict.outputs[0].line(verdict.criterion)
+    assert "largest error at [1, 2]: 1 (reference) against 1.5" in line and line.endswith("FAIL (rel L2 > 0.01)")
+    row = verdict.to_json()["outputs"][0]
+    assert row["worst_at"] == [1, 2] and row["worst_reference"] == 1.0 and row["worst_candidate"] == 1.5
+    got[0, 0] = np.inf
+    assert evaluate({"y": ref + 1}, {"y": got + 1}).to_json()["outputs"][0]["worst_at"] == [0, 0]
+    close = evaluate({"y": ref + 1}, {"y": ref + 1})
+    assert "largest error" not in close.outputs[0].line(close.criterion)  # said where it fails only

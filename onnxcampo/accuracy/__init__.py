@@ -95,6 +95,10 @@ class OutputStats:
     candidate_nonfinite: int = 0
     note: str = ""
     broken: bool = False  # missing, or its shape changed: fails whatever the bounds
+    # where the largest absolute error is (a candidate's first non-finite value, if any): its
+    # index in the output and the two values there
+    worst_at: tuple[int, ...] | None = None
+    worst_values: tuple[float, float] | None = None
 
     @property
     def kind(self) -> str:
@@ -112,7 +116,17 @@ class OutputStats:
             row["candidate_nonfinite"] = self.candidate_nonfinite
         if self.note:
             row["note"] = self.note
+        if self.worst_at is not None:
+            row["worst_at"] = list(self.worst_at)
+            row["worst_reference"], row["worst_candidate"] = (_json_float(v) for v in self.worst_values)
         return row
+
+    def worst_text(self) -> str:
+        """``largest error at [3, 17]: 1.25 (reference) against 1.2617``, or ``""``."""
+        if self.worst_at is None:
+            return ""
+        ref, got = self.worst_values
+        return f"largest error at {list(self.worst_at)}: {ref:.6g} (reference) against {got:.6g}"
 
 
 def _json_float(value: float) -> float | str:
@@ -140,11 +154,18 @@ def output_stats(name: str, reference: np.ndarray, candidate: np.ndarray | None)
                            note=_join(note, "no finite reference value"))
     r = ref[kept].astype(np.float64).ravel()
     c = out[kept].astype(np.float64).ravel()
+    positions = np.flatnonzero(kept.ravel())  # the compared elements' flat indices in the output
+
+    def at(k: int) -> dict:
+        index = tuple(int(i) for i in np.unravel_index(int(positions[k]), shape)) if shape else ()
+        return {"worst_at": index, "worst_values": (float(r[k]), float(c[k]))}
+
     candidate_nonfinite = int(c.size - np.count_nonzero(np.isfinite(c)))
     if candidate_nonfinite:
         values = dict.fromkeys(FLOAT_STATISTICS, math.inf)
         return OutputStats(name, shape, dtype, values, int(r.size), reference_nonfinite, candidate_nonfinite,
-                           _join(note, f"{candidate_nonfinite} non-finite values where the reference is finite"))
+                           _join(note, f"{candidate_nonfinite} non-finite values where the reference is finite"),
+                           **at(int(np.flatnonzero(~np.isfinite(c))[0])))
     if r.size == 0:
         return OutputStats(name, shape, dtype, dict.fromkeys(FLOAT_STATISTICS, 0.0), 0, reference_nonfinite, note=note)
     diff = np.abs(c - r)
@@ -158,7 +179,8 @@ def output_stats(name: str, reference: np.ndarray, candidate: np.ndarray | None)
               "p99_abs": float(np.percentile(diff, 99)), "max_abs": float(diff.max()),
               "mean_rel": float(rel.mean()), "median_rel": float(np.median(rel)),
               "p99_rel": float(np.percentile(rel, 99)), "max_rel": float(rel.max()), "rel_l2": rel_l2}
-    return OutputStats(name, shape, dtype, values, int(r.size), reference_nonfinite, note=note)
+    return OutputStats(name, shape, dtype, values, int(r.size), reference_nonfinite, note=note,
+                       **at(int(np.argmax(diff))))
 
 
 def _join(*notes: str) -> str:
@@ -285,6 +307,8 @@ class OutputVerdict:
         extra = [s.note] if s.note else []
         if s.reference_nonfinite:
             extra.append(f"{s.reference_nonfinite} non-finite reference values left out")
+        if not self.ok and s.worst_text():
+            extra.append(s.worst_text())
         tail = f" [{'; '.join(extra)}]" if extra else ""
         bounds = {"mismatch": criterion.mismatch} if s.kind == "exact" else criterion.bounds
         passed = "ok (" + ", ".join(f"{_LABELS[k]} <= {v:g}" for k, v in bounds.items()) + ")"
