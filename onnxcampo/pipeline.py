@@ -464,7 +464,9 @@ def node_rows(ctx: GraphContext, plan: PrecisionPlan, *, padding: bool) -> dict[
     """Each planned node's op and own numbers under the chosen plan (``estimate.node_costs``),
     read before the mutating passes change the graph."""
     costs = estimate.node_costs(Planning(ctx, plan, padding=padding, analysis=True), plan)
-    return {node.name: {"op": node.op, **costs[node.name]} for node in ctx.nodes}
+    status = ctx.ort_status or {}
+    return {node.name: {"op": node.op, **costs[node.name],
+                        **({"ort": status[node.name]} if node.name in status else {})} for node in ctx.nodes}
 
 
 def analyse(planning: Planning, passes) -> PrecisionPlan:

@@ -273,3 +273,18 @@ def test_a_training_steps_loss_scaling_nodes_say_where_they_come_from():
     assert all("onnxcampo: " in doc for doc in docs)
     assert any(doc == "onnxcampo: added after planning (dynamic loss scaling)" for doc in docs)
     assert any(doc.startswith("onnxcampo: fp32 (training step: loss") for doc in docs)
+
+
+def test_a_zero_time_is_explained_by_what_ort_makes_of_the_node():
+    """The nodes table says why an fp16 Add costs 0.00 (ORT fuses it into the MatMul before it)
+    and that the MatMul carries the fused kernel's work."""
+    report = {"plan": {"mm": {"precision": "fp16", "reason": "policy_fp16"},
+                       "bias": {"precision": "fp16", "reason": "policy_fp16"},
+                       "gelu": {"precision": "fp16", "reason": "policy_fp16"}},
+              "plan_nodes": {"mm": {"op": "MatMul", "fp32_us": 73.2, "fp16_us": 91.8, "ort": "absorbed"},
+                             "bias": {"op": "Add", "fp32_us": 40.8, "fp16_us": 0.0, "ort": "carried"},
+                             "gelu": {"op": "Gelu", "fp32_us": 40.8, "fp16_us": 22.9}}}
+    lines = table(node_rows(report)).splitlines()[1:]
+    assert lines[0].endswith("(ORT fuses its neighbours into it: the fused kernel's work is priced here)")
+    assert lines[1].endswith("(ORT fuses it into a neighbour: no kernel of its own)")
+    assert lines[2].endswith("policy_fp16")

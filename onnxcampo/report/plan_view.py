@@ -33,6 +33,7 @@ class NodeRow:
     casts: float = 0.0
     cast_us: float = 0.0
     priced: dict[str, float] = field(default_factory=dict)
+    ort: str | None = None  # what ORT's own graph makes of it: absorbed, carried, fused (else runs as it is)
 
     @property
     def kind(self) -> str:
@@ -60,7 +61,7 @@ def node_rows(report: dict) -> list[NodeRow]:
         reason = Reason[entry["reason"].upper()]
         rows.append(NodeRow(name, row.get("op", "?"), entry["precision"], entry["reason"], reason.value,
                             row.get("fp32_us"), row.get("fp16_us"), row.get("casts", 0.0), row.get("cast_us", 0.0),
-                            dict(entry.get("numbers", {}))))
+                            dict(entry.get("numbers", {})), row.get("ort")))
     for name, entry in report.get("inserted_nodes", {}).items():
         rows.append(NodeRow(name, entry["op"], INSERTED, entry["op"].lower(), entry["why"]))
     return rows
@@ -83,8 +84,22 @@ def table(rows: list[NodeRow]) -> str:
         times = (f"{_us(r.fp32_us):>9}  {_us(r.fp16_us):>9}  {r.casts:>5.3g}  {r.cast_us:>8.2f}"
                  if r.precision != INSERTED else f"{'':>9}  {'':>9}  {'':>5}  {'':>8}")
         reason = r.reason if r.precision != INSERTED else r.reason_text
-        lines.append(f"{r.precision:8}  {r.op:{op_width}}  {times}  {r.name}  {reason}")
+        lines.append(f"{r.precision:8}  {r.op:{op_width}}  {times}  {r.name}  {reason}{_ort_note(r)}")
     return "\n".join(lines)
+
+
+def _ort_note(row: NodeRow) -> str:
+    """What ORT's own graph makes of the node, where that sets its time: a 0.00 is a node ORT
+    fuses into a neighbour or aliases (no kernel of its own); a product ORT fuses its neighbours
+    into carries the fused kernel's work."""
+    if row.precision == INSERTED or row.ort is None:
+        return ""
+    own = row.fp16_us if row.precision == "fp16" else row.fp32_us
+    if row.ort == "carried" or (row.ort == "absorbed" and not own):
+        return " (ORT fuses it into a neighbour: no kernel of its own)"
+    if row.ort == "absorbed":
+        return " (ORT fuses its neighbours into it: the fused kernel's work is priced here)"
+    return f" (ORT makes its output with a fused op: {row.ort})"
 
 
 def _us(value: float | None) -> str:
