@@ -12,6 +12,7 @@ again for each.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import copy
 import glob
@@ -428,6 +429,7 @@ def _write_temporary(model: onnx.ModelProto, output: Path, *, check_loads: bool,
     it keeps), test-loaded. ``over_limit``: :func:`exceeds_protobuf_limit` of the model, when the
     caller knows it."""
     directory = output.parent
+    _sweep_stale(output)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -463,6 +465,28 @@ def _write_error(exc: OSError, output: Path) -> OutputPathError:
     why = _NO_ROOM[exc.errno]
     return OutputPathError(f"{output}: {why} (writing {Path(exc.filename).name if exc.filename else 'it'}); "
                            "nothing was written, an existing file stays as it was")
+
+
+STALE_S = 3600.0  # a temporary file of a write to the same output older than this is a killed run's
+
+
+def _sweep_stale(output: Path) -> None:
+    """Remove what killed writes to ``output`` left (their hidden ``.<output>.*.tmp`` files, and
+    ``<output>.<hex>.data`` files the model at ``output`` does not name), when older than
+    :data:`STALE_S`: a write still running is younger."""
+    import time
+
+    cutoff = time.time() - STALE_S
+    named = _own_data_files(output)
+    pattern = re.compile(re.escape(output.name) + r"\.[0-9a-f]{8}\.data")
+    for path in output.parent.glob(f".{glob.escape(output.name)}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+    for path in output.parent.glob(f"{glob.escape(output.name)}.*.data"):
+        with contextlib.suppress(OSError):
+            if pattern.fullmatch(path.name) and path not in named and path.stat().st_mtime < cutoff:
+                path.unlink()
 
 
 def _fresh_data_path(output: Path) -> Path:

@@ -351,3 +351,21 @@ def test_an_inline_rewrite_removes_the_data_the_old_model_had(tmp_path, monkeypa
     ir.save_model(_external_model(3.0), out, check_loads=False)
     assert _written_value(out) == 3.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "weights.bin"]
+
+
+def test_a_killed_writes_leftovers_are_swept_by_the_next_write_when_old(tmp_path, monkeypatch):
+    """A killed run leaves its hidden temporary file or an unnamed data file: the next write to
+    the same output removes those older than an hour; a young one (a write still running) stays."""
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 10)
+    out = tmp_path / "m.onnx"
+    ir.save_model(_external_model(1.0), out, check_loads=False)
+    old_tmp, young_tmp = tmp_path / ".m.onnx.dead.tmp", tmp_path / ".m.onnx.live.tmp"
+    old_data = tmp_path / "m.onnx.0badc0de.data"
+    for path in (old_tmp, young_tmp, old_data):
+        path.write_bytes(b"left over")
+    stale = os.path.getmtime(out) - 2 * ir.io.STALE_S
+    os.utime(old_tmp, (stale, stale))
+    os.utime(old_data, (stale, stale))
+    ir.save_model(_external_model(2.0), out, check_loads=False)
+    names = sorted(_data_name(p.name) for p in tmp_path.iterdir())
+    assert names == [".m.onnx.live.tmp", "m.onnx", "m.onnx.HEX.data"] and _written_value(out) == 2.0
