@@ -282,7 +282,10 @@ def test_cli_fix_keeps_the_culprits_fp32_and_writes_the_model_that_passes(plante
     assert lines[opening].endswith(" s each)")
     assert opening < next(i for i, line in enumerate(lines) if "bisect probe 1:" in line)  # said before it starts
     assert "--fix: kept fp32 scale_" in err and "passes rel L2 <= 0.01" in err
+    # generated inputs: the fix says what it was fitted to
+    assert "onnxcampo: warning: the fix was fitted to generated inputs (standard-normal floats)" in err
     written = json.loads(report.read_text())
+    assert any("fitted to generated inputs" in note for note in written["notes"])
     assert written["accuracy"]["ok"] is True and written["accuracy"]["fixed"] is True
     assert written["accuracy"]["before"]["ok"] is False
     assert written["plan"]["scale_up2"]["precision"] == "fp32"
@@ -536,3 +539,14 @@ def test_a_failing_output_says_where_its_largest_error_is():
     assert evaluate({"y": ref + 1}, {"y": got + 1}).to_json()["outputs"][0]["worst_at"] == [0, 0]
     close = evaluate({"y": ref + 1}, {"y": ref + 1})
     assert "largest error" not in close.outputs[0].line(close.criterion)  # said where it fails only
+
+
+def test_a_fix_on_given_inputs_does_not_warn_about_generated_ones():
+    from onnxcampo.accuracy.guard import AccuracyCheck
+
+    model = planted()
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    feeds = {"x": np.random.default_rng(5).standard_normal(shape).astype(np.float32)}
+    result = optimize(model, policy="fp16", accuracy=AccuracyCheck("fix", inputs=feeds))
+    assert result.report["accuracy"]["fixed"] is True
+    assert not any("fitted to generated inputs" in note for note in result.report.get("notes", []))
