@@ -112,6 +112,12 @@ inline bool InferInt(const OrtShapeInferContext* ctx, const char* name, int64_t*
   return Succeeded(Ort::GetApi().ReadOpAttr(attr, ORT_OP_ATTR_INT, value, sizeof(*value), &bytes));
 }
 
+// The node's input count in shape inference (0 where ORT cannot tell).
+inline size_t ShapeInferInputCount(OrtShapeInferContext* ctx) {
+  size_t count = 0;
+  return Succeeded(Ort::GetApi().ShapeInferContext_GetInputCount(ctx, &count)) ? count : 0;
+}
+
 // An input's shape in shape inference: dims[d] >= 0 a number, -1 with names[d] a symbol, -1
 // with "" unknown.
 inline void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_t>* dims, std::vector<std::string>* names,
@@ -119,6 +125,7 @@ inline void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector
   const OrtApi& api = Ort::GetApi();
   OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
   Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, index, &info));
+  if (info == nullptr) throw Ort::Exception("shape inference: input without a type and shape", ORT_FAIL);
   Ort::ThrowOnError(api.GetTensorElementType(info, type));
   size_t rank = 0;
   Ort::ThrowOnError(api.GetDimensionsCount(info, &rank));
@@ -137,17 +144,26 @@ inline void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector
   }
 }
 
-// Declares output `index` of the node as `type` with `dims` (-1: unknown) and, when given,
-// `symbols` (a name per dimension, "" for none).
+// The dims of input `index` in shape inference (-1 for an unknown or symbolic dim).
+inline std::vector<int64_t> ShapeInferInputDims(OrtShapeInferContext* ctx, size_t index) {
+  std::vector<int64_t> dims;
+  std::vector<std::string> names;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  ShapeInferInput(ctx, index, &dims, &names, &type);
+  return dims;
+}
+
+// Declares output `index` of the node as `type` with, when given, `dims` (-1: unknown; null: the
+// type alone, no shape) and `symbols` (a name per dimension, "" for none).
 inline void SetInferredOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
-                              const std::vector<int64_t>& dims, const std::vector<const char*>* symbols) {
+                              const std::vector<int64_t>* dims, const std::vector<const char*>* symbols) {
   const OrtApi& api = Ort::GetApi();
   OrtTensorTypeAndShapeInfo* info = nullptr;
   Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&info));
   std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> owned(
       info, [](OrtTensorTypeAndShapeInfo* p) { Ort::GetApi().ReleaseTensorTypeAndShapeInfo(p); });
   Ort::ThrowOnError(api.SetTensorElementType(info, type));
-  Ort::ThrowOnError(api.SetDimensions(info, dims.data(), dims.size()));
+  if (dims != nullptr) Ort::ThrowOnError(api.SetDimensions(info, dims->data(), dims->size()));
   if (symbols != nullptr) {
     Ort::ThrowOnError(api.SetSymbolicDimensions(info, const_cast<const char**>(symbols->data()), symbols->size()));
   }
@@ -156,13 +172,62 @@ inline void SetInferredOutput(OrtShapeInferContext* ctx, size_t index, ONNXTenso
 
 inline void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
                              const std::vector<int64_t>& dims, const std::vector<const char*>& symbols) {
-  SetInferredOutput(ctx, index, type, dims, &symbols);
+  SetInferredOutput(ctx, index, type, &dims, &symbols);
 }
 
 // The same with numbers (and -1) only, no symbols.
 inline void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
                              const std::vector<int64_t>& dims) {
-  SetInferredOutput(ctx, index, type, dims, nullptr);
+  SetInferredOutput(ctx, index, type, &dims, nullptr);
+}
+
+// The type alone, no shape (an info without dims would read as a scalar's shape).
+inline void ShapeInferOutputType(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type) {
+  SetInferredOutput(ctx, index, type, nullptr, nullptr);
+}
+
+// Runs `body` (shape inference calls) in a noexcept InferOutputShapeFn: false when it threw,
+// nothing unwinding into ORT (the kernel says what is wrong).
+template <typename Body>
+bool Quietly(Body&& body) noexcept {
+  try {
+    body();
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// ShapeInferInput in a noexcept InferOutputShapeFn: false where ORT cannot tell input `index`'s
+// type and shape.
+inline bool TryShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_t>* dims,
+                               std::vector<std::string>* names, ONNXTensorElementDataType* type) noexcept {
+  return Quietly([&] { ShapeInferInput(ctx, index, dims, names, type); });
+}
+
+// ---- output_type: 1 (float32, the default) or 10 (float16) ---------------------------------
+
+constexpr int64_t kFloatType = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr int64_t kHalfType = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+
+inline bool IsOutputType(int64_t output_type) { return output_type == kFloatType || output_type == kHalfType; }
+
+// The node's output_type at kernel creation; an invalid one fails naming `who`.
+inline int64_t OutputTypeAttribute(const OrtKernelInfo* info, const std::string& who) {
+  const int64_t output_type = IntAttribute(info, "output_type", kFloatType);
+  if (!IsOutputType(output_type)) {
+    Fail(who, "attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
+  }
+  return output_type;
+}
+
+// The element type from output_type in shape inference (absent: float32); false when invalid.
+inline bool InferOutputType(const OrtShapeInferContext* ctx, ONNXTensorElementDataType* type) {
+  int64_t output_type = kFloatType;
+  if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloatType;
+  if (!IsOutputType(output_type)) return false;
+  *type = static_cast<ONNXTensorElementDataType>(output_type);
+  return true;
 }
 
 // ---- small checks and texts -----------------------------------------------------------------

@@ -24,15 +24,10 @@ namespace {
 
 constexpr const char* kName = "LayerNormGrad";
 constexpr const char* kSoftmaxName = "SoftmaxGrad";
-constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
 struct LayerNormGradKernel : NodeKernel<LayerNormGradKernel> {
   LayerNormGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<LayerNormGradKernel>(kName, info, cuda) {
-    output_type = IntAttribute(info, "output_type", kFloat);
-    if (output_type != kFloat && output_type != kHalf) {
-      Fail("attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
-    }
+    output_type = OutputTypeAttribute(info, who);
     shape = IntsAttribute(info, "output_shape", &has_shape);
   }
 
@@ -80,37 +75,27 @@ struct LayerNormGradKernel : NodeKernel<LayerNormGradKernel> {
                     " elements");
     }
     a.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    a.dx_half = output_type == kHalf;
+    a.dx_half = output_type == kHalfType;
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return LayerNormGradCuda(a, ctx.GetGPUComputeStream());
 #endif
     LayerNormGradCpu(a, ThreadPoolRunner(ctx));
   }
 
-  int64_t output_type = kFloat;
+  int64_t output_type = kFloatType;
   bool has_shape = false;
   std::vector<int64_t> shape;
 };
 
 // dx's type from output_type, its shape from output_shape or dy's (ORT ignores the status).
 OrtStatusPtr ORT_API_CALL InferLayerNormGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  const OrtApi& api = Ort::GetApi();
-  try {
-    int64_t output_type = kFloat;
-    if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloat;
-    if (output_type != kFloat && output_type != kHalf) return nullptr;
+  ONNXTensorElementDataType type;
+  if (!InferOutputType(ctx, &type)) return nullptr;
+  Quietly([&] {  // nothing may unwind into ORT; the kernel says what is wrong
     std::vector<int64_t> dims;
-    if (!InferInts(ctx, "output_shape", &dims)) {
-      OrtTensorTypeAndShapeInfo* dy = nullptr;  // owned by the context
-      Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, 0, &dy));
-      size_t rank = 0;
-      Ort::ThrowOnError(api.GetDimensionsCount(dy, &rank));
-      dims.resize(rank);
-      Ort::ThrowOnError(api.GetDimensions(dy, dims.data(), rank));
-    }
-    ShapeInferOutput(ctx, 0, static_cast<ONNXTensorElementDataType>(output_type), dims);
-  } catch (...) {  // nothing may unwind into ORT; the kernel says what is wrong
-  }
+    if (!InferInts(ctx, "output_shape", &dims)) dims = ShapeInferInputDims(ctx, 0);
+    ShapeInferOutput(ctx, 0, type, dims);
+  });
   return nullptr;
 }
 
@@ -129,10 +114,7 @@ struct LayerNormGradOpType : OpBase<LayerNormGradOpType, LayerNormGradKernel> {
 
 struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
   SoftmaxGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<SoftmaxGradKernel>(kSoftmaxName, info, cuda) {
-    output_type = IntAttribute(info, "output_type", kFloat);
-    if (output_type != kFloat && output_type != kHalf) {
-      Fail("attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
-    }
+    output_type = OutputTypeAttribute(info, who);
     cols = IntAttribute(info, "cols", 0);
     if (cols < 1) Fail("attribute 'cols' (the softmax axis' length, >= 1) is missing or < 1");
     scale = FloatAttribute(info, "scale", 1.0f);
@@ -163,7 +145,7 @@ struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
     a.y = y.GetTensorRawData();
     a.y_half = y_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     a.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    a.dx_half = output_type == kHalf;
+    a.dx_half = output_type == kHalfType;
     a.scale = scale;
     a.cols = cols;
     a.rows = count / cols;
@@ -173,7 +155,7 @@ struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
     SoftmaxGradCpu(a, ThreadPoolRunner(ctx));
   }
 
-  int64_t output_type = kFloat, cols = 0;
+  int64_t output_type = kFloatType, cols = 0;
   float scale = 1.0f;
   bool has_shape = false;
   std::vector<int64_t> shape;

@@ -26,8 +26,6 @@ namespace {
 
 constexpr const char* kForwardName = "SoftmaxCrossEntropy";
 constexpr const char* kGradName = "SoftmaxCrossEntropyGrad";
-constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
 int64_t Count(const std::vector<int64_t>& shape) {
   int64_t count = 1;
@@ -53,12 +51,6 @@ Rows ReadRows(const std::string& who, const std::vector<int64_t>& x_shape, int64
   return out;
 }
 
-void CheckOutputType(const std::string& who, int64_t output_type) {
-  if (output_type != kFloat && output_type != kHalf) {
-    Fail(who, "attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
-  }
-}
-
 void CheckFloat(const std::string& who, const char* name, ONNXTensorElementDataType type) {
   if (!IsFloatOrHalf(type)) Fail(who, std::string(name) + " must be float32 or float16");
 }
@@ -74,8 +66,7 @@ void CheckLabels(const std::string& who, Ort::ConstValue& labels, int64_t rows) 
 struct ForwardKernel : NodeKernel<ForwardKernel> {
   ForwardKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<ForwardKernel>(kForwardName, info, cuda) {
     classes = IntAttribute(info, "classes", -1);
-    output_type = IntAttribute(info, "output_type", kFloat);
-    CheckOutputType(who, output_type);
+    output_type = OutputTypeAttribute(info, who);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -93,7 +84,7 @@ struct ForwardKernel : NodeKernel<ForwardKernel> {
     args.labels = labels.GetTensorData<int64_t>();
     args.rows = rows.rows, args.width = rows.width, args.classes = rows.classes;
     args.picked = ctx.GetOutput(0, shape).GetTensorMutableRawData();
-    args.picked_half = output_type == kHalf;
+    args.picked_half = output_type == kHalfType;
     args.lse_out = ctx.GetOutput(1, shape).GetTensorMutableData<float>();
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return SoftmaxCrossEntropyCuda(args, ctx.GetGPUComputeStream());
@@ -101,14 +92,13 @@ struct ForwardKernel : NodeKernel<ForwardKernel> {
     SoftmaxCrossEntropyCpu(args, ThreadPoolRunner(ctx));
   }
 
-  int64_t classes = -1, output_type = kFloat;
+  int64_t classes = -1, output_type = kFloatType;
 };
 
 struct GradKernel : NodeKernel<GradKernel> {
   GradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<GradKernel>(kGradName, info, cuda) {
     classes = IntAttribute(info, "classes", -1);
-    output_type = IntAttribute(info, "output_type", kFloat);
-    CheckOutputType(who, output_type);
+    output_type = OutputTypeAttribute(info, who);
     shape = IntsAttribute(info, "output_shape", &has_shape);
     columns = IntAttribute(info, "output_columns", -1);
   }
@@ -161,7 +151,7 @@ struct GradKernel : NodeKernel<GradKernel> {
     args.scale_half = scale_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     args.scale_per_row = scales != 1;
     args.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    args.dx_half = output_type == kHalf;
+    args.dx_half = output_type == kHalfType;
     args.dx_width = dx_width;
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return SoftmaxCrossEntropyGradCuda(args, ctx.GetGPUComputeStream());
@@ -169,75 +159,37 @@ struct GradKernel : NodeKernel<GradKernel> {
     SoftmaxCrossEntropyGradCpu(args, ThreadPoolRunner(ctx));
   }
 
-  int64_t classes = -1, output_type = kFloat, columns = -1;
+  int64_t classes = -1, output_type = kFloatType, columns = -1;
   bool has_shape = false;
   std::vector<int64_t> shape;
 };
 
-// The element type from output_type (absent: float32); false when the attribute is invalid.
-bool InferType(OrtShapeInferContext* ctx, ONNXTensorElementDataType* type) {
-  int64_t output_type = kFloat;
-  if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloat;
-  if (output_type != kFloat && output_type != kHalf) return false;
-  *type = static_cast<ONNXTensorElementDataType>(output_type);
-  return true;
-}
-
-void SetOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
-               const std::vector<int64_t>& dims) {
-  const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* out = nullptr;
-  Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
-  try {
-    Ort::ThrowOnError(api.SetTensorElementType(out, type));
-    Ort::ThrowOnError(api.SetDimensions(out, dims.data(), dims.size()));
-    Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, index, out));
-  } catch (...) {
-    api.ReleaseTensorTypeAndShapeInfo(out);
-    throw;
-  }
-  api.ReleaseTensorTypeAndShapeInfo(out);
-}
-
-std::vector<int64_t> InputDims(OrtShapeInferContext* ctx, size_t index) {
-  const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
-  Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, index, &info));
-  size_t rank = 0;
-  Ort::ThrowOnError(api.GetDimensionsCount(info, &rank));
-  std::vector<int64_t> dims(rank);
-  Ort::ThrowOnError(api.GetDimensions(info, dims.data(), rank));
-  return dims;
-}
-
 // picked and lse shaped like labels (their dimensions as ORT knows them; -1 where it does not).
 OrtStatusPtr ORT_API_CALL InferForward(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  try {
-    ONNXTensorElementDataType type;
-    if (!InferType(ctx, &type)) return nullptr;
-    const std::vector<int64_t> dims = InputDims(ctx, 1);
-    SetOutput(ctx, 0, type, dims);
-    SetOutput(ctx, 1, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, dims);
-  } catch (...) {  // nothing may unwind into ORT; the kernel says what is wrong
-  }
+  ONNXTensorElementDataType type;
+  if (!InferOutputType(ctx, &type)) return nullptr;
+  Quietly([&] {  // nothing may unwind into ORT; the kernel says what is wrong
+    const std::vector<int64_t> dims = ShapeInferInputDims(ctx, 1);
+    ShapeInferOutput(ctx, 0, type, dims);
+    ShapeInferOutput(ctx, 1, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, dims);
+  });
   return nullptr;
 }
 
 OrtStatusPtr ORT_API_CALL InferGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  try {
-    ONNXTensorElementDataType type;
-    if (!InferType(ctx, &type)) return nullptr;
+  ONNXTensorElementDataType type;
+  if (!InferOutputType(ctx, &type)) return nullptr;
+  Quietly([&] {
     std::vector<int64_t> dims;
     if (!InferInts(ctx, "output_shape", &dims)) {
-      dims = InputDims(ctx, 0);
+      dims = ShapeInferInputDims(ctx, 0);
       int64_t classes = 0;
-      if (dims.empty()) return nullptr;
+      if (dims.empty()) return;
       if (InferInt(ctx, "classes", &classes)) dims.back() = classes;
       if (InferInt(ctx, "output_columns", &classes)) dims.back() = classes;
     }
-    SetOutput(ctx, 0, type, dims);
-  } catch (...) {
-  }
+    ShapeInferOutput(ctx, 0, type, dims);
+  });
   return nullptr;
 }
 
