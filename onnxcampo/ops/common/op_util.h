@@ -1,9 +1,13 @@
 // Helpers the ONNX Runtime op files (<unit>/<unit>_op.cc) share:
 // attribute readers for kernel creation and shape inference, the errors a kernel raises, the
 // wrapper that turns exceptions into an OrtStatus, and the registration boilerplate of an op
-// class. Include after <onnxruntime_cxx_api.h> (with ORT_API_MANUAL_INIT defined, as the op
-// files do).
+// class. Includes <onnxruntime_cxx_api.h> with ORT_API_MANUAL_INIT defined (the library does not
+// link libonnxruntime: common/library.cc initialises the API from RegisterCustomOps).
 #pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
 
 #include <cstdint>
 #include <exception>
@@ -234,6 +238,13 @@ inline bool InferOutputType(const OrtShapeInferContext* ctx, ONNXTensorElementDa
 
 inline bool IsFloatOrHalf(ONNXTensorElementDataType type) {
   return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+}
+
+// The number of elements of a tensor of `shape` (1 for a scalar's []).
+inline int64_t ElementCount(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  return count;
 }
 
 // "[2, 3]".

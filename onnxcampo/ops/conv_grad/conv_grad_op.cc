@@ -3,10 +3,6 @@
 //
 //   ConvWeightGrad[kernel_shape, strides, dilations, pads](x [N, Cin, H, W], dy [N, Cout, Ho, Wo])
 //     -> dw [Cout, Cin, kh, kw]
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 

@@ -1,10 +1,6 @@
 // The ai.onnxcampo NHWC convolution ops (conv_nhwc.h): attributes, checks, output type and shape
 // for ORT's graph, and the kernels (conv_nhwc_cpu.cc; on CUDA cuDNN through conv_grad.cu).
 // Registered with ONNXCAMPO_REGISTER_OPS.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 

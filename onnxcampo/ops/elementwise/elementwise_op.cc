@@ -8,10 +8,6 @@
 // element types of its heterogeneous variadic output come from `output_types` through the op's
 // shape-inference function. Also the library's entry points for the tests and scripts
 // (onnxcampo.ops.elementwise.jit): the generated kernels' statistics, grids and sources.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>

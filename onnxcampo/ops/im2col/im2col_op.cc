@@ -2,10 +2,6 @@
 // for ORT's graph, and the kernels of im2col_cpu.cc / im2col.cu. Registered with ONNXCAMPO_REGISTER_OPS.
 //
 //   Im2Col[kernel_shape, strides, dilations, pads](x [N, C, H, W]) -> columns [C*kh*kw, N*Ho*Wo]
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -29,7 +25,8 @@ OrtStatusPtr InferIm2Col(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept
   std::vector<int64_t> dims;  // -1 for a symbolic dim
   std::vector<std::string> symbols;
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  if (ShapeInferInputCount(ctx) != 1 || !TryShapeInferInput(ctx, 0, &dims, &symbols, &type) || dims.size() != 4 || !IsFloatOrHalf(type)) {
+  if (ShapeInferInputCount(ctx) != 1 || !TryShapeInferInput(ctx, 0, &dims, &symbols, &type) || dims.size() != 4 ||
+      !IsFloatOrHalf(type)) {
     return nullptr;
   }
   for (int64_t d : dims) {

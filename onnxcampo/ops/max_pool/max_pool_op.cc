@@ -8,10 +8,6 @@
 // node lists, and ORT's inference context does not check the index (onnxruntime 1.21 ... 1.32,
 // graph.cc InferenceContextImpl::getOutputType), so writing output 1 of a node that lists only y
 // would write past its output list. argmax's shape is y's, known at run time.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 

@@ -9,10 +9,6 @@
 // float32, the default; 10 float16), shaped `output_shape` (default: dy's shape). ORT learns dx's
 // type and shape from the attributes and dy (InferLayerNormGrad). SoftmaxGrad: dy and y float32 or
 // float16, the same rows of `cols` elements; `scale` (default 1) multiplies dx.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -68,9 +64,7 @@ struct LayerNormGradKernel : NodeKernel<LayerNormGradKernel> {
       if (acc != nullptr) a.acc = Input(ctx, 4, "acc", count, &a.acc_half).GetTensorRawData();
     }
     const std::vector<int64_t> out_shape = has_shape ? shape : dy_shape;
-    int64_t out_count = 1;
-    for (int64_t d : out_shape) out_count *= d;
-    if (out_count != count) {
+    if (ElementCount(out_shape) != count) {
       Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's " + std::to_string(count) +
                     " elements");
     }
@@ -136,9 +130,7 @@ struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
                     " must be the same rows of " + std::to_string(cols) + " elements");
     }
     const std::vector<int64_t> out_shape = has_shape ? shape : dy_info.GetShape();
-    int64_t out_count = 1;
-    for (int64_t d : out_shape) out_count *= d;
-    if (out_count != count) Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
+    if (ElementCount(out_shape) != count) Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
     SoftmaxGradArgs a;
     a.dy = dy.GetTensorRawData();
     a.dy_half = dy_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;

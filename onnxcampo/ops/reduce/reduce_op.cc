@@ -14,10 +14,6 @@
 // compute stream like the scratch buffers of ORT's own kernels) and hands them back after the
 // launches; with the arena nothing reaches cudaMalloc once it has grown, also while a CUDA graph
 // is captured. Where ORT gives no buffer, the call runs unsplit (one kernel, less parallel).
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 

@@ -6,10 +6,6 @@
 // [N, S..., channels], channels >= C (default C) with zeros in the channels past C. Registered for
 // the CPU and (built with CUDA) the CUDA provider (ONNXCAMPO_REGISTER_OPS below); ORT
 // learns y's type and shape from the attributes and x's shape (InferNchwToNhwc).
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 

@@ -11,10 +11,6 @@
 // dimension `output_columns`), rows * output_columns elements; `output_columns` (default
 // `classes`) >= classes: each row of dx padded with zeros to it (a GEMM's padded K or N). ORT learns the outputs' types and shapes from the
 // attributes and the inputs (InferForward, InferGrad).
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -26,12 +22,6 @@ namespace {
 
 constexpr const char* kForwardName = "SoftmaxCrossEntropy";
 constexpr const char* kGradName = "SoftmaxCrossEntropyGrad";
-
-int64_t Count(const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  return count;
-}
 
 // The rows x width view of x and the class count, checked; `classes` < 0: the attribute is absent.
 struct Rows {
@@ -47,7 +37,7 @@ Rows ReadRows(const std::string& who, const std::vector<int64_t>& x_shape, int64
     Fail(who, "attribute 'classes' (" + std::to_string(out.classes) + ") must lie in [1, " + std::to_string(out.width) +
                   "], x's last dimension; x " + ShapeText(x_shape));
   }
-  out.rows = Count(x_shape) / out.width;
+  out.rows = ElementCount(x_shape) / out.width;
   return out;
 }
 
@@ -136,7 +126,7 @@ struct GradKernel : NodeKernel<GradKernel> {
       out_shape = x_shape;
       out_shape.back() = dx_width;
     }
-    if (Count(out_shape) != rows.rows * dx_width) {
+    if (ElementCount(out_shape) != rows.rows * dx_width) {
       Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold rows x " +
                     std::string(columns < 0 ? "classes" : "output_columns") + " = " +
                     std::to_string(rows.rows * dx_width) + " elements");
