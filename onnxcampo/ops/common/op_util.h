@@ -225,6 +225,20 @@ inline int64_t OutputTypeAttribute(const OrtKernelInfo* info, const std::string&
   return output_type;
 }
 
+// A gradient kernel's output_type (checked at creation: an invalid one fails naming `who`) and
+// output_shape (has_shape: the node has it).
+struct OutputAttributes {
+  OutputAttributes(const OrtKernelInfo* info, const std::string& who)
+      : type(OutputTypeAttribute(info, who)), shape(IntsAttribute(info, "output_shape", &has_shape)) {}
+  bool half() const { return type == kHalfType; }
+  // output_shape, or `fallback` where the node has none.
+  std::vector<int64_t> ShapeOr(const std::vector<int64_t>& fallback) const { return has_shape ? shape : fallback; }
+
+  int64_t type;
+  bool has_shape = false;
+  std::vector<int64_t> shape;
+};
+
 // The element type from output_type in shape inference (absent: float32); false when invalid.
 inline bool InferOutputType(const OrtShapeInferContext* ctx, ONNXTensorElementDataType* type) {
   int64_t output_type = kFloatType;

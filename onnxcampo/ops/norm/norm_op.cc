@@ -22,10 +22,8 @@ constexpr const char* kName = "LayerNormGrad";
 constexpr const char* kSoftmaxName = "SoftmaxGrad";
 
 struct LayerNormGradKernel : NodeKernel<LayerNormGradKernel> {
-  LayerNormGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<LayerNormGradKernel>(kName, info, cuda) {
-    output_type = OutputTypeAttribute(info, who);
-    shape = IntsAttribute(info, "output_shape", &has_shape);
-  }
+  LayerNormGradKernel(const OrtKernelInfo* info, bool cuda)
+      : NodeKernel<LayerNormGradKernel>(kName, info, cuda), output(info, who) {}
 
   // The tensor `index` checked to be float32/float16 with `count` elements (count < 0: any).
   Ort::ConstValue Input(Ort::KernelContext& ctx, size_t index, const char* name, int64_t count, bool* half) const {
@@ -63,22 +61,20 @@ struct LayerNormGradKernel : NodeKernel<LayerNormGradKernel> {
       Ort::ConstValue acc = ctx.GetInput(4);
       if (acc != nullptr) a.acc = Input(ctx, 4, "acc", count, &a.acc_half).GetTensorRawData();
     }
-    const std::vector<int64_t> out_shape = has_shape ? shape : dy_shape;
+    const std::vector<int64_t> out_shape = output.ShapeOr(dy_shape);
     if (ElementCount(out_shape) != count) {
       Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's " + std::to_string(count) +
                     " elements");
     }
     a.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    a.dx_half = output_type == kHalfType;
+    a.dx_half = output.half();
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return LayerNormGradCuda(a, ctx.GetGPUComputeStream());
 #endif
     LayerNormGradCpu(a, ThreadPoolRunner(ctx));
   }
 
-  int64_t output_type = kFloatType;
-  bool has_shape = false;
-  std::vector<int64_t> shape;
+  OutputAttributes output;
 };
 
 // dx's type from output_type, its shape from output_shape or dy's (ORT ignores the status).
@@ -107,12 +103,11 @@ struct LayerNormGradOpType : OpBase<LayerNormGradOpType, LayerNormGradKernel> {
 };
 
 struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
-  SoftmaxGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<SoftmaxGradKernel>(kSoftmaxName, info, cuda) {
-    output_type = OutputTypeAttribute(info, who);
+  SoftmaxGradKernel(const OrtKernelInfo* info, bool cuda)
+      : NodeKernel<SoftmaxGradKernel>(kSoftmaxName, info, cuda), output(info, who) {
     cols = IntAttribute(info, "cols", 0);
     if (cols < 1) Fail("attribute 'cols' (the softmax axis' length, >= 1) is missing or < 1");
     scale = FloatAttribute(info, "scale", 1.0f);
-    shape = IntsAttribute(info, "output_shape", &has_shape);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -129,15 +124,17 @@ struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
       Fail("dy " + ShapeText(dy_info.GetShape()) + " and y " + ShapeText(y_info.GetShape()) +
                     " must be the same rows of " + std::to_string(cols) + " elements");
     }
-    const std::vector<int64_t> out_shape = has_shape ? shape : dy_info.GetShape();
-    if (ElementCount(out_shape) != count) Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
+    const std::vector<int64_t> out_shape = output.ShapeOr(dy_info.GetShape());
+    if (ElementCount(out_shape) != count) {
+      Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
+    }
     SoftmaxGradArgs a;
     a.dy = dy.GetTensorRawData();
     a.dy_half = dy_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     a.y = y.GetTensorRawData();
     a.y_half = y_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     a.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    a.dx_half = output_type == kHalfType;
+    a.dx_half = output.half();
     a.scale = scale;
     a.cols = cols;
     a.rows = count / cols;
@@ -147,10 +144,9 @@ struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
     SoftmaxGradCpu(a, ThreadPoolRunner(ctx));
   }
 
-  int64_t output_type = kFloatType, cols = 0;
+  OutputAttributes output;
+  int64_t cols = 0;
   float scale = 1.0f;
-  bool has_shape = false;
-  std::vector<int64_t> shape;
 };
 
 // Two inputs of any float type, one output typed by the inference (the same function: dx is

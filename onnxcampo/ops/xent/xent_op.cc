@@ -86,10 +86,8 @@ struct ForwardKernel : NodeKernel<ForwardKernel> {
 };
 
 struct GradKernel : NodeKernel<GradKernel> {
-  GradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<GradKernel>(kGradName, info, cuda) {
+  GradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<GradKernel>(kGradName, info, cuda), output(info, who) {
     classes = IntAttribute(info, "classes", -1);
-    output_type = OutputTypeAttribute(info, who);
-    shape = IntsAttribute(info, "output_shape", &has_shape);
     columns = IntAttribute(info, "output_columns", -1);
   }
 
@@ -121,8 +119,8 @@ struct GradKernel : NodeKernel<GradKernel> {
       Fail("attribute 'output_columns' (" + std::to_string(dx_width) + ") must be >= classes (" +
                     std::to_string(rows.classes) + ")");
     }
-    std::vector<int64_t> out_shape = shape;
-    if (!has_shape) {
+    std::vector<int64_t> out_shape = output.shape;
+    if (!output.has_shape) {
       out_shape = x_shape;
       out_shape.back() = dx_width;
     }
@@ -141,7 +139,7 @@ struct GradKernel : NodeKernel<GradKernel> {
     args.scale_half = scale_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     args.scale_per_row = scales != 1;
     args.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    args.dx_half = output_type == kHalfType;
+    args.dx_half = output.half();
     args.dx_width = dx_width;
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return SoftmaxCrossEntropyGradCuda(args, ctx.GetGPUComputeStream());
@@ -149,9 +147,8 @@ struct GradKernel : NodeKernel<GradKernel> {
     SoftmaxCrossEntropyGradCpu(args, ThreadPoolRunner(ctx));
   }
 
-  int64_t classes = -1, output_type = kFloatType, columns = -1;
-  bool has_shape = false;
-  std::vector<int64_t> shape;
+  OutputAttributes output;
+  int64_t classes = -1, columns = -1;
 };
 
 // picked and lse shaped like labels (their dimensions as ORT knows them; -1 where it does not).
