@@ -209,6 +209,13 @@ inline bool TryShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vec
   return Quietly([&] { ShapeInferInput(ctx, index, dims, names, type); });
 }
 
+// The number of elements of a tensor of `shape` (1 for a scalar's []).
+inline int64_t ElementCount(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  return count;
+}
+
 // ---- output_type: 1 (float32, the default) or 10 (float16) ---------------------------------
 
 constexpr int64_t kFloatType = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -216,12 +223,26 @@ constexpr int64_t kHalfType = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
 inline bool IsOutputType(int64_t output_type) { return output_type == kFloatType || output_type == kHalfType; }
 
+// "" or what is wrong with the type attribute `name` (1 or 10).
+inline std::string OutputTypeError(const char* name, int64_t type) {
+  if (IsOutputType(type)) return "";
+  return "attribute '" + std::string(name) + "' must be 1 (float32) or 10 (float16), got " + std::to_string(type);
+}
+
+// "" or what is wrong with the shape attribute `name` (a dim < 0); `count`: its element count.
+inline std::string ShapeAttributeError(const char* name, const std::vector<int64_t>& shape, int64_t* count) {
+  for (int64_t d : shape) {
+    if (d < 0) return "attribute '" + std::string(name) + "' must be >= 0, got " + IntsText(shape);
+  }
+  *count = ElementCount(shape);
+  return "";
+}
+
 // The node's output_type at kernel creation; an invalid one fails naming `who`.
 inline int64_t OutputTypeAttribute(const OrtKernelInfo* info, const std::string& who) {
   const int64_t output_type = IntAttribute(info, "output_type", kFloatType);
-  if (!IsOutputType(output_type)) {
-    Fail(who, "attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
-  }
+  const std::string why = OutputTypeError("output_type", output_type);
+  if (!why.empty()) Fail(who, why);
   return output_type;
 }
 
@@ -252,13 +273,6 @@ inline bool InferOutputType(const OrtShapeInferContext* ctx, ONNXTensorElementDa
 
 inline bool IsFloatOrHalf(ONNXTensorElementDataType type) {
   return type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-}
-
-// The number of elements of a tensor of `shape` (1 for a scalar's []).
-inline int64_t ElementCount(const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  return count;
 }
 
 // "[2, 3]".

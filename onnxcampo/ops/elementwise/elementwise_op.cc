@@ -88,14 +88,10 @@ std::string CheckColumnSums(const std::vector<int64_t>& sums, int64_t type, cons
            " elementwise outputs";
   }
   if (sums[1] < 1) return "column_sums' columns must be >= 1, got " + std::to_string(sums[1]);
-  if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
-    return "attribute 'column_sums_type' must be 1 (float32) or 10 (float16), got " + std::to_string(type);
-  }
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    if (d < 0) return "attribute 'column_sums_shape' must be >= 0, got " + IntsText(shape);
-    count *= d;
-  }
+  if (!IsOutputType(type)) return OutputTypeError("column_sums_type", type);
+  int64_t count = 0;
+  const std::string why = ShapeAttributeError("column_sums_shape", shape, &count);
+  if (!why.empty()) return why;
   if (count != sums[1]) {
     return "attribute 'column_sums_shape' " + IntsText(shape) + " holds " + std::to_string(count) + " elements, " +
            std::to_string(sums[1]) + " columns are summed";
