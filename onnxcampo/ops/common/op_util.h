@@ -379,6 +379,21 @@ struct OpBase : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
   bool cuda_;
 };
 
+// An op whose inputs' and outputs' element types TOp lists in `static constexpr
+// ONNXTensorElementDataType kInputTypes[], kOutputTypes[]` (UNDEFINED: any, checked by the kernel),
+// with `infer` as its InferOutputShapeFn. TOp adds GetName.
+template <typename TOp, typename TKernel>
+struct TypedOp : OpBase<TOp, TKernel> {
+  using InferFn = decltype(OrtCustomOp::InferOutputShapeFn);
+  TypedOp(bool cuda, InferFn infer) : OpBase<TOp, TKernel>(cuda) { OrtCustomOp::InferOutputShapeFn = infer; }
+  size_t GetInputTypeCount() const { return sizeof(TOp::kInputTypes) / sizeof(TOp::kInputTypes[0]); }
+  ONNXTensorElementDataType GetInputType(size_t index) const { return TOp::kInputTypes[index]; }
+  size_t GetOutputTypeCount() const { return sizeof(TOp::kOutputTypes) / sizeof(TOp::kOutputTypes[0]); }
+  ONNXTensorElementDataType GetOutputType(size_t index) const { return TOp::kOutputTypes[index]; }
+};
+
+constexpr ONNXTensorElementDataType kAnyType = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+
 // The op's registration for the CPU or the CUDA provider, each made once and kept for the process
 // (the CUDA one only in a build with the CUDA kernels).
 template <typename TOp>

@@ -178,30 +178,22 @@ struct MaxPoolNhwcGradKernel : MaxPoolKernelBase<MaxPoolNhwcGradKernel> {
 };
 
 // MaxPoolNhwc(x) -> (y, argmax): argmax optional (ORT passes a null value where it is absent).
-struct MaxPoolNhwcCustomOp : OpBase<MaxPoolNhwcCustomOp, MaxPoolNhwcKernel> {
-  explicit MaxPoolNhwcCustomOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferMaxPool<false>; }
+struct MaxPoolNhwcCustomOp : TypedOp<MaxPoolNhwcCustomOp, MaxPoolNhwcKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8};
+  explicit MaxPoolNhwcCustomOp(bool cuda) : TypedOp(cuda, InferMaxPool<false>) {}
   const char* GetName() const { return kForwardName; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  size_t GetOutputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetOutputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
     return index == 1 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
 };
 
 // MaxPoolNhwcGrad(dy, argmax) -> dx.
-struct MaxPoolNhwcGradCustomOp : OpBase<MaxPoolNhwcGradCustomOp, MaxPoolNhwcGradKernel> {
-  explicit MaxPoolNhwcGradCustomOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferMaxPool<true>; }
+struct MaxPoolNhwcGradCustomOp : TypedOp<MaxPoolNhwcGradCustomOp, MaxPoolNhwcGradKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType};
+  explicit MaxPoolNhwcGradCustomOp(bool cuda) : TypedOp(cuda, InferMaxPool<true>) {}
   const char* GetName() const { return kGradName; }
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
 ONNXCAMPO_REGISTER_OPS(max_pool, MaxPoolNhwcCustomOp, MaxPoolNhwcGradCustomOp);

@@ -90,16 +90,14 @@ OrtStatusPtr ORT_API_CALL InferLayerNormGrad(const OrtCustomOp*, OrtShapeInferCo
 }
 
 // Four inputs of any float type and an optional fifth (acc); one output typed by the inference.
-struct LayerNormGradOpType : OpBase<LayerNormGradOpType, LayerNormGradKernel> {
-  explicit LayerNormGradOpType(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferLayerNormGrad; }
+struct LayerNormGradOpType : TypedOp<LayerNormGradOpType, LayerNormGradKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, kAnyType, kAnyType, kAnyType, kAnyType};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType};
+  explicit LayerNormGradOpType(bool cuda) : TypedOp(cuda, InferLayerNormGrad) {}
   const char* GetName() const { return kName; }
-  size_t GetInputTypeCount() const { return 5; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
     return index == 4 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
 struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
@@ -151,13 +149,11 @@ struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
 
 // Two inputs of any float type, one output typed by the inference (the same function: dx is
 // shaped like the first input or output_shape).
-struct SoftmaxGradOpType : OpBase<SoftmaxGradOpType, SoftmaxGradKernel> {
-  explicit SoftmaxGradOpType(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferLayerNormGrad; }
+struct SoftmaxGradOpType : TypedOp<SoftmaxGradOpType, SoftmaxGradKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, kAnyType};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType};
+  explicit SoftmaxGradOpType(bool cuda) : TypedOp(cuda, InferLayerNormGrad) {}
   const char* GetName() const { return kSoftmaxName; }
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
 ONNXCAMPO_REGISTER_OPS(norm, LayerNormGradOpType, SoftmaxGradOpType);

@@ -182,31 +182,20 @@ OrtStatusPtr ORT_API_CALL InferGrad(const OrtCustomOp*, OrtShapeInferContext* ct
 
 // x untyped (float32 or float16, checked by the kernel), labels int64; picked untyped (its type
 // set by InferForward), lse float32.
-struct ForwardOp : OpBase<ForwardOp, ForwardKernel> {
-  explicit ForwardOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferForward; }
+struct ForwardOp : TypedOp<ForwardOp, ForwardKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  explicit ForwardOp(bool cuda) : TypedOp(cuda, InferForward) {}
   const char* GetName() const { return kForwardName; }
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
-  size_t GetOutputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetOutputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
 };
 
 // x and scale untyped, lse float32, labels int64; dx untyped (InferGrad).
-struct GradOp : OpBase<GradOp, GradKernel> {
-  explicit GradOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferGrad; }
+struct GradOp : TypedOp<GradOp, GradKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                                                              ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, kAnyType};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType};
+  explicit GradOp(bool cuda) : TypedOp(cuda, InferGrad) {}
   const char* GetName() const { return kGradName; }
-  size_t GetInputTypeCount() const { return 4; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    if (index == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    if (index == 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
 ONNXCAMPO_REGISTER_OPS(xent, ForwardOp, GradOp);
