@@ -366,10 +366,14 @@ struct NodeKernel {
 
 // An op with a status-returning kernel `TKernel(info, cuda)`, registered for the CPU or the CUDA
 // provider; a kernel whose creation throws makes an ORT_INVALID_ARGUMENT status (an
-// Ort::Exception keeps its code). TOp adds GetName and the input and output types.
+// Ort::Exception keeps its code); `infer`, when given, is its InferOutputShapeFn. TOp adds GetName
+// and the input and output types.
 template <typename TOp, typename TKernel>
 struct OpBase : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
-  explicit OpBase(bool cuda) : cuda_(cuda) {}
+  using InferFn = decltype(OrtCustomOp::InferOutputShapeFn);
+  explicit OpBase(bool cuda, InferFn infer = nullptr) : cuda_(cuda) {
+    if (infer != nullptr) OrtCustomOp::InferOutputShapeFn = infer;
+  }
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     return StatusOf([&] { *kernel = new TKernel(info, cuda_); }, "", ORT_INVALID_ARGUMENT);
   }
@@ -381,11 +385,10 @@ struct OpBase : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
 
 // An op whose inputs' and outputs' element types TOp lists in `static constexpr
 // ONNXTensorElementDataType kInputTypes[], kOutputTypes[]` (UNDEFINED: any, checked by the kernel),
-// with `infer` as its InferOutputShapeFn. TOp adds GetName.
+// constructed as OpBase. TOp adds GetName.
 template <typename TOp, typename TKernel>
 struct TypedOp : OpBase<TOp, TKernel> {
-  using InferFn = decltype(OrtCustomOp::InferOutputShapeFn);
-  TypedOp(bool cuda, InferFn infer) : OpBase<TOp, TKernel>(cuda) { OrtCustomOp::InferOutputShapeFn = infer; }
+  using OpBase<TOp, TKernel>::OpBase;
   size_t GetInputTypeCount() const { return sizeof(TOp::kInputTypes) / sizeof(TOp::kInputTypes[0]); }
   ONNXTensorElementDataType GetInputType(size_t index) const { return TOp::kInputTypes[index]; }
   size_t GetOutputTypeCount() const { return sizeof(TOp::kOutputTypes) / sizeof(TOp::kOutputTypes[0]); }

@@ -364,7 +364,7 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
 // One variadic heterogeneous input (float16/float32 tensors) and one variadic heterogeneous
 // output: ORT's own type inference gives up on such outputs, InferFusedElementwise sets them.
 struct FusedElementwiseOp : OpBase<FusedElementwiseOp, FusedElementwise> {
-  explicit FusedElementwiseOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferFusedElementwise; }
+  explicit FusedElementwiseOp(bool cuda) : OpBase(cuda, InferFusedElementwise) {}
   const char* GetName() const { return kFusedElementwise; }
   size_t GetInputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }

@@ -86,7 +86,7 @@ struct Im2ColKernel : NodeKernel<Im2ColKernel> {
 // One input and one output of undefined type: ORT's custom-op type inference gives the output
 // the input's type; InferIm2Col adds the shape.
 struct Im2ColCustomOp : UntypedUnaryOp<Im2ColCustomOp, Im2ColKernel> {
-  explicit Im2ColCustomOp(bool cuda) : UntypedUnaryOp(cuda) { OrtCustomOp::InferOutputShapeFn = InferIm2Col; }
+  explicit Im2ColCustomOp(bool cuda) : UntypedUnaryOp(cuda, InferIm2Col) {}
   const char* GetName() const { return kName; }
 };
 

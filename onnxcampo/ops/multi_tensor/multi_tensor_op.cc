@@ -347,7 +347,7 @@ OrtStatusPtr ORT_API_CALL InferMultiTensorCast(const OrtCustomOp*, OrtShapeInfer
 // float32 tensors in, as many float16 tensors out (both variadic and homogeneous);
 // InferMultiTensorCast gives each output its input's shape.
 struct MultiTensorCastOp : OpBase<MultiTensorCastOp, MultiTensorCast> {
-  explicit MultiTensorCastOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferMultiTensorCast; }
+  explicit MultiTensorCastOp(bool cuda) : OpBase(cuda, InferMultiTensorCast) {}
   const char* GetName() const { return MultiTensorCast::kName; }
   size_t GetInputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }

@@ -148,7 +148,7 @@ OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferC
 // One input of any type (float16 or float32, checked by the kernel) and one output whose type
 // the inference function sets.
 struct BlockReduceSumOp : UntypedUnaryOp<BlockReduceSumOp, BlockReduceSumKernel> {
-  explicit BlockReduceSumOp(bool cuda) : UntypedUnaryOp(cuda) { OrtCustomOp::InferOutputShapeFn = InferBlockReduceSum; }
+  explicit BlockReduceSumOp(bool cuda) : UntypedUnaryOp(cuda, InferBlockReduceSum) {}
   const char* GetName() const { return kName; }
 };
 

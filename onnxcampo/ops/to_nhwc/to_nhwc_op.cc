@@ -104,7 +104,7 @@ OrtStatusPtr ORT_API_CALL InferNchwToNhwc(const OrtCustomOp*, OrtShapeInferConte
 // One input of either float type (checked by the kernel), one output whose type the inference
 // function sets.
 struct NchwToNhwcOp : UntypedUnaryOp<NchwToNhwcOp, NchwToNhwcKernel> {
-  explicit NchwToNhwcOp(bool cuda) : UntypedUnaryOp(cuda) { OrtCustomOp::InferOutputShapeFn = InferNchwToNhwc; }
+  explicit NchwToNhwcOp(bool cuda) : UntypedUnaryOp(cuda, InferNchwToNhwc) {}
   const char* GetName() const { return kName; }
 };
 
