@@ -6,10 +6,6 @@
 //       accumulation: the baseline the averaging kernel is measured against)
 //
 // CPU only.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 

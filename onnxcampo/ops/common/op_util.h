@@ -1,9 +1,13 @@
 // Helpers the ONNX Runtime op files (<unit>/<unit>_op.cc) share:
 // attribute readers for kernel creation and shape inference, the errors a kernel raises, the
 // wrapper that turns exceptions into an OrtStatus, and the registration boilerplate of an op
-// class. Include after <onnxruntime_cxx_api.h> (with ORT_API_MANUAL_INIT defined, as the op
-// files do).
+// class. Includes <onnxruntime_cxx_api.h> with ORT_API_MANUAL_INIT defined (the library does not
+// link libonnxruntime: common/library.cc initialises the API from RegisterCustomOps).
 #pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
 
 #include <cstdint>
 #include <exception>
@@ -112,6 +116,12 @@ inline bool InferInt(const OrtShapeInferContext* ctx, const char* name, int64_t*
   return Succeeded(Ort::GetApi().ReadOpAttr(attr, ORT_OP_ATTR_INT, value, sizeof(*value), &bytes));
 }
 
+// The node's input count in shape inference (0 where ORT cannot tell).
+inline size_t ShapeInferInputCount(OrtShapeInferContext* ctx) {
+  size_t count = 0;
+  return Succeeded(Ort::GetApi().ShapeInferContext_GetInputCount(ctx, &count)) ? count : 0;
+}
+
 // An input's shape in shape inference: dims[d] >= 0 a number, -1 with names[d] a symbol, -1
 // with "" unknown.
 inline void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_t>* dims, std::vector<std::string>* names,
@@ -119,6 +129,7 @@ inline void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector
   const OrtApi& api = Ort::GetApi();
   OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
   Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, index, &info));
+  if (info == nullptr) throw Ort::Exception("shape inference: input without a type and shape", ORT_FAIL);
   Ort::ThrowOnError(api.GetTensorElementType(info, type));
   size_t rank = 0;
   Ort::ThrowOnError(api.GetDimensionsCount(info, &rank));
@@ -137,17 +148,26 @@ inline void ShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector
   }
 }
 
-// Declares output `index` of the node as `type` with `dims` (-1: unknown) and, when given,
-// `symbols` (a name per dimension, "" for none).
+// The dims of input `index` in shape inference (-1 for an unknown or symbolic dim).
+inline std::vector<int64_t> ShapeInferInputDims(OrtShapeInferContext* ctx, size_t index) {
+  std::vector<int64_t> dims;
+  std::vector<std::string> names;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  ShapeInferInput(ctx, index, &dims, &names, &type);
+  return dims;
+}
+
+// Declares output `index` of the node as `type` with, when given, `dims` (-1: unknown; null: the
+// type alone, no shape) and `symbols` (a name per dimension, "" for none).
 inline void SetInferredOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
-                              const std::vector<int64_t>& dims, const std::vector<const char*>* symbols) {
+                              const std::vector<int64_t>* dims, const std::vector<const char*>* symbols) {
   const OrtApi& api = Ort::GetApi();
   OrtTensorTypeAndShapeInfo* info = nullptr;
   Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&info));
   std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> owned(
       info, [](OrtTensorTypeAndShapeInfo* p) { Ort::GetApi().ReleaseTensorTypeAndShapeInfo(p); });
   Ort::ThrowOnError(api.SetTensorElementType(info, type));
-  Ort::ThrowOnError(api.SetDimensions(info, dims.data(), dims.size()));
+  if (dims != nullptr) Ort::ThrowOnError(api.SetDimensions(info, dims->data(), dims->size()));
   if (symbols != nullptr) {
     Ort::ThrowOnError(api.SetSymbolicDimensions(info, const_cast<const char**>(symbols->data()), symbols->size()));
   }
@@ -156,13 +176,97 @@ inline void SetInferredOutput(OrtShapeInferContext* ctx, size_t index, ONNXTenso
 
 inline void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
                              const std::vector<int64_t>& dims, const std::vector<const char*>& symbols) {
-  SetInferredOutput(ctx, index, type, dims, &symbols);
+  SetInferredOutput(ctx, index, type, &dims, &symbols);
 }
 
 // The same with numbers (and -1) only, no symbols.
 inline void ShapeInferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
                              const std::vector<int64_t>& dims) {
-  SetInferredOutput(ctx, index, type, dims, nullptr);
+  SetInferredOutput(ctx, index, type, &dims, nullptr);
+}
+
+// The type alone, no shape (an info without dims would read as a scalar's shape).
+inline void ShapeInferOutputType(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type) {
+  SetInferredOutput(ctx, index, type, nullptr, nullptr);
+}
+
+// Runs `body` (shape inference calls) in a noexcept InferOutputShapeFn: false when it threw,
+// nothing unwinding into ORT (the kernel says what is wrong).
+template <typename Body>
+bool Quietly(Body&& body) noexcept {
+  try {
+    body();
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// ShapeInferInput in a noexcept InferOutputShapeFn: false where ORT cannot tell input `index`'s
+// type and shape.
+inline bool TryShapeInferInput(OrtShapeInferContext* ctx, size_t index, std::vector<int64_t>* dims,
+                               std::vector<std::string>* names, ONNXTensorElementDataType* type) noexcept {
+  return Quietly([&] { ShapeInferInput(ctx, index, dims, names, type); });
+}
+
+// The number of elements of a tensor of `shape` (1 for a scalar's []).
+inline int64_t ElementCount(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  return count;
+}
+
+// ---- output_type: 1 (float32, the default) or 10 (float16) ---------------------------------
+
+constexpr int64_t kFloatType = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr int64_t kHalfType = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+
+inline bool IsOutputType(int64_t output_type) { return output_type == kFloatType || output_type == kHalfType; }
+
+// "" or what is wrong with the type attribute `name` (1 or 10).
+inline std::string OutputTypeError(const char* name, int64_t type) {
+  if (IsOutputType(type)) return "";
+  return "attribute '" + std::string(name) + "' must be 1 (float32) or 10 (float16), got " + std::to_string(type);
+}
+
+// "" or what is wrong with the shape attribute `name` (a dim < 0); `count`: its element count.
+inline std::string ShapeAttributeError(const char* name, const std::vector<int64_t>& shape, int64_t* count) {
+  for (int64_t d : shape) {
+    if (d < 0) return "attribute '" + std::string(name) + "' must be >= 0, got " + IntsText(shape);
+  }
+  *count = ElementCount(shape);
+  return "";
+}
+
+// The node's output_type at kernel creation; an invalid one fails naming `who`.
+inline int64_t OutputTypeAttribute(const OrtKernelInfo* info, const std::string& who) {
+  const int64_t output_type = IntAttribute(info, "output_type", kFloatType);
+  const std::string why = OutputTypeError("output_type", output_type);
+  if (!why.empty()) Fail(who, why);
+  return output_type;
+}
+
+// A gradient kernel's output_type (checked at creation: an invalid one fails naming `who`) and
+// output_shape (has_shape: the node has it).
+struct OutputAttributes {
+  OutputAttributes(const OrtKernelInfo* info, const std::string& who)
+      : type(OutputTypeAttribute(info, who)), shape(IntsAttribute(info, "output_shape", &has_shape)) {}
+  bool half() const { return type == kHalfType; }
+  // output_shape, or `fallback` where the node has none.
+  std::vector<int64_t> ShapeOr(const std::vector<int64_t>& fallback) const { return has_shape ? shape : fallback; }
+
+  int64_t type;
+  bool has_shape = false;
+  std::vector<int64_t> shape;
+};
+
+// The element type from output_type in shape inference (absent: float32); false when invalid.
+inline bool InferOutputType(const OrtShapeInferContext* ctx, ONNXTensorElementDataType* type) {
+  int64_t output_type = kFloatType;
+  if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloatType;
+  if (!IsOutputType(output_type)) return false;
+  *type = static_cast<ONNXTensorElementDataType>(output_type);
+  return true;
 }
 
 // ---- small checks and texts -----------------------------------------------------------------
@@ -262,10 +366,14 @@ struct NodeKernel {
 
 // An op with a status-returning kernel `TKernel(info, cuda)`, registered for the CPU or the CUDA
 // provider; a kernel whose creation throws makes an ORT_INVALID_ARGUMENT status (an
-// Ort::Exception keeps its code). TOp adds GetName and the input and output types.
+// Ort::Exception keeps its code); `infer`, when given, is its InferOutputShapeFn. TOp adds GetName
+// and the input and output types.
 template <typename TOp, typename TKernel>
 struct OpBase : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
-  explicit OpBase(bool cuda) : cuda_(cuda) {}
+  using InferFn = decltype(OrtCustomOp::InferOutputShapeFn);
+  explicit OpBase(bool cuda, InferFn infer = nullptr) : cuda_(cuda) {
+    if (infer != nullptr) OrtCustomOp::InferOutputShapeFn = infer;
+  }
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     return StatusOf([&] { *kernel = new TKernel(info, cuda_); }, "", ORT_INVALID_ARGUMENT);
   }
@@ -274,6 +382,20 @@ struct OpBase : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
  protected:
   bool cuda_;
 };
+
+// An op whose inputs' and outputs' element types TOp lists in `static constexpr
+// ONNXTensorElementDataType kInputTypes[], kOutputTypes[]` (UNDEFINED: any, checked by the kernel),
+// constructed as OpBase. TOp adds GetName.
+template <typename TOp, typename TKernel>
+struct TypedOp : OpBase<TOp, TKernel> {
+  using OpBase<TOp, TKernel>::OpBase;
+  size_t GetInputTypeCount() const { return sizeof(TOp::kInputTypes) / sizeof(TOp::kInputTypes[0]); }
+  ONNXTensorElementDataType GetInputType(size_t index) const { return TOp::kInputTypes[index]; }
+  size_t GetOutputTypeCount() const { return sizeof(TOp::kOutputTypes) / sizeof(TOp::kOutputTypes[0]); }
+  ONNXTensorElementDataType GetOutputType(size_t index) const { return TOp::kOutputTypes[index]; }
+};
+
+constexpr ONNXTensorElementDataType kAnyType = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 
 // The op's registration for the CPU or the CUDA provider, each made once and kept for the process
 // (the CUDA one only in a build with the CUDA kernels).

@@ -3,10 +3,6 @@
 //
 //   ConvWeightGrad[kernel_shape, strides, dilations, pads](x [N, Cin, H, W], dy [N, Cout, Ho, Wo])
 //     -> dw [Cout, Cin, kh, kw]
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -21,40 +17,25 @@ constexpr const char* kName = "ConvWeightGrad";
 // Output type and shape for ORT's graph: x's element type and [Cout, Cin, kh, kw] when dy's and
 // x's channel counts and kernel_shape are known (numbers only), else the type alone.
 OrtStatusPtr InferConvWeightGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* output = nullptr;
-  auto ok = [&](OrtStatus* status) {
-    if (status == nullptr) return true;
-    api.ReleaseStatus(status);
-    return false;
-  };
-  size_t count = 0;
-  OrtTensorTypeAndShapeInfo* inputs[2] = {nullptr, nullptr};  // owned by the context
-  if (!ok(api.ShapeInferContext_GetInputCount(ctx, &count)) || count != 2) return nullptr;
+  if (ShapeInferInputCount(ctx) != 2) return nullptr;
   int64_t channels[2] = {-1, -1};
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   for (size_t k = 0; k < 2; ++k) {
-    size_t rank = 0;
-    if (!ok(api.ShapeInferContext_GetInputTypeShape(ctx, k, &inputs[k])) || inputs[k] == nullptr) return nullptr;
-    if (k == 0 && !ok(api.GetTensorElementType(inputs[k], &type))) return nullptr;
-    if (!ok(api.GetDimensionsCount(inputs[k], &rank)) || rank != 4) continue;
-    int64_t dims[4] = {0, 0, 0, 0};
-    const char* symbols[4] = {nullptr, nullptr, nullptr, nullptr};
-    if (ok(api.GetDimensions(inputs[k], dims, 4)) && ok(api.GetSymbolicDimensions(inputs[k], symbols, 4)) &&
-        dims[1] >= 0 && (symbols[1] == nullptr || symbols[1][0] == '\0')) {
-      channels[k] = dims[1];
-    }
+    std::vector<int64_t> dims;  // -1 for a symbolic dim
+    std::vector<std::string> symbols;
+    ONNXTensorElementDataType input_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (!TryShapeInferInput(ctx, k, &dims, &symbols, &input_type)) return nullptr;
+    if (k == 0) type = input_type;
+    if (dims.size() == 4 && dims[1] >= 0) channels[k] = dims[1];
   }
   if (!IsFloatOrHalf(type)) return nullptr;
   std::vector<int64_t> kernel_shape;
   const bool shaped = InferInts(ctx, "kernel_shape", &kernel_shape) && kernel_shape.size() == 2 &&
                       channels[0] >= 0 && channels[1] >= 0;
-  const int64_t shape[4] = {channels[1], channels[0], shaped ? kernel_shape[0] : 0, shaped ? kernel_shape[1] : 0};
-  if (ok(api.CreateTensorTypeAndShapeInfo(&output)) && ok(api.SetTensorElementType(output, type)) &&
-      (!shaped || ok(api.SetDimensions(output, shape, 4)))) {
-    ok(api.ShapeInferContext_SetOutputTypeShape(ctx, 0, output));
-  }
-  if (output != nullptr) api.ReleaseTensorTypeAndShapeInfo(output);
+  Quietly([&] {
+    if (!shaped) return ShapeInferOutputType(ctx, 0, type);
+    ShapeInferOutput(ctx, 0, type, {channels[1], channels[0], kernel_shape[0], kernel_shape[1]});
+  });
   return nullptr;
 }
 

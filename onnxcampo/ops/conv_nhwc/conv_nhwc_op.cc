@@ -1,10 +1,6 @@
 // The ai.onnxcampo NHWC convolution ops (conv_nhwc.h): attributes, checks, output type and shape
 // for ORT's graph, and the kernels (conv_nhwc_cpu.cc; on CUDA cuDNN through conv_grad.cu).
 // Registered with ONNXCAMPO_REGISTER_OPS.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -19,30 +15,21 @@ const char* NameOf(ConvKind kind) {
 }
 
 // The static dims of input k ({} when it is not 4-D; -1 for a symbolic or unknown dim).
-std::vector<int64_t> InferDims(const OrtApi& api, OrtShapeInferContext* ctx, size_t k, ONNXTensorElementDataType* type) {
-  OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
-  if (!Succeeded(api.ShapeInferContext_GetInputTypeShape(ctx, k, &info)) || info == nullptr) return {};
-  if (type != nullptr && !Succeeded(api.GetTensorElementType(info, type))) return {};
-  size_t rank = 0;
-  if (!Succeeded(api.GetDimensionsCount(info, &rank)) || rank != 4) return {};
-  std::vector<int64_t> dims(4, -1);
-  const char* symbols[4] = {nullptr, nullptr, nullptr, nullptr};
-  if (!Succeeded(api.GetDimensions(info, dims.data(), 4)) || !Succeeded(api.GetSymbolicDimensions(info, symbols, 4))) {
-    return {};
-  }
-  for (int d = 0; d < 4; ++d) {
-    if (symbols[d] != nullptr && symbols[d][0] != '\0') dims[d] = -1;
-  }
+std::vector<int64_t> InferDims(OrtShapeInferContext* ctx, size_t k, ONNXTensorElementDataType* type) {
+  std::vector<int64_t> dims;
+  std::vector<std::string> symbols;
+  ONNXTensorElementDataType input_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  const bool known = TryShapeInferInput(ctx, k, &dims, &symbols, &input_type);
+  if (type != nullptr) *type = input_type;
+  if (!known || dims.size() != 4) return {};
   return dims;
 }
 
 template <ConvKind kKind>
 OrtStatusPtr InferConvNhwc(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  const OrtApi& api = Ort::GetApi();
-  size_t count = 0;
-  if (!Succeeded(api.ShapeInferContext_GetInputCount(ctx, &count)) || count != 2) return nullptr;
+  if (ShapeInferInputCount(ctx) != 2) return nullptr;
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  const std::vector<int64_t> first = InferDims(api, ctx, 0, &type), second = InferDims(api, ctx, 1, nullptr);
+  const std::vector<int64_t> first = InferDims(ctx, 0, &type), second = InferDims(ctx, 1, nullptr);
   if (!IsFloatOrHalf(type)) return nullptr;
   std::vector<int64_t> kernel, strides, dilations, pads, spatial;
   InferInts(ctx, "kernel_shape", &kernel);
@@ -65,12 +52,10 @@ OrtStatusPtr InferConvNhwc(const OrtCustomOp*, OrtShapeInferContext* ctx) noexce
       shape = {second[3], kernel[0], kernel[1], first[3]};
     }
   }
-  OrtTensorTypeAndShapeInfo* output = nullptr;
-  if (Succeeded(api.CreateTensorTypeAndShapeInfo(&output)) && Succeeded(api.SetTensorElementType(output, type)) &&
-      (shape.empty() || Succeeded(api.SetDimensions(output, shape.data(), 4)))) {
-    Succeeded(api.ShapeInferContext_SetOutputTypeShape(ctx, 0, output));
-  }
-  if (output != nullptr) api.ReleaseTensorTypeAndShapeInfo(output);
+  Quietly([&] {
+    if (shape.empty()) return ShapeInferOutputType(ctx, 0, type);
+    ShapeInferOutput(ctx, 0, type, shape);
+  });
   return nullptr;
 }
 

@@ -8,10 +8,6 @@
 // element types of its heterogeneous variadic output come from `output_types` through the op's
 // shape-inference function. Also the library's entry points for the tests and scripts
 // (onnxcampo.ops.elementwise.jit): the generated kernels' statistics, grids and sources.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -92,14 +88,10 @@ std::string CheckColumnSums(const std::vector<int64_t>& sums, int64_t type, cons
            " elementwise outputs";
   }
   if (sums[1] < 1) return "column_sums' columns must be >= 1, got " + std::to_string(sums[1]);
-  if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
-    return "attribute 'column_sums_type' must be 1 (float32) or 10 (float16), got " + std::to_string(type);
-  }
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    if (d < 0) return "attribute 'column_sums_shape' must be >= 0, got " + IntsText(shape);
-    count *= d;
-  }
+  if (!IsOutputType(type)) return OutputTypeError("column_sums_type", type);
+  int64_t count = 0;
+  const std::string why = ShapeAttributeError("column_sums_shape", shape, &count);
+  if (!why.empty()) return why;
   if (count != sums[1]) {
     return "attribute 'column_sums_shape' " + IntsText(shape) + " holds " + std::to_string(count) + " elements, " +
            std::to_string(sums[1]) + " columns are summed";
@@ -372,7 +364,7 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
 // One variadic heterogeneous input (float16/float32 tensors) and one variadic heterogeneous
 // output: ORT's own type inference gives up on such outputs, InferFusedElementwise sets them.
 struct FusedElementwiseOp : OpBase<FusedElementwiseOp, FusedElementwise> {
-  explicit FusedElementwiseOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferFusedElementwise; }
+  explicit FusedElementwiseOp(bool cuda) : OpBase(cuda, InferFusedElementwise) {}
   const char* GetName() const { return kFusedElementwise; }
   size_t GetInputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }

@@ -2,10 +2,6 @@
 // for ORT's graph, and the kernels of im2col_cpu.cc / im2col.cu. Registered with ONNXCAMPO_REGISTER_OPS.
 //
 //   Im2Col[kernel_shape, strides, dilations, pads](x [N, C, H, W]) -> columns [C*kh*kw, N*Ho*Wo]
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -26,34 +22,15 @@ std::vector<int64_t> Or(std::vector<int64_t> value, bool present, std::vector<in
 // report what is wrong; ORT ignores this function's status). Only numbers are set: an invented
 // symbol could make ORT share buffers between outputs of different sizes.
 OrtStatusPtr InferIm2Col(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* input = nullptr;  // owned by the context (Ort::ShapeInferContext does not free it)
-  OrtTensorTypeAndShapeInfo* output = nullptr;
-  auto release = [&] {
-    if (output != nullptr) api.ReleaseTensorTypeAndShapeInfo(output);
-    return nullptr;
-  };
-  auto ok = [&](OrtStatus* status) {
-    if (status == nullptr) return true;
-    api.ReleaseStatus(status);
-    return false;
-  };
-  size_t count = 0;
-  if (!ok(api.ShapeInferContext_GetInputCount(ctx, &count)) || count != 1 ||
-      !ok(api.ShapeInferContext_GetInputTypeShape(ctx, 0, &input)) || input == nullptr) {
-    return release();
-  }
+  std::vector<int64_t> dims;  // -1 for a symbolic dim
+  std::vector<std::string> symbols;
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  size_t rank = 0;
-  if (!ok(api.GetTensorElementType(input, &type)) || !ok(api.GetDimensionsCount(input, &rank)) || rank != 4 ||
-      (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)) {
-    return release();
+  if (ShapeInferInputCount(ctx) != 1 || !TryShapeInferInput(ctx, 0, &dims, &symbols, &type) || dims.size() != 4 ||
+      !IsFloatOrHalf(type)) {
+    return nullptr;
   }
-  int64_t dims[4] = {0, 0, 0, 0};
-  const char* symbols[4] = {nullptr, nullptr, nullptr, nullptr};
-  if (!ok(api.GetDimensions(input, dims, 4)) || !ok(api.GetSymbolicDimensions(input, symbols, 4))) return release();
-  for (int k = 0; k < 4; ++k) {
-    if (dims[k] < 0 || (symbols[k] != nullptr && symbols[k][0] != '\0')) return release();
+  for (int64_t d : dims) {
+    if (d < 0) return nullptr;
   }
   std::vector<int64_t> kernel_shape, strides, dilations, pads;
   const bool have_kernel = InferInts(ctx, "kernel_shape", &kernel_shape);
@@ -65,14 +42,10 @@ OrtStatusPtr InferIm2Col(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept
   if (!Im2ColCheck(kernel_shape, Or(strides, have_strides, {1, 1}), Or(dilations, have_dilations, {1, 1}),
                    Or(pads, have_pads, {0, 0, 0, 0}), have_kernel, &a).empty() ||
       !Im2ColOutputSize(a, dims[2], dims[3], &ho, &wo).empty()) {
-    return release();
+    return nullptr;
   }
-  const int64_t shape[2] = {dims[1] * a.kh * a.kw, dims[0] * ho * wo};
-  if (ok(api.CreateTensorTypeAndShapeInfo(&output)) && ok(api.SetTensorElementType(output, type)) &&
-      ok(api.SetDimensions(output, shape, 2))) {
-    ok(api.ShapeInferContext_SetOutputTypeShape(ctx, 0, output));
-  }
-  return release();
+  Quietly([&] { ShapeInferOutput(ctx, 0, type, {dims[1] * a.kh * a.kw, dims[0] * ho * wo}); });
+  return nullptr;
 }
 
 struct Im2ColKernel : NodeKernel<Im2ColKernel> {
@@ -113,7 +86,7 @@ struct Im2ColKernel : NodeKernel<Im2ColKernel> {
 // One input and one output of undefined type: ORT's custom-op type inference gives the output
 // the input's type; InferIm2Col adds the shape.
 struct Im2ColCustomOp : UntypedUnaryOp<Im2ColCustomOp, Im2ColKernel> {
-  explicit Im2ColCustomOp(bool cuda) : UntypedUnaryOp(cuda) { OrtCustomOp::InferOutputShapeFn = InferIm2Col; }
+  explicit Im2ColCustomOp(bool cuda) : UntypedUnaryOp(cuda, InferIm2Col) {}
   const char* GetName() const { return kName; }
 };
 

@@ -8,10 +8,6 @@
 // node lists, and ORT's inference context does not check the index (onnxruntime 1.21 ... 1.32,
 // graph.cc InferenceContextImpl::getOutputType), so writing output 1 of a node that lists only y
 // would write past its output list. argmax's shape is y's, known at run time.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -28,23 +24,10 @@ std::string TypeText(ONNXTensorElementDataType type) { return std::to_string(sta
 
 // The dims of input k when it is a 4-D tensor ({} otherwise; -1 for an unknown or symbolic dim),
 // its element type, and the symbols of its symbolic dims ("" for the others).
-std::vector<int64_t> InferDims(const OrtApi& api, OrtShapeInferContext* ctx, size_t k, ONNXTensorElementDataType* type,
+std::vector<int64_t> InferDims(OrtShapeInferContext* ctx, size_t k, ONNXTensorElementDataType* type,
                                std::vector<std::string>* symbols) {
-  OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
-  if (!Succeeded(api.ShapeInferContext_GetInputTypeShape(ctx, k, &info)) || info == nullptr) return {};
-  if (!Succeeded(api.GetTensorElementType(info, type))) return {};
-  size_t rank = 0;
-  if (!Succeeded(api.GetDimensionsCount(info, &rank)) || rank != 4) return {};
-  std::vector<int64_t> dims(4, -1);
-  const char* names[4] = {nullptr, nullptr, nullptr, nullptr};
-  if (!Succeeded(api.GetDimensions(info, dims.data(), 4)) || !Succeeded(api.GetSymbolicDimensions(info, names, 4))) {
-    return {};
-  }
-  symbols->assign(4, "");
-  for (int d = 0; d < 4; ++d) {
-    if (names[d] != nullptr && names[d][0] != '\0') (*symbols)[d] = names[d];
-    if (!(*symbols)[d].empty()) dims[d] = -1;
-  }
+  std::vector<int64_t> dims;
+  if (!TryShapeInferInput(ctx, k, &dims, symbols, type) || dims.size() != 4) return {};
   return dims;
 }
 
@@ -63,12 +46,10 @@ bool InferAttrs(const OrtShapeInferContext* ctx, MaxPoolAttrs* a) {
 // a -1 would be read as a size, and an info without dims as a scalar's shape.
 template <bool kGrad>
 OrtStatusPtr InferMaxPool(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  const OrtApi& api = Ort::GetApi();
-  size_t count = 0;
-  if (!Succeeded(api.ShapeInferContext_GetInputCount(ctx, &count)) || count != (kGrad ? 2u : 1u)) return nullptr;
+  if (ShapeInferInputCount(ctx) != (kGrad ? 2u : 1u)) return nullptr;
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   std::vector<std::string> symbols;
-  const std::vector<int64_t> in = InferDims(api, ctx, 0, &type, &symbols);
+  const std::vector<int64_t> in = InferDims(ctx, 0, &type, &symbols);
   if (!IsFloatOrHalf(type)) return nullptr;
   std::vector<int64_t> shape;
   MaxPoolAttrs a;
@@ -86,13 +67,8 @@ OrtStatusPtr InferMaxPool(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcep
     }
   }
   if (shape.empty()) return nullptr;
-  const char* names[4] = {symbols[0].c_str(), "", "", symbols[3].c_str()};
-  OrtTensorTypeAndShapeInfo* output = nullptr;
-  if (Succeeded(api.CreateTensorTypeAndShapeInfo(&output)) && Succeeded(api.SetTensorElementType(output, type)) &&
-      Succeeded(api.SetDimensions(output, shape.data(), 4)) && Succeeded(api.SetSymbolicDimensions(output, names, 4))) {
-    Succeeded(api.ShapeInferContext_SetOutputTypeShape(ctx, 0, output));
-  }
-  if (output != nullptr) api.ReleaseTensorTypeAndShapeInfo(output);
+  const std::vector<const char*> names{symbols[0].c_str(), "", "", symbols[3].c_str()};
+  Quietly([&] { ShapeInferOutput(ctx, 0, type, shape, names); });
   return nullptr;
 }
 
@@ -202,30 +178,22 @@ struct MaxPoolNhwcGradKernel : MaxPoolKernelBase<MaxPoolNhwcGradKernel> {
 };
 
 // MaxPoolNhwc(x) -> (y, argmax): argmax optional (ORT passes a null value where it is absent).
-struct MaxPoolNhwcCustomOp : OpBase<MaxPoolNhwcCustomOp, MaxPoolNhwcKernel> {
-  explicit MaxPoolNhwcCustomOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferMaxPool<false>; }
+struct MaxPoolNhwcCustomOp : TypedOp<MaxPoolNhwcCustomOp, MaxPoolNhwcKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8};
+  explicit MaxPoolNhwcCustomOp(bool cuda) : TypedOp(cuda, InferMaxPool<false>) {}
   const char* GetName() const { return kForwardName; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  size_t GetOutputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetOutputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
     return index == 1 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
 };
 
 // MaxPoolNhwcGrad(dy, argmax) -> dx.
-struct MaxPoolNhwcGradCustomOp : OpBase<MaxPoolNhwcGradCustomOp, MaxPoolNhwcGradKernel> {
-  explicit MaxPoolNhwcGradCustomOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferMaxPool<true>; }
+struct MaxPoolNhwcGradCustomOp : TypedOp<MaxPoolNhwcGradCustomOp, MaxPoolNhwcGradKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType};
+  explicit MaxPoolNhwcGradCustomOp(bool cuda) : TypedOp(cuda, InferMaxPool<true>) {}
   const char* GetName() const { return kGradName; }
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
 ONNXCAMPO_REGISTER_OPS(max_pool, MaxPoolNhwcCustomOp, MaxPoolNhwcGradCustomOp);

@@ -12,10 +12,6 @@
 //
 // ORT's custom-op schemas allow one variadic input (the last), so each op lists its scalars
 // first and all tensors as one heterogeneous variadic input; the kernel splits that list.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -351,7 +347,7 @@ OrtStatusPtr ORT_API_CALL InferMultiTensorCast(const OrtCustomOp*, OrtShapeInfer
 // float32 tensors in, as many float16 tensors out (both variadic and homogeneous);
 // InferMultiTensorCast gives each output its input's shape.
 struct MultiTensorCastOp : OpBase<MultiTensorCastOp, MultiTensorCast> {
-  explicit MultiTensorCastOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferMultiTensorCast; }
+  explicit MultiTensorCastOp(bool cuda) : OpBase(cuda, InferMultiTensorCast) {}
   const char* GetName() const { return MultiTensorCast::kName; }
   size_t GetInputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }

@@ -9,10 +9,6 @@
 // float32, the default; 10 float16), shaped `output_shape` (default: dy's shape). ORT learns dx's
 // type and shape from the attributes and dy (InferLayerNormGrad). SoftmaxGrad: dy and y float32 or
 // float16, the same rows of `cols` elements; `scale` (default 1) multiplies dx.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -24,17 +20,10 @@ namespace {
 
 constexpr const char* kName = "LayerNormGrad";
 constexpr const char* kSoftmaxName = "SoftmaxGrad";
-constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
 struct LayerNormGradKernel : NodeKernel<LayerNormGradKernel> {
-  LayerNormGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<LayerNormGradKernel>(kName, info, cuda) {
-    output_type = IntAttribute(info, "output_type", kFloat);
-    if (output_type != kFloat && output_type != kHalf) {
-      Fail("attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
-    }
-    shape = IntsAttribute(info, "output_shape", &has_shape);
-  }
+  LayerNormGradKernel(const OrtKernelInfo* info, bool cuda)
+      : NodeKernel<LayerNormGradKernel>(kName, info, cuda), output(info, who) {}
 
   // The tensor `index` checked to be float32/float16 with `count` elements (count < 0: any).
   Ort::ConstValue Input(Ort::KernelContext& ctx, size_t index, const char* name, int64_t count, bool* half) const {
@@ -72,71 +61,51 @@ struct LayerNormGradKernel : NodeKernel<LayerNormGradKernel> {
       Ort::ConstValue acc = ctx.GetInput(4);
       if (acc != nullptr) a.acc = Input(ctx, 4, "acc", count, &a.acc_half).GetTensorRawData();
     }
-    const std::vector<int64_t> out_shape = has_shape ? shape : dy_shape;
-    int64_t out_count = 1;
-    for (int64_t d : out_shape) out_count *= d;
-    if (out_count != count) {
+    const std::vector<int64_t> out_shape = output.ShapeOr(dy_shape);
+    if (ElementCount(out_shape) != count) {
       Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's " + std::to_string(count) +
                     " elements");
     }
     a.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    a.dx_half = output_type == kHalf;
+    a.dx_half = output.half();
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return LayerNormGradCuda(a, ctx.GetGPUComputeStream());
 #endif
     LayerNormGradCpu(a, ThreadPoolRunner(ctx));
   }
 
-  int64_t output_type = kFloat;
-  bool has_shape = false;
-  std::vector<int64_t> shape;
+  OutputAttributes output;
 };
 
 // dx's type from output_type, its shape from output_shape or dy's (ORT ignores the status).
 OrtStatusPtr ORT_API_CALL InferLayerNormGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  const OrtApi& api = Ort::GetApi();
-  try {
-    int64_t output_type = kFloat;
-    if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloat;
-    if (output_type != kFloat && output_type != kHalf) return nullptr;
+  ONNXTensorElementDataType type;
+  if (!InferOutputType(ctx, &type)) return nullptr;
+  Quietly([&] {  // nothing may unwind into ORT; the kernel says what is wrong
     std::vector<int64_t> dims;
-    if (!InferInts(ctx, "output_shape", &dims)) {
-      OrtTensorTypeAndShapeInfo* dy = nullptr;  // owned by the context
-      Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, 0, &dy));
-      size_t rank = 0;
-      Ort::ThrowOnError(api.GetDimensionsCount(dy, &rank));
-      dims.resize(rank);
-      Ort::ThrowOnError(api.GetDimensions(dy, dims.data(), rank));
-    }
-    ShapeInferOutput(ctx, 0, static_cast<ONNXTensorElementDataType>(output_type), dims);
-  } catch (...) {  // nothing may unwind into ORT; the kernel says what is wrong
-  }
+    if (!InferInts(ctx, "output_shape", &dims)) dims = ShapeInferInputDims(ctx, 0);
+    ShapeInferOutput(ctx, 0, type, dims);
+  });
   return nullptr;
 }
 
 // Four inputs of any float type and an optional fifth (acc); one output typed by the inference.
-struct LayerNormGradOpType : OpBase<LayerNormGradOpType, LayerNormGradKernel> {
-  explicit LayerNormGradOpType(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferLayerNormGrad; }
+struct LayerNormGradOpType : TypedOp<LayerNormGradOpType, LayerNormGradKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, kAnyType, kAnyType, kAnyType, kAnyType};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType};
+  explicit LayerNormGradOpType(bool cuda) : TypedOp(cuda, InferLayerNormGrad) {}
   const char* GetName() const { return kName; }
-  size_t GetInputTypeCount() const { return 5; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
     return index == 4 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
 struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
-  SoftmaxGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<SoftmaxGradKernel>(kSoftmaxName, info, cuda) {
-    output_type = IntAttribute(info, "output_type", kFloat);
-    if (output_type != kFloat && output_type != kHalf) {
-      Fail("attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
-    }
+  SoftmaxGradKernel(const OrtKernelInfo* info, bool cuda)
+      : NodeKernel<SoftmaxGradKernel>(kSoftmaxName, info, cuda), output(info, who) {
     cols = IntAttribute(info, "cols", 0);
     if (cols < 1) Fail("attribute 'cols' (the softmax axis' length, >= 1) is missing or < 1");
     scale = FloatAttribute(info, "scale", 1.0f);
-    shape = IntsAttribute(info, "output_shape", &has_shape);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -153,17 +122,17 @@ struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
       Fail("dy " + ShapeText(dy_info.GetShape()) + " and y " + ShapeText(y_info.GetShape()) +
                     " must be the same rows of " + std::to_string(cols) + " elements");
     }
-    const std::vector<int64_t> out_shape = has_shape ? shape : dy_info.GetShape();
-    int64_t out_count = 1;
-    for (int64_t d : out_shape) out_count *= d;
-    if (out_count != count) Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
+    const std::vector<int64_t> out_shape = output.ShapeOr(dy_info.GetShape());
+    if (ElementCount(out_shape) != count) {
+      Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold dy's elements");
+    }
     SoftmaxGradArgs a;
     a.dy = dy.GetTensorRawData();
     a.dy_half = dy_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     a.y = y.GetTensorRawData();
     a.y_half = y_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     a.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    a.dx_half = output_type == kHalf;
+    a.dx_half = output.half();
     a.scale = scale;
     a.cols = cols;
     a.rows = count / cols;
@@ -173,21 +142,18 @@ struct SoftmaxGradKernel : NodeKernel<SoftmaxGradKernel> {
     SoftmaxGradCpu(a, ThreadPoolRunner(ctx));
   }
 
-  int64_t output_type = kFloat, cols = 0;
+  OutputAttributes output;
+  int64_t cols = 0;
   float scale = 1.0f;
-  bool has_shape = false;
-  std::vector<int64_t> shape;
 };
 
 // Two inputs of any float type, one output typed by the inference (the same function: dx is
 // shaped like the first input or output_shape).
-struct SoftmaxGradOpType : OpBase<SoftmaxGradOpType, SoftmaxGradKernel> {
-  explicit SoftmaxGradOpType(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferLayerNormGrad; }
+struct SoftmaxGradOpType : TypedOp<SoftmaxGradOpType, SoftmaxGradKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, kAnyType};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType};
+  explicit SoftmaxGradOpType(bool cuda) : TypedOp(cuda, InferLayerNormGrad) {}
   const char* GetName() const { return kSoftmaxName; }
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
 ONNXCAMPO_REGISTER_OPS(norm, LayerNormGradOpType, SoftmaxGradOpType);

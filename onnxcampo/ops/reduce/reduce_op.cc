@@ -14,10 +14,6 @@
 // compute stream like the scratch buffers of ORT's own kernels) and hands them back after the
 // launches; with the arena nothing reaches cudaMalloc once it has grown, also while a CUDA graph
 // is captured. Where ORT gives no buffer, the call runs unsplit (one kernel, less parallel).
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -36,14 +32,12 @@ void BlockReduceSumOnStream(OrtKernelContext* ctx, const OrtMemoryInfo* memory, 
 namespace {
 
 constexpr const char* kName = "BlockReduceSum";
-constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
 // The type y is written in: output_type, or float32 for a float16 y when x was planned in float16
 // (`input_type`) and arrives as float32 (ORT's CPU provider running the node in fp32).
 int64_t WrittenType(int64_t declared, ONNXTensorElementDataType actual, int64_t output_type) {
-  const bool in_float32 = declared == kHalf && actual == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-  return in_float32 && output_type == kHalf ? kFloat : output_type;
+  const bool in_float32 = declared == kHalfType && actual == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  return in_float32 && output_type == kHalfType ? kFloatType : output_type;
 }
 
 // sizes, output_type and output_shape checked as the kernel and the shape inference read them;
@@ -53,14 +47,10 @@ std::string CheckAttributes(const std::vector<int64_t>& sizes, int64_t output_ty
   for (int64_t s : sizes) {
     if (s < 0) return "attribute 'sizes' must be >= 0, got " + ShapeText(sizes);
   }
-  if (output_type != kFloat && output_type != kHalf) {
-    return "attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type);
-  }
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    if (d < 0) return "attribute 'output_shape' must be >= 0, got " + ShapeText(shape);
-    count *= d;
-  }
+  if (!IsOutputType(output_type)) return OutputTypeError("output_type", output_type);
+  int64_t count = 0;
+  const std::string why = ShapeAttributeError("output_shape", shape, &count);
+  if (!why.empty()) return why;
   if (count != sizes[1]) {
     return "attribute 'output_shape' " + ShapeText(shape) + " holds " + std::to_string(count) + " elements, Q is " +
            std::to_string(sizes[1]);
@@ -74,7 +64,7 @@ struct BlockReduceSumKernel : NodeKernel<BlockReduceSumKernel> {
     bool found = false;
     const std::vector<int64_t> sizes = IntsAttribute(info, "sizes", &found);
     if (!found) Fail("attribute 'sizes' (ints [P, Q, R]) is missing");
-    output_type = IntAttribute(info, "output_type", kFloat);  // absent: float32
+    output_type = IntAttribute(info, "output_type", kFloatType);  // absent: float32
     shape = IntsAttribute(info, "output_shape", &found);
     if (!found && sizes.size() == 3) shape = {sizes[1]};
     const std::string error = CheckAttributes(sizes, output_type, shape);
@@ -107,7 +97,7 @@ struct BlockReduceSumKernel : NodeKernel<BlockReduceSumKernel> {
     args.x = input.GetTensorRawData();
     args.x_half = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     args.y = output.GetTensorMutableRawData();
-    args.y_half = output_type == kHalf;
+    args.y_half = output_type == kHalfType;
     args.P = P, args.Q = Q, args.R = R;
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return ComputeCuda(ctx, input, args);
@@ -122,7 +112,7 @@ struct BlockReduceSumKernel : NodeKernel<BlockReduceSumKernel> {
 #endif
 
   int64_t P = 0, Q = 0, R = 0;
-  int64_t output_type = kFloat;
+  int64_t output_type = kFloatType;
   std::vector<int64_t> shape;
 };
 
@@ -137,9 +127,9 @@ OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferC
   const OrtApi& api = Ort::GetApi();
   try {
     std::vector<int64_t> sizes, shape;
-    int64_t output_type = kFloat, declared = 0;
+    int64_t output_type = kFloatType, declared = 0;
     if (!InferInts(ctx, "sizes", &sizes) || sizes.size() != 3) return nullptr;
-    if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloat;
+    if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloatType;
     if (!InferInts(ctx, "output_shape", &shape)) shape = {sizes[1]};
     if (!CheckAttributes(sizes, output_type, shape).empty()) return nullptr;
     if (InferInt(ctx, "input_type", &declared)) {
@@ -158,7 +148,7 @@ OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferC
 // One input of any type (float16 or float32, checked by the kernel) and one output whose type
 // the inference function sets.
 struct BlockReduceSumOp : UntypedUnaryOp<BlockReduceSumOp, BlockReduceSumKernel> {
-  explicit BlockReduceSumOp(bool cuda) : UntypedUnaryOp(cuda) { OrtCustomOp::InferOutputShapeFn = InferBlockReduceSum; }
+  explicit BlockReduceSumOp(bool cuda) : UntypedUnaryOp(cuda, InferBlockReduceSum) {}
   const char* GetName() const { return kName; }
 };
 

@@ -8,10 +8,6 @@
 // ORT's planner reuses a buffer only when it can tell both are of one size, and it has no shape
 // for a custom op's output), so the op declares nothing. In step graphs data is onnx-ad's zeros
 // Constant, an initializer, which ORT does not reuse anyway.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 

@@ -6,10 +6,6 @@
 // [N, S..., channels], channels >= C (default C) with zeros in the channels past C. Registered for
 // the CPU and (built with CUDA) the CUDA provider (ONNXCAMPO_REGISTER_OPS below); ORT
 // learns y's type and shape from the attributes and x's shape (InferNchwToNhwc).
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -108,7 +104,7 @@ OrtStatusPtr ORT_API_CALL InferNchwToNhwc(const OrtCustomOp*, OrtShapeInferConte
 // One input of either float type (checked by the kernel), one output whose type the inference
 // function sets.
 struct NchwToNhwcOp : UntypedUnaryOp<NchwToNhwcOp, NchwToNhwcKernel> {
-  explicit NchwToNhwcOp(bool cuda) : UntypedUnaryOp(cuda) { OrtCustomOp::InferOutputShapeFn = InferNchwToNhwc; }
+  explicit NchwToNhwcOp(bool cuda) : UntypedUnaryOp(cuda, InferNchwToNhwc) {}
   const char* GetName() const { return kName; }
 };
 

@@ -11,10 +11,6 @@
 // dimension `output_columns`), rows * output_columns elements; `output_columns` (default
 // `classes`) >= classes: each row of dx padded with zeros to it (a GEMM's padded K or N). ORT learns the outputs' types and shapes from the
 // attributes and the inputs (InferForward, InferGrad).
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-#undef ORT_API_MANUAL_INIT
-
 #include <string>
 #include <vector>
 
@@ -26,14 +22,6 @@ namespace {
 
 constexpr const char* kForwardName = "SoftmaxCrossEntropy";
 constexpr const char* kGradName = "SoftmaxCrossEntropyGrad";
-constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-
-int64_t Count(const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  return count;
-}
 
 // The rows x width view of x and the class count, checked; `classes` < 0: the attribute is absent.
 struct Rows {
@@ -49,14 +37,8 @@ Rows ReadRows(const std::string& who, const std::vector<int64_t>& x_shape, int64
     Fail(who, "attribute 'classes' (" + std::to_string(out.classes) + ") must lie in [1, " + std::to_string(out.width) +
                   "], x's last dimension; x " + ShapeText(x_shape));
   }
-  out.rows = Count(x_shape) / out.width;
+  out.rows = ElementCount(x_shape) / out.width;
   return out;
-}
-
-void CheckOutputType(const std::string& who, int64_t output_type) {
-  if (output_type != kFloat && output_type != kHalf) {
-    Fail(who, "attribute 'output_type' must be 1 (float32) or 10 (float16), got " + std::to_string(output_type));
-  }
 }
 
 void CheckFloat(const std::string& who, const char* name, ONNXTensorElementDataType type) {
@@ -74,8 +56,7 @@ void CheckLabels(const std::string& who, Ort::ConstValue& labels, int64_t rows) 
 struct ForwardKernel : NodeKernel<ForwardKernel> {
   ForwardKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<ForwardKernel>(kForwardName, info, cuda) {
     classes = IntAttribute(info, "classes", -1);
-    output_type = IntAttribute(info, "output_type", kFloat);
-    CheckOutputType(who, output_type);
+    output_type = OutputTypeAttribute(info, who);
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -93,7 +74,7 @@ struct ForwardKernel : NodeKernel<ForwardKernel> {
     args.labels = labels.GetTensorData<int64_t>();
     args.rows = rows.rows, args.width = rows.width, args.classes = rows.classes;
     args.picked = ctx.GetOutput(0, shape).GetTensorMutableRawData();
-    args.picked_half = output_type == kHalf;
+    args.picked_half = output_type == kHalfType;
     args.lse_out = ctx.GetOutput(1, shape).GetTensorMutableData<float>();
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return SoftmaxCrossEntropyCuda(args, ctx.GetGPUComputeStream());
@@ -101,15 +82,12 @@ struct ForwardKernel : NodeKernel<ForwardKernel> {
     SoftmaxCrossEntropyCpu(args, ThreadPoolRunner(ctx));
   }
 
-  int64_t classes = -1, output_type = kFloat;
+  int64_t classes = -1, output_type = kFloatType;
 };
 
 struct GradKernel : NodeKernel<GradKernel> {
-  GradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<GradKernel>(kGradName, info, cuda) {
+  GradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<GradKernel>(kGradName, info, cuda), output(info, who) {
     classes = IntAttribute(info, "classes", -1);
-    output_type = IntAttribute(info, "output_type", kFloat);
-    CheckOutputType(who, output_type);
-    shape = IntsAttribute(info, "output_shape", &has_shape);
     columns = IntAttribute(info, "output_columns", -1);
   }
 
@@ -141,12 +119,12 @@ struct GradKernel : NodeKernel<GradKernel> {
       Fail("attribute 'output_columns' (" + std::to_string(dx_width) + ") must be >= classes (" +
                     std::to_string(rows.classes) + ")");
     }
-    std::vector<int64_t> out_shape = shape;
-    if (!has_shape) {
+    std::vector<int64_t> out_shape = output.shape;
+    if (!output.has_shape) {
       out_shape = x_shape;
       out_shape.back() = dx_width;
     }
-    if (Count(out_shape) != rows.rows * dx_width) {
+    if (ElementCount(out_shape) != rows.rows * dx_width) {
       Fail("attribute 'output_shape' " + ShapeText(out_shape) + " must hold rows x " +
                     std::string(columns < 0 ? "classes" : "output_columns") + " = " +
                     std::to_string(rows.rows * dx_width) + " elements");
@@ -161,7 +139,7 @@ struct GradKernel : NodeKernel<GradKernel> {
     args.scale_half = scale_info.GetElementType() == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
     args.scale_per_row = scales != 1;
     args.dx = ctx.GetOutput(0, out_shape).GetTensorMutableRawData();
-    args.dx_half = output_type == kHalf;
+    args.dx_half = output.half();
     args.dx_width = dx_width;
 #ifdef ONNXCAMPO_WITH_CUDA
     if (cuda) return SoftmaxCrossEntropyGradCuda(args, ctx.GetGPUComputeStream());
@@ -169,105 +147,55 @@ struct GradKernel : NodeKernel<GradKernel> {
     SoftmaxCrossEntropyGradCpu(args, ThreadPoolRunner(ctx));
   }
 
-  int64_t classes = -1, output_type = kFloat, columns = -1;
-  bool has_shape = false;
-  std::vector<int64_t> shape;
+  OutputAttributes output;
+  int64_t classes = -1, columns = -1;
 };
-
-// The element type from output_type (absent: float32); false when the attribute is invalid.
-bool InferType(OrtShapeInferContext* ctx, ONNXTensorElementDataType* type) {
-  int64_t output_type = kFloat;
-  if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloat;
-  if (output_type != kFloat && output_type != kHalf) return false;
-  *type = static_cast<ONNXTensorElementDataType>(output_type);
-  return true;
-}
-
-void SetOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type,
-               const std::vector<int64_t>& dims) {
-  const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* out = nullptr;
-  Ort::ThrowOnError(api.CreateTensorTypeAndShapeInfo(&out));
-  try {
-    Ort::ThrowOnError(api.SetTensorElementType(out, type));
-    Ort::ThrowOnError(api.SetDimensions(out, dims.data(), dims.size()));
-    Ort::ThrowOnError(api.ShapeInferContext_SetOutputTypeShape(ctx, index, out));
-  } catch (...) {
-    api.ReleaseTensorTypeAndShapeInfo(out);
-    throw;
-  }
-  api.ReleaseTensorTypeAndShapeInfo(out);
-}
-
-std::vector<int64_t> InputDims(OrtShapeInferContext* ctx, size_t index) {
-  const OrtApi& api = Ort::GetApi();
-  OrtTensorTypeAndShapeInfo* info = nullptr;  // owned by the context
-  Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, index, &info));
-  size_t rank = 0;
-  Ort::ThrowOnError(api.GetDimensionsCount(info, &rank));
-  std::vector<int64_t> dims(rank);
-  Ort::ThrowOnError(api.GetDimensions(info, dims.data(), rank));
-  return dims;
-}
 
 // picked and lse shaped like labels (their dimensions as ORT knows them; -1 where it does not).
 OrtStatusPtr ORT_API_CALL InferForward(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  try {
-    ONNXTensorElementDataType type;
-    if (!InferType(ctx, &type)) return nullptr;
-    const std::vector<int64_t> dims = InputDims(ctx, 1);
-    SetOutput(ctx, 0, type, dims);
-    SetOutput(ctx, 1, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, dims);
-  } catch (...) {  // nothing may unwind into ORT; the kernel says what is wrong
-  }
+  ONNXTensorElementDataType type;
+  if (!InferOutputType(ctx, &type)) return nullptr;
+  Quietly([&] {  // nothing may unwind into ORT; the kernel says what is wrong
+    const std::vector<int64_t> dims = ShapeInferInputDims(ctx, 1);
+    ShapeInferOutput(ctx, 0, type, dims);
+    ShapeInferOutput(ctx, 1, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, dims);
+  });
   return nullptr;
 }
 
 OrtStatusPtr ORT_API_CALL InferGrad(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
-  try {
-    ONNXTensorElementDataType type;
-    if (!InferType(ctx, &type)) return nullptr;
+  ONNXTensorElementDataType type;
+  if (!InferOutputType(ctx, &type)) return nullptr;
+  Quietly([&] {
     std::vector<int64_t> dims;
     if (!InferInts(ctx, "output_shape", &dims)) {
-      dims = InputDims(ctx, 0);
+      dims = ShapeInferInputDims(ctx, 0);
       int64_t classes = 0;
-      if (dims.empty()) return nullptr;
+      if (dims.empty()) return;
       if (InferInt(ctx, "classes", &classes)) dims.back() = classes;
       if (InferInt(ctx, "output_columns", &classes)) dims.back() = classes;
     }
-    SetOutput(ctx, 0, type, dims);
-  } catch (...) {
-  }
+    ShapeInferOutput(ctx, 0, type, dims);
+  });
   return nullptr;
 }
 
 // x untyped (float32 or float16, checked by the kernel), labels int64; picked untyped (its type
 // set by InferForward), lse float32.
-struct ForwardOp : OpBase<ForwardOp, ForwardKernel> {
-  explicit ForwardOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferForward; }
+struct ForwardOp : TypedOp<ForwardOp, ForwardKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  explicit ForwardOp(bool cuda) : TypedOp(cuda, InferForward) {}
   const char* GetName() const { return kForwardName; }
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
-  size_t GetOutputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetOutputType(size_t index) const {
-    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
 };
 
 // x and scale untyped, lse float32, labels int64; dx untyped (InferGrad).
-struct GradOp : OpBase<GradOp, GradKernel> {
-  explicit GradOp(bool cuda) : OpBase(cuda) { OrtCustomOp::InferOutputShapeFn = InferGrad; }
+struct GradOp : TypedOp<GradOp, GradKernel> {
+  static constexpr ONNXTensorElementDataType kInputTypes[] = {kAnyType, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                                                              ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, kAnyType};
+  static constexpr ONNXTensorElementDataType kOutputTypes[] = {kAnyType};
+  explicit GradOp(bool cuda) : TypedOp(cuda, InferGrad) {}
   const char* GetName() const { return kGradName; }
-  size_t GetInputTypeCount() const { return 4; }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    if (index == 1) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    if (index == 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-    return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
 };
 
 ONNXCAMPO_REGISTER_OPS(xent, ForwardOp, GradOp);
