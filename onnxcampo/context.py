@@ -307,10 +307,7 @@ def written_info(ctx: GraphContext) -> dict[str, TensorInfo]:
     base = getattr(ctx, "ctx", ctx)
     found = base.__dict__.get("_written_info")
     if found is None:
-        dynamic = any(not vi.type.tensor_type.HasField("shape")
-                      or not all(d.HasField("dim_value") and d.dim_value >= 0 for d in vi.type.tensor_type.shape.dim)
-                      for vi in ir.graph_inputs(base.model) if vi.type.HasField("tensor_type"))
-        found = ir.infer_tensor_info(base.model, require_static=False)[0] if dynamic else base.info
+        found = ir.infer_tensor_info(base.model, require_static=False)[0] if ir.dynamic_inputs(base.model) else base.info
         base.__dict__["_written_info"] = found
     return found
 

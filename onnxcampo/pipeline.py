@@ -373,20 +373,13 @@ def decide_rewrites(ctx: GraphContext, chosen: Plans, decisions: dict[str, Rewri
     return Plans(chosen.plans, times, chosen.chosen, chosen.notes)
 
 
-def dynamic_inputs(model: onnx.ModelProto) -> list[str]:
-    """The graph inputs with a dim that is not a fixed positive number."""
-    return [vi.name for vi in ir.graph_inputs(model) if vi.type.HasField("tensor_type") and (
-        not vi.type.tensor_type.HasField("shape")
-        or not all(d.HasField("dim_value") and d.dim_value >= 0 for d in vi.type.tensor_type.shape.dim))]
-
-
 def _say_where_dynamic_dims_stop_them(model: onnx.ModelProto, decisions: dict[str, RewriteDecision]) -> None:
     """The rewrites act on the written model's static shapes only; a model with dynamic input dims
     keeps them (the pins of ``input_shapes`` / ``dim_values`` size the costs only), so each rewrite
     is predicted to change nothing. Say so once, with the way out, and in each decision's words."""
     unchanged = [name for name, d in decisions.items()
                  if d.prediction is not None and d.prediction.with_us == d.prediction.without_us]
-    dynamic = dynamic_inputs(model)
+    dynamic = ir.dynamic_inputs(model)
     if not unchanged or len(unchanged) != len(decisions) or not dynamic:
         return
     names, one = ", ".join(dynamic), len(dynamic) == 1
@@ -395,9 +388,9 @@ def _say_where_dynamic_dims_stop_them(model: onnx.ModelProto, decisions: dict[st
         decision = decisions[name]
         decision.why = f"{decision.why}: {words}"
     log.warning("the fused kernels and channels-last act on static shapes only: %s dynamic dims, which the "
-                "written model keeps (the pinned dims size the costs only); to let them apply, fix the dims in "
-                "the model first (python -m onnxruntime.tools.make_dynamic_shape_fixed --input_name NAME "
-                "--input_shape DIMS IN.onnx OUT.onnx), or write it fixed at the pinned dims with %s",
+                "written model keeps (the pinned dims size the costs only); to have them considered, fix the "
+                "dims in the model first (python -m onnxruntime.tools.make_dynamic_shape_fixed --input_name "
+                "NAME --input_shape DIMS IN.onnx OUT.onnx), or write it fixed at the pinned dims with %s",
                 f"input {names} has" if one else f"inputs {names} have", option("static_shapes", True))
 
 

@@ -122,10 +122,11 @@ def _blame_the_input_if_it_fails_too(source: Path, error: WrittenModelLoadError)
     it (exit 2), not an internal one about the output."""
     from onnxcampo.runtime.check import check_loads
 
+    label = "the input model"  # check_loads' message starts with it: "<label>: ONNX Runtime ... cannot load ..."
     try:
-        check_loads(source)
+        check_loads(source, label=label)
     except WrittenModelLoadError as input_error:
-        why = str(input_error).split(": ", 1)[-1].removesuffix("; nothing was written")
+        why = str(input_error).removeprefix(f"{label}: ")
         raise ModelLoadError(f"{source}: the input model does not load in ONNX Runtime either ({why}); "
                              "onnxcampo writes only models ONNX Runtime loads: nothing was written") from error
     except Exception:  # noqa: BLE001 - the input's own check failed otherwise: the written model's error stands

@@ -24,6 +24,7 @@ from onnxcampo.ir.io import (
     check_output_path,
     default_opset,
     exceeds_protobuf_limit,
+    dynamic_inputs,
     graph_inputs,
     metadata,
     name_nodes,
@@ -62,7 +63,7 @@ from onnxcampo.ir.edit import PREDICTION_KEY, PREDICTION_SLICE_KEY, ModelEdit, a
 
 __all__ = [
     "CONTROL_FLOW_ATTRS", "PREDICTION_KEY", "PREDICTION_SLICE_KEY", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "StagedModel", "TensorInfo", "attribute", "check_dim_names", "check_model", "check_output_path",
-    "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "graph_inputs", "graph_key",
+    "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "dynamic_inputs", "graph_inputs", "graph_key",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
     "outer_scope_names", "pin_input_shapes", "read_model", "record_value_infos", "save_model", "set_metadata", "skeleton", "static_shape",
     "subgraph_node_names", "symbolic_dims", "tensor_dtype", "to_graphsurgeon", "toposort", "toposort_model", "without_weights", "write_bytes_atomically",

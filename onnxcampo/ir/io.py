@@ -370,6 +370,14 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [vi for vi in model.graph.input if vi.name not in initializers]
 
 
+def dynamic_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs (:func:`graph_inputs`, tensors) without a static shape: no shape, or a dim
+    that is not a fixed number (0 included: a zero-size dim is a dim)."""
+    return [vi.name for vi in graph_inputs(model) if vi.type.HasField("tensor_type") and (
+        not vi.type.tensor_type.HasField("shape")
+        or not all(d.HasField("dim_value") and d.dim_value >= 0 for d in vi.type.tensor_type.shape.dim))]
+
+
 def check_output_path(output: str | os.PathLike, input_path: Path | None, *,
                       taken: tuple[str | os.PathLike, ...] = ()) -> Path:
     """``output`` as a path onnxcampo can write, checked before any work; else one

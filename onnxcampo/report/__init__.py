@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from onnxcampo import __version__
+from onnxcampo import __version__, oplists
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import command_line_text
 from onnxcampo.plan import Precision, PrecisionPlan, Reason
@@ -16,7 +16,7 @@ from onnxcampo.plan import Precision, PrecisionPlan, Reason
 # The report's layout: raised when a key changes meaning or goes (new keys keep it).
 SCHEMA_VERSION = 2
 
-VIEW_OPS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})  # oplists.ALIASED's views
+VIEW_OPS = oplists.ALIASED - {"Constant"}  # views: ORT aliases their output to their input
 OTHER_NODES = {Reason.NO_FLOAT: "shape_arithmetic", Reason.CONSTANT: "constants"}
 
 

@@ -92,10 +92,7 @@ from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.ops.elementwise import Op
 from onnxcampo.plan import Precision
 from onnxcampo.rewrites import reductions
-from onnxcampo.rewrites.matcher import GraphView, Miss, first_match
-from onnxcampo.rewrites.reductions import (
-    MOVES as VIEWS,  # what fuse_reductions folds before a BlockReduceSum
-)
+from onnxcampo.rewrites.matcher import VIEWS, GraphView, Miss, first_match  # VIEWS: what fuse_reductions folds
 
 if TYPE_CHECKING:
     from onnxcampo.estimate import RewritePrediction

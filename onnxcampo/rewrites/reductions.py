@@ -61,7 +61,7 @@ from onnx import TensorProto
 
 from onnxcampo import ir, oplists
 from onnxcampo.plan import Precision
-from onnxcampo.rewrites.matcher import FLOATS, VIEWS, GraphView, reduce_axes
+from onnxcampo.rewrites.matcher import FLOATS, VIEWS, GraphView
 from onnxcampo.training.simplify import _split_sizes
 
 if TYPE_CHECKING:
@@ -71,7 +71,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MOVES = VIEWS  # views: the elements in their order
 
 
 @dataclass
@@ -292,4 +291,4 @@ def reads_cast(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) 
                                  and precision_of(n.name) is Precision.FP32 for n in readers)
 
 
-__all__ = ["MOVES", "ReductionFusionResult", "fuse_reductions", "reduce_axes"]
+__all__ = ["ReductionFusionResult", "fuse_reductions"]

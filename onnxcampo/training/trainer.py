@@ -56,8 +56,8 @@ PARTIAL_BATCH = ("error", "drop")
 def dynamic_inputs(model: onnx.ModelProto) -> list[str]:
     """The graph inputs without a static shape (a dim that is not a positive number, or no
     shape at all), as ``name dtype[dims]``."""
-    return [f"{spec.name} {spec.text()}" for spec in input_specs(model).values()
-            if spec.dims is None or None in spec.dims]
+    specs = input_specs(model)
+    return [f"{name} {specs[name].text()}" for name in ir.dynamic_inputs(model) if name in specs]
 
 
 def _listed(names: list[str]) -> str:
