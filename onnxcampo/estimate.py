@@ -254,7 +254,7 @@ def casts_time(ctx: GraphContext, tensors: Iterable[gs.Tensor], precision_of: Pr
     """The Casts the tensors need and their time; with ``fuse_elementwise`` the Casts that fold
     into a fused kernel cost their memory share only and are not counted as launches."""
     total, count = 0.0, 0
-    folding, reducing = fusion_costed(ctx)
+    folding, reducing = elementwise.costed(ctx), reductions.costed(ctx)
     for tensor in tensors:
         casts = tensor_casts(ctx, tensor, precision_of)
         if not casts:
@@ -283,14 +283,6 @@ def _produced_fp16(ctx: GraphContext, tensor: gs.Tensor, precision_of: Precision
     producer = ctx.producer(tensor)
     return producer is not None and precision_of(producer.name) is Precision.FP16
 
-
-def fusion_costed(ctx: GraphContext) -> tuple[bool, bool]:
-    """(``fuse_elementwise``, ``fuse_reductions``) as the plan is costed: both off for the
-    fusion-blind plan (``plan_for_fusion=False``), whose passes still run after it."""
-    return elementwise.costed(ctx), reductions.costed(ctx)
-
-
-# --- the fused elementwise groups -------------------------------------------------------------
 
 def _fused_member(ctx: GraphContext, node: gs.Node) -> elementwise.FusedMember | None:
     if not elementwise.costed(ctx):
