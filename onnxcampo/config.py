@@ -94,6 +94,10 @@ class ExperimentalOptions:
             would: the rewrites act on static shapes only, so a model with a dynamic batch gets
             them (and runs at the pinned shapes only). Off by default: the written model keeps the
             input's interface.
+        attention_bias: with ``fuse``, a BERT Attention's 2-D padding mask becomes an additive
+            attention bias (the same for any mask; ORT's CUDA kernel then runs memory-efficient
+            attention: ``onnxcampo.rewrites.attention_mask``). ``False`` keeps the raw mask, the
+            unfused attention path.
     """
 
     compare_plans: bool = True
@@ -108,6 +112,7 @@ class ExperimentalOptions:
     channels_last_stem: int = 4
     check_invariants: bool = False
     static_shapes: bool = False
+    attention_bias: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -261,7 +261,9 @@ def summary(report: dict, output: Path | None) -> str:
     fused = report.get("fuse") or {}
     if fused.get("model_type"):
         lines.append(f"fused as {fused['model_type']} by ONNX Runtime's transformers optimizer before planning (--fuse "
-                     f"{fused['mode']}): " + ", ".join(f"{count} {op}" for op, count in fused["ops"].items()))
+                     f"{fused['mode']}): " + ", ".join(f"{count} {op}" for op, count in fused["ops"].items())
+                     + (f"; the padding mask as an attention bias in {fused['attention_bias']} Attention"
+                        if fused.get("attention_bias") else ""))
     for note in report.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -46,7 +46,9 @@ will run. The rule, case by case:
    then detects them itself, which it does not on these exports).
 6. Fusion options: ORT's for the model type, with the choices that keep the graph's meaning on
    the GPU: the raw 2-D attention mask (the BERT default, a mask index, assumes right-side
-   padding), exact Gelu (no tanh approximation), no int8 QOrdered ops. ``opt_level=0``: only the
+   padding), then given to each BERT Attention as an additive attention bias, which means the
+   same and lets ORT's CUDA kernel run memory-efficient attention (:mod:`.attention_mask`;
+   experimental ``attention_bias=false`` keeps the raw mask), exact Gelu (no tanh approximation), no int8 QOrdered ops. ``opt_level=0``: only the
    Python fusions run, no ORT session optimizes (or writes initializers into) the graph.
 7. The fused model keeps the input's IR version, opset imports (com.microsoft is declared when
    used), producer, graph inputs and outputs (if the optimizer changed one, or fused nothing, its
@@ -81,6 +83,7 @@ from onnxcampo import oplists
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, UnsupportedModelError, option
 from onnxcampo.ir.topology import toposort_model
+from onnxcampo.rewrites import attention_mask
 from onnxcampo.training import scaling
 
 log = logging.getLogger(__name__)
@@ -211,6 +214,7 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig, *,
         log.warning("fuse: %s as %s; the graph is planned unfused", problem, model_type)
         return model, _left_alone(mode, problem)
     _restore_model_fields(fused, before)
+    biased = attention_mask.mask_as_bias(fused) if config.experimental.attention_bias else 0
     ir.name_nodes(fused)
     toposort_model(fused)
     invalid = _checker_problem(fused)
@@ -222,11 +226,11 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig, *,
         return model, _left_alone(mode, invalid)
     shaped = _add_planning_shapes(fused, config)
     seconds = time.perf_counter() - start
-    log.info("fuse: %s (%s heads, hidden size %s): %s; %d fused outputs shaped for planning (%.1f s)", model_type,
-             num_heads or "ORT-detected", hidden_size or "ORT-detected",
-             ", ".join(f"{count} {op}" for op, count in ops.items()), shaped, seconds)
+    log.info("fuse: %s (%s heads, hidden size %s): %s; %d with the mask as an attention bias; %d fused outputs "
+             "shaped for planning (%.1f s)", model_type, num_heads or "ORT-detected", hidden_size or "ORT-detected",
+             ", ".join(f"{count} {op}" for op, count in ops.items()), biased, shaped, seconds)
     return fused, {"mode": mode, "model_type": model_type, "num_heads": num_heads, "hidden_size": hidden_size,
-                   "ops": ops, "seconds": round(seconds, 3)}
+                   "ops": ops, "attention_bias": biased, "seconds": round(seconds, 3)}
 
 
 class _Kept:
