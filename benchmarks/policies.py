@@ -56,7 +56,8 @@ Inference (ONNX Runtime):
     campo-auto, campo-auto-graph  campo with the three rewrites left to optimize's default
                     (``fuse_elementwise``, ``fuse_reductions``, ``channels_last`` None: decided by
                     their predicted cost where the library's CUDA kernels run), plain and replayed:
-                    what the prediction chose, beside campo-fused(-cl)(-graph)
+                    what the prediction chose, beside campo-fused(-cl)(-graph); campo-auto-rawmask the
+                    same with a BERT Attention's raw padding mask (``attention_bias=False``)
 Training (step graphs from ``build_train_step``; fp32 variants are the step graph unoptimized):
     fp32, fp32-notf32, amp, fp16, campo, campo-nopad, campo-nocost, campo-fused, campo-reduce
     (``--fuse-reductions`` alone)
@@ -104,7 +105,7 @@ STEP_OPTIONS = {"campo-fused-cudnn-graph": {"conv_weight_grad": "cudnn"},
 CUDA_OPTIONS = {"campo-fused-nhwc-graph": {"prefer_nhwc": "1"}}
 INFERENCE_POLICIES = ("fp32", "fp32-notf32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp", "fp16",
                       "campo", "campo-nopad", "campo-nocost", "campo-tune", "campo-calib", "campo-fused", "campo-reduce",
-                      "campo-fused-cl", "campo-auto", *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
+                      "campo-fused-cl", "campo-auto", "campo-auto-rawmask", *(p for p in GRAPH_POLICIES if p not in STEP_OPTIONS and p not in CUDA_OPTIONS))
 TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-compile-amp",
                   "torch-eager-cl", "torch-eager-amp-cl", "torch-compile-cl", "torch-compile-amp-cl",
                   "torch-compile-graph", "torch-compile-graph-amp", "torch-compile-graph-cl",
@@ -180,6 +181,8 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              "campo-ew-graph": {"policy": "campo", "execution": "cuda-graph", "fuse_elementwise": True},
              # the rewrites left to optimize's default: decided by their predicted cost (AUTO)
              "campo-auto": {"policy": "campo", **AUTO},
+             # the same with a BERT Attention's raw padding mask (attention_bias=False): their A/B
+             "campo-auto-rawmask": {"policy": "campo", "experimental": {"attention_bias": False}, **AUTO},
              "campo-auto-graph": {"policy": "campo", "execution": "cuda-graph", **AUTO}}
 # The fusions are named by each variant: optimize's default (on for a training step where the
 # fused CUDA kernels are) would otherwise turn the unfused variants and the amp/fp16 anchors into
@@ -347,6 +350,8 @@ def run_onnxcampo(policy: str, source: Path, target: Path, shapes: dict[str, tup
             "predicted_plan_us": ((report.get("predicted_us") or {}).get(options["policy"]) or {}).get("total_us"),
             "plan_for_fusion": options.get("experimental", {}).get("plan_for_fusion", True),
             **({"channels_last": report["channels_last"]} if "channels_last" in report else {}),
+            # each rewrite's decision, who made it and its predicted totals with and without it
+            **({"rewrites": report["rewrites"]} if report.get("rewrites") else {}),
             **({"predicted_fusion": report["predicted_fusion"]} if "predicted_fusion" in report else {}),
             "casts_inserted": report.get("casts_inserted"), "pads_inserted": report.get("pads_inserted"),
             "cost_model": (report.get("cost_model") or {}).get("name"),

@@ -25,17 +25,19 @@ from onnxcampo.benchmarks import models as bench_models
 from onnxcampo.benchmarks import policies as pol
 
 
-def op_times(trace: str) -> tuple[dict[str, float], dict[str, int]]:
-    """Kernel us per run and kernels per run by "OpType dtype" (first input's dtype)."""
+def op_times(trace: str) -> tuple[dict[str, float], dict[str, int], dict[str, float]]:
+    """Kernel us per run and kernels per run by "OpType dtype" (first input's dtype), and kernel us
+    per run by node (the executed graph's node names: ORT's fusions keep their first node's)."""
     events, runs = m.kernel_events(trace)
-    us, count = defaultdict(float), defaultdict(int)
+    us, count, nodes = defaultdict(float), defaultdict(int), defaultdict(float)
     for event in events:
         args = event.get("args", {})
         first = m.first_shape(args.get("input_type_shape"))
         key = f"{args.get('op_name', '?')} {first[0] if first else ''}".strip()
         us[key] += float(event.get("dur", 0)) / runs
         count[key] += 1
-    return dict(us), {k: round(v / runs) for k, v in count.items()}
+        nodes[str(event.get("name", "?")).removesuffix("_kernel_time")] += float(event.get("dur", 0)) / runs
+    return dict(us), {k: round(v / runs) for k, v in count.items()}, dict(nodes)
 
 
 def profile(model: str, batch: int, policies: list[str], provider: str, directory: Path) -> dict:
@@ -47,11 +49,13 @@ def profile(model: str, batch: int, policies: list[str], provider: str, director
             path, info = pol.make_variant(policy, built.path, target, built.feeds, built.input_shapes, provider=provider)
             runner = m.bound(path, built.feeds, provider=provider, tf32=pol.tf32_of(policy))
             blocks = m.timed_blocks(runner, warmup=10, blocks=7, per_block=20)
-            us, count = op_times(m.profile_runs(path, built.feeds, provider=provider, directory=directory,
-                                                tf32=pol.tf32_of(policy)))
+            us, count, nodes = op_times(m.profile_runs(path, built.feeds, provider=provider, directory=directory,
+                                                       tf32=pol.tf32_of(policy)))
             out["policies"][policy] = {"ms": m.median(blocks), "kernel_us": round(sum(us.values()), 1),
                                        "op_us": {k: round(v, 2) for k, v in us.items()}, "op_count": count,
-                                       "chosen_plan": info.get("chosen_plan")}
+                                       "node_us": {k: round(v, 2) for k, v in nodes.items()},
+                                       "chosen_plan": info.get("chosen_plan"),
+                                       "predicted_us": info.get("predicted_plan_us"), "rewrites": info.get("rewrites")}
         except Exception as exc:  # noqa: BLE001 - a failed variant is reported, the others still run
             out["policies"][policy] = {"error": f"{exc.__class__.__name__}: {str(exc)[:300]}"}
         finally:

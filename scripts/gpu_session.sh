@@ -27,6 +27,10 @@
 #   defaults inference with default options against the anchors (fp32, ORT's fp16 converter, ORT's
 #            transformers optimizer + fp16, ModelOpt), plain and replayed, on BERT, GPT-2,
 #            ResNet-50, the odd MLP and three corpus models (BENCH_MODELS narrows them)        (~10 min)
+#   profile  per-kernel and per-node times of several variants of one model (the benchmarks'
+#            profile-variants), with each variant's predicted time and rewrite decisions;
+#            PROFILE_CASES="model:batch:policy,policy ..." (default: BERT b32 and ResNet-50 b64,
+#            the anchors against campo's defaults), JSON in $OUT/profile/              (~4 min)
 #   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
 #            cases with no sample (costdb/data/raw/harvested-cases.json); copy
 #            $OUT/costs/nvidia-h200.jsonl over costdb/data/raw/ and refit (`onnxcampo costdb fit
@@ -111,6 +115,17 @@ run_defaults() {
     --policies "${BENCH_POLICIES:-fp32,fp32-graph,fp16-graph,ort-fp16,ortopt-fp16,modelopt,campo,campo-graph}"
 }
 
+run_profile() {
+  # PROFILE_CASES: "model:batch:policy,policy ..." (space-separated cases)
+  local cases=${PROFILE_CASES:-"bert:32:ortopt-fp16,campo-auto,campo-auto-rawmask,fp16 resnet50:64:ort-fp16,fp16,campo-auto,campo-fused-cl"}
+  local case model batch policies
+  for case in $cases; do
+    IFS=: read -r model batch policies <<<"$case"
+    stage profile 300 python3 -P -m onnxcampo.benchmarks profile-variants --model "$model" --batch "$batch" \
+      --policies "$policies" --wheels "$WHEELS" --out "$OUT/profile/$model-b$batch.json"
+  done
+}
+
 run_costs() {
   stage costs 120 python3 -P -m onnxcampo.benchmarks fused-elementwise-costs --out "$OUT/costs/fused_elementwise_costs.json"
   # the cost database's grid cases not measured yet (the samples file resumes: only those run)
@@ -187,12 +202,13 @@ for name in "$@"; do
     calibrate) run_calibrate ;;
     defaults) run_defaults ;;
     costs) run_costs ;;
+    profile) run_profile ;;
     bench) run_bench ;;
     loss) run_loss ;;
     rotate) run_rotate ;;
     targets) run_targets ;;
     infer) run_infer ;;
     finetune) run_finetune ;;
-    *) echo "unknown stage $name (checks, policies, calibrate, defaults, costs, bench, rotate, targets, loss, infer, finetune)" >&2; exit 2 ;;
+    *) echo "unknown stage $name (checks, policies, calibrate, defaults, profile, costs, bench, rotate, targets, loss, infer, finetune)" >&2; exit 2 ;;
   esac
 done
