@@ -713,7 +713,8 @@ def _all_nodes(graph: onnx.GraphProto):
 # Passes on the written model: loss scaling and int8_avg rewrite a model file (loss scaling is
 # also what read_executed_graph costs a mixed step with, on a copy of the input model), and the
 # fusions must see what loss scaling adds; the annotation sees every node.
-FINISHING = (KeepStartingWeights(), Int8Avg(), AddLossScaling(), ChannelsLast(), FuseReductions(), FuseElementwise(),
+# the starting weights go back last: no node reads them, and the rewrites drop what no node reads
+FINISHING = (Int8Avg(), AddLossScaling(), ChannelsLast(), FuseReductions(), FuseElementwise(), KeepStartingWeights(),
              AnnotateNodes())
 
 

@@ -265,6 +265,9 @@ def _replace(view: _FusionView, replaced: list[tuple[_Group, onnx.NodeProto]], r
     kept_info = [v for v in model.graph.value_info if v.name not in gone]
     del model.graph.value_info[:]
     model.graph.value_info.extend(kept_info)
+    # the scalar constants the programs folded in: no node reads them any more
+    declared = {i.name for i in model.graph.input}
+    view.edit.drop_unread({i for group, _ in replaced for n in group.nodes for i in n.input if i and i not in declared})
     op_nodes.import_domain(model)
     for group, _ in replaced:
         result.groups += 1

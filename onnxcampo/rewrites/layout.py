@@ -114,6 +114,14 @@ def to_logical_perm(rank: int, c: int) -> list[int]:
     return [i if i < c else rank - 1 if i == c else i - 1 for i in range(rank)]
 
 
+def same_bytes(shape: list[int], perm: list[int]) -> bool:
+    """Whether transposing a tensor of ``shape`` by ``perm`` leaves its bytes in place (a Reshape
+    does it): the axes longer than 1 keep their order. Axes are compared, not their lengths: a
+    [16, 3, 3, 3] filter moved to [16, 3, 3, 3] channels-last is a real transpose."""
+    moved = [axis for axis in perm if shape[axis] != 1]
+    return moved == sorted(moved)
+
+
 def physical_shape(shape, c: int) -> list[int]:
     return [int(shape[p]) for p in to_physical_perm(len(shape), c)]
 
@@ -653,7 +661,7 @@ class _Layout:
                 self.add("Reshape", [name, self.constant(np.array(logical, np.int64), "shape")], source)
                 self.record(source, self.dtype(name), logical)
             out = self.edit.fresh("nhwc")
-            if [d for d in logical if d != 1] == [d for d in target if d != 1]:  # the same bytes
+            if same_bytes(logical, to_physical_perm(len(logical), c)):
                 self.add("Reshape", [source, self.constant(np.array(target, np.int64), "shape")], out)
             else:
                 self.add("Transpose", [source], out, perm=to_physical_perm(len(logical), c))
@@ -678,8 +686,7 @@ class _Layout:
     def filter_move(self, source: str, target: str, shape: list[int], perm: list[int]) -> None:
         """``target`` (shaped ``shape``) = ``source`` between [Cout, Cin, kh, kw] and [Cout, kh, kw,
         Cin]: a Reshape for a 1x1 filter (the same bytes), else a Transpose."""
-        kept = [shape[k] for k in sorted(range(4), key=lambda k: perm[k]) if shape[k] != 1]  # source's dims in order
-        if kept == [d for d in shape if d != 1]:
+        if same_bytes([shape[perm.index(axis)] for axis in range(4)], perm):  # the source's shape
             self.add("Reshape", [source, self.constant(np.array(shape, np.int64), "shape")], target)
         else:
             self.add("Transpose", [source], target, perm=perm)

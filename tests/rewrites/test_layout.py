@@ -554,3 +554,18 @@ def test_a_training_step_converts_a_depthwise_forward_and_keeps_its_input_gradie
             ir.attribute(n, "group", 1) != 1] == [32]
     _assert_close(_outputs(step, feeds), want)
     assert ops["ConvNhwc"] == 8
+
+
+@pytest.mark.parametrize("shape, perm, same", [
+    ([16, 3, 3, 3], [0, 2, 3, 1], False),   # a stem's 3x3 filter of 3 channels: lengths alike, axes moved
+    ([16, 1, 1, 8], [0, 2, 3, 1], True),    # a 1x1 filter: the same bytes
+    ([8, 16, 16, 16], [0, 2, 3, 1], False),  # an activation whose channels equal its height and width
+    ([8, 16, 1, 1], [0, 2, 3, 1], True),
+    ([1, 1, 5, 5], [0, 2, 3, 1], True),
+])
+def test_a_layout_move_is_a_reshape_only_when_the_axes_keep_their_order(shape, perm, same):
+    from onnxcampo.rewrites.layout import same_bytes
+
+    assert same_bytes(shape, perm) is same
+    moved = np.arange(np.prod(shape)).reshape(shape).transpose(perm)
+    assert np.array_equal(moved.ravel(), np.arange(moved.size)) is same
