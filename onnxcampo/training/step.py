@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.training.scatter import fuse_scatter_add
 from onnxcampo.training.simplify import ALIAS_RULES, CONV_WEIGHT_GRADS, simplify_backward
 from onnxcampo.training.train_mode import DROPOUT_SEED, RUNNING_KEY, TrainModeRewrite, apply_train_mode, running_stats
-from onnxcampo.training.trainable import (check_trainable, forget_declared_shapes, constants_to_initializers,
-                                          forward_values, select_trainable)
+from onnxcampo.training.trainable import (TrainableSelection, check_trainable, forget_declared_shapes,
+                                          constants_to_initializers, forward_values, select_trainable,
+                                          shared_parameter_warnings, tie_transposed)
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +264,15 @@ def _lift_weights(model: onnx.ModelProto, freeze: str | None, prediction: str | 
     """Move the trainable initializers (those with a gradient path to ``prediction``) to graph
     inputs; returns their names and initial values."""
     selection = select_trainable(model, freeze=freeze, prediction=prediction)
-    model.metadata_props.add(key=FROZEN_KEY, value=selection.summary())  # read back by the CLI
-    trainable = set(selection.weights)
+    weights = list(selection.weights)
+    sizes = {t.name: math.prod(t.dims) for t in model.graph.initializer}
+    tied = tie_transposed(model, weights)
+    if tied:
+        selection = TrainableSelection(tuple(weights), selection.frozen, selection.values - sum(sizes[n] for n in tied))
+    shared_parameter_warnings(model, weights)
+    summary = selection.summary() + (f"; {len(tied)} tied to another's transpose" if tied else "")
+    model.metadata_props.add(key=FROZEN_KEY, value=summary)  # read back by the CLI
+    trainable = set(weights)
     lifted = [t for t in model.graph.initializer if t.name in trainable]
     # old exporters list initializers as inputs too; frozen ones must stay plain constants
     initializers = {t.name for t in model.graph.initializer}
@@ -274,7 +283,7 @@ def _lift_weights(model: onnx.ModelProto, freeze: str | None, prediction: str | 
     model.graph.input.extend(helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims)) for t in lifted)
     model.graph.ClearField("initializer")
     model.graph.initializer.extend(frozen)
-    return list(selection.weights), lifted
+    return weights, lifted
 
 
 def _warn_if_normalized_twice(model: onnx.ModelProto, prediction: str, loss: str) -> None:

@@ -22,8 +22,22 @@ reason reported):
    first output, or the one `build_train_step(output=)` names): it feeds only shape arithmetic, comparisons, integer casts or other outputs.
 6. ``formula-constant``: it holds one element and no consumer reads it as a layer's weight or
    bias (``LAYER_SLOTS``): an epsilon, a scale factor such as GELU's 0.5, a clamp bound.
+7. ``mask``: every value is 0 or a large negative number (<= -1e4, -inf included): an attention
+   mask an exporter folded into a constant (torch.onnx's dynamo exporter does, for GPT-2).
+8. ``folded-input``: a model of token inputs (an integer input ``[batch, sequence]``) and an
+   initializer ``[1 or batch, sequence, ...]``: a value computed from the positions of this input
+   shape and folded by the exporter (a position embedding already gathered, a mask), not a
+   parameter of the module.
 
-Everything else is a weight.
+Everything else is a weight. Rules 7 and 8 are warned about, once, naming the tensors and
+:func:`onnxcampo.training.export`, which exports without folding.
+
+Two more things exporters do are handled where the weights are lifted (:func:`tie_transposed`,
+:func:`shared_parameter_warnings`): the TorchScript exporter writes a tied output projection (GPT-2's
+LM head, the token embedding transposed) as an initializer of its own, which would then train
+apart from the embedding: an initializer exactly the transpose of another trainable one becomes a
+Transpose of it. And it merges parameters of equal value (fresh LayerNorm scales, zero biases) into
+one initializer that many layers read: they would train as one; this is warned about.
 """
 
 from __future__ import annotations
@@ -34,7 +48,8 @@ import re
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import TensorProto, helper
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir
 from onnxcampo.errors import ConfigError, UnsupportedModelError, option
@@ -104,12 +119,21 @@ class TrainableSelection:
     weights: tuple[str, ...]
     frozen: dict[str, str] = field(default_factory=dict)
 
+    values: int = 0  # elements of the trainable weights
+
     def summary(self) -> str:
         counts: dict[str, int] = {}
         for reason in self.frozen.values():
             counts[reason] = counts.get(reason, 0) + 1
         kept = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items())) or "none"
-        return f"{len(self.weights)} weights trainable; frozen: {kept}"
+        return f"{len(self.weights)} weights trainable ({_count(self.values)} values); frozen: {kept}"
+
+
+def _count(values: int) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if values >= size:
+            return f"{values / size:.1f}{unit}"
+    return str(values)
 
 
 def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
@@ -125,6 +149,7 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
     reaching = _reaching(graph, prediction)
     weights: list[str] = []
     frozen: dict[str, str] = {}
+    token_shapes = _token_input_shapes(graph)
     for tensor in graph.initializer:
         name = tensor.data_type == TensorProto.FLOAT and len(tensor.dims) > 0 and tensor.name
         if not name:
@@ -143,6 +168,10 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
         if reason is None and math.prod(tensor.dims) == 1 \
                 and not any(slot in LAYER_SLOTS.get(n.op_type, ()) for n, slot in uses):
             reason = "formula-constant"
+        if reason is None and _is_mask(tensor):
+            reason = "mask"
+        if reason is None and _folded_from_input(tensor, token_shapes):
+            reason = "folded-input"
         if reason is None:
             weights.append(name)
         else:
@@ -153,9 +182,105 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
             log.warning("freezing the weights of %d %s layers (onnx-ad cannot differentiate them with "
                         "respect to the weight; their biases still train): %s", len(names), label,
                         ", ".join(names[:5]) + (" ..." if len(names) > 5 else ""))
-    selection = TrainableSelection(tuple(weights), frozen)
+    folded = [n for n, r in frozen.items() if r in ("mask", "folded-input")]
+    if folded:
+        log.warning("not training %d constants the exporter folded (%s): %s; they are no parameters of the module, "
+                    "or parameters it folded; onnxcampo.training.export exports a module without folding",
+                    len(folded), "attention masks or values computed from the input's positions",
+                    ", ".join(folded[:5]) + (" ..." if len(folded) > 5 else ""))
+    sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
+    selection = TrainableSelection(tuple(weights), frozen, sum(sizes[w] for w in weights))
     log.info("%s", selection.summary())
     return selection
+
+
+MASK_FLOOR = -1e4  # a mask's dropped positions: -10000 (BERT), finfo.min, -inf
+
+
+def _is_mask(tensor: onnx.TensorProto) -> bool:
+    """Every value 0 or <= MASK_FLOOR, at least one of each: an additive attention mask."""
+    if math.prod(tensor.dims) < 2:
+        return False
+    value = numpy_helper.to_array(tensor)
+    dropped = value <= MASK_FLOOR
+    return bool(dropped.any()) and bool(np.all(dropped | (value == 0)))
+
+
+def _token_input_shapes(graph: onnx.GraphProto) -> list[tuple[int, int]]:
+    """``(batch, sequence)`` of each static 2-D integer graph input (token ids, masks)."""
+    initializers = {t.name for t in graph.initializer}
+    shapes = []
+    for vi in graph.input:
+        tensor_type = vi.type.tensor_type
+        if vi.name in initializers or tensor_type.elem_type not in (TensorProto.INT64, TensorProto.INT32):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tensor_type.shape.dim]
+        if len(dims) == 2 and all(d > 0 for d in dims):
+            shapes.append((dims[0], dims[1]))
+    return shapes
+
+
+def _folded_from_input(tensor: onnx.TensorProto, token_shapes: list[tuple[int, int]]) -> bool:
+    dims = list(tensor.dims)
+    return len(dims) >= 2 and any(dims[1] == sequence > 1 and dims[0] in (1, batch) for batch, sequence in token_shapes)
+
+
+def tie_transposed(model: onnx.ModelProto, weights: list[str]) -> dict[str, str]:
+    """Each 2-D trainable initializer that is exactly the transpose of another one (the
+    TorchScript exporter's tied LM head) becomes a Transpose of that one, in place; returns
+    ``{removed: kept}``. ``weights`` loses the removed names."""
+    graph = model.graph
+    tensors = {t.name: t for t in graph.initializer if t.name in set(weights) and len(t.dims) == 2}
+    by_shape: dict[tuple[int, int], list[str]] = {}
+    for name, tensor in tensors.items():
+        by_shape.setdefault(tuple(tensor.dims), []).append(name)
+    tied: dict[str, str] = {}
+    for name in weights:  # the first of a pair (in model order) is kept
+        tensor = tensors.get(name)
+        if tensor is None or name in tied:
+            continue
+        rows, columns = tensor.dims
+        if rows == columns:
+            continue  # a square matrix and its transpose: no exporter writes that for a tie
+        for other in by_shape.get((columns, rows), []):
+            if other in tied or other in tied.values():
+                continue
+            if np.array_equal(numpy_helper.to_array(tensors[other]), numpy_helper.to_array(tensor).T):
+                tied[other] = name
+                break
+    if not tied:
+        return {}
+    for removed, kept in tied.items():
+        graph.node.insert(0, helper.make_node("Transpose", [kept], [removed], name=f"{removed}/tied", perm=[1, 0]))
+        weights.remove(removed)
+    initializers = [t for t in graph.initializer if t.name not in tied]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    log.info("tied %d initializers to the transpose of another weight (a tied output projection the exporter "
+             "wrote apart): %s", len(tied), ", ".join(f"{a} = {b}^T" for a, b in list(tied.items())[:3]))
+    return tied
+
+
+SHARED_SLOT_READERS = 4  # a tensor read in a parameter's slot by this many nodes of one kind is warned about
+
+
+def shared_parameter_warnings(model: onnx.ModelProto, weights: list[str]) -> list[str]:
+    """Warn about each trainable tensor that many nodes of one kind read in a parameter's slot
+    (``LAYER_SLOTS``, MatMul aside): an exporter merged parameters of equal value (fresh LayerNorm
+    scales, zero biases), which then train as one. Returns the warnings' tensors."""
+    consumers = _consumers(model.graph)
+    shared = []
+    for name in weights:
+        kinds: dict[str, int] = {}
+        for node, slot in consumers.get(name, []):
+            if node.op_type != "MatMul" and slot in LAYER_SLOTS.get(node.op_type, ()):
+                kinds[node.op_type] = kinds.get(node.op_type, 0) + 1
+        kind, count = max(kinds.items(), key=lambda item: item[1], default=("", 0))
+        if count >= SHARED_SLOT_READERS:
+            shared.append(name)
+            log.warning("%s is the parameter of %d %s nodes: the exporter merged parameters of equal value, which now "
+                        "train as one; onnxcampo.training.export exports one initializer per parameter", name, count, kind)
+    return shared
 
 
 def check_trainable(model: onnx.ModelProto) -> None:

@@ -185,7 +185,7 @@ def test_command_line_reports_what_it_froze(tmp_path, capsys):
     onnx.save(conv_bn_resize(), str(forward))
     assert main(["train-graph", str(forward), str(step), "--optimizer", "adamw"]) == 0
     err = capsys.readouterr().err
-    assert "5 weights trainable; frozen: 1 configuration, 1 formula-constant, 1 grouped-conv" in err
+    assert "5 weights trainable (88 values); frozen: 1 configuration, 1 formula-constant, 1 grouped-conv" in err
     nodes = [helper.make_node("MaxPool", ["h"], ["y"], kernel_shape=[2, 2], auto_pad="SAME_UPPER"),
              helper.make_node("Mul", ["x", "w"], ["h"])]
     bad = _model(nodes[::-1], [_const("w", (1, 1, 4, 4))], [1, 1, 4, 4], [1, 1, 2, 2])
@@ -193,3 +193,95 @@ def test_command_line_reports_what_it_froze(tmp_path, capsys):
     assert main(["train-graph", str(forward), str(tmp_path / "bad.onnx")]) == 2
     err = capsys.readouterr().err.strip()
     assert "SAME_UPPER" in err and len(err.splitlines()) == 1
+
+
+# --- what exporters do to parameters ------------------------------------------------------------
+def _token_model(*, head=None, mask=None, position=None, shared_scale=False) -> onnx.ModelProto:
+    """ids [2, 8] -> Gather(embedding [50, 16]) (+ position [1, 8, 16]) -> 4 LayerNorms -> scores
+    (+ mask) -> MatMul(head [16, 50]) -> logits [2, 8, 50]."""
+    rng = np.random.default_rng(0)
+    embedding = rng.standard_normal((50, 16)).astype(np.float32)
+    inits = {"embedding": embedding, "head": embedding.T.copy() if head is None else head}
+    nodes = [helper.make_node("Gather", ["embedding", "ids"], ["h0"])]
+    last = "h0"
+    if position is not None:
+        inits["position"] = position
+        nodes.append(helper.make_node("Add", [last, "position"], ["hp"]))
+        last = "hp"
+    for k in range(4):
+        scale = "ln.scale" if shared_scale else f"ln{k}.scale"
+        inits[scale] = np.ones(16, np.float32)
+        inits[f"ln{k}.bias"] = rng.standard_normal(16).astype(np.float32) * 0.1
+        nodes.append(helper.make_node("LayerNormalization", [last, scale, f"ln{k}.bias"], [f"n{k}"], axis=-1))
+        last = f"n{k}"
+    nodes.append(helper.make_node("MatMul", [last, "head"], ["raw"]))
+    if mask is not None:
+        inits["mask"] = mask
+        nodes.append(helper.make_node("Add", ["raw", "mask"], ["logits"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["raw"], ["logits"]))
+    graph = helper.make_graph(nodes, "tokens", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 8, 50])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_a_head_written_as_the_embedding_transposed_is_tied_to_it():
+    from onnxcampo.training import Trainer, build_train_step
+
+    step = build_train_step(_token_model(), loss="mse", optimizer="sgd", lr=0.1)
+    assert "embedding" in step_spec(step).weights and "head" not in step_spec(step).weights
+    assert any(n.op_type == "Transpose" and list(n.input) == ["embedding"] and list(n.output) == ["head"]
+               for n in step.graph.node)
+    # it trains as the tied module does: the same as a forward whose head is Transpose(embedding)
+    tied = _token_model()
+    tied.graph.initializer.remove(next(t for t in tied.graph.initializer if t.name == "head"))
+    tied.graph.node.insert(0, helper.make_node("Transpose", ["embedding"], ["head"], perm=[1, 0]))
+    rng = np.random.default_rng(1)
+    batch = {"ids": rng.integers(0, 50, (2, 8)), "labels": rng.standard_normal((2, 8, 50)).astype(np.float32)}
+    trainers = [Trainer(s, provider="cpu") for s in (step, build_train_step(tied, loss="mse", optimizer="sgd", lr=0.1))]
+    losses = [[t.step(batch) for _ in range(3)] for t in trainers]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-6)
+    assert losses[0][2] < losses[0][0]
+    np.testing.assert_allclose(trainers[0].state_dict()["embedding"], trainers[1].state_dict()["embedding"], rtol=1e-6)
+
+
+def test_an_untied_head_of_the_same_shape_stays_a_weight_of_its_own():
+    head = np.random.default_rng(5).standard_normal((16, 50)).astype(np.float32)
+    selection = select_trainable(_token_model(head=head))
+    assert {"embedding", "head"} <= set(selection.weights)
+
+
+def test_a_folded_attention_mask_is_not_trained_and_is_warned_about(caplog):
+    mask = np.zeros((1, 8, 50), np.float32)
+    mask[..., 25:] = -np.inf
+    with caplog.at_level(logging.WARNING):
+        selection = select_trainable(_token_model(mask=mask))
+    assert selection.frozen["mask"] == "mask"
+    assert "onnxcampo.training.export" in caplog.text and "mask" in caplog.text
+
+
+def test_a_position_embedding_folded_for_the_input_shape_is_not_trained(caplog):
+    position = np.random.default_rng(2).standard_normal((1, 8, 16)).astype(np.float32)
+    with caplog.at_level(logging.WARNING):
+        selection = select_trainable(_token_model(position=position))
+    assert selection.frozen["position"] == "folded-input"
+    assert "position" in caplog.text
+
+
+def test_a_parameter_many_layers_share_is_warned_about(caplog):
+    from onnxcampo.training import build_train_step
+
+    with caplog.at_level(logging.WARNING):
+        build_train_step(_token_model(shared_scale=True), loss="mse", optimizer="sgd")
+    assert "ln.scale is the parameter of 4 LayerNormalization nodes" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        build_train_step(_token_model(), loss="mse", optimizer="sgd")
+    assert "parameter of" not in caplog.text
+
+
+def test_the_summary_counts_the_values_trained():
+    selection = select_trainable(_token_model())
+    assert selection.summary().startswith(f"{len(selection.weights)} weights trainable (")
+    assert selection.values == 50 * 16 * 2 + 4 * 16 * 2
