@@ -11,6 +11,10 @@ reason reported):
 
 1. ``user``: its name matches the ``freeze`` regular expression.
 2. it is not float32 or is a scalar (rank 0): a constant of the formula, never reported.
+   A model :func:`onnxcampo.training.export` wrote lists its parameters: those it lists as
+   frozen (``requires_grad`` False) are ``user`` too, and an initializer it does not list is a
+   ``buffer`` (running statistics, a registered constant); rules 6 to 8 do not apply to a
+   listed parameter (it may hold one element, or any values).
 3. ``statistics``/``configuration``: some consumer reads it at a slot that is not a weight
    (BatchNormalization mean and variance, which become step state instead where the BatchNorm
    trains, :mod:`onnxcampo.training.train_mode`; Resize roi and scales; Clip bounds; Pad widths and
@@ -42,6 +46,7 @@ one initializer that many layers read: they would train as one; this is warned a
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -150,8 +155,10 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
     weights: list[str] = []
     frozen: dict[str, str] = {}
     token_shapes = _token_input_shapes(graph)
+    declared = _declared_parameters(model)
     for tensor in graph.initializer:
-        name = tensor.data_type == TensorProto.FLOAT and len(tensor.dims) > 0 and tensor.name
+        listed = declared is not None and tensor.name in declared[0]
+        name = tensor.data_type == TensorProto.FLOAT and (len(tensor.dims) > 0 or listed) and tensor.name
         if not name:
             continue
         uses = consumers.get(name, [])
@@ -161,16 +168,18 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
         if reason is None:
             reason = next((CONSTANT_SLOTS[n.op_type][slot] for n, slot in uses
                            if slot in CONSTANT_SLOTS.get(n.op_type, {})), None)
+        if reason is None and declared is not None and not listed:
+            reason = "user" if name in declared[1] else "buffer"
         if reason is None:
             reason = next((_conv_weight_reason(n) for n, slot in uses if slot == 1 and _conv_weight_reason(n)), None)
         if reason is None and name not in reaching:
             reason = "no-gradient-path"
-        if reason is None and math.prod(tensor.dims) == 1 \
+        if reason is None and not listed and math.prod(tensor.dims) == 1 \
                 and not any(slot in LAYER_SLOTS.get(n.op_type, ()) for n, slot in uses):
             reason = "formula-constant"
-        if reason is None and _is_mask(tensor):
+        if reason is None and not listed and _is_mask(tensor):
             reason = "mask"
-        if reason is None and _folded_from_input(tensor, token_shapes):
+        if reason is None and not listed and _folded_from_input(tensor, token_shapes):
             reason = "folded-input"
         if reason is None:
             weights.append(name)
@@ -192,6 +201,16 @@ def select_trainable(model: onnx.ModelProto, *, freeze: str | None = None,
     selection = TrainableSelection(tuple(weights), frozen, sum(sizes[w] for w in weights))
     log.info("%s", selection.summary())
     return selection
+
+
+def _declared_parameters(model: onnx.ModelProto) -> tuple[set[str], set[str]] | None:
+    """The parameters :func:`onnxcampo.training.export` recorded: (trained, frozen), or None."""
+    from onnxcampo.training.export import FROZEN_PARAMETERS_KEY, PARAMETERS_KEY
+
+    listed = ir.metadata(model, PARAMETERS_KEY)
+    if listed is None:
+        return None
+    return set(json.loads(listed)), set(json.loads(ir.metadata(model, FROZEN_PARAMETERS_KEY, "[]")))
 
 
 MASK_FLOOR = -1e4  # a mask's dropped positions: -10000 (BERT), finfo.min, -inf

@@ -207,6 +207,6 @@ def test_a_manager_checks_another_operand_with_its_checker():
 def test_the_finishing_passes_are_data():
     from onnxcampo.pipeline import FINISHING
 
-    assert [p.name for p in FINISHING] == ["starting_weights", "int8_avg", "loss_scaling", "channels_last", "fuse_reductions",
-                                            "fuse_elementwise", "annotate_nodes"]
+    assert [p.name for p in FINISHING] == ["int8_avg", "loss_scaling", "channels_last", "fuse_reductions",
+                                            "fuse_elementwise", "starting_weights", "annotate_nodes"]
     assert all(p.mutates for p in FINISHING)
