@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +137,13 @@ def _run_exporter(torch, module, args: tuple, path: Path, exporter: str, input_n
     if exporter == "torchscript":
         options.update(dynamo=False, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     else:
-        options.update(dynamo=True, optimize=False)  # the optimizer folds constants
+        options.update(dynamo=True, optimize=False, verbose=False)  # the optimizer folds constants
     try:
-        torch.onnx.export(module, args, str(path), **options)
+        with warnings.catch_warnings(record=True) as caught:  # the exporters' notes on their internals
+            warnings.simplefilter("always")
+            torch.onnx.export(module, args, str(path), **options)
+        for warning in caught:
+            log.debug("torch.onnx: %s", warning.message)
     except Exception as exc:  # noqa: BLE001 - torch.onnx fails in many ways; one line says which
         text = str(exc).strip().splitlines()
         raise ConfigError(f"torch.onnx ({exporter} exporter) cannot export {type(module).__name__}: "
