@@ -98,6 +98,9 @@ class ExperimentalOptions:
             attention bias (the same for any mask; ORT's CUDA kernel then runs memory-efficient
             attention: ``onnxcampo.rewrites.attention_mask``). ``False`` keeps the raw mask, the
             unfused attention path.
+        attention_fusion: with ``fuse``, the attention ORT's transformers optimizer leaves
+            unfused (SDPA attention, dynamo exports, GPT-2) becomes one ``MultiHeadAttention``
+            each (``onnxcampo.rewrites.attention``). ``False`` leaves it as exported.
     """
 
     compare_plans: bool = True
@@ -113,6 +116,7 @@ class ExperimentalOptions:
     check_invariants: bool = False
     static_shapes: bool = False
     attention_bias: bool = True
+    attention_fusion: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

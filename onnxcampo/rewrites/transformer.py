@@ -48,7 +48,10 @@ will run. The rule, case by case:
    the GPU: the raw 2-D attention mask (the BERT default, a mask index, assumes right-side
    padding), then given to each BERT Attention as an additive attention bias, which means the
    same and lets ORT's CUDA kernel run memory-efficient attention (:mod:`.attention_mask`;
-   experimental ``attention_bias=false`` keeps the raw mask), exact Gelu (no tanh approximation), no int8 QOrdered ops. ``opt_level=0``: only the
+   experimental ``attention_bias=false`` keeps the raw mask); the attention the optimizer leaves
+   unfused (transformers' SDPA attention, the dynamo exporter's graphs, GPT-2's) as one
+   MultiHeadAttention each (:mod:`.attention`; experimental ``attention_fusion=false`` leaves
+   it), exact Gelu (no tanh approximation), no int8 QOrdered ops. ``opt_level=0``: only the
    Python fusions run, no ORT session optimizes (or writes initializers into) the graph.
 7. The fused model keeps the input's IR version, opset imports (com.microsoft is declared when
    used), producer, graph inputs and outputs (if the optimizer changed one, or fused nothing, its
@@ -83,7 +86,7 @@ from onnxcampo import oplists
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, UnsupportedModelError, option
 from onnxcampo.ir.topology import toposort_model
-from onnxcampo.rewrites import attention_mask
+from onnxcampo.rewrites import attention, attention_mask
 from onnxcampo.training import scaling
 
 log = logging.getLogger(__name__)
@@ -215,6 +218,11 @@ def fuse_transformer(model: onnx.ModelProto, config: OptimizeConfig, *,
         return model, _left_alone(mode, problem)
     _restore_model_fields(fused, before)
     biased = attention_mask.mask_as_bias(fused) if config.experimental.attention_bias else 0
+    if config.experimental.attention_fusion:
+        written = attention.fuse_attention(fused, num_heads=num_heads or detection.num_heads or 0)
+        if written:
+            ops["MultiHeadAttention"] = ops.get("MultiHeadAttention", 0) + written
+            ops = dict(sorted(ops.items()))
     ir.name_nodes(fused)
     toposort_model(fused)
     invalid = _checker_problem(fused)

@@ -406,19 +406,51 @@ def test_exports_are_fused_into_what_ort_makes_of_them_and_compute_the_same(expo
     every layer norm but the embeddings' becomes a SkipLayerNormalization (two a layer), each
     FFN's bias and GELU a BiasGelu (erf) or FastGelu (tanh). Its attention fusion matches only
     BERT's eager attention as the TorchScript exporter writes it (Attention, the embeddings then
-    an EmbedLayerNormalization): not SDPA's, not the dynamo exporter's, not GPT-2's. Wiring check
-    on ORT CPU in fp32, with a right-padded row."""
+    an EmbedLayerNormalization); every other attention (SDPA's, the dynamo exporter's, GPT-2's)
+    becomes one MultiHeadAttention (``onnxcampo.rewrites.attention``). Wiring check on ORT CPU
+    in fp32, with a right-padded row, the projections' weights tripled so that the attention is
+    sharp (the fused nodes' scale, mask or head split wrong would show)."""
     model_type, heads, hidden, layers = model_of(export)
-    model = onnx.load(FIXTURES / f"{export}.onnx")
+    model = sharpened(onnx.load(FIXTURES / f"{export}.onnx"))
     fused, report = transformer.fuse_transformer(model, OptimizeConfig())
     expected = {"SkipLayerNormalization": 2 * layers, "FastGelu" if model_type == "gpt2" else "BiasGelu": layers}
     if export == "bert_eager_torchscript":
         expected |= {"Attention": layers, "EmbedLayerNormalization": 1}
+    else:
+        expected |= {"MultiHeadAttention": layers}
     assert (report["model_type"], report["num_heads"], report["hidden_size"]) == (model_type, heads, hidden)
     assert report["ops"] == dict(sorted(expected.items()))
     inputs, output = export_feeds(model), model.graph.output[0].name
     np.testing.assert_allclose(run(make_session(fused), inputs)[output], run(make_session(model), inputs)[output],
                                rtol=1e-4, atol=1e-5)
+
+
+def sharpened(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The weights that MatMuls read (the projections) tripled: sharper attention."""
+    weights = {n.input[1] for n in model.graph.node if n.op_type in ("MatMul", "Gemm")}
+    for tensor in model.graph.initializer:
+        if tensor.name in weights:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor) * 3, tensor.name))
+    return model
+
+
+def test_the_attention_fusion_is_what_the_unfused_graph_computes_not_something_near():
+    """The check above can fail: a fused attention with its scale 1.5x off misses it by far."""
+    model = sharpened(onnx.load(FIXTURES / "bert_sdpa_dynamo.onnx"))
+    fused, _ = transformer.fuse_transformer(model, OptimizeConfig())
+    for node in fused.graph.node:
+        if node.op_type == "MultiHeadAttention":
+            next(a for a in node.attribute if a.name == "scale").f *= 1.5
+    inputs, output = export_feeds(model), model.graph.output[0].name
+    error = np.abs(run(make_session(fused), inputs)[output] - run(make_session(model), inputs)[output]).max()
+    assert error > 1e-2
+
+
+def test_attention_fusion_off_leaves_the_attention_as_exported():
+    model = onnx.load(FIXTURES / "bert_sdpa_torchscript.onnx")
+    fused, report = transformer.fuse_transformer(model, OptimizeConfig(experimental={"attention_fusion": False}))
+    assert "MultiHeadAttention" not in report["ops"]
+    assert any(n.op_type == "Softmax" for n in fused.graph.node)
 
 
 @pytest.mark.slow
