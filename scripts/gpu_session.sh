@@ -29,7 +29,7 @@
 #            ResNet-50, the odd MLP and three corpus models (BENCH_MODELS narrows them)        (~10 min)
 #   profile  per-kernel and per-node times of several variants of one model (the benchmarks'
 #            profile-variants), with each variant's predicted time and rewrite decisions;
-#            PROFILE_CASES="model:batch:policy,policy ..." (default: BERT b32 and ResNet-50 b64,
+#            PROFILE_CASES="model:batch:policy,policy ..." (default: BERT b32, GPT-2 b8, ResNet-50 b64,
 #            the anchors against campo's defaults), JSON in $OUT/profile/              (~4 min)
 #   costs    FusedElementwise's bandwidth fit for the cost database, and the database's grid
 #            cases with no sample (costdb/data/raw/harvested-cases.json); copy
@@ -117,7 +117,7 @@ run_defaults() {
 
 run_profile() {
   # PROFILE_CASES: "model:batch:policy,policy ..." (space-separated cases)
-  local cases=${PROFILE_CASES:-"bert:32:ortopt-fp16,campo-auto,campo-auto-rawmask,fp16 resnet50:64:ort-fp16,fp16,campo-auto,campo-fused-cl"}
+  local cases=${PROFILE_CASES:-"bert:32:ortopt-fp16,campo-auto,campo-auto-rawmask,fp16 gpt2:8:ortopt-fp16,campo-auto,fp16 resnet50:64:ort-fp16,fp16,campo-auto,campo-fused-cl"}
   local case model batch policies
   for case in $cases; do
     IFS=: read -r model batch policies <<<"$case"
