@@ -53,6 +53,8 @@ Inference (ONNX Runtime):
                     beside campo-fused's: where the two plans' kernels differ)
     fp16-fused-graph  the all-fp16 plan with both fusions, replayed: the all-fp16 plan that
                     campo-fused-graph must beat on equal terms
+    fp32-fused(-graph)  the fp32 plan with both fusions (its convolutions stay NCHW): the fp32 step
+                    with onnxcampo's kernels, against torch.compile fp32
     campo-auto, campo-auto-graph  campo with the three rewrites left to optimize's default
                     (``fuse_elementwise``, ``fuse_reductions``, ``channels_last`` None: decided by
                     their predicted cost where the library's CUDA kernels run), plain and replayed:
@@ -92,7 +94,7 @@ GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo
                   "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
                   "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph", "campo-fused-cl-stem8-graph",
                   "campo-fused-nosums-graph", "campo-fused-cl-nosums-graph", "campo-auto-graph",
-                  "campo-static-graph")
+                  "campo-static-graph", "fp32-fused-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -111,7 +113,7 @@ TORCH_POLICIES = ("torch-eager", "torch-eager-amp", "torch-compile", "torch-comp
                   "torch-compile-graph", "torch-compile-graph-amp", "torch-compile-graph-cl",
                   "torch-compile-graph-amp-cl")
 TRAINING_POLICIES = ("fp32-notf32", "fp32", "amp", "fp16", "campo", "campo-nopad", "campo-nocost", "campo-tune",
-                     "campo-fused", "campo-reduce", "fp16-fused", "campo-fused-cl",
+                     "campo-fused", "campo-reduce", "fp16-fused", "campo-fused-cl", "fp32-fused",
                      *GRAPH_POLICIES,
                      *TORCH_POLICIES)
 INFERENCE_ANCHORS = ("fp32", "occ-fp16", "ort-fp16", "ortopt-fp16", "modelopt", "amp")
@@ -170,6 +172,10 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same padded to 8 channels (channels_last_stem=8)
              "campo-fused-cl-stem8-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
                                             "experimental": {"channels_last_stem": 8}, **FUSIONS},
+             # the fp32 plan with the same fusions and replay: the fp32 step with onnxcampo's kernels
+             # (the plain "fp32" variant is the step graph as built), against torch.compile fp32
+             "fp32-fused": {"policy": "fp32", **FUSIONS},
+             "fp32-fused-graph": {"policy": "fp32", "execution": "cuda-graph", **FUSIONS},
              # the all-fp16 plan with the same fusions and replay: campo-fused-graph's fair fp16 comparison
              "fp16-fused-graph": {"policy": "fp16", "execution": "cuda-graph", **FUSIONS},
              # its plain run (for a CUPTI breakdown beside campo-fused's)
