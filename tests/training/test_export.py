@@ -167,3 +167,33 @@ def test_what_is_not_a_module_or_an_exporter_is_refused(tmp_path):
         export(SmallResNet(), torch.randn(2, 3, 8, 8), tmp_path / "m.onnx", exporter="jit")
     assert not (tmp_path / "m.onnx").exists()
     assert onnx  # the written models are plain ONNX files (read above through build_train_step)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_transformers_gpt2_exports_with_its_parameters_and_tied_head(exporter, attention, tmp_path):
+    """transformers' GPT-2 (two small layers, its tied LM head), both attention implementations:
+    the step trains exactly the module's parameters, by their names."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=500, n_positions=64, resid_pdrop=0,
+                                     embd_pdrop=0, attn_pdrop=0, attn_implementation=attention)
+    torch.manual_seed(0)
+    inner = transformers.GPT2LMHeadModel(config)
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids).logits.reshape(-1, 500)
+
+    module = LM()
+    ids = torch.randint(0, 500, (2, 32))
+    step = build_train_step(export(module, (ids,), tmp_path / "gpt2.onnx", exporter=exporter), loss="cross_entropy",
+                            optimizer="sgd", lr=0.05)
+    assert set(step_spec(step).weights) == {name for name, _ in module.named_parameters()}
+    labels = np.random.default_rng(0).integers(0, 500, 64)
+    losses = [Trainer(step, provider="cpu").step({"input_ids": ids.numpy(), "labels": labels}) for _ in range(1)]
+    expected = torch.nn.functional.cross_entropy(module(ids), torch.from_numpy(labels)).item()
+    np.testing.assert_allclose(losses[0], expected, rtol=1e-5)
