@@ -250,6 +250,37 @@ def _tf32_off(data: SampleSet) -> dict:
     return {op: {"median": statistics.median(r), "cases": len(r)} for op, r in sorted(ratios.items())}
 
 
+def _section(title: str, *lines: str) -> list[str]:
+    """The lines of a Markdown section: a blank line, the ``## title`` heading, a blank line, ``lines``."""
+    return ["", f"## {title}", "", *lines]
+
+
+def _chains_section(chains: dict) -> list[str]:
+    """The measured factor of each fusable chain, a table (no lines without chains)."""
+    if not chains:
+        return []
+    rows = []
+    for pattern, entry in chains.items():
+        numbers = entry["measured"]
+        ranges = numbers.get("range", {})
+        rows.append(f"| {pattern} | {numbers.get('fp32', 'n/a')} | {numbers.get('fp16', 'n/a')} "
+                    f"| {numbers['samples']} | {ranges.get('fp32', '')} | {ranges.get('fp16', '')} |")
+    return _section("Fusable chains",
+                    "Chain time over the sum of its nodes' times measured alone (median over shapes; "
+                    "`onnxcampo.costdb.chains`). The optimizer scales a chain's nodes by it when they share "
+                    "a precision.", "",
+                    "| pattern | fp32 | fp16 | samples | fp32 range | fp16 range |", "|---|---|---|---|---|---|", *rows)
+
+
+def _tf32_section(tf32: dict) -> list[str]:
+    """Per op, the recorded fp32 time with TF32 off over the time with it (no lines without records)."""
+    if not tf32:
+        return []
+    return _section("fp32 with TF32 off (recorded, not used)",
+                    "Median of fp32 time with `use_tf32=0` over fp32 time with TF32 (ORT's default): "
+                    + "; ".join(f"{op} x{v['median']:.2f} ({v['cases']} cases)" for op, v in tf32.items()) + ".")
+
+
 def markdown(result: dict) -> str:
     device = result["device"]
     overall = result["overall"]
@@ -281,21 +312,22 @@ def markdown(result: dict) -> str:
     ]
     boundary = result.get("boundary")
     if boundary:
-        lines += ["", "## The decision at region boundaries (allow-list ops)", "",
-                  "In a graph a Cast sits only where an fp16 region meets an fp32 one; a product inside an fp16 "
-                  "region pays none. So the decision is also judged cast-free, fp16 when fp16 < fp32, and by the "
-                  "time it loses (wrong decisions' |fp16 - fp32| over the cases' fp32 time), next to the per-op "
-                  "decision above that charges every input and output a Cast:", "",
-                  "| decision | cases | wrong | time lost |", "|---|---:|---:|---:|",
-                  f"| per op (a Cast on every activation input and output) | {boundary['cases']} | "
-                  f"{_pct(boundary['per_op_wrong_rate'])} | {_pct(boundary['per_op_lost_share'])} |",
-                  f"| at region boundaries (inside an fp16 region: no Cast) | {boundary['cases']} | "
-                  f"{boundary['wrong']} ({_pct(boundary['wrong_rate'])}) | {_pct(boundary['lost_share'])} |"]
+        lines += _section("The decision at region boundaries (allow-list ops)",
+                          "In a graph a Cast sits only where an fp16 region meets an fp32 one; a product inside "
+                          "an fp16 region pays none. So the decision is also judged cast-free, fp16 when fp16 < "
+                          "fp32, and by the time it loses (wrong decisions' |fp16 - fp32| over the cases' fp32 "
+                          "time), next to the per-op decision above that charges every input and output a Cast:", "",
+                          "| decision | cases | wrong | time lost |", "|---|---:|---:|---:|",
+                          f"| per op (a Cast on every activation input and output) | {boundary['cases']} | "
+                          f"{_pct(boundary['per_op_wrong_rate'])} | {_pct(boundary['per_op_lost_share'])} |",
+                          f"| at region boundaries (inside an fp16 region: no Cast) | {boundary['cases']} | "
+                          f"{boundary['wrong']} ({_pct(boundary['wrong_rate'])}) | {_pct(boundary['lost_share'])} |")
     if result.get("holdout_missing"):
         lines += ["", f"{result['holdout_missing']} held-out cases of the database are missing from these samples."]
-    lines += ["", "## Per op", "",
-              "| op | model | samples | evaluated | MAPE fp16 | MAPE fp32 | wrong decisions | wrong, predicted fp32 |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += _section("Per op",
+                      "| op | model | samples | evaluated | MAPE fp16 | MAPE fp32 | wrong decisions "
+                      "| wrong, predicted fp32 |",
+                      "|---|---|---|---|---|---|---|---|")
     for op_type, row in result["ops"].items():
         lines.append(
             f"| {op_type} | {row['model']} | {row['samples']} | {row['cases']} | {_pct(row['mape_fp16'])} "
@@ -307,7 +339,7 @@ def markdown(result: dict) -> str:
                       f"not in the overall numbers): MAPE fp16 {_pct(fallback['mape_fp16'])}, "
                       f"fp32 {_pct(fallback['mape_fp32'])}, wrong decisions {fallback['wrong']} "
                       f"({_pct(fallback['wrong_rate'])})."]
-    lines += ["", "## Cast and pad", ""]
+    lines += _section("Cast and pad")
     for name, key in (("Cast (both directions)", "cast"), ("Pad/Slice", "pad")):
         numbers = result.get(key)
         if numbers:
@@ -319,27 +351,12 @@ def markdown(result: dict) -> str:
         if numbers:
             lines.append(f"- Cast {direction} with the pooled model: MAPE {_pct(numbers['mape'])} "
                          f"over {numbers['rows']} rows.")
-    chains = result.get("chains") or {}
-    if chains:
-        lines += ["", "## Fusable chains", "",
-                  "Chain time over the sum of its nodes' times measured alone (median over shapes; "
-                  "`onnxcampo.costdb.chains`). The optimizer scales a chain's nodes by it when they share "
-                  "a precision.", "",
-                  "| pattern | fp32 | fp16 | samples | fp32 range | fp16 range |", "|---|---|---|---|---|---|"]
-        for pattern, entry in chains.items():
-            numbers = entry["measured"]
-            ranges = numbers.get("range", {})
-            lines.append(f"| {pattern} | {numbers.get('fp32', 'n/a')} | {numbers.get('fp16', 'n/a')} "
-                         f"| {numbers['samples']} | {ranges.get('fp32', '')} | {ranges.get('fp16', '')} |")
-    tf32 = result.get("tf32_off") or {}
-    if tf32:
-        lines += ["", "## fp32 with TF32 off (recorded, not used)", "",
-                  "Median of fp32 time with `use_tf32=0` over fp32 time with TF32 (ORT's default): "
-                  + "; ".join(f"{op} x{v['median']:.2f} ({v['cases']} cases)" for op, v in tf32.items()) + "."]
-    lines += ["", f"## Worst cases (top {WORST_CASES} by fp16 error, fitted ops)", "",
-              "| case | op | aligned | t32 us | t16 us | predicted t16 us | error fp16 | casts us "
-              "| predicted / measured choice | gap | decision |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += _chains_section(result.get("chains") or {})
+    lines += _tf32_section(result.get("tf32_off") or {})
+    lines += _section(f"Worst cases (top {WORST_CASES} by fp16 error, fitted ops)",
+                      "| case | op | aligned | t32 us | t16 us | predicted t16 us | error fp16 | casts us "
+                      "| predicted / measured choice | gap | decision |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["worst"]:
         decision = "wrong" if r["wrong"] else ("within noise" if r["predicted_choice"] != r["measured_choice"] else "ok")
         lines.append(

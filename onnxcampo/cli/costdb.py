@@ -60,25 +60,33 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
     fit.add_argument("--min-samples", type=int, default=8, metavar="N",
                      help="op types with fewer paired fp32/fp16 cases are not fitted: the analytic model predicts "
                           "them (default 8)")
-    step_dispatch = cost_sub.add_parser(
-        "fit-step-dispatch", epilog=EPILOGS["fit-step-dispatch"], help="add the per-node host time of whole models and training steps, from benchmark "
-                                  "rows (fp32 against fp32-graph), to a database")
-    step_dispatch.add_argument("bench_rows", type=Path, help="the benchmark suite's rows (python -m onnxcampo.benchmarks run; e.g. docs/benchmarks/raw/h200.jsonl)")
-    step_dispatch.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
+    step_dispatch = _database_update(
+        cost_sub, "fit-step-dispatch", "add the per-node host time of whole models and training steps, from benchmark "
+                                       "rows (fp32 against fp32-graph), to a database",
+        "bench_rows", "the benchmark suite's rows (python -m onnxcampo.benchmarks run; e.g. docs/benchmarks/raw/h200.jsonl)")
     step_dispatch.add_argument("--launches", type=Path, metavar="FILE.jsonl",
                                help="ORT launch counts for fp32 rows measured before the benchmark recorded them "
                                     "(python -m onnxcampo.benchmarks graph-factors --launches-out)")
-    fused_cost = cost_sub.add_parser(
-        "fit-fused-elementwise", epilog=EPILOGS["fit-fused-elementwise"], help="add the FusedElementwise kernel's cost (bytes/us and fixed us, fitted by "
-                                      "python -m onnxcampo.benchmarks fused-elementwise-costs on the GPU) to a database")
-    fused_cost.add_argument("measured", type=Path, help="the measurement script's --out JSON")
-    fused_cost.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
+    fused_cost = _database_update(
+        cost_sub, "fit-fused-elementwise", "add the FusedElementwise kernel's cost (bytes/us and fixed us, fitted by "
+                                           "python -m onnxcampo.benchmarks fused-elementwise-costs on the GPU) to a "
+                                           "database",
+        "measured", "the measurement script's --out JSON")
     evaluate = cost_sub.add_parser("eval", epilog=EPILOGS["eval"], help="accuracy of a database on its held-out samples")
     evaluate.add_argument("database", type=Path, help="database JSON (from costdb fit)")
     evaluate.add_argument("samples", type=Path, help="the samples file it was fitted from (its held-out cases are used)")
     evaluate.add_argument("--report", type=Path, metavar="FILE.md", help="markdown report to write")
     evaluate.add_argument("--png", type=Path, metavar="FILE.png", help="predicted-vs-measured plot to write (needs matplotlib)")
     return [calibrate, measure, fit, step_dispatch, fused_cost, evaluate]
+
+
+def _database_update(cost_sub, name: str, text: str, source: str, source_text: str) -> argparse.ArgumentParser:
+    """The subcommand ``name`` (help ``text``) that adds what the file ``source`` holds to a
+    database JSON: its two positionals, ``source`` and the database, updated in place."""
+    update = cost_sub.add_parser(name, epilog=EPILOGS[name], help=text)
+    update.add_argument(source, type=Path, help=source_text)
+    update.add_argument("database", type=Path, help="database JSON to update (e.g. costdb/data/nvidia-h200.json)")
+    return update
 
 
 def _calibrate_costdb(args: argparse.Namespace) -> int:

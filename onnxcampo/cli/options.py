@@ -149,31 +149,37 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
                              "(node by node, default) or cuda-graph (captured once and replayed as a CUDA graph: no "
                              "per-node host time; needs static shapes and every node on the CUDA EP)")
     add_cost_options(parser)
-    custom.add_argument("--fuse-elementwise", action=argparse.BooleanOptionalAction, default=None,
-                        help="after the plan: chains of elementwise ops, their Casts and the Conv/Gemm biases they "
-                             "read included, as ai.onnxcampo FusedElementwise nodes, one kernel each, and a training "
-                             "step's weight Casts as one MultiTensorCast (needs the custom-op library; docs/ops.md). "
-                             "Default, where the library's CUDA kernels and NVRTC are (onnxruntime-gpu): on for a "
-                             "training step built with the fused ops, by predicted cost for an inference model (on "
-                             "when the plan is predicted --min-gain faster with it, in the --execution mode); off "
-                             "elsewhere, with one line saying why")
-    custom.add_argument("--fuse-reductions", action=argparse.BooleanOptionalAction, default=None,
-                        help="after the plan: a cross-entropy loss and its gradient as ai.onnxcampo "
-                             "SoftmaxCrossEntropy(Grad) nodes (one pass over the logits each), layer-norm and softmax "
-                             "input gradients as LayerNormGrad / SoftmaxGrad nodes, and ReduceSums over "
-                             "leading/trailing blocks of axes (bias, LayerNorm and Conv-bias gradients), with the "
-                             "Reshapes and float16->float32 Casts around them, as BlockReduceSum nodes, one kernel "
-                             "each (needs the custom-op library; docs/ops.md). Default: as --fuse-elementwise's, where "
-                             "the library's CUDA kernels are")
-    custom.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                        help="after the plan, before the fusions: store the 2-D convolutions' activations "
-                             "channels-last (NHWC) and run the convolutions and their gradients as ai.onnxcampo "
-                             "ConvNhwc / ConvNhwcDataGrad / ConvNhwcWeightGrad nodes (cuDNN's NHWC kernels, no layout "
-                             "transform around each; needs the custom-op library; docs/ops.md). Convolutions whose "
-                             "channels are not multiples of 8 stay NCHW. Default: as --fuse-elementwise's, where the "
-                             "library's CUDA kernels are (the prediction counts the layout transforms it removes, the "
-                             "Transposes it adds and each NHWC convolution call's host time)")
+    _add_custom_op_switch(custom, "--fuse-elementwise",
+                          "after the plan: chains of elementwise ops, their Casts and the Conv/Gemm biases they "
+                          "read included, as ai.onnxcampo FusedElementwise nodes, one kernel each, and a training "
+                          "step's weight Casts as one MultiTensorCast (needs the custom-op library; docs/ops.md). "
+                          "Default, where the library's CUDA kernels and NVRTC are (onnxruntime-gpu): on for a "
+                          "training step built with the fused ops, by predicted cost for an inference model (on "
+                          "when the plan is predicted --min-gain faster with it, in the --execution mode); off "
+                          "elsewhere, with one line saying why")
+    _add_custom_op_switch(custom, "--fuse-reductions",
+                          "after the plan: a cross-entropy loss and its gradient as ai.onnxcampo "
+                          "SoftmaxCrossEntropy(Grad) nodes (one pass over the logits each), layer-norm and softmax "
+                          "input gradients as LayerNormGrad / SoftmaxGrad nodes, and ReduceSums over "
+                          "leading/trailing blocks of axes (bias, LayerNorm and Conv-bias gradients), with the "
+                          "Reshapes and float16->float32 Casts around them, as BlockReduceSum nodes, one kernel "
+                          "each (needs the custom-op library; docs/ops.md). Default: as --fuse-elementwise's, where "
+                          "the library's CUDA kernels are")
+    _add_custom_op_switch(custom, "--channels-last",
+                          "after the plan, before the fusions: store the 2-D convolutions' activations "
+                          "channels-last (NHWC) and run the convolutions and their gradients as ai.onnxcampo "
+                          "ConvNhwc / ConvNhwcDataGrad / ConvNhwcWeightGrad nodes (cuDNN's NHWC kernels, no layout "
+                          "transform around each; needs the custom-op library; docs/ops.md). Convolutions whose "
+                          "channels are not multiples of 8 stay NCHW. Default: as --fuse-elementwise's, where the "
+                          "library's CUDA kernels are (the prediction counts the layout transforms it removes, the "
+                          "Transposes it adds and each NHWC convolution call's host time)")
     add_experimental_option(parser)
+
+
+def _add_custom_op_switch(custom: argparse._ArgumentGroup, flag: str, text: str) -> None:
+    """``flag`` and its ``--no-`` form, a rewrite of the custom ops switched on or off; given
+    neither, None: the default decided where the library is (docs/ops.md)."""
+    custom.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
 
 
 def add_cost_options(parser: argparse.ArgumentParser) -> None:

@@ -37,6 +37,7 @@ unfused plan rounds each node's output to float16 where the plan put the node in
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -128,20 +129,25 @@ def _pick(view: GraphView, pair: tuple[str, str], op: str, reader: onnx.NodeProt
     return None
 
 
-def _sub_operand(view: GraphView, dx_node: onnx.NodeProto):
-    """dx = Mul(other, Sub(..)) with the Sub read by dx alone: (the other operand, the Sub's output, the Sub), or
-    a Miss."""
-    pair = view.operands(dx_node)
-    picked = _pick(view, pair, "Sub", dx_node) if pair else None
-    return Miss("dx is no Mul of a Sub read by it alone") if picked is None else picked
+def _of_mul_by_sub(pattern: Callable[..., _Match | Miss]) -> Callable[[GraphView, onnx.NodeProto], _Match | Miss]:
+    """``pattern(view, dx_node, other, sub)`` as a pattern anchored at dx's Mul: it runs where dx =
+    Mul(other, Sub(..)) with the Sub read by dx alone; elsewhere the pattern is a Miss."""
+
+    @functools.wraps(pattern)
+    def match(view: GraphView, dx_node: onnx.NodeProto) -> _Match | Miss:
+        pair = view.operands(dx_node)
+        picked = _pick(view, pair, "Sub", dx_node) if pair else None
+        if picked is None:
+            return Miss("dx is no Mul of a Sub read by it alone")
+        other, _, sub = picked
+        return pattern(view, dx_node, other, sub)
+
+    return match
 
 
-def _layer_norm(view: GraphView, dx_node: onnx.NodeProto) -> _Match | Miss:
+@_of_mul_by_sub
+def _layer_norm(view: GraphView, dx_node: onnx.NodeProto, invstd: str, sub2: onnx.NodeProto) -> _Match | Miss:
     """Rules 1 and 2, from dx's Mul."""
-    picked = _sub_operand(view, dx_node)
-    if not picked:
-        return picked
-    invstd, _, sub2 = picked
     d1, m = sub2.input
     sub1, mul_m = view.made_by(d1, "Sub"), view.made_by(m, "Mul")
     if sub1 is None or mul_m is None or not view.only(d1, sub2) or not view.only(m, sub2):
@@ -214,12 +220,9 @@ def _layer_norm_match(view: GraphView, reads: tuple, out: str, at: onnx.NodeProt
     return _Match([n for n in reads if n], out, at, removed, build, "layer_norm", acc is not None)
 
 
-def _softmax(view: GraphView, dx_node: onnx.NodeProto) -> _Match | Miss:
+@_of_mul_by_sub
+def _softmax(view: GraphView, dx_node: onnx.NodeProto, y: str, sub: onnx.NodeProto) -> _Match | Miss:
     """Rule 4, from dx's Mul."""
-    picked = _sub_operand(view, dx_node)
-    if not picked:
-        return picked
-    y, _, sub = picked
     dy, t = sub.input
     total, shape = view.made_by(t, "ReduceSum"), view.static(dy)
     if total is None or not view.only(t, sub) or shape is None or view.static(y) != shape:

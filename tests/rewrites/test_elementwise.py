@@ -25,6 +25,13 @@ def _same_values(model, feeds, exact=True):
     return fused_model, result
 
 
+def _mask_model(text):
+    """An ONNX-text model whose ReLU masks compare with ``zero``, a float32 scalar initializer."""
+    model = _model(text)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+    return model
+
+
 def test_a_bias_gelu_chain_with_its_casts_becomes_one_node_with_the_same_fp16_values():
     model = _model("""
     g (float[4,8] x, float16[8] bias) => (float[4,8] y) {""" + BIAS_GELU_CHAIN + """
@@ -356,7 +363,7 @@ def test_a_backward_chain_reading_a_forward_value_is_not_pulled_into_the_forward
     product (dh depends on the forward group through the MatMuls: the product cannot join it).
     Instead the chain and the product form one group that reads y: the forward group writes y
     alone. Same values."""
-    model = _model("""
+    model = _mask_model("""
     g (float[4,8] x, float[8] b, float[8,8] w) => (float[4,8] h, float[4,8] dx) {
       a = Add(x, b)
       y = Relu(a)
@@ -368,7 +375,6 @@ def test_a_backward_chain_reading_a_forward_value_is_not_pulled_into_the_forward
       dx = Mul(dh, mf)
     }
     """)
-    model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
     rng = np.random.default_rng(4)
     feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32),
              "w": rng.standard_normal((8, 8)).astype(np.float32)}
@@ -386,7 +392,7 @@ def test_a_mask_group_read_only_by_the_product_joins_its_group():
     comparison and its Cast; the product joins the gradient's group (its first input's). The
     mask group, read by nothing else, then joins the product's group: one backward kernel, no
     mask written. Same values."""
-    model = _model("""
+    model = _mask_model("""
     g (float[4,8] y, float[4,8,1] a, float[4,8,1] b) => (float[4,8,1] dx) {
       seed = Constant <value = int64[3] {4, 8, 1}> ()
       yr = Reshape(y, seed)
@@ -396,7 +402,6 @@ def test_a_mask_group_read_only_by_the_product_joins_its_group():
       dx = Mul(dy, mf)
     }
     """)
-    model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
     rng = np.random.default_rng(5)
     feeds = {"y": np.maximum(rng.standard_normal((4, 8)), 0).astype(np.float32),
              "a": rng.standard_normal((4, 8, 1)).astype(np.float32), "b": rng.standard_normal((4, 8, 1)).astype(np.float32)}
@@ -410,7 +415,7 @@ def test_a_widening_cast_before_a_reshape_moves_after_it_and_joins_the_readers()
     reshaped (the plan keeps the comparison float32): Reshape(Cast(y)) becomes Cast(Reshape(y)),
     so y's group does not write a float32 copy of y and the Cast joins the mask's kernel. A Cast
     whose Reshape feeds a non-fusable op (the MatMul) stays where it is. Same values."""
-    model = _model("""
+    model = _mask_model("""
     g (float16[4,8] x, float[4,8,1] dy, float[8,8] w) => (float[4,8,1] dx, float16[4,8] y2, float[4,8] z) {
       y = Relu(x)
       y2 = Neg(y)
@@ -426,7 +431,6 @@ def test_a_widening_cast_before_a_reshape_moves_after_it_and_joins_the_readers()
       z = MatMul(nr, w)
     }
     """)
-    model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
     rng = np.random.default_rng(6)
     feeds = {"x": rng.standard_normal((4, 8)).astype(np.float16), "dy": rng.standard_normal((4, 8, 1)).astype(np.float32),
              "w": rng.standard_normal((8, 8)).astype(np.float32)}

@@ -13,12 +13,20 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from helpers import add_ints as _ints, float16_sum_read_as_float32, fused_outputs, named_model as _model, ops as _ops
+from helpers import add_ints as _ints, float16_sum_read_as_float32, fused_outputs, named_model, ops as _ops
 
 from onnxcampo.ops import reduce as block_reduce
 from onnxcampo.rewrites.reductions import fuse_reductions
 
 OP = block_reduce.OP_TYPE
+
+
+def _model(text, *, opset=17, **ints):
+    """An ONNX-text model (``named_model``) with an int64 initializer (axes, shapes) for each of ``ints``."""
+    model = named_model(text, opset=opset)
+    for name, values in ints.items():
+        _ints(model, name, values)
+    return model
 
 
 def _feeds(model, seed=0):
@@ -50,8 +58,7 @@ def test_a_bias_gradient_is_one_node_over_the_rows():
     model = _model("""
     g (float[32,16,8] dy) => (float[8] db) {
       db = ReduceSum <keepdims = 0> (dy, axes)
-    }""")
-    _ints(model, "axes", [0, 1])
+    }""", axes=[0, 1])
     fused, result = _fuse(model)
     node, attrs = _node(fused)
     assert _ops(fused) == [OP] and list(node.input) == ["dy"] and list(node.output) == ["db"]
@@ -78,8 +85,7 @@ def test_a_conv_bias_gradient_sums_the_batch_and_the_pixels():
     model = _model("""
     g (float[2,3,4,5] dy) => (float[3] db) {
       db = ReduceSum <keepdims = 0> (dy, axes)
-    }""")
-    _ints(model, "axes", [0, 2, 3])
+    }""", axes=[0, 2, 3])
     fused, result = _fuse(model)
     assert _node(fused)[1]["sizes"] == [2, 3, 20] and result.kinds == {"blocks": 1}
 
@@ -91,8 +97,7 @@ def test_simplify_rule_7s_reduce_sum_pair_with_its_reshapes_is_one_node():
     g (float[2,3,4,5,1] dy) => (float[3] db) {
       r = ReduceSum <keepdims = 0> (dy, axes)
       db = Identity(r)
-    }""")
-    _ints(model, "axes", [0, 2, 3, 4])
+    }""", axes=[0, 2, 3, 4])
     simplify_backward(model, rules=["ReduceSum as matrix reductions", "Reshape chain"])
     assert _ops(model).count("ReduceSum") == 2 and "Reshape" in _ops(model)
     fused, result = _fuse(model)
@@ -115,8 +120,7 @@ def test_simplify_rule_7s_reduce_sum_pair_with_its_reshapes_is_one_node():
     }""", ["Cast", OP], "h", TensorProto.FLOAT16, 0, id="to_float16_before_the_reduction_stays_it_rounds"),
 ])
 def test_a_cast_before_the_reduction(text, ops, reads, output_type, casts):
-    model = _model(text)
-    _ints(model, "axes", [0])
+    model = _model(text, axes=[0])
     fused, result = _fuse(model)
     node, attrs = _node(fused)
     assert _ops(fused) == ops and list(node.input) == [reads] and attrs["output_type"] == output_type
@@ -131,8 +135,7 @@ def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_input():
       d32 = Cast <to = 1> (dy)
       db = ReduceSum <keepdims = 0> (d32, axes)
       n = Neg(d32)
-    }""")
-    _ints(model, "axes", [0])
+    }""", axes=[0])
     fused, result = _fuse(model)
     assert sorted(_ops(fused)) == sorted([OP, "Cast", "Neg"]) and list(_node(fused)[0].input) == ["dy"]
     assert result.casts == 0
@@ -141,17 +144,14 @@ def test_a_cast_read_elsewhere_too_stays_and_the_node_reads_its_input():
 def _bias_gradients_of_a_residual(first: str, second: str, readers: str = "") -> onnx.ModelProto:
     """Two sums, named ``first`` and ``second``, of one float32 Cast of a float16 gradient dy, each
     through a Reshape (the graph outputs a and b: the sums, or what ``readers`` compute from them)."""
-    model = _model(f"""
+    return _model(f"""
     g (float16[64,8,5] dy) => (float[8] a, float[8] b) {{
       d32 = Cast <to = 1> (dy)
       r1 = Reshape(d32, shape)
       {first} = ReduceSum <keepdims = 0> (r1, axes)
       r2 = Reshape(d32, shape)
       {second} = ReduceSum <keepdims = 0> (r2, axes){readers}
-    }}""")
-    _ints(model, "axes", [0, 2])
-    _ints(model, "shape", [64, 8, 5])
-    return model
+    }}""", axes=[0, 2], shape=[64, 8, 5])
 
 
 def test_a_cast_read_only_by_two_reductions_goes():
@@ -187,9 +187,7 @@ def test_sums_of_one_tensor_over_other_axes_or_to_other_types_stay_two_nodes():
       a = Neg(s1)
       b = Neg(s2)
       c = Neg(s3)
-    }""")
-    _ints(model, "axes0", [0])
-    _ints(model, "axes1", [1])
+    }""", axes0=[0], axes1=[1])
     fused, result = _fuse(model)
     assert _ops(fused).count(OP) == 3 and result.shared == 0
 
@@ -201,8 +199,7 @@ def test_casts_after_the_reduction_are_folded_into_its_output_type():
       y = Cast <to = 10> (s)
       t = ReduceSum <keepdims = 0> (h, axes)
       z = Cast <to = 1> (t)
-    }""")
-    _ints(model, "axes", [0])
+    }""", axes=[0])
     fused, result = _fuse(model)
     outputs = {n.output[0]: helper.get_attribute_value(next(a for a in n.attribute if a.name == "output_type"))
                for n in fused.graph.node}
@@ -227,8 +224,7 @@ def test_a_reduction_whose_output_is_a_graph_output_keeps_its_name_and_its_reade
     g (float[16,4] x) => (float[4] s, float16[4] y) {
       s = ReduceSum <keepdims = 0> (x, axes)
       y = Cast <to = 10> (s)
-    }""")
-    _ints(model, "axes", [0])
+    }""", axes=[0])
     fused, _ = _fuse(model)
     node, _ = _node(fused)
     assert _ops(fused) == [OP, "Cast"] and list(node.output) == ["s"]
@@ -240,8 +236,7 @@ def test_the_output_gets_a_value_info_and_the_intermediates_lose_theirs():
       d32 = Cast <to = 1> (dy)
       db = ReduceSum <keepdims = 0> (d32, axes)
       out = Neg(db)
-    }""")
-    _ints(model, "axes", [0])
+    }""", axes=[0])
     model = onnx.shape_inference.infer_shapes(model)
     assert {v.name for v in model.graph.value_info} == {"d32", "db"}
     fused, _ = _fuse(model)
@@ -255,9 +250,7 @@ def test_shared_axes_constants_stay_for_the_nodes_that_still_read_them():
     g (float[16,4] x, float[4,5,6] z) => (float[4] s, float[4,6] m) {
       s = ReduceSum <keepdims = 0> (x, axes)
       m = ReduceSum <keepdims = 0> (z, one)
-    }""")
-    _ints(model, "axes", [0])
-    _ints(model, "one", [1])
+    }""", axes=[0], one=[1])
     fused, _ = _fuse(model)
     assert sorted(_ops(fused)) == sorted([OP, "ReduceSum"]) and [t.name for t in fused.graph.initializer] == ["one"]
 
@@ -286,9 +279,7 @@ def test_a_chain_stops_where_a_value_between_is_read_twice():
     g (float[4,6,5] x) => (float[6] y, float[4,6] m) {
       m = ReduceSum <keepdims = 0> (x, two)
       y = ReduceSum <keepdims = 0> (m, zero)
-    }""")
-    _ints(model, "two", [2])
-    _ints(model, "zero", [0])
+    }""", two=[2], zero=[0])
     fused, result = _fuse(model)
     assert _ops(fused) == [OP, OP] and result.reductions == 2  # two nodes: m is a graph output
 
@@ -298,8 +289,7 @@ def test_the_option_without_the_custom_op_library_is_one_clear_error(monkeypatch
     from onnxcampo.config import OptimizeConfig
     from onnxcampo.errors import ConfigError
 
-    model = _model("g (float[4,3] x) => (float[3] y) { y = ReduceSum <keepdims = 0> (x, axes) }")
-    _ints(model, "axes", [0])
+    model = _model("g (float[4,3] x) => (float[3] y) { y = ReduceSum <keepdims = 0> (x, axes) }", axes=[0])
     monkeypatch.setattr(ops, "available", lambda: False)
     with pytest.raises(ConfigError, match="^fuse_reductions .* custom-op library is not available"):
         optimize(model, config=OptimizeConfig(fuse_reductions=True))
@@ -315,11 +305,7 @@ def test_casts_and_reshapes_on_both_sides_of_a_reduction_pair_are_folded():
       total = ReduceSum <keepdims = 0> (rows, zero)
       r = Reshape(total, out)
       db = Cast <to = 10> (r)
-    }""")
-    _ints(model, "shape", [2, 3, 20])
-    _ints(model, "two", [2])
-    _ints(model, "zero", [0])
-    _ints(model, "out", [3])
+    }""", shape=[2, 3, 20], two=[2], zero=[0], out=[3])
     fused, result = _fuse(model)
     node, attrs = _node(fused)
     assert _ops(fused) == [OP] and list(node.input) == ["dy"] and list(node.output) == ["db"]
@@ -334,10 +320,7 @@ def test_squeeze_unsqueeze_and_flatten_around_a_reduction_are_views_and_fold():
       t = ReduceSum <keepdims = 1> (s, zero)
       f = Flatten <axis = 0> (t)
       y = Reshape(f, shape)
-    }""")
-    _ints(model, "one", [1])
-    _ints(model, "zero", [0])
-    _ints(model, "shape", [6, 1])
+    }""", one=[1], zero=[0], shape=[6, 1])
     fused, result = _fuse(model)
     node, attrs = _node(fused)
     assert _ops(fused) == [OP] and list(node.input) == ["x"] and attrs["output_shape"] == [6, 1]
