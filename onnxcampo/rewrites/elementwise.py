@@ -497,6 +497,16 @@ def _scalar_constants(constants: Mapping[str, onnx.TensorProto]) -> dict[str, fl
     return found
 
 
+def _takes(op: str, inputs: int) -> bool | None:
+    """Whether rule 1 takes an ``op`` node of this many inputs: a kernel op with its arity, a Sum
+    of 1 to ``MAX_INPUTS``; None for the ops that only move a value (the caller's rule)."""
+    if op in FUSABLE:
+        return inputs == FUSABLE[op][1]
+    if op == SUM:
+        return 1 <= inputs <= ew.MAX_INPUTS
+    return None
+
+
 def _fusable_shape(view: _FusionView, node: onnx.NodeProto) -> tuple[int, ...] | None:
     """The node's output shape when rule 1 lets it be fused, else None."""
     if node.domain not in oplists.DEFAULT_DOMAINS or len(node.output) != 1:
@@ -510,16 +520,10 @@ def _fusable_shape(view: _FusionView, node: onnx.NodeProto) -> tuple[int, ...] |
     if node.op_type == "Cast" and len(node.input) == 1 and view.mask(node.input[0]) is not None \
             and ir.attribute(node, "to") in FLOATS:
         return view.static(node.output[0], FLOATS)  # a comparison's mask as 1.0 / 0.0
-    if node.op_type in FUSABLE:
-        if len(node.input) != FUSABLE[node.op_type][1]:
-            return None
-    elif node.op_type == SUM:
-        if not 1 <= len(node.input) <= ew.MAX_INPUTS:
-            return None
-    elif node.op_type == "Cast":
-        if ir.attribute(node, "to") not in FLOATS:
-            return None
-    elif node.op_type != "Identity":
+    takes = _takes(node.op_type, len(node.input))
+    if takes is None:  # a value moved: Identity, or a Cast between the float types
+        takes = node.op_type == "Identity" or (node.op_type == "Cast" and ir.attribute(node, "to") in FLOATS)
+    if not takes:
         return None
     shape = view.static(node.output[0], FLOATS)
     if shape is None or any(not name or (name not in scalars and view.static(name, FLOATS) is None)
@@ -778,13 +782,10 @@ def _plan_fusable(ctx: GraphContext, node: gs.Node) -> tuple[int, ...] | None:
     it as it is (a node ORT fuses or aliases keeps the costing of ORT's graph), else None."""
     if (node.domain or "") not in oplists.DEFAULT_DOMAINS or len(node.outputs) != 1 or node.name in ctx.ort_status:
         return None
-    if node.op in FUSABLE:
-        if len(node.inputs) != FUSABLE[node.op][1]:
-            return None
-    elif node.op == SUM:
-        if not 1 <= len(node.inputs) <= ew.MAX_INPUTS:
-            return None
-    elif node.op not in MOVES or (node.op == "Cast" and int(node.attrs.get("to", 0)) not in FLOATS):
+    takes = _takes(node.op, len(node.inputs))
+    if takes is None:
+        takes = node.op in MOVES and (node.op != "Cast" or int(node.attrs.get("to", 0)) in FLOATS)
+    if not takes:
         return None
     out = ctx.info.get(node.outputs[0].name)
     if out is None or out.dtype not in FLOATS or out.shape is None or not out.numel:

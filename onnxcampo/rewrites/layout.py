@@ -114,6 +114,14 @@ def to_logical_perm(rank: int, c: int) -> list[int]:
     return [i if i < c else rank - 1 if i == c else i - 1 for i in range(rank)]
 
 
+_FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT)
+
+
+def _moves_float(node: onnx.NodeProto) -> bool:
+    """A Reshape or Cast of the default domain: what the pooling adjoint's walks pass through."""
+    return node.domain in ("", "ai.onnx") and node.op_type in ("Reshape", "Cast")
+
+
 def same_bytes(shape: list[int], perm: list[int]) -> bool:
     """Whether transposing a tensor of ``shape`` by ``perm`` leaves its bytes in place (a Reshape
     does it): the axes longer than 1 keep their order. Axes are compared, not their lengths: a
@@ -492,35 +500,44 @@ class _Layout:
         if self.only_reader(data) is scatter and data in self.producers:
             chain.append(self.producers[data])  # the zeros' ConstantOfShape
         # dy: back from the updates through Reshapes and Casts read by nothing else
-        name, walked, dy = scatter.input[2], [], None
-        if _trails(self.shape(name), ys):
-            dy = (name, [])
-        while (producer := self.producers.get(name)) is not None and self.only_reader(name) is (walked[-1] if walked else scatter) \
-                and producer.domain in ("", "ai.onnx") and producer.op_type in ("Reshape", "Cast") \
-                and self.dtype(producer.input[0]) in (TensorProto.FLOAT16, TensorProto.FLOAT):
-            walked.append(producer)
-            name = producer.input[0]
-            if _count(self.shape(name)) != _count(ys):
-                break
-            if _trails(self.shape(name), ys):
-                dy = (name, list(walked))
+        def back(name: str, walked: list) -> tuple[onnx.NodeProto, str] | None:
+            producer = self.producers.get(name)
+            if producer is None or self.only_reader(name) is not (walked[-1] if walked else scatter) \
+                    or not _moves_float(producer) or self.dtype(producer.input[0]) not in _FLOAT_TYPES:
+                return None
+            return producer, producer.input[0]
+
         # dx: on from the scatter's output likewise
-        name, walked, dx = scatter.output[0], [], None
-        while (reader := self.only_reader(name)) is not None and reader.domain in ("", "ai.onnx") \
-                and reader.op_type in ("Reshape", "Cast") and reader.input[0] == name \
-                and self.dtype(reader.output[0]) in (TensorProto.FLOAT16, TensorProto.FLOAT):
-            walked.append(reader)
-            name = reader.output[0]
-            if _count(self.shape(name)) != _count(xs):
-                break
-            if _trails(self.shape(name), xs):
-                dx = (name, list(walked))
+        def on(name: str, walked: list) -> tuple[onnx.NodeProto, str] | None:
+            reader = self.only_reader(name)
+            if reader is None or not _moves_float(reader) or reader.input[0] != name \
+                    or self.dtype(reader.output[0]) not in _FLOAT_TYPES:
+                return None
+            return reader, reader.output[0]
+
+        start = scatter.input[2]
+        dy = self.walk_moves(start, ys, back) or ((start, []) if _trails(self.shape(start), ys) else None)
+        dx = self.walk_moves(scatter.output[0], xs, on)
         if dy is None or dx is None:
             return False
         pool.indices, pool.scatter = node, scatter
         pool.dy, pool.dx = dy[0], dx[0]
         pool.members += chain + dy[1] + dx[1]
         return True
+
+    def walk_moves(self, name: str, target, step) -> tuple[str, list] | None:
+        """From ``name`` one node at a time (``step(name, walked)``: the next node and the tensor it
+        leads to, or None) while the element count stays ``target``'s: the last tensor whose
+        shape trails ``target``, with the nodes walked to it; None when none does."""
+        walked, found = [], None
+        while (moved := step(name, walked)) is not None:
+            node, name = moved
+            walked.append(node)
+            if _count(self.shape(name)) != _count(target):
+                break
+            if _trails(self.shape(name), target):
+                found = (name, list(walked))
+        return found
 
     def find_pools(self) -> None:
         """The MaxPools MaxPoolNhwc can run, each paired with onnx-ad's adjoint of it (:class:`_Pool`)."""
