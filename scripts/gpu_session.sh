@@ -24,7 +24,7 @@
 #            $OUT/calibrate/<gpu>.json with its samples beside it; copy both to costdb/data/ and
 #            costdb/data/raw/ to ship it; CALIBRATE_BUDGET_S (default 540); to resume, carry the
 #            samples back and set CALIBRATE_SAMPLES to them                                  (~8 min)
-#   defaults inference with default options against the anchors (fp32, ORT's fp16 converter, ORT's
+#   defaults inference with default options (campo-auto: the rewrites by predicted cost) against the anchors (fp32, ORT's fp16 converter, ORT's
 #            transformers optimizer + fp16, ModelOpt), plain and replayed, on BERT, GPT-2,
 #            ResNet-50, the odd MLP and three corpus models (BENCH_MODELS narrows them)        (~10 min)
 #   profile  per-kernel and per-node times of several variants of one model (the benchmarks'
@@ -112,7 +112,7 @@ run_defaults() {
   stage defaults 590 python3 -P -m onnxcampo.benchmarks run --out /tmp/benchraw --name "${BENCH_NAME:-h100}" --wheels "$WHEELS" \
     --mirror "$OUT/defaults" --corpus-dir "${CORPUS_DIR:-.benchcorpus}" --budget-s "${BENCH_BUDGET_S:-520}" \
     --models "${BENCH_MODELS:-resnet50,bert,gpt2,odd_mlp,ppocr_det,ppocr_rec,magika}" --mode inference \
-    --policies "${BENCH_POLICIES:-fp32,fp32-graph,fp16-graph,ort-fp16,ortopt-fp16,modelopt,campo,campo-graph}"
+    --policies "${BENCH_POLICIES:-fp32,fp32-graph,fp16-graph,ort-fp16,ortopt-fp16,modelopt,campo-auto,campo-auto-graph}"
 }
 
 run_profile() {
