@@ -550,3 +550,30 @@ def test_a_fix_on_given_inputs_does_not_warn_about_generated_ones():
     result = optimize(model, policy="fp16", accuracy=AccuracyCheck("fix", inputs=feeds))
     assert result.report["accuracy"]["fixed"] is True
     assert not any("fitted to generated inputs" in note for note in result.report.get("notes", []))
+
+
+# --- per-output criteria -------------------------------------------------------------------------
+def test_an_output_judged_by_its_own_bounds():
+    """``logits:rel_l2=0.05`` loosens logits alone; the other output keeps the global bound."""
+    ref = {"logits": np.ones(100, np.float32), "boxes": np.ones(100, np.float32)}
+    off = {"logits": np.full(100, 1.03, np.float32), "boxes": np.full(100, 1.03, np.float32)}
+    assert not evaluate(ref, off, "rel_l2=0.01").ok
+    verdict = evaluate(ref, off, "rel_l2=0.01,logits:rel_l2=0.05")
+    assert [o.ok for o in verdict.outputs] == [True, False]
+    assert "FAIL (rel L2 > 0.01)" in verdict.outputs[1].line(verdict.criterion)
+    assert "ok (rel L2 <= 0.05)" in verdict.outputs[0].line(verdict.criterion)
+    assert evaluate(ref, off, "0.01,logits:0.05,boxes:max_abs=0.05").ok
+
+
+def test_per_output_text_round_trips_and_output_names_may_hold_colons():
+    criterion = Criterion.parse("rel_l2=0.02,out:0:max_abs=1,ids:mismatch=0.5")
+    assert set(criterion.outputs) == {"out:0", "ids"}
+    assert criterion.of("out:0").bounds == {"max_abs": 1.0} and criterion.of("other") is criterion
+    assert criterion.of("ids").mismatch == 0.5 and criterion.of("ids").bounds == {"rel_l2": 0.02}
+    assert Criterion.parse(str(criterion)) == criterion
+    assert criterion.describe() == "rel L2 <= 0.02; out:0: max abs <= 1; ids: rel L2 <= 0.02, share differing <= 0.5"
+
+
+def test_a_per_output_bound_on_no_output_is_one_clear_error():
+    with pytest.raises(ConfigError, match="'logit', which is no output of the model; its outputs: logits"):
+        evaluate({"logits": np.ones(3, np.float32)}, {"logits": np.ones(3, np.float32)}, "logit:0.05")

@@ -198,11 +198,14 @@ class Criterion:
 
     ``bounds``: statistic -> largest value accepted, for float outputs (default ``rel_l2``
     0.01); ``mismatch``: the largest share of differing elements of an integer/bool output.
-    An output with no finite reference value cannot be judged and passes (it is reported).
+    ``outputs``: output name -> the criterion for that output instead (Polygraphy's
+    per-output tolerances). An output with no finite reference value cannot be judged and passes
+    (it is reported).
     """
 
     bounds: Mapping[str, float] = field(default_factory=lambda: {"rel_l2": 0.01})
     mismatch: float = 0.01
+    outputs: Mapping[str, "Criterion"] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from onnxcampo.errors import ConfigError
@@ -217,6 +220,20 @@ class Criterion:
         if not 0 <= self.mismatch <= 1:
             raise ConfigError(f"accuracy bound mismatch={self.mismatch!r} must be a share in [0, 1]")
         object.__setattr__(self, "bounds", dict(self.bounds))
+        object.__setattr__(self, "outputs", dict(self.outputs))
+
+    def of(self, output: str) -> "Criterion":
+        """The criterion ``output`` is judged by: its own where one is given, else this one."""
+        return self.outputs.get(output, self)
+
+    def check_outputs(self, names) -> None:
+        """A per-output criterion must name an output of the model: one ConfigError otherwise."""
+        from onnxcampo.errors import ConfigError
+
+        unknown = sorted(set(self.outputs) - set(names))
+        if unknown:
+            raise ConfigError(f"--tolerance names {unknown[0]!r}, which is no output of the model; its outputs: "
+                              + ", ".join(names))
 
     @classmethod
     def parse(cls, text: "str | float | Criterion | None") -> "Criterion":
@@ -230,38 +247,53 @@ class Criterion:
             return text
         if isinstance(text, (int, float)):
             return cls({"rel_l2": float(text)})
-        bounds, mismatch = {}, None
+        given: dict[str, dict[str, float]] = {}  # "" -> the global bounds, else an output's
         for part in (p.strip() for p in str(text).split(",")):
             if not part:
                 continue
-            key, sep, value = part.partition("=")
-            if not sep:
-                key, value = "rel_l2", key  # a bare number
+            left, sep, right = part.partition("=")
+            if sep:  # [OUTPUT:]KEY=VALUE (an output's name may hold colons itself: TensorFlow's "out:0")
+                output, _, key = left.strip().rpartition(":")
+                value = right
+            else:  # [OUTPUT:]NUMBER, a relative L2 bound
+                output, _, value = left.strip().rpartition(":")
+                key = "rel_l2"
             key = key.strip()
             try:
                 number = float(value)
             except ValueError:
                 raise ConfigError(f"--tolerance {text!r}: {value!r} is not a number "
-                                  "(expected e.g. 0.01 or rel_l2=0.01,max_abs=1e-3)") from None
-            if key == "mismatch":
-                mismatch = number
-            else:
-                bounds[key] = number
-        if not bounds and mismatch is None:
+                                  "(expected e.g. 0.01, rel_l2=0.01,max_abs=1e-3 or logits:rel_l2=0.05)") from None
+            given.setdefault(output, {})[key] = number
+        if not given:
             raise ConfigError(f"--tolerance {text!r}: expected e.g. 0.01 or rel_l2=0.01,max_abs=1e-3")
-        if not bounds:
-            bounds = dict(DEFAULT_CRITERION.bounds)
-        return cls(bounds, DEFAULT_CRITERION.mismatch if mismatch is None else mismatch)
+        base = cls._from_bounds(given.pop("", {}), DEFAULT_CRITERION)
+        outputs = {name: cls._from_bounds(bounds, base) for name, bounds in given.items()}
+        return cls(base.bounds, base.mismatch, outputs)
+
+    @classmethod
+    def _from_bounds(cls, given: Mapping[str, float], start: "Criterion") -> "Criterion":
+        """``start`` with the ``given`` bounds (and ``mismatch``) in place of its own."""
+        bounds = {k: v for k, v in given.items() if k != "mismatch"}
+        return cls(bounds or dict(start.bounds), given.get("mismatch", start.mismatch))
 
     def __str__(self) -> str:
-        return ",".join(f"{key}={value:g}" for key, value in (*self.bounds.items(), ("mismatch", self.mismatch)))
+        own = [f"{key}={value:g}" for key, value in (*self.bounds.items(), ("mismatch", self.mismatch))]
+        return ",".join(own + [f"{name}:{key}={value:g}" for name, c in self.outputs.items()
+                               for key, value in (*c.bounds.items(), ("mismatch", c.mismatch))])
 
     def describe(self) -> str:
-        """``rel L2 <= 0.01`` (the float bounds; integer outputs' bound added when not default)."""
+        """``rel L2 <= 0.01`` (the float bounds; integer outputs' bound added when not default;
+        the outputs judged otherwise after it)."""
         text = ", ".join(f"{_LABELS[k]} <= {v:g}" for k, v in self.bounds.items())
-        return text if self.mismatch == DEFAULT_CRITERION.mismatch else f"{text}, share differing <= {self.mismatch:g}"
+        text = text if self.mismatch == DEFAULT_CRITERION.mismatch else f"{text}, share differing <= {self.mismatch:g}"
+        if self.outputs:
+            text += "; " + "; ".join(f"{name}: {c.describe()}" for name, c in self.outputs.items())
+        return text
 
     def judge(self, stats: OutputStats) -> "OutputVerdict":
+        if stats.name in self.outputs:
+            return self.outputs[stats.name].judge(stats)
         if stats.broken:
             return OutputVerdict(stats, False, ("output",))
         bounds = {"mismatch": self.mismatch} if stats.kind == "exact" else self.bounds if stats.kind == "float" else {}
@@ -281,7 +313,7 @@ class OutputVerdict:
 
     def failure(self, criterion: Criterion) -> str:
         """``logits rel L2 0.031 > 0.01 (12 non-finite values)``: what failed, in a few words."""
-        s = self.stats
+        s, criterion = self.stats, criterion.of(self.stats.name)
         if s.broken:
             return f"{s.name} {s.note}"
         parts = [f"{_LABELS[k]} {s.values[k]:.3g} > {criterion.mismatch if k == 'mismatch' else criterion.bounds[k]:g}"
@@ -293,7 +325,7 @@ class OutputVerdict:
         """``logits: rel L2 0.0031, max abs 0.012, p99 abs 0.004, max rel 0.4, p99 rel 0.02 ok (rel L2
         <= 0.01)`` -- the bounded statistics first, then max/p99 of the absolute and relative
         errors, then the verdict with the bounds it is against."""
-        s = self.stats
+        s, criterion = self.stats, criterion.of(self.stats.name)
         if s.broken:
             return f"{s.name}: {s.note} FAIL"
         if s.kind == "none":
@@ -392,5 +424,6 @@ def evaluate(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.nda
     """Judge ``candidate``'s outputs against ``reference``'s, output by output, in the
     reference's order (outputs the reference lacks are ignored)."""
     criterion = Criterion.parse(criterion)
+    criterion.check_outputs(list(reference))
     verdicts = tuple(criterion.judge(output_stats(name, ref, candidate.get(name))) for name, ref in reference.items())
     return Verdict(criterion, verdicts, inputs)

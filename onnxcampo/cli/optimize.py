@@ -52,6 +52,8 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
                            "number (a bound on the relative L2 error ||out - ref|| / ||ref||) or bounds "
                            "STAT=VALUE,... on mean_abs, median_abs, p99_abs, max_abs, mean_rel, median_rel, p99_rel, "
                            "max_rel, rel_l2 (float outputs) and mismatch (share of integer elements that differ); "
+                           "OUTPUT:STAT=VALUE or OUTPUT:NUMBER judges one output by its own bounds instead "
+                           "(e.g. 0.01,boxes:max_abs=0.5); "
                            "default rel_l2=0.01,mismatch=0.01 (fp16 models as good as the anchors: 0.06-0.5 %%)")
     out.add_argument("--fix", action="store_true",
                       help="when the written model fails the criterion (--validate or the accuracy check), keep the "
