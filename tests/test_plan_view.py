@@ -253,6 +253,9 @@ def test_rows_and_table_from_a_report():
     assert rows[0].priced == {"gain_us": 1.0}
     assert filter_rows(rows, precision="inserted") == rows[1:]
     assert table(rows).splitlines()[1].split() == ["fp16", "MatMul", "2.00", "1.00", "0.5", "0.25", "a", "allow_pays"]
+    assert table(rows).splitlines()[-1].startswith("casts: the Casts a node causes; one that several fp16 nodes read")
+    whole = {**report, "plan_nodes": {"a": {**report["plan_nodes"]["a"], "casts": 1.0}}}
+    assert not table(node_rows(whole)).splitlines()[-1].startswith("casts:")  # said only where a share shows
 
 
 @pytest.mark.slow

@@ -85,6 +85,9 @@ def table(rows: list[NodeRow]) -> str:
                  if r.precision != INSERTED else f"{'':>9}  {'':>9}  {'':>5}  {'':>8}")
         reason = r.reason if r.precision != INSERTED else r.reason_text
         lines.append(f"{r.precision:8}  {r.op:{op_width}}  {times}  {r.name}  {reason}{_ort_note(r)}")
+    if any(r.precision != INSERTED and r.casts != int(r.casts) for r in rows):
+        lines.append("casts: the Casts a node causes; one that several fp16 nodes read counts a share to each "
+                     "(0.5: one Cast read by two), so the column adds up to the plan's Casts")
     return "\n".join(lines)
 
 
