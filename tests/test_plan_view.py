@@ -53,10 +53,11 @@ def model_path(tmp_path):
 
 
 def table_rows(out: str) -> list[list[str]]:
-    """The nodes table's rows (after its header line), split into columns."""
+    """The nodes table's rows (after its header line, before the legend of reason codes and
+    Cast shares: lines of one word and a colon first), split into columns."""
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("prec "))
-    return [line.split() for line in lines[header + 1:]]
+    return [line.split() for line in lines[header + 1:] if not line.split()[0].endswith(":")]
 
 
 def run_cli(capsys, *argv):
@@ -166,11 +167,14 @@ def test_inspect_nodes_table_has_op_precision_own_numbers_and_filters(model_path
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("prec "))
     assert lines[header].split() == ["prec", "op", "fp32_us", "fp16_us", "casts", "cast_us", "name", "reason"]
-    rows = [line.split() for line in lines[header + 1:]]
+    rows = [line.split() for line in lines[header + 1:header + 8]]
     assert [(r[0], r[1]) for r in rows[:5]] == [("fp16", "MatMul"), ("fp32", "Constant"), ("fp16", "Add"),
                                                   ("fp32", "Shape"), ("fp32", "Exp")]
     assert rows[0][6:] == ["mm", "policy_fp16"] and rows[4][6:] == ["exp", "user_excluded"]
     assert [r[1] for r in rows[5:]] == ["Cast", "Cast"] and all(r[0] == "inserted" for r in rows[5:])
+    legend = lines[header + 8:]  # each reason code shown, in the summary's words
+    assert any(line.startswith("user_excluded: ") for line in legend)
+    assert any(line.startswith("policy_fp16: ") for line in legend)
 
     _, out, _ = run_cli(capsys, "inspect", model_path, *FIXED, "--op", "Add", "--op", "Exp")
     assert [r[1] for r in table_rows(out)] == ["Add", "Exp"]

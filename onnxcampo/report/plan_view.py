@@ -77,7 +77,9 @@ def filter_rows(rows: list[NodeRow], *, ops=(), precision: str | None = None, na
 
 
 def table(rows: list[NodeRow]) -> str:
-    """One line per row: precision, op, own fp32/fp16 times, the Casts it causes, name, reason."""
+    """One line per row: precision, op, own fp32/fp16 times, the Casts it causes, name, reason;
+    then what each reason code shown means (the words the summary uses) and, where a row has a
+    share of a Cast, what that is."""
     op_width = max((len(r.op) for r in rows), default=2)
     lines = [f"{'prec':8}  {'op':{op_width}}  {'fp32_us':>9}  {'fp16_us':>9}  {'casts':>5}  {'cast_us':>8}  name  reason"]
     for r in rows:
@@ -85,6 +87,8 @@ def table(rows: list[NodeRow]) -> str:
                  if r.precision != INSERTED else f"{'':>9}  {'':>9}  {'':>5}  {'':>8}")
         reason = r.reason if r.precision != INSERTED else r.reason_text
         lines.append(f"{r.precision:8}  {r.op:{op_width}}  {times}  {r.name}  {reason}{_ort_note(r)}")
+    used = {r.reason: r.reason_text for r in rows if r.precision != INSERTED}
+    lines += [f"{code}: {words}" for code, words in sorted(used.items())]  # the summary's words for each code
     if any(r.precision != INSERTED and r.casts != int(r.casts) for r in rows):
         lines.append("casts: the Casts a node causes; one that several fp16 nodes read counts a share to each "
                      "(0.5: one Cast read by two), so the column adds up to the plan's Casts")
