@@ -1,7 +1,8 @@
 // ARM NEON tile kernels, compiled on AArch64 only (the seed's target). 8 uint16 lanes per register;
 // vhaddq_u16 is the seed's node exactly (floor((x+y)/2), no overflow), vmulq_u16 the exact
 // 16-bit product. Leaves are reduced 8 at a time in registers, higher levels in a stack in L1,
-// as in the AVX2 kernel. The exact kernel widens with vmlal_s16 (32-bit accumulation).
+// by the code the AVX2 kernel shares (avg_matmul_tree.h). The exact kernel widens with
+// vmlal_s16 (32-bit accumulation).
 //
 // Built with ONNXCAMPO_NEON_VIA_SIMDE, the same code compiles on x86 against SIMDe's NEON
 // emulation (scripts/check_neon_simde.sh), so that it can be checked where no ARM machine is.
@@ -17,91 +18,53 @@
 #if defined(ONNXCAMPO_HAVE_NEON)
 
 #include "avg_matmul.h"
+#include "avg_matmul_tree.h"
 
 namespace onnxcampo {
 namespace {
 
 constexpr int kVecs = kCols / 8;  // uint16x8 registers per tile row
-constexpr int kChunkDepth = 3;
-static_assert(kChunkDepth == 3, "TreeTileNeon's tail handles subtrees of 4, 2 and 1 leaves");
 
-struct Tile {
-  uint16x8_t v[kRows][kVecs];
-};
+// The tree's registers (avg_matmul_tree.h): the products themselves, vhaddq_u16 nodes.
+struct Neon {
+  struct Tile {
+    uint16x8_t v[kRows][kVecs];
+  };
 
-template <int L>
-inline __attribute__((always_inline)) void Subtree(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k,
-                                                   Tile& out) {
-  if constexpr (L == 0) {
+  static void Leaf(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k, Tile& out) {
     uint16x8_t bv[kVecs];
     for (int v = 0; v < kVecs; ++v) bv[v] = vld1q_u16(b + k * kCols + 8 * v);
     for (int r = 0; r < kRows; ++r) {
       const uint16x8_t av = vdupq_n_u16(a[r * lda + k]);
       for (int v = 0; v < kVecs; ++v) out.v[r][v] = vmulq_u16(av, bv[v]);
     }
-  } else {
-    Tile left, right;
-    Subtree<L - 1>(a, lda, b, k, left);
-    Subtree<L - 1>(a, lda, b, k + (int64_t{1} << (L - 1)), right);
+  }
+
+  static void Node(const Tile& left, const Tile& right, Tile& out) {
     for (int r = 0; r < kRows; ++r) {
       for (int v = 0; v < kVecs; ++v) out.v[r][v] = vhaddq_u16(left.v[r][v], right.v[r][v]);
     }
   }
-}
 
-void Store(uint16_t (*slot)[kCols], const Tile& value) {
-  for (int r = 0; r < kRows; ++r) {
-    for (int v = 0; v < kVecs; ++v) vst1q_u16(slot[r] + 8 * v, value.v[r][v]);
+  static void Load(const uint16_t (*slot)[kCols], Tile& out) {
+    for (int r = 0; r < kRows; ++r) {
+      for (int v = 0; v < kVecs; ++v) out.v[r][v] = vld1q_u16(slot[r] + 8 * v);
+    }
   }
-}
+
+  static void Store(uint16_t (*slot)[kCols], const Tile& value) {
+    for (int r = 0; r < kRows; ++r) {
+      for (int v = 0; v < kVecs; ++v) vst1q_u16(slot[r] + 8 * v, value.v[r][v]);
+    }
+  }
+
+  static int64_t Value(uint16_t root) { return root; }
+};
 
 }  // namespace
 
 void TreeTileNeon(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t K, int64_t* s) {
-  uint16_t stack[64][kRows][kCols];  // stack[l]: root of a subtree of 2^l leaves awaiting its sibling
-  uint64_t occupied = 0;
-  int64_t k = 0;
-  for (; k + (1 << kChunkDepth) <= K; k += 1 << kChunkDepth) {
-    Tile value;
-    Subtree<kChunkDepth>(a, lda, b, k, value);
-    int level = kChunkDepth;
-    while ((occupied >> level) & 1) {
-      for (int r = 0; r < kRows; ++r) {
-        for (int v = 0; v < kVecs; ++v) value.v[r][v] = vhaddq_u16(vld1q_u16(stack[level][r] + 8 * v), value.v[r][v]);
-      }
-      occupied &= ~(uint64_t{1} << level);
-      ++level;
-    }
-    Store(stack[level], value);
-    occupied |= uint64_t{1} << level;
-  }
-  if (K - k >= 4) {
-    Tile value;
-    Subtree<2>(a, lda, b, k, value);
-    Store(stack[2], value);
-    occupied |= 4;
-    k += 4;
-  }
-  if (K - k >= 2) {
-    Tile value;
-    Subtree<1>(a, lda, b, k, value);
-    Store(stack[1], value);
-    occupied |= 2;
-    k += 2;
-  }
-  if (K - k >= 1) {
-    Tile value;
-    Subtree<0>(a, lda, b, k, value);
-    Store(stack[0], value);
-    occupied |= 1;
-  }
-  for (int i = 0; i < kRows * kCols; ++i) s[i] = 0;
-  for (int level = 0; level < 64; ++level) {
-    if (!((occupied >> level) & 1)) continue;
-    for (int r = 0; r < kRows; ++r) {
-      for (int j = 0; j < kCols; ++j) s[r * kCols + j] += static_cast<int64_t>(stack[level][r][j]) << level;
-    }
-  }
+  tree::TreeTile<Neon>(a, lda, b, K, s);
 }
 
 void ExactTileNeon(const uint32_t* a, int64_t lda, const int16_t* b, int64_t K, int64_t* s) {

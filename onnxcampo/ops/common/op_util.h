@@ -229,12 +229,21 @@ inline std::string OutputTypeError(const char* name, int64_t type) {
   return "attribute '" + std::string(name) + "' must be 1 (float32) or 10 (float16), got " + std::to_string(type);
 }
 
-// "" or what is wrong with the shape attribute `name` (a dim < 0); `count`: its element count.
-inline std::string ShapeAttributeError(const char* name, const std::vector<int64_t>& shape, int64_t* count) {
+// "" or what is wrong with the attributes that type and shape an output: `type_name` (1 or 10)
+// and `shape_name` (dims >= 0 holding `elements` elements; `elements_why`: what gives that
+// number, for the message).
+inline std::string OutputAttributesError(const char* type_name, int64_t type, const char* shape_name,
+                                         const std::vector<int64_t>& shape, int64_t elements,
+                                         const std::string& elements_why) {
+  if (!IsOutputType(type)) return OutputTypeError(type_name, type);
+  const std::string attribute = "attribute '" + std::string(shape_name) + "' ";
   for (int64_t d : shape) {
-    if (d < 0) return "attribute '" + std::string(name) + "' must be >= 0, got " + IntsText(shape);
+    if (d < 0) return attribute + "must be >= 0, got " + IntsText(shape);
   }
-  *count = ElementCount(shape);
+  const int64_t count = ElementCount(shape);
+  if (count != elements) {
+    return attribute + IntsText(shape) + " holds " + std::to_string(count) + " elements, " + elements_why;
+  }
   return "";
 }
 
@@ -410,15 +419,34 @@ const OrtCustomOp* Registered(bool cuda) {
   return &cpu;
 }
 
-// One input and one output of undefined type (the kernel checks the input's; ORT's custom-op
-// type inference, or the op's InferOutputShapeFn, gives the output's).
-template <typename TOp, typename TKernel>
-struct UntypedUnaryOp : OpBase<TOp, TKernel> {
-  using OpBase<TOp, TKernel>::OpBase;
+// The op `kName`: one input and one output of undefined type (the kernel checks the input's; ORT's
+// custom-op type inference, or `infer` when given, gives the output's). A whole op class:
+// `using Im2ColCustomOp = UntypedUnaryOp<kName, Im2ColKernel, InferIm2Col>;` (kName a
+// `constexpr char[]`).
+template <const char* kName, typename TKernel, decltype(OrtCustomOp::InferOutputShapeFn) infer = nullptr>
+struct UntypedUnaryOp : OpBase<UntypedUnaryOp<kName, TKernel, infer>, TKernel> {
+  explicit UntypedUnaryOp(bool cuda) : OpBase<UntypedUnaryOp, TKernel>(cuda, infer) {}
+  const char* GetName() const { return kName; }
   size_t GetInputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+};
+
+// One variadic input and one variadic output: lists of tensors of kInputType / kOutputType alone
+// (homogeneous), or of any types each (kAnyType: heterogeneous; the kernel checks the inputs' and
+// the op's InferOutputShapeFn gives the outputs' types, as ORT's own type inference gives up).
+template <typename TOp, typename TKernel, ONNXTensorElementDataType kInputType, ONNXTensorElementDataType kOutputType>
+struct VariadicOp : OpBase<TOp, TKernel> {
+  using OpBase<TOp, TKernel>::OpBase;
+  size_t GetInputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return kInputType; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
+  bool GetVariadicInputHomogeneity() const { return kInputType != kAnyType; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return kOutputType; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
+  bool GetVariadicOutputHomogeneity() const { return kOutputType != kAnyType; }
 };
 
 // ---- the registry: each unit's <unit>_op.cc names its op classes once ----------------------

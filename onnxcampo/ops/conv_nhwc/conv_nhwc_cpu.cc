@@ -21,31 +21,39 @@ int64_t FilterIndex(const ConvCall& g, int64_t co, int64_t i, int64_t j, int64_t
   return g.krsc ? ((co * g.a.kh + i) * g.a.kw + j) * c + ci : ((co * c + ci) * g.a.kh + i) * g.a.kw + j;
 }
 
+// Calls tap(i, j, x_at) for each filter tap (i, j), in order, whose input pixel for output pixel
+// (n, oh, ow) lies inside x (not in the padding); x_at: that pixel's offset in x (its channel 0).
+template <typename Tap>
+inline void ForEachTap(const ConvCall& g, int64_t n, int64_t oh, int64_t ow, Tap&& tap) {
+  const Im2ColAttrs& a = g.a;
+  for (int64_t i = 0; i < a.kh; ++i) {
+    const int64_t h = oh * a.sh + i * a.dh - a.pt;
+    if (h < 0 || h >= g.h) continue;
+    for (int64_t j = 0; j < a.kw; ++j) {
+      const int64_t w = ow * a.sw + j * a.dw - a.pl;
+      if (w < 0 || w >= g.w_) continue;
+      tap(i, j, ((n * g.h + h) * g.w_ + w) * g.cin);
+    }
+  }
+}
+
 // y[n, oh, :, :] of the forward convolution; output channel co reads the input channels
 // [group_of(co) * Cin / group, ...) of its group.
 void ForwardRow(const ConvCall& g, int64_t n, int64_t oh) {
-  const Im2ColAttrs& a = g.a;
   const int64_t cin_g = FilterChannels(g), cout_g = g.cout / g.group;
   std::vector<float> acc(static_cast<size_t>(g.cout));
   for (int64_t ow = 0; ow < g.wo; ++ow) {
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int64_t i = 0; i < a.kh; ++i) {
-      const int64_t h = oh * a.sh + i * a.dh - a.pt;
-      if (h < 0 || h >= g.h) continue;
-      for (int64_t j = 0; j < a.kw; ++j) {
-        const int64_t w = ow * a.sw + j * a.dw - a.pl;
-        if (w < 0 || w >= g.w_) continue;
-        const int64_t x_at = ((n * g.h + h) * g.w_ + w) * g.cin;
-        for (int64_t co = 0; co < g.cout; ++co) {
-          const int64_t x_group = x_at + co / cout_g * cin_g;
-          float sum = 0.0f;
-          for (int64_t ci = 0; ci < cin_g; ++ci) {
-            sum += LoadAsFloat(g.x, x_group + ci, g.half) * LoadAsFloat(g.w, FilterIndex(g, co, i, j, ci), g.half);
-          }
-          acc[co] += sum;
+    ForEachTap(g, n, oh, ow, [&](int64_t i, int64_t j, int64_t x_at) {
+      for (int64_t co = 0; co < g.cout; ++co) {
+        const int64_t x_group = x_at + co / cout_g * cin_g;
+        float sum = 0.0f;
+        for (int64_t ci = 0; ci < cin_g; ++ci) {
+          sum += LoadAsFloat(g.x, x_group + ci, g.half) * LoadAsFloat(g.w, FilterIndex(g, co, i, j, ci), g.half);
         }
+        acc[co] += sum;
       }
-    }
+    });
     const int64_t y_at = ((n * g.ho + oh) * g.wo + ow) * g.cout;
     for (int64_t co = 0; co < g.cout; ++co) StoreFloat(g.out, y_at + co, acc[co], g.half);
   }
@@ -85,17 +93,10 @@ void FilterOf(const ConvCall& g, int64_t co) {
     for (int64_t oh = 0; oh < g.ho; ++oh) {
       for (int64_t ow = 0; ow < g.wo; ++ow) {
         const float d = LoadAsFloat(g.dy, ((n * g.ho + oh) * g.wo + ow) * g.cout + co, g.half);
-        for (int64_t i = 0; i < a.kh; ++i) {
-          const int64_t h = oh * a.sh + i * a.dh - a.pt;
-          if (h < 0 || h >= g.h) continue;
-          for (int64_t j = 0; j < a.kw; ++j) {
-            const int64_t w = ow * a.sw + j * a.dw - a.pl;
-            if (w < 0 || w >= g.w_) continue;
-            const int64_t x_at = ((n * g.h + h) * g.w_ + w) * g.cin;
-            float* row = &acc[static_cast<size_t>((i * a.kw + j) * g.cin)];
-            for (int64_t ci = 0; ci < g.cin; ++ci) row[ci] += d * LoadAsFloat(g.x, x_at + ci, g.half);
-          }
-        }
+        ForEachTap(g, n, oh, ow, [&](int64_t i, int64_t j, int64_t x_at) {
+          float* row = &acc[static_cast<size_t>((i * a.kw + j) * g.cin)];
+          for (int64_t ci = 0; ci < g.cin; ++ci) row[ci] += d * LoadAsFloat(g.x, x_at + ci, g.half);
+        });
       }
     }
   }

@@ -88,15 +88,8 @@ std::string CheckColumnSums(const std::vector<int64_t>& sums, int64_t type, cons
            " elementwise outputs";
   }
   if (sums[1] < 1) return "column_sums' columns must be >= 1, got " + std::to_string(sums[1]);
-  if (!IsOutputType(type)) return OutputTypeError("column_sums_type", type);
-  int64_t count = 0;
-  const std::string why = ShapeAttributeError("column_sums_shape", shape, &count);
-  if (!why.empty()) return why;
-  if (count != sums[1]) {
-    return "attribute 'column_sums_shape' " + IntsText(shape) + " holds " + std::to_string(count) + " elements, " +
-           std::to_string(sums[1]) + " columns are summed";
-  }
-  return "";
+  return OutputAttributesError("column_sums_type", type, "column_sums_shape", shape, sums[1],
+                               std::to_string(sums[1]) + " columns are summed");
 }
 
 struct FusedElementwise {
@@ -363,17 +356,9 @@ OrtStatusPtr ORT_API_CALL InferFusedElementwise(const OrtCustomOp*, OrtShapeInfe
 
 // One variadic heterogeneous input (float16/float32 tensors) and one variadic heterogeneous
 // output: ORT's own type inference gives up on such outputs, InferFusedElementwise sets them.
-struct FusedElementwiseOp : OpBase<FusedElementwiseOp, FusedElementwise> {
-  explicit FusedElementwiseOp(bool cuda) : OpBase(cuda, InferFusedElementwise) {}
+struct FusedElementwiseOp : VariadicOp<FusedElementwiseOp, FusedElementwise, kAnyType, kAnyType> {
+  explicit FusedElementwiseOp(bool cuda) : VariadicOp(cuda, InferFusedElementwise) {}
   const char* GetName() const { return kFusedElementwise; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
-  bool GetVariadicInputHomogeneity() const { return false; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
-  bool GetVariadicOutputHomogeneity() const { return false; }
 };
 
 }  // namespace

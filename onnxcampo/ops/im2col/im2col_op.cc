@@ -11,7 +11,7 @@
 namespace onnxcampo {
 namespace {
 
-constexpr const char* kName = "Im2Col";
+constexpr char kName[] = "Im2Col";
 
 std::vector<int64_t> Or(std::vector<int64_t> value, bool present, std::vector<int64_t> fallback) {
   return present ? value : fallback;
@@ -85,10 +85,7 @@ struct Im2ColKernel : NodeKernel<Im2ColKernel> {
 
 // One input and one output of undefined type: ORT's custom-op type inference gives the output
 // the input's type; InferIm2Col adds the shape.
-struct Im2ColCustomOp : UntypedUnaryOp<Im2ColCustomOp, Im2ColKernel> {
-  explicit Im2ColCustomOp(bool cuda) : UntypedUnaryOp(cuda, InferIm2Col) {}
-  const char* GetName() const { return kName; }
-};
+using Im2ColCustomOp = UntypedUnaryOp<kName, Im2ColKernel, InferIm2Col>;
 
 ONNXCAMPO_REGISTER_OPS(im2col, Im2ColCustomOp);
 

@@ -116,50 +116,35 @@ struct Kernel {
   bool cuda;
 };
 
-struct UnscaleCheckFinite : Kernel<UnscaleCheckFinite> {
-  static constexpr const char* kName = "UnscaleCheckFinite";
-  static constexpr size_t kScalarInputs = 1;  // inv_scale
-  static constexpr size_t kScalarOutputs = 1;  // found_inf
-  static constexpr bool kTensorOutputs = true;
+// UnscaleCheckFinite (kUnscale) and CheckFinite, its check alone: an update with unscale=1 reads
+// g_i and inv_scale itself, so the u_i (float32, a pass over every gradient written and read
+// back) are not made.
+template <bool kUnscale>
+struct CheckFiniteKernel : Kernel<CheckFiniteKernel<kUnscale>> {
+  static constexpr const char* kName = kUnscale ? "UnscaleCheckFinite" : "CheckFinite";
+  static constexpr size_t kScalarInputs = kUnscale ? 1 : 0;  // inv_scale
+  static constexpr size_t kScalarOutputs = 1;                 // found_inf
+  static constexpr bool kTensorOutputs = kUnscale;            // u_1..u_n
   static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
-  UnscaleCheckFinite(const OrtKernelInfo*, bool cuda) : Kernel(cuda) {}
+  CheckFiniteKernel(const OrtKernelInfo*, bool cuda) : Kernel<CheckFiniteKernel>(cuda) {}
 
   void Compute(OrtKernelContext* context) {
     Io io(context, kName);
     UnscaleArgs args;
-    args.inv_scale = io.FloatScalar(0, "inv_scale");
+    if (kUnscale) args.inv_scale = io.FloatScalar(0, "inv_scale");
     std::vector<std::vector<int64_t>> shapes;
-    args.grads = io.Gradients(1, io.InputCount() - 1, &shapes);
+    args.grads = io.Gradients(kScalarInputs, io.InputCount() - kScalarInputs, kUnscale ? &shapes : nullptr);
     args.found_inf = io.ScalarOutput<bool>(0);
-    args.out = io.Outputs(1, shapes);
+    if (kUnscale) args.out = io.Outputs(1, shapes);
 #ifdef ONNXCAMPO_WITH_CUDA
-    if (cuda) return UnscaleCheckFiniteCuda(args, io.Stream());
+    if (this->cuda) return UnscaleCheckFiniteCuda(args, io.Stream());
 #endif
     UnscaleCheckFiniteCpu(args, io.Runner());
   }
 };
 
-// UnscaleCheckFinite without its outputs u_i: an update with unscale=1 reads g_i and inv_scale
-// itself, so the u_i (float32, a pass over every gradient written and read back) are not made.
-struct CheckFinite : Kernel<CheckFinite> {
-  static constexpr const char* kName = "CheckFinite";
-  static constexpr size_t kScalarInputs = 0;
-  static constexpr size_t kScalarOutputs = 1;  // found_inf
-  static constexpr bool kTensorOutputs = false;
-  static constexpr ONNXTensorElementDataType kScalarOutput = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
-  CheckFinite(const OrtKernelInfo*, bool cuda) : Kernel(cuda) {}
-
-  void Compute(OrtKernelContext* context) {
-    Io io(context, kName);
-    UnscaleArgs args;
-    args.grads = io.Gradients(0, io.InputCount(), nullptr);
-    args.found_inf = io.ScalarOutput<bool>(0);
-#ifdef ONNXCAMPO_WITH_CUDA
-    if (cuda) return UnscaleCheckFiniteCuda(args, io.Stream());
-#endif
-    UnscaleCheckFiniteCpu(args, io.Runner());
-  }
-};
+using UnscaleCheckFinite = CheckFiniteKernel<true>;
+using CheckFinite = CheckFiniteKernel<false>;
 
 // unscale=1 puts inv_scale first among the tensor inputs (the variadic list).
 size_t UnscaleInputs(const OrtKernelInfo* info, const char* op) {
@@ -346,17 +331,10 @@ OrtStatusPtr ORT_API_CALL InferMultiTensorCast(const OrtCustomOp*, OrtShapeInfer
 
 // float32 tensors in, as many float16 tensors out (both variadic and homogeneous);
 // InferMultiTensorCast gives each output its input's shape.
-struct MultiTensorCastOp : OpBase<MultiTensorCastOp, MultiTensorCast> {
-  explicit MultiTensorCastOp(bool cuda) : OpBase(cuda, InferMultiTensorCast) {}
+struct MultiTensorCastOp : VariadicOp<MultiTensorCastOp, MultiTensorCast, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16> {
+  explicit MultiTensorCastOp(bool cuda) : VariadicOp(cuda, InferMultiTensorCast) {}
   const char* GetName() const { return MultiTensorCast::kName; }
-  size_t GetInputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
-  bool GetVariadicInputHomogeneity() const { return true; }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_VARIADIC; }
-  bool GetVariadicOutputHomogeneity() const { return true; }
 };
 
 }  // namespace

@@ -8,13 +8,15 @@
 //           range's columns: contiguous loads, independent sums the compiler vectorises);
 //   R > 1:  acc[q] += rowsum(p, q) for p = 0, 1, ..., each row summed in 8 interleaved partial
 //           sums (element r into sum r % 8) added pairwise at the end.
-// float16 inputs are converted by a table of all 65536 values (exact).
+// float16 inputs are converted by a table of all 65536 values (exact), float16 outputs rounded as
+// FusedElementwise's (elementwise.h: to nearest even, overflow to inf, NaN to a quiet NaN).
 // Built with -ffp-contract=off like the other CPU kernels (no FMA here anyway).
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
 
+#include "elementwise/elementwise.h"  // the float16 <-> float32 conversions
 #include "reduce.h"
 
 namespace onnxcampo {
@@ -24,66 +26,12 @@ constexpr int64_t kWork = int64_t{1} << 16;  // elements of x per task, about
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise (mantissa * 2^-24 is exact in float32)
-      int shift = 0;
-      uint32_t m = mantissa;
-      while ((m & 0x400u) == 0) {
-        m <<= 1;
-        ++shift;
-      }
-      bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | ((m & 0x3ffu) << 13);
-    }
-  } else if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-  }
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-// Round to nearest even, overflow to inf, NaN to a quiet NaN (as CUDA's __float2half_rn).
-uint16_t FloatToHalf(float value) {
-  uint32_t f;
-  std::memcpy(&f, &value, sizeof f);
-  const uint32_t sign = f & 0x80000000u;
-  f ^= sign;
-  uint16_t out;
-  if (f >= (127u + 16u) << 23) {  // |value| >= 65536, inf or NaN
-    out = f > 0x7f800000u ? 0x7e00 : 0x7c00;
-  } else if (f < 113u << 23) {  // |value| < 2^-14: float16 subnormal or zero; the float add rounds
-    const uint32_t magic_bits = ((127u - 15u) + (23u - 10u) + 1u) << 23;  // 0.5
-    float magic, v;
-    std::memcpy(&magic, &magic_bits, sizeof magic);
-    std::memcpy(&v, &f, sizeof v);
-    v += magic;
-    uint32_t r;
-    std::memcpy(&r, &v, sizeof r);
-    out = static_cast<uint16_t>(r - magic_bits);
-  } else {
-    const uint32_t odd = (f >> 13) & 1u;
-    f += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;  // rebias, add half an ulp less one
-    f += odd;                                              // ... and one more when odd: ties to even
-    out = static_cast<uint16_t>(f >> 13);                  // a carry past 65504 gives inf
-  }
-  return static_cast<uint16_t>(out | (sign >> 16));
-}
-
 // Every float16 bit pattern's float32 value (256 KB, built once): one load per element, no
 // branches in the loops.
 const float* HalfTable() {
   static const std::vector<float> table = [] {
     std::vector<float> values(65536);
-    for (uint32_t h = 0; h < 65536; ++h) values[h] = HalfToFloat(static_cast<uint16_t>(h));
+    for (uint32_t h = 0; h < 65536; ++h) values[h] = ew::HalfBitsToFloat(static_cast<uint16_t>(h));
     return values;
   }();
   return table.data();
@@ -151,7 +99,7 @@ void BlockReduceSumCpu(const BlockReduceArgs& a, const ParallelRunner& run) {
     }
     if (a.y_half) {
       uint16_t* y = static_cast<uint16_t*>(a.y) + q0;
-      for (int64_t i = 0; i < q1 - q0; ++i) y[i] = FloatToHalf(acc[i]);
+      for (int64_t i = 0; i < q1 - q0; ++i) y[i] = ew::FloatToHalfBits(acc[i]);
     } else {
       std::memcpy(static_cast<float*>(a.y) + q0, acc.data(), acc.size() * sizeof(float));
     }

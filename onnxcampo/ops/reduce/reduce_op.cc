@@ -31,7 +31,7 @@ void BlockReduceSumOnStream(OrtKernelContext* ctx, const OrtMemoryInfo* memory, 
 
 namespace {
 
-constexpr const char* kName = "BlockReduceSum";
+constexpr char kName[] = "BlockReduceSum";
 
 // The type y is written in: output_type, or float32 for a float16 y when x was planned in float16
 // (`input_type`) and arrives as float32 (ORT's CPU provider running the node in fp32).
@@ -47,15 +47,8 @@ std::string CheckAttributes(const std::vector<int64_t>& sizes, int64_t output_ty
   for (int64_t s : sizes) {
     if (s < 0) return "attribute 'sizes' must be >= 0, got " + ShapeText(sizes);
   }
-  if (!IsOutputType(output_type)) return OutputTypeError("output_type", output_type);
-  int64_t count = 0;
-  const std::string why = ShapeAttributeError("output_shape", shape, &count);
-  if (!why.empty()) return why;
-  if (count != sizes[1]) {
-    return "attribute 'output_shape' " + ShapeText(shape) + " holds " + std::to_string(count) + " elements, Q is " +
-           std::to_string(sizes[1]);
-  }
-  return "";
+  return OutputAttributesError("output_type", output_type, "output_shape", shape, sizes[1],
+                               "Q is " + std::to_string(sizes[1]));
 }
 
 struct BlockReduceSumKernel : NodeKernel<BlockReduceSumKernel> {
@@ -125,13 +118,13 @@ struct BlockReduceSumKernel : NodeKernel<BlockReduceSumKernel> {
 // kernel's creation then says what is wrong. ORT ignores the returned status; nothing throws.
 OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
   const OrtApi& api = Ort::GetApi();
-  try {
+  Quietly([&] {  // nothing may unwind into ORT
     std::vector<int64_t> sizes, shape;
     int64_t output_type = kFloatType, declared = 0;
-    if (!InferInts(ctx, "sizes", &sizes) || sizes.size() != 3) return nullptr;
+    if (!InferInts(ctx, "sizes", &sizes) || sizes.size() != 3) return;
     if (!InferInt(ctx, "output_type", &output_type)) output_type = kFloatType;
     if (!InferInts(ctx, "output_shape", &shape)) shape = {sizes[1]};
-    if (!CheckAttributes(sizes, output_type, shape).empty()) return nullptr;
+    if (!CheckAttributes(sizes, output_type, shape).empty()) return;
     if (InferInt(ctx, "input_type", &declared)) {
       OrtTensorTypeAndShapeInfo* x = nullptr;  // owned by the context
       ONNXTensorElementDataType actual = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
@@ -140,17 +133,13 @@ OrtStatusPtr ORT_API_CALL InferBlockReduceSum(const OrtCustomOp*, OrtShapeInferC
       output_type = WrittenType(declared, actual, output_type);
     }
     ShapeInferOutput(ctx, 0, static_cast<ONNXTensorElementDataType>(output_type), shape);
-  } catch (...) {  // nothing may unwind into ORT
-  }
+  });
   return nullptr;
 }
 
 // One input of any type (float16 or float32, checked by the kernel) and one output whose type
 // the inference function sets.
-struct BlockReduceSumOp : UntypedUnaryOp<BlockReduceSumOp, BlockReduceSumKernel> {
-  explicit BlockReduceSumOp(bool cuda) : UntypedUnaryOp(cuda, InferBlockReduceSum) {}
-  const char* GetName() const { return kName; }
-};
+using BlockReduceSumOp = UntypedUnaryOp<kName, BlockReduceSumKernel, InferBlockReduceSum>;
 
 ONNXCAMPO_REGISTER_OPS(reduce, BlockReduceSumOp);
 

@@ -15,7 +15,7 @@
 namespace onnxcampo {
 namespace {
 
-constexpr const char* kName = "NchwToNhwc";
+constexpr char kName[] = "NchwToNhwc";
 constexpr int64_t kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 constexpr int64_t kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
 
@@ -73,20 +73,20 @@ struct NchwToNhwcKernel : NodeKernel<NchwToNhwcKernel> {
 // it; the kernel's creation then says what is wrong. ORT ignores the returned status.
 OrtStatusPtr ORT_API_CALL InferNchwToNhwc(const OrtCustomOp*, OrtShapeInferContext* ctx) noexcept {
   const OrtApi& api = Ort::GetApi();
-  try {
+  Quietly([&] {  // nothing may unwind into ORT
     int64_t to = -1, channels = -1;
-    if (!InferInt(ctx, "to", &to)) return nullptr;
+    if (!InferInt(ctx, "to", &to)) return;
     InferInt(ctx, "channels", &channels);
     OrtTensorTypeAndShapeInfo* x = nullptr;  // owned by the context
     Ort::ThrowOnError(api.ShapeInferContext_GetInputTypeShape(ctx, 0, &x));
     size_t rank = 0;
     Ort::ThrowOnError(api.GetDimensionsCount(x, &rank));
-    if (rank < 3) return nullptr;
+    if (rank < 3) return;
     std::vector<int64_t> dims(rank);
     std::vector<const char*> names(rank, nullptr);
     Ort::ThrowOnError(api.GetDimensions(x, dims.data(), rank));
     Ort::ThrowOnError(api.GetSymbolicDimensions(x, names.data(), rank));
-    if (!CheckAttributes(to, channels, dims[1]).empty() || (channels == -1 && dims[1] < 0)) return nullptr;
+    if (!CheckAttributes(to, channels, dims[1]).empty() || (channels == -1 && dims[1] < 0)) return;
     std::vector<int64_t> shape{dims[0]};
     std::vector<const char*> symbols{names[0] != nullptr ? names[0] : ""};
     for (size_t d = 2; d < rank; ++d) {
@@ -96,17 +96,13 @@ OrtStatusPtr ORT_API_CALL InferNchwToNhwc(const OrtCustomOp*, OrtShapeInferConte
     shape.push_back(channels == -1 ? dims[1] : channels);
     symbols.push_back("");
     ShapeInferOutput(ctx, 0, static_cast<ONNXTensorElementDataType>(to), shape, symbols);
-  } catch (...) {  // nothing may unwind into ORT
-  }
+  });
   return nullptr;
 }
 
 // One input of either float type (checked by the kernel), one output whose type the inference
 // function sets.
-struct NchwToNhwcOp : UntypedUnaryOp<NchwToNhwcOp, NchwToNhwcKernel> {
-  explicit NchwToNhwcOp(bool cuda) : UntypedUnaryOp(cuda, InferNchwToNhwc) {}
-  const char* GetName() const { return kName; }
-};
+using NchwToNhwcOp = UntypedUnaryOp<kName, NchwToNhwcKernel, InferNchwToNhwc>;
 
 ONNXCAMPO_REGISTER_OPS(to_nhwc, NchwToNhwcOp);
 
