@@ -577,3 +577,67 @@ def test_per_output_text_round_trips_and_output_names_may_hold_colons():
 def test_a_per_output_bound_on_no_output_is_one_clear_error():
     with pytest.raises(ConfigError, match="'logit', which is no output of the model; its outputs: logits"):
         evaluate({"logits": np.ones(3, np.float32)}, {"logits": np.ones(3, np.float32)}, "logit:0.05")
+
+
+# --- input sets: a folder of .npz, Polygraphy JSON -----------------------------------------------
+def polygraphy_json(path, sets) -> None:
+    """Feed sets as ``polygraphy run --save-inputs`` writes them (numpy.save bytes, base64)."""
+    import base64
+    import io
+
+    def encoded(array):
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        return {"array": base64.b64encode(buffer.getvalue()).decode(), "polygraphy_class": "ndarray"}
+
+    path.write_text(json.dumps([{name: encoded(value) for name, value in feeds.items()} for feeds in sets]))
+
+
+def test_validate_runs_every_input_set_until_one_fails_and_judges_that_one(planted_file, tmp_path, capsys):
+    """planted() overflows in fp16 on standard-normal inputs, not on tiny ones: a folder with a
+    tiny .npz and a Polygraphy JSON of one tiny and one normal set fails on the normal one."""
+    rng = np.random.default_rng(3)
+    tiny = [{"x": (rng.standard_normal((8, 16)) * 1e-3).astype(np.float32)} for _ in range(2)]
+    normal = {"x": rng.standard_normal((8, 16)).astype(np.float32)}
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    np.savez(folder / "a.npz", **tiny[0])
+    polygraphy_json(folder / "b.json", [tiny[1], normal])
+    (folder / "notes.txt").write_text("not inputs")  # other files are left alone
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--provider", "reference",
+                 "--inputs", str(folder), "--report", str(report)]) == 1
+    err = capsys.readouterr().err
+    assert "3 of 3 input sets checked, b.json set 1 fails: it is judged below" in err
+    assert "the inputs of b.json set 1" in err and not out.exists()
+    polygraphy_json(folder / "b.json", [tiny[1]])
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--provider", "reference",
+                 "--inputs", str(folder), "--report", str(report)]) == 0
+    assert "2 of 2 input sets checked, every one passes" in capsys.readouterr().err
+    assert json.loads(report.read_text())["input_sets"] == {"count": 2, "checked": 2, "failed": []}
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "holds no .npz or Polygraphy .json file"),
+    ("{not json", "is not readable JSON"),
+    ('[{"x": [1, 2]}]', "x is not an array as Polygraphy writes one"),
+    ('[{"y": {"array": "", "polygraphy_class": "ndarray"}}]', "cannot be read"),
+])
+def test_input_sets_that_cannot_be_read_are_one_line(planted_file, tmp_path, capsys, content, message):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    if content is not None:
+        (folder / "sets.json").write_text(content)
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(planted_file), str(out), "--policy", "fp16", "--validate", "--inputs",
+                 str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in err[0] and not out.exists()
+
+
+def test_a_polygraphy_set_with_a_wrong_input_name_names_the_set(planted_file, tmp_path, capsys):
+    sets = tmp_path / "sets.json"
+    polygraphy_json(sets, [{"x": np.zeros((8, 16), np.float32)}, {"z": np.zeros((8, 16), np.float32)}])
+    assert main(["optimize", str(planted_file), str(tmp_path / "o.onnx"), "--policy", "fp16", "--validate",
+                 "--inputs", str(sets)]) == 2
+    assert "(set 1): unknown input name(s) ['z']" in capsys.readouterr().err

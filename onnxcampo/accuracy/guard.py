@@ -63,8 +63,9 @@ class AccuracyCheck:
     ``mode`` does). ``tolerance``: the criterion (:meth:`onnxcampo.accuracy.Criterion.parse`:
     a relative-L2 bound or ``"rel_l2=0.01,max_abs=..."``; default rel_l2=0.01, mismatch=0.01);
     ``provider``: where validate runs both models (``cpu``, ``cuda`` or ``reference``, the ONNX
-    reference evaluator); ``inputs``: the feeds (a mapping, or an ``.npz`` path; default:
-    optimize's ``inputs`` if given, else generated); ``rtol``/``atol``: also check every
+    reference evaluator); ``inputs``: the feeds (a mapping, or the path of an ``.npz``, of a
+    Polygraphy JSON file of feed sets or of a folder of such files: every set is checked until
+    one fails, which is judged; default: optimize's ``inputs`` if given, else generated); ``rtol``/``atol``: also check every
     element (off unless one is given); ``fix``: with ``validate``, keep the culprits fp32;
     ``staged``: an :class:`onnxcampo.ir.StagedModel` the optimized model is written to and run
     from; ``progress``: receives each line and its logging level."""
@@ -141,13 +142,45 @@ def check(model, config, result, accuracy: AccuracyCheck, *, optimize_s: float =
         if skipped != NOTHING_CONVERTED:
             accuracy.say(f"onnxcampo: accuracy check skipped: {skipped}")
         return result
-    run = _prepare(model, config, result, accuracy, inputs)
-    if run is None:
-        return result
-    outputs = _run_optimized(result, run, accuracy)
-    if outputs is None:
-        return result
+    sets = _input_sets(accuracy, model, inputs)
+    judged = []  # (the set's words, whether it passed)
+    for k, given in enumerate(sets):
+        run = _prepare(model, config, result, accuracy, inputs, given, write=k == 0)
+        if run is None:
+            return result
+        outputs = _run_optimized(result, run, accuracy)
+        if outputs is None:
+            return result
+        if len(sets) == 1:
+            break
+        from onnxcampo.accuracy import evaluate
+
+        ok = evaluate(run.ref.outputs, outputs, run.criterion).ok
+        judged.append((given[1].removeprefix("the inputs of "), ok))
+        if not ok:
+            break  # the first set that fails is the one judged (and searched)
+    if judged:
+        failed = [words for words, ok in judged if not ok]
+        result.report["input_sets"] = {"count": len(sets), "checked": len(judged), "failed": failed}
+        accuracy.say(f"onnxcampo: {run.what}: {len(judged)} of {len(sets)} input sets checked, "
+                     + (f"{failed[0]} fails: it is judged below" if failed else "every one passes"))
     return _judge(model, config, result, accuracy, run, outputs, optimize_s=optimize_s, inputs=inputs)
+
+
+def _input_sets(accuracy: AccuracyCheck, model, inputs) -> list[tuple[dict | None, str]]:
+    """The check's feed sets and the words for each: the sets at ``accuracy.inputs`` (an .npz,
+    a Polygraphy JSON file or a folder of them), else the given mapping, else generated."""
+    from onnxcampo.runtime import load_input_sets
+
+    if accuracy.inputs is not None and not isinstance(accuracy.inputs, Mapping):
+        original, _ = _source(model)
+        sets = load_input_sets(accuracy.inputs, original)
+        return [(feeds, f"the inputs of {accuracy.inputs}" if len(sets) == 1 else f"the inputs of {words}")
+                for feeds, words in sets]
+    given = accuracy.inputs if accuracy.inputs is not None else inputs
+    if given is not None:
+        return [(dict(given), "the given inputs")]
+    return [(None, "generated inputs")]
 
 
 def _skipped(model, config, result, accuracy: AccuracyCheck, inputs) -> str | None:
@@ -199,27 +232,18 @@ def _source(model) -> tuple[onnx.ModelProto, Path | None]:
     return original, Path(model)
 
 
-def _feeds(accuracy: AccuracyCheck, original, inputs) -> tuple[dict | None, str]:
-    """The check's feeds (``None``: generated) and the words for them."""
-    from onnxcampo.runtime import load_inputs_npz
-
-    if accuracy.inputs is not None and not isinstance(accuracy.inputs, Mapping):
-        return load_inputs_npz(accuracy.inputs, original), f"the inputs of {accuracy.inputs}"
-    given = accuracy.inputs if accuracy.inputs is not None else inputs
-    if given is not None:
-        return dict(given), "the given inputs"
-    return None, "generated inputs"
-
-
-def _prepare(model, config, result, accuracy: AccuracyCheck, inputs) -> _Run | None:
-    """The optimized model written (``staged``: test-loaded from the file on a thread) and the
-    fp32 reference run, side by side; ``None`` where report mode skips the check (the report says why)."""
+def _prepare(model, config, result, accuracy: AccuracyCheck, inputs, given: tuple[dict | None, str], *,
+             write: bool = True) -> _Run | None:
+    """The optimized model written (``staged``: test-loaded from the file on a thread; with
+    ``write``, the first set's run) and the fp32 reference run on the feed set ``given`` (feeds or
+    ``None``: generated, and its words), side by side; ``None`` where report mode skips the check
+    (the report says why)."""
     from onnxcampo.accuracy import check as acc
     from onnxcampo.accuracy import Criterion
 
     criterion = Criterion.parse(accuracy.tolerance)
     what = "validate" if accuracy.validating else "accuracy check"
-    staged = accuracy.staged
+    staged = accuracy.staged if write else None
     if staged is not None:  # written once, test-loaded from the file it is renamed from, while the reference runs
         staged.write(result.model, background=True)
 
@@ -233,7 +257,7 @@ def _prepare(model, config, result, accuracy: AccuracyCheck, inputs) -> _Run | N
         execution = config.execution if provider != "reference" else "plain"
     else:  # the fp32 model on ORT's CPU provider; the optimized one on the reference evaluator where quick
         provider, execution = "cpu", "plain"
-    feeds, inputs_text = _feeds(accuracy, original, inputs)
+    feeds, inputs_text = given
     dims, batch_one = config.dim_values, []
     if not accuracy.validating and feeds is None:  # the quick check: batch 1 where the batch is dynamic
         dims, batch_one = acc.batch_one_dims(original, config.input_shapes, config.dim_values)

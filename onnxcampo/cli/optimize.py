@@ -43,8 +43,11 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
                            "ONNX reference evaluator (reference: numpy in each tensor's dtype, so fp16 nodes round and "
                            "overflow as fp16 does, which ORT's CPU provider, running most fp16 nodes in fp32, hides; "
                            "slow on large models)")
-    out.add_argument("--inputs", type=Path, metavar="FILE.npz",
-                      help="inputs for --validate, the accuracy check, --tune and --activation-limit (default: "
+    out.add_argument("--inputs", type=Path, metavar="FILE.npz|FILE.json|FOLDER",
+                      help="inputs for --validate, the accuracy check, --tune and --activation-limit: an .npz, a "
+                           "Polygraphy JSON file of feed sets (polygraphy run --save-inputs) or a folder of such "
+                           "files; --validate and the accuracy check run every set until one fails, --tune and "
+                           "--activation-limit take the first (default: "
                            "generated: floats standard normal, integers in [0, 8), *mask* ones, token_type_ids zeros, "
                            "position_ids 0..n-1, sr 16000)")
     out.add_argument("--tolerance", default=None, metavar="CRITERION",
@@ -140,14 +143,14 @@ def _optimization_inputs(args: argparse.Namespace, config: OptimizeConfig):
     if not ((config.tune or config.activation_limit is not None) and args.inputs):
         return None
     from onnxcampo import ir
-    from onnxcampo.runtime import load_inputs_npz
+    from onnxcampo.runtime import load_input_sets
     from onnxcampo.training.scaling import is_train_step
     from onnxcampo.training.step import step_spec
 
     model, _ = ir.read_model(args.input)
     # a training step is timed on its batch (and labels); weights and state come from the graph
     batch = step_spec(model).batch if is_train_step(model) else None
-    return load_inputs_npz(args.inputs, model, only=batch)
+    return load_input_sets(args.inputs, model, only=batch)[0][0]  # the first set
 
 
 def _accuracy(args: argparse.Namespace, staged) -> AccuracyCheck:

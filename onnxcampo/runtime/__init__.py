@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 # this module's names, and those of compare (the output comparison) and timing (bound runs,
 # rotation), which it re-exports
 __all__ = [
-    "require_provider", "available_providers", "graph_inputs", "load_inputs_npz", "make_session",
+    "require_provider", "available_providers", "graph_inputs", "load_input_sets", "load_inputs_npz", "make_session",
     "preload_cuda_dlls", "random_inputs", "run", "session_recipe", "validate", "validate_isolated",
     "DEFAULT_TOLERANCE", "OutputCheck", "OutputDiff", "check_outputs", "compare_outputs", "output_error", "worst_error",
     "BlockTimes", "BoundRunner", "bound_runner", "check_feeds", "run_once", "time_in_rotation",
@@ -318,7 +318,71 @@ def load_inputs_npz(path: str | os.PathLike[str], model: onnx.ModelProto,
         why = "not a NumPy .npz archive" if "pickle" in str(exc) or isinstance(exc, zipfile.BadZipFile) else str(exc)
         raise ConfigError(f"inputs file {path} is not a readable .npz ({why}); write one with "
                           "numpy.savez(path, **{input name: array})") from exc
+    return checked_inputs(arrays, model, path, only)
 
+
+INPUT_SET_SUFFIXES = (".npz", ".json")
+
+
+def load_input_sets(path: str | os.PathLike[str], model: onnx.ModelProto,
+                    only: Iterable[str] | None = None) -> list[tuple[dict[str, np.ndarray], str]]:
+    """Every feed set at ``path``, with the words that name it: an ``.npz`` (one set), a
+    Polygraphy JSON file (``polygraphy run --save-inputs``: a list of feed dicts, each set), or
+    a folder of such files (in sorted name order). Each set is checked as :func:`load_inputs_npz`
+    checks one (``only``: those inputs); one ConfigError names the first file or set at fault."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in INPUT_SET_SUFFIXES and p.is_file())
+        if not files:
+            raise ConfigError(f"inputs folder {path} holds no .npz or Polygraphy .json file")
+    else:
+        files = [path]
+    sets = []
+    for file in files:
+        if file.suffix == ".json":
+            loaded = _polygraphy_sets(file)
+            sets += [(checked_inputs(feeds, model, f"{file} (set {k})", only),
+                      f"{file.name} set {k}" if len(loaded) > 1 else file.name) for k, feeds in enumerate(loaded)]
+        else:
+            sets.append((load_inputs_npz(file, model, only), file.name))
+    return sets
+
+
+def _polygraphy_sets(path: Path) -> list[dict[str, np.ndarray]]:
+    """The feed dicts of a Polygraphy JSON file (its arrays: ``{"array": base64 of numpy.save's
+    bytes, "polygraphy_class": "ndarray"}``; one dict or a list of them)."""
+    import base64
+    import io
+    import json
+
+    how = "write it with polygraphy run --save-inputs, or use .npz files"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"inputs file {path} does not exist") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"inputs file {path} is not readable JSON ({exc}); {how}") from exc
+    sets = data if isinstance(data, list) else [data]
+    out = []
+    for feeds in sets:
+        if not isinstance(feeds, dict) or not feeds:
+            raise ConfigError(f"inputs file {path} is not a list of {{input name: array}} feed sets; {how}")
+        arrays = {}
+        for name, value in feeds.items():
+            if not (isinstance(value, dict) and value.get("polygraphy_class") == "ndarray" and "array" in value):
+                raise ConfigError(f"inputs file {path}: {name} is not an array as Polygraphy writes one; {how}")
+            try:
+                arrays[name] = np.load(io.BytesIO(base64.b64decode(value["array"])), allow_pickle=False)
+            except (ValueError, OSError, EOFError) as exc:  # bad base64, not numpy.save's bytes, empty
+                raise ConfigError(f"inputs file {path}: {name} cannot be read ({exc or type(exc).__name__})") from exc
+        out.append(arrays)
+    return out
+
+
+def checked_inputs(arrays: dict[str, np.ndarray], model: onnx.ModelProto, path,
+                   only: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """``arrays`` checked against the model's inputs as :func:`load_inputs_npz` says; ``path``
+    names them in the errors."""
     all_inputs = {vi.name: vi for vi in model.graph.input}
     if only is not None:
         all_inputs = {name: all_inputs[name] for name in only if name in all_inputs}
