@@ -68,3 +68,31 @@ def test_selecting_a_node_shows_its_reason_and_times(page):
     assert details.startswith("exp\nExp  fp32\n\nexcluded by the user\n\npredicted fp32 ")
     assert "doc_string:\nonnxcampo: fp32 (excluded by the user)" in details
     assert '<tr data-i="6" class="k-fp32 sel">' in dom  # the table row is selected too
+
+
+def run_script(tmp_path, page_path, script: str) -> str:
+    """The DOM after ``script`` ran on the loaded page (appended as one more script element)."""
+    text = page_path.read_text().replace("</body>", f"<script>{script}</script></body>")
+    probe = tmp_path / "probe.html"
+    probe.write_text(text)
+    return chromium(tmp_path, "--dump-dom", probe.as_uri()).stdout
+
+
+def test_the_page_opens_on_the_compute_and_draws_the_whole_graph_on_request(page, tmp_path):
+    """The shape arithmetic (Shape) and the constant are not drawn at first; the checkbox shows
+    the whole graph; zoom buttons scale it; a column's name sorts the table."""
+    folder, path = page
+    dom = chromium(folder, "--dump-dom", path.as_uri()).stdout
+    first = dom.split('<svg id="graph"', 1)[1].split("</svg>", 1)[0]
+    assert ">Shape<" not in first and ">Constant<" not in first and ">Exp<" in first
+    dom = run_script(tmp_path, path, "document.getElementById('all').click();"
+                                     "document.getElementById('zin').click();"
+                                     "document.querySelectorAll('#rows thead th')[3].click();")
+    assert '<svg id="graph"' in dom and 'id="graph" class="graph"' in dom
+    graph, whole = (dom.split(f'<svg id="{g}"', 1)[1].split(">", 1)[0] for g in ("graph", "graph-all"))
+    assert "display: none" in graph and "display: none" not in whole
+    assert ">Shape<" in dom.split('<svg id="graph-all"', 1)[1].split("</svg>", 1)[0]
+    assert '<span id="zoom">125 %</span>' in dom
+    body = dom.split('<div id="rows">', 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    fp32 = [float(cell) for cell in (row.split("<td>")[4].split("</td>")[0] for row in body.split("<tr")[1:]) if cell]
+    assert fp32 == sorted(fp32, reverse=True) and len(fp32) >= 3  # the fp32 us column, largest first

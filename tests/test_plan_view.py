@@ -295,3 +295,17 @@ def test_a_zero_time_is_explained_by_what_ort_makes_of_the_node():
     assert lines[0].endswith("(ORT fuses its neighbours into it: the fused kernel's work is priced here)")
     assert lines[1].endswith("(ORT fuses it into a neighbour: no kernel of its own)")
     assert lines[2].endswith("policy_fp16")
+
+
+def test_the_compute_graph_draws_an_edge_through_the_nodes_it_leaves_out():
+    """columns(kept=...) lays out only the kept nodes; a kept node reading a left-out one sits
+    below the kept nodes that one reads (MatMul -> Reshape -> Exp: Exp one layer below MatMul)."""
+    from onnxcampo.report.plan_html import _producers_of, columns
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Reshape", ["a", "shape"], ["r"], name="reshape"),
+             helper.make_node("Exp", ["r"], ["y"], name="exp")]
+    assert _producers_of(nodes, {0, 2}) == [[], [], [0]]
+    laid = columns(nodes, {0, 2})
+    assert set(laid) == {0, 2} and laid[2][1] == laid[0][1] + 1
+    assert columns(nodes)[2][1] == 2  # all three drawn: three layers

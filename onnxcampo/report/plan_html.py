@@ -2,7 +2,10 @@
 
 The written model's graph is drawn in SVG, one layer per topological depth (top to bottom; a node
 with no producer sits just above its first reader), coloured by precision, with the Casts and
-Pad/Slice onnxcampo inserted marked; clicking a node (or a row of the searchable table under the
+Pad/Slice onnxcampo inserted marked. It opens on the float compute, the Casts and what onnxcampo
+added, the shape arithmetic and constants left out (an edge runs through them); a checkbox draws
+the whole graph, buttons zoom (and fit the graph in view), and a click on a column's name sorts
+the table under the graph by it. Clicking a node (or a row of the searchable table under the
 graph) shows its reason, its own predicted times and the Casts it causes. The page opens with the
 summary counts and every compared plan's predicted time. No external script, style sheet or font:
 the page works offline and can be mailed. ``#node=NAME`` in the address selects a node on load.
@@ -40,8 +43,11 @@ def write_html(path: str | os.PathLike, model: onnx.ModelProto, report: dict, *,
 def render(model: onnx.ModelProto, report: dict, *, title: str = "") -> str:
     nodes = list(model.graph.node)
     rows = _rows_by_node(nodes, report)
-    positions = _positions(columns(nodes))
-    svg = _svg(nodes, rows, positions)
+    # drawn first: the float compute, the Casts and what onnxcampo added (shape arithmetic and
+    # constants left out, their edges drawn through them); the whole graph a click away
+    kept = {i for i, row in enumerate(rows) if row.kind != "other"} or set(range(len(nodes)))
+    svg = (_svg(nodes, rows, _positions(columns(nodes, kept)), _producers_of(nodes, kept), graph_id="graph")
+           + _svg(nodes, rows, _positions(columns(nodes)), _producers_of(nodes), graph_id="graph-all", hidden=True))
     data = [{"name": n.name, "op": n.op_type, "doc": n.doc_string, "inputs": list(n.input), "outputs": list(n.output),
              **rows[i].to_json()} for i, n in enumerate(nodes)]
     title = title or str(report.get("input") or "model")
@@ -65,19 +71,48 @@ def layout(nodes: list[onnx.NodeProto]) -> tuple[list[int], dict[int, list[int]]
     reader's other producers) and each takes that column, or the next free one: chains run
     straight down, in one sweep, in linear time. Returns the layers and ``{layer: [node, ...]}``
     in column order; :func:`columns` gives the columns."""
-    depth, layers, _ = _layout(nodes)
+    depth, layers, _ = _layout(nodes, _producers_of(nodes))
     return depth, layers
 
 
-def columns(nodes: list[onnx.NodeProto]) -> dict[int, tuple[int, int]]:
-    """(column, layer) of each node."""
-    depth, _, column = _layout(nodes)
-    return {i: (column[i], depth[i]) for i in range(len(nodes))}
+def columns(nodes: list[onnx.NodeProto], kept: set[int] | None = None) -> dict[int, tuple[int, int]]:
+    """(column, layer) of each node (with ``kept``: of those nodes only, laid out as if the others
+    were not there, a kept node below the kept nodes it reads through them)."""
+    preds = _producers_of(nodes, kept)
+    depth, _, column = _layout(nodes, preds)
+    return {i: (column[i], depth[i]) for i in range(len(nodes)) if kept is None or i in kept}
 
 
-def _layout(nodes):
+def _producers_of(nodes: list[onnx.NodeProto], kept: set[int] | None = None) -> list[list[int]]:
+    """Each node's producers (the nodes that make its inputs); with ``kept``, each kept node's
+    nearest kept producers, through the nodes left out, and none for the nodes left out."""
     producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
-    preds = [sorted({producer[t] for t in n.input if t in producer and producer[t] != i}) for i, n in enumerate(nodes)]
+    direct = [sorted({producer[t] for t in n.input if t in producer and producer[t] != i}) for i, n in enumerate(nodes)]
+    if kept is None:
+        return direct
+    through: dict[int, set[int]] = {}  # a left-out node -> the kept nodes it reads, transitively
+
+    def reached(i: int) -> set[int]:
+        if i not in through:
+            through[i] = set()
+            stack, found, seen = list(direct[i]), set(), {i}
+            while stack:
+                p = stack.pop()
+                if p in seen:
+                    continue
+                seen.add(p)
+                if p in kept:
+                    found.add(p)
+                else:
+                    stack.extend(direct[p])
+            through[i] = found
+        return through[i]
+
+    return [sorted({q for p in direct[i] for q in ((p,) if p in kept else reached(p))}) if i in kept else []
+            for i in range(len(nodes))]
+
+
+def _layout(nodes, preds: list[list[int]]):
     succs: list[list[int]] = [[] for _ in nodes]
     for i, ps in enumerate(preds):
         for p in ps:
@@ -170,27 +205,30 @@ def _written_row(n: onnx.NodeProto) -> NodeRow | None:
     return NodeRow(n.name, n.op_type, precision, _REASONS.get(words, "written"), words, fp32_us, fp16_us)
 
 
-def _svg(nodes, rows, positions) -> str:
-    producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
+def _svg(nodes, rows, positions, preds: list[list[int]], *, graph_id: str, hidden: bool = False) -> str:
+    """The nodes at ``positions`` (those without one are not drawn), an edge from each of a node's
+    ``preds``."""
     width = max((x for x, _ in positions.values()), default=0) + BOX_W + MARGIN
     height = max((y for _, y in positions.values()), default=0) + BOX_H + MARGIN
     edges, boxes = [], []
+    prefix = "n" if graph_id == "graph" else "a"
     for i, n in enumerate(nodes):
+        if i not in positions:
+            continue
         x, y = positions[i]
-        for t in dict.fromkeys(n.input):
-            p = producer.get(t)
-            if p is None or p == i:
-                continue
-            px, py = positions[p]
-            edges.append(f"M{px + BOX_W // 2} {py + BOX_H}L{x + BOX_W // 2} {y}")
+        for p in preds[i]:
+            if p in positions:
+                px, py = positions[p]
+                edges.append(f"M{px + BOX_W // 2} {py + BOX_H}L{x + BOX_W // 2} {y}")
         row = rows[i]
         label = n.op_type if len(n.op_type) <= 18 else n.op_type[:17] + "\u2026"
-        boxes.append(f'<g class="n" id="n{i}" data-i="{i}" transform="translate({x},{y})">'
+        boxes.append(f'<g class="n" id="{prefix}{i}" data-i="{i}" transform="translate({x},{y})">'
                      f'<rect width="{BOX_W}" height="{BOX_H}" rx="4" fill="{COLOURS[row.kind]}"/>'
                      f'<text x="{BOX_W // 2}" y="17">{html.escape(label)}</text>'
                      f'<title>{html.escape(n.name)}</title></g>')
-    return (f'<svg id="graph" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}"><path class="e" d="{" ".join(edges)}"/>{"".join(boxes)}</svg>')
+    style = ' style="display:none"' if hidden else ""
+    return (f'<svg id="{graph_id}" class="graph" width="{width}" height="{height}" data-w="{width}" data-h="{height}" '
+            f'viewBox="0 0 {width} {height}"{style}><path class="e" d="{" ".join(edges)}"/>{"".join(boxes)}</svg>')
 
 
 def _summary(report: dict, rows: list[NodeRow]) -> str:
@@ -251,6 +289,8 @@ main{display:flex;height:60vh;border-bottom:1px solid #ddd}
 .n{cursor:pointer}.n text{font-size:11px;text-anchor:middle;fill:#000;pointer-events:none}
 .n.sel rect{stroke:#000;stroke-width:3}.n.hit rect{stroke:#e6e600;stroke-width:3}
 #find{padding:6px 16px}#find input{width:320px}
+#tools{padding:4px 16px;border-bottom:1px solid #ddd}#tools button{margin:0 4px;min-width:28px}#zoom{display:inline-block;width:44px;text-align:center}
+#rows th{cursor:pointer;user-select:none}
 #rows{max-height:24vh;overflow:auto;padding:0 16px;position:relative}
 #rows table{border-collapse:collapse;width:100%}#rows td,#rows th{border-bottom:1px solid #eee;padding:1px 6px;text-align:left}
 #rows tr.sel{background:#ffe}#rows tbody tr{cursor:pointer}
@@ -260,11 +300,16 @@ _SCRIPT = """
 (function(){
 var nodes=JSON.parse(document.getElementById('plan-data').textContent);
 var details=document.getElementById('details'),view=document.getElementById('view');
-var rows=document.querySelectorAll('#rows tbody tr'),selected=null;
+var rows=document.querySelectorAll('#rows tbody tr'),selected=null,scale=1;
+var graphs=[document.getElementById('graph'),document.getElementById('graph-all')],all=false;
+function boxes(i){return [document.getElementById('n'+i),document.getElementById('a'+i)].filter(Boolean)}
+function shown(i){return document.getElementById((all?'a':'n')+i)}
 function fmt(v){return v===null||v===undefined?'-':Number(v).toFixed(2)}
+function centre(g){var t=g.transform.baseVal.consolidate().matrix;  // only the graph's pane scrolls, not the page
+  view.scrollLeft=t.e*scale-view.clientWidth/2;view.scrollTop=t.f*scale-view.clientHeight/2}
 function select(i,scroll){
-  if(selected!==null){document.getElementById('n'+selected).classList.remove('sel');rows[selected].classList.remove('sel')}
-  selected=i;var n=nodes[i],g=document.getElementById('n'+i);g.classList.add('sel');rows[i].classList.add('sel');
+  if(selected!==null){boxes(selected).forEach(function(g){g.classList.remove('sel')});rows[selected].classList.remove('sel')}
+  selected=i;var n=nodes[i];boxes(i).forEach(function(g){g.classList.add('sel')});rows[i].classList.add('sel');
   var text=n.name+'\\n'+n.op+'  '+n.precision+'\\n\\n'+n.reason_text;
   if(n.precision==='fp16'||n.precision==='fp32'){
     text+='\\n\\npredicted fp32 '+fmt(n.fp32_us)+' us, fp16 '+fmt(n.fp16_us)+' us\\nCasts it causes: '
@@ -274,24 +319,41 @@ function select(i,scroll){
   }
   text+='\\n\\ninputs: '+n.inputs.join(', ')+'\\noutputs: '+n.outputs.join(', ');
   if(n.doc)text+='\\n\\ndoc_string:\\n'+n.doc;
+  if(!shown(i))text+='\\n\\n(shape arithmetic or a constant: drawn with "shape arithmetic and constants" on)';
   details.textContent=text;
-  if(scroll){var t=g.transform.baseVal.consolidate().matrix;  // only the graph's pane scrolls, not the page
-    view.scrollLeft=t.e-view.clientWidth/2;view.scrollTop=t.f-view.clientHeight/2}
+  if(scroll&&shown(i))centre(shown(i));
   var box=document.getElementById('rows'),r=rows[i];
   if(r.offsetTop<box.scrollTop||r.offsetTop>box.scrollTop+box.clientHeight-r.offsetHeight)box.scrollTop=r.offsetTop-box.clientHeight/2;
 }
-document.getElementById('graph').addEventListener('click',function(e){
-  var g=e.target.closest('.n');if(g)select(+g.dataset.i,false)});
+graphs.forEach(function(svg){svg.addEventListener('click',function(e){
+  var g=e.target.closest('.n');if(g)select(+g.dataset.i,false)})});
 rows.forEach(function(r){r.addEventListener('click',function(){select(+r.dataset.i,true)})});
+function zoom(to){scale=Math.max(0.05,Math.min(4,to));
+  graphs.forEach(function(svg){svg.setAttribute('width',svg.dataset.w*scale);svg.setAttribute('height',svg.dataset.h*scale)});
+  document.getElementById('zoom').textContent=Math.round(scale*100)+' %'}
+document.getElementById('zin').addEventListener('click',function(){zoom(scale*1.25)});
+document.getElementById('zout').addEventListener('click',function(){zoom(scale/1.25)});
+document.getElementById('zfit').addEventListener('click',function(){var svg=graphs[all?1:0];
+  zoom(Math.min(view.clientWidth/svg.dataset.w,view.clientHeight/svg.dataset.h))});
+document.getElementById('all').addEventListener('change',function(e){all=e.target.checked;
+  graphs[0].style.display=all?'none':'';graphs[1].style.display=all?'':'none';if(selected!==null)select(selected,true)});
+var order={};  // a header click sorts the table by that column, again: the other way
+document.querySelectorAll('#rows thead th').forEach(function(th,c){th.addEventListener('click',function(){
+  var body=document.querySelector('#rows tbody'),list=Array.prototype.slice.call(rows),down=order[c]=!order[c];
+  var numeric=th.classList.contains('num');
+  list.sort(function(a,b){var x=a.children[c].textContent,y=b.children[c].textContent,d;
+    if(numeric){x=x===''?-1:+x;y=y===''?-1:+y;d=x-y}else d=x.localeCompare(y);
+    return (down?-d:d)||(+a.dataset.i-+b.dataset.i)});
+  list.forEach(function(r){body.appendChild(r)})})});
 var hits=[];
 document.getElementById('q').addEventListener('input',function(e){
   var q=e.target.value.trim(),re=null;
   try{re=q?new RegExp(q,'i'):null}catch(err){re=null}
-  hits.forEach(function(i){document.getElementById('n'+i).classList.remove('hit')});hits=[];
+  hits.forEach(function(i){boxes(i).forEach(function(g){g.classList.remove('hit')})});hits=[];
   rows.forEach(function(r,i){
     var n=nodes[i],ok=!q||(re?re.test(n.name)||re.test(n.op)||re.test(n.precision)||re.test(n.reason_text)
       :(n.name+n.op+n.reason_text).indexOf(q)>=0);
-    r.style.display=ok?'':'none';if(ok&&q){hits.push(i);document.getElementById('n'+i).classList.add('hit')}});
+    r.style.display=ok?'':'none';if(ok&&q){hits.push(i);boxes(i).forEach(function(g){g.classList.add('hit')})}});
   document.getElementById('count').textContent=q?hits.length+' of '+nodes.length+' nodes':nodes.length+' nodes';
 });
 document.getElementById('count').textContent=nodes.length+' nodes';
@@ -299,7 +361,7 @@ var m=/#node=(.*)$/.exec(location.hash);
 var chosen=-1;
 if(m){var want=decodeURIComponent(m[1]);for(var i=0;i<nodes.length;i++)if(nodes[i].name===want){chosen=i;break}}
 if(chosen>=0)select(chosen,true);
-else if(nodes.length){var t0=document.getElementById('n0').transform.baseVal.consolidate().matrix;view.scrollLeft=t0.e-40}
+else{var first=graphs[0].querySelector('.n');if(first)view.scrollLeft=first.transform.baseVal.consolidate().matrix.e-40}
 document.body.setAttribute('data-ready','1');
 })();
 """
@@ -307,10 +369,14 @@ document.body.setAttribute('data-ready','1');
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{style}</style></head>
 <body><header><h1>{title}</h1>{summary}<div>{legend}</div></header>
+<div id="tools"><label><input type="checkbox" id="all"> shape arithmetic and constants</label>
+<button id="zout" title="zoom out">&minus;</button><span id="zoom">100 %</span><button id="zin" title="zoom in">+</button>
+<button id="zfit" title="the whole graph in view">fit</button></div>
 <main><div id="view">{svg}</div><div id="details">Click a node (or a row below) for its reason and predicted times.</div></main>
-<div id="find"><input id="q" placeholder="search names, ops, reasons (a regular expression)"> <span id="count"></span></div>
-<div id="rows"><table><thead><tr><th>name</th><th>op</th><th>precision</th><th>fp32 us</th><th>fp16 us</th><th>Casts</th>
-<th>reason</th></tr></thead><tbody>{table}</tbody></table></div>
+<div id="find"><input id="q" placeholder="search names, ops, reasons (a regular expression)"> <span id="count"></span>
+(click a column's name to sort by it)</div>
+<div id="rows"><table><thead><tr><th>name</th><th>op</th><th>precision</th><th class="num">fp32 us</th>
+<th class="num">fp16 us</th><th class="num">Casts</th><th>reason</th></tr></thead><tbody>{table}</tbody></table></div>
 <script type="application/json" id="plan-data">{data}</script>
 <script>{script}</script>
 </body></html>
