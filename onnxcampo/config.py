@@ -294,6 +294,9 @@ class OptimizeConfig:
     num_heads: int = 0
     hidden_size: int = 0
     experimental: ExperimentalOptions = field(default_factory=ExperimentalOptions)
+    # the nodes the accuracy check's fix keeps fp32 (onnxcampo.accuracy.check.find_culprits): fp32
+    # with that reason (classify), not as a user exclusion
+    _accuracy_fix: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -330,6 +333,7 @@ class OptimizeConfig:
         object.__setattr__(self, "include_ops", frozenset(self.include_ops))
         object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
         object.__setattr__(self, "include_nodes", tuple(self.include_nodes))
+        object.__setattr__(self, "_accuracy_fix", tuple(self._accuracy_fix))
         if self.device_db is not None:
             object.__setattr__(self, "device_db", Path(self.device_db))
         if isinstance(self.experimental, Mapping):

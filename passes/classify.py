@@ -94,6 +94,8 @@ class Classify(PassBase):
             return Precision.FP32, Reason.ORT_CPU_CRASH
         if category is Category.QUANTIZED or self._in_qdq(ctx, node):
             return Precision.FP32, Reason.QUANTIZED
+        if node.name in ctx.config._accuracy_fix:
+            return Precision.FP32, Reason.ACCURACY_FIX
         if ctx.excluded_by_user(node):
             return Precision.FP32, Reason.USER_EXCLUDED
         if node.name in ctx.training_fp32:

@@ -9,7 +9,8 @@
 2. :func:`check` runs the candidate on the same feeds and judges it
    (:func:`onnxcampo.accuracy.evaluate`).
 3. :func:`find_culprits`, when the check fails: the fp16 nodes of the candidate's plan, in graph
-   order, are reverted to fp32 by prefixes (``exclude_nodes``, re-optimizing each time) and a
+   order, are reverted to fp32 by prefixes (the config's ``_accuracy_fix``: fp32 with the fix's
+   reason, ``Reason.ACCURACY_FIX``; re-optimizing each time) and a
    binary search finds the shortest prefix that passes; its last node is a culprit, kept fp32,
    and the search repeats over the nodes before it until keeping the culprits fp32 alone passes
    (Polygraphy's ``debug precision`` bisection; at most ``max_culprits`` rounds and
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -229,11 +229,6 @@ def fp16_nodes(result) -> list[str]:
     return [name for name, entry in plan.items() if entry.get("precision") == "fp16"]
 
 
-def exclusion(names) -> str:
-    """One ``exclude_nodes`` regular expression matching exactly these node names."""
-    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
-
-
 MAX_CULPRITS = 8  # rounds of the search: each finds one culprit
 MAX_PROBES = 64  # re-optimizations at most, the closing ones included: a large plan's search ends there
 
@@ -275,7 +270,6 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
     criterion = Criterion.parse(criterion)
     start = time.perf_counter()
     say = progress or (lambda line: None)
-    base_excludes = tuple(config.exclude_nodes)
     order = fp16_nodes(first)
     if config.tune is not None:
         config = config.replace(tune=None)  # bisecting re-plans; timing every probe is not wanted
@@ -293,7 +287,7 @@ def find_culprits(model, config, ref: Reference, criterion: Criterion | str | fl
         if kept in cache:
             return cache[kept]
         probes += 1
-        cfg = config.replace(exclude_nodes=base_excludes + ((exclusion(kept),) if kept else ()))
+        cfg = config.replace(_accuracy_fix=kept)  # fp32 by the fix's reason (classify)
         result = optimize(model, config=cfg, inputs=inputs, accuracy="off")
         verdict = check(result.model, ref, criterion, provider=provider, execution=execution)
         worst = verdict.worst()

@@ -429,8 +429,7 @@ def _failed(model, config, result, accuracy: AccuracyCheck, run: _Run, verdict, 
 
 def _fixed(accuracy: AccuracyCheck, run: _Run, culprits, entry):
     """The optimization that keeps the culprits fp32, its report saying so."""
-    fixed = culprits.result
-    _label_fixed_nodes(fixed, culprits.nodes)
+    fixed = culprits.result  # its plan says why the culprits are fp32 (Reason.ACCURACY_FIX)
     fixed.report["accuracy"] = {**culprits.verdict.to_json(), "provider": run.provider, "fixed": True,
                                 "before": {k: v for k, v in entry.items() if k != "culprits"},
                                 "culprits": culprits.to_json()}
@@ -447,26 +446,6 @@ def _fixed(accuracy: AccuracyCheck, run: _Run, culprits, entry):
         fixed.report["notes"].append(f"--fix: {fitted}")
         accuracy.say(f"onnxcampo: warning: {fitted}", logging.WARNING)
     return fixed
-
-
-def _label_fixed_nodes(fixed, nodes) -> None:
-    """The nodes the fix kept fp32 say so (the plan, the report's counts and rows, the written
-    nodes' doc strings), not "excluded by the user": the fix excluded them through the option."""
-    from onnxcampo.plan import Precision, Reason
-
-    nodes = set(nodes)
-    for name in nodes:
-        decision = fixed.plan.get(name)
-        if decision is not None and decision.reason is Reason.USER_EXCLUDED:
-            fixed.plan.override(name, Precision.FP32, Reason.ACCURACY_FIX)
-    if "reasons" in fixed.report:
-        fixed.report["reasons"] = fixed.plan.reasons()
-    if "plan" in fixed.report:
-        fixed.report["plan"] = fixed.plan.to_json()
-    old, new = f"({Reason.USER_EXCLUDED.value})", f"({Reason.ACCURACY_FIX.value})"
-    for node in fixed.model.graph.node:
-        if node.name in nodes and old in node.doc_string:
-            node.doc_string = node.doc_string.replace(old, new)
 
 
 def _advice(verdict, accuracy: AccuracyCheck, culprits) -> str:
