@@ -283,7 +283,7 @@ def test_cli_fix_keeps_the_culprits_fp32_and_writes_the_model_that_passes(plante
     assert opening < next(i for i, line in enumerate(lines) if "bisect probe 1:" in line)  # said before it starts
     assert "--fix: kept fp32 scale_" in err and "passes rel L2 <= 0.01" in err
     # generated inputs: the fix says what it was fitted to
-    assert "onnxcampo: warning: the fix was fitted to generated inputs (standard-normal floats)" in err
+    assert "onnxcampo: warning: the fix was fitted to generated inputs (standard-normal floats, smooth random images" in err
     written = json.loads(report.read_text())
     assert any("fitted to generated inputs" in note for note in written["notes"])
     assert written["accuracy"]["ok"] is True and written["accuracy"]["fixed"] is True

@@ -74,6 +74,23 @@ def test_random_inputs_dim_values_and_pins():
     assert pinned["x"].shape == (2, 4)
 
 
+@pytest.mark.parametrize("shape, axes", [((2, 3, 64, 48), (2, 3)), ((2, 64, 48, 3), (1, 2)), ((1, 1, 32, 32), (2, 3))])
+def test_a_batch_of_images_is_generated_smooth_with_unit_spread(shape, axes):
+    """Image inputs get regions and edges (neighbouring pixels close: their mean difference a
+    fraction of the spread), not independent noise; their spread stays about 1; other floats stay
+    standard normal."""
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))])
+    x = random_inputs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))["x"]
+    assert x.shape == shape and x.dtype == np.float32
+    assert 0.8 < x.std() < 1.2 and abs(x.mean()) < 0.3
+    step = np.abs(np.diff(x, axis=axes[1])).mean()
+    assert step < 0.35 * x.std()  # independent noise: about 1.13 times the spread
+    noise = random_inputs(mlp(), dim_values={"batch": 4096})["x"]
+    assert np.abs(np.diff(noise, axis=0)).mean() > 1.0
+
+
 def test_random_inputs_is_seeded():
     a = random_inputs(mlp(), dim_values={"batch": 3}, seed=7)["x"]
     b = random_inputs(mlp(), dim_values={"batch": 3}, seed=7)["x"]

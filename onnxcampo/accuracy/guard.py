@@ -441,8 +441,8 @@ def _fixed(accuracy: AccuracyCheck, run: _Run, culprits, entry):
     accuracy.say(f"onnxcampo: --fix: kept fp32 {', '.join(culprits.nodes)}; {culprits.verdict.summary()} "
                  f"({culprits.probes} re-optimizations, {culprits.seconds:.1f} s)")
     if culprits.verdict.inputs == "generated":
-        fitted = ("the fix was fitted to generated inputs (standard-normal floats), not the data the model will "
-                  "see: give representative --inputs to fix it for those")
+        fitted = ("the fix was fitted to generated inputs (standard-normal floats, smooth random images for image "
+                  "inputs), not the data the model will see: give representative --inputs to fix it for those")
         fixed.report["notes"].append(f"--fix: {fitted}")
         accuracy.say(f"onnxcampo: warning: {fitted}", logging.WARNING)
     return fixed

@@ -48,7 +48,8 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
                            "Polygraphy JSON file of feed sets (polygraphy run --save-inputs) or a folder of such "
                            "files; --validate and the accuracy check run every set until one fails, --tune and "
                            "--activation-limit take the first (default: "
-                           "generated: floats standard normal, integers in [0, 8), *mask* ones, token_type_ids zeros, "
+                           "generated: floats standard normal, images [N,C,H,W] or [N,H,W,C] of 1, 3 or 4 channels "
+                           "smooth random images, integers in [0, 8), *mask* ones, token_type_ids zeros, "
                            "position_ids 0..n-1, sr 16000)")
     out.add_argument("--tolerance", default=None, metavar="CRITERION",
                       help="the accuracy criterion of --validate, the accuracy check and --tune, per output: a "

@@ -200,12 +200,52 @@ def _resolve_shape(vi: onnx.ValueInfoProto, input_shapes: Mapping[str, tuple[int
 
 def _random_array(rng: np.random.Generator, dtype: type[np.generic],
                   shape: tuple[int, ...]) -> np.ndarray:
-    """Floats: standard normal; ints: [0, 8) so they are valid indices; bool: fair coin."""
+    """Floats: standard normal, or image-like (:func:`_image_like`) for an image's shape; ints:
+    [0, 8) so they are valid indices; bool: fair coin."""
     if dtype is np.bool_:
         return rng.random(shape) < 0.5
     if np.issubdtype(dtype, np.integer):
         return rng.integers(0, _INT_HIGH, size=shape, dtype=dtype)
+    axes = _image_axes(shape)
+    if axes is not None:
+        return _image_like(rng, shape, axes).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
+
+
+IMAGE_CHANNELS = (1, 3, 4)  # grey, RGB, RGBA
+IMAGE_MIN_SIDE = 16
+
+
+def _image_axes(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """(height axis, width axis) of a batch of images, [N, C, H, W] or [N, H, W, C] with C
+    among :data:`IMAGE_CHANNELS` and both sides at least :data:`IMAGE_MIN_SIDE`; None otherwise."""
+    if len(shape) != 4:
+        return None
+    if shape[1] in IMAGE_CHANNELS and min(shape[2], shape[3]) >= IMAGE_MIN_SIDE:
+        return 2, 3
+    if shape[3] in IMAGE_CHANNELS and min(shape[1], shape[2]) >= IMAGE_MIN_SIDE:
+        return 1, 2
+    return None
+
+
+def _image_like(rng: np.random.Generator, shape: tuple[int, ...], axes: tuple[int, int]) -> np.ndarray:
+    """Smooth random images, normalized as preprocessing leaves them: a coarse grid of normal
+    values (one per 8 x 8 pixels, std 1.5: interpolated, about 1) interpolated bilinearly over
+    each image and channel, plus fine noise (std 0.1): regions and edges, as a detector's or a
+    classifier's inputs have, where independent noise per pixel has none."""
+    height, width = shape[axes[0]], shape[axes[1]]
+    others = [d for k, d in enumerate(shape) if k not in axes]
+    coarse = 1.5 * rng.standard_normal((*others, -(-height // 8) + 1, -(-width // 8) + 1))
+    rows = np.linspace(0, coarse.shape[-2] - 1, height)
+    cols = np.linspace(0, coarse.shape[-1] - 1, width)
+    r0, c0 = np.floor(rows).astype(int), np.floor(cols).astype(int)
+    r1, c1 = np.minimum(r0 + 1, coarse.shape[-2] - 1), np.minimum(c0 + 1, coarse.shape[-1] - 1)
+    fr, fc = (rows - r0)[:, None], (cols - c0)[None, :]
+    top = coarse[..., r0, :][..., c0] * (1 - fc) + coarse[..., r0, :][..., c1] * fc
+    bottom = coarse[..., r1, :][..., c0] * (1 - fc) + coarse[..., r1, :][..., c1] * fc
+    smooth = top * (1 - fr) + bottom * fr + 0.1 * rng.standard_normal((*others, height, width))
+    # (the other axes..., H, W) back to the input's axis order
+    return np.moveaxis(smooth, range(4), [k for k in range(4) if k not in axes] + list(axes))
 
 
 # Inputs whose name says what values they take (a model's own checks or arithmetic break on
@@ -251,8 +291,10 @@ def random_inputs(
     static dim, else ``dim_values[dim_param]``; anything still dynamic raises ShapeError with
     the flags that fix it. Values are reproducible for a given ``seed`` and input order. Inputs
     whose names say what they hold get such values: ``*mask*`` ones, ``token_type_ids`` zeros,
-    ``position_ids`` 0, 1, 2, ..., a sample rate ``sr`` 16000; others: floats standard normal,
-    integers in [0, 8), bools a fair coin.
+    ``position_ids`` 0, 1, 2, ..., a sample rate ``sr`` 16000; others: floats standard normal
+    (a batch of images, [N, C, H, W] or [N, H, W, C] with 1, 3 or 4 channels and sides of 16 or
+    more, smooth random images of about that spread: :func:`_image_like`), integers in [0, 8),
+    bools a fair coin.
     """
     input_shapes = dict(input_shapes or {})
     dim_values = dict(dim_values or {})
