@@ -150,6 +150,18 @@ def export_torch(module, args: tuple, path: Path, input_names: list[str], output
     return _save(_finish(model), path)
 
 
+def export_for_training(module, args: tuple, path: Path, input_names: list[str], output_names: list[str]) -> Path:
+    """``onnxcampo.training.export`` (the default exporter): every parameter one initializer named
+    after it, tied ones once, BatchNorm in training mode, nothing folded."""
+    from onnxcampo.training.export import export
+
+    tmp = path.with_suffix(".export.onnx")
+    export(module, args, tmp, input_names=input_names, output_names=output_names)
+    model = onnx.load(str(tmp))
+    tmp.unlink()
+    return _save(_finish(model), path)
+
+
 class _HFWrapper:
     """Builds a torch module returning one tensor from a transformers model (lazy torch import)."""
 
@@ -391,8 +403,10 @@ def _resnet50(batch: int, *, training: bool = False, quick: bool = False) -> Bui
         # zero_init_residual (each block's last BatchNorm scale 0, here 0 + the seeded noise): the
         # folded model starts near identity per block. With the default scale 1 and BatchNorm folded
         # (no normalisation left) the logits start in the thousands and SGD diverges at once.
-        net = getattr(torchvision.models, arch)(weights=None, zero_init_residual=True).eval()
-        return fold_batchnorm(distinct_parameters(net))
+        net = getattr(torchvision.models, arch)(weights=None, zero_init_residual=True)
+        if training:  # as PyTorch users train it: BatchNorm in training mode, exported for training
+            return net.train()
+        return fold_batchnorm(distinct_parameters(net.eval()))
 
     def draw(rng):
         return {"x": rng.standard_normal((batch, 3, size, size)).astype(np.float32),
@@ -402,16 +416,20 @@ def _resnet50(batch: int, *, training: bool = False, quick: bool = False) -> Bui
     def make(path: Path) -> None:
         import torch
 
-        export_torch(module(), (torch.from_numpy(feeds["x"]),), path, ["x"], ["logits"])
+        if training:
+            export_for_training(module(), (torch.from_numpy(feeds["x"]),), path, ["x"], ["logits"])
+        else:
+            export_torch(module(), (torch.from_numpy(feeds["x"]),), path, ["x"], ["logits"])
 
-    path, seconds = _cached(f"{arch}-zir-b{batch}-{size}.onnx", make)
+    path, seconds = _cached(f"{arch}-zir-b{batch}-{size}{'-bntrain' if training else ''}.onnx", make)
 
     def twin():
         import torch
 
         return module(), {"x": torch.from_numpy(feeds["x"])}, None if labels is None else torch.from_numpy(labels)
     # lr 1e-3: at 1e-2 (momentum 0.9) the loss on one batch of 8 jumped 2.3 -> 11.8 within 12 steps
-    return Built("resnet50", batch, path, feeds, labels, twin, build_s=seconds, shape_note=f"{arch} {size}x{size}",
+    note = f"{arch} {size}x{size}" + (", BatchNorm training" if training else "")
+    return Built("resnet50", batch, path, feeds, labels, twin, build_s=seconds, shape_note=note,
                  lr=1e-3, sample=lambda index: draw(sample_rng(index)))
 
 
@@ -433,7 +451,9 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
             config = BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2,
                                 attn_implementation="eager", **small)
             inner = (BertForSequenceClassification if training else BertModel)(config)
-            return _HFWrapper.make(distinct_parameters(inner.eval()), "logits" if training else "last_hidden_state")
+            if training:  # exported for training: every parameter its own initializer, by name
+                return _HFWrapper.make(inner.train(), "logits")
+            return _HFWrapper.make(distinct_parameters(inner.eval()), "last_hidden_state")
         classes, label_shape = 2, (batch,)
     else:
         seq, vocab = (16 if quick else 256), 50257
@@ -444,10 +464,12 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
             from transformers import GPT2Config, GPT2LMHeadModel
 
             torch.manual_seed(0)
-            # untied LM head: the ONNX export folds the tied head into a separate initializer, which
-            # the step graph would then train as a second weight; untied, both frameworks train the same
+            # training: GPT-2 as it is, its LM head tied to the token embedding, exported for training
+            # (the tie kept); inference: untied, the inference export's merged equal values kept apart
             config = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager",
-                                tie_word_embeddings=False, **gpt_small)
+                                tie_word_embeddings=training, **gpt_small)
+            if training:
+                return _HFWrapper.make(GPT2LMHeadModel(config).train(), "logits")
             return _HFWrapper.make(distinct_parameters(GPT2LMHeadModel(config).eval()), "logits")
         classes, label_shape = vocab, (batch, seq)
     feeds = hf_feeds(batch, seq, vocab)
@@ -460,10 +482,13 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
     def make(path: Path) -> None:
         import torch
 
-        export_torch(module(), (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])),
-                     path, ["input_ids", "attention_mask"], ["logits" if (training or key == "gpt2") else "hidden"])
+        args = (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
+        if training:
+            export_for_training(module(), args, path, ["input_ids", "attention_mask"], ["logits"])
+        else:
+            export_torch(module(), args, path, ["input_ids", "attention_mask"], ["logits" if key == "gpt2" else "hidden"])
 
-    purpose = "train" if training and key in ("bert", "minilm") else "fwd"
+    purpose = "trainexport" if training else "fwd"
     path, seconds = _cached(f"{key}-b{batch}-s{seq}-{purpose}{'-quick' if quick else ''}.onnx", make)
 
     def twin():
@@ -471,7 +496,8 @@ def _hf_model(key: str, batch: int, training: bool, quick: bool) -> Built:
 
         inputs = {k: torch.from_numpy(v) for k, v in feeds.items()}
         return module(), inputs, None if labels is None else torch.from_numpy(labels)
-    note = f"s{seq}" + (" (untied LM head, vocab 50257)" if key == "gpt2" else (" (2-class head)" if training else " (hidden states)"))
+    note = f"s{seq}" + ((" (tied LM head, vocab 50257)" if training else " (untied LM head, vocab 50257)") if key == "gpt2"
+                        else (" (2-class head)" if training else " (hidden states)"))
     return Built(key, batch, path, feeds, labels, twin, build_s=seconds, shape_note=note, sample=sample)
 
 

@@ -52,7 +52,9 @@ class TorchStep:
         if self.channels_last and not any(v.dim() == 4 for v in inputs.values()):
             raise Unavailable("channels_last applies to models with image (4-D) inputs")
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
-        self.module = module.to(device, memory_format=layout).eval()
+        # in the mode its build gives it: a BatchNorm model exported for training trains in training
+        # mode, as its step graph does (dropout is off in every model)
+        self.module = module.to(device, memory_format=layout)
         self.inputs = {k: v.to(device, memory_format=layout) if v.dim() == 4 else v.to(device) for k, v in inputs.items()}
         self.labels = labels.to(device)
         self.optimizer = torch.optim.SGD(self.module.parameters(), lr=lr, momentum=momentum)
