@@ -2,7 +2,9 @@
 precision plan (which only the Cast insertion and padding passes apply).
 
 - :mod:`.transformer`: ONNX Runtime's transformer fusions (attention, SkipLayerNormalization,
-  BiasGelu) before planning (``--fuse``);
+  BiasGelu) before planning (``--fuse``), with :mod:`.attention_mask` (a BERT Attention's padding
+  mask as an additive bias) and :mod:`.attention` (the attention ORT leaves unfused as one
+  MultiHeadAttention);
 - :mod:`.elementwise`: chains of elementwise nodes as one ``FusedElementwise`` kernel
   (``--fuse-elementwise``);
 - :mod:`.reductions`, :mod:`.norm`, :mod:`.loss`: block reductions, layer-norm and softmax
