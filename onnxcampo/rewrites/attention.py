@@ -46,7 +46,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxcampo import ir
-from onnxcampo.rewrites.matcher import Miss
+from onnxcampo.rewrites.matcher import GraphView, Miss
 
 log = logging.getLogger(__name__)
 
@@ -70,80 +70,59 @@ class AttentionMatch:
     merge: onnx.NodeProto | None = None  # the Reshape merging the heads: it reads the fused output instead
 
 
-class _View:
-    def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
-        self.producers = {o: n for n in graph.node for o in n.output if o}
-        self.readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            for name in node.input:
-                self.readers.setdefault(name, []).append(node)
-        self.values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        for node in graph.node:
-            if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-                self.values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-        self.protected = {o.name for o in graph.output}
-
-    def made(self, name: str, op: str) -> onnx.NodeProto | None:
-        node = self.producers.get(name)
-        return node if node is not None and node.op_type == op and node.domain in ("", "ai.onnx") else None
-
-    def sole(self, name: str) -> onnx.NodeProto | None:
-        found = self.readers.get(name, [])
-        return found[0] if len(found) == 1 and name not in self.protected else None
-
-    def scalar(self, name: str) -> float | None:
-        value = self.values.get(name)
-        return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+def _scalar(view: GraphView, name: str) -> float | None:
+    """The value of a one-element constant, else None."""
+    value = view.constant(name)
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
 def _perm(node: onnx.NodeProto | None) -> list[int] | None:
     return None if node is None else list(ir.attribute(node, "perm", []) or [])
 
 
-def _scaled(view: _View, name: str, removed: list) -> tuple[str, float]:
+def _scaled(view: GraphView, name: str, removed: list) -> tuple[str, float]:
     """``name`` through one ``Mul(x, c)`` by a scalar constant: (x, c); else (name, 1)."""
-    mul = view.made(name, "Mul")
-    if mul is not None and view.sole(name) is not None:
+    mul = view.made_by(name, "Mul")
+    if mul is not None and view.sole_reader(name) is not None:
         for k in (0, 1):
-            c = view.scalar(mul.input[1 - k])
+            c = _scalar(view, mul.input[1 - k])
             if c is not None:
                 removed.append(mul)
                 return mul.input[k], c
     return name, 1.0
 
 
-def _heads_of(view: _View, reshape: onnx.NodeProto) -> int | None:
+def _heads_of(view: GraphView, reshape: onnx.NodeProto) -> int | None:
     """N of a head split ``Reshape(proj, [B, S, N, d])`` when its target's third value is known."""
-    target = view.values.get(reshape.input[1])
+    target = view.constant(reshape.input[1])
     if target is not None and target.size == 4 and target[2] > 0:
         return int(target[2])
-    concat = view.made(reshape.input[1], "Concat")
+    concat = view.made_by(reshape.input[1], "Concat")
     if concat is not None and len(concat.input) == 4:
-        heads = view.values.get(concat.input[2])
+        heads = view.constant(concat.input[2])
         if heads is not None and heads.size == 1 and int(heads.reshape(-1)[0]) > 0:
             return int(heads.reshape(-1)[0])
     return None
 
 
-def _split(view: _View, name: str, removed: list) -> tuple[str, onnx.NodeProto] | Miss:
+def _split(view: GraphView, name: str, removed: list) -> tuple[str, onnx.NodeProto] | Miss:
     """``Transpose(Reshape(proj), [0, 2, 1, 3])``: (proj, the Reshape)."""
-    transpose = view.made(name, "Transpose")
+    transpose = view.made_by(name, "Transpose")
     if transpose is None or _perm(transpose) != QV_PERM:
         return Miss(f"{name} is not a head split's Transpose [0, 2, 1, 3]")
-    reshape = view.made(transpose.input[0], "Reshape")
-    if reshape is None or view.sole(transpose.input[0]) is None:
+    reshape = view.made_by(transpose.input[0], "Reshape")
+    if reshape is None or view.sole_reader(transpose.input[0]) is None:
         return Miss(f"{name}: no Reshape into heads before the Transpose")
     removed += [transpose, reshape]
     return reshape.input[0], reshape
 
 
-def _key(view: _View, name: str, removed: list) -> tuple[str, onnx.NodeProto] | Miss:
+def _key(view: GraphView, name: str, removed: list) -> tuple[str, onnx.NodeProto] | Miss:
     """The key projection of ``Kt`` ([B, N, d, S]) in the three forms of the module docstring."""
-    transpose = view.made(name, "Transpose")
+    transpose = view.made_by(name, "Transpose")
     if transpose is not None and _perm(transpose) == [0, 2, 3, 1]:
-        reshape = view.made(transpose.input[0], "Reshape")
-        if reshape is not None and view.sole(transpose.input[0]) is not None:
+        reshape = view.made_by(transpose.input[0], "Reshape")
+        if reshape is not None and view.sole_reader(transpose.input[0]) is not None:
             removed += [transpose, reshape]
             return reshape.input[0], reshape
     if transpose is not None and _perm(transpose) == [0, 1, 3, 2]:
@@ -151,10 +130,10 @@ def _key(view: _View, name: str, removed: list) -> tuple[str, onnx.NodeProto] | 
         if found:
             removed.append(transpose)
         return found
-    back = view.made(name, "Reshape")  # dynamo: through [B * N, S, d] and [B * N, d, S]
-    flipped = view.made(back.input[0], "Transpose") if back is not None else None
-    flat = view.made(flipped.input[0], "Reshape") if flipped is not None and _perm(flipped) == [0, 2, 1] else None
-    if flat is not None and view.sole(back.input[0]) is not None and view.sole(flipped.input[0]) is not None:
+    back = view.made_by(name, "Reshape")  # dynamo: through [B * N, S, d] and [B * N, d, S]
+    flipped = view.made_by(back.input[0], "Transpose") if back is not None else None
+    flat = view.made_by(flipped.input[0], "Reshape") if flipped is not None and _perm(flipped) == [0, 2, 1] else None
+    if flat is not None and view.sole_reader(back.input[0]) is not None and view.sole_reader(flipped.input[0]) is not None:
         found = _split(view, flat.input[0], removed)
         if found:
             removed += [back, flipped, flat]
@@ -162,23 +141,23 @@ def _key(view: _View, name: str, removed: list) -> tuple[str, onnx.NodeProto] | 
     return Miss(f"{name} is not a key split into heads and transposed")
 
 
-def match(view: _View, softmax: onnx.NodeProto) -> AttentionMatch | Miss:
+def match(view: GraphView, softmax: onnx.NodeProto) -> AttentionMatch | Miss:
     """The pattern of the module docstring at ``softmax``."""
     if int(ir.attribute(softmax, "axis", -1)) not in (-1, 3):
         return Miss("the Softmax is not over the last axis")
     removed: list[onnx.NodeProto] = [softmax]
     # 3. the probabilities into MatMul(p, Vh)
     probs = softmax.output[0]
-    readers = view.readers.get(probs, [])
+    readers = view.readers(probs)
     if len(readers) == 2 and {r.op_type for r in readers} == {"IsNaN", "Where"}:
         isnan = next(r for r in readers if r.op_type == "IsNaN")
         where = next(r for r in readers if r.op_type == "Where")
-        if list(where.input) != [isnan.output[0], where.input[1], probs] or view.scalar(where.input[1]) != 0.0 \
-                or view.sole(isnan.output[0]) is None:
+        if list(where.input) != [isnan.output[0], where.input[1], probs] or _scalar(view, where.input[1]) != 0.0 \
+                or view.sole_reader(isnan.output[0]) is None:
             return Miss("the Softmax's NaN guard is not Where(IsNaN(p), 0, p)")
         removed += [isnan, where]
         probs = where.output[0]
-    context = view.sole(probs)
+    context = view.sole_reader(probs)
     if context is None or context.op_type != "MatMul" or context.input[0] != probs:
         return Miss("the probabilities are not read by one MatMul with the values")
     removed.append(context)
@@ -186,35 +165,35 @@ def match(view: _View, softmax: onnx.NodeProto) -> AttentionMatch | Miss:
     if not value:
         return value
     out = context.output[0]
-    step = view.sole(out)
+    step = view.sole_reader(out)
     if step is not None and step.op_type == "Reshape":  # TorchScript SDPA: the same 4-D shape again
         removed.append(step)
-        out, step = step.output[0], view.sole(step.output[0])
+        out, step = step.output[0], view.sole_reader(step.output[0])
     if step is None or step.op_type != "Transpose" or _perm(step) != QV_PERM:
         return Miss("the context is not transposed back [0, 2, 1, 3]")
-    merge = view.sole(step.output[0])
+    merge = view.sole_reader(step.output[0])
     if merge is None or merge.op_type != "Reshape":
         return Miss("the heads are not merged by a Reshape")
     removed.append(step)
     # 1. the scores
     scores, mask = softmax.input[0], ""
-    add = view.made(scores, "Add")
-    if add is not None and view.sole(scores) is not None:
+    add = view.made_by(scores, "Add")
+    if add is not None and view.sole_reader(scores) is not None:
         for k in (0, 1):
-            if view.made(add.input[k], "MatMul") or view.made(add.input[k], "Div") or view.made(add.input[k], "Mul"):
+            if view.made_by(add.input[k], "MatMul") or view.made_by(add.input[k], "Div") or view.made_by(add.input[k], "Mul"):
                 scores, mask = add.input[k], add.input[1 - k]
                 removed.append(add)
                 break
     scale = 1.0
-    divide = view.made(scores, "Div")
-    if divide is not None and view.scalar(divide.input[1]) and view.sole(scores) is not None:
-        scale, scores = 1.0 / view.scalar(divide.input[1]), divide.input[0]
+    divide = view.made_by(scores, "Div")
+    if divide is not None and _scalar(view, divide.input[1]) and view.sole_reader(scores) is not None:
+        scale, scores = 1.0 / _scalar(view, divide.input[1]), divide.input[0]
         removed.append(divide)
-    elif view.made(scores, "Mul") is not None:
+    elif view.made_by(scores, "Mul") is not None:
         scores, factor = _scaled(view, scores, removed)
         scale *= factor
-    product = view.made(scores, "MatMul")
-    if product is None or view.sole(scores) is None:
+    product = view.made_by(scores, "MatMul")
+    if product is None or view.sole_reader(scores) is None:
         return Miss("the Softmax does not read a product of the queries and keys")
     removed.append(product)
     queries, q_scale = _scaled(view, product.input[0], removed)
@@ -238,7 +217,7 @@ def fuse_attention(model: onnx.ModelProto, *, num_heads: int = 0, hidden_size: i
     """Rewrite ``model`` in place (module docstring); returns the number of MultiHeadAttention
     nodes written. ``num_heads`` / ``hidden_size``: the detected ones, for splits whose heads
     are not constants."""
-    view = _View(model)
+    view = GraphView(model, {}, fresh_prefix="attention")  # no shapes needed: the patterns read ops and constants
     matches, taken = [], set()
     for node in model.graph.node:
         if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
@@ -256,13 +235,12 @@ def fuse_attention(model: onnx.ModelProto, *, num_heads: int = 0, hidden_size: i
     if not matches:
         return 0
     graph = model.graph
-    names = {o for n in graph.node for o in (*n.input, *n.output)} | {t.name for t in graph.initializer}
     made: dict[int, list[onnx.NodeProto]] = {}
     for found in matches:
         nodes = []
         bias = ""
         if found.mask:
-            bias, nodes = _bias_nodes(found, f"{found.output}/attention_bias", names, graph)
+            bias, nodes = _bias_nodes(view, found, graph)
         # [B, S, hidden]: the elements of the transposed context, in its order; the merging Reshape
         # (kept: its target may be [B * S, hidden]) reads it instead
         nodes.append(helper.make_node("MultiHeadAttention", [found.query, found.key, found.value, "", "", bias],
@@ -284,27 +262,22 @@ def fuse_attention(model: onnx.ModelProto, *, num_heads: int = 0, hidden_size: i
     return len(matches)
 
 
-def _bias_nodes(found: AttentionMatch, base: str, names: set[str], graph: onnx.GraphProto):
+def _bias_nodes(view: GraphView, found: AttentionMatch, graph: onnx.GraphProto):
     """``Max(Expand(mask, [B, 1, S, S]), floor)`` with B and S read from the query's shape."""
-    def fresh(part: str) -> str:
-        name, k = f"{base}/{part}", 1
-        while name in names:
-            name, k = f"{base}/{part}_{k}", k + 1
-        names.add(name)
-        return name
-
     shape, rows, seq, one, first, second, target, wide, floor, bias = (
-        fresh(p) for p in ("shape", "rows", "seq", "one", "first", "second", "target", "wide", "floor", "bias"))
+        view.edit.fresh(p) for p in ("shape", "rows", "seq", "one", "first", "second", "target", "wide", "floor", "bias"))
     graph.initializer.extend([numpy_helper.from_array(np.array([1], np.int64), one),
                               numpy_helper.from_array(np.array([0], np.int64), first),
                               numpy_helper.from_array(np.array([1], np.int64), second),
                               numpy_helper.from_array(np.array(BIAS_FLOOR, np.float32), floor)])
-    nodes = [helper.make_node("Shape", [found.query], [shape], name=f"{base}/Shape"),
-             helper.make_node("Gather", [shape, first], [rows], name=f"{base}/Gather_rows", axis=0),
-             helper.make_node("Gather", [shape, second], [seq], name=f"{base}/Gather_seq", axis=0),
-             helper.make_node("Concat", [rows, one, seq, seq], [target], name=f"{base}/Concat", axis=0),
-             helper.make_node("Expand", [found.mask, target], [wide], name=f"{base}/Expand"),
-             helper.make_node("Max", [wide, floor], [bias], name=f"{base}/Max")]
+    nodes = [helper.make_node("Shape", [found.query], [shape]),
+             helper.make_node("Gather", [shape, first], [rows], axis=0),
+             helper.make_node("Gather", [shape, second], [seq], axis=0),
+             helper.make_node("Concat", [rows, one, seq, seq], [target], axis=0),
+             helper.make_node("Expand", [found.mask, target], [wide]),
+             helper.make_node("Max", [wide, floor], [bias])]
+    for node in nodes:  # named after what each writes (a fresh name): unique
+        node.name = f"{node.output[0]}/{node.op_type}"
     return bias, nodes
 
 

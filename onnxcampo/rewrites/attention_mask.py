@@ -47,14 +47,14 @@ def mask_as_bias(model: onnx.ModelProto, shapes: dict[str, int] | None = None) -
     if not eligible:
         return 0
     opset = ir.default_opset(model)
-    names = _tensor_names(graph)
+    edit = ir.ModelEdit(model, fresh_prefix="attention_bias")
     biases: dict[tuple[str, float], str] = {}
     groups: dict[str, list[onnx.NodeProto]] = {}  # by mask: the nodes computing its biases
     for node in eligible:
         mask = node.input[MASK_INPUT]
         fill = float(ir.attribute(node, "mask_filter_value", DEFAULT_MASK_FILTER))
         if (mask, fill) not in biases:
-            bias, nodes, initializers = _bias_nodes(mask, fill, opset, names)
+            bias, nodes, initializers = _bias_nodes(mask, fill, opset, edit.fresh)
             biases[mask, fill] = bias
             groups.setdefault(mask, []).extend(nodes)
             graph.initializer.extend(initializers)
@@ -97,53 +97,35 @@ def _eligible(node: onnx.NodeProto, ranks: dict[str, int]) -> bool:
     return not ir.attribute(node, "unidirectional", 0) and not ir.attribute(node, "past_present_share_buffer", 0)
 
 
-def _bias_nodes(mask: str, fill: float, opset: int, names: set[str]) -> tuple[str, list[onnx.NodeProto], list]:
-    """Nodes computing ``[B, 1, S, S]`` float: ``fill`` where ``mask`` (``[B, S]``) is 0, else 0."""
-    base = _fresh(f"{mask}/attention_bias", names)
-
-    def name(part: str) -> str:
-        return _fresh(f"{base}/{part}", names)
-
-    one, filler = name("one"), name("fill")
+def _bias_nodes(mask: str, fill: float, opset: int, fresh) -> tuple[str, list[onnx.NodeProto], list]:
+    """Nodes computing ``[B, 1, S, S]`` float: ``fill`` where ``mask`` (``[B, S]``) is 0, else 0.
+    ``fresh(stem)``: a name no tensor or node has."""
+    one, filler, first, second, ones = (fresh(p) for p in ("one", "fill", "first", "second", "ones"))
     initializers = [numpy_helper.from_array(np.array(1.0, np.float32), one),
-                    numpy_helper.from_array(np.array(fill, np.float32), filler)]
-    as_float, dropped, scaled, shape = name("float"), name("dropped"), name("scaled"), name("shape")
-    rows, columns, unit, target, bias = (name(p) for p in ("rows", "columns", "unit", "target", "bias"))
+                    numpy_helper.from_array(np.array(fill, np.float32), filler),
+                    numpy_helper.from_array(np.array([0], np.int64), first),
+                    numpy_helper.from_array(np.array([1], np.int64), second),
+                    numpy_helper.from_array(np.array([1], np.int64), ones)]
+    as_float, dropped, scaled, shape, rows, columns, unit, target, bias = (
+        fresh(p) for p in ("float", "dropped", "scaled", "shape", "rows", "columns", "unit", "target", "bias"))
     nodes = [
-        helper.make_node("Cast", [mask], [as_float], name=f"{base}/Cast", to=TensorProto.FLOAT),
-        helper.make_node("Sub", [one, as_float], [dropped], name=f"{base}/Sub"),
-        helper.make_node("Mul", [dropped, filler], [scaled], name=f"{base}/Mul"),
-        helper.make_node("Shape", [mask], [shape], name=f"{base}/Shape"),
-    ]
-    first, second, ones = name("first"), name("second"), name("ones")
-    initializers += [numpy_helper.from_array(np.array([0], np.int64), first),
-                     numpy_helper.from_array(np.array([1], np.int64), second),
-                     numpy_helper.from_array(np.array([1], np.int64), ones)]
-    nodes += [
-        helper.make_node("Gather", [shape, first], [rows], name=f"{base}/Gather_rows", axis=0),
-        helper.make_node("Gather", [shape, second], [columns], name=f"{base}/Gather_columns", axis=0),
-        helper.make_node("Concat", [rows, ones, columns, columns], [target], name=f"{base}/Concat", axis=0),
+        helper.make_node("Cast", [mask], [as_float], to=TensorProto.FLOAT),
+        helper.make_node("Sub", [one, as_float], [dropped]),
+        helper.make_node("Mul", [dropped, filler], [scaled]),
+        helper.make_node("Shape", [mask], [shape]),
+        helper.make_node("Gather", [shape, first], [rows], axis=0),
+        helper.make_node("Gather", [shape, second], [columns], axis=0),
+        helper.make_node("Concat", [rows, ones, columns, columns], [target], axis=0),
     ]
     if opset >= 13:
-        axes = name("axes")
+        axes = fresh("axes")
         initializers.append(numpy_helper.from_array(np.array([1, 2], np.int64), axes))
-        nodes.append(helper.make_node("Unsqueeze", [scaled, axes], [unit], name=f"{base}/Unsqueeze"))
+        nodes.append(helper.make_node("Unsqueeze", [scaled, axes], [unit]))
     else:
-        nodes.append(helper.make_node("Unsqueeze", [scaled], [unit], name=f"{base}/Unsqueeze", axes=[1, 2]))
-    nodes.append(helper.make_node("Expand", [unit, target], [bias], name=f"{base}/Expand"))
+        nodes.append(helper.make_node("Unsqueeze", [scaled], [unit], axes=[1, 2]))
+    nodes.append(helper.make_node("Expand", [unit, target], [bias]))
+    for node in nodes:  # named after what each writes (a fresh name): unique
+        node.name = f"{node.output[0]}/{node.op_type}"
     return bias, nodes, initializers
 
 
-def _tensor_names(graph: onnx.GraphProto) -> set[str]:
-    names = {t.name for t in graph.initializer} | {vi.name for vi in (*graph.input, *graph.output, *graph.value_info)}
-    names |= {n.name for n in graph.node}
-    return names | {o for n in graph.node for o in (*n.input, *n.output)}
-
-
-def _fresh(name: str, names: set[str]) -> str:
-    candidate, index = name, 1
-    while candidate in names:
-        candidate = f"{name}_{index}"
-        index += 1
-    names.add(candidate)
-    return candidate
