@@ -56,12 +56,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxcampo import ir, oplists
 from onnxcampo.context import written_info
-from onnxcampo.ir.edit import ModelEdit, attribute
+from onnxcampo.ir.edit import attribute
 from onnxcampo.ops import DOMAIN, nodes
 from onnxcampo.ops.conv_nhwc import output_hw
 from onnxcampo.ops.max_pool import pool_output_hw
 from onnxcampo.plan import Precision
 from onnxcampo.rewrites import elementwise
+from onnxcampo.rewrites.matcher import GraphView
 
 log = logging.getLogger(__name__)
 
@@ -206,17 +207,17 @@ def _count(shape) -> int | None:
     return None if shape is None else int(np.prod([int(d) for d in shape], dtype=np.int64))
 
 
-class _Layout:
+class _Layout(GraphView):
+    """The layout pass over one model: the shared matcher's tables (producers, readers, constants,
+    the interface), and what the pass has made so far."""
+
     def __init__(self, model: onnx.ModelProto, info: dict, align: int, float32: bool = False, stem: int = ALIGN,
                  float16: Collection[str] | None = None):
-        self.model, self.info, self.align, self.stem = model, info, align, stem
+        super().__init__(model, info, fresh_prefix="onnxcampo/nhwc")
+        self.align, self.stem = align, stem
         self.dtypes = (TensorProto.FLOAT16, TensorProto.FLOAT) if float32 else (TensorProto.FLOAT16,)
         self.float16 = None if float16 is None else frozenset(float16)
-        self.edit = ModelEdit(model, fresh_prefix="onnxcampo/nhwc")
         self.graph = model.graph
-        self.constants = self.edit.constants()
-        self.producers = self.edit.producers()
-        self.consumers = self.edit.consumers()
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
         self.external = self.edit.interface() | set(self.constants)
         self.chan: dict[str, int] = {}
@@ -364,7 +365,7 @@ class _Layout:
             return {data if tensor == out else out: mapped, tensor: c}
         if op in REDUCTIONS:
             data, out = node.input[0], node.output[0]
-            axes = self.reduce_axes(node)
+            axes = self.reduced_axes(node)
             a = self.shape(data)
             if axes is None or a is None:
                 return None
@@ -429,7 +430,8 @@ class _Layout:
         found = self.batch_norm(reader)
         return None if found is None else (reader, *found)
 
-    def reduce_axes(self, node: onnx.NodeProto) -> list[int] | None:
+    def reduced_axes(self, node: onnx.NodeProto) -> list[int] | None:
+        """The axes a reduction reduces (all of them when it names none), normalized."""
         rank = len(self.shape(node.input[0]) or ())
         axes = attribute(node, "axes")
         if axes is None and len(node.input) > 1 and node.input[1]:
@@ -596,7 +598,7 @@ class _Layout:
             dy = self.physical(pool.dy, 1)
             if len(self.shape(pool.dy)) != 4:  # [N, Ho, Wo, 1.., C] -> [N, Ho, Wo, C]: the same bytes
                 flat = self.edit.fresh("dy")
-                self.add("Reshape", [dy, self.constant(np.array(pooled, np.int64), "shape")], flat)
+                self.add("Reshape", [dy, self.add_constant(np.array(pooled, np.int64), "shape")], flat)
                 self.record(flat, dtype, pooled)
                 dy = flat
             out, convert = self.output_name(pool.dx, 1)
@@ -614,7 +616,7 @@ class _Layout:
                     self.record(written, dtype, [xs[0], xs[2], xs[3], xs[1]])
                 else:
                     target = physical_shape(self.shape(pool.dx), 1)
-                    self.add("Reshape", [dx, self.constant(np.array(target, np.int64), "shape")], written)
+                    self.add("Reshape", [dx, self.add_constant(np.array(target, np.int64), "shape")], written)
                     self.record(written, dtype, target)
                 dx = written
             self.result.pool_grads += 1
@@ -648,7 +650,7 @@ class _Layout:
     def add(self, op: str, inputs: list[str], output: str, *, domain: str = "", **attrs) -> None:
         self.out_nodes.append(helper.make_node(op, inputs, [output], name=self.edit.fresh(op), domain=domain, **attrs))
 
-    def constant(self, value: np.ndarray, stem: str) -> str:
+    def add_constant(self, value: np.ndarray, stem: str) -> str:
         name = self.edit.fresh(stem)
         self.initializers.append(numpy_helper.from_array(value, name))
         return name
@@ -670,16 +672,16 @@ class _Layout:
         target = physical_shape(logical, c)
         if name in self.constants:
             value = numpy_helper.to_array(self.constants[name]).reshape(logical)
-            out = self.constant(np.ascontiguousarray(value.transpose(to_physical_perm(len(logical), c))), "permuted")
+            out = self.add_constant(np.ascontiguousarray(value.transpose(to_physical_perm(len(logical), c))), "permuted")
         else:
             source = name
             if shape is not None and list(self.shape(name)) != logical:
                 source = self.edit.fresh("unsqueezed")
-                self.add("Reshape", [name, self.constant(np.array(logical, np.int64), "shape")], source)
+                self.add("Reshape", [name, self.add_constant(np.array(logical, np.int64), "shape")], source)
                 self.record(source, self.dtype(name), logical)
             out = self.edit.fresh("nhwc")
             if same_bytes(logical, to_physical_perm(len(logical), c)):
-                self.add("Reshape", [source, self.constant(np.array(target, np.int64), "shape")], out)
+                self.add("Reshape", [source, self.add_constant(np.array(target, np.int64), "shape")], out)
             else:
                 self.add("Transpose", [source], out, perm=to_physical_perm(len(logical), c))
                 self.result.transposes += 1
@@ -704,7 +706,7 @@ class _Layout:
         """``target`` (shaped ``shape``) = ``source`` between [Cout, Cin, kh, kw] and [Cout, kh, kw,
         Cin]: a Reshape for a 1x1 filter (the same bytes), else a Transpose."""
         if same_bytes([shape[perm.index(axis)] for axis in range(4)], perm):  # the source's shape
-            self.add("Reshape", [source, self.constant(np.array(shape, np.int64), "shape")], target)
+            self.add("Reshape", [source, self.add_constant(np.array(shape, np.int64), "shape")], target)
         else:
             self.add("Transpose", [source], target, perm=perm)
             self.result.filter_transposes += 1
@@ -716,7 +718,7 @@ class _Layout:
             shape = self.shape(w)
             if w in self.constants:
                 value = numpy_helper.to_array(self.constants[w])
-                out = self.constant(np.ascontiguousarray(value.transpose(0, 2, 3, 1)), "krsc")
+                out = self.add_constant(np.ascontiguousarray(value.transpose(0, 2, 3, 1)), "krsc")
             else:
                 out = self.edit.fresh("krsc")
                 self.filter_move(w, out, [shape[0], shape[2], shape[3], shape[1]], [0, 2, 3, 1])
@@ -743,12 +745,12 @@ class _Layout:
             if constant is not None:
                 value = numpy_helper.to_array(constant)
                 widths = [(0, 0)] * (len(shape) - 1) + [(0, target[-1] - channels)]
-                out = self.constant(np.pad(value, widths), "padded")
+                out = self.add_constant(np.pad(value, widths), "padded")
             else:
                 out = self.edit.fresh("padded")
                 pads = [0] * (2 * len(shape))
                 pads[2 * len(shape) - 1] = target[-1] - channels
-                self.add("Pad", [name, self.constant(np.array(pads, np.int64), "pads")], out, mode="constant")
+                self.add("Pad", [name, self.add_constant(np.array(pads, np.int64), "pads")], out, mode="constant")
                 self.pad_widths[out] = target[-1] - channels
                 self.record(out, self.dtype(name), target)
             self.pad_cache[name] = out
@@ -760,7 +762,7 @@ class _Layout:
         rank = len(logical_shape)
         shape = list(logical_shape) if to_logical else physical_shape(logical_shape, c)
         if _same_bytes(logical_shape, c):
-            self.add("Reshape", [source, self.constant(np.array(shape, np.int64), "shape")], target)
+            self.add("Reshape", [source, self.add_constant(np.array(shape, np.int64), "shape")], target)
         else:
             self.add("Transpose", [source], target, perm=to_logical_perm(rank, c) if to_logical else to_physical_perm(rank, c))
             self.result.transposes += 1
@@ -799,9 +801,9 @@ class _Layout:
                 self.folded.add(id(bn))
                 filter_value = numpy_helper.to_array(self.constants[w])
                 scaled = filter_value.astype(np.float64).transpose(0, 2, 3, 1) * a[:, None, None, None]
-                w_in = self.constant(np.ascontiguousarray(scaled.astype(filter_value.dtype)), "krsc_folded")
+                w_in = self.add_constant(np.ascontiguousarray(scaled.astype(filter_value.dtype)), "krsc_folded")
                 shift = b + (numpy_helper.to_array(self.constants[bias]).astype(np.float64) * a if bias else 0.0)
-                bias = self.constant(shift.astype(helper.tensor_dtype_to_np_dtype(self.dtype(y))), "bias_folded")
+                bias = self.add_constant(shift.astype(helper.tensor_dtype_to_np_dtype(self.dtype(y))), "bias_folded")
                 self.unwritten.add(y)
                 y = bn.output[0]
                 self.result.norms_folded += 1
@@ -847,9 +849,9 @@ class _Layout:
             if pad:  # the padded channels' gradient sliced off
                 self.record(krsc, self.dtype(x), krsc_shape[:3] + [self.pad_to(*pad)])
                 sliced = self.edit.fresh("dw_krsc")
-                self.add("Slice", [krsc, self.constant(np.array([0], np.int64), "starts"),
-                                   self.constant(np.array([pad[0]], np.int64), "ends"),
-                                   self.constant(np.array([3], np.int64), "axes")], sliced)
+                self.add("Slice", [krsc, self.add_constant(np.array([0], np.int64), "starts"),
+                                   self.add_constant(np.array([pad[0]], np.int64), "ends"),
+                                   self.add_constant(np.array([3], np.int64), "axes")], sliced)
                 krsc = sliced
                 self.result.padded += 1
             self.record(krsc, self.dtype(x), krsc_shape)
@@ -878,9 +880,9 @@ class _Layout:
             a, b = self.batch_norm(node)
             dtype = helper.tensor_dtype_to_np_dtype(self.dtype(node.input[0]))
             scaled = self.edit.fresh("norm_scaled")
-            self.add("Mul", [self.physical(node.input[0], c), self.constant(a.astype(dtype), "norm_scale")], scaled)
+            self.add("Mul", [self.physical(node.input[0], c), self.add_constant(a.astype(dtype), "norm_scale")], scaled)
             self.record(scaled, self.dtype(node.input[0]), physical_shape(self.shape(out_name), c))
-            made = helper.make_node("Add", [scaled, self.constant(b.astype(dtype), "norm_shift")], [out_name],
+            made = helper.make_node("Add", [scaled, self.add_constant(b.astype(dtype), "norm_shift")], [out_name],
                                     name=node.name or self.edit.fresh("Add"))
             self.result.norms += 1
         elif op == "Resize":
@@ -890,7 +892,7 @@ class _Layout:
                 if k < len(node.input) and node.input[k]:
                     value = numpy_helper.to_array(self.constants[node.input[k]]).reshape(-1)
                     if value.size == rank:
-                        made.input[k] = self.constant(np.ascontiguousarray(value[perm]), "resized")
+                        made.input[k] = self.add_constant(np.ascontiguousarray(value[perm]), "resized")
         elif op in ("Concat", "Split"):
             axis = int(attribute(node, "axis", 0)) % rank
             for k in range(len(node.input) if op == "Concat" else 1):
@@ -898,23 +900,23 @@ class _Layout:
             _set_attribute(made, "axis", to_physical_perm(rank, c).index(axis))
         elif op == "Expand":
             made.input[0] = self.physical(node.input[0], c)
-            made.input[1] = self.constant(np.array(physical_shape(_ints(self.constants, node.input[1]), c), np.int64), "shape")
+            made.input[1] = self.add_constant(np.array(physical_shape(_ints(self.constants, node.input[1]), c), np.int64), "shape")
         elif op == "Reshape":
             c_in = self.neighbours(node, out_name, c)[node.input[0]]
             made.input[0] = self.physical(node.input[0], c_in)
-            made.input[1] = self.constant(np.array(physical_shape(self.shape(out_name), c), np.int64), "shape")
+            made.input[1] = self.add_constant(np.array(physical_shape(self.shape(out_name), c), np.int64), "shape")
         elif op in REDUCTIONS:
             c_in = self.neighbours(node, out_name, c)[node.input[0]]
             made.input[0] = self.physical(node.input[0], c_in)
             perm = to_physical_perm(len(self.shape(node.input[0])), c_in)
-            axes = sorted(perm.index(a) for a in self.reduce_axes(node))
+            axes = sorted(perm.index(a) for a in self.reduced_axes(node))
             if attribute(node, "axes") is not None:
                 del made.attribute[:]
                 made.attribute.extend([a for a in node.attribute if a.name != "axes"] + [helper.make_attribute("axes", axes)])
             else:
                 while len(made.input) < 2:
                     made.input.append("")
-                made.input[1] = self.constant(np.array(axes, np.int64), "axes")
+                made.input[1] = self.add_constant(np.array(axes, np.int64), "axes")
         renamed = []
         for k, name in enumerate(node.output):
             if name and self.chan.get(name) != c:
@@ -931,7 +933,7 @@ class _Layout:
         rank = len(self.shape(x))
         axes = [to_physical_perm(rank, c).index(a) for a in range(2, rank)]
         if self.opset >= 18:
-            return helper.make_node("ReduceMean", [self.physical(x, c), self.constant(np.array(axes, np.int64), "axes")], [y],
+            return helper.make_node("ReduceMean", [self.physical(x, c), self.add_constant(np.array(axes, np.int64), "axes")], [y],
                                     name=self.edit.fresh("ReduceMean"), keepdims=1)
         return helper.make_node("ReduceMean", [self.physical(x, c)], [y], name=self.edit.fresh("ReduceMean"),
                                 axes=axes, keepdims=1)
@@ -990,7 +992,7 @@ class _Layout:
             kept = [i for i in range(rank) if i not in a1]
             merged = sorted(a1 + [kept[a % len(kept)] for a in a2])
             second.input[0] = first.input[0]
-            second.input[1] = self.constant(np.array(merged, np.int64), "axes")
+            second.input[1] = self.add_constant(np.array(merged, np.int64), "axes")
             gone.add(id(first))
             self.value_infos.pop(middle, None)
         self.out_nodes = [n for n in self.out_nodes if id(n) not in gone]
