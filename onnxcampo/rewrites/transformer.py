@@ -87,6 +87,7 @@ from onnxcampo.config import OptimizeConfig
 from onnxcampo.errors import CampoError, UnsupportedModelError, option
 from onnxcampo.ir.topology import toposort_model
 from onnxcampo.rewrites import attention, attention_mask
+from onnxcampo.rewrites.matcher import GraphView
 from onnxcampo.training import scaling
 
 log = logging.getLogger(__name__)
@@ -304,7 +305,7 @@ def _refusal(model: onnx.ModelProto, *, auto: bool) -> str | None:
 # --- detection (rule 3 and 5) -------------------------------------------------------------------
 def detect(model: onnx.ModelProto) -> Detection:
     """Whether the graph is BERT-like or GPT-2-like, and its heads and hidden size (rule 3, 5)."""
-    index = _Index(model.graph)
+    index = _Index(model)
     if not index.has_attention_softmax():
         return Detection(None, reason="not a transformer: no attention Softmax between MatMuls of activations")
     norms = index.layer_norm_sizes()
@@ -329,21 +330,19 @@ def detect(model: onnx.ModelProto) -> Detection:
     return Detection(model_type, heads, hidden, f"layer norms, attention Softmax, Gelu and {found}", attention=True)
 
 
-class _Index:
-    """Producers, consumers and constants of one graph, for the pattern checks."""
+class _Index(GraphView):
+    """The shared matcher's tables of one model (producers, readers, constants), for the
+    detection's pattern checks (no shapes: they read ops and constants)."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.nodes = list(graph.node)
-        edit = ir.ModelEdit(graph)
-        self.producer = edit.producers()
-        self.consumers = edit.consumers()
-        self.tensors = edit.constants()
+    def __init__(self, model: onnx.ModelProto) -> None:
+        super().__init__(model, {}, fresh_prefix="fuse")
+        self.nodes = list(model.graph.node)
 
     def is_constant(self, name: str) -> bool:
-        return name in self.tensors
+        return name in self.constants
 
     def value(self, name: str, max_elements: int = 64) -> np.ndarray | None:
-        tensor = self.tensors.get(name)
+        tensor = self.constants.get(name)
         if tensor is None or math.prod(tensor.dims) > max_elements:
             return None
         try:
@@ -357,7 +356,7 @@ class _Index:
             math.isclose(float(value.reshape(-1)[0]), t, rel_tol=1e-3) for t in targets)
 
     def _produced_by(self, name: str, op_type: str) -> onnx.NodeProto | None:
-        node = self.producer.get(name)
+        node = self.producers.get(name)
         return node if node is not None and node.op_type == op_type else None
 
     def layer_norm_sizes(self) -> list[int | None]:
@@ -365,7 +364,7 @@ class _Index:
         sizes: list[int | None] = []
         for node in self.nodes:
             if node.op_type == _LAYER_NORM and node.domain in oplists.DEFAULT_DOMAINS:
-                scale = self.tensors.get(node.input[1]) if len(node.input) > 1 else None
+                scale = self.constants.get(node.input[1]) if len(node.input) > 1 else None
                 sizes.append(int(scale.dims[-1]) if scale is not None and scale.dims else None)
             elif node.op_type == _MEAN and node.input:
                 sizes.extend(self._decomposed_norm(node))
@@ -383,7 +382,7 @@ class _Index:
                 for scale in self.consumers[normalize.output[0]]:
                     other = [i for i in scale.input if i != normalize.output[0]]
                     if scale.op_type == _SCALE and other and self.is_constant(other[0]):
-                        dims = self.tensors[other[0]].dims
+                        dims = self.constants[other[0]].dims
                         return [int(dims[-1]) if dims else None]
                 return [None]
         return []
@@ -396,7 +395,7 @@ class _Index:
         return node.op_type == _SCALE and len(others) == 1 and self._produced_by(others[0], _RECIPROCAL) is not None
 
     def _from_activation_matmul(self, name: str, hops: int = 6) -> bool:
-        node = self.producer.get(name)
+        node = self.producers.get(name)
         if node is None or hops == 0:
             return False
         if node.op_type == _MATMUL:
@@ -426,12 +425,12 @@ class _Index:
             if node.op_type in _GELU_OPS and node.domain in oplists.DEFAULT_DOMAINS:
                 forms.add("op")
             if node.op_type == _ERF:
-                scale = self.producer.get(node.input[0])
+                scale = self.producers.get(node.input[0])
                 if scale is not None and scale.op_type in _ERF_SCALE_OPS and any(
                         self._close_to(i, _ERF_SCALES) for i in scale.input[1:]):
                     forms.add("erf")
             if node.op_type == _TANH:
-                scale = self.producer.get(node.input[0])
+                scale = self.producers.get(node.input[0])
                 if scale is not None and scale.op_type == _TANH_SCALE_OP and any(
                         self._close_to(i, (_TANH_SCALE,)) for i in scale.input):
                     forms.add("tanh")
@@ -440,7 +439,7 @@ class _Index:
     def has_causal_mask(self) -> bool:
         if any(node.op_type == _TRILU for node in self.nodes):
             return True
-        if any(_is_triangular(self.value(name, _MAX_MASK_ELEMENTS)) for name, tensor in self.tensors.items()
+        if any(_is_triangular(self.value(name, _MAX_MASK_ELEMENTS)) for name, tensor in self.constants.items()
                if len(tensor.dims) >= 2 and tensor.dims[-1] == tensor.dims[-2] > 1):
             return True
         # positions compared with positions: q_index >= kv_index, both from Range
@@ -448,7 +447,7 @@ class _Index:
                    and all(self._has_range_ancestor(i, _ANCESTOR_HOPS) for i in node.input) for node in self.nodes)
 
     def _has_range_ancestor(self, name: str, hops: int) -> bool:
-        node = self.producer.get(name)
+        node = self.producers.get(name)
         if node is None or hops == 0:
             return False
         return node.op_type == _RANGE or any(self._has_range_ancestor(i, hops - 1) for i in node.input if i)
