@@ -465,11 +465,12 @@ def test_exports_fuse_alike_on_weightless_shape_copies(export, monkeypatch):
 
 
 @pytest.mark.slow
-def test_exports_made_now_are_detected_too(tmp_path):
+def test_exports_made_now_are_detected_too(tmp_path, monkeypatch):
     """The generator run with the torch and transformers installed here (skipped without them):
     what they export now is recognised as the committed fixtures are."""
     for package in ("torch", "transformers", "onnxscript"):
         pytest.importorskip(package)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
     import make_transformer_fixtures
 
     for path in make_transformer_fixtures.write_fixtures(tmp_path):
