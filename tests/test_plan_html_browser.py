@@ -96,3 +96,5 @@ def test_the_page_opens_on_the_compute_and_draws_the_whole_graph_on_request(page
     body = dom.split('<div id="rows">', 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
     fp32 = [float(cell) for cell in (row.split("<td>")[4].split("</td>")[0] for row in body.split("<tr")[1:]) if cell]
     assert fp32 == sorted(fp32, reverse=True) and len(fp32) >= 3  # the fp32 us column, largest first
+    gains = [row.split("<td>")[7].split("</td>")[0] for row in body.split("<tr")[1:]]
+    assert any(gains) and all(g == "" or float(g) == float(g) for g in gains)  # the fp16 gain column, filled

@@ -5,8 +5,8 @@ with no producer sits just above its first reader), coloured by precision, with 
 Pad/Slice onnxcampo inserted marked. It opens on the float compute, the Casts and what onnxcampo
 added, the shape arithmetic and constants left out (an edge runs through them); a checkbox draws
 the whole graph, buttons zoom (and fit the graph in view), and a click on a column's name sorts
-the table under the graph by it. Clicking a node (or a row of the searchable table under the
-graph) shows its reason, its own predicted times and the Casts it causes. The page opens with the
+the table under the graph by it (by time, or by fp16's gain on the node, its Casts paid).
+Clicking a node (or a row of the searchable table under the graph) shows its reason, its own predicted times and the Casts it causes. The page opens with the
 summary counts and every compared plan's predicted time. No external script, style sheet or font:
 the page works offline and can be mailed. ``#node=NAME`` in the address selects a node on load.
 """
@@ -264,9 +264,14 @@ def _table_row(i: int, row: NodeRow) -> str:
     def us(value):
         return "" if value is None else f"{value:.2f}"
 
+    planned = row.precision in ("fp16", "fp32")
+    # what fp16 saves on the node, its Casts paid (negative: fp16 costs): the column to sort by
+    gain = (row.fp32_us - row.fp16_us - row.cast_us if planned and row.fp32_us is not None and row.fp16_us is not None
+            else None)
     return (f'<tr data-i="{i}" class="k-{row.kind}"><td>{html.escape(row.name)}</td><td>{html.escape(row.op)}</td>'
             f"<td>{html.escape(row.precision)}</td><td>{us(row.fp32_us)}</td><td>{us(row.fp16_us)}</td>"
-            f"<td>{f'{row.casts:.3g}' if row.precision in ('fp16', 'fp32') else ''}</td><td>{html.escape(row.reason_text)}</td></tr>")
+            f"<td>{f'{row.casts:.3g}' if planned else ''}</td><td>{us(gain)}</td>"
+            f"<td>{html.escape(row.reason_text)}</td></tr>")
 
 
 def _script_json(data) -> str:
@@ -376,7 +381,8 @@ _PAGE = """<!DOCTYPE html>
 <div id="find"><input id="q" placeholder="search names, ops, reasons (a regular expression)"> <span id="count"></span>
 (click a column's name to sort by it)</div>
 <div id="rows"><table><thead><tr><th>name</th><th>op</th><th>precision</th><th class="num">fp32 us</th>
-<th class="num">fp16 us</th><th class="num">Casts</th><th>reason</th></tr></thead><tbody>{table}</tbody></table></div>
+<th class="num">fp16 us</th><th class="num">Casts</th><th class="num" title="fp32 us - fp16 us - the Casts' us">fp16 gain us</th>
+<th>reason</th></tr></thead><tbody>{table}</tbody></table></div>
 <script type="application/json" id="plan-data">{data}</script>
 <script>{script}</script>
 </body></html>
