@@ -641,3 +641,28 @@ def test_a_polygraphy_set_with_a_wrong_input_name_names_the_set(planted_file, tm
     assert main(["optimize", str(planted_file), str(tmp_path / "o.onnx"), "--policy", "fp16", "--validate",
                  "--inputs", str(sets)]) == 2
     assert "(set 1): unknown input name(s) ['z']" in capsys.readouterr().err
+
+
+def test_fix_is_fitted_on_the_failing_set_and_judged_on_every_set(planted_file, tmp_path, capsys):
+    """--fix keeps fp32 what the first failing set needs, then runs every set: a set the fix does
+    not cover (inputs 1e5 times larger: the first MatMul overflows fp16) is a warning under --fix
+    and an error under --validate --fix (nothing written)."""
+    rng = np.random.default_rng(4)
+    normal = rng.standard_normal((8, 16)).astype(np.float32)
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    np.savez(folder / "a.npz", x=normal * 1e-3)
+    np.savez(folder / "b.npz", x=normal)
+    out, report = tmp_path / "out.onnx", tmp_path / "r.json"
+    args = ["optimize", str(planted_file), str(out), "--policy", "fp16", "--provider", "reference",
+            "--inputs", str(folder), "--report", str(report)]
+    assert main([*args, "--fix"]) == 0
+    assert "--fix: fitted on b.npz; every one of the 2 input sets passes" in capsys.readouterr().err
+    assert json.loads(report.read_text())["input_sets"] == {"count": 2, "fitted_on": "b.npz", "failed": []}
+    np.savez(folder / "c.npz", x=normal * 1e5)
+    assert main([*args, "--fix"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --fix kept fp32 what b.npz needs, but 1 of the 3 input sets still fail: c.npz" in err
+    out.unlink()
+    assert main([*args, "--validate", "--fix"]) == 1
+    assert "still fail: c.npz; nothing written" in capsys.readouterr().err and not out.exists()

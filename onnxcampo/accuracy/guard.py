@@ -159,12 +159,42 @@ def check(model, config, result, accuracy: AccuracyCheck, *, optimize_s: float =
         judged.append((given[1].removeprefix("the inputs of "), ok))
         if not ok:
             break  # the first set that fails is the one judged (and searched)
+    failed = [words for words, ok in judged if not ok]
     if judged:
-        failed = [words for words, ok in judged if not ok]
         result.report["input_sets"] = {"count": len(sets), "checked": len(judged), "failed": failed}
         accuracy.say(f"onnxcampo: {run.what}: {len(judged)} of {len(sets)} input sets checked, "
                      + (f"{failed[0]} fails: it is judged below" if failed else "every one passes"))
-    return _judge(model, config, result, accuracy, run, outputs, optimize_s=optimize_s, inputs=inputs)
+    kept = _judge(model, config, result, accuracy, run, outputs, optimize_s=optimize_s, inputs=inputs)
+    if kept is not result and len(sets) > 1:  # the fix, fitted on the set that failed: every set judges it
+        _fix_on_every_set(model, config, kept, accuracy, inputs, sets, failed[0])
+    return kept
+
+
+def _fix_on_every_set(model, config, fixed, accuracy: AccuracyCheck, inputs, sets, fitted: str) -> None:
+    """The fixed model run on every input set; the report's ``input_sets`` says which it was fitted
+    on and which fail it. Under validate a set that fails it is a ValidationError (nothing written);
+    under fix alone, a warning."""
+    from onnxcampo.accuracy import evaluate
+
+    failing = []
+    for given in sets:
+        run = _prepare(model, config, fixed, accuracy, inputs, given, write=False)
+        outputs = None if run is None else _run_optimized(fixed, run, accuracy)
+        if outputs is not None and not evaluate(run.ref.outputs, outputs, run.criterion).ok:
+            failing.append(given[1].removeprefix("the inputs of "))
+    entry = {"count": len(sets), "fitted_on": fitted, "failed": failing}
+    fixed.report["input_sets"] = entry
+    if not failing:
+        accuracy.say(f"onnxcampo: --fix: fitted on {fitted}; every one of the {len(sets)} input sets passes")
+        return
+    text = (f"--fix kept fp32 what {fitted} needs, but {len(failing)} of the {len(sets)} input sets still fail: "
+            f"{', '.join(failing[:3])}{' ...' if len(failing) > 3 else ''}")
+    if accuracy.validating:
+        error = ValidationError(f"{text}; nothing written (loosen --tolerance, or --exclude-node what they need)")
+        error.report = fixed.report
+        raise error
+    fixed.report.setdefault("notes", []).append(f"accuracy check: {text}")
+    accuracy.say(f"onnxcampo: warning: {text}", logging.WARNING)
 
 
 def _input_sets(accuracy: AccuracyCheck, model, inputs) -> list[tuple[dict | None, str]]:
