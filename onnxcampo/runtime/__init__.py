@@ -356,8 +356,9 @@ def load_inputs_npz(path: str | os.PathLike[str], model: onnx.ModelProto,
             arrays = {key: data[key] for key in data.files}
     except FileNotFoundError as exc:
         raise ConfigError(f"inputs file {path} does not exist") from exc
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        why = "not a NumPy .npz archive" if "pickle" in str(exc) or isinstance(exc, zipfile.BadZipFile) else str(exc)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
+        why = ("not a NumPy .npz archive" if "pickle" in str(exc) or isinstance(exc, (zipfile.BadZipFile, EOFError))
+               else str(exc))
         raise ConfigError(f"inputs file {path} is not a readable .npz ({why}); write one with "
                           "numpy.savez(path, **{input name: array})") from exc
     return checked_inputs(arrays, model, path, only)

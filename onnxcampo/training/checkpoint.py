@@ -40,8 +40,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray
             arrays = {name: data[name] for name in data.files}
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such checkpoint") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise ConfigError(f"{path}: not an onnxcampo checkpoint (.npz): {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
+        raise ConfigError(f"{path}: not an onnxcampo checkpoint (.npz): {(str(exc) or type(exc).__name__).splitlines()[0]}") from None
     if META not in arrays:
         raise ConfigError(f"{path}: not an onnxcampo checkpoint (no {META} entry)")
     try:
