@@ -19,6 +19,7 @@ COMMANDS = {
     "tool": ("tool", "speed and memory of onnxcampo.optimize itself"),
     "prediction-metrics": ("prediction_metrics", "the cost model's plan times against the measured runs"),
     "graph-factors": ("graph_factors", "per-class factors of single-op times inside whole graphs"),
+    "host-overlap": ("host_overlap", "the share of host launch time a plain run adds, fitted from whole runs"),
     "profile-step": ("profile_step", "where a training step's time goes, per op type"),
     "profile-variants": ("profile_variants", "where a model's inference time goes under several policies"),
     "probe-options": ("probe_options", "a benchmark variant timed under several CUDA EP option sets"),

@@ -86,6 +86,13 @@ class CostModel(abc.ABC):
         behind it (``False``: the larger of the two, the default)."""
         return False
 
+    def host_overlap(self, training: bool = False) -> float:
+        """The share of the smaller of the GPU's work and the host's launches that a run adds to
+        the larger: 1 (both add: :meth:`host_adds`), 0 (the larger alone), or a share fitted from
+        whole runs (``python -m onnxcampo.benchmarks host-overlap``): the host runs ahead of the
+        GPU on large kernels and waits for it on small ones."""
+        return 1.0 if self.host_adds(training) else 0.0
+
     def run_us(self) -> float:
         """Fixed cost of one run whatever its nodes (the call, the launch, the synchronisation):
         the same for every plan of a model, it makes the predicted totals, and with them the

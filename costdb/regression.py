@@ -189,6 +189,15 @@ class RegressionCostModel(CostModel):
         fitted = self.database.get("host_launch", {}).get("training" if training else "inference", {})
         return fitted.get("host") == "additive"
 
+    def host_overlap(self, training: bool = False) -> float:
+        """``host_launch``'s fitted ``overlap`` share where the database has one (in [0, 1]),
+        else 1 or 0 as :meth:`host_adds` says."""
+        fitted = self.database.get("host_launch", {}).get("training" if training else "inference", {})
+        share = fitted.get("overlap")
+        if isinstance(share, (int, float)) and 0.0 <= share <= 1.0:
+            return float(share)
+        return super().host_overlap(training)
+
     def run_us(self) -> float:
         """``run_overhead`` fitted from benchmark rows (``costdb fit-step-dispatch``), else 0."""
         value = self.database.get("run_overhead", {}).get("us")

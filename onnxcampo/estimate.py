@@ -12,8 +12,9 @@ puts on one of its tensors breaks the fusion, and the node costs what it costs a
 ``execution="cuda-graph"``: the run is replayed, so no node costs host time; the plan costs its GPU
 work plus one replay (``CostModel.run_us``). ``plain``: the GPU's work and the host's launches
 (``CostModel.launch_us`` per launch; cuDNN's layout transforms around fp16 NCHW convolutions are
-launches too), added where the database says so (``CostModel.host_adds``: fitted from whole runs,
-where every launch cost 2.3-4.4 us on top of the replayed run), else the larger of the two.
+launches too): the larger of the GPU's work and the host's launches, plus the share of the smaller
+that a run adds (``CostModel.host_overlap``: 1 where the database says the launches add, 0 where
+they hide, or a share fitted from whole runs, ``python -m onnxcampo.benchmarks host-overlap``).
 
 With ``fuse_elementwise`` the plan is costed as the fused model runs (``plan_for_fusion``, the
 default; ``False`` costs the fusion-blind plan as if neither fusion pass ran, though both still run
@@ -342,8 +343,9 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
                 + channels_last.nhwc_call_us(ctx.cost) * layout.nhwc_calls
                 + fused_call_extra_us(ctx.cost, training) * fused_calls)
     gpu = nodes_us + cast_us
-    # launches that add to the GPU's work (fitted so from whole runs), or hide behind it
-    total = gpu + dispatch if ctx.cost.host_adds(training=training) else max(gpu, dispatch)
+    # the larger of the GPU's work and the host's launches, and the share of the smaller that adds
+    # to it (1: both add; fitted from whole runs where the database has it)
+    total = max(gpu, dispatch) + ctx.cost.host_overlap(training=training) * min(gpu, dispatch)
     return PlanTime(total + run, nodes_us, cast_us, casts, dispatch, launched, run)
 
 

@@ -196,6 +196,31 @@ def test_launches_add_to_the_gpu_work_where_the_database_says_so():
     assert (time.nodes_us, time.dispatch_us, time.total_us) == (30.0, 15.0, 30.0 + 15.0 + 20.0)
 
 
+def test_a_fitted_overlap_adds_that_share_of_the_smaller_to_the_larger():
+    """host_overlap (a share fitted from whole runs): the plain total is the larger of the GPU's
+    work and the launches plus that share of the smaller, plus the run; 1 and 0 are the two rules."""
+    class OverlapCost(HostCost):
+        def host_overlap(self, training: bool = False) -> float:
+            return 0.4
+
+    ctx = build_context(parse(MATMUL_BIAS), cost=OverlapCost(), experimental={"cost_graph": "onnx"})
+    time = estimate.plan_time(ctx, plan_of(ctx))
+    assert (time.nodes_us, time.dispatch_us) == (30.0, 15.0)
+    assert time.total_us == 30.0 + 0.4 * 15.0 + 20.0
+
+
+def test_a_database_overlap_share_is_read_and_bounded(tmp_path):
+    from costdb.regression import RegressionCostModel
+
+    model = object.__new__(RegressionCostModel)
+    model.database = {"host_launch": {"inference": {"host": "additive", "overlap": 0.45}}}
+    assert model.host_overlap() == 0.45
+    model.database = {"host_launch": {"inference": {"host": "additive", "overlap": 1.7}}}  # out of [0, 1]: ignored
+    assert model.host_overlap() == 1.0
+    model.database = {"host_launch": {"inference": {}}}
+    assert model.host_overlap() == 0.0
+
+
 def test_cpu_only_gemm_activation_fusion_is_not_taken_for_the_cuda_eps():
     """ORT fuses MatMul + bias + Sigmoid into FusedGemm on its CPU provider only (no CUDA kernel):
     the stand-in leaves the Sigmoid a kernel of its own, as the CUDA EP runs it."""
