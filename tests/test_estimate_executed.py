@@ -210,7 +210,7 @@ def test_a_fitted_overlap_adds_that_share_of_the_smaller_to_the_larger():
 
 
 def test_a_database_overlap_share_is_read_and_bounded(tmp_path):
-    from costdb.regression import RegressionCostModel
+    from onnxcampo.costdb.regression import RegressionCostModel
 
     model = object.__new__(RegressionCostModel)
     model.database = {"host_launch": {"inference": {"host": "additive", "overlap": 0.45}}}
