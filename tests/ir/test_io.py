@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -369,3 +370,50 @@ def test_a_killed_writes_leftovers_are_swept_by_the_next_write_when_old(tmp_path
     ir.save_model(_external_model(2.0), out, check_loads=False)
     names = sorted(_data_name(p.name) for p in tmp_path.iterdir())
     assert names == [".m.onnx.live.tmp", "m.onnx", "m.onnx.HEX.data"] and _written_value(out) == 2.0
+
+
+def test_forty_rounds_of_racing_writers_some_killed_leave_one_whole_model(tmp_path, monkeypatch):
+    """40 rounds: each, eight threads write external-data models to one path at once, and three of
+    them die at a different point (writing, before the rename, after it while removing the old
+    data). After every round the model at the path loads whole: every weight one writer's value,
+    its data file its own. No round leaves a model that mixes two writes."""
+    import threading
+
+    monkeypatch.setattr(ir.io, "_PROTOBUF_LIMIT", 10)
+    out = tmp_path / "m.onnx"
+    real_replace, real_unlink = os.replace, Path.unlink
+    doomed: dict[str, str] = {}  # thread name -> where it dies
+
+    def replace(src, dst):
+        if doomed.get(threading.current_thread().name) == "rename" and str(dst) == str(out):
+            raise KeyboardInterrupt("killed before the rename")
+        real_replace(src, dst)
+
+    def unlink(self, missing_ok=False):
+        if doomed.get(threading.current_thread().name) == "cleanup" and self.name.endswith(".data"):
+            raise KeyboardInterrupt("killed removing the old data")
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(ir.io.os, "replace", replace)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    for round_ in range(40):
+        start = threading.Barrier(8)
+        doomed.clear()
+        names = [f"writer-{round_}-{k}" for k in range(8)]
+        doomed.update({names[round_ % 8]: "rename", names[(round_ + 3) % 8]: "cleanup"})
+
+        def write(value, name):
+            start.wait()
+            try:
+                ir.save_model(_external_model(value), out, check_loads=False)
+            except KeyboardInterrupt:
+                pass
+
+        threads = [threading.Thread(target=write, args=(float(round_ * 8 + k), n), name=n) for k, n in enumerate(names)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        value = _written_value(out)  # one writer's value throughout, its own data
+        assert value in {float(round_ * 8 + k) for k in range(8)}
+        assert doomed.get(names[int(value) % 8]) != "rename"  # a writer killed before its rename never wins
