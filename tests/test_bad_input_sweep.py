@@ -89,3 +89,22 @@ def test_a_checkpoint_that_is_no_npz_is_one_line(tmp_path, capsys, content):
     assert main(["train", str(step), "--data", str(data), "--steps", "1", "--resume", str(checkpoint)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "not an onnxcampo checkpoint" in err[-1] and "internal error" not in err[-1]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "text", "truncated"])
+@pytest.mark.parametrize("command", ["fit", "eval"])
+def test_costdb_on_bad_sample_or_database_files_is_one_line(tmp_path, capsys, command, kind):
+    """``costdb fit SAMPLES OUT`` and ``costdb eval DB SAMPLES`` on files that are not what they
+    say: one line, exit 2, no database written."""
+    bad = tmp_path / ("samples.jsonl" if command == "fit" else "db.json")
+    content = {"missing": None, "empty": b"", "text": b"not json at all\n", "truncated": b'{"key": "a", "kind": '}[kind]
+    if content is not None:
+        bad.write_bytes(content)
+    out = tmp_path / "out.json"
+    args = (["costdb", "fit", str(bad), str(out)] if command == "fit"
+            else ["costdb", "eval", str(bad), str(tmp_path / "missing-samples.jsonl")])
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert err and "internal error" not in err[-1] and "Traceback" not in "\n".join(err)
+    assert not out.exists()
