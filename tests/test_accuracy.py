@@ -666,3 +666,17 @@ def test_fix_is_fitted_on_the_failing_set_and_judged_on_every_set(planted_file, 
     out.unlink()
     assert main([*args, "--validate", "--fix"]) == 1
     assert "still fail: c.npz; nothing written" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_model_the_reference_evaluator_computes_wrongly_is_checked_on_ort(tmp_path, capsys):
+    """LpNormalization p=1: the ONNX reference evaluator's is wrong (ORT's is exact), so the
+    default check runs the written model on ORT's CPU provider and the fp16 model passes."""
+    graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+                          h.make_node("LpNormalization", ["m"], ["y"], name="lp", axis=-1, p=1)], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [8, 16])], [h.make_tensor_value_info("y", T.FLOAT, [8, 16])],
+                         [nh.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32), "w")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+    assert acc.small_enough_for_reference(model) == ("an LpNormalization with p=1, which the ONNX reference "
+                                                     "evaluator computes wrongly")
+    result = optimize(model, policy="fp16")
+    assert result.report["accuracy"]["ok"] is True
