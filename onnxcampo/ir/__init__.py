@@ -59,13 +59,13 @@ from onnxcampo.ir.topology import (
     toposort_model,
 )
 from onnxcampo.ir.export import export_model, to_graphsurgeon
-from onnxcampo.ir.edit import PREDICTION_KEY, PREDICTION_SLICE_KEY, ModelEdit, attribute
+from onnxcampo.ir.edit import PREDICTION_KEY, PREDICTION_SLICE_KEY, ModelEdit, attribute, rename_tensors
 
 __all__ = [
     "CONTROL_FLOW_ATTRS", "PREDICTION_KEY", "PREDICTION_SLICE_KEY", "FLOAT_TYPES", "MIN_OPSET", "ModelEdit", "StagedModel", "TensorInfo", "attribute", "check_dim_names", "check_model", "check_output_path",
     "default_opset", "exceeds_protobuf_limit", "export_model", "fill_unknown_shapes", "dynamic_inputs", "graph_inputs", "graph_key",
     "has_subgraph", "infer_tensor_info", "metadata", "name_nodes", "ort_default_domain_nodes",
-    "outer_scope_names", "pin_input_shapes", "read_model", "record_value_infos", "save_model", "set_metadata", "skeleton", "static_shape",
+    "outer_scope_names", "pin_input_shapes", "read_model", "record_value_infos", "rename_tensors", "save_model", "set_metadata", "skeleton", "static_shape",
     "subgraph_node_names", "symbolic_dims", "tensor_dtype", "to_graphsurgeon", "toposort", "toposort_model", "without_weights", "write_bytes_atomically",
     "write_text_atomically",
 ]

@@ -15,7 +15,7 @@ from collections import defaultdict
 import onnx
 from onnx import helper
 
-from onnxcampo.ir.topology import has_subgraph, outer_scope_names
+from onnxcampo.ir.topology import has_subgraph, iter_graphs, outer_scope_names
 from onnxcampo.oplists import DEFAULT_DOMAINS
 
 
@@ -136,6 +136,26 @@ class ModelEdit:
             del graph.node[:]
             graph.node.extend(nodes)
 
+    def drop_dead(self) -> None:
+        """Nodes none of whose outputs a node, a subgraph or the graph's outputs read (to a fixed
+        point), then the initializers no node reads (graph inputs kept)."""
+        graph = self.graph
+        kept_names = {o.name for o in graph.output} | {i.name for i in graph.input}
+        while True:
+            read = {i for n in graph.node for i in n.input if i} | kept_names
+            for node in graph.node:
+                if has_subgraph(node):
+                    read |= outer_scope_names(node)
+            alive = [n for n in graph.node if any(o in read for o in n.output if o)]
+            if len(alive) == len(graph.node):
+                break
+            del graph.node[:]
+            graph.node.extend(alive)
+        initializers = [t for t in graph.initializer if t.name in read]
+        if len(initializers) != len(graph.initializer):
+            del graph.initializer[:]
+            graph.initializer.extend(initializers)
+
     def replace_uses(self, old: str, new: str) -> None:
         """Every reader of ``old`` in the main graph reads ``new`` instead."""
         for node in self.nodes:
@@ -144,4 +164,19 @@ class ModelEdit:
                     node.input[i] = new
 
 
-__all__ = ["PREDICTION_KEY", "PREDICTION_SLICE_KEY", "ModelEdit", "attribute"]
+def rename_tensors(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Every tensor of ``mapping`` renamed wherever it appears in ``graph`` and its subgraphs:
+    initializers (sparse ones too), inputs, outputs, value infos, node inputs and outputs."""
+    for g in iter_graphs(graph):
+        for tensor in g.initializer:
+            tensor.name = mapping.get(tensor.name, tensor.name)
+        for sparse in g.sparse_initializer:
+            sparse.values.name = mapping.get(sparse.values.name, sparse.values.name)
+        for value_info in (*g.input, *g.output, *g.value_info):
+            value_info.name = mapping.get(value_info.name, value_info.name)
+        for node in g.node:
+            node.input[:] = [mapping.get(name, name) for name in node.input]
+            node.output[:] = [mapping.get(name, name) for name in node.output]
+
+
+__all__ = ["PREDICTION_KEY", "PREDICTION_SLICE_KEY", "ModelEdit", "attribute", "rename_tensors"]

@@ -46,6 +46,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxcampo import ir
+from onnxcampo.rewrites.attention_mask import named, square_bias_shape
 from onnxcampo.rewrites.matcher import GraphView, Miss
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,7 @@ def fuse_attention(model: onnx.ModelProto, *, num_heads: int = 0, hidden_size: i
             order.append(node)
     del graph.node[:]
     graph.node.extend(order)
-    _drop_dead(graph)
+    view.edit.drop_dead()  # what only the matched nodes read: the head splits' shape arithmetic
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.add(domain=MS_DOMAIN, version=1)
     return len(matches)
@@ -264,39 +265,9 @@ def fuse_attention(model: onnx.ModelProto, *, num_heads: int = 0, hidden_size: i
 
 def _bias_nodes(view: GraphView, found: AttentionMatch, graph: onnx.GraphProto):
     """``Max(Expand(mask, [B, 1, S, S]), floor)`` with B and S read from the query's shape."""
-    shape, rows, seq, one, first, second, target, wide, floor, bias = (
-        view.edit.fresh(p) for p in ("shape", "rows", "seq", "one", "first", "second", "target", "wide", "floor", "bias"))
-    graph.initializer.extend([numpy_helper.from_array(np.array([1], np.int64), one),
-                              numpy_helper.from_array(np.array([0], np.int64), first),
-                              numpy_helper.from_array(np.array([1], np.int64), second),
-                              numpy_helper.from_array(np.array(BIAS_FLOOR, np.float32), floor)])
-    nodes = [helper.make_node("Shape", [found.query], [shape]),
-             helper.make_node("Gather", [shape, first], [rows], axis=0),
-             helper.make_node("Gather", [shape, second], [seq], axis=0),
-             helper.make_node("Concat", [rows, one, seq, seq], [target], axis=0),
-             helper.make_node("Expand", [found.mask, target], [wide]),
-             helper.make_node("Max", [wide, floor], [bias])]
-    for node in nodes:  # named after what each writes (a fresh name): unique
-        node.name = f"{node.output[0]}/{node.op_type}"
-    return bias, nodes
-
-
-def _drop_dead(graph: onnx.GraphProto) -> None:
-    """Nodes whose outputs nothing reads (no graph output either), repeatedly; initializers no
-    node reads any more."""
-    outputs = {o.name for o in graph.output}
-    for node in graph.node:
-        if ir.has_subgraph(node):
-            outputs |= ir.outer_scope_names(node)
-    while True:
-        read = {i for n in graph.node for i in n.input} | outputs
-        kept = [n for n in graph.node if any(o in read for o in n.output if o)]
-        if len(kept) == len(graph.node):
-            break
-        del graph.node[:]
-        graph.node.extend(kept)
-    read = {i for n in graph.node for i in n.input} | outputs | {i.name for i in graph.input}
-    kept_init = [t for t in graph.initializer if t.name in read]
-    if len(kept_init) != len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(kept_init)
+    target, nodes, initializers = square_bias_shape(found.query, view.edit.fresh)
+    wide, floor, bias = (view.edit.fresh(p) for p in ("wide", "floor", "bias"))
+    graph.initializer.extend([*initializers, numpy_helper.from_array(np.array(BIAS_FLOOR, np.float32), floor)])
+    nodes += [helper.make_node("Expand", [found.mask, target], [wide]),
+              helper.make_node("Max", [wide, floor], [bias])]
+    return bias, named(nodes)

@@ -42,6 +42,8 @@ def mask_as_bias(model: onnx.ModelProto, shapes: dict[str, int] | None = None) -
     additive ``attention_bias``. ``shapes``: ``{tensor: rank}`` known for the masks (ONNX shape inference on
     a weightless copy when not given). Returns the number of Attention nodes changed."""
     graph = model.graph
+    if not any(n.op_type == "Attention" and n.domain == MS_DOMAIN for n in graph.node):
+        return 0  # no shape inference for a graph with no Attention (GPT-2's, most models)
     ranks = dict(shapes) if shapes is not None else _ranks(model)
     eligible = [node for node in graph.node if _eligible(node, ranks)]
     if not eligible:
@@ -100,23 +102,14 @@ def _eligible(node: onnx.NodeProto, ranks: dict[str, int]) -> bool:
 def _bias_nodes(mask: str, fill: float, opset: int, fresh) -> tuple[str, list[onnx.NodeProto], list]:
     """Nodes computing ``[B, 1, S, S]`` float: ``fill`` where ``mask`` (``[B, S]``) is 0, else 0.
     ``fresh(stem)``: a name no tensor or node has."""
-    one, filler, first, second, ones = (fresh(p) for p in ("one", "fill", "first", "second", "ones"))
-    initializers = [numpy_helper.from_array(np.array(1.0, np.float32), one),
-                    numpy_helper.from_array(np.array(fill, np.float32), filler),
-                    numpy_helper.from_array(np.array([0], np.int64), first),
-                    numpy_helper.from_array(np.array([1], np.int64), second),
-                    numpy_helper.from_array(np.array([1], np.int64), ones)]
-    as_float, dropped, scaled, shape, rows, columns, unit, target, bias = (
-        fresh(p) for p in ("float", "dropped", "scaled", "shape", "rows", "columns", "unit", "target", "bias"))
-    nodes = [
-        helper.make_node("Cast", [mask], [as_float], to=TensorProto.FLOAT),
-        helper.make_node("Sub", [one, as_float], [dropped]),
-        helper.make_node("Mul", [dropped, filler], [scaled]),
-        helper.make_node("Shape", [mask], [shape]),
-        helper.make_node("Gather", [shape, first], [rows], axis=0),
-        helper.make_node("Gather", [shape, second], [columns], axis=0),
-        helper.make_node("Concat", [rows, ones, columns, columns], [target], axis=0),
-    ]
+    one, filler = fresh("one"), fresh("fill")
+    target, nodes, initializers = square_bias_shape(mask, fresh)
+    initializers += [numpy_helper.from_array(np.array(1.0, np.float32), one),
+                     numpy_helper.from_array(np.array(fill, np.float32), filler)]
+    as_float, dropped, scaled, unit, bias = (fresh(p) for p in ("float", "dropped", "scaled", "unit", "bias"))
+    nodes += [helper.make_node("Cast", [mask], [as_float], to=TensorProto.FLOAT),
+              helper.make_node("Sub", [one, as_float], [dropped]),
+              helper.make_node("Mul", [dropped, filler], [scaled])]
     if opset >= 13:
         axes = fresh("axes")
         initializers.append(numpy_helper.from_array(np.array([1, 2], np.int64), axes))
@@ -124,8 +117,25 @@ def _bias_nodes(mask: str, fill: float, opset: int, fresh) -> tuple[str, list[on
     else:
         nodes.append(helper.make_node("Unsqueeze", [scaled], [unit], axes=[1, 2]))
     nodes.append(helper.make_node("Expand", [unit, target], [bias]))
-    for node in nodes:  # named after what each writes (a fresh name): unique
-        node.name = f"{node.output[0]}/{node.op_type}"
-    return bias, nodes, initializers
+    return bias, named(nodes), initializers
 
 
+def square_bias_shape(source: str, fresh) -> tuple[str, list[onnx.NodeProto], list]:
+    """``[B, 1, S, S]`` as a tensor (an attention bias's shape), B and S the first two dims of
+    ``source`` (``[B, S, ...]``): its name, the nodes that make it, their initializers."""
+    shape, rows, seq, target, first, second, one = (
+        fresh(p) for p in ("shape", "rows", "seq", "target", "first", "second", "ones"))
+    initializers = [numpy_helper.from_array(np.array([k], np.int64), name)
+                    for k, name in ((0, first), (1, second), (1, one))]
+    nodes = [helper.make_node("Shape", [source], [shape]),
+             helper.make_node("Gather", [shape, first], [rows], axis=0),
+             helper.make_node("Gather", [shape, second], [seq], axis=0),
+             helper.make_node("Concat", [rows, one, seq, seq], [target], axis=0)]
+    return target, named(nodes), initializers
+
+
+def named(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """``nodes``, each named after what it writes (a fresh name, so unique)."""
+    for node in nodes:
+        node.name = node.name or f"{node.output[0]}/{node.op_type}"
+    return nodes

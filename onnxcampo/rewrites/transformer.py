@@ -671,7 +671,7 @@ def rename_ort_generated_names(model: onnx.ModelProto) -> dict[str, str]:
                 new += "_"
             mapping[name] = new
     if mapping:
-        _rename(graph, mapping)
+        ir.rename_tensors(graph, mapping)
     return mapping
 
 
@@ -697,19 +697,3 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return found
 
 
-def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
-    for tensor in graph.initializer:
-        tensor.name = mapping.get(tensor.name, tensor.name)
-    for sparse in graph.sparse_initializer:
-        sparse.values.name = mapping.get(sparse.values.name, sparse.values.name)
-    for value_info in (*graph.input, *graph.output, *graph.value_info):
-        value_info.name = mapping.get(value_info.name, value_info.name)
-    for node in graph.node:
-        for index, name in enumerate(node.input):
-            if name in mapping:
-                node.input[index] = mapping[name]
-        for index, name in enumerate(node.output):
-            if name in mapping:
-                node.output[index] = mapping[name]
-        for sub in _subgraphs(node):
-            _rename(sub, mapping)

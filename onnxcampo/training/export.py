@@ -151,7 +151,7 @@ def _run_exporter(torch, module, args: tuple, path: Path, exporter: str, input_n
     if not output_names:
         model = onnx.load(str(path))
         renamed = {o.name: ("output" if k == 0 else f"output_{k}") for k, o in enumerate(model.graph.output)}
-        _rename_tensors(model.graph, renamed)
+        ir.rename_tensors(model.graph, renamed)
         onnx.save(model, str(path))
 
 
@@ -177,17 +177,7 @@ def _rename_aliases(model: onnx.ModelProto, parameters: dict[str, tuple[list[str
             if alias is not None:
                 renamed[alias] = first
     if renamed:
-        _rename_tensors(model.graph, renamed)
-
-
-def _rename_tensors(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
-    for tensor in graph.initializer:
-        tensor.name = mapping.get(tensor.name, tensor.name)
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        value.name = mapping.get(value.name, value.name)
-    for node in graph.node:
-        node.input[:] = [mapping.get(name, name) for name in node.input]
-        node.output[:] = [mapping.get(name, name) for name in node.output]
+        ir.rename_tensors(model.graph, renamed)
 
 
 def _mark_batchnorm_training(model: onnx.ModelProto) -> None:
@@ -211,14 +201,9 @@ def _split_sequences(model: onnx.ModelProto) -> int:
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    edit = ir.ModelEdit(model)
+    values = {name: numpy_helper.to_array(t) for name, t in edit.constants().items()}
+    readers = edit.consumers()
     outputs = {o.name for o in graph.output}
     shapes = None
     replaced: dict[int, onnx.NodeProto] = {}
@@ -267,12 +252,9 @@ def _drop_zero_biases(model: onnx.ModelProto) -> int:
     from onnx import numpy_helper
 
     graph = model.graph
-    producers = {o: n for n in graph.node for o in n.output if o}
-    zeros = {t.name for t in graph.initializer if not numpy_helper.to_array(t).any()}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value" \
-                and not numpy_helper.to_array(node.attribute[0].t).any():
-            zeros.add(node.output[0])
+    edit = ir.ModelEdit(model)
+    producers = edit.producers()
+    zeros = {name for name, t in edit.constants().items() if not numpy_helper.to_array(t).any()}
 
     def is_zeros(name: str) -> bool:
         node = producers.get(name)
@@ -289,20 +271,8 @@ def _drop_zero_biases(model: onnx.ModelProto) -> int:
             del node.input[2]
             dropped += 1
     if dropped:
-        _drop_dead(model)
+        ir.ModelEdit(model).drop_dead()  # the zeros' Expand, CastLike and Shape
     return dropped
-
-
-def _drop_dead(model: onnx.ModelProto) -> None:
-    """Nodes whose outputs nothing reads (and no graph output is), repeatedly."""
-    graph = model.graph
-    while True:
-        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-        kept = [n for n in graph.node if any(o in read for o in n.output)]
-        if len(kept) == len(graph.node):
-            return
-        del graph.node[:]
-        graph.node.extend(kept)
 
 
 def _check(model: onnx.ModelProto, parameters: dict[str, tuple[list[str], bool]]) -> None:
