@@ -457,7 +457,7 @@ def _step_pair(provider, label, forward, batch_feeds, loss, shapes, optimizer, p
         times, curve = [], []
         for _ in range(steps):
             t0 = time.perf_counter()
-            curve.append(trainer.step(batch_feeds))
+            curve.append(float(trainer.step(batch_feeds)))  # each step waited for: its own time
             times.append((time.perf_counter() - t0) * 1e3)
         row[f"{variant}_step_ms"] = statistics.median(times)
         losses[variant] = curve

@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> dict:
         losses.append(trainer.step({"bytes": train["bytes"][rows], "labels": train["labels"][rows]}))
         if (index + 1) % max(1, args.steps // 10) == 0:
             log.info("step %d/%d: loss %.4f", index + 1, args.steps, losses[-1])
+    losses = [float(loss) for loss in losses]  # read once the steps are queued (waits for the last)
     train_s = time.perf_counter() - t0
     after = held_out(trainer, held, args.batch)
     tenth = max(1, args.steps // 10)

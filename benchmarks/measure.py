@@ -224,10 +224,14 @@ class StepRunner:
                  provider: str, lr: float | None = None, tf32: bool = True, profiling: bool = False,
                  profile_prefix: str | None = None, optimization: str = "all",
                  model: onnx.ModelProto | None = None, cuda_graph: bool = False,
-                 cuda_options: Mapping[str, str] | None = None, session_config: Mapping[str, str] | None = None) -> None:
+                 cuda_options: Mapping[str, str] | None = None, session_config: Mapping[str, str] | None = None,
+                 read_every: int = 1) -> None:
         # ``cuda_graph``: each of the two bindings is captured into its own CUDA graph (run option
         # gpu_graph_id) and replayed; the loss then stays on the device and is copied back after
         # ``model``: the step graph already loaded (a caller that has it saves reading it again)
+        # ``read_every``: on CUDA, steps queue as the Trainer's do (onnxcampo.training.queue) and the
+        # loss is read every ``read_every`` steps (a call returns None in between); 1: every step,
+        # each waited for. ``sync()`` waits for the queued steps.
         model = model if model is not None else onnx.load(str(step_path), load_external_data=False)
         self.spec = step_spec(model)
         self.device = "cuda" if provider == "cuda" else "cpu"
@@ -235,6 +239,14 @@ class StepRunner:
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         starts = initial_state(model)
         del model
+        self.read_every = max(1, int(read_every))
+        self._queue = None
+        if provider == "cuda" and self.read_every > 1:
+            from onnxcampo.runtime.cudart import cuda_runtime
+            from onnxcampo.training.queue import StepQueue
+
+            self._queue = StepQueue(cuda_runtime())
+            cuda_options = {**(cuda_options or {}), "user_compute_stream": str(self._queue.stream)}
         self.session = runtime.make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,
                                             profile_file_prefix=profile_prefix, optimization_level=optimization,
                                             cuda_graph=cuda_graph, cuda_options=cuda_options,
@@ -256,14 +268,19 @@ class StepRunner:
         self._batch = {name: put(np.array(batch[name], order="C", copy=True)) for name in self.spec.batch}
         self._batch_types = {name: (np.asarray(batch[name]).dtype, tuple(np.shape(batch[name]))) for name in self.spec.batch}
         self._lr = put(np.array(lr, np.float32))
-        self._loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device if cuda_graph else "cpu", 0)
+        on_device = cuda_graph or self._queue is not None
+        self._loss = ort.OrtValue.ortvalue_from_numpy(np.zeros((), np.float32), self.device if on_device else "cpu", 0)
         self._bindings = [self._binding(0), self._binding(1)]
         self._run_options = [ort.RunOptions(), ort.RunOptions()]
         if cuda_graph:
             for k, options in enumerate(self._run_options):
                 options.add_run_config_entry("gpu_graph_id", str(k + 1))
+        if self._queue is not None:
+            self._queue.runtime.synchronize(None)  # the buffers' copies from the host, before the stream reads them
+            for options in self._run_options:
+                self._queue.run_options(options)
         self._current = 0
-        self.losses: list[float] = []
+        self._losses: list = []  # floats, or the queue's Loss objects
 
     def _binding(self, current: int):
         binding = self.session.io_binding()
@@ -278,17 +295,32 @@ class StepRunner:
         binding.bind_ortvalue_output(LOSS, self._loss)
         return binding
 
-    def __call__(self) -> float:
+    def __call__(self) -> float | None:
         binding = self._bindings[self._current]
         try:
             self.session.run_with_iobinding(binding, self._run_options[self._current])
         except Exception as exc:  # noqa: BLE001
             raise MeasureError(f"ONNX Runtime failed to run the step: {_short(exc)}") from None
+        self._current = 1 - self._current
+        if self._queue is not None:
+            loss = self._queue.loss(self._loss, len(self._losses) + 1)
+            self._losses.append(loss)
+            return float(loss) if len(self._losses) % self.read_every == 0 else None
         binding.synchronize_outputs()
         loss = float(self._loss.numpy())
-        self._current = 1 - self._current
-        self.losses.append(loss)
+        self._losses.append(loss)
         return loss
+
+    def sync(self) -> None:
+        """Wait for the queued steps (nothing to wait for when each step is waited for)."""
+        if self._queue is not None:
+            self._queue.drain()
+
+    @property
+    def losses(self) -> list[float]:
+        """Every step's loss so far (waits for the queued steps)."""
+        self.sync()
+        return [float(loss) for loss in self._losses]
 
     def set_batch(self, batch: Mapping[str, np.ndarray]) -> None:
         """Copy ``batch`` into the bound batch buffers: the next steps train on it. Names, shapes
@@ -299,10 +331,14 @@ class StepRunner:
             dtype, shape = self._batch_types[name]
             if array.shape != shape or array.dtype != dtype:
                 raise MeasureError(f"batch {name} is {array.dtype}{list(array.shape)}, the bound one {dtype}{list(shape)}")
-            value.update_inplace(array)
+            if self._queue is not None:  # on the steps' stream: after the queued steps' reads
+                self._queue.upload(value, array)
+            else:
+                value.update_inplace(array)
 
     def state(self, name: str) -> float | None:
         value = self._buffers[self._current].get(name)
+        self.sync()
         return None if value is None else float(value.numpy().reshape(-1)[0])
 
 

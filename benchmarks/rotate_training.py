@@ -9,8 +9,9 @@ variants a few percent apart then also compares the minutes between them (the ho
 GPU's temperature). Here every variant (onnxcampo's step graphs as the benchmark makes them, the
 PyTorch anchors of ``onnxcampo.benchmarks.torch_twins``) is built first and stays alive, then each round times
 one block of steps of every variant, starting one further along each round
-(``onnxcampo.runtime.timing.time_in_rotation``). A step is one call: the ONNX step run and its
-loss read back, a PyTorch step and a device synchronisation (both wait for the step's end).
+(``onnxcampo.runtime.timing.time_in_rotation``). A step is one call: on both sides the step is
+queued on the GPU and its loss read back every ``--read-every`` steps (default 10, as a tuned
+PyTorch loop logs; 1 waits for every step), and each block ends waiting for the steps it queued.
 
 Prints the median ms a step of each variant and its ratio to the first; ``--out`` keeps the
 blocks, losses and each variant's planning report as JSON.
@@ -33,14 +34,14 @@ from onnxcampo.benchmarks import policies as pol
 from onnxcampo.benchmarks.runner import Group, Settings, check_provider, training_variant
 
 
-def make_runs(group: Group, policies: list[str], provider: str) -> tuple[dict, dict]:
+def make_runs(group: Group, policies: list[str], provider: str, read_every: int = 1) -> tuple[dict, dict]:
     """policy -> a callable running one step, and policy -> what is known of it before timing."""
     runs, info = {}, {}
     batch = {**group.built.feeds, "labels": group.built.labels}
     for policy in policies:
         start = time.perf_counter()
         try:
-            runs[policy], info[policy] = make_run(group, policy, provider, batch)
+            runs[policy], info[policy] = make_run(group, policy, provider, batch, read_every)
         except Exception as exc:  # noqa: BLE001 - one variant that cannot be made must not end the others
             info[policy] = {"error": f"{exc.__class__.__name__}: {str(exc)[:400]}"}
             print(f"{policy}: not made ({info[policy]['error']})", flush=True)
@@ -50,19 +51,20 @@ def make_runs(group: Group, policies: list[str], provider: str) -> tuple[dict, d
     return runs, info
 
 
-def make_run(group: Group, policy: str, provider: str, batch: dict) -> tuple[object, dict]:
+def make_run(group: Group, policy: str, provider: str, batch: dict, read_every: int = 1) -> tuple[object, dict]:
     """One variant's step callable and what is known of it."""
     if policy in pol.TORCH_POLICIES:
         from onnxcampo.benchmarks.torch_twins import TorchStep
 
-        return TorchStep(group.built, policy, provider=provider, lr=group.built.lr), {"kind": "torch"}
+        return (TorchStep(group.built, policy, provider=provider, lr=group.built.lr, read_every=read_every),
+                {"kind": "torch", "read_every": read_every})
     if policy not in pol.TRAINING_POLICIES:
         raise pol.Unavailable(f"{policy} is not a training policy")
     path, made = training_variant(group, policy)
     runner = m.StepRunner(path, weights=group.step_weights(), batch=batch, provider=provider,
                           tf32=pol.tf32_of(policy), cuda_graph=policy in pol.GRAPH_POLICIES,
-                          cuda_options=pol.cuda_options_of(policy))
-    return runner, {"kind": "onnxcampo", **{k: made[k] for k in ("chosen_plan", "predicted_plan_us", "channels_last",
+                          cuda_options=pol.cuda_options_of(policy), read_every=read_every)
+    return runner, {"kind": "onnxcampo", "read_every": read_every, **{k: made[k] for k in ("chosen_plan", "predicted_plan_us", "channels_last",
                                                                  "nodes_fp16", "casts_inserted") if k in made}}
 
 
@@ -71,6 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="resnet50", help="a benchmark model with a training batch (default resnet50)")
     p.add_argument("--policies", required=True, help="comma-separated training policies (onnxcampo's and torch-*)")
     p.add_argument("--rounds", type=int, default=7, help="blocks per variant, one a round (default 7)")
+    p.add_argument("--read-every", type=int, default=10, metavar="N",
+                   help="both sides read the loss every N steps, the steps between queued (default 10; 1: every step)")
     p.add_argument("--block-ms", type=float, default=200.0, help="a block lasts at least this long (default 200)")
     p.add_argument("--provider", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--quick", action="store_true", help="the model's small twin (a smoke test)")
@@ -99,7 +103,7 @@ def main(argv=None) -> int:
     settings = Settings.make(args.provider, args.quick, False, ())
     with tempfile.TemporaryDirectory(prefix="rotate-") as work:
         group = Group(args.model, spec.train_batch, "training", settings, Path(work))
-        runs, info = make_runs(group, policies, args.provider)
+        runs, info = make_runs(group, policies, args.provider, args.read_every)
         if not runs:
             print("rotate_training: no variant could be made", file=sys.stderr)
             return 1
@@ -124,7 +128,7 @@ def main(argv=None) -> int:
             row.update(loss_first=losses[0], loss_last=losses[-1], steps=len(losses),
                        finite=all(math.isfinite(x) for x in losses))
         elif policy in pol.TORCH_POLICIES and timed.error is None:
-            row.update(loss_last=runner(), **runner.info())
+            row.update(loss_last=float(runner.step().detach()), **runner.info())
         if policy in splits:
             row["gpu"] = splits[policy]
         rows[policy] = row
@@ -135,6 +139,7 @@ def main(argv=None) -> int:
             print(f"{'':32s} GPU {row['gpu']['total_ms']:.3f} ms: " + ", ".join(
                 f"{k} {v:.3f}" for k, v in list(row["gpu"]["by_class_ms"].items())[:8]))
     result = {"model": args.model, "batch": spec.train_batch, "provider": args.provider, "rounds": args.rounds,
+              "read_every": args.read_every,
               "block_ms": args.block_ms, "command": " ".join(["python -m onnxcampo.benchmarks rotate", *(argv or sys.argv[1:])]),
               "versions": {**pol.package_versions(), **versions()}, "policies": rows}
     if args.out is not None:

@@ -27,10 +27,12 @@ from onnxcampo.benchmarks.policies import Unavailable
 class TorchStep:
     """One PyTorch training step of ``policy`` on ``built`` (the module docstring's set-up), ready
     to run: ``step()`` queues a step and returns its loss tensor, ``sync()`` waits for the device;
-    ``__call__`` does both and returns the loss as a float (a step as the ONNX runner's, which
-    reads its loss every step: the rotation's unit)."""
+    ``__call__`` queues a step and reads its loss as a float every ``read_every`` calls (None in
+    between), as the ONNX runner does: the rotation's unit."""
 
-    def __init__(self, built, policy: str, *, provider: str, lr: float = 0.01, momentum: float = 0.9) -> None:
+    def __init__(self, built, policy: str, *, provider: str, lr: float = 0.01, momentum: float = 0.9,
+                 read_every: int = 1) -> None:
+        self.read_every, self._calls = max(1, int(read_every)), 0
         if built.torch_module is None:
             raise Unavailable("no PyTorch twin for this model")
         try:
@@ -80,8 +82,10 @@ class TorchStep:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize()
 
-    def __call__(self) -> float:
-        return float(self.step().detach())
+    def __call__(self) -> float | None:
+        loss = self.step()
+        self._calls += 1
+        return float(loss.detach()) if self._calls % self.read_every == 0 else None
 
     def info(self) -> dict[str, Any]:
         return {"tf32": self.device.type == "cuda", "loss_scale": float(self.scaler.get_scale()) if self.amp else None,

@@ -276,7 +276,7 @@ def train_case(case: Case, *, policies: tuple[str, ...], provider: str, steps: i
             trainer = Trainer(model, weights=weights, provider=provider)
             for index in range(steps):
                 t0 = time.perf_counter()
-                loss = trainer.step(data[index % len(data)])
+                loss = float(trainer.step(data[index % len(data)]))  # each step waited for: its own time
                 times.append(time.perf_counter() - t0)
                 losses.append(loss)
                 if not np.isfinite(loss):

@@ -368,7 +368,7 @@ class _TrainingRun:
         self.loss = math.nan
 
     def run(self) -> None:
-        self.loss = self.trainer.step(self.batch)
+        self.loss = float(self.trainer.step(self.batch))  # waits for the step: a run's time is the step's
 
     def result(self) -> float:
         return self.loss

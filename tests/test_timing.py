@@ -145,3 +145,22 @@ def test_block_times_report_median_spread_and_blocks():
     assert row["ms"] == 2.5 and (row["min_ms"], row["max_ms"]) == (1.0, 10.0)
     assert (row["q1_ms"], row["q3_ms"]) == (1.75, 4.75) and row["blocks_ms"] == [1.0, 3.0, 2.0, 10.0]
     assert row["runs_per_block"] == 5
+
+
+def test_a_run_that_queues_its_work_is_waited_for_inside_each_block_and_warm_up():
+    """A run with ``sync()`` (queued GPU steps): each warm-up call and each block end with a wait,
+    inside the clock, so a block does not leave work to the next variant's."""
+    events = []
+
+    class Queued:
+        def __call__(self):
+            events.append("run")
+
+        def sync(self):
+            events.append("sync")
+
+    times = time_in_rotation({"queued": Queued()}, rounds=2, block_ms=1e-3, warmup_s=0, warmup_runs=2)
+    assert times["queued"].error is None and len(times["queued"].blocks_ms) == 2
+    assert events[:4] == ["run", "sync", "run", "sync"]  # warm-up: each call waited for
+    blocks = "".join("r" if e == "run" else "s" for e in events[4:])
+    assert blocks == "rs" * 2  # one run a block (1 ns blocks), then the wait

@@ -53,7 +53,13 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
     running.add_argument("--seed", type=int, default=0, metavar="N",
                     help="the starting dropout_seed of a step graph with training-mode Dropout (default 0; one "
                          "more each step, so a run is reproduced by its seed; a checkpoint restores it)")
-    state.add_argument("--log", type=Path, metavar="LOG.jsonl", help="one JSON line per step: step, loss (and loss_scale)")
+    running.add_argument("--log-every", type=int, default=None, metavar="N",
+                         help="read the losses every N steps: print the last, write them to --log, stop on a diverged "
+                              "loss (default: 20 times in a run). On CUDA the steps in between queue on the GPU without "
+                              "waiting for each other; --log-every 1 waits for every step")
+    state.add_argument("--log", type=Path, metavar="LOG.jsonl",
+                       help="one JSON line per step: step, loss (and lr under a schedule; loss_scale on the lines where "
+                            "the losses are read, --log-every)")
     state.add_argument("--out", type=Path, metavar="OUT.onnx", help="write the forward model with the trained weights")
     return [tr]
 
@@ -74,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps <= 0:
         raise ConfigError("--steps must be positive")
+    if args.log_every is not None and args.log_every <= 0:
+        raise ConfigError("--log-every must be positive")
     if args.out is not None:
         if args.forward is None:
             raise ConfigError("--out needs --forward: the trained weights are written into the forward model")
@@ -105,31 +113,9 @@ def run(args: argparse.Namespace) -> int:
         trainer.load_checkpoint(args.resume)
         if args.lr is not None:
             trainer.lr = args.lr
-    lines = []
-    live = sys.stderr.isatty()
-    bad = 0  # non-finite losses in a row: dynamic loss scaling skips such steps, a few are fine
     first = trainer.steps  # 0, or the checkpoint's step count
-    last = first + args.steps
-    for index in range(first, last):  # global step numbers: a resumed run continues the batches and the schedule
-        batch = batches[index]
-        if schedule is not None:
-            trainer.lr = schedule(index)
-        loss = trainer.step(batch)
-        scale = trainer.loss_scale
-        lines.append(json.dumps({"step": index + 1, "loss": loss, **({"lr": trainer.lr} if schedule else {}),
-                                 **({"loss_scale": scale} if scale else {})}))
-        bad = 0 if np.isfinite(loss) else bad + 1
-        if bad > (MAX_SKIPPED_STEPS if scale else 0):
-            raise ValidationError(f"the loss is {loss} at step {index + 1}: training diverged")
-        if (index + 1 - first) % max(1, args.steps // 20) == 0 or index + 1 == last:
-            shown = f", loss scale {scale:g}" if scale else ""
-            text = f"step {index + 1}/{last}: loss {loss:.5g}{shown}"
-            if live:  # a terminal: one line rewritten in place
-                print(f"\r{text}   ", end="", file=sys.stderr, flush=True)
-            else:  # a log file or pipe: one line each, no carriage returns
-                print(text, file=sys.stderr, flush=True)
-    if live:
-        print(file=sys.stderr)
+    lines = _steps(trainer, batches, schedule, first, first + args.steps,
+                   args.log_every or max(1, args.steps // 20))
     if args.log:
         ir.write_text_atomically(args.log, "\n".join(lines) + "\n")
     if args.save_checkpoint:
@@ -139,3 +125,39 @@ def run(args: argparse.Namespace) -> int:
         ir.save_model(trainer.export(args.forward), args.out)
         print(f"onnxcampo: wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _steps(trainer, batches, schedule, first: int, last: int, every: int) -> list[str]:
+    """Steps ``first`` .. ``last - 1`` (global numbers: a resumed run continues the batches and the
+    schedule), the losses read every ``every`` steps and at the end: the JSON log lines, and the
+    progress on stderr (one line rewritten in place on a terminal, a line each otherwise). On CUDA
+    the steps between two reads queue on the GPU."""
+    import numpy as np
+
+    lines, pending = [], []  # pending: (step number, loss, lr) not read yet
+    live = sys.stderr.isatty()
+    bad = 0  # non-finite losses in a row: dynamic loss scaling skips such steps, a few are fine
+    for index in range(first, last):
+        if schedule is not None:
+            trainer.lr = schedule(index)
+        pending.append((index + 1, trainer.step(batches[index]), trainer.lr if schedule else None))
+        if (index + 1 - first) % every and index + 1 != last:
+            continue
+        scale = trainer.loss_scale  # waits for the queued steps, as reading their losses does
+        for number, loss, lr in pending:
+            loss = float(loss)
+            lines.append(json.dumps({"step": number, "loss": loss, **({"lr": lr} if lr is not None else {}),
+                                     **({"loss_scale": scale} if scale and number == index + 1 else {})}))
+            bad = 0 if np.isfinite(loss) else bad + 1
+            if bad > (MAX_SKIPPED_STEPS if scale else 0):
+                raise ValidationError(f"the loss is {loss} at step {number}: training diverged")
+        pending = []
+        shown = f", loss scale {scale:g}" if scale else ""
+        text = f"step {index + 1}/{last}: loss {loss:.5g}{shown}"
+        if live:
+            print(f"\r{text}   ", end="", file=sys.stderr, flush=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+    if live:
+        print(file=sys.stderr)
+    return lines

@@ -1,12 +1,14 @@
 """The CUDA runtime library (libcudart), called through ctypes.
 
 The Trainer takes batches that are already on the GPU (torch CUDA tensors, CuPy arrays,
-anything with ``__cuda_array_interface__``). It needs three things from the CUDA runtime: a wait
-for the stream that produced a batch, before ORT's own stream reads it; device-to-device copies
-into the fixed buffers that a captured CUDA graph reads; and a wait for those copies. Those are
-``cudaStreamSynchronize``, ``cudaDeviceSynchronize`` and ``cudaMemcpyAsync``. Nothing else
-(torch, CuPy, cuda-python) is needed: the library is the one onnxruntime-gpu's CUDA execution
-provider has already loaded into the process.
+anything with ``__cuda_array_interface__``), and queues its steps on a stream of its own
+(:mod:`onnxcampo.training.queue`). It needs a few things from the CUDA runtime: that stream
+(``cudaStreamCreateWithFlags``), copies on it into the fixed buffers the steps read and of each
+step's loss into pinned host memory (``cudaMemcpyAsync``, ``cudaMallocHost``), events to order
+one stream after another without waiting on the host (``cudaEventRecord``,
+``cudaStreamWaitEvent``), and waits (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``).
+Nothing else (torch, CuPy, cuda-python) is needed: the library is the one onnxruntime-gpu's CUDA
+execution provider has already loaded into the process.
 
 :func:`cuda_runtime` finds it once and keeps it; the first place whose library loads wins:
 
@@ -43,6 +45,8 @@ __all__ = ["CudaRuntime", "candidates", "cuda_runtime", "ort_cuda_major", "LEGAC
 ENV = "ONNXCAMPO_CUDART"
 LEGACY_STREAM = 0  # the legacy default stream (the plain, not _ptsz, entry points read 0 so)
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the pointers (unified addressing)
+_STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking
+_EVENT_DISABLE_TIMING = 2  # cudaEventDisableTiming
 _LOADED = re.compile(r"^libcudart(?:-[0-9a-f]+)?\.so\.\d+(?:\.\d+)*$")  # torch's vendored copies have a hash
 _WHEELS = (("nvidia", "cu13", "lib", "libcudart.so.13"), ("nvidia", "cuda_runtime", "lib", "libcudart.so.12"),
            ("nvidia", "cu13", "bin", "x86_64", "cudart64_13.dll"), ("nvidia", "cuda_runtime", "bin", "cudart64_12.dll"))
@@ -116,8 +120,18 @@ class CudaRuntime:
         self._error_name = library.cudaGetErrorName
         self._error_name.argtypes = [ctypes.c_int]
         self._error_name.restype = ctypes.c_char_p
-        for function in (self._memcpy, self._stream_sync, self._device_sync):
+        pointer_out = [ctypes.POINTER(ctypes.c_void_p)]
+        self._calls = {name: (getattr(library, name), args) for name, args in (
+            ("cudaStreamCreateWithFlags", [*pointer_out, ctypes.c_uint]),
+            ("cudaEventCreateWithFlags", [*pointer_out, ctypes.c_uint]),
+            ("cudaEventRecord", [ctypes.c_void_p, ctypes.c_void_p]),
+            ("cudaStreamWaitEvent", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]),
+            ("cudaMallocHost", [*pointer_out, ctypes.c_size_t]),
+            ("cudaFreeHost", [ctypes.c_void_p]))}
+        for function in (self._memcpy, self._stream_sync, self._device_sync, *(f for f, _ in self._calls.values())):
             function.restype = ctypes.c_int
+        for function, args in self._calls.values():
+            function.argtypes = args
         version = ctypes.c_int(0)
         library.cudaRuntimeGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
         library.cudaRuntimeGetVersion(ctypes.byref(version))
@@ -139,6 +153,34 @@ class CudaRuntime:
             self._check(self._device_sync(), "cudaDeviceSynchronize")
         else:
             self._check(self._stream_sync(stream), "cudaStreamSynchronize")
+
+    def _call(self, name: str, *args) -> None:
+        self._check(self._calls[name][0](*args), name)
+
+    def _made(self, name: str, *args) -> int:
+        handle = ctypes.c_void_p(0)
+        self._call(name, ctypes.byref(handle), *args)
+        return int(handle.value or 0)
+
+    def create_stream(self) -> int:
+        """A new stream that does not wait for the legacy default stream (ORT's own are such)."""
+        return self._made("cudaStreamCreateWithFlags", _STREAM_NON_BLOCKING)
+
+    def create_event(self) -> int:
+        """A new event without timing (the cheapest to record and wait for)."""
+        return self._made("cudaEventCreateWithFlags", _EVENT_DISABLE_TIMING)
+
+    def wait(self, stream: int, after: int, event: int) -> None:
+        """Make ``stream`` wait, on the device, for the work queued on stream ``after`` so far."""
+        self._call("cudaEventRecord", event, after)
+        self._call("cudaStreamWaitEvent", stream, event, 0)
+
+    def host_alloc(self, nbytes: int) -> int:
+        """Pinned (page-locked) host memory: a copy from the device into it does not wait on the host."""
+        return self._made("cudaMallocHost", nbytes)
+
+    def host_free(self, pointer: int) -> None:
+        self._call("cudaFreeHost", pointer)
 
 
 def _load(places: list[str]) -> CudaRuntime:

@@ -193,9 +193,12 @@ def warm_up(run: Callable[[], object], *, seconds: float = WARMUP_S, runs: int =
     call (s)."""
     times = []
     deadline = time.perf_counter() + seconds
+    finish = getattr(run, "sync", None)  # a run that queues work: waited for after each warm-up call
     while len(times) < runs or time.perf_counter() < deadline:
         start = time.perf_counter()
         run()
+        if finish is not None:
+            finish()
         times.append(time.perf_counter() - start)
     return times
 
@@ -206,10 +209,14 @@ def runs_per_block(once_s: float, block_ms: float = BLOCK_MS) -> int:
 
 
 def time_block(run: Callable[[], object], count: int) -> float:
-    """ms per call of ``count`` calls of ``run`` in a row."""
+    """ms per call of ``count`` calls of ``run`` in a row; a ``run`` that queues work on a device
+    without waiting for it (one with a ``sync()`` method) is waited for before the clock stops."""
+    finish = getattr(run, "sync", None)
     start = time.perf_counter()
     for _ in range(count):
         run()
+    if finish is not None:
+        finish()
     return (time.perf_counter() - start) * 1e3 / count
 
 

@@ -11,9 +11,15 @@ is copied into them before each step) and each of the two ping-pong bindings is 
 into its own CUDA graph (run option ``gpu_graph_id``), so a step costs one graph launch instead
 of one host dispatch per node.
 
+Queued steps (:mod:`onnxcampo.training.queue`): on provider "cuda", :meth:`Trainer.step` returns
+once the step is queued on the GPU, with a :class:`~onnxcampo.training.queue.Loss` that is read
+(and waited for) when it is converted, so the host prepares the next steps while the GPU runs
+this one, as a PyTorch loop does. The batch and ``lr`` are then copied into fixed device buffers
+on the Trainer's stream. ``queued=False`` waits for every step instead.
+
 Batches may already be on the device (:mod:`onnxcampo.training.batches`): OrtValues are bound
 as they are, CUDA memory (torch CUDA tensors, CuPy arrays, DLPack) is bound by its pointer, and
-under CUDA graphs both are copied device to device into the fixed buffers
+under CUDA graphs or queued steps both are copied device to device into the fixed buffers
 (:mod:`onnxcampo.runtime.cudart`): nothing goes through the host.
 """
 
@@ -29,7 +35,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from onnxcampo import ir
-from onnxcampo.errors import ConfigError, ModelLoadError
+from onnxcampo.errors import CampoError, ConfigError, ModelLoadError
 from onnxcampo.runtime import _ORT_ERRORS, make_session
 from onnxcampo.runtime.cudart import LEGACY_STREAM, cuda_runtime
 from onnxcampo.training.batches import (DEVICE_ID, BatchShapeError, DeviceArray, InputSpec, batch_value, input_specs,
@@ -37,6 +43,7 @@ from onnxcampo.training.batches import (DEVICE_ID, BatchShapeError, DeviceArray,
 from onnxcampo.training.batches import partial_batch as partial_batch_of
 from onnxcampo.training.checkpoint import read_checkpoint, write_checkpoint
 from onnxcampo.training.evaluate import eval_model
+from onnxcampo.training.queue import Loss, StepQueue
 from onnxcampo.training.scaling import LOSS_SCALE, initial_state
 from onnxcampo.training.step import INITIAL_PREFIX, LABELS, LOSS, LR, UPDATED, initial_weights, step_spec
 from onnxcampo.training.train_mode import DROPOUT_SEED, running_stats
@@ -89,17 +96,42 @@ def choose_cuda_graph(model: onnx.ModelProto, provider: str, cuda_graph: bool | 
     return True, "provider 'cuda', static input shapes"
 
 
-def _session(model: onnx.ModelProto, provider: str, graph: bool, auto: bool) -> tuple[ort.InferenceSession, bool]:
+def _session(model: onnx.ModelProto, provider: str, graph: bool, auto: bool,
+             queue: StepQueue | None = None) -> tuple[ort.InferenceSession, bool]:
     """The step's session and whether it captures CUDA graphs. Chosen automatically (``auto``),
     a graph that ORT cannot capture (a node placed on the CPU, say) falls back to a plain session."""
     if not (graph and auto):
-        return make_session(model, provider=provider, cuda_graph=graph), graph
+        return _make(model, provider, queue, cuda_graph=graph), graph
     try:
-        return make_session(model, provider=provider, cuda_graph=True), True
+        return _make(model, provider, queue, cuda_graph=True), True
     except ModelLoadError as exc:
         logger.info("Trainer: steps run node by node, not as CUDA graphs: ONNX Runtime refused to capture "
                     "this step graph (%s)", str(exc).splitlines()[0])
-        return make_session(model, provider=provider, cuda_graph=False), False
+        return _make(model, provider, queue, cuda_graph=False), False
+
+
+def _make(model: onnx.ModelProto, provider: str, queue: StepQueue | None, *, cuda_graph: bool = False) -> ort.InferenceSession:
+    """A session of the Trainer's: on the queue's stream when its steps are queued on the GPU."""
+    stream = {"user_compute_stream": str(queue.stream)} if queue is not None and provider == "cuda" else None
+    return make_session(model, provider=provider, cuda_graph=cuda_graph, cuda_options=stream)
+
+
+def make_queue(provider: str, queued: bool | None) -> StepQueue | None:
+    """The Trainer's :class:`StepQueue`: on provider "cuda" unless ``queued=False``; ``queued=True``
+    insists (a ConfigError on another provider, a CampoError without a CUDA runtime)."""
+    if queued is not None and not queued:
+        return None
+    if provider != "cuda":
+        if queued:
+            raise ConfigError(f"queued steps need provider 'cuda', not '{provider}'")
+        return None
+    try:
+        return StepQueue(cuda_runtime(), device_id=DEVICE_ID)
+    except CampoError as exc:
+        if queued:
+            raise
+        logger.info("Trainer: each step is waited for (no CUDA runtime to queue them on: %s)", exc)
+        return None
 
 
 class _CaptureFailed(Exception):
@@ -110,6 +142,12 @@ def _meta(value: np.ndarray | ort.OrtValue | DeviceArray) -> tuple[np.dtype, tup
     if isinstance(value, ort.OrtValue):
         return np_dtype(value.element_type(), "an OrtValue"), tuple(value.shape())
     return value.dtype, tuple(value.shape)
+
+
+def _producers(values: Iterable[object]) -> set[int | None]:
+    """The streams that wrote the device memory in ``values`` and must be waited for (``None``:
+    unknown, the whole device)."""
+    return {value.stream for value in values if isinstance(value, DeviceArray) and value.wait}
 
 
 class Trainer:
@@ -125,6 +163,9 @@ class Trainer:
     ``partial_batch``: a batch with fewer rows than the step graph's (a loader's last one) is one
     ConfigError naming the sizes (``"error"``, default) or a skipped step (``"drop"``); the step
     graph's shapes are static, so it cannot run as it is (:mod:`onnxcampo.training.batches`).
+    ``queued``: on provider "cuda" (``None``, default, or ``True``) :meth:`step` returns once the
+    step is queued and its :class:`~onnxcampo.training.queue.Loss` waits when read; ``False``
+    waits for each step. ``self.queued`` says what was chosen.
 
     ``self.lr`` is the learning rate the next step uses (an input of the step graph, read at
     every step): set it between steps for a schedule (:mod:`onnxcampo.training.schedules`).
@@ -141,7 +182,8 @@ class Trainer:
 
     def __init__(self, step_model: str | os.PathLike | onnx.ModelProto, *, provider: str = "cpu",
                  weights: Mapping[str, np.ndarray] | None = None, lr: float | None = None,
-                 cuda_graph: bool | None = None, partial_batch: str = "error", seed: int = 0) -> None:
+                 cuda_graph: bool | None = None, partial_batch: str = "error", seed: int = 0,
+                 queued: bool | None = None) -> None:
         if partial_batch not in PARTIAL_BATCH:
             raise ConfigError(f"partial_batch must be one of {', '.join(PARTIAL_BATCH)}, not {partial_batch!r}")
         self.partial_batch = partial_batch
@@ -167,7 +209,8 @@ class Trainer:
         if not graph:
             logger.info("Trainer: steps run node by node, not as CUDA graphs: %s", why)
         self._auto = cuda_graph is None
-        self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto)
+        self._queue = make_queue(provider, queued)
+        self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto, self._queue)
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
         # Our own copies: on the CPU an OrtValue borrows the numpy array's memory, so the caller's
         # arrays must not be bound (steps would overwrite them) and ours must outlive the buffers.
@@ -185,16 +228,34 @@ class Trainer:
                           for name, value in arrays.items()} for arrays in self._host]
         if self.device != "cpu":
             self._host = []  # copied to the device: the host arrays may go
+            if self._queue is not None:  # copied on the legacy stream: done before the queue's stream reads them
+                self._queue.runtime.synchronize(None)
         self._loss_host = np.zeros((), np.float32)  # kept alive: the OrtValue borrows it
         self._loss = ort.OrtValue.ortvalue_from_numpy(self._loss_host, "cpu", 0)
         self._current = 0
         self.steps = 0
-        self._graph: list | None = None  # cuda_graph: (binding, run options) per buffer set
-        self._fixed: dict[str, ort.OrtValue] = {}  # cuda_graph: the buffers the graphs read
+        # steps on fixed buffers (CUDA graphs, queued steps): (binding, run options) per buffer set,
+        # made for the buffers in _bound (the batch, lr and loss buffers they read and write)
+        self._graph: list | None = None
+        self._bound: dict[str, ort.OrtValue] = {}
+        self._fixed: dict[str, ort.OrtValue] = {}  # CUDA graphs, each step waited for: the buffers the graphs read
+        self._first: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # CUDA graphs: the first batch's types
+
+    @property
+    def queued(self) -> bool:
+        """Whether steps are queued on the GPU (:mod:`onnxcampo.training.queue`)."""
+        return self._queue is not None
+
+    def synchronize(self) -> None:
+        """Wait until every queued step is done (nothing to wait for when steps are not queued)."""
+        if self._queue is not None:
+            self._queue.drain()
         self._eval: dict[bool, tuple[ort.InferenceSession, list[str], dict]] = {}  # with labels: session
 
-    def step(self, batch: Mapping[str, object]) -> float | None:
-        """One update on ``batch`` (the forward inputs plus ``labels``); returns the loss.
+    def step(self, batch: Mapping[str, object]) -> Loss | None:
+        """One update on ``batch`` (the forward inputs plus ``labels``); returns its loss, a
+        :class:`~onnxcampo.training.queue.Loss`: a float when converted, read from the GPU (waiting
+        for the step) the first time it is, so steps queue until a loss is read.
 
         A value may be a numpy array, an ``onnxruntime.OrtValue``, a torch tensor (CPU or CUDA)
         or another object with ``__cuda_array_interface__`` or ``__dlpack__`` (CuPy array): see
@@ -211,9 +272,11 @@ class Trainer:
             return None
         if self.cuda_graph:
             try:
-                return self._graph_step(values)
+                return self._fixed_step(values)
             except _CaptureFailed as failed:
                 self._leave_graphs(failed.__cause__)
+        if self._queue is not None:
+            return self._fixed_step(values)
         return self._plain_step(values)
 
     def _values(self, batch: Mapping[str, object], specs: Mapping[str, InputSpec], expected: Iterable[str], *,
@@ -249,7 +312,7 @@ class Trainer:
                                   f"'{self.provider}': pass host arrays (or CPU OrtValues), or use provider 'cuda'")
         return values
 
-    def _plain_step(self, values: Mapping[str, np.ndarray | ort.OrtValue | DeviceArray]) -> float:
+    def _plain_step(self, values: Mapping[str, np.ndarray | ort.OrtValue | DeviceArray]) -> Loss:
         # Arrays (held in values until the run is over: on the CPU the OrtValues borrow them) go to
         # the device; OrtValues and device memory are bound where they are.
         feeds = {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID) if isinstance(value, np.ndarray)
@@ -275,69 +338,107 @@ class Trainer:
     @staticmethod
     def _wait_for_producers(values: Iterable[object]) -> None:
         """Device memory is read by ORT's own stream: first wait for the streams that wrote it."""
-        streams = {value.stream for value in values if isinstance(value, DeviceArray) and value.wait}
+        streams = _producers(values)
         if streams:
             runtime = cuda_runtime()
             for stream in [None] if None in streams else sorted(streams):
                 runtime.synchronize(stream)
 
-    def _run(self, binding: ort.IOBinding, loss: ort.OrtValue, options: ort.RunOptions | None = None) -> float:
+    def _run(self, binding: ort.IOBinding, loss: ort.OrtValue, options: ort.RunOptions | None = None) -> Loss:
         try:
             self.session.run_with_iobinding(binding, options)
         except _ORT_ERRORS as exc:
             if options is not None and self._auto and self.steps < CAPTURE_STEPS:
                 raise _CaptureFailed() from exc
             raise
-        binding.synchronize_outputs()
         self._current = 1 - self._current
         self.steps += 1
-        return float(loss.numpy())
+        if self._queue is not None:
+            return self._queue.loss(loss, self.steps)
+        binding.synchronize_outputs()
+        return Loss(self.steps, value=float(loss.numpy()))
 
-    def _graph_step(self, values: Mapping[str, np.ndarray | ort.OrtValue | DeviceArray]) -> float:
-        """A step replayed from a CUDA graph: the batch and lr are copied into fixed device
-        buffers; binding ``k`` (weights in set k, out to set 1 - k) is graph ``k + 1``."""
-        if self._graph is None:
-            self._fixed = {name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype.type, self.device, DEVICE_ID)
-                           for name, (dtype, shape) in ((n, _meta(v)) for n, v in values.items())}
-            self._fixed[LR] = ort.OrtValue.ortvalue_from_shape_and_type([], np.float32, self.device, DEVICE_ID)
-            self._graph_loss = ort.OrtValue.ortvalue_from_shape_and_type([], np.float32, self.device, DEVICE_ID)
+    def _fixed_step(self, values: Mapping[str, np.ndarray | ort.OrtValue | DeviceArray]) -> Loss:
+        """A step on fixed device buffers, replayed from a CUDA graph or queued: the batch and lr are
+        copied into the buffers, then binding ``k`` (weights in set k, out to set 1 - k) runs,
+        as graph ``k + 1`` under CUDA graphs."""
+        metas = {name: _meta(value) for name, value in values.items()}
+        if self.cuda_graph:
+            self._first = self._first or metas
+            for name, (dtype, shape) in metas.items():
+                first_dtype, first_shape = self._first[name]
+                if (dtype, shape) != (first_dtype, first_shape):
+                    raise ConfigError(f"with CUDA graphs every batch keeps the first one's shapes and types: "
+                                      f"{name} is {dtype}{list(shape)}, was {first_dtype}{list(first_shape)}")
+        buffers = {name: self._buffer(name, dtype, shape) for name, (dtype, shape) in metas.items()}
+        buffers[LR] = self._buffer(LR, np.dtype(np.float32), ())
+        buffers[LOSS] = self._buffer(LOSS, np.dtype(np.float32), ())
+        if self._graph is None or any(buffers[name] is not self._bound.get(name) for name in buffers):
+            self._bound = buffers
             self._graph = []
             for k in (0, 1):
                 options = ort.RunOptions()
-                options.add_run_config_entry("gpu_graph_id", str(k + 1))
-                self._graph.append((self._bind(self._fixed, k, self._graph_loss), options))
-        copies = []  # (to, from, bytes) device to device
-        for name, value in values.items():
-            fixed = self._fixed[name]
-            (dtype, shape), (first_dtype, first_shape) = _meta(value), _meta(fixed)
-            if (dtype, shape) != (first_dtype, first_shape):
-                raise ConfigError(f"with CUDA graphs every batch keeps the first one's shapes and types: "
-                                  f"{name} is {dtype}{list(shape)}, was {first_dtype}{list(first_shape)}")
-            if isinstance(value, np.ndarray):
-                fixed.update_inplace(value)
-            elif isinstance(value, DeviceArray):
-                copies.append((fixed.data_ptr(), value.ptr, value.nbytes))
-            elif value.device_name() == "cpu":
-                fixed.update_inplace(value.numpy())
-            else:
-                copies.append((fixed.data_ptr(), value.data_ptr(), int(np.prod(shape)) * dtype.itemsize))
-        self._fixed[LR].update_inplace(np.array(self.lr, np.float32))
-        if copies:
-            self._wait_for_producers(values.values())
-            runtime = cuda_runtime()
-            for to, source, nbytes in copies:
-                runtime.copy(to, source, nbytes, LEGACY_STREAM)
-            runtime.synchronize(LEGACY_STREAM)  # ORT's stream does not wait for the legacy one
+                if self.cuda_graph:
+                    options.add_run_config_entry("gpu_graph_id", str(k + 1))
+                if self._queue is not None:
+                    self._queue.run_options(options)
+                fed = {name: value for name, value in buffers.items() if name != LOSS}
+                self._graph.append((self._bind(fed, k, buffers[LOSS]), options))
+        self._fill(buffers, values)
         binding, options = self._graph[self._current]
-        return self._run(binding, self._graph_loss, options)
+        return self._run(binding, buffers[LOSS], options)
+
+    def _buffer(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> ort.OrtValue:
+        """The fixed device buffer of ``name``: the queue's, else made once for the CUDA graphs."""
+        if self._queue is not None:
+            return self._queue.fixed(name, dtype, shape)
+        if name not in self._fixed:
+            self._fixed[name] = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype.type, self.device, DEVICE_ID)
+        return self._fixed[name]
+
+    def _fill(self, buffers: Mapping[str, ort.OrtValue], values: Mapping[str, np.ndarray | ort.OrtValue | DeviceArray]) -> None:
+        """Copy the batch and lr into their fixed buffers: on the queue's stream when there is one,
+        else from the host in place and device to device on the legacy stream, waited for."""
+        queue = self._queue
+        uploads, copies = {LR: np.array(self.lr, np.float32)}, []  # host arrays; (to, from, bytes) device to device
+        for name, value in values.items():
+            if isinstance(value, np.ndarray):
+                uploads[name] = value
+            elif isinstance(value, DeviceArray):
+                copies.append((buffers[name].data_ptr(), value.ptr, value.nbytes))
+            elif value.device_name() == "cpu":
+                uploads[name] = value.numpy()
+            else:
+                dtype, shape = _meta(value)
+                copies.append((buffers[name].data_ptr(), value.data_ptr(), int(np.prod(shape)) * dtype.itemsize))
+        if queue is None:
+            for name, array in uploads.items():
+                buffers[name].update_inplace(array)
+            if copies:
+                self._wait_for_producers(values.values())
+                runtime = cuda_runtime()
+                for to, source, nbytes in copies:
+                    runtime.copy(to, source, nbytes, LEGACY_STREAM)
+                runtime.synchronize(LEGACY_STREAM)  # ORT's stream does not wait for the legacy one
+            return
+        for name, array in uploads.items():
+            queue.upload(buffers[name], array)
+        if copies:
+            # OrtValues in CUDA memory were written on the legacy stream (ORT's copies from the host)
+            owners = {value.stream if isinstance(value, DeviceArray) else LEGACY_STREAM
+                      for value in values.values() if is_device(value)}
+            queue.after(_producers(values.values()) | ({LEGACY_STREAM} if LEGACY_STREAM in owners else set()))
+            for to, source, nbytes in copies:
+                queue.copy(to, source, nbytes)
+            queue.release(owners)  # the owners write (or reuse) the memory on their streams only after these reads
 
     def _leave_graphs(self, cause: BaseException | None) -> None:
         """cuda_graph=None and a CUDA-graph run failed in the first steps: plain runs from now on."""
         logger.warning("Trainer: a step failed as a CUDA graph (%s); running steps node by node from now on "
                        "(cuda_graph=False skips the attempt)", str(cause).splitlines()[0] if cause else "?")
         self.session = None  # the capturing session goes before the plain one comes
-        self._graph, self._fixed = None, {}
-        self.session = make_session(self.model, provider=self.provider, cuda_graph=False)
+        self._graph, self._bound, self._fixed, self._first = None, {}, {}, {}
+        self.session = _make(self.model, self.provider, self._queue)
         self.cuda_graph = False
 
     def evaluate(self, batch: Mapping[str, object]) -> dict[str, np.ndarray]:
@@ -347,15 +448,18 @@ class Trainer:
         batch takes the values :meth:`step` takes. The prediction is the forward model's first
         output, the one the loss reads (the step graph keeps no other)."""
         with_loss = LABELS in batch
+        self.synchronize()  # the weights of the steps queued so far
         if with_loss not in self._eval:
             model = eval_model(self.model, with_loss=with_loss)
             names = [o.name for o in model.graph.output]
-            self._eval[with_loss] = (make_session(model, provider=self.provider), names, input_specs(model))
+            self._eval[with_loss] = (_make(model, self.provider, self._queue), names, input_specs(model))
         session, names, inputs = self._eval[with_loss]
         expected = [name for name in inputs if name in self.spec.batch]
         values = self._values(batch, inputs, expected, drop=False, evaluating=True)
         feeds = {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID) if isinstance(value, np.ndarray)
                  else value for name, value in values.items()}
+        if self._queue is not None:  # the session runs on the queue's stream: after the legacy stream's copies
+            self._queue.after({LEGACY_STREAM})
         binding = session.io_binding()
         for name, value in feeds.items():
             if isinstance(value, DeviceArray):
@@ -397,18 +501,27 @@ class Trainer:
             steps, lr = int(meta["steps"]), float(meta["lr"])
         except (KeyError, TypeError, ValueError):
             raise ConfigError(f"{path}: checkpoint metadata lacks steps or lr") from None
+        self.synchronize()
         for name, value in current.items():
-            value.update_inplace(np.ascontiguousarray(arrays[name]))
+            if self._queue is not None:  # on the steps' stream, before the next step reads it
+                self._queue.upload(value, arrays[name].astype(np.float32, copy=False))
+            else:
+                value.update_inplace(np.ascontiguousarray(arrays[name]))
+        self.synchronize()
         self.steps, self.lr = steps, lr
 
     @property
     def loss_scale(self) -> float | None:
         """The current dynamic loss scale (``None`` when the graph has no loss scaling)."""
         value = self._buffers[self._current].get(LOSS_SCALE)
-        return None if value is None else float(value.numpy())
+        if value is None:
+            return None
+        self.synchronize()
+        return float(value.numpy())
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Current weights and optimizer state, copied to the host."""
+        """Current weights and optimizer state, copied to the host (after the queued steps)."""
+        self.synchronize()
         return {name: value.numpy().copy() for name, value in self._buffers[self._current].items()}
 
     def export(self, forward: str | os.PathLike | onnx.ModelProto) -> onnx.ModelProto:

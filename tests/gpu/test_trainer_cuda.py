@@ -6,8 +6,12 @@
    True and None (the default, which must pick True); OrtValue batches in CUDA memory; torch CUDA
    tensors, tensors written on a side stream just before each step after a ~1 ms stall (the
    Trainer must wait for that stream), tensors seen through DLPack alone; CuPy arrays (torch and
-   CuPy variants skip without them). Every variant's losses within 1e-4 of the reference's, steps
-   replayed as asked, device batches read without a host copy; the step times are recorded.
+   CuPy variants skip without them); torch tensors overwritten with NaN on torch's stream right
+   after each step returns (the queued step must have read them first). The reference waits for
+   each step (``queued=False``); the variants queue their steps (the default on CUDA) unless named
+   "waited", and their losses are read after the last step. Every variant's losses within 1e-4 of
+   the reference's, steps replayed as asked, device batches read without a host copy; the step
+   times are recorded.
    Wrong device batches (float64, transposed, requiring grad) are one-line ConfigErrors.
 2. Training features (tests/cases/training.py): BatchNorm and Dropout in training mode,
    evaluate, checkpoints and resume, a learning-rate schedule, partial batches, for the fp32 step
@@ -74,7 +78,7 @@ def _converters(device, kind: str):
 
     if kind == "dlpack":
         return (lambda b: {k: DLPackOnly(v) for k, v in to_torch(b).items()}), None
-    if kind == "torch":
+    if kind in ("torch", "torch-overwritten"):
         return to_torch, None
     stream = torch.cuda.Stream()
 
@@ -88,11 +92,11 @@ def _converters(device, kind: str):
     return to_torch, on_side_stream
 
 
-def _train(device, wide, cuda_graph, kind):
+def _train(device, wide, cuda_graph, kind, queued=None):
     step, weights, data = wide
     convert, again = _converters(device, kind)
     trainer = Trainer(step, weights={k: v.copy() for k, v in weights.items()}, provider=device.name,
-                      cuda_graph=cuda_graph if device.cuda else False)
+                      cuda_graph=cuda_graph if device.cuda else False, queued=queued if device.cuda else False)
     prepared = [convert(batch) for batch in data]  # on the device before the clock starts
     how = {name: type(batch_value(trainer.inputs[name], value)).__name__ for name, value in prepared[0].items()}
     losses, times = [], []
@@ -102,12 +106,15 @@ def _train(device, wide, cuda_graph, kind):
         start = time.perf_counter()
         losses.append(trainer.step(batch))
         times.append(1e3 * (time.perf_counter() - start))
-    return trainer, np.array(losses), times, how
+        if kind == "torch-overwritten":  # on torch's stream: after the step's reads, or the step sees NaN
+            for value in batch.values():
+                value.fill_(float("nan"))
+    return trainer, np.array([float(loss) for loss in losses]), times, how
 
 
 @pytest.fixture(scope="module")
 def reference(device, wide):
-    trainer, losses, _, _ = _train(device, wide, False, "numpy")
+    trainer, losses, _, _ = _train(device, wide, False, "numpy", queued=False)
     return losses, trainer.state_dict()
 
 
@@ -116,25 +123,29 @@ VARIANTS = {"numpy/plain": ("numpy", False), "numpy/graph": ("numpy", True), "nu
             "torch/plain": ("torch", False), "torch/graph": ("torch", True),
             "torch-side-stream/plain": ("torch-side-stream", False), "torch-side-stream/graph": ("torch-side-stream", True),
             "dlpack/plain": ("dlpack", False), "dlpack/graph": ("dlpack", True),
-            "cupy/plain": ("cupy", False), "cupy/graph": ("cupy", True)}
+            "cupy/plain": ("cupy", False), "cupy/graph": ("cupy", True),
+            "torch-overwritten/plain": ("torch-overwritten", False), "torch-overwritten/graph": ("torch-overwritten", True),
+            "numpy/graph/waited": ("numpy", True, False), "torch/graph/waited": ("torch", True, False)}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_batch_kind_and_graph_mode_trains_as_the_reference(device, wide, reference, results, variant):
-    kind, cuda_graph = VARIANTS[variant]
+    kind, cuda_graph, queued = (*VARIANTS[variant], None)[:3]
     if kind not in ("numpy", "ortvalue") and not device.cuda:
         pytest.skip(f"{kind} batches need CUDA memory")
-    trainer, losses, times, how = _train(device, wide, cuda_graph, kind)
+    trainer, losses, times, how = _train(device, wide, cuda_graph, kind, queued)
     state = trainer.state_dict()
     gap = np.abs(losses - reference[0])
     settled = times[CAPTURE_STEPS:] or times
-    results.record(asked=cuda_graph, cuda_graph=trainer.cuda_graph, read_as=how, losses=losses.tolist(),
+    results.record(asked=cuda_graph, cuda_graph=trainer.cuda_graph, queued=trainer.queued, read_as=how,
+                   losses=losses.tolist(),
                    ms_per_step=[round(t, 4) for t in times], median_ms=statistics.median(settled),
                    max_rel_loss_diff=float((gap / np.abs(reference[0])).max()),
                    max_abs_weight_diff=max(float(np.abs(state[k] - reference[1][k]).max()) for k in state))
     assert np.isfinite(losses).all() and float((gap / np.abs(reference[0])).max()) <= RTOL
     wanted = (cuda_graph if cuda_graph is not None else True) and device.cuda  # static shapes on CUDA: graphs
     assert trainer.cuda_graph == wanted
+    assert trainer.queued == (device.cuda and queued is not False)
     if kind != "numpy":
         assert all(v != "ndarray" for v in how.values()), how
 

@@ -89,7 +89,7 @@ def test_a_graph_ort_will_not_capture_falls_back_to_plain_runs_only_when_chosen_
     cuda_graph=None that means plain runs (logged), under True the error stands."""
     made = []
 
-    def fake_make_session(model, *, provider, cuda_graph):
+    def fake_make_session(model, *, provider, cuda_graph, cuda_options=None):
         made.append(cuda_graph)
         if cuda_graph:
             raise ModelLoadError("ONNX Runtime could not load the model: This session cannot use the graph "
