@@ -52,7 +52,8 @@ from onnxcampo.errors import ConfigError, UnsupportedModelError, option
 from onnxcampo.ops import nodes as op_nodes
 from onnxcampo.training.scatter import fuse_scatter_add
 from onnxcampo.training.simplify import ALIAS_RULES, CONV_WEIGHT_GRADS, simplify_backward
-from onnxcampo.training.train_mode import DROPOUT_SEED, RUNNING_KEY, TrainModeRewrite, apply_train_mode, running_stats
+from onnxcampo.training.train_mode import (DROPOUT_SEED, RUNNING_KEY, TrainModeRewrite, apply_train_mode,
+                                           lower_batchnorms, running_stats)
 from onnxcampo.training.trainable import (TrainableSelection, check_trainable, forget_declared_shapes,
                                           constants_to_initializers, forward_values, select_trainable,
                                           shared_parameter_warnings, tie_transposed)
@@ -150,6 +151,7 @@ def build_train_step(
     model.graph.output.extend(trained.outputs)  # running statistics and dropout_seed, updated
     model.ir_version = min(model.ir_version, 10)
     gradients = _backward(model, weights)
+    lower_batchnorms(gradients)  # training BatchNorms: their forward written out, the gradient is closed-form
     seed = next(i.name for i in gradients.graph.input if i.name.startswith("grad_"))
     if fused is None:
         fused = ops.available()

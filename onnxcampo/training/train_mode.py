@@ -18,7 +18,22 @@ A training BatchNormalization ``Y = BN(X, scale, B, input_mean, input_var)`` (``
     mean   = ReduceMean(X)                     batch mean
     D      = X - Where(train, mean, input_mean)
     var    = ReduceMean(D * D)                 batch variance (biased), two-pass
-    Y      = D * (scale / Sqrt(Where(train, var, input_var) + epsilon)) + B
+    invstd = 1 / Sqrt(Where(train, var, input_var) + epsilon)
+    Y      = D * (scale * invstd) + B
+
+Its gradient is not left to the chain rule through those nodes (a dozen passes over ``X``'s
+size): onnx-ad differentiates the whole normalization as one node, ``ai.onnxcampo::
+BatchNormTraining`` (a placeholder that only exists while :func:`onnxcampo.training.step.
+build_train_step` differentiates; :func:`lower_batchnorms` then writes the forward above in its
+place), whose reverse rule is the closed form, with ``xhat = D * invstd`` and means over the
+statistics' axes::
+
+    dB     = sum(dY)
+    dscale = sum(dY * xhat)
+    dX     = (scale * invstd) * (dY - dB / n - xhat * dscale / n)
+
+two reductions and one elementwise pass, the form the fused reductions and elementwise kernels
+take (the batch statistics of the forward are sums times 1/n too, for the same reason) (``tests/training/test_train_mode.py`` checks it against numpy and finite differences).
 
 ``train`` is the boolean initializer ``onnxcampo.train_mode`` (true). The running statistics
 become state inputs paired with ``<name>.updated`` outputs, updated with ONNX's momentum
@@ -59,6 +74,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_ad.rules import reverse_rule
+
 from onnxcampo import ir
 from onnxcampo.errors import ConfigError, UnsupportedModelError
 from onnxcampo.training.trainable import forward_values
@@ -68,6 +85,8 @@ RUNNING_KEY = "onnxcampo.running_stats"  # metadata: JSON {state name: forward i
 DROPOUT_SEED = "dropout_seed"
 RUNNING_VARS = ("unbiased", "biased")
 UPDATED = ".updated"
+PLACEHOLDER = "BatchNormTraining"  # ai.onnxcampo, only between apply_train_mode and lower_batchnorms
+PLACEHOLDER_DOMAIN = "ai.onnxcampo"
 
 # The dropout generator: a Weyl sequence x = base + i, then three rounds mod the Mersenne prime
 # P = 2^31 - 1, each product below 2^63 so int64 never overflows: x*A + k2, then x*x + k3, x*x + k2.
@@ -145,8 +164,78 @@ def apply_train_mode(model: onnx.ModelProto, *, train_mode: bool | None = None,
         graph.initializer.remove(tensor)
     graph.input.extend(emit.inputs)
     graph.initializer.extend(emit.constants)
+    graph.value_info.extend(emit.value_info)
+    if batchnorms and not any(o.domain == PLACEHOLDER_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(PLACEHOLDER_DOMAIN, 1))
     ir.set_metadata(model, RUNNING_KEY, json.dumps(running))
     return TrainModeRewrite(running, tuple(initial), tuple(outputs), batchnorms, dropouts)
+
+
+@reverse_rule(PLACEHOLDER)
+def _batchnorm_reverse(ctx, node, grads):
+    """onnx-ad's reverse rule of the placeholder: the closed form of the module docstring. Only
+    ``Y`` is differentiated: the statistics feed the running updates, which the loss never reads."""
+    if any(grad is not None for grad in grads[1:]):
+        raise UnsupportedModelError(f"{node.name}: the batch statistics of a training BatchNormalization "
+                                    "reach the loss; only its output may")
+    x, scale = node.input[:2]
+    axes, count = list(ir.attribute(node, "axes")), int(ir.attribute(node, "count"))
+    dtype = ctx.dtype(node.output[0], x)
+    dy = ctx.full(grads[0], node.output[0])
+    invstd = ctx.lift(node.output[3])
+    xhat = ctx.b.op("Mul", [ctx.lift(node.output[4]), invstd], stem="xhat")
+    # sums, not means: a ReduceSum over [N, C, H*W] blocks is what --fuse-reductions makes one kernel
+    dbias = ctx.reduce_sum(dy, axes)
+    dscale = ctx.reduce_sum(ctx.b.op("Mul", [dy, xhat]), axes)
+    per_value = ctx.constant(1.0 / count, dtype)
+    centered = ctx.b.op("Sub", [ctx.b.op("Sub", [dy, ctx.b.op("Mul", [dbias, per_value])]),
+                                ctx.b.op("Mul", [xhat, ctx.b.op("Mul", [dscale, per_value])])])
+    dx = ctx.b.op("Mul", [ctx.b.op("Mul", [ctx.lift(scale), invstd]), centered], stem="a_" + x)
+    return [dx, dscale, dbias] + [None] * (len(node.input) - 3)
+
+
+def lower_batchnorms(model: onnx.ModelProto) -> int:
+    """Write each training normalization placeholder out as the forward of the module docstring
+    (after differentiation: its outputs keep their names, so the gradient reads them); the count."""
+    graph = model.graph
+    placeholders = [n for n in graph.node if n.op_type == PLACEHOLDER and n.domain == PLACEHOLDER_DOMAIN]
+    if not placeholders:
+        return 0
+    emit = _Emitter(model)
+    nodes = []
+    for node in graph.node:
+        if node not in placeholders:
+            nodes.append(node)
+            continue
+        p, axes = ir.attribute(node, "prefix").decode(), list(ir.attribute(node, "axes"))
+        x, scale, bias, running_mean, running_var, flag, epsilon = node.input
+        y, batch_mean, batch_var, invstd, centered = node.output
+
+        def add(op: str, inputs: list[str], name: str, output: str | None = None) -> str:
+            nodes.append(emit.node(op, inputs, f"{p}/{name}", output))
+            return nodes[-1].output[0]
+
+        def total(value: str, name: str) -> str:
+            nodes.append(emit.reduce_sum(value, axes, f"{p}/{name}"))
+            return nodes[-1].output[0]
+
+        per_value = emit.const(f"{p}/per_value", 1.0 / ir.attribute(node, "count"))
+        add("Mul", [total(x, "sum"), per_value], "batch_mean_of", output=batch_mean)
+        add("Sub", [x, add("Where", [flag, batch_mean, running_mean], "mean")], "centered", output=centered)
+        add("Mul", [total(add("Mul", [centered, centered], "squared"), "sum_of_squares"), per_value], "batch_var_of",
+            output=batch_var)
+        used_var = add("Where", [flag, batch_var, running_var], "var")
+        add("Reciprocal", [add("Sqrt", [add("Add", [used_var, epsilon], "var_eps")], "std")], "invstd_of", output=invstd)
+        factor = add("Mul", [scale, invstd], "factor")
+        add("Add", [add("Mul", [centered, factor], "normalized"), bias], "output", output=y)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(emit.constants)
+    if not any(n.domain == PLACEHOLDER_DOMAIN for n in graph.node):
+        kept = [o for o in model.opset_import if o.domain != PLACEHOLDER_DOMAIN]
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    return len(placeholders)
 
 
 def running_stats(step: onnx.ModelProto) -> dict[str, str]:
@@ -221,6 +310,7 @@ class _Emitter:
         self.constants: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []  # state inputs
         self.removed: list[onnx.TensorProto] = []  # initializers that became state
+        self.value_info: list[onnx.ValueInfoProto] = []  # the placeholders' outputs, for shape inference
         self.taken = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
         self.taken |= {o for n in model.graph.node for o in n.output} | {n.name for n in model.graph.node}
 
@@ -240,10 +330,10 @@ class _Emitter:
         node_name = self.name(name)
         return helper.make_node(op, inputs, [output or node_name], name=node_name, **attrs)
 
-    def reduce_mean(self, x: str, axes: list[int], name: str) -> onnx.NodeProto:
-        if self.opset >= 18:  # axes became an input in opset 18
-            return self.node("ReduceMean", [x, self.const(name + "/axes", axes, np.int64)], name, keepdims=1)
-        return self.node("ReduceMean", [x], name, axes=axes, keepdims=1)
+    def reduce_sum(self, x: str, axes: list[int], name: str) -> onnx.NodeProto:
+        if self.opset >= 13:  # axes became an input in opset 13
+            return self.node("ReduceSum", [x, self.const(name + "/axes", axes, np.int64)], name, keepdims=1)
+        return self.node("ReduceSum", [x], name, axes=axes, keepdims=1)
 
 
 def _static_shape(info, name: str, where: str) -> tuple[int, ...]:
@@ -306,17 +396,17 @@ def _batchnorm(node: onnx.NodeProto, emit: _Emitter, info, initializers: dict[st
         n.append(emit.node(op, inputs, f"{p}/{name}", output, **attrs))
         return n[-1].output[0]
 
-    n.append(emit.reduce_mean(x, axes, f"{p}/batch_mean"))
-    mean = n[-1].output[0]
-    used_mean = add("Where", [TRAIN_FLAG, mean, add("Reshape", [mean_state, broadcast], "running_mean")], "mean")
-    centered = add("Sub", [x, used_mean], "centered")
-    n.append(emit.reduce_mean(add("Mul", [centered, centered], "squared"), axes, f"{p}/batch_var"))
-    var = n[-1].output[0]
-    used_var = add("Where", [TRAIN_FLAG, var, add("Reshape", [var_state, broadcast], "running_var")], "var")
-    std = add("Sqrt", [add("Add", [used_var, emit.const(p + "/epsilon", epsilon)], "var_eps")], "std")
-    factor = add("Div", [add("Reshape", [scale, broadcast], "scale"), std], "factor")
-    normalized = add("Mul", [centered, factor], "normalized")
-    add("Add", [normalized, add("Reshape", [bias, broadcast], "bias")], "output", output=node.output[0])
+    # the normalization as one node, differentiated by its closed form, written out after that
+    inputs = [x, add("Reshape", [scale, broadcast], "scale"), add("Reshape", [bias, broadcast], "bias"),
+              add("Reshape", [mean_state, broadcast], "running_mean"), add("Reshape", [var_state, broadcast], "running_var"),
+              TRAIN_FLAG, emit.const(p + "/epsilon", epsilon)]
+    outputs_of = [node.output[0], *(emit.name(f"{p}/{part}") for part in ("batch_mean", "batch_var", "invstd", "centered"))]
+    n.append(helper.make_node(PLACEHOLDER, inputs, outputs_of, name=emit.name(f"{p}/normalize"),
+                              domain=PLACEHOLDER_DOMAIN, prefix=p, axes=axes, count=count))
+    channel = [1 if axis != 1 else shape[1] for axis in range(len(shape))]
+    emit.value_info.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims) for name, dims in
+                           zip(outputs_of, (shape, channel, channel, channel, shape)))
+    mean, var = outputs_of[1:3]
     keep, take = emit.const(p + "/momentum", momentum), emit.const(p + "/1-momentum", 1.0 - momentum)
     batch_var = add("Reshape", [var, flat], "batch_var_flat")
     if running_var == "unbiased":
@@ -382,4 +472,5 @@ def _dropout(node: onnx.NodeProto, emit: _Emitter, info, constants: dict[str, on
 
 
 __all__ = ["DROPOUT_SEED", "RUNNING_KEY", "RUNNING_VARS", "TRAIN_FLAG", "TrainModeRewrite", "apply_train_mode",
+           "lower_batchnorms",
            "dropout_mask", "running_stats"]

@@ -6,12 +6,14 @@ graph as built does (ORT's CPU provider: a wiring check; fp16 numerics are the G
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxcampo import optimize
+from onnxcampo import ir, optimize
 from onnxcampo.training import Trainer, build_train_step, initial_weights
 from onnxcampo.training.step import INITIAL_PREFIX
 
@@ -100,3 +102,27 @@ def test_the_rewritten_step_trains_as_the_built_one(steps, policy, given, librar
         scale = float(np.abs(want[name]).max()) or 1.0
         bound = 0.01 if "running" in name else 0.06
         assert float(np.abs(got[name] - want[name]).max()) <= bound * scale, name
+
+
+def test_the_gradient_is_the_closed_form_and_every_reduction_one_block_kernel(steps, library):
+    """The built step: no placeholder left, no custom-op domain of its own, reductions only as
+    ReduceSum (none ReduceMean); with the GPU's rewrites every reduction is a BlockReduceSum, none
+    of ONNX Runtime's reduction kernels is left (each BatchNorm: two sums forward, two backward)."""
+    built = steps["built"]
+    info, _ = ir.infer_tensor_info(built)
+    reductions = [n for n in built.graph.node if n.op_type.startswith("Reduce")]
+    # simplify writes a sum over N, H, W as a sum over [N, C, H*W]'s last axis, then one over N
+    of_images = Counter(n.op_type for n in reductions if info[n.input[0]].shape[:2] == (N, C)
+                        and len(info[n.input[0]].shape) == 3)
+    assert "BatchNormTraining" not in {n.op_type for n in built.graph.node}
+    assert of_images == {"ReduceSum": 8}  # 2 BatchNorms x (2 forward + 2 backward), no ReduceMean
+    of_loss = len(reductions) - 2 * 8  # the cross-entropy's own, over [N, classes]
+    for policy in ("fp16", "campo"):
+        written = Counter(n.op_type for n in steps[policy].graph.node)
+        assert written["ReduceSum"] + written["ReduceMean"] <= of_loss and written["BlockReduceSum"], (policy, written)
+
+
+def test_a_step_without_the_library_names_no_custom_domain():
+    step = build_train_step(resnet_block(), loss="cross_entropy", optimizer="sgd", train_mode=True, fused=False)
+    assert {o.domain for o in step.opset_import} <= {"", "ai.onnx"}
+    assert not any(n.domain for n in step.graph.node)
