@@ -207,6 +207,17 @@ def profile_runs(model: str | Path, feeds: Mapping[str, np.ndarray], *, provider
 # --------------------------------------------------------------------------------------------
 
 
+def step_queue(provider: str, read_every: int):
+    """The StepQueue a StepRunner queues its steps on: on CUDA when the loss is read less often than
+    every step, else None (each step waited for)."""
+    if provider != "cuda" or read_every <= 1:
+        return None
+    from onnxcampo.runtime.cudart import cuda_runtime
+    from onnxcampo.training.queue import StepQueue
+
+    return StepQueue(cuda_runtime())
+
+
 class StepRunner:
     """Runs a training-step graph step after step, like ``onnxcampo.training.Trainer``.
 
@@ -240,12 +251,8 @@ class StepRunner:
         starts = initial_state(model)
         del model
         self.read_every = max(1, int(read_every))
-        self._queue = None
-        if provider == "cuda" and self.read_every > 1:
-            from onnxcampo.runtime.cudart import cuda_runtime
-            from onnxcampo.training.queue import StepQueue
-
-            self._queue = StepQueue(cuda_runtime())
+        self._queue = step_queue(provider, self.read_every)
+        if self._queue is not None and provider == "cuda":
             cuda_options = {**(cuda_options or {}), "user_compute_stream": str(self._queue.stream)}
         self.session = runtime.make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,
                                             profile_file_prefix=profile_prefix, optimization_level=optimization,

@@ -9,19 +9,20 @@ cost policy it relies on through :class:`FakeCost`.
 from __future__ import annotations
 
 import copy
+import ctypes
 from collections import Counter
 
 import numpy as np
 import onnx
 import onnx.parser
 from onnx import TensorProto, helper, numpy_helper
+from onnxcampo.costdb.features import OpFeatures
+from onnxcampo.costdb.model import CostModel
+from onnxcampo.passes.manager import PassManager
 
 from onnxcampo import ir
 from onnxcampo.config import OptimizeConfig
 from onnxcampo.context import GraphContext, Planning
-from onnxcampo.costdb.features import OpFeatures
-from onnxcampo.costdb.model import CostModel
-from onnxcampo.passes.manager import PassManager
 from onnxcampo.plan import Precision, PrecisionPlan
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
@@ -402,3 +403,42 @@ g (float[64,32] x, float[64,32] dy, float[32,32] w) => (float[64,32] dx, float[3
   [sum] db = ReduceSum <keepdims = 0> (g, axes)
 }
 """
+
+
+FAKE_STREAM, FAKE_EVENT = 0x5170, 0xE7
+
+
+class FakeRuntime:
+    """The CUDA runtime calls StepQueue makes, on host memory: copies at once, waits recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self._blocks: list[ctypes.Array] = []
+
+    def create_stream(self) -> int:
+        return FAKE_STREAM
+
+    def create_event(self) -> int:
+        return FAKE_EVENT
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        assert stream == FAKE_STREAM, "every copy goes on the queue's stream"
+        ctypes.memmove(dst, src, nbytes)
+        self.calls.append(("copy", nbytes))
+
+    def synchronize(self, stream=0) -> None:
+        self.calls.append(("synchronize", stream))
+
+    def wait(self, stream: int, after: int, event: int) -> None:
+        self.calls.append(("wait", stream, after))
+
+    def host_alloc(self, nbytes: int) -> int:
+        block = ctypes.create_string_buffer(nbytes)
+        self._blocks.append(block)
+        return ctypes.addressof(block)
+
+    def host_free(self, pointer: int) -> None:
+        self.calls.append(("free", pointer))
+
+    def syncs(self) -> int:
+        return sum(call[0] == "synchronize" for call in self.calls)

@@ -314,6 +314,33 @@ def test_step_runner_computes_the_trainers_losses(tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
+def test_a_step_runner_reading_every_third_loss_queues_the_steps_between(tmp_path, monkeypatch):
+    """read_every=3 on CUDA: steps queue on a StepQueue and a call returns the loss every third
+    step (None between); the block's sync() waits; losses and state are the waited runner's.
+    Forced on the CPU with a stand-in CUDA runtime (tests/training/test_queue.py): a wiring check."""
+    from helpers import FakeRuntime
+
+    from onnxcampo.training.queue import StepQueue
+
+    forward, step, path, batch = _tiny_step(tmp_path, "fp32")
+    from onnxcampo.training import initial_weights
+
+    weights = initial_weights(forward, step)
+    waited = bench_measure.StepRunner(path, weights={k: v.copy() for k, v in weights.items()}, batch=batch,
+                                      provider="cpu")
+    expected = [waited() for _ in range(7)]
+    fake = FakeRuntime()
+    monkeypatch.setattr(bench_measure, "step_queue", lambda provider, every: StepQueue(fake, device="cpu"))
+    runner = bench_measure.StepRunner(path, weights=weights, batch=batch, provider="cpu", read_every=3)
+    got = [runner() for _ in range(7)]
+    assert [g is None for g in got] == [True, True, False, True, True, False, True]
+    assert got[2] == pytest.approx(expected[2], rel=1e-6) and got[5] == pytest.approx(expected[5], rel=1e-6)
+    syncs = fake.syncs()
+    runner.sync()
+    assert fake.syncs() == syncs + 1
+    np.testing.assert_allclose(runner.losses, expected, rtol=1e-6)
+
+
 @pytest.mark.slow
 def test_breakdown_of_a_profiled_step(tmp_path):
     """An all-fp16 step graph (Casts, loss scaling) profiled on CPU: every part gets time, the

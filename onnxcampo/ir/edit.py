@@ -97,15 +97,21 @@ class ModelEdit:
                 self._taken.add(name)
                 return name
 
-    def replace_nodes(self, made: dict[int, onnx.NodeProto], removed: set[int],
+    def replace_nodes(self, made: dict[int, onnx.NodeProto | list[onnx.NodeProto]], removed: set[int],
                       outputs: list[onnx.ValueInfoProto]) -> None:
         """The rewrite of a fusion pass, applied: every node whose id is in ``made`` replaced by
-        ``made[id]`` (in its place), the others whose id is in ``removed`` dropped; then the
+        ``made[id]`` (a node or a list of nodes, in its place), the others whose id is in ``removed`` dropped; then the
         initializers and Constant nodes only the removed nodes read, the value_info of their
         outputs, and ``outputs`` (the new nodes' types and shapes, which later passes and ORT read)
         written as value_info unless they are graph outputs."""
         gone = [node for node in self.nodes if id(node) in removed or id(node) in made]
-        kept = [made.get(id(node), node) for node in self.nodes if id(node) in made or id(node) not in removed]
+        kept = []
+        for node in self.nodes:
+            if id(node) in made:
+                new = made[id(node)]
+                kept.extend(new if isinstance(new, list) else [new])
+            elif id(node) not in removed:
+                kept.append(node)
         del self.graph.node[:]
         self.graph.node.extend(kept)
         self.drop_unread({name for node in gone for name in node.input if name})

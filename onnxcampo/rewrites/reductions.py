@@ -41,6 +41,14 @@ Runs on the written model, after the precision plan, its Casts and loss scaling,
    gradient, 102 MB at b64 for layer1, read twice before). A chain whose output is a graph
    output keeps its own node.
 
+7. (Reserved: simplify's rule 7 is the split these chains undo.)
+8. A block ReduceMean (rule 1's conditions, ReduceMean for ReduceSum: a training BatchNorm's batch
+   statistics) is a chain of its own, never continued (rules 2 and 4 do not apply): one
+   BlockReduceSum writing the float32 sum and a Mul by ``1 / (P * R)`` writing the mean, then a
+   Cast when the mean's type is float16. The sum is float32 whatever the plan: a float16 sum of a
+   whole channel (800k values for ResNet-50's first BatchNorm at batch 64) would overflow where
+   the mean does not.
+
 The values are the float32 sums of the same elements in another order, rounded once to the
 output type. Where the unfused graph rounds to float16 in between (a float16 ReduceSum read by
 a Cast to float32, a pair of float16 ReduceSums), the fused node does not: its value is the
@@ -55,6 +63,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
@@ -95,6 +104,7 @@ class _Chain:
     output: str
     reductions: int
     same_as: str | None = None  # rule 6: another chain's output, which this one's readers read
+    mean: bool = False  # rule 8: a ReduceMean's chain (the sum times 1 / (P * R))
 
 
 def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | None = None) -> ReductionFusionResult:
@@ -127,8 +137,9 @@ def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | Non
 
 
 def _block(view: GraphView, node: onnx.NodeProto | None) -> tuple[int, int, int] | None:
-    """Rule 1: the node's [P, Q, R], or None."""
-    if node is None or node.op_type != "ReduceSum" or node.domain not in oplists.DEFAULT_DOMAINS or not node.input:
+    """Rule 1 (and 8: a ReduceMean): the node's [P, Q, R], or None."""
+    if (node is None or node.op_type not in ("ReduceSum", "ReduceMean") or node.domain not in oplists.DEFAULT_DOMAINS
+            or not node.input):
         return None
     shape, out = view.static(node.input[0]), view.static(node.output[0])
     if shape is None or out is None or 0 in shape or view.dtype(node.input[0]) not in FLOATS:
@@ -165,14 +176,21 @@ def _chain_at(view: GraphView, node: onnx.NodeProto, taken: set[int]) -> tuple[_
         return None
     members, (p, q, r), reductions = [node], sizes, 1
     current = node.output[0]
+    if node.op_type == "ReduceMean":  # rule 8: a chain of its own
+        x, through = _before(view, members, taken, p * q * r)
+        if view.dtype(x) not in FLOATS or view.dtype(current) not in FLOATS:
+            return None
+        return _Chain(members, x, sizes, current, 1, mean=True), through
     while True:  # rule 2: on through the output into further block reductions
         between: list[onnx.NodeProto] = []
         value, nxt = current, view.sole_reader(current)
-        while nxt is not None and nxt.op_type != "ReduceSum" and _moves(view, nxt, value, widen_only=False):
+        while nxt is not None and nxt.op_type not in ("ReduceSum", "ReduceMean") and _moves(view, nxt, value,
+                                                                                           widen_only=False):
             between.append(nxt)
             value = nxt.output[0]
             nxt = view.sole_reader(value)
-        more = _block(view, nxt) if nxt is not None and nxt.input[0] == value and id(nxt) not in taken else None
+        more = (_block(view, nxt) if nxt is not None and nxt.op_type == "ReduceSum" and nxt.input[0] == value
+                and id(nxt) not in taken else None)
         if more is None or more[0] * more[1] * more[2] != q:
             break
         members += between + [nxt]
@@ -182,7 +200,7 @@ def _chain_at(view: GraphView, node: onnx.NodeProto, taken: set[int]) -> tuple[_
     output = current
     while True:  # rule 4: the moves after it
         nxt = view.sole_reader(output)
-        if nxt is None or nxt.op_type == "ReduceSum" or not _moves(view, nxt, output, widen_only=False):
+        if nxt is None or nxt.op_type in ("ReduceSum", "ReduceMean") or not _moves(view, nxt, output, widen_only=False):
             break
         members.append(nxt)
         output = nxt.output[0]
@@ -222,10 +240,30 @@ def _share(view: GraphView, chains: list[_Chain]) -> None:
     position = {id(n): i for i, n in enumerate(view.model.graph.node)}
     first: dict[tuple, _Chain] = {}
     for chain in sorted(chains, key=lambda c: position[id(c.nodes[-1])]):
-        key = (chain.x, chain.sizes, view.dtype(chain.output), tuple(view.static(chain.output)))
+        key = (chain.x, chain.sizes, view.dtype(chain.output), tuple(view.static(chain.output)), chain.mean)
         kept = first.setdefault(key, chain)
         if kept is not chain and chain.output not in view.protected:
             chain.same_as = kept.output
+
+
+def _mean_nodes(view: GraphView, chain: _Chain) -> list[onnx.NodeProto]:
+    """Rule 8: the float32 sum, times 1 / (P * R), cast to the mean's type if it is float16."""
+    from onnxcampo.ops import nodes as op_nodes
+
+    last, (p, _, r) = chain.nodes[-1], chain.sizes
+    base = last.name or "block_mean"
+    shape = list(view.static(chain.output))
+    total, per_value = view.edit.fresh(base + "/sum"), view.edit.fresh(base + "/per_value")
+    view.model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1.0 / (p * r), np.float32), per_value))
+    half = view.dtype(chain.output) == TensorProto.FLOAT16
+    mean = view.edit.fresh(base + "/mean") if half else chain.output
+    made = [op_nodes.block_reduce_sum(chain.x, output=total, sizes=chain.sizes, output_shape=shape,
+                                      input_type=view.dtype(chain.x), name=view.edit.fresh(base + "/block_sum")),
+            onnx.helper.make_node("Mul", [total, per_value], [mean], name=view.edit.fresh(base + "/mean"))]
+    if half:
+        made.append(onnx.helper.make_node("Cast", [mean], [chain.output], to=TensorProto.FLOAT16,
+                                          name=view.edit.fresh(base + "/cast_fp16")))
+    return made
 
 
 def _replace(view: GraphView, chains: list[_Chain], shared: dict[int, onnx.NodeProto],
@@ -234,14 +272,14 @@ def _replace(view: GraphView, chains: list[_Chain], shared: dict[int, onnx.NodeP
     output; a Cast read through that nothing reads any more goes."""
     from onnxcampo.ops import nodes as op_nodes
 
-    made: dict[int, onnx.NodeProto] = {}  # id of a chain's last node -> its BlockReduceSum
+    made: dict[int, onnx.NodeProto | list[onnx.NodeProto]] = {}  # id of a chain's last node -> its nodes
     for chain in chains:
         result.reductions += chain.reductions
         if chain.same_as is not None:
             result.shared += 1
             continue
         last = chain.nodes[-1]
-        made[id(last)] = op_nodes.block_reduce_sum(
+        made[id(last)] = _mean_nodes(view, chain) if chain.mean else op_nodes.block_reduce_sum(
             chain.x, output=chain.output, sizes=chain.sizes, output_type=view.dtype(chain.output),
             output_shape=list(view.static(chain.output)), input_type=view.dtype(chain.x),
             name=view.edit.fresh(last.name or "block_reduce_sum"))
@@ -251,7 +289,10 @@ def _replace(view: GraphView, chains: list[_Chain], shared: dict[int, onnx.NodeP
         p, _, r = chain.sizes
         result.kinds["column_sums" if r == 1 else "row_sums" if p == 1 else "blocks"] += 1
     removed = {id(n) for chain in chains for n in chain.nodes}
-    view.replace(made, removed, [c.output for c in chains if c.same_as is None])
+    between = [onnx.helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT, list(view.static(chain.output)))
+               for chain in chains if chain.mean and chain.same_as is None
+               for n in made[id(chain.nodes[-1])] if n.output[0] != chain.output]
+    view.replace(made, removed, [c.output for c in chains if c.same_as is None], between)
     for chain in chains:
         if chain.same_as is not None:
             view.edit.replace_uses(chain.output, chain.same_as)
@@ -287,7 +328,7 @@ def reads_cast(ctx: GraphContext, tensor: gs.Tensor, precision_of: PrecisionOf) 
     """Whether every reader of ``tensor`` is an fp32 ReduceSum: the rewrite folds a Cast to fp32
     in front of one into its BlockReduceSum (a Cast to fp16 rounds every element and stays)."""
     readers = [use.node for use in ctx.uses(tensor)]
-    return bool(readers) and all(n.op == "ReduceSum" and (n.domain or "") in oplists.DEFAULT_DOMAINS
+    return bool(readers) and all(n.op in ("ReduceSum", "ReduceMean") and (n.domain or "") in oplists.DEFAULT_DOMAINS
                                  and precision_of(n.name) is Precision.FP32 for n in readers)
 
 

@@ -41,7 +41,7 @@ import onnxruntime as ort
 
 from onnxcampo.runtime.cudart import LEGACY_STREAM, CudaRuntime
 
-__all__ = ["Loss", "StepQueue", "SLOTS"]
+__all__ = ["SLOTS", "Loss", "StepQueue"]
 
 SLOTS = 1024  # pinned loss slots: at most this many unread losses before the oldest is read
 NO_SYNC = "disable_synchronize_execution_providers"  # ORT's run config entry: return once queued
@@ -53,7 +53,7 @@ class Loss:
     ``np.asarray(loss)``, ``math.isfinite(loss)``. ``loss.ready`` says whether it was read.
     ``loss.step`` is the step's number (1 for the first step a Trainer takes)."""
 
-    __slots__ = ("step", "_value", "_read", "__weakref__")
+    __slots__ = ("__weakref__", "_read", "_value", "step")
 
     def __init__(self, step: int, value: float | None = None, read: Callable[[], float] | None = None) -> None:
         if (value is None) == (read is None):

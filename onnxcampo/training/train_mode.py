@@ -33,7 +33,9 @@ statistics' axes::
     dX     = (scale * invstd) * (dY - dB / n - xhat * dscale / n)
 
 two reductions and one elementwise pass, the form the fused reductions and elementwise kernels
-take (the batch statistics of the forward are sums times 1/n too, for the same reason) (``tests/training/test_train_mode.py`` checks it against numpy and finite differences).
+take. The forward's statistics stay means (ReduceMean: no float16 sum of a whole channel to
+overflow under an all-float16 plan); ``--fuse-reductions`` makes each one float32 block sum and a
+multiplication by 1/n (``onnxcampo/rewrites/reductions.py``, rule 8) (``tests/training/test_train_mode.py`` checks it against numpy and finite differences).
 
 ``train`` is the boolean initializer ``onnxcampo.train_mode`` (true). The running statistics
 become state inputs paired with ``<name>.updated`` outputs, updated with ONNX's momentum
@@ -211,19 +213,15 @@ def lower_batchnorms(model: onnx.ModelProto) -> int:
         x, scale, bias, running_mean, running_var, flag, epsilon = node.input
         y, batch_mean, batch_var, invstd, centered = node.output
 
-        def add(op: str, inputs: list[str], name: str, output: str | None = None) -> str:
-            nodes.append(emit.node(op, inputs, f"{p}/{name}", output))
+        def add(op: str, inputs: list[str], name: str, output: str | None = None, prefix: str = p) -> str:
+            nodes.append(emit.node(op, inputs, f"{prefix}/{name}", output))
             return nodes[-1].output[0]
 
-        def total(value: str, name: str) -> str:
-            nodes.append(emit.reduce_sum(value, axes, f"{p}/{name}"))
-            return nodes[-1].output[0]
-
-        per_value = emit.const(f"{p}/per_value", 1.0 / ir.attribute(node, "count"))
-        add("Mul", [total(x, "sum"), per_value], "batch_mean_of", output=batch_mean)
+        nodes.append(emit.reduce_mean(x, axes, f"{p}/batch_mean_of"))
+        nodes[-1].output[0] = batch_mean
         add("Sub", [x, add("Where", [flag, batch_mean, running_mean], "mean")], "centered", output=centered)
-        add("Mul", [total(add("Mul", [centered, centered], "squared"), "sum_of_squares"), per_value], "batch_var_of",
-            output=batch_var)
+        nodes.append(emit.reduce_mean(add("Mul", [centered, centered], "squared"), axes, f"{p}/batch_var_of"))
+        nodes[-1].output[0] = batch_var
         used_var = add("Where", [flag, batch_var, running_var], "var")
         add("Reciprocal", [add("Sqrt", [add("Add", [used_var, epsilon], "var_eps")], "std")], "invstd_of", output=invstd)
         factor = add("Mul", [scale, invstd], "factor")
@@ -330,10 +328,10 @@ class _Emitter:
         node_name = self.name(name)
         return helper.make_node(op, inputs, [output or node_name], name=node_name, **attrs)
 
-    def reduce_sum(self, x: str, axes: list[int], name: str) -> onnx.NodeProto:
-        if self.opset >= 13:  # axes became an input in opset 13
-            return self.node("ReduceSum", [x, self.const(name + "/axes", axes, np.int64)], name, keepdims=1)
-        return self.node("ReduceSum", [x], name, axes=axes, keepdims=1)
+    def reduce_mean(self, x: str, axes: list[int], name: str) -> onnx.NodeProto:
+        if self.opset >= 18:  # axes became an input in opset 18
+            return self.node("ReduceMean", [x, self.const(name + "/axes", axes, np.int64)], name, keepdims=1)
+        return self.node("ReduceMean", [x], name, axes=axes, keepdims=1)
 
 
 def _static_shape(info, name: str, where: str) -> tuple[int, ...]:

@@ -325,3 +325,54 @@ def test_squeeze_unsqueeze_and_flatten_around_a_reduction_are_views_and_fold():
     node, attrs = _node(fused)
     assert _ops(fused) == [OP] and list(node.input) == ["x"] and attrs["output_shape"] == [6, 1]
     assert result.reshapes == 3 and not fused.graph.initializer
+
+
+def test_a_block_mean_is_a_float32_sum_times_one_over_its_count():
+    """Rule 8: a BatchNorm's batch mean over N, H, W (keepdims) becomes one BlockReduceSum writing
+    the float32 sum and a Mul by 1 / (N * H * W); its value is the mean's (exactly, on these small
+    integers: the sum is exact and 1/512 a power of two)."""
+    model = _model("""
+    g (float[8,4,8,8] x) => (float[1,4,1,1] mean) {
+      mean = ReduceMean <axes = [0, 2, 3], keepdims = 1> (x)
+    }""")
+    fused, result = _fuse(model)
+    assert _ops(fused) == [OP, "Mul"]
+    node, attrs = _node(fused)
+    assert attrs["sizes"] == [8, 4, 64] and attrs["output_type"] == TensorProto.FLOAT
+    mul = fused.graph.node[1]
+    assert mul.input[0] == node.output[0] and mul.output[0] == "mean"
+    scale = next(t for t in fused.graph.initializer if t.name == mul.input[1])
+    assert onnx.numpy_helper.to_array(scale) == np.float32(1 / 512)
+    assert result.to_json()["reduce_sums_replaced"] == 1 and result.to_json()["kinds"] == {"blocks": 1}
+
+
+def test_a_float16_mean_whose_float16_sum_would_overflow_stays_finite():
+    """A float16 mean of 800 values near 100: the sum (80,000) exceeds float16's 65,504, the mean
+    does not. The BlockReduceSum writes the sum in float32; the mean is cast to float16 after
+    the division, as ReduceMean rounds it."""
+    model = _model("""
+    g (float16[8,4,100] x) => (float16[1,4,1] mean) {
+      mean = ReduceMean <axes = [0, 2], keepdims = 1> (x)
+    }""")
+    fused = onnx.ModelProto.FromString(model.SerializeToString())
+    fuse_reductions(fused)
+    assert _ops(fused) == [OP, "Mul", "Cast"]
+    x = np.full((8, 4, 100), 100.0, np.float16)
+    (got,) = ReferenceEvaluator(fused, new_ops=[block_reduce.reference_op()]).run(None, {"x": x})
+    assert got.dtype == np.float16 and np.all(got == np.float16(100.0))
+
+
+def test_a_mean_is_not_continued_into_a_sum_and_is_not_shared_with_one():
+    """A ReduceMean is a chain of its own (never merged with the ReduceSum after it, rule 2), and a
+    mean and a sum of the same tensor over the same blocks stay two nodes (rule 6 keys on it)."""
+    model = _model("""
+    g (float[8,4,16] x) => (float[4] s, float[1,4,1] m, float[4] t) {
+      s = ReduceSum <keepdims = 0> (x, axes)
+      m = ReduceMean <axes = [0, 2], keepdims = 1> (x)
+      r = ReduceMean <axes = [2], keepdims = 0> (x)
+      t = ReduceSum <keepdims = 0> (r, first)
+    }""", axes=[0, 2], first=[0])
+    fused, result = _fuse(model)
+    # s; m's sum; r's sum, then t over r's mean (not one sum of x over [8, 4, 16]: that is s)
+    assert [n.op_type for n in fused.graph.node].count(OP) == 4
+    assert result.to_json()["sums_shared"] == 0

@@ -9,12 +9,12 @@ check of which copies, waits and reads happen when (the asynchrony itself is the
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 
 import numpy as np
 import pytest
+from helpers import FakeRuntime
 
 from onnxcampo.cli import main
 from onnxcampo.errors import ConfigError
@@ -22,44 +22,6 @@ from onnxcampo.examples.training_mlp import CLASSES, X, mlp
 from onnxcampo.training import Trainer, build_train_step, initial_weights
 from onnxcampo.training import trainer as trainer_module
 from onnxcampo.training.queue import Loss, StepQueue
-
-STREAM, EVENT = 0x5170, 0xE7
-
-
-class FakeRuntime:
-    """The CUDA runtime calls StepQueue makes, on host memory: copies at once, waits recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-        self._blocks: list[ctypes.Array] = []
-
-    def create_stream(self) -> int:
-        return STREAM
-
-    def create_event(self) -> int:
-        return EVENT
-
-    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        assert stream == STREAM, "every copy goes on the queue's stream"
-        ctypes.memmove(dst, src, nbytes)
-        self.calls.append(("copy", nbytes))
-
-    def synchronize(self, stream=0) -> None:
-        self.calls.append(("synchronize", stream))
-
-    def wait(self, stream: int, after: int, event: int) -> None:
-        self.calls.append(("wait", stream, after))
-
-    def host_alloc(self, nbytes: int) -> int:
-        block = ctypes.create_string_buffer(nbytes)
-        self._blocks.append(block)
-        return ctypes.addressof(block)
-
-    def host_free(self, pointer: int) -> None:
-        self.calls.append(("free", pointer))
-
-    def syncs(self) -> int:
-        return sum(call[0] == "synchronize" for call in self.calls)
 
 
 @pytest.fixture
