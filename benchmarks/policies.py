@@ -27,6 +27,9 @@ Inference (ONNX Runtime):
     campo-fused-yield-graph  campo-fused-graph with ``yield_to_ort_fusions``: the nodes ONNX
                     Runtime fuses itself are left to it
     campo-fused-norows-graph  campo-fused-graph without LayerNormGrad / SoftmaxGrad
+    campo-fused-bnsums-graph, campo-fused-cl-bnsums-graph  campo-fused-graph and campo-fused-cl-graph
+                    with ``batchnorm_sums``: a training BatchNorm's sums as BatchNormStats /
+                    BatchNormGradSums nodes (one pass each pair): their A/B
     campo-fused-cl-graph, fp16-fused-cl-graph, campo-fused-cl  campo-fused-graph, fp16-fused-graph and
                     campo-fused with ``channels_last`` (the convolutions as ai.onnxcampo's NHWC ops,
                     their activations channels-last: onnxcampo.rewrites.layout)
@@ -94,7 +97,7 @@ GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo
                   "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
                   "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph", "campo-fused-cl-stem8-graph",
                   "campo-fused-nosums-graph", "campo-fused-cl-nosums-graph", "campo-auto-graph",
-                  "campo-static-graph", "fp32-fused-graph")
+                  "campo-static-graph", "fp32-fused-graph", "campo-fused-bnsums-graph", "campo-fused-cl-bnsums-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -156,6 +159,11 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
              # the same with the column sums as BlockReduceSum nodes (fuse_column_sums=False): their A/B
              "campo-fused-nosums-graph": {"policy": "campo", "execution": "cuda-graph",
                                           "experimental": {"fuse_column_sums": False}, **FUSIONS},
+             # the same with a training BatchNorm's sums in one pass a pair (batchnorm_sums): their A/B
+             "campo-fused-bnsums-graph": {"policy": "campo", "execution": "cuda-graph",
+                                          "experimental": {"batchnorm_sums": True}, **FUSIONS},
+             "campo-fused-cl-bnsums-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
+                                             "experimental": {"batchnorm_sums": True}, **FUSIONS},
              # the convolutions channels-last (onnxcampo.rewrites.layout), with both fusions
              "campo-fused-cl": {"policy": "campo", "channels_last": True, **FUSIONS},
              "campo-fused-cl-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True, **FUSIONS},

@@ -75,6 +75,11 @@ class ExperimentalOptions:
             input gradient as ``LayerNormGrad`` / ``SoftmaxGrad`` nodes (``onnxcampo.rewrites.norm``).
             ``False`` leaves them to the block reductions and the elementwise fusion (the
             benchmark's ``campo-fused-norows-graph``).
+        batchnorm_sums: with ``fuse_reductions``, a training BatchNorm's two forward sums as one
+            ``BatchNormStats`` and its two backward sums as one ``BatchNormGradSums`` node, one pass
+            over their inputs each instead of a squared or product tensor written and read back
+            (``onnxcampo.rewrites.batch_norm``). Off by default: its CUDA kernels have no GPU
+            measurement yet (``tests/gpu/test_batch_norm_cuda.py`` checks and times them).
         fuse_column_sums: with both fusions, a BlockReduceSum of column sums (a bias gradient) of
             a FusedElementwise node's output becomes that node's ``column_sums`` (its CUDA kernel
             adds the values as it stores them; ``onnxcampo.rewrites.elementwise`` rule 4). ``False``
@@ -111,6 +116,7 @@ class ExperimentalOptions:
     plan_for_fusion: bool = True
     yield_to_ort_fusions: bool = False
     fuse_row_gradients: bool = True
+    batchnorm_sums: bool = False
     fuse_column_sums: bool = True
     channels_last_stem: int = 4
     check_invariants: bool = False

@@ -634,9 +634,16 @@ class FuseReductions(PassBase):
         norms = (fuse_layer_norm_grad(exported.model, info) if exported.ctx.config.experimental.fuse_row_gradients
                  else NormFusionResult())
         result = fuse_reductions(exported.model, info)
-        exported.tensor_info = info
-        exported.report["fuse_reductions"] = {**result.to_json(), "loss": loss.to_json(), "layer_norms": norms.to_json()}
+        report = {**result.to_json(), "loss": loss.to_json(), "layer_norms": norms.to_json()}
         fused = result.fused + loss.forward + loss.backward + norms.fused + norms.softmax
+        if exported.ctx.config.experimental.batchnorm_sums:  # the block sums a training BatchNorm makes, in pairs
+            from onnxcampo.rewrites.batch_norm import fuse_batchnorm_sums
+
+            sums = fuse_batchnorm_sums(exported.model, info)
+            report["batchnorm_sums"] = sums.to_json()
+            fused += sums.forward + sums.backward
+        exported.tensor_info = info
+        exported.report["fuse_reductions"] = report
         return PassResult(self.name, bool(fused),
                           {"fused": fused, "replaced": result.reductions + loss.nodes + norms.nodes})
 
@@ -696,6 +703,10 @@ _ADDED = {
                      "(--fuse-reductions)",
     "SoftmaxGrad": "a softmax's input gradient (Mul, ReduceSum, Sub, Mul and a constant scale) in one pass "
                    "(--fuse-reductions)",
+    "BatchNormStats": "a training BatchNorm's two forward sums (of x and of its squared deviations) in one pass "
+                      "(--experimental batchnorm_sums)",
+    "BatchNormGradSums": "a training BatchNorm's two backward sums (of dy and dy * xhat) in one pass "
+                         "(--experimental batchnorm_sums)",
     "MultiTensorCast": "the float32 -> float16 Casts of the weights as one kernel (--fuse-elementwise)",
     "AvgMatMulInteger": "MatMulInteger with 16-bit tree-averaging accumulation (the experimental int8_avg)",
 }

@@ -42,9 +42,10 @@
 #            BENCH_POLICIES narrow them)                                                  (~9 min)
 #   rotate   training steps of one model side by side, in rotation, in one process
 #            (the benchmarks' rotate; ROTATE_MODEL, default resnet50, ROTATE_POLICIES,
-#            ROTATE_ROUNDS, ROTATE_SPLIT): campo channels-last with and without the column sums in
-#            the elementwise kernels, the fp16 plan, torch.compile AMP channels_last replayed
-#            (reduce-overhead), CUPTI splits of campo's and torch's                      (~4 min)
+#            ROTATE_ROUNDS, ROTATE_SPLIT): campo NCHW and channels-last with and without the
+#            BatchNorm sums in one pass (batchnorm_sums), torch.compile AMP channels_last replayed
+#            (reduce-overhead), CUPTI splits of campo's and torch's; the loss read every 10
+#            steps on both sides                                                         (~4 min)
 #   targets  the training targets in three rotations (the benchmarks' rotate, one process a
 #            model): campo with every fusion against the fp16 plan with them, greedy amp and
 #            torch.compile replayed (reduce-overhead; AMP, and fp32 for the transformers; ResNet-50
@@ -169,7 +170,7 @@ run_finetune() {
 run_rotate() {
   # ResNet-50's step variants and its torch.compile anchors side by side, in rotation, in one process
   stage rotate 590 python3 -P -m onnxcampo.benchmarks rotate --model "${ROTATE_MODEL:-resnet50}" --wheels "$WHEELS" \
-    --policies "${ROTATE_POLICIES:-campo-fused-cl-graph,campo-fused-cl-nosums-graph,fp16-fused-cl-graph,torch-compile-graph-amp-cl}" \
+    --policies "${ROTATE_POLICIES:-campo-fused-cl-graph,campo-fused-cl-bnsums-graph,campo-fused-graph,campo-fused-bnsums-graph,torch-compile-graph-amp-cl}" \
     --split "${ROTATE_SPLIT:-campo-fused-cl-graph,torch-compile-graph-amp-cl}" \
     --rounds "${ROTATE_ROUNDS:-7}" --out "$OUT/rotate/rotation-${ROTATE_MODEL:-resnet50}.json"
 }

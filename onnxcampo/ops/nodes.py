@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from onnxcampo.ops import DOMAIN, OPSET_VERSION
 from onnxcampo.ops.avg_matmul.nodes import avg_matmul_integer
+from onnxcampo.ops.batch_norm.nodes import batch_norm_grad_sums, batch_norm_stats
 from onnxcampo.ops.common.nodes import import_domain
 from onnxcampo.ops.conv_grad.nodes import conv_weight_grad
 from onnxcampo.ops.conv_nhwc.nodes import conv_nhwc, conv_nhwc_data_grad, conv_nhwc_weight_grad
@@ -35,6 +36,8 @@ __all__ = [
     "OPSET_VERSION",
     "MULTI_TENSOR_CAST",
     "avg_matmul_integer",
+    "batch_norm_grad_sums",
+    "batch_norm_stats",
     "block_reduce_sum",
     "check_finite",
     "conv_nhwc",

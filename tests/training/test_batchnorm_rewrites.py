@@ -126,3 +126,39 @@ def test_a_step_without_the_library_names_no_custom_domain():
     step = build_train_step(resnet_block(), loss="cross_entropy", optimizer="sgd", train_mode=True, fused=False)
     assert {o.domain for o in step.opset_import} <= {"", "ai.onnx"}
     assert not any(n.domain for n in step.graph.node)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "amp"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_batchnorm_sums_make_each_pair_of_sums_one_pass_and_train_the_same(policy, channels_last, library):
+    """--experimental batchnorm_sums: per BatchNorm one BatchNormStats (forward) and one
+    BatchNormGradSums (backward) in place of four BlockReduceSums, the squares and the products;
+    the steps' losses and state equal the same optimization without it (ORT's CPU provider with the
+    library's CPU kernels: a wiring check; the CUDA kernels are tests/gpu/test_batch_norm_cuda.py's)."""
+    step = build_train_step(resnet_block(), loss="cross_entropy", optimizer="momentum", lr=0.05, train_mode=True)
+    options = dict(policy=policy, accuracy="off", channels_last=channels_last, fuse_elementwise=True,
+                   fuse_reductions=True)
+    plain = optimize(step, **options)
+    fused = optimize(step, **options, experimental={"batchnorm_sums": True})
+    ops = Counter(n.op_type for n in fused.model.graph.node)
+    assert (ops["BatchNormStats"], ops["BatchNormGradSums"]) == (2, 2)
+    summary = fused.report["fuse_reductions"]["batchnorm_sums"]
+    assert (summary["stats"], summary["grad_sums"]) == (2, 2) and summary["nodes_replaced"] >= 10
+    assert "BatchNormStats" not in {n.op_type for n in plain.model.graph.node}
+    reference, trainer = Trainer(plain.model, queued=False), Trainer(fused.model, queued=False)
+    for batch in batches(3):
+        np.testing.assert_allclose(float(trainer.step(batch)), float(reference.step(batch)), rtol=1e-4)
+    got, want = trainer.state_dict(), reference.state_dict()
+    for name in want:
+        scale = float(np.abs(want[name]).max()) or 1.0
+        assert float(np.abs(got[name] - want[name]).max()) <= 1e-3 * scale, name
+
+
+def test_batchnorm_sums_leave_float16_sums(library):
+    """The all-float16 plan's backward sums are float16 (the op writes float32): left as they are;
+    its forward statistics (float32 block sums, reductions rule 8) are fused."""
+    step = build_train_step(resnet_block(), loss="cross_entropy", optimizer="momentum", lr=0.05, train_mode=True)
+    fused = optimize(step, policy="fp16", accuracy="off", fuse_elementwise=True, fuse_reductions=True,
+                     experimental={"batchnorm_sums": True})
+    ops = Counter(n.op_type for n in fused.model.graph.node)
+    assert (ops["BatchNormStats"], ops["BatchNormGradSums"]) == (2, 0)
