@@ -103,9 +103,17 @@ __global__ void __launch_bounds__(kRowThreads) RowKernel(ChannelSumsArgs a, floa
   const int64_t p0 = split * rows, p1 = min(a.P, p0 + rows);
   const int64_t count = p1 > p0 ? (p1 - p0) * a.R : 0;
   State s = State::Zero();
-  for (int64_t i = threadIdx.x; i < count; i += kRowThreads) {
-    const int64_t p = p0 + i / a.R, r = i % a.R;
-    s.template Add<TA, TB>(a, (p * a.Q + q) * a.R + r);
+  if (count < (int64_t{1} << 31)) {  // 32-bit division by R: a 64-bit one would cost more than the load
+    const unsigned rlen = static_cast<unsigned>(a.R), total = static_cast<unsigned>(count);
+    for (unsigned i = threadIdx.x; i < total; i += kRowThreads) {
+      const int64_t p = p0 + i / rlen, r = i % rlen;
+      s.template Add<TA, TB>(a, (p * a.Q + q) * a.R + r);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < count; i += kRowThreads) {
+      const int64_t p = p0 + i / a.R, r = i % a.R;
+      s.template Add<TA, TB>(a, (p * a.Q + q) * a.R + r);
+    }
   }
   states[threadIdx.x] = s;
   __syncthreads();
