@@ -210,7 +210,15 @@ class Trainer:
             logger.info("Trainer: steps run node by node, not as CUDA graphs: %s", why)
         self._auto = cuda_graph is None
         self._queue = make_queue(provider, queued)
-        self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto, self._queue)
+        try:
+            self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto, self._queue)
+        except (ModelLoadError, *_ORT_ERRORS) as exc:
+            if self._queue is None or queued:
+                raise
+            logger.warning("Trainer: each step is waited for: ONNX Runtime refused a session on the Trainer's own "
+                           "stream (%s)", str(exc).splitlines()[0])
+            self._queue = None
+            self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto)
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
         # Our own copies: on the CPU an OrtValue borrows the numpy array's memory, so the caller's
         # arrays must not be bound (steps would overwrite them) and ours must outlive the buffers.

@@ -155,3 +155,27 @@ def test_train_reads_the_losses_every_n_steps_and_logs_every_step(tmp_path, caps
     assert [line["step"] for line in lines] == list(range(1, 8)) and all(math.isfinite(line["loss"]) for line in lines)
     assert main(["train", str(step), "--data", str(data), "--log-every", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "onnxcampo: error: --log-every must be positive"
+
+
+def test_a_session_refused_on_the_own_stream_falls_back_to_waited_steps(step, forced, monkeypatch, caplog):
+    """queued=None: ONNX Runtime refusing the session on the Trainer's stream leaves the steps
+    waited for (one warning); queued=True: the error stands."""
+    import logging
+
+    from onnxcampo.errors import ModelLoadError
+
+    forward, model = step
+    real = trainer_module._session
+
+    def refusing(model, provider, graph, auto, queue=None):
+        if queue is not None:
+            raise ModelLoadError("ONNX Runtime could not load the model: user_compute_stream refused")
+        return real(model, provider, graph, auto)
+
+    monkeypatch.setattr(trainer_module, "_session", refusing)
+    with caplog.at_level(logging.WARNING, logger="onnxcampo.training.trainer"):
+        trainer = Trainer(model, weights=initial_weights(forward, model))
+    assert not trainer.queued and "refused a session on the Trainer's own stream" in caplog.text
+    assert trainer.step(_batches(1)[0]).ready
+    with pytest.raises(ModelLoadError, match="user_compute_stream refused"):  # the fixture queues it anyway
+        Trainer(model, weights=initial_weights(forward, model), queued=True)
