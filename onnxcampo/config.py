@@ -78,8 +78,9 @@ class ExperimentalOptions:
         batchnorm_sums: with ``fuse_reductions``, a training BatchNorm's two forward sums as one
             ``BatchNormStats`` and its two backward sums as one ``BatchNormGradSums`` node, one pass
             over their inputs each instead of a squared or product tensor written and read back
-            (``onnxcampo.rewrites.batch_norm``). Off by default: its CUDA kernels have no GPU
-            measurement yet (``tests/gpu/test_batch_norm_cuda.py`` checks and times them).
+            (``onnxcampo.rewrites.batch_norm``). Off by default: the plan does not price it and no GPU
+            measurement shows it faster (``tests/gpu/test_batch_norm_cuda.py`` checks and times its
+            kernels; the benchmark's ``campo-fused(-cl)-bnsums-graph`` times the steps).
         fuse_column_sums: with both fusions, a BlockReduceSum of column sums (a bias gradient) of
             a FusedElementwise node's output becomes that node's ``column_sums`` (its CUDA kernel
             adds the values as it stores them; ``onnxcampo.rewrites.elementwise`` rule 4). ``False``

@@ -1,4 +1,4 @@
-"""``--experimental batchnorm_sums=true`` (with ``--fuse-reductions``): a training BatchNorm's
+"""``--experimental batchnorm_sums=true`` (with ``--fuse-reductions``; off by default): a training BatchNorm's
 per-channel sums as one pass each, ``ai.onnxcampo::BatchNormStats`` forward and
 ``BatchNormGradSums`` backward (``onnxcampo/ops/batch_norm/``, ``docs/ops.md``).
 
