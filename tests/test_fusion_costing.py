@@ -270,6 +270,16 @@ def test_a_bias_gradient_summed_in_the_kernel_that_writes_it_costs_its_finishing
         assert fp32 == planning.fp32_us["sum"] > 0
 
 
+def test_a_mean_over_the_leading_axes_of_a_fused_output_is_summed_in_its_kernel_too():
+    """A ReduceMean (a BatchNorm's statistics) is a BlockReduceSum and a Mul by 1/n once written
+    (reductions rule 8): over the leading axes of a value a predicted group writes, its kernel
+    sums it as it does a ReduceSum's."""
+    text = BIAS_GRADIENT.replace("[sum] db = ReduceSum <keepdims = 0> (g, axes)",
+                                 "[sum] db = ReduceMean <axes = [0], keepdims = 0> (g)")
+    planning = build_context(parse(text), cost=MemoryCost(), fuse_elementwise=True, fuse_reductions=True)
+    assert elementwise.summed_in_kernel(planning, _nodes(planning)["sum"])
+
+
 def test_a_column_sum_the_kernel_cannot_take_costs_what_it_costs_alone():
     """Columns that are no multiple of the kernel's 4 lanes (or partials as large as the output:
     BERT's [4096, 768]) leave the sum to BlockReduceSum over the stored output: priced as before."""

@@ -924,7 +924,7 @@ def cast_folds(ctx: GraphContext, tensor: gs.Tensor) -> bool:
 def summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
     """Whether the node is a bias gradient's column sums that the fused kernel writing its input
     adds as it stores it (rule 4; both fusions and
-    ``fuse_column_sums`` costed): a ReduceSum over leading axes, or, channels-last, over axes
+    ``fuse_column_sums`` costed): a ReduceSum (or ReduceMean: a BatchNorm's statistics) over leading axes, or, channels-last, over axes
     other than the channels of a rank >= 3 tensor (the layout stores them last and merges
     simplify's pair over the spatial axes, then the batch, into one over the leading block), of a
     value a predicted fused group writes (directly or through views), where the kernel's grid
@@ -933,8 +933,9 @@ def summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
     small finishing launch over the partial sums."""
     if not (costed(ctx) and reductions.costed(ctx) and ctx.config.experimental.fuse_column_sums):
         return False
-    if node.op != "ReduceSum" or (node.domain or "") not in oplists.DEFAULT_DOMAINS or not node.inputs:
-        return False
+    if node.op not in ("ReduceSum", "ReduceMean") or (node.domain or "") not in oplists.DEFAULT_DOMAINS \
+            or not node.inputs:
+        return False  # a ReduceMean is a BlockReduceSum and a Mul by 1/n (reductions rule 8)
     shape = ctx.info.get(node.inputs[0].name)
     rank = len(shape.shape) if shape is not None and shape.shape is not None else 0
     axes = node.attrs.get("axes")
