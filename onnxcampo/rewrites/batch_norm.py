@@ -25,7 +25,9 @@ fusion. Rules:
    exists; both sums float32 of one shape: one ``BatchNormGradSums(dy, c, s)`` writes ``S3``'s and
    ``S4``'s outputs (``sum(dy)`` and ``s * sum(dy * c)``, which is ``sum(dy * c * s)`` for ``s``
    constant per channel). ``S3``, ``S4``, ``p``, ``h`` when only ``p`` read it (the closed form's
-   ``dx`` reads ``xhat`` too) and the views only they read go.
+   ``dx`` reads ``xhat`` too) and the views only they read go. 2b: where an earlier match took
+   ``S3`` (a ResNet block's last BatchNorm and its shortcut's share the gradient, and so its sum,
+   reductions rule 6), the node's first output is a sum nothing reads and ``S3`` stays the other's.
 
 The values are the float32 sums of the same products (the squares from ``x`` and its float32 mean
 rather than from ``c`` as the plan rounded it), in another order.
@@ -76,7 +78,7 @@ def fuse_batchnorm_sums(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] |
     sums = [n for n in model.graph.node if n.op_type == BLOCK_SUM and n.domain == DOMAIN]
     matches, taken = [], set()
     for node in sums:
-        found = _forward(view, node, sums) or _backward(view, node, sums)
+        found = _forward(view, node, sums) or _backward(view, node, sums, taken)
         if not found or any(id(n) in taken for n in found.removed):
             if isinstance(found, Miss):
                 log.debug("batchnorm sums: %s not rewritten (%s)", node.name, found)
@@ -87,7 +89,11 @@ def fuse_batchnorm_sums(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] |
         return result
     removed = {id(n) for m in matches for n in m.removed}
     removed |= view.feeders_left_unread(removed, [i for m in matches for i in m.node.input])
-    view.replace({id(m.first): m.node for m in matches}, removed, [o for m in matches for o in m.node.output])
+    outputs = [o for m in matches for o in m.node.output]
+    known = [o for o in outputs if view.static(o) is not None]
+    unread = [onnx.helper.make_tensor_value_info(o, TensorProto.FLOAT, list(view.static(m.node.output[1])))
+              for m in matches for o in m.node.output if view.static(o) is None]  # rule 2b's sums
+    view.replace({id(m.first): m.node for m in matches}, removed, known, unread)
     for m in matches:
         if m.node.op_type == "BatchNormStats":
             result.forward += 1
@@ -184,9 +190,11 @@ def _per_channel(view: GraphView, name: str, shape: tuple[int, ...], sizes: tupl
             and math.prod(shape[first:last + 1]) == q)
 
 
-def _backward(view: GraphView, s4: onnx.NodeProto, sums: list[onnx.NodeProto]):
+def _backward(view: GraphView, s4: onnx.NodeProto, sums: list[onnx.NodeProto], taken: set[int]):
     """Rule 2 at ``s4``: the match, or a Miss. The node goes where the first sum was when its
-    inputs are made before it, else where the second was when the first's readers come after it."""
+    inputs are made before it, else where the second was when the first's readers come after it.
+    Rule 2b: where an earlier match took ``dy``'s sum (two BatchNorms on one gradient), the node
+    writes a sum of ``dy`` nothing reads and takes the place of ``S4`` alone."""
     product = view.producers.get(s4.input[0])
     if not view.is_op(product, "Mul") or not view.only(product.output[0], s4):
         return Miss("not a sum of a product")
@@ -213,14 +221,17 @@ def _backward(view: GraphView, s4: onnx.NodeProto, sums: list[onnx.NodeProto]):
                     return wrong
                 from onnxcampo.ops import nodes as op_nodes
 
+                shared = id(s3) in taken  # rule 2b
+                first = view.edit.fresh(s4.output[0] + "/unread_sum") if shared else s3.output[0]
                 node = op_nodes.batch_norm_grad_sums(
-                    _uncast(view, s3.input[0]), c_source, s_source, outputs=[s3.output[0], s4.output[0]], sizes=sizes,
-                    output_shape=list(view.static(s3.output[0])), name=view.edit.fresh(s3.name + "/grad_sums"))
-                place = _place(view, node, s3, s4)
+                    _uncast(view, s3.input[0]), c_source, s_source, outputs=[first, s4.output[0]], sizes=sizes,
+                    output_shape=list(view.static(s3.output[0])), name=view.edit.fresh(s4.name + "/grad_sums"))
+                place = _place(view, node, s4, s4) if shared else _place(view, node, s3, s4)
                 if place is None:
                     return Miss("no place in the graph's order for one node")
                 # h stays where others read it too (the closed form's dx reads xhat)
-                return _Match(node, place, [s3, s4, product, *([scaled] if view.only(h, product) else [])])
+                return _Match(node, place, [*([] if shared else [s3]), s4, product,
+                                            *([scaled] if view.only(h, product) else [])])
     return Miss("not dy times a centered value times one value per channel, with dy's sum beside it")
 
 

@@ -162,3 +162,55 @@ def test_batchnorm_sums_leave_float16_sums(library):
                      experimental={"batchnorm_sums": True})
     ops = Counter(n.op_type for n in fused.model.graph.node)
     assert (ops["BatchNormStats"], ops["BatchNormGradSums"]) == (2, 0)
+
+
+def shortcut_block() -> onnx.ModelProto:
+    """x -> Conv -> BatchNorm -> Relu, then Conv -> BatchNorm plus a 1x1 Conv -> BatchNorm shortcut
+    (a ResNet stage's first block), Relu -> GlobalAveragePool -> Gemm: the two last BatchNorms
+    share their output's gradient, so its sum (reductions rule 6)."""
+    rng = np.random.default_rng(2)
+    weights = {"conv1.weight": rng.standard_normal((C, 3, 3, 3)) * 0.2,
+               "conv2.weight": rng.standard_normal((C, C, 3, 3)) * 0.1,
+               "down.weight": rng.standard_normal((C, C, 1, 1)) * 0.2,
+               "fc.weight": rng.standard_normal((CLASSES, C)) * 0.2, "fc.bias": np.zeros(CLASSES)}
+    for bn in ("bn1", "bn2", "bn3"):
+        weights |= {f"{bn}.weight": np.ones(C), f"{bn}.bias": np.zeros(C),
+                    f"{bn}.running_mean": np.zeros(C), f"{bn}.running_var": np.ones(C)}
+
+    def bn(name, x, y):
+        return helper.make_node("BatchNormalization", [x, *(f"{name}.{p}" for p in ("weight", "bias", "running_mean",
+                                                                                   "running_var"))], [y], name=name)
+    nodes = [helper.make_node("Conv", ["x", "conv1.weight"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             bn("bn1", "c1", "b1"), helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "conv2.weight"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             bn("bn2", "c2", "b2"), helper.make_node("Conv", ["r1", "down.weight"], ["c3"], name="down"),
+             bn("bn3", "c3", "b3"), helper.make_node("Add", ["b2", "b3"], ["s"], name="residual"),
+             helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"], transB=1, name="fc")]
+    graph = helper.make_graph(nodes, "shortcut_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                      [N, 3, SIZE, SIZE])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [N, CLASSES])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_batchnorm_sums_of_two_batchnorms_on_one_gradient(channels_last, library):
+    """Rule 2b: the shortcut's BatchNorm and the block's last one share dy's sum; both still get
+    their BatchNormGradSums (one writing a sum of dy nothing reads); the step trains as without."""
+    step = build_train_step(shortcut_block(), loss="cross_entropy", optimizer="momentum", lr=0.05, train_mode=True)
+    options = dict(policy="fp32", accuracy="off", channels_last=channels_last, fuse_elementwise=True,
+                   fuse_reductions=True)
+    plain = optimize(step, **options)
+    fused = optimize(step, **options, experimental={"batchnorm_sums": True})
+    ops = Counter(n.op_type for n in fused.model.graph.node)
+    assert (ops["BatchNormStats"], ops["BatchNormGradSums"]) == (3, 3)
+    reference, trainer = Trainer(plain.model, queued=False), Trainer(fused.model, queued=False)
+    for batch in batches(3):
+        np.testing.assert_allclose(float(trainer.step(batch)), float(reference.step(batch)), rtol=1e-4)
+    got, want = trainer.state_dict(), reference.state_dict()
+    for name in want:
+        scale = float(np.abs(want[name]).max()) or 1.0
+        assert float(np.abs(got[name] - want[name]).max()) <= 1e-3 * scale, name
