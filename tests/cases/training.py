@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 N, CIN, H, W, C, CLASSES = 16, 3, 16, 16, 8, 10
 LR = 1e-2
-PLANS = ("fp32", "campo", "fp16")
+PLANS = ("fp32", "campo", "fp16", "campo-bnsums")
 
 
 def cnn() -> onnx.ModelProto:
@@ -76,12 +76,17 @@ def batches(count: int, seed: int = 1) -> list[dict[str, np.ndarray]]:
 
 
 def step_graphs(lr: float = LR) -> dict[str, onnx.ModelProto]:
-    """The fp32 step graph, campo's plan of it and the all-fp16 plan."""
+    """The fp32 step graph, campo's plan of it, the all-fp16 plan, and campo with the fusions and the
+    BatchNorm sums in one pass (``batchnorm_sums``: the library's BatchNormStats and BatchNormGradSums)."""
     from onnxcampo import optimize
     from onnxcampo.training import build_train_step
 
     step = build_train_step(cnn(), loss="cross_entropy", optimizer="adamw", lr=lr, train_mode=True)
-    return {"fp32": step, "campo": optimize(step, policy="campo").model, "fp16": optimize(step, policy="fp16").model}
+    bnsums = optimize(step, policy="campo", fuse_reductions=True, fuse_elementwise=True,
+                      experimental={"batchnorm_sums": True}).model
+    assert {"BatchNormStats", "BatchNormGradSums"} <= {n.op_type for n in bnsums.graph.node}
+    return {"fp32": step, "campo": optimize(step, policy="campo").model, "fp16": optimize(step, policy="fp16").model,
+            "campo-bnsums": bnsums}
 
 
 def train(step: onnx.ModelProto, provider: str, data, steps: int, lr: float = LR, *,

@@ -1,7 +1,8 @@
 """The training checks of tests/cases/training.py on the CPU (tests/gpu/test_trainer_cuda.py runs
 them on CUDA against these runs): BatchNorm and Dropout in training mode, evaluate, checkpoints
-and resume, a learning-rate schedule, partial batches, for the fp32 step graph and the campo and
-fp16 plans (a wiring check for the plans: ORT's CPU provider computes their fp16 nodes in fp32)."""
+and resume, a learning-rate schedule, partial batches, for the fp32 step graph, the campo and
+fp16 plans and campo with the BatchNorm sums in one pass (a wiring check for the plans: ORT's CPU
+provider computes their fp16 nodes in fp32, the library's CPU kernels the fused ones)."""
 
 from __future__ import annotations
 
