@@ -47,9 +47,11 @@
 #            (reduce-overhead), CUPTI splits of campo's and torch's; the loss read every 10
 #            steps on both sides                                                         (~4 min)
 #   targets  the training targets in three rotations (the benchmarks' rotate, one process a
-#            model): campo with every fusion against the fp16 plan with them, greedy amp and
-#            torch.compile replayed (reduce-overhead; AMP, and fp32 for the transformers; ResNet-50
-#            channels-last on both sides); ROTATE_ROUNDS (default 5)                       (~8 min)
+#            model, the loss read every 10 steps on both sides): campo with every fusion
+#            (ResNet-50 NCHW and channels-last) against the fp16 plan with them and
+#            torch.compile replayed (reduce-overhead; AMP, channels_last for ResNet-50), the fp32
+#            step with the fusions against torch.compile fp32; the transformers also against
+#            greedy amp; ROTATE_ROUNDS (default 5)                                         (~8 min)
 #   loss     200-step loss curves against fp32 (the benchmarks' loss-curves; run again until it
 #            stops printing "variants left")                                              (~9 min)
 #   infer    inference with the fusions: campo with both fusions against campo
@@ -178,12 +180,12 @@ run_rotate() {
 run_targets() {
   local rounds=${ROTATE_ROUNDS:-5}
   stage targets 590 python3 -P -m onnxcampo.benchmarks rotate --model resnet50 --wheels "$WHEELS" --rounds "$rounds" \
-    --policies campo-fused-cl-graph,fp16-fused-cl-graph,amp-graph,torch-compile-graph-amp-cl \
+    --policies campo-fused-cl-graph,campo-fused-graph,fp16-fused-cl-graph,fp32-fused-graph,torch-compile-graph-amp-cl,torch-compile-graph-cl \
     --split campo-fused-cl-graph,torch-compile-graph-amp-cl --out "$OUT/targets/rotation-resnet50.json"
   local model
   for model in gpt2 bert; do
     stage targets 590 python3 -P -m onnxcampo.benchmarks rotate --model "$model" --wheels "$WHEELS" --rounds "$rounds" \
-      --policies campo-fused-graph,fp16-fused-graph,amp-graph,torch-compile-graph-amp,torch-compile-graph \
+      --policies campo-fused-graph,fp16-fused-graph,fp32-fused-graph,amp-graph,torch-compile-graph-amp,torch-compile-graph \
       --out "$OUT/targets/rotation-$model.json"
   done
 }
