@@ -21,35 +21,43 @@ N, C, SIZE, CLASSES = 8, 16, 16, 10
 FORCED = {"channels_last": True, "fuse_elementwise": True, "fuse_reductions": True}
 
 
+def _bn(name: str, x: str, y: str) -> onnx.NodeProto:
+    return helper.make_node("BatchNormalization", [x, *(f"{name}.{p}" for p in ("weight", "bias", "running_mean",
+                                                                               "running_var"))], [y], name=name)
+
+
+def _cnn(name: str, seed: int, convs: dict[str, tuple[tuple[int, ...], float]], norms: tuple[str, ...],
+         body: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """x [8, 3, 16, 16] -> ``body`` (ending in ``s``) -> Relu -> GlobalAveragePool -> Gemm -> 10
+    logits; the convolutions' weights normal of the given shapes and scales, fresh BatchNorms
+    named ``norms``."""
+    rng = np.random.default_rng(seed)
+    weights = {f"{conv}.weight": rng.standard_normal(shape) * scale for conv, (shape, scale) in convs.items()}
+    weights |= {"fc.weight": rng.standard_normal((CLASSES, C)) * 0.2, "fc.bias": np.zeros(CLASSES)}
+    for bn in norms:
+        weights |= {f"{bn}.weight": np.ones(C), f"{bn}.bias": np.zeros(C),
+                    f"{bn}.running_mean": np.zeros(C), f"{bn}.running_var": np.ones(C)}
+    nodes = [*body, helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"], transB=1, name="fc")]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, 3, SIZE, SIZE])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [N, CLASSES])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
 def resnet_block() -> onnx.ModelProto:
     """x [8, 3, 16, 16] -> Conv 3x3 -> BatchNorm -> Relu -> MaxPool 3x3/2 -> Conv 3x3 -> BatchNorm,
     + the pool's output (a residual) -> Relu -> GlobalAveragePool -> Gemm -> 10 logits: a ResNet's
     stem and first block as torch exports them in eval mode."""
-    rng = np.random.default_rng(0)
-    weights = {"conv1.weight": rng.standard_normal((C, 3, 3, 3)) * 0.2,
-               "conv2.weight": rng.standard_normal((C, C, 3, 3)) * 0.1,
-               "fc.weight": rng.standard_normal((CLASSES, C)) * 0.2, "fc.bias": np.zeros(CLASSES)}
-    for bn in ("bn1", "bn2"):
-        weights |= {f"{bn}.weight": np.ones(C), f"{bn}.bias": np.zeros(C),
-                    f"{bn}.running_mean": np.zeros(C), f"{bn}.running_var": np.ones(C)}
-
-    def bn(name, x, y):
-        return helper.make_node("BatchNormalization", [x, *(f"{name}.{p}" for p in ("weight", "bias", "running_mean",
-                                                                                   "running_var"))], [y], name=name)
-    nodes = [helper.make_node("Conv", ["x", "conv1.weight"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-             bn("bn1", "c1", "b1"), helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
-             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
-                              name="pool"),
-             helper.make_node("Conv", ["p1", "conv2.weight"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-             bn("bn2", "c2", "b2"), helper.make_node("Add", ["b2", "p1"], ["s"], name="residual"),
-             helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
-             helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
-             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
-             helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"], transB=1, name="fc")]
-    graph = helper.make_graph(nodes, "resnet_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, 3, SIZE, SIZE])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [N, CLASSES])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    body = [helper.make_node("Conv", ["x", "conv1.weight"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+            _bn("bn1", "c1", "b1"), helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+            helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                             name="pool"),
+            helper.make_node("Conv", ["p1", "conv2.weight"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+            _bn("bn2", "c2", "b2"), helper.make_node("Add", ["b2", "p1"], ["s"], name="residual")]
+    return _cnn("resnet_block", 0, {"conv1": ((C, 3, 3, 3), 0.2), "conv2": ((C, C, 3, 3), 0.1)}, ("bn1", "bn2"), body)
 
 
 def batches(count: int) -> list[dict[str, np.ndarray]]:
@@ -168,32 +176,13 @@ def shortcut_block() -> onnx.ModelProto:
     """x -> Conv -> BatchNorm -> Relu, then Conv -> BatchNorm plus a 1x1 Conv -> BatchNorm shortcut
     (a ResNet stage's first block), Relu -> GlobalAveragePool -> Gemm: the two last BatchNorms
     share their output's gradient, so its sum (reductions rule 6)."""
-    rng = np.random.default_rng(2)
-    weights = {"conv1.weight": rng.standard_normal((C, 3, 3, 3)) * 0.2,
-               "conv2.weight": rng.standard_normal((C, C, 3, 3)) * 0.1,
-               "down.weight": rng.standard_normal((C, C, 1, 1)) * 0.2,
-               "fc.weight": rng.standard_normal((CLASSES, C)) * 0.2, "fc.bias": np.zeros(CLASSES)}
-    for bn in ("bn1", "bn2", "bn3"):
-        weights |= {f"{bn}.weight": np.ones(C), f"{bn}.bias": np.zeros(C),
-                    f"{bn}.running_mean": np.zeros(C), f"{bn}.running_var": np.ones(C)}
-
-    def bn(name, x, y):
-        return helper.make_node("BatchNormalization", [x, *(f"{name}.{p}" for p in ("weight", "bias", "running_mean",
-                                                                                   "running_var"))], [y], name=name)
-    nodes = [helper.make_node("Conv", ["x", "conv1.weight"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-             bn("bn1", "c1", "b1"), helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
-             helper.make_node("Conv", ["r1", "conv2.weight"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-             bn("bn2", "c2", "b2"), helper.make_node("Conv", ["r1", "down.weight"], ["c3"], name="down"),
-             bn("bn3", "c3", "b3"), helper.make_node("Add", ["b2", "b3"], ["s"], name="residual"),
-             helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
-             helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
-             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
-             helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"], transB=1, name="fc")]
-    graph = helper.make_graph(nodes, "shortcut_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                      [N, 3, SIZE, SIZE])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [N, CLASSES])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    body = [helper.make_node("Conv", ["x", "conv1.weight"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+            _bn("bn1", "c1", "b1"), helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+            helper.make_node("Conv", ["r1", "conv2.weight"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+            _bn("bn2", "c2", "b2"), helper.make_node("Conv", ["r1", "down.weight"], ["c3"], name="down"),
+            _bn("bn3", "c3", "b3"), helper.make_node("Add", ["b2", "b3"], ["s"], name="residual")]
+    return _cnn("shortcut_block", 2, {"conv1": ((C, 3, 3, 3), 0.2), "conv2": ((C, C, 3, 3), 0.1),
+                                      "down": ((C, C, 1, 1), 0.2)}, ("bn1", "bn2", "bn3"), body)
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
