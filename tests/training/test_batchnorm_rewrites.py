@@ -136,6 +136,17 @@ def test_a_step_without_the_library_names_no_custom_domain():
     assert not any(n.domain for n in step.graph.node)
 
 
+def _trains_alike(fused: onnx.ModelProto, plain: onnx.ModelProto) -> None:
+    """Three steps of both: the same losses (rtol 1e-4) and state (1e-3 of each tensor's largest value)."""
+    reference, trainer = Trainer(plain, queued=False), Trainer(fused, queued=False)
+    for batch in batches(3):
+        np.testing.assert_allclose(float(trainer.step(batch)), float(reference.step(batch)), rtol=1e-4)
+    got, want = trainer.state_dict(), reference.state_dict()
+    for name in want:
+        scale = float(np.abs(want[name]).max()) or 1.0
+        assert float(np.abs(got[name] - want[name]).max()) <= 1e-3 * scale, name
+
+
 @pytest.mark.parametrize("policy", ["fp32", "amp"])
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_batchnorm_sums_make_each_pair_of_sums_one_pass_and_train_the_same(policy, channels_last, library):
@@ -153,13 +164,7 @@ def test_batchnorm_sums_make_each_pair_of_sums_one_pass_and_train_the_same(polic
     summary = fused.report["fuse_reductions"]["batchnorm_sums"]
     assert (summary["stats"], summary["grad_sums"]) == (2, 2) and summary["nodes_replaced"] >= 10
     assert "BatchNormStats" not in {n.op_type for n in plain.model.graph.node}
-    reference, trainer = Trainer(plain.model, queued=False), Trainer(fused.model, queued=False)
-    for batch in batches(3):
-        np.testing.assert_allclose(float(trainer.step(batch)), float(reference.step(batch)), rtol=1e-4)
-    got, want = trainer.state_dict(), reference.state_dict()
-    for name in want:
-        scale = float(np.abs(want[name]).max()) or 1.0
-        assert float(np.abs(got[name] - want[name]).max()) <= 1e-3 * scale, name
+    _trains_alike(fused.model, plain.model)
 
 
 def test_batchnorm_sums_leave_float16_sums(library):
@@ -196,10 +201,4 @@ def test_batchnorm_sums_of_two_batchnorms_on_one_gradient(channels_last, library
     fused = optimize(step, **options, experimental={"batchnorm_sums": True})
     ops = Counter(n.op_type for n in fused.model.graph.node)
     assert (ops["BatchNormStats"], ops["BatchNormGradSums"]) == (3, 3)
-    reference, trainer = Trainer(plain.model, queued=False), Trainer(fused.model, queued=False)
-    for batch in batches(3):
-        np.testing.assert_allclose(float(trainer.step(batch)), float(reference.step(batch)), rtol=1e-4)
-    got, want = trainer.state_dict(), reference.state_dict()
-    for name in want:
-        scale = float(np.abs(want[name]).max()) or 1.0
-        assert float(np.abs(got[name] - want[name]).max()) <= 1e-3 * scale, name
+    _trains_alike(fused.model, plain.model)
