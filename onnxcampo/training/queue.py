@@ -149,7 +149,8 @@ class StepQueue:
         self._next = 0
         self._issued = self._done = 0  # losses queued; of those, the ones known done (after a wait)
         self._fixed: dict[str, tuple[np.dtype, tuple[int, ...], ort.OrtValue]] = {}
-        weakref.finalize(self, runtime.host_free, self._host)
+        # freed with the queue; not at exit, when the CUDA runtime may be gone (the OS frees it then)
+        weakref.finalize(self, _free_quietly, runtime, self._host).atexit = False
 
     def run_options(self, options: ort.RunOptions | None = None) -> ort.RunOptions:
         """``options`` (new ones when None) that return from a run once its kernels are queued."""
@@ -219,3 +220,10 @@ class StepQueue:
         self.runtime.synchronize(self.stream)
         self._done = self._issued
 
+
+def _free_quietly(runtime: CudaRuntime, pointer: int) -> None:
+    """Give pinned memory back; a runtime that refuses (shutting down) keeps it, nothing raised."""
+    try:
+        runtime.host_free(pointer)
+    except Exception:  # noqa: BLE001 - a finalizer must not raise; the process is ending or the device gone
+        pass

@@ -179,3 +179,23 @@ def test_a_session_refused_on_the_own_stream_falls_back_to_waited_steps(step, fo
     assert trainer.step(_batches(1)[0]).ready
     with pytest.raises(ModelLoadError, match="user_compute_stream refused"):  # the fixture queues it anyway
         Trainer(model, weights=initial_weights(forward, model), queued=True)
+
+
+def test_the_pinned_slots_go_with_the_queue_and_a_refusing_runtime_raises_nothing():
+    import gc
+
+    from onnxcampo.training.queue import StepQueue
+
+    runtime = FakeRuntime()
+    queue = StepQueue(runtime, device="cpu", slots=4)
+    del queue
+    gc.collect()
+    assert [call[0] for call in runtime.calls] == ["free"]
+
+    class Refusing(FakeRuntime):
+        def host_free(self, pointer: int) -> None:
+            raise RuntimeError("cudaErrorCudartUnloading")
+
+    queue = StepQueue(Refusing(), device="cpu", slots=4)
+    del queue
+    gc.collect()  # nothing raised, nothing printed by the finalizer
