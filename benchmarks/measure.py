@@ -32,6 +32,7 @@ from onnxcampo.runtime.compare import check_outputs, worst_error
 from onnxcampo.runtime.timing import BoundRunner, time_block
 from onnxcampo.training.scaling import initial_state
 from onnxcampo.training.step import LOSS, LR, UPDATED, step_spec
+from onnxcampo.training.trainer import make_queue
 
 ORT_LOG = 3  # ORT's log severity in benchmark sessions: errors only (its warnings about unused initializers flood the log)
 
@@ -207,17 +208,6 @@ def profile_runs(model: str | Path, feeds: Mapping[str, np.ndarray], *, provider
 # --------------------------------------------------------------------------------------------
 
 
-def step_queue(provider: str, read_every: int):
-    """The StepQueue a StepRunner queues its steps on: on CUDA when the loss is read less often than
-    every step, else None (each step waited for)."""
-    if provider != "cuda" or read_every <= 1:
-        return None
-    from onnxcampo.runtime.cudart import cuda_runtime
-    from onnxcampo.training.queue import StepQueue
-
-    return StepQueue(cuda_runtime())
-
-
 class StepRunner:
     """Runs a training-step graph step after step, like ``onnxcampo.training.Trainer``.
 
@@ -251,7 +241,8 @@ class StepRunner:
         starts = initial_state(model)
         del model
         self.read_every = max(1, int(read_every))
-        self._queue = step_queue(provider, self.read_every)
+        # the Trainer's queue (on CUDA) when the loss is read less often than every step
+        self._queue = make_queue(provider, None if self.read_every > 1 else False)
         if self._queue is not None and provider == "cuda":
             cuda_options = {**(cuda_options or {}), "user_compute_stream": str(self._queue.stream)}
         self.session = runtime.make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,

@@ -272,7 +272,7 @@ def test_a_bias_gradient_summed_in_the_kernel_that_writes_it_costs_its_finishing
 
 def test_a_mean_over_the_leading_axes_of_a_fused_output_is_summed_in_its_kernel_too():
     """A ReduceMean (a BatchNorm's statistics) is a BlockReduceSum and a Mul by 1/n once written
-    (reductions rule 8): over the leading axes of a value a predicted group writes, its kernel
+    (reductions rule 7): over the leading axes of a value a predicted group writes, its kernel
     sums it as it does a ReduceSum's."""
     text = BIAS_GRADIENT.replace("[sum] db = ReduceSum <keepdims = 0> (g, axes)",
                                  "[sum] db = ReduceMean <axes = [0], keepdims = 0> (g)")

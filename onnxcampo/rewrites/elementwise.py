@@ -935,7 +935,7 @@ def summed_in_kernel(ctx: GraphContext, node: gs.Node) -> bool:
         return False
     if node.op not in ("ReduceSum", "ReduceMean") or (node.domain or "") not in oplists.DEFAULT_DOMAINS \
             or not node.inputs:
-        return False  # a ReduceMean is a BlockReduceSum and a Mul by 1/n (reductions rule 8)
+        return False  # a ReduceMean is a BlockReduceSum and a Mul by 1/n (reductions rule 7)
     shape = ctx.info.get(node.inputs[0].name)
     rank = len(shape.shape) if shape is not None and shape.shape is not None else 0
     axes = node.attrs.get("axes")

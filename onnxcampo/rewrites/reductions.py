@@ -41,8 +41,7 @@ Runs on the written model, after the precision plan, its Casts and loss scaling,
    gradient, 102 MB at b64 for layer1, read twice before). A chain whose output is a graph
    output keeps its own node.
 
-7. (Reserved: simplify's rule 7 is the split these chains undo.)
-8. A block ReduceMean (rule 1's conditions, ReduceMean for ReduceSum: a training BatchNorm's batch
+7. A block ReduceMean (rule 1's conditions, ReduceMean for ReduceSum: a training BatchNorm's batch
    statistics) is a chain of its own, never continued (rules 2 and 4 do not apply): one
    BlockReduceSum writing the float32 sum and a Mul by ``1 / (P * R)`` writing the mean, then a
    Cast when the mean's type is float16. The sum is float32 whatever the plan: a float16 sum of a
@@ -104,7 +103,7 @@ class _Chain:
     output: str
     reductions: int
     same_as: str | None = None  # rule 6: another chain's output, which this one's readers read
-    mean: bool = False  # rule 8: a ReduceMean's chain (the sum times 1 / (P * R))
+    mean: bool = False  # rule 7: a ReduceMean's chain (the sum times 1 / (P * R))
 
 
 def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | None = None) -> ReductionFusionResult:
@@ -137,7 +136,7 @@ def fuse_reductions(model: onnx.ModelProto, info: dict[str, ir.TensorInfo] | Non
 
 
 def _block(view: GraphView, node: onnx.NodeProto | None) -> tuple[int, int, int] | None:
-    """Rule 1 (and 8: a ReduceMean): the node's [P, Q, R], or None."""
+    """Rule 1 (and 7: a ReduceMean): the node's [P, Q, R], or None."""
     if (node is None or node.op_type not in ("ReduceSum", "ReduceMean") or node.domain not in oplists.DEFAULT_DOMAINS
             or not node.input):
         return None
@@ -176,7 +175,7 @@ def _chain_at(view: GraphView, node: onnx.NodeProto, taken: set[int]) -> tuple[_
         return None
     members, (p, q, r), reductions = [node], sizes, 1
     current = node.output[0]
-    if node.op_type == "ReduceMean":  # rule 8: a chain of its own
+    if node.op_type == "ReduceMean":  # rule 7: a chain of its own
         x, through = _before(view, members, taken, p * q * r)
         if view.dtype(x) not in FLOATS or view.dtype(current) not in FLOATS:
             return None
@@ -247,7 +246,7 @@ def _share(view: GraphView, chains: list[_Chain]) -> None:
 
 
 def _mean_nodes(view: GraphView, chain: _Chain) -> list[onnx.NodeProto]:
-    """Rule 8: the float32 sum, times 1 / (P * R), cast to the mean's type if it is float16."""
+    """Rule 7: the float32 sum, times 1 / (P * R), cast to the mean's type if it is float16."""
     from onnxcampo.ops import nodes as op_nodes
 
     last, (p, _, r) = chain.nodes[-1], chain.sizes

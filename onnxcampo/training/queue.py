@@ -82,9 +82,6 @@ class Loss:
     def __bool__(self) -> bool:
         return bool(self.item())
 
-    def __index__(self):  # not an integer: numpy and range must not take it as one
-        raise TypeError("a Loss is a float, not an index")
-
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.item(), dtype=dtype if dtype is not None else np.float64)
 

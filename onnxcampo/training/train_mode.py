@@ -25,17 +25,18 @@ Its gradient is not left to the chain rule through those nodes (a dozen passes o
 size): onnx-ad differentiates the whole normalization as one node, ``ai.onnxcampo::
 BatchNormTraining`` (a placeholder that only exists while :func:`onnxcampo.training.step.
 build_train_step` differentiates; :func:`lower_batchnorms` then writes the forward above in its
-place), whose reverse rule is the closed form, with ``xhat = D * invstd`` and means over the
-statistics' axes::
+place), whose reverse rule is the closed form, with ``xhat = D * invstd``, sums over the
+statistics' axes and ``n`` the values a channel::
 
     dB     = sum(dY)
     dscale = sum(dY * xhat)
     dX     = (scale * invstd) * (dY - dB / n - xhat * dscale / n)
 
 two reductions and one elementwise pass, the form the fused reductions and elementwise kernels
-take. The forward's statistics stay means (ReduceMean: no float16 sum of a whole channel to
-overflow under an all-float16 plan); ``--fuse-reductions`` makes each one float32 block sum and a
-multiplication by 1/n (``onnxcampo/rewrites/reductions.py``, rule 8) (``tests/training/test_train_mode.py`` checks it against numpy and finite differences).
+take (``tests/training/test_train_mode.py`` checks it against numpy and finite differences). The
+forward's statistics stay means (no float16 sum of a whole channel to overflow under an
+all-float16 plan); ``--fuse-reductions`` makes each one a float32 block sum and a multiplication
+by 1/n (``onnxcampo/rewrites/reductions.py``, rule 7).
 
 ``train`` is the boolean initializer ``onnxcampo.train_mode`` (true). The running statistics
 become state inputs paired with ``<name>.updated`` outputs, updated with ONNX's momentum
@@ -80,6 +81,7 @@ from onnx_ad.rules import reverse_rule
 
 from onnxcampo import ir
 from onnxcampo.errors import ConfigError, UnsupportedModelError
+from onnxcampo.ops import DOMAIN
 from onnxcampo.training.trainable import forward_values
 
 TRAIN_FLAG = "onnxcampo.train_mode"  # bool initializer, True; eval_model takes the Wheres' false branch
@@ -88,7 +90,7 @@ DROPOUT_SEED = "dropout_seed"
 RUNNING_VARS = ("unbiased", "biased")
 UPDATED = ".updated"
 PLACEHOLDER = "BatchNormTraining"  # ai.onnxcampo, only between apply_train_mode and lower_batchnorms
-PLACEHOLDER_DOMAIN = "ai.onnxcampo"
+PLACEHOLDER_DOMAIN = DOMAIN
 
 # The dropout generator: a Weyl sequence x = base + i, then three rounds mod the Mersenne prime
 # P = 2^31 - 1, each product below 2^63 so int64 never overflows: x*A + k2, then x*x + k3, x*x + k2.

@@ -248,6 +248,7 @@ class Trainer:
         self._bound: dict[str, ort.OrtValue] = {}
         self._fixed: dict[str, ort.OrtValue] = {}  # CUDA graphs, each step waited for: the buffers the graphs read
         self._first: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}  # CUDA graphs: the first batch's types
+        self._eval: dict[bool, tuple[ort.InferenceSession, list[str], dict]] = {}  # with labels: session
 
     @property
     def queued(self) -> bool:
@@ -258,7 +259,6 @@ class Trainer:
         """Wait until every queued step is done (nothing to wait for when steps are not queued)."""
         if self._queue is not None:
             self._queue.drain()
-        self._eval: dict[bool, tuple[ort.InferenceSession, list[str], dict]] = {}  # with labels: session
 
     def step(self, batch: Mapping[str, object]) -> Loss | None:
         """One update on ``batch`` (the forward inputs plus ``labels``); returns its loss, a
@@ -432,10 +432,11 @@ class Trainer:
         for name, array in uploads.items():
             queue.upload(buffers[name], array)
         if copies:
-            # OrtValues in CUDA memory were written on the legacy stream (ORT's copies from the host)
             owners = {value.stream if isinstance(value, DeviceArray) else LEGACY_STREAM
                       for value in values.values() if is_device(value)}
-            queue.after(_producers(values.values()) | ({LEGACY_STREAM} if LEGACY_STREAM in owners else set()))
+            # ORT writes its OrtValues in CUDA memory on the legacy stream (its copies from the host)
+            ort_values = any(isinstance(value, ort.OrtValue) for value in values.values() if is_device(value))
+            queue.after(_producers(values.values()) | ({LEGACY_STREAM} if ort_values else set()))
             for to, source, nbytes in copies:
                 queue.copy(to, source, nbytes)
             queue.release(owners)  # the owners write (or reuse) the memory on their streams only after these reads
@@ -515,7 +516,6 @@ class Trainer:
                 self._queue.upload(value, arrays[name].astype(np.float32, copy=False))
             else:
                 value.update_inplace(np.ascontiguousarray(arrays[name]))
-        self.synchronize()
         self.steps, self.lr = steps, lr
 
     @property

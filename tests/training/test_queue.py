@@ -199,3 +199,14 @@ def test_the_pinned_slots_go_with_the_queue_and_a_refusing_runtime_raises_nothin
     queue = StepQueue(Refusing(), device="cpu", slots=4)
     del queue
     gc.collect()  # nothing raised, nothing printed by the finalizer
+
+
+def test_evaluate_keeps_its_session_between_calls(step):
+    """The evaluation session is made once per kind (with or without labels) and reused."""
+    forward, model = step
+    trainer = Trainer(model, weights=initial_weights(forward, model))
+    trainer.evaluate({"x": X})
+    session = trainer._eval[False][0]
+    trainer.step(_batches(1)[0])
+    trainer.evaluate({"x": X})
+    assert trainer._eval[False][0] is session
