@@ -17,7 +17,7 @@
 #            custom op's CUDA kernels against their CPU kernels and numpy references, the
 #            side-by-side timings (figures as JSON in $OUT/checks/<test module>.json), the Trainer
 #            on the device. CHECKS (pytest's arguments) narrows them, e.g. to the modules a cut
-#            run did not reach                                                             (~7 min)
+#            run did not reach; CHECKS_LIMIT_S (default 590) bounds them                   (~7 min)
 #   policies every policy end to end on CUDA (tests/gpu/test_policies_cuda.py: the MLP block,
 #            BERT-base and GPT-2 exported there), figures in $OUT/policies/               (~5 min)
 #   calibrate  this GPU's cost database by `onnxcampo costdb calibrate` (timed), written as
@@ -89,7 +89,7 @@ stage() {  # stage NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT
 run_checks() {
   # -P: the installed onnxcampo (/tmp/oc), not the checkout's folder (which lacks onnxcampo.costdb);
   # ONNXCAMPO_GPU_REQUIRED: a missing CUDA provider or kernel fails the tests instead of skipping them
-  ONNXCAMPO_GPU_RESULTS=$OUT/checks ONNXCAMPO_GPU_REQUIRED=1 stage checks 590 python3 -P -m pytest -m gpu -q \
+  ONNXCAMPO_GPU_RESULTS=$OUT/checks ONNXCAMPO_GPU_REQUIRED=1 stage checks "${CHECKS_LIMIT_S:-590}" python3 -P -m pytest -m gpu -q \
     ${CHECKS:-tests/gpu --ignore=tests/gpu/test_policies_cuda.py}
 }
 
