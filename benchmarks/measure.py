@@ -243,6 +243,8 @@ class StepRunner:
         self.read_every = max(1, int(read_every))
         # the Trainer's queue (on CUDA) when the loss is read less often than every step
         self._queue = make_queue(provider, None if self.read_every > 1 else False)
+        if self._queue is not None:
+            self._queue.keep(self)  # the session goes after the steps queued on it
         if self._queue is not None and provider == "cuda":
             cuda_options = {**(cuda_options or {}), "user_compute_stream": str(self._queue.stream)}
         self.session = runtime.make_session(step_path, provider=provider, tf32=tf32, profiling=profiling,

@@ -73,6 +73,8 @@ export PYTHONPATH=/tmp/ortgpu:/tmp/oc:/tmp/benchpkgs:${PYTHONPATH:-}
 export ONNXCAMPO_OPS_LIBRARY=${ONNXCAMPO_OPS_LIBRARY:-$PWD/onnxcampo/ops/lib/libonnxcampo_ops.so}
 export ONNXCAMPO_KERNEL_CACHE=${ONNXCAMPO_KERNEL_CACHE:-/tmp/onnxcampo-kernels}
 WHEELS=${WHEELS:-/tmp/bw}
+# onnx-ad (a dependency the image lacks; onnxcampo is installed there with --no-deps) from the bench wheels
+python3 -c "import onnx_ad" 2>/dev/null || python3 -m pip install -q --no-deps --no-index --target /tmp/oc "$WHEELS"/onnx_ad-*.whl
 
 stage() {  # stage NAME LIMIT_S COMMAND...: runs COMMAND with its output in $OUT/NAME/log
   local name=$1 limit=$2

@@ -52,3 +52,16 @@ def test_license_and_metadata():
     assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
     assert any(c.startswith("Programming Language :: Python :: 3") for c in PROJECT["classifiers"])
     assert PROJECT["urls"]
+
+
+def test_every_package_folder_ships():
+    """Each folder with an ``__init__.py`` under the shipped trees is a listed package: one left
+    out installs without it, and its importers fail only where the package is installed."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {"onnxcampo": ROOT / "onnxcampo", **{name: ROOT / path for name, path in setuptools["package-dir"].items()}}
+    found = set()
+    for name, folder in roots.items():
+        for init in folder.rglob("__init__.py"):
+            parts = init.parent.relative_to(folder).parts
+            found.add(".".join((name, *parts)))
+    assert found - set(setuptools["packages"]) == set()

@@ -219,6 +219,8 @@ class Trainer:
                            "stream (%s)", str(exc).splitlines()[0])
             self._queue = None
             self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto)
+        if self._queue is not None:
+            self._queue.keep(self)  # the sessions go after the steps queued on them
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
         # Our own copies: on the CPU an OrtValue borrows the numpy array's memory, so the caller's
         # arrays must not be bound (steps would overwrite them) and ours must outlive the buffers.
@@ -445,6 +447,8 @@ class Trainer:
         """cuda_graph=None and a CUDA-graph run failed in the first steps: plain runs from now on."""
         logger.warning("Trainer: a step failed as a CUDA graph (%s); running steps node by node from now on "
                        "(cuda_graph=False skips the attempt)", str(cause).splitlines()[0] if cause else "?")
+        if self._queue is not None:
+            self._queue.retire(self.session)
         self.session = None  # the capturing session goes before the plain one comes
         self._graph, self._bound, self._fixed, self._first = None, {}, {}, {}
         self.session = _make(self.model, self.provider, self._queue)

@@ -210,3 +210,24 @@ def test_evaluate_keeps_its_session_between_calls(step):
     trainer.step(_batches(1)[0])
     trainer.evaluate({"x": X})
     assert trainer._eval[False][0] is session
+
+
+def test_a_trainer_waits_for_its_queued_steps_before_its_sessions_go(step, forced):
+    """ORT returns a run's pinned staging buffers from a callback on the stream; a session (and
+    with it that allocator) dropped while its steps are queued would leave the callback to free
+    the pinned memory, which CUDA forbids there (the process aborts). So the queue is drained
+    before a Trainer's sessions go: when it is collected, and when it leaves CUDA graphs."""
+    import gc
+
+    forward, model = step
+    trainer = Trainer(model, weights=initial_weights(forward, model))
+    trainer.step(_batches(1)[0])
+    forced.calls.clear()
+    session = trainer.session
+    trainer._leave_graphs(RuntimeError("replay failed"))
+    assert forced.syncs() == 1 and trainer.session is not session
+    forced.calls.clear()
+    trainer.step(_batches(1)[0])
+    del trainer, session
+    gc.collect()
+    assert forced.syncs() == 1
