@@ -241,8 +241,8 @@ class StepRunner:
         starts = initial_state(model)
         del model
         self.read_every = max(1, int(read_every))
-        # the Trainer's queue (on CUDA) when the loss is read less often than every step
-        self._queue = make_queue(provider, None if self.read_every > 1 else False)
+        # the Trainer's queue (on CUDA under CUDA graphs) when the loss is read less often than every step
+        self._queue = make_queue(provider, None if self.read_every > 1 else False, cuda_graph)
         if self._queue is not None:
             self._queue.keep(self)  # the session goes after the steps queued on it
         if self._queue is not None and provider == "cuda":

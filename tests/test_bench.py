@@ -331,7 +331,7 @@ def test_a_step_runner_reading_every_third_loss_queues_the_steps_between(tmp_pat
     expected = [waited() for _ in range(7)]
     fake = FakeRuntime()
     monkeypatch.setattr(bench_measure, "make_queue",
-                        lambda provider, queued: None if queued is False else StepQueue(fake, device="cpu"))
+                        lambda provider, queued, cuda_graph=True: None if queued is False else StepQueue(fake, device="cpu"))
     runner = bench_measure.StepRunner(path, weights=weights, batch=batch, provider="cpu", read_every=3)
     got = [runner() for _ in range(7)]
     assert [g is None for g in got] == [True, True, False, True, True, False, True]

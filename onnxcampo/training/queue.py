@@ -23,10 +23,8 @@ How (:class:`StepQueue`):
    it) come after them.
 5. Anything that reads or writes the Trainer's state from the host (``state_dict``, checkpoints,
    ``evaluate``, ``loss_scale``) first waits for the queued steps.
-6. A session goes only after the steps queued on it are done (:meth:`StepQueue.keep`): ONNX
-   Runtime hands a run's pinned staging buffers back to its allocator from a callback on the
-   stream, and that callback must not be the allocator's last owner (freeing pinned memory is a
-   CUDA call, which a stream callback may not make: the process aborts).
+6. Only steps replayed as CUDA graphs are queued on CUDA (:mod:`onnxcampo.training.trainer`),
+   and a session goes only after the steps queued on it are done (:meth:`StepQueue.keep`).
 
 On the CPU provider a step runs to its end before :meth:`Trainer.step` returns and the
 :class:`Loss` holds its value.
@@ -225,11 +223,6 @@ class StepQueue:
         """Drain the queue before ``owner`` (a Trainer) and the sessions it holds go (module
         docstring, 6); at exit too, before the sessions are torn down."""
         weakref.finalize(owner, _drain_quietly, self)
-
-    def retire(self, session: object) -> None:
-        """Drain the queue before ``session``, about to be dropped, goes (module docstring, 6)."""
-        if session is not None:
-            self.drain()
 
 
 def _drain_quietly(queue: StepQueue) -> None:

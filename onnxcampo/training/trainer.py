@@ -11,11 +11,15 @@ is copied into them before each step) and each of the two ping-pong bindings is 
 into its own CUDA graph (run option ``gpu_graph_id``), so a step costs one graph launch instead
 of one host dispatch per node.
 
-Queued steps (:mod:`onnxcampo.training.queue`): on provider "cuda", :meth:`Trainer.step` returns
-once the step is queued on the GPU, with a :class:`~onnxcampo.training.queue.Loss` that is read
-(and waited for) when it is converted, so the host prepares the next steps while the GPU runs
-this one, as a PyTorch loop does. The batch and ``lr`` are then copied into fixed device buffers
-on the Trainer's stream. ``queued=False`` waits for every step instead.
+Queued steps (:mod:`onnxcampo.training.queue`): on provider "cuda" under CUDA graphs,
+:meth:`Trainer.step` returns once the step is queued on the GPU, with a
+:class:`~onnxcampo.training.queue.Loss` that is read (and waited for) when it is converted, so the
+host prepares the next steps while the GPU runs this one, as a PyTorch loop does. The batch and
+``lr`` are then copied into fixed device buffers on the Trainer's stream. ``queued=False`` waits
+for every step instead. Steps run node by node are waited for: ONNX Runtime's CUDA provider, run
+on a stream of the caller's, hands its pinned staging memory back from a callback on that stream,
+and once the session is gone that callback frees the memory itself, which CUDA forbids there
+(the process aborts); under CUDA graphs it frees that memory on the host.
 
 Batches may already be on the device (:mod:`onnxcampo.training.batches`): OrtValues are bound
 as they are, CUDA memory (torch CUDA tensors, CuPy arrays, DLPack) is bound by its pointer, and
@@ -111,15 +115,23 @@ def _session(model: onnx.ModelProto, provider: str, graph: bool, auto: bool,
 
 
 def _make(model: onnx.ModelProto, provider: str, queue: StepQueue | None, *, cuda_graph: bool = False) -> ort.InferenceSession:
-    """A session of the Trainer's: on the queue's stream when its steps are queued on the GPU."""
-    stream = {"user_compute_stream": str(queue.stream)} if queue is not None and provider == "cuda" else None
+    """A session of the Trainer's: on the queue's stream when its steps are queued on the GPU
+    (CUDA graphs only: module docstring), else on ONNX Runtime's own."""
+    on_queue = queue is not None and provider == "cuda" and cuda_graph
+    stream = {"user_compute_stream": str(queue.stream)} if on_queue else None
     return make_session(model, provider=provider, cuda_graph=cuda_graph, cuda_options=stream)
 
 
-def make_queue(provider: str, queued: bool | None) -> StepQueue | None:
-    """The Trainer's :class:`StepQueue`: on provider "cuda" unless ``queued=False``; ``queued=True``
-    insists (a ConfigError on another provider, a CampoError without a CUDA runtime)."""
+def make_queue(provider: str, queued: bool | None, cuda_graph: bool = True) -> StepQueue | None:
+    """The Trainer's :class:`StepQueue`: on provider "cuda" under CUDA graphs (``cuda_graph``: the
+    steps may be replayed) unless ``queued=False``; ``queued=True`` insists (a ConfigError on
+    another provider or without CUDA graphs, a CampoError without a CUDA runtime)."""
     if queued is not None and not queued:
+        return None
+    if provider == "cuda" and not cuda_graph:
+        if queued:
+            raise ConfigError("queued steps on CUDA need CUDA graphs (cuda_graph=None or True): steps run node by "
+                              "node are waited for")
         return None
     if provider != "cuda":
         if queued:
@@ -163,9 +175,11 @@ class Trainer:
     ``partial_batch``: a batch with fewer rows than the step graph's (a loader's last one) is one
     ConfigError naming the sizes (``"error"``, default) or a skipped step (``"drop"``); the step
     graph's shapes are static, so it cannot run as it is (:mod:`onnxcampo.training.batches`).
-    ``queued``: on provider "cuda" (``None``, default, or ``True``) :meth:`step` returns once the
-    step is queued and its :class:`~onnxcampo.training.queue.Loss` waits when read; ``False``
-    waits for each step. ``self.queued`` says what was chosen.
+    ``queued``: on provider "cuda" under CUDA graphs (``None``, default, or ``True``) :meth:`step`
+    returns once the step is queued and its :class:`~onnxcampo.training.queue.Loss` waits when
+    read; ``False`` waits for each step, as do steps run node by node (module docstring;
+    ``queued=True`` with ``cuda_graph=False`` is a ConfigError). ``self.queued`` says what was
+    chosen.
 
     ``self.lr`` is the learning rate the next step uses (an input of the step graph, read at
     every step): set it between steps for a schedule (:mod:`onnxcampo.training.schedules`).
@@ -209,7 +223,7 @@ class Trainer:
         if not graph:
             logger.info("Trainer: steps run node by node, not as CUDA graphs: %s", why)
         self._auto = cuda_graph is None
-        self._queue = make_queue(provider, queued)
+        self._queue = make_queue(provider, queued, graph)
         try:
             self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto, self._queue)
         except (ModelLoadError, *_ORT_ERRORS) as exc:
@@ -219,6 +233,11 @@ class Trainer:
                            "stream (%s)", str(exc).splitlines()[0])
             self._queue = None
             self.session, self.cuda_graph = _session(self.model, provider, graph, self._auto)
+        if self._queue is not None and provider == "cuda" and not self.cuda_graph:
+            if queued:
+                raise ConfigError("queued steps on CUDA need CUDA graphs, and ONNX Runtime could not capture this "
+                                  "step graph (queued=None waits for each step instead)")
+            self._queue = None  # node by node: waited steps (module docstring)
         if self._queue is not None:
             self._queue.keep(self)  # the sessions go after the steps queued on them
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in self.model.graph.input}
@@ -448,7 +467,9 @@ class Trainer:
         logger.warning("Trainer: a step failed as a CUDA graph (%s); running steps node by node from now on "
                        "(cuda_graph=False skips the attempt)", str(cause).splitlines()[0] if cause else "?")
         if self._queue is not None:
-            self._queue.retire(self.session)
+            self._queue.drain()
+            if self.provider == "cuda":
+                self._queue = None  # node by node: waited steps (module docstring)
         self.session = None  # the capturing session goes before the plain one comes
         self._graph, self._bound, self._fixed, self._first = None, {}, {}, {}
         self.session = _make(self.model, self.provider, self._queue)
@@ -465,14 +486,12 @@ class Trainer:
         if with_loss not in self._eval:
             model = eval_model(self.model, with_loss=with_loss)
             names = [o.name for o in model.graph.output]
-            self._eval[with_loss] = (_make(model, self.provider, self._queue), names, input_specs(model))
+            self._eval[with_loss] = (_make(model, self.provider, None), names, input_specs(model))  # ORT's stream
         session, names, inputs = self._eval[with_loss]
         expected = [name for name in inputs if name in self.spec.batch]
         values = self._values(batch, inputs, expected, drop=False, evaluating=True)
         feeds = {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, DEVICE_ID) if isinstance(value, np.ndarray)
                  else value for name, value in values.items()}
-        if self._queue is not None:  # the session runs on the queue's stream: after the legacy stream's copies
-            self._queue.after({LEGACY_STREAM})
         binding = session.io_binding()
         for name, value in feeds.items():
             if isinstance(value, DeviceArray):

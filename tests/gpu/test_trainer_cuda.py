@@ -8,8 +8,9 @@
    Trainer must wait for that stream), tensors seen through DLPack alone; CuPy arrays (torch and
    CuPy variants skip without them); torch tensors overwritten with NaN on torch's stream right
    after each step returns (the queued step must have read them first). The reference waits for
-   each step (``queued=False``); the variants queue their steps (the default on CUDA) unless named
-   "waited", and their losses are read after the last step. Every variant's losses within 1e-4 of
+   each step (``queued=False``); the CUDA-graph variants queue their steps (the default on CUDA)
+   unless named "waited", the node-by-node ones are waited for (onnxcampo.training.trainer), and
+   their losses are read after the last step. Every variant's losses within 1e-4 of
    the reference's, steps replayed as asked, device batches read without a host copy; the step
    times are recorded.
    Wrong device batches (float64, transposed, requiring grad) are one-line ConfigErrors.
@@ -145,7 +146,7 @@ def test_every_batch_kind_and_graph_mode_trains_as_the_reference(device, wide, r
     assert np.isfinite(losses).all() and float((gap / np.abs(reference[0])).max()) <= RTOL
     wanted = (cuda_graph if cuda_graph is not None else True) and device.cuda  # static shapes on CUDA: graphs
     assert trainer.cuda_graph == wanted
-    assert trainer.queued == (device.cuda and queued is not False)
+    assert trainer.queued == (device.cuda and queued is not False and trainer.cuda_graph)  # node by node: waited
     if kind != "numpy":
         assert all(v != "ndarray" for v in how.values()), how
 

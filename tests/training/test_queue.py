@@ -29,7 +29,7 @@ def forced(monkeypatch):
     """Trainers made now queue their steps on the CPU through a FakeRuntime (the runtime returned)."""
     runtime = FakeRuntime()
     monkeypatch.setattr(trainer_module, "make_queue",
-                        lambda provider, queued: None if queued is False else StepQueue(runtime, device="cpu", slots=8))
+                        lambda provider, queued, cuda_graph=True: None if queued is False else StepQueue(runtime, device="cpu", slots=8))
     return runtime
 
 
@@ -231,3 +231,21 @@ def test_a_trainer_waits_for_its_queued_steps_before_its_sessions_go(step, force
     del trainer, session
     gc.collect()
     assert forced.syncs() == 1
+
+
+def test_on_cuda_only_steps_replayed_as_cuda_graphs_queue(monkeypatch):
+    """ORT's CUDA provider on a caller's stream frees a node-by-node run's pinned staging memory
+    from a stream callback once the session is gone (the process aborts): such steps are waited
+    for, their sessions (and evaluation's) on ORT's own stream; a CUDA-graph session runs on the
+    queue's stream."""
+    made = []
+    monkeypatch.setattr(trainer_module, "make_session", lambda model, **kw: made.append(kw.get("cuda_options")))
+    queue = StepQueue(FakeRuntime(), device="cpu", slots=4)
+    trainer_module._make(None, "cuda", queue, cuda_graph=False)
+    trainer_module._make(None, "cuda", queue, cuda_graph=True)
+    trainer_module._make(None, "cuda", None, cuda_graph=True)
+    assert made == [None, {"user_compute_stream": str(queue.stream)}, None]
+    assert trainer_module.make_queue("cuda", None, cuda_graph=False) is None
+    assert trainer_module.make_queue("cuda", False, cuda_graph=True) is None
+    with pytest.raises(ConfigError, match="CUDA graphs"):
+        trainer_module.make_queue("cuda", True, cuda_graph=False)
