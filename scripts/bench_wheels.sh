@@ -16,9 +16,12 @@ plat="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platfo
 # nvidia-ml-py (pynvml), which modelopt.onnx imports and the GPU image may lack;
 # onnxconverter-common (pure Python); onnx-ad in case the onnxcampo install there lacks it;
 # onnx2torch (pure Python: the PyTorch twins of the corpus models), which needs torch and imports
-# torchvision when imported (its NMS and RoiAlign converters): the GPU image has both.
+# torchvision when imported (its NMS and RoiAlign converters): the GPU image has both;
+# onnxscript, onnx-ir and ml-dtypes: torch.onnx's default (dynamo) exporter, which
+# onnxcampo.training.export uses for the training benchmarks' models.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $plat -d "$dest" \
   nvidia-modelopt==0.47.0 lief==1.0.0 polygraphy==0.53.6 onnxslim==0.1.98 onnx-graphsurgeon==0.6.1 \
-  onnxconverter-common==1.16.0 onnx-ad==0.3.0 nvidia-ml-py==13.615.71 onnx2torch==1.5.15
+  onnxconverter-common==1.16.0 onnx-ad==0.3.0 nvidia-ml-py==13.615.71 onnx2torch==1.5.15 \
+  onnxscript==0.7.2 onnx-ir==1.1.0 ml-dtypes==0.7.0
 ls -l "$dest"
 du -sh "$dest"
