@@ -113,16 +113,29 @@ def _inference_mode(step: onnx.ModelProto) -> onnx.ModelProto:
     """``step`` with each ``Where(onnxcampo.train_mode, a, b)`` an ``Identity(b)``, and the flag
     false for any other node that reads it (one an optimizer fused a Where into); a copy, or the
     step itself when it has no training-mode nodes."""
+    return _switched(step, False)
+
+
+def training_mode(step: onnx.ModelProto) -> onnx.ModelProto:
+    """``step`` with each ``Where(onnxcampo.train_mode, a, b)`` an ``Identity(a)`` (ONNX Runtime
+    removes those; the Wheres would each be a kernel of a few values a step, two per
+    BatchNormalization); a copy, or the step itself when it has no training-mode nodes. The
+    session that runs the steps runs this; :func:`eval_model` still switches the written step."""
+    return _switched(step, True)
+
+
+def _switched(step: onnx.ModelProto, train: bool) -> onnx.ModelProto:
     if not any(t.name == TRAIN_FLAG for t in step.graph.initializer):
         return step
     model = onnx.ModelProto()
     model.CopyFrom(step)
     for node in model.graph.node:
         if node.op_type == "Where" and node.input[0] == TRAIN_FLAG:
-            node.CopyFrom(helper.make_node("Identity", [node.input[2]], list(node.output), name=node.name))
+            node.CopyFrom(helper.make_node("Identity", [node.input[1 if train else 2]], list(node.output),
+                                           name=node.name))
     flag = next(t for t in model.graph.initializer if t.name == TRAIN_FLAG)
-    flag.CopyFrom(numpy_helper.from_array(np.array(False), TRAIN_FLAG))
+    flag.CopyFrom(numpy_helper.from_array(np.array(train), TRAIN_FLAG))
     return model
 
 
-__all__ = ["eval_model", "prediction_name"]
+__all__ = ["eval_model", "prediction_name", "training_mode"]

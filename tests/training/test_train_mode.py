@@ -156,6 +156,9 @@ def test_evaluate_uses_the_running_statistics_and_state_dict_holds_them():
     assert with_loss["loss"] == pytest.approx(np.mean((eval_reference(params, running, X) - LABELS) ** 2), rel=1e-4)
     ops = [n.op_type for n in eval_model(trainer.model, with_loss=False).graph.node]
     assert "Where" not in ops and ops.count("ReduceMean") == 1  # the model's own, over H and W
+    # the step session runs the switches resolved (no Where kernel per BatchNorm); the written step keeps them
+    assert not [n for n in trainer._stepping.graph.node if n.op_type == "Where" and TRAIN_FLAG in n.input]
+    assert [n for n in trainer.model.graph.node if n.op_type == "Where" and TRAIN_FLAG in n.input]
 
 
 def test_evaluate_reads_the_flag_as_false_where_no_where_reads_it():
