@@ -2,9 +2,10 @@
 # The GPU work as one sequence of stages, for the GPU machine (../shared/device/README.md: 30
 # minutes of device time a session, the machine handed back after ~30 s idle, /tmp kept between
 # runs that follow each other). Run from the repository root there, after onnxruntime-gpu is
-# installed into /tmp/ortgpu (with pytest: ORT_GPU_EXTRA="pytest==9.2.0 pluggy==1.7.0
-# iniconfig==2.3.1 pygments==2.21.0" for prepare-ort-gpu.sh), the bench wheels copied to /tmp/bw
-# and onnxcampo installed into /tmp/oc (the install runs: docs/benchmarks/training-steps.md, "Commands"):
+# installed into /tmp/ortgpu (the wheel pruned to sm_90 by scripts/prune_ort_gpu.py: two runs; with
+# pytest: ORT_GPU_EXTRA="pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0" for
+# prepare-ort-gpu.sh, and the onnx-ad wheel copied into .ortgpu-install/), the bench wheels copied to
+# /tmp/bw and onnxcampo installed into /tmp/oc (docs/benchmarks/README.md, "Preparing" and "Running"):
 #
 #   bash scripts/gpu_session.sh STAGE [STAGE ...]      results under $OUT/<stage>/
 #
