@@ -13,7 +13,8 @@
    their losses are read after the last step. Every variant's losses within 1e-4 of
    the reference's, steps replayed as asked, device batches read without a host copy; the step
    times are recorded.
-   Wrong device batches (float64, transposed, requiring grad) are one-line ConfigErrors.
+   Wrong device batches (float64, transposed, requiring grad) are one-line ConfigErrors. Trainers
+   dropped while in use and at exit leave the process to end normally.
 2. Training features (tests/cases/training.py): BatchNorm and Dropout in training mode,
    evaluate, checkpoints and resume, a learning-rate schedule, partial batches, for the fp32 step
    graph and the campo and fp16 plans; on CUDA every check passes, and every loss and the final
@@ -149,6 +150,45 @@ def test_every_batch_kind_and_graph_mode_trains_as_the_reference(device, wide, r
     assert trainer.queued == (device.cuda and queued is not False and trainer.cuda_graph)  # node by node: waited
     if kind != "numpy":
         assert all(v != "ndarray" for v in how.values()), how
+
+
+_LIFETIMES = """
+import gc, sys
+import numpy as np
+from onnxcampo.examples.training_mlp import wide_mlp
+from onnxcampo.training import Trainer, build_train_step, initial_weights
+device = sys.argv[1]
+forward = wide_mlp()
+step = build_train_step(forward, loss="mse", optimizer="adamw", lr=1e-3, fused=False)
+weights = initial_weights(forward, step)
+batch = {"x": np.ones((256, 512), np.float32), "labels": np.zeros((256, 64), np.float32)}
+kept = []
+for graph in (False, True, False, True):
+    trainer = Trainer(step, weights=weights, provider=device, cuda_graph=graph and device == "cuda")
+    losses = [trainer.step(batch) for _ in range(5)]
+    trainer.evaluate(batch)
+    if graph:
+        kept.append(trainer)  # goes at exit, its last steps unread
+    else:
+        float(losses[-1])
+        del trainer, losses
+        gc.collect()
+print("done", flush=True)
+"""
+
+
+def test_trainers_and_their_sessions_go_without_aborting_the_process(device):
+    """Trainers dropped while in use and at exit, node by node and as CUDA graphs, evaluation
+    sessions included, in a process of their own: it ends normally. (ONNX Runtime's CUDA provider
+    on a caller's stream frees a node-by-node run's pinned staging memory from a stream callback
+    once the session is gone, which aborts the process: such steps are not run on the Trainer's
+    stream, onnxcampo.training.trainer.)"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-P", "-c", _LIFETIMES, device.name], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "done" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
 def test_wrong_device_batches_are_one_line_config_errors(device, wide):
