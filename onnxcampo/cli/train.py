@@ -55,8 +55,8 @@ def add_parser(sub) -> list[argparse.ArgumentParser]:
                          "more each step, so a run is reproduced by its seed; a checkpoint restores it)")
     running.add_argument("--log-every", type=int, default=None, metavar="N",
                          help="read the losses every N steps: print the last, write them to --log, stop on a diverged "
-                              "loss (default: 20 times in a run). On CUDA the steps in between queue on the GPU without "
-                              "waiting for each other; --log-every 1 waits for every step")
+                              "loss (default: 20 times in a run). On CUDA, replayed as CUDA graphs, the steps in between queue "
+                              "on the GPU without waiting for each other; --log-every 1 waits for every step")
     state.add_argument("--log", type=Path, metavar="LOG.jsonl",
                        help="one JSON line per step: step, loss (and lr under a schedule; loss_scale on the lines where "
                             "the losses are read, --log-every)")
