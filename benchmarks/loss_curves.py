@@ -58,7 +58,8 @@ from onnxcampo.benchmarks import policies as pol
 log = logging.getLogger("loss_curves")
 from onnxcampo.benchmarks import ROOT
 DEFAULT_MODELS = ("bert", "gpt2", "resnet50")
-DEFAULT_POLICIES = (pol.REFERENCE, "fp32", "amp-graph", "campo-graph", "campo-fused-graph", "campo-fused-cl-graph")
+DEFAULT_POLICIES = (pol.REFERENCE, "fp32", "amp-graph", "campo-graph", "campo-fused-graph", "campo-fused-cl-graph",
+                    "campo-fused-cl-means-graph")
 TOLERANCE = 0.02
 WINDOW = 10
 TAIL = 50

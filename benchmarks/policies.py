@@ -30,6 +30,9 @@ Inference (ONNX Runtime):
     campo-fused-bnsums-graph, campo-fused-cl-bnsums-graph  campo-fused-graph and campo-fused-cl-graph
                     with ``batchnorm_sums``: a training BatchNorm's sums as BatchNormStats /
                     BatchNormGradSums nodes (one pass each pair): their A/B
+    campo-fused-means-graph, campo-fused-cl-means-graph  campo-fused-graph and campo-fused-cl-graph
+                    with ``means_end_deny``: deny propagation ends at a sum scaled to a mean (a
+                    training BatchNorm's backward then plans by cost): their A/B
     campo-fused-cl-graph, fp16-fused-cl-graph, campo-fused-cl  campo-fused-graph, fp16-fused-graph and
                     campo-fused with ``channels_last`` (the convolutions as ai.onnxcampo's NHWC ops,
                     their activations channels-last: onnxcampo.rewrites.layout)
@@ -97,7 +100,8 @@ GRAPH_POLICIES = ("fp32-graph", "amp-graph", "fp16-graph", "campo-graph", "campo
                   "campo-fused-norows-graph", "campo-fused-cl-graph", "fp16-fused-cl-graph",
                   "campo-fused-cl-nostem-graph", "campo-fused-cl-stem4-graph", "campo-fused-cl-stem8-graph",
                   "campo-fused-nosums-graph", "campo-fused-cl-nosums-graph", "campo-auto-graph",
-                  "campo-static-graph", "fp32-fused-graph", "campo-fused-bnsums-graph", "campo-fused-cl-bnsums-graph")
+                  "campo-static-graph", "fp32-fused-graph", "campo-fused-bnsums-graph", "campo-fused-cl-bnsums-graph",
+                  "campo-fused-means-graph", "campo-fused-cl-means-graph")
 # Training policies whose step graph is built otherwise than the group's (build_train_step's
 # options): campo-fused-cudnn-graph is campo-fused-graph on a step whose Conv weight gradients are
 # ai.onnxcampo::ConvWeightGrad (cuDNN's backward filter), campo-fused-gemm-graph on one whose are
@@ -164,6 +168,11 @@ ONNXCAMPO = {"amp": {"policy": "amp"}, "fp16": {"policy": "fp16"}, "campo": {"po
                                           "experimental": {"batchnorm_sums": True}, **FUSIONS},
              "campo-fused-cl-bnsums-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
                                              "experimental": {"batchnorm_sums": True}, **FUSIONS},
+             # the same with deny propagation ended at means (means_end_deny): their A/B
+             "campo-fused-means-graph": {"policy": "campo", "execution": "cuda-graph",
+                                         "experimental": {"means_end_deny": True}, **FUSIONS},
+             "campo-fused-cl-means-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True,
+                                            "experimental": {"means_end_deny": True}, **FUSIONS},
              # the convolutions channels-last (onnxcampo.rewrites.layout), with both fusions
              "campo-fused-cl": {"policy": "campo", "channels_last": True, **FUSIONS},
              "campo-fused-cl-graph": {"policy": "campo", "execution": "cuda-graph", "channels_last": True, **FUSIONS},

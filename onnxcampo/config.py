@@ -81,6 +81,13 @@ class ExperimentalOptions:
             (``onnxcampo.rewrites.batch_norm``). Off by default: the plan does not price it and no GPU
             measurement shows it faster (``tests/gpu/test_batch_norm_cuda.py`` checks and times its
             kernels; the benchmark's ``campo-fused(-cl)-bnsums-graph`` times the steps).
+        means_end_deny: in campo's deny propagation (``onnxcampo.passes.deny_propagation``, rule
+            3), a ReduceSum's product with a constant no larger than one over the values summed (a
+            mean; a training BatchNorm's backward takes two) stays fp32 and ends the walk, so what
+            it feeds is left to the cost passes instead of staying fp32. Off by default: no GPU
+            measurement shows it faster or as accurate (the benchmark's
+            ``campo-fused-cl-means-graph``; the torchvision ResNet-50 b64 training step with the
+            H100 database is predicted 31.9 ms as campo, 26.6 ms all fp16).
         fuse_column_sums: with both fusions, a BlockReduceSum of column sums (a bias gradient) of
             a FusedElementwise node's output becomes that node's ``column_sums`` (its CUDA kernel
             adds the values as it stores them; ``onnxcampo.rewrites.elementwise`` rule 4). ``False``
@@ -118,6 +125,7 @@ class ExperimentalOptions:
     yield_to_ort_fusions: bool = False
     fuse_row_gradients: bool = True
     batchnorm_sums: bool = False
+    means_end_deny: bool = False
     fuse_column_sums: bool = True
     channels_last_stem: int = 4
     check_invariants: bool = False

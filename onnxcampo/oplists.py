@@ -148,6 +148,9 @@ CLEAR = _ops(_DATA_MOVEMENT, _SELECTION, _DATA_MOVEMENT_MS)
 DATA_MOVEMENT = _ops(_DATA_MOVEMENT)
 # data movement that only re-shapes (same elements, same order): patterns look through these
 SHAPE_ONLY = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten"})
+# deny propagation's rule 3 (``experimental.means_end_deny``): a sum scaled down to a mean
+MEAN_SUMS = frozenset({"ReduceSum"})
+MEAN_SCALES = frozenset({"Mul"})
 
 # --- NEUTRAL: read any float precision, produce no float -----------------------------------
 # Cast is neutral on its input side only; its float output follows the plan (its `to` changes).

@@ -49,7 +49,7 @@
 #            steps on both sides                                                         (~4 min)
 #   targets  the training targets in three rotations (the benchmarks' rotate, one process a
 #            model, the loss read every 10 steps on both sides): campo with every fusion
-#            (ResNet-50 NCHW and channels-last) against the fp16 plan with them and
+#            (ResNet-50 NCHW and channels-last; channels-last with means_end_deny too) against the fp16 plan with them and
 #            torch.compile replayed (reduce-overhead; AMP, channels_last for ResNet-50), the fp32
 #            step with the fusions against torch.compile fp32; the transformers also against
 #            greedy amp; ROTATE_ROUNDS (default 5)                                         (~8 min)
@@ -183,7 +183,7 @@ run_rotate() {
 run_targets() {
   local rounds=${ROTATE_ROUNDS:-5}
   stage targets 590 python3 -P -m onnxcampo.benchmarks rotate --model resnet50 --wheels "$WHEELS" --rounds "$rounds" \
-    --policies campo-fused-cl-graph,campo-fused-graph,fp16-fused-cl-graph,fp32-fused-graph,torch-compile-graph-amp-cl,torch-compile-graph-cl \
+    --policies campo-fused-cl-graph,campo-fused-cl-means-graph,campo-fused-graph,fp16-fused-cl-graph,fp32-fused-graph,torch-compile-graph-amp-cl,torch-compile-graph-cl \
     --split campo-fused-cl-graph,torch-compile-graph-amp-cl --out "$OUT/targets/rotation-resnet50.json"
   local model
   for model in gpt2 bert; do

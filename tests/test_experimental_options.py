@@ -38,7 +38,7 @@ def test_the_product_config_has_at_most_22_public_fields():
 def test_the_experimental_options_keep_the_product_defaults():
     assert dataclasses.asdict(OptimizeConfig().experimental) == {
         "compare_plans": True, "pad_tensor_cores": True, "cost_graph": "ort", "profile": "predict", "int8_avg": False,
-        "plan_for_fusion": True, "yield_to_ort_fusions": False, "fuse_row_gradients": True, "batchnorm_sums": False,
+        "plan_for_fusion": True, "yield_to_ort_fusions": False, "fuse_row_gradients": True, "batchnorm_sums": False, "means_end_deny": False,
         "fuse_column_sums": True, "channels_last_stem": 4, "check_invariants": False, "static_shapes": False,
             "attention_bias": True, "attention_fusion": True}
     assert OptimizeConfig().experimental.changed() == {}

@@ -129,3 +129,35 @@ def test_deny_downstream_is_not_reopened_between_fp16_ops():
     text = EXP_BETWEEN_MATMULS
     ctx = analyse(text, DenyPropagation(), FillInferClear(), pre={"mm1": "fp16", "mm2": "fp16"})
     assert reasons(ctx)["add"] == "DENY_DOWNSTREAM" and precisions(ctx)["add"] == "fp32"
+
+
+MEAN_CHAIN = """
+g (float[64,8,4,4] x, float[64,8,4,4] dy) => (float[64,8,4,4] y) <int64[3] axes = {{0, 2, 3}}, float k = {{{k}}}> {{
+  [sum] s = ReduceSum <keepdims = 1> (dy, axes)
+  [view] v = Reshape(s, shape)
+  [scale] m = Mul(v, k)
+  [sub] c = Sub(dy, m)
+  [mul] y = Mul(c, x)
+}}
+"""
+
+
+def _mean_chain(k: float) -> str:
+    text = MEAN_CHAIN.format(k=repr(k))
+    return text.replace("float k =", "int64[4] shape = {1, 8, 1, 1}, float k =")
+
+
+def test_a_mean_of_a_sum_ends_the_walk_under_means_end_deny():
+    """Rule 3: ReduceSum -> Reshape -> Mul by 1/1024 (each output sums 1,024 values: a mean) ->
+    Sub -> Mul. Under ``experimental.means_end_deny`` the scaling Mul stays fp32 and the walk
+    ends there: the Sub and the Mul are left to the cost passes. Without it, or with a constant
+    that does not make a mean (2/1024), they stay fp32."""
+    from onnxcampo.config import OptimizeConfig
+
+    means = OptimizeConfig().with_experimental(means_end_deny=True)
+    ctx = analyse(_mean_chain(1 / 1024), DenyPropagation(), config=means)
+    assert reasons(ctx) == {"sum": "DENY_LIST", "view": "DENY_DOWNSTREAM", "scale": "DENY_DOWNSTREAM"}
+    plain = analyse(_mean_chain(1 / 1024), DenyPropagation())
+    assert reasons(plain)["sub"] == "DENY_DOWNSTREAM" and reasons(plain)["mul"] == "DENY_DOWNSTREAM"
+    larger = analyse(_mean_chain(2 / 1024), DenyPropagation(), config=means)
+    assert reasons(larger)["sub"] == "DENY_DOWNSTREAM" and reasons(larger)["mul"] == "DENY_DOWNSTREAM"
