@@ -30,9 +30,9 @@ from onnxcampo.runtime import trace
 from onnxcampo.accuracy import evaluate
 from onnxcampo.runtime.compare import check_outputs, worst_error
 from onnxcampo.runtime.timing import BoundRunner, time_block
+from onnxcampo.training.evaluate import training_mode
 from onnxcampo.training.scaling import initial_state
 from onnxcampo.training.step import LOSS, LR, UPDATED, step_spec
-from onnxcampo.training.evaluate import training_mode
 from onnxcampo.training.train_mode import TRAIN_FLAG
 from onnxcampo.training.trainer import make_queue
 
@@ -241,7 +241,10 @@ class StepRunner:
         lr = lr if lr is not None else float(ir.metadata(model, "onnxcampo.lr", "0.01"))
         shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
         starts = initial_state(model)
-        switched = any(t.name == TRAIN_FLAG for t in model.graph.initializer)  # the session runs them resolved
+        stepping = step_path
+        if any(t.name == TRAIN_FLAG for t in model.graph.initializer):  # as the Trainer's session: switches resolved
+            stepping = training_mode(model)  # a copy: the weights it left on disk are read into it, not the caller's
+            onnx.load_external_data_for_model(stepping, str(Path(step_path).parent))
         del model
         self.read_every = max(1, int(read_every))
         # the Trainer's queue (on CUDA under CUDA graphs) when the loss is read less often than every step
@@ -250,8 +253,6 @@ class StepRunner:
             self._queue.keep(self)  # the session goes after the steps queued on it
         if self._queue is not None and provider == "cuda":
             cuda_options = {**(cuda_options or {}), "user_compute_stream": str(self._queue.stream)}
-        # as the Trainer runs it: the train-mode switches resolved
-        stepping = training_mode(onnx.load(str(step_path))) if switched else step_path
         self.session = runtime.make_session(stepping, provider=provider, tf32=tf32, profiling=profiling,
                                             profile_file_prefix=profile_prefix, optimization_level=optimization,
                                             cuda_graph=cuda_graph, cuda_options=cuda_options,

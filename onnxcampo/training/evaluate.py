@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxcampo import ir
+from onnxcampo.ir.topology import iter_graphs
 from onnxcampo.errors import ConfigError
 from onnxcampo.training.step import LOSS
 from onnxcampo.training.train_mode import TRAIN_FLAG
@@ -134,7 +135,10 @@ def _switched(step: onnx.ModelProto, train: bool) -> onnx.ModelProto:
             node.CopyFrom(helper.make_node("Identity", [node.input[1 if train else 2]], list(node.output),
                                            name=node.name))
     flag = next(t for t in model.graph.initializer if t.name == TRAIN_FLAG)
-    flag.CopyFrom(numpy_helper.from_array(np.array(train), TRAIN_FLAG))
+    if any(TRAIN_FLAG in node.input for graph in iter_graphs(model.graph) for node in graph.node):
+        flag.CopyFrom(numpy_helper.from_array(np.array(train), TRAIN_FLAG))
+    else:  # read by no node now: ONNX Runtime would warn that it removes it
+        model.graph.initializer.remove(flag)
     return model
 
 

@@ -219,21 +219,21 @@ class Trainer:
         self.provider = provider
         self.device = "cuda" if provider == "cuda" else "cpu"
         self.inputs = input_specs(self.model)
-        self._stepping = training_mode(self.model)  # what the step session runs: the train-mode switches resolved
         graph, why = choose_cuda_graph(self.model, provider, cuda_graph)
         if not graph:
             logger.info("Trainer: steps run node by node, not as CUDA graphs: %s", why)
         self._auto = cuda_graph is None
         self._queue = make_queue(provider, queued, graph)
+        stepping = training_mode(self.model)  # what the step session runs: the train-mode switches resolved
         try:
-            self.session, self.cuda_graph = _session(self._stepping, provider, graph, self._auto, self._queue)
+            self.session, self.cuda_graph = _session(stepping, provider, graph, self._auto, self._queue)
         except (ModelLoadError, *_ORT_ERRORS) as exc:
             if self._queue is None or queued:
                 raise
             logger.warning("Trainer: each step is waited for: ONNX Runtime refused a session on the Trainer's own "
                            "stream (%s)", str(exc).splitlines()[0])
             self._queue = None
-            self.session, self.cuda_graph = _session(self._stepping, provider, graph, self._auto)
+            self.session, self.cuda_graph = _session(stepping, provider, graph, self._auto)
         if self._queue is not None and provider == "cuda" and not self.cuda_graph:
             if queued:
                 raise ConfigError("queued steps on CUDA need CUDA graphs, and ONNX Runtime could not capture this "
@@ -473,7 +473,7 @@ class Trainer:
                 self._queue = None  # node by node: waited steps (module docstring)
         self.session = None  # the capturing session goes before the plain one comes
         self._graph, self._bound, self._fixed, self._first = None, {}, {}, {}
-        self.session = _make(self._stepping, self.provider, self._queue)
+        self.session = _make(training_mode(self.model), self.provider, self._queue)
         self.cuda_graph = False
 
     def evaluate(self, batch: Mapping[str, object]) -> dict[str, np.ndarray]:

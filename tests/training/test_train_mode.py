@@ -156,9 +156,26 @@ def test_evaluate_uses_the_running_statistics_and_state_dict_holds_them():
     assert with_loss["loss"] == pytest.approx(np.mean((eval_reference(params, running, X) - LABELS) ** 2), rel=1e-4)
     ops = [n.op_type for n in eval_model(trainer.model, with_loss=False).graph.node]
     assert "Where" not in ops and ops.count("ReduceMean") == 1  # the model's own, over H and W
-    # the step session runs the switches resolved (no Where kernel per BatchNorm); the written step keeps them
-    assert not [n for n in trainer._stepping.graph.node if n.op_type == "Where" and TRAIN_FLAG in n.input]
-    assert [n for n in trainer.model.graph.node if n.op_type == "Where" and TRAIN_FLAG in n.input]
+    assert [n for n in trainer.model.graph.node if n.op_type == "Where" and TRAIN_FLAG in n.input]  # for evaluate
+
+
+def test_the_step_session_runs_the_train_mode_switches_resolved(monkeypatch):
+    """The Trainer's step session runs the step with each ``Where(onnxcampo.train_mode, a, b)`` an
+    ``Identity(a)`` (no kernel a step per BatchNorm and Dropout); its evaluation still switches."""
+    from onnxcampo.training import trainer as trainer_module
+
+    made = []
+    real = trainer_module.make_session
+    monkeypatch.setattr(trainer_module, "make_session", lambda model, **kw: made.append(model) or real(model, **kw))
+    trainer = Trainer(build_train_step(conv_bn(), loss="mse", optimizer="momentum", lr=0.1, train_mode=True))
+    switches = [n for n in made[0].graph.node if n.op_type == "Where" and TRAIN_FLAG in n.input]
+    assert switches == [] and any(n.op_type == "Identity" for n in made[0].graph.node)
+    assert TRAIN_FLAG not in {t.name for t in made[0].graph.initializer}  # read by nothing: ORT would warn
+    trainer.step({"x": X, "labels": LABELS})
+    prediction = trainer.evaluate({"x": X})["out"]
+    state = trainer.state_dict()
+    reference = eval_reference({k: state[k] for k in PARAMS}, {k: state[k] for k in RUNNING}, X)
+    np.testing.assert_allclose(prediction, reference, rtol=1e-4, atol=1e-6)
 
 
 def test_evaluate_reads_the_flag_as_false_where_no_where_reads_it():
