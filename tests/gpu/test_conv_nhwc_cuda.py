@@ -5,7 +5,9 @@
 
 1. Convolutions, small shapes (strides, dilation, 1x1, 7x7, odd sizes), float32 and float16: the
    three ops against numpy within ``RTOL`` of the largest value; grouped and depthwise ConvNhwc
-   (``group``: a KRSC filter of Cin / group channels) against numpy and the CPU kernel.
+   (``group``: a KRSC filter of Cin / group channels) against numpy and the CPU kernel. Each with
+   cuDNN's graph API (the default) and its legacy calls (``ONNXCAMPO_CUDNN_API=legacy``), and each
+   way's host time per call on a chain of 96 small convolutions (plain minus replayed), recorded.
 2. MobileNetV3 / PP-OCR depthwise shapes (float16, batch 1 and 8): ConvNhwc[group] against ORT's
    NCHW Conv[group] on the same numbers, both replayed as CUDA graphs and timed side by side.
 3. ResNet-50 b64's convolution shapes (float16, the stem aside: it stays NCHW): the three NHWC ops
@@ -130,9 +132,20 @@ def nchw_model(x_shape, kernel, strides, pads, cout, dtype):
     return _model(made, {k: (v, dtype) for k, v in shapes.items()}, {k: (v, dtype) for k, v in outputs.items()}), shapes
 
 
+APIS = ["graph", "legacy"]  # ONNXCAMPO_CUDNN_API: how the CUDA kernels call cuDNN (conv_grad.cu)
+
+
+@pytest.fixture(params=APIS)
+def cudnn_api(request, monkeypatch):
+    """The cuDNN API the CUDA kernels plan new shapes with (read on each call: a shape planned both
+    ways has a plan of each)."""
+    monkeypatch.setenv("ONNXCAMPO_CUDNN_API", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("x_shape, kernel, strides, dilations, pads, cout", SMALL, ids=SMALL_IDS)
-def test_the_three_convolutions_match_numpy(device, x_shape, kernel, strides, dilations, pads, cout, dtype):
+def test_the_three_convolutions_match_numpy(device, cudnn_api, x_shape, kernel, strides, dilations, pads, cout, dtype):
     model, shapes = nhwc_model(x_shape, kernel, strides, dilations, pads, cout, dtype)
     feeds = _random(np.random.default_rng(cout), shapes, dtype)
     got = device.run(model, feeds)
@@ -146,8 +159,8 @@ def test_the_three_convolutions_match_numpy(device, x_shape, kernel, strides, di
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("x_shape, kernel, strides, dilations, pads, cout, group", GROUPED, ids=GROUPED_IDS)
-def test_grouped_and_depthwise_conv_matches_numpy_and_the_cpu_kernel(device, x_shape, kernel, strides, dilations,
-                                                                      pads, cout, group, dtype):
+def test_grouped_and_depthwise_conv_matches_numpy_and_the_cpu_kernel(device, cudnn_api, x_shape, kernel, strides,
+                                                                      dilations, pads, cout, group, dtype):
     n, h, w, cin = x_shape
     ho, wo = ref.output_hw(h, w, kernel, strides, dilations, pads)
     attrs = {"strides": strides, "dilations": dilations, "pads": pads}
@@ -159,6 +172,25 @@ def test_grouped_and_depthwise_conv_matches_numpy_and_the_cpu_kernel(device, x_s
     vs_numpy = close(got, ref.conv_nhwc(feeds["x"], feeds["w"], group=group, **attrs), RTOL)
     vs_cpu = close(got, device.cpu(model, feeds)["y"].astype(np.float64), RTOL)
     assert vs_numpy["ok"] and vs_cpu["ok"], {"vs_numpy": vs_numpy, "vs_cpu": vs_cpu}
+
+
+def test_host_time_per_call_with_each_cudnn_api(device, results, cudnn_api):
+    """96 float16 1x1 ConvNhwc calls on [1, 8, 8, 8] one after another (the cost database's host
+    probe, ``costdb.calibrate``): run plainly and replayed; (plain - replayed) / 96 is the host
+    time of a call, recorded for each API. The outputs of both runs agree."""
+    from onnxcampo.costdb.calibrate import HOST_CHAIN, _chain_model
+
+    model, feeds = _chain_model("conv_nhwc", HOST_CHAIN)
+    runners = {"plain": device.bound(model, feeds), "replayed": device.bound(model, feeds, cuda_graph=True)}
+    for runner in runners.values():
+        runner()
+        runner()
+    assert not _same_bits(runners["replayed"].outputs(), runners["plain"].outputs())
+    timing = device.time(runners)
+    us = {k: timing[k]["ms"] * 1e3 for k in runners}
+    assert all(v > 0 for v in us.values()), timing
+    results.record(api=cudnn_api, launches=HOST_CHAIN, plain_us=us["plain"], replayed_us=us["replayed"],
+                   us_per_call=max(us["plain"] - us["replayed"], 0.0) / HOST_CHAIN, timing=timing)
 
 
 @pytest.mark.slow
