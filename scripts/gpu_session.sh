@@ -19,6 +19,12 @@
 #            side-by-side timings (figures as JSON in $OUT/checks/<test module>.json), the Trainer
 #            on the device. CHECKS (pytest's arguments) narrows them, e.g. to the modules a cut
 #            run did not reach; CHECKS_LIMIT_S (default 590) bounds them                   (~7 min)
+#   cudnn    the NHWC convolutions with each cuDNN API (ONNXCAMPO_CUDNN_API=legacy, the default, and
+#            graph): tests/gpu/test_conv_nhwc_cuda.py (numbers against numpy both ways; host time
+#            per call; ResNet-50 b64's forward convolutions run node by node with each API beside
+#            ORT's NCHW Conv, figures in $OUT/cudnn/), then the cost database's conv_nhwc host
+#            probe measured again with the graph API into a copy of this GPU's shipped samples
+#            ($OUT/cudnn/<gpu>.json and .jsonl: ship them where the graph API is made the default) (~4 min)
 #   policies every policy end to end on CUDA (tests/gpu/test_policies_cuda.py: the MLP block,
 #            BERT-base and GPT-2 exported there), figures in $OUT/policies/               (~5 min)
 #   calibrate  this GPU's cost database by `onnxcampo costdb calibrate` (timed), written as
@@ -94,6 +100,18 @@ run_checks() {
   # ONNXCAMPO_GPU_REQUIRED: a missing CUDA provider or kernel fails the tests instead of skipping them
   ONNXCAMPO_GPU_RESULTS=$OUT/checks ONNXCAMPO_GPU_REQUIRED=1 stage checks "${CHECKS_LIMIT_S:-590}" python3 -P -m pytest -m gpu -q \
     ${CHECKS:-tests/gpu --ignore=tests/gpu/test_policies_cuda.py}
+}
+
+run_cudnn() {
+  ONNXCAMPO_GPU_RESULTS=$OUT/cudnn ONNXCAMPO_GPU_REQUIRED=1 stage cudnn 420 python3 -P -m pytest -m gpu -q \
+    tests/gpu/test_conv_nhwc_cuda.py -k "cudnn_api or host_time or match_numpy or matches_numpy"
+  local gpu samples
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-|-$//g')
+  samples=costdb/data/raw/$gpu.jsonl
+  [ -f "$samples" ] || return 0
+  grep -v '"host|conv_nhwc|' "$samples" >"$OUT/cudnn/$gpu.jsonl"
+  ONNXCAMPO_CUDNN_API=graph stage cudnn 200 python3 -P -m onnxcampo costdb calibrate --out "$OUT/cudnn/$gpu.json" --budget-s 150
+  grep '"host|conv_nhwc|' "$OUT/cudnn/$gpu.jsonl" | tee -a "$OUT/cudnn/log"
 }
 
 run_policies() {
@@ -204,6 +222,7 @@ fi
 for name in "$@"; do
   case $name in
     checks) run_checks ;;
+    cudnn) run_cudnn ;;
     policies) run_policies ;;
     calibrate) run_calibrate ;;
     defaults) run_defaults ;;
@@ -215,6 +234,6 @@ for name in "$@"; do
     targets) run_targets ;;
     infer) run_infer ;;
     finetune) run_finetune ;;
-    *) echo "unknown stage $name (checks, policies, calibrate, defaults, profile, costs, bench, rotate, targets, loss, infer, finetune)" >&2; exit 2 ;;
+    *) echo "unknown stage $name (checks, cudnn, policies, calibrate, defaults, profile, costs, bench, rotate, targets, loss, infer, finetune)" >&2; exit 2 ;;
   esac
 done

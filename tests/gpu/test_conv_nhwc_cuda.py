@@ -7,7 +7,8 @@
    three ops against numpy within ``RTOL`` of the largest value; grouped and depthwise ConvNhwc
    (``group``: a KRSC filter of Cin / group channels) against numpy and the CPU kernel. Each with
    cuDNN's graph API (the default) and its legacy calls (``ONNXCAMPO_CUDNN_API=legacy``), and each
-   way's host time per call on a chain of 96 small convolutions (plain minus replayed), recorded.
+   way's host time per call on a chain of 96 small convolutions (plain minus replayed), recorded;
+   ResNet-50 b64's forward convolutions run node by node with each API beside ORT's NCHW Conv.
 2. MobileNetV3 / PP-OCR depthwise shapes (float16, batch 1 and 8): ConvNhwc[group] against ORT's
    NCHW Conv[group] on the same numbers, both replayed as CUDA graphs and timed side by side.
 3. ResNet-50 b64's convolution shapes (float16, the stem aside: it stays NCHW): the three NHWC ops
@@ -249,6 +250,53 @@ def test_resnet50_convolutions_timed_nchw_against_nhwc(device, results, key):
     """Forward, input gradient and weight gradient of one convolution, both layouts replayed."""
     shape, kernel, strides, pads, cout, count = RESNET[key]
     results.record(x=list(shape), cout=cout, count=count, timing=device.time(_resnet_runners(device, key, True)))
+
+
+def _resnet_forward_models():
+    """ResNet-50 b64's 52 forward convolutions less the stem (each shape as many times as the network
+    has it, one input per shape), float16: ConvNhwc and ORT's NCHW Conv; the models, their feeds."""
+    nhwc_nodes, nchw_nodes, nhwc_io, nchw_io, inits_nhwc, inits_nchw, outputs = [], [], {}, {}, [], [], {}
+    rng = np.random.default_rng(50)
+    feeds_nchw = {}
+    for k, (key, (shape, kernel, strides, pads, cout, count)) in enumerate(RESNET.items()):
+        n, cin, h, w = shape
+        ho, wo = ref.output_hw(h, w, kernel, strides, (1, 1), pads)
+        feeds_nchw[f"x{k}"] = (0.5 * rng.standard_normal(shape)).astype(np.float16)
+        weight = (0.05 * rng.standard_normal((cout, cin, *kernel))).astype(np.float16)
+        inits_nchw.append(onnx.numpy_helper.from_array(weight, f"w{k}"))
+        inits_nhwc.append(onnx.numpy_helper.from_array(weight.transpose(0, 2, 3, 1).copy(), f"w{k}"))
+        for r in range(count):
+            nchw_nodes.append(helper.make_node("Conv", [f"x{k}", f"w{k}"], [f"y{k}_{r}"], kernel_shape=list(kernel),
+                                               strides=list(strides), pads=list(pads)))
+            nhwc_nodes.append(nodes.conv_nhwc(f"x{k}", f"w{k}", output=f"y{k}_{r}", kernel_shape=kernel,
+                                              strides=strides, pads=pads, name=f"c{k}_{r}"))
+            outputs[f"y{k}_{r}"] = ((n, cout, ho, wo), (n, ho, wo, cout))
+        nchw_io[f"x{k}"] = (shape, np.float16)
+        nhwc_io[f"x{k}"] = ((n, h, w, cin), np.float16)
+    nchw = _model(nchw_nodes, nchw_io, {k: (v[0], np.float16) for k, v in outputs.items()}, inits_nchw)
+    nhwc = _model(nhwc_nodes, nhwc_io, {k: (v[1], np.float16) for k, v in outputs.items()}, inits_nhwc)
+    return nchw, nhwc, feeds_nchw
+
+
+@pytest.mark.slow
+def test_resnet50_forward_convolutions_run_plainly_with_each_cudnn_api(device, results, monkeypatch):
+    """The network's forward convolutions run node by node (not replayed: each call's host time
+    counts), ConvNhwc with cuDNN's legacy calls and with its graph API, beside ORT's NCHW Conv:
+    the three agree, and their times are recorded side by side."""
+    nchw, nhwc, feeds = _resnet_forward_models()
+    nhwc_feeds = {k: _to_nhwc(v) for k, v in feeds.items()}
+    runners = {"ort-nchw": device.bound(nchw, feeds)}
+    for api in APIS:
+        monkeypatch.setenv("ONNXCAMPO_CUDNN_API", api)  # read when the session makes its kernels
+        runners[f"nhwc-{api}"] = device.bound(nhwc, nhwc_feeds)
+    for runner in runners.values():
+        runner()
+    want = runners["ort-nchw"].outputs()
+    for api in APIS:
+        got = runners[f"nhwc-{api}"].outputs()
+        parts = {k: close(got[k].transpose(0, 3, 1, 2), want[k].astype(np.float64), 1e-2) for k in want}
+        assert all(part["ok"] for part in parts.values()), (api, {k: v for k, v in parts.items() if not v["ok"]})
+    results.record(convolutions=len(want), timing=device.time(runners, rounds=5))
 
 
 # ---- max pooling ---------------------------------------------------------------------------------

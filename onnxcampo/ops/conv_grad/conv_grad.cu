@@ -5,7 +5,8 @@
 // are the few cuDNN 9 entry points and constants used (cudnn_graph.h, cudnn_ops.h, cudnn_cnn.h;
 // opaque handles).
 //
-// Two ways to run a shape, chosen on its first call (ONNXCAMPO_CUDNN_API, kGraphByDefault):
+// Two ways to run a shape, chosen by ONNXCAMPO_CUDNN_API when a session makes the node's kernel
+// (CudnnGraphApiAsked; unset, kGraphByDefault) and planned on the shape's first call:
 // - the legacy calls (cudnnConvolutionForward and its adjoints, an algorithm from
 //   cudnnFind*Algorithm), the default: the H100 database priced a ConvNhwc call made this way at
 //   119 us of host time (`host_launch.conv_nhwc`, cuDNN 9), so that a plain run of a channels-last
@@ -530,16 +531,6 @@ Plan MakeLegacyPlan(const Cudnn& c, Handle handle, const ConvCall& g, cudaStream
   return p;
 }
 
-// Which calls plan a new shape: ONNXCAMPO_CUDNN_API=graph asks for the graph API (where cuDNN has
-// it), =legacy for the legacy calls; unset, kGraphByDefault decides. Read on each call: a shape
-// planned both ways keeps two plans (a test runs both in one process).
-constexpr bool kGraphByDefault = false;
-bool LegacyAsked() {
-  const char* value = std::getenv("ONNXCAMPO_CUDNN_API");
-  if (value == nullptr || *value == 0) return !kGraphByDefault;
-  return std::string(value) != "graph";
-}
-
 // The shape's plan: the graph API's where it has one (and the legacy calls are not asked for),
 // else the legacy calls'.
 Plan MakePlan(const Cudnn& c, Handle handle, const ConvCall& g, int64_t alignment, bool legacy, cudaStream_t stream) {
@@ -560,6 +551,15 @@ int64_t AlignmentOf(const ConvCall& g) {
 }
 
 }  // namespace
+
+// Unset, the legacy calls (kGraphByDefault).
+constexpr bool kGraphByDefault = false;
+
+bool CudnnGraphApiAsked() {
+  const char* value = std::getenv("ONNXCAMPO_CUDNN_API");
+  if (value == nullptr || *value == 0) return kGraphByDefault;
+  return std::string(value) == "graph";
+}
 
 void CudnnConvolution(const ConvCall& g, void* stream_handle) {
   const int64_t out_size = g.kind == ConvKind::kForward ? g.n * g.cout * g.ho * g.wo
@@ -589,7 +589,7 @@ void CudnnConvolution(const ConvCall& g, void* stream_handle) {
   const Im2ColAttrs& a = g.a;
   const int variant = KindIndex(g.kind) * 8 + (g.half ? 4 : 0) + (g.nhwc ? 2 : 0) + (g.krsc ? 1 : 0);
   const int64_t alignment = AlignmentOf(g);  // a plan is made for the pointers' alignment
-  const bool legacy = LegacyAsked();
+  const bool legacy = !g.graph;
   const ShapeKey key{device, variant, g.n, g.cin, g.h, g.w_, g.cout, g.ho, g.wo, a.kh, a.kw, a.sh, a.sw, a.dh, a.dw,
                      a.pt * 1000003 + a.pl, g.group, static_cast<int>(alignment) * 2 + (legacy ? 1 : 0)};
   auto found = Plans().find(key);
@@ -625,7 +625,7 @@ void CudnnConvolution(const ConvCall& g, void* stream_handle) {
 void ConvWeightGradCuda(const ConvGradArgs& g, void* stream) {
   ConvCall call;
   call.kind = ConvKind::kFilter;
-  call.x = g.x, call.dy = g.dy, call.out = g.dw, call.half = g.half;
+  call.x = g.x, call.dy = g.dy, call.out = g.dw, call.half = g.half, call.graph = g.graph;
   call.n = g.n, call.cin = g.cin, call.h = g.h, call.w_ = g.w, call.cout = g.cout, call.ho = g.ho, call.wo = g.wo;
   call.a = g.a;
   CudnnConvolution(call, stream);

@@ -25,6 +25,7 @@ struct ConvGradArgs {
   const void* dy = nullptr;
   void* dw = nullptr;
   bool half = false;  // float16 tensors, else float32
+  bool graph = false;  // on CUDA, cuDNN's graph API (CudnnGraphApiAsked, when the node's kernel was made)
   int64_t n = 0, cin = 0, h = 0, w = 0, cout = 0, ho = 0, wo = 0;
   Im2ColAttrs a;  // kernel_shape, strides, dilations, pads
 };
@@ -47,12 +48,18 @@ struct ConvCall {
   const void* dy = nullptr;  // data, filter
   void* out = nullptr;       // y, dx or dw
   bool half = false, nhwc = false, krsc = false;
+  bool graph = false;  // plan a new shape with cuDNN's graph API (else, or where it has none, the legacy calls)
   int64_t n = 0, cin = 0, h = 0, w_ = 0, cout = 0, ho = 0, wo = 0;
   int64_t group = 1;  // divides cin and cout
   Im2ColAttrs a;
 };
 
 #ifdef ONNXCAMPO_WITH_CUDA
+// Whether a kernel made now plans its shapes with cuDNN's graph API: ONNXCAMPO_CUDNN_API=graph or
+// =legacy, unset the library's default (conv_grad.cu). Read when a session makes the node's
+// kernel, so that two sessions of one process can run the two ways side by side.
+bool CudnnGraphApiAsked();
+
 // `call` on `stream` with cuDNN (loaded at run time); cuDNN pads symmetrically (top/left; the op
 // checks that this gives the call's Ho, Wo). The first call of a shape picks the fastest
 // algorithm (synchronises, allocates); later calls are capturable into a CUDA graph.

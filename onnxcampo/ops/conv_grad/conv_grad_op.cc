@@ -43,6 +43,9 @@ struct ConvWeightGradKernel : NodeKernel<ConvWeightGradKernel> {
   ConvWeightGradKernel(const OrtKernelInfo* info, bool cuda) : NodeKernel<ConvWeightGradKernel>(kName, info, cuda) {
     const std::string why = ReadIm2ColAttrs(info, &attrs);  // im2col_op.cc: the same four attributes
     if (!why.empty()) Fail(why);
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) graph = CudnnGraphApiAsked();
+#endif
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -71,6 +74,7 @@ struct ConvWeightGradKernel : NodeKernel<ConvWeightGradKernel> {
            std::to_string(args.n) + ", Cout, " + std::to_string(args.ho) + ", " + std::to_string(args.wo) + "]");
     }
     args.half = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    args.graph = graph;
     args.x = x.GetTensorRawData();
     args.dy = dy.GetTensorRawData();
     args.dw = ctx.GetOutput(0, {args.cout, args.cin, attrs.kh, attrs.kw}).GetTensorMutableRawData();
@@ -81,6 +85,7 @@ struct ConvWeightGradKernel : NodeKernel<ConvWeightGradKernel> {
   }
 
   Im2ColAttrs attrs;
+  bool graph = false;  // cuDNN's graph API (CudnnGraphApiAsked)
 };
 
 struct ConvWeightGradCustomOp : OpBase<ConvWeightGradCustomOp, ConvWeightGradKernel> {

@@ -82,6 +82,9 @@ struct ConvNhwcKernel : NodeKernel<ConvNhwcKernel<kKind>> {
         Fail("input_spatial must be 2 positive ints (the input's H, W)");
       }
     }
+#ifdef ONNXCAMPO_WITH_CUDA
+    if (cuda) graph = CudnnGraphApiAsked();
+#endif
   }
 
   void Compute(OrtKernelContext* raw) {
@@ -99,6 +102,7 @@ struct ConvNhwcKernel : NodeKernel<ConvNhwcKernel<kKind>> {
     ConvCall g;
     g.kind = kKind, g.nhwc = true, g.krsc = true, g.a = attrs;
     g.half = type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    g.graph = graph;
     std::vector<int64_t> out_shape;
     if (kKind == ConvKind::kForward) {  // x [N, H, W, Cin], w [Cout, kh, kw, Cin / group]
       g.n = s0[0], g.h = s0[1], g.w_ = s0[2], g.cin = s0[3], g.cout = s1[0], g.group = group;
@@ -160,6 +164,7 @@ struct ConvNhwcKernel : NodeKernel<ConvNhwcKernel<kKind>> {
   Im2ColAttrs attrs;
   int64_t group = 1;
   std::vector<int64_t> spatial;
+  bool graph = false;  // cuDNN's graph API (CudnnGraphApiAsked)
 };
 
 template <ConvKind kKind>
