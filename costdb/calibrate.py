@@ -6,8 +6,9 @@ one command, kept per user and picked up by every later run (:mod:`onnxcampo.cos
    the kernels); the samples go beside it (``.jsonl``, one JSON line a measurement, flushed as
    it is taken).
 2. What, in this order (the fit needs the first groups most):
-   a. the host: ONNX Runtime's per-launch host time of a chain of small elementwise nodes and of
-      small convolutions, and where the custom-op library's CUDA kernels are, of its NHWC
+   a. the host: ONNX Runtime's per-launch host time of a chain of small elementwise nodes, of
+      small float32 convolutions and of small float16 NCHW convolutions (``conv_fp16``: cuDNN's
+      layout transforms around each call launch with it), and where the custom-op library's CUDA kernels are, of its NHWC
       convolution and FusedElementwise calls (each chain run node by node minus the same chain
       replayed as a CUDA graph, over its launches), and the fixed cost of one replayed run
       (``host_launch``, ``run_overhead``: what ``onnxcampo.estimate.plan_time`` adds for launches);
@@ -104,13 +105,15 @@ def read_samples(path: Path) -> list[dict]:
 # --- a. the host -------------------------------------------------------------------------------
 
 # host-probe classes: ORT's own kernels, and (where the library's CUDA kernels are) its custom ops
-HOST_CLASSES = ("other", "conv")
+HOST_CLASSES = ("other", "conv", "conv_fp16")
 LIBRARY_HOST_CLASSES = ("conv_nhwc", "custom")
 
 
 def _chain_model(kind: str, length: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``length`` nodes one after another: Adds of a [1, 256] tensor and a constant (``other``),
-    1x1 convolutions of [1, 8, 8, 8] (``conv``), float16 ``ConvNhwc`` 1x1 convolutions of
+    1x1 convolutions of [1, 8, 8, 8] (``conv``), float16 1x1 convolutions of [1, 64, 8, 8] NCHW
+    (``conv_fp16``: enough channels for cuDNN's Tensor Core kernels, and their layout transforms,
+    at a GPU time below the host's), float16 ``ConvNhwc`` 1x1 convolutions of
     [1, 8, 8, 8] channels-last (``conv_nhwc``) or one-input ``FusedElementwise`` copies of [1, 256]
     (``custom``: a custom-op call)."""
     nodes, inits = [], []
@@ -133,6 +136,11 @@ def _chain_model(kind: str, length: int) -> tuple[onnx.ModelProto, dict[str, np.
         for i in range(length):
             nodes.append(library.fused_elementwise([f"t{i}"], [f"t{i + 1}"], program=program, registers=1,
                                                    output_types=[TensorProto.FLOAT], name=f"n{i}"))
+    elif kind == "conv_fp16":
+        shape, element = [1, 64, 8, 8], TensorProto.FLOAT16
+        inits.append(onnx.numpy_helper.from_array(np.full((64, 64, 1, 1), 1 / 64, np.float16), "w"))
+        for i in range(length):
+            nodes.append(helper.make_node("Conv", [f"t{i}", "w"], [f"t{i + 1}"], name=f"n{i}"))
     elif kind == "conv":
         shape = [1, 8, 8, 8]
         inits.append(onnx.numpy_helper.from_array(np.full((8, 8, 1, 1), 0.125, np.float32), "w"))
@@ -195,7 +203,7 @@ def host_entries(rows: list[dict]) -> dict:
             "conv": conv, "other": other, "host": "additive", "samples": len(by_class) - ("run" in by_class),
             "rule": f"(chain of {HOST_CHAIN} small nodes run node by node - the same chain replayed as a CUDA graph) "
                     "/ launches, per class"}}
-        for kind in LIBRARY_HOST_CLASSES:  # the custom-op library's calls (ConvNhwc, FusedElementwise)
+        for kind in ("conv_fp16", *LIBRARY_HOST_CLASSES):  # fp16 NCHW Conv; the library's calls (ConvNhwc, FusedElementwise)
             if kind in by_class:
                 out["host_launch"]["inference"][kind] = round(by_class[kind]["us_per_launch"], 3)
     if "run" in by_class:

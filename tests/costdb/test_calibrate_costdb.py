@@ -242,10 +242,12 @@ def test_calibrate_without_cuda_is_one_line(capsys):
 def test_host_entries_from_probe_rows():
     rows = [{"kind": "host", "class": "other", "us_per_launch": 3.21},
             {"kind": "host", "class": "conv", "us_per_launch": 7.5},
+            {"kind": "host", "class": "conv_fp16", "us_per_launch": 9.25},
             {"kind": "host", "class": "run", "replayed_us": 12.0}]
     entries = calibrate.host_entries(rows)
     assert entries["host_launch"]["inference"]["other"] == 3.21
     assert entries["host_launch"]["inference"]["conv"] == 7.5
+    assert entries["host_launch"]["inference"]["conv_fp16"] == 9.25
     assert entries["host_launch"]["inference"]["host"] == "additive"
     assert entries["run_overhead"]["us"] == 12.0
     assert calibrate.host_entries([]) == {}
@@ -258,7 +260,7 @@ def test_fused_entry_fits_bandwidth_and_fixed_cost():
     assert calibrate.fused_entry(rows[:2]) is None
 
 
-@pytest.mark.parametrize("kind", ["other", "conv", "conv_nhwc", "custom"])
+@pytest.mark.parametrize("kind", ["other", "conv", "conv_fp16", "conv_nhwc", "custom"])
 def test_host_probe_chains_run(kind):
     """The host probes' chains are valid models that compute what they should (ORT's CPU
     provider, the library's CPU kernels for its ops: the wiring; the timing needs CUDA graphs)."""
@@ -271,7 +273,7 @@ def test_host_probe_chains_run(kind):
         pytest.skip("the custom-op library is not built")
     model, feeds = calibrate._chain_model(kind, 3)
     (out,) = make_session(model).run(None, feeds)
-    expected = feeds["t0"] + (3e-3 if kind == "other" else 0.0)  # 8 channels x 0.125: the convolutions keep ones
+    expected = feeds["t0"] + (3e-3 if kind == "other" else 0.0)  # C channels x 1 / C: the convolutions keep ones
     np.testing.assert_allclose(out.astype(np.float32), expected.astype(np.float32), rtol=1e-3)
 
 
