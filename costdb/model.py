@@ -76,9 +76,10 @@ class CostModel(abc.ABC):
         return self.dispatch_us(training)
 
     def library_launch_us(self, kind: str) -> float | None:
-        """Host time of one call of the custom-op library's ``kind`` (``conv_nhwc``: a ConvNhwc
-        call; ``custom``: a FusedElementwise call) at inference, where the database measured it
-        (``costdb calibrate``), else None."""
+        """Host time of one call of ``kind`` measured whole at inference (``conv_nhwc``: the custom-op
+        library's ConvNhwc call; ``custom``: a FusedElementwise call; ``conv_fp16``: ORT's float16
+        NCHW Conv with cuDNN's layout transforms), where the database measured it (``costdb
+        calibrate``), else None."""
         return None
 
     def host_adds(self, training: bool = False) -> bool:

@@ -225,19 +225,27 @@ def _costs_time(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf | No
     return status not in ("absorbed", "carried") or _fusion_broken(ctx, node, precision_of)
 
 
-def host_launches(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf) -> tuple[int, int]:
-    """(convolution launches, other launches) the node costs the host under the plan."""
+def host_launches(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf) -> tuple[int, int, int]:
+    """(convolution launches, other launches, float16 NCHW convolution calls) the node costs the
+    host under the plan. A float16 NCHW convolution that runs by itself is one call priced whole
+    where the database measured such calls (``host_launch.inference.conv_fp16``: cuDNN's layout
+    transforms launched with it), else one convolution launch and
+    ``oplists.NCHW_FP16_LAYOUT_LAUNCHES`` other launches."""
     member = _fused_member(ctx, node)
     if member is not None:
-        return 0, int(member.leader)  # the group's kernel: one launch, counted on its first member
-    fp16_conv = node.op in oplists.NCHW_FP16_LAYOUT_OPS and precision_of(node.name) is Precision.FP16
-    layout = oplists.NCHW_FP16_LAYOUT_LAUNCHES if fp16_conv else 0
+        return 0, int(member.leader), 0  # the group's kernel: one launch, counted on its first member
+    fp16 = precision_of(node.name) is Precision.FP16
+    whole = fp16 and ctx.cost.library_launch_us("conv_fp16") is not None
+    fp16_conv = node.op in oplists.NCHW_FP16_LAYOUT_OPS and fp16
+    layout = oplists.NCHW_FP16_LAYOUT_LAUNCHES if fp16_conv and not whole else 0
     if not runs_alone(ctx, node, precision_of):
-        return 0, layout
+        return 0, layout, 0  # priced whole, the call is counted on the node that carries it
     convolution = node.op in oplists.NCHW_FP16_LAYOUT_OPS or (
         ctx.ort_status.get(node.name) in ("carried", "fused") and not _fusion_broken(ctx, node, precision_of)
         and fusion_groups(ctx)[1].get(node.name, frozenset()) & oplists.NCHW_FP16_LAYOUT_OPS)
-    return (1, layout) if convolution else (0, 1 + layout)
+    if convolution and whole:
+        return 0, 0, 1
+    return (1, layout, 0) if convolution else (0, 1 + layout, 0)
 
 
 def alone_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float:
@@ -314,11 +322,12 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     # Only a tensor touching an fp16 node can need a Cast.
     tensors = {id(t): t for n in ctx.nodes if precision_of(n.name) is Precision.FP16 for t in (*n.inputs, *n.outputs)}
     cast_us, casts = casts_time(ctx, tensors.values(), precision_of)
-    conv_launches, other_launches = 0, casts + _pad_nodes(ctx, precision_of)
+    conv_launches, other_launches, fp16_conv_calls = 0, casts + _pad_nodes(ctx, precision_of), 0
     fused_calls = 0  # FusedElementwise kernels: library calls, priced as such where measured
     for node in ctx.nodes:
-        conv, other = host_launches(ctx, node, precision_of)
+        conv, other, fp16_conv = host_launches(ctx, node, precision_of)
         conv_launches, other_launches = conv_launches + conv, other_launches + other
+        fp16_conv_calls += fp16_conv
         member = _fused_member(ctx, node)
         fused_calls += int(member is not None and member.leader)
     training = bool(ctx.training_fp32)
@@ -332,7 +341,8 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     nodes_us += layout.gpu_us
     conv_launches += layout.conv_launches
     other_launches += layout.launches
-    launched = conv_launches + other_launches + layout.nhwc_calls
+    fp16_conv_calls += layout.fp16_conv_calls
+    launched = conv_launches + other_launches + fp16_conv_calls + layout.nhwc_calls
     run = ctx.cost.run_us()
     if ctx.config.execution == "cuda-graph":
         # replayed: the launches were recorded once; what is left is the GPU's work and one replay
@@ -341,6 +351,7 @@ def _plan_time(ctx: GraphContext, plan: PrecisionPlan) -> PlanTime:
     dispatch = (ctx.cost.launch_us("conv", training=training) * conv_launches
                 + ctx.cost.launch_us("other", training=training) * other_launches
                 + channels_last.nhwc_call_us(ctx.cost) * layout.nhwc_calls
+                + (ctx.cost.library_launch_us("conv_fp16") or 0.0) * fp16_conv_calls
                 + fused_call_extra_us(ctx.cost, training) * fused_calls)
     gpu = nodes_us + cast_us
     # the larger of the GPU's work and the host's launches, and the share of the smaller that adds

@@ -136,6 +136,29 @@ def test_fp16_conv_launches_cudnn_layout_transforms():
     assert fp16.launched - fp16.casts == fp32.launched + 2
 
 
+def test_a_measured_fp16_conv_call_is_priced_whole():
+    """Where the database measured float16 NCHW convolution calls whole (``conv_fp16``, layout
+    transforms included), such a Conv is one call at that price, not a convolution launch and two
+    other launches; under CUDA-graph replay it costs no host time either way."""
+    class MeasuredFp16Conv(HostCost):
+        def library_launch_us(self, kind: str) -> float | None:
+            return 30.0 if kind == "conv_fp16" else None
+
+    fp16 = dict(conv="fp16", bn="fp16", abs="fp16")
+    ctx = context(conv_bn())
+    two_launches = estimate.plan_time(ctx, plan_of(ctx, **fp16))
+    measured = build_context(conv_bn(), cost=MeasuredFp16Conv())
+    api.read_executed_graph(measured)
+    whole = estimate.plan_time(measured, plan_of(measured, **fp16))
+    assert whole.launched == two_launches.launched - 2
+    assert whole.dispatch_us == pytest.approx(two_launches.dispatch_us - 10.0 - 2 * 5.0 + 30.0)
+    fp32 = estimate.plan_time(measured, plan_of(measured))
+    assert fp32.dispatch_us == estimate.plan_time(ctx, plan_of(ctx)).dispatch_us  # an fp32 Conv: unchanged
+    replayed = build_context(conv_bn(), cost=MeasuredFp16Conv(), execution="cuda-graph")
+    api.read_executed_graph(replayed)
+    assert estimate.plan_time(replayed, plan_of(replayed, **fp16)).dispatch_us == 0.0
+
+
 def test_report_names_the_execution_and_the_cost_graph():
     result = optimize(parse(MATMUL_BIAS), execution="cuda-graph")
     assert (result.report["execution"], result.report["cost_graph"], result.report["ort_nodes"]) == ("cuda-graph", "ort", 3)

@@ -1196,7 +1196,8 @@ class LayoutChange:
     """What ``channels_last`` changes in a plan's predicted run, as :func:`layout_change` prices it:
     GPU time (``gpu_us``, negative where it saves), launches of ORT kernels (``launches``) and of
     convolutions (``conv_launches``), and the NHWC convolution calls that replace these
-    (``nhwc_calls``, each :data:`CONV_NHWC_HOST_US` of host time). ``convolutions``: the
+    (``nhwc_calls``, each :data:`CONV_NHWC_HOST_US` of host time), and float16 NCHW convolution
+    calls priced whole (``fp16_conv_calls``, ``estimate.host_launches``). ``convolutions``: the
     convolutions converted, ``inserted``: the kernels the layout pass adds (Transposes, NchwToNhwc,
     Pads, bias Adds, ...)."""
 
@@ -1206,6 +1207,7 @@ class LayoutChange:
     launches: int = 0
     conv_launches: int = 0
     nhwc_calls: int = 0
+    fp16_conv_calls: int = 0
 
 
 @dataclass(frozen=True)
@@ -1260,16 +1262,17 @@ def layout_change(ctx: GraphContext, precision_of: PrecisionOf) -> LayoutChange:
         in_group.setdefault(root, []).append(member)
     fused = elementwise.costed(ctx)
     cast = ctx.cost.cast_time
-    gpu, launches, conv_launches, nhwc, convolutions = 0.0, 0, 0, 0, 0
+    gpu, launches, conv_launches, nhwc, convolutions, fp16_calls = 0.0, 0, 0, 0, 0, 0
     converted = set(trial.converted)
     for name in trial.converted:
         node = by_name[name]
         if node.op not in oplists.NCHW_FP16_LAYOUT_OPS:
             continue  # ConvWeightGrad: the library's cuDNN call either way
         convolutions += 1
-        conv, other = estimate.host_launches(ctx, node, precision_of)
+        conv, other, fp16_call = estimate.host_launches(ctx, node, precision_of)
         conv_launches -= conv
         launches -= other
+        fp16_calls -= fp16_call
         nhwc += 1
         alone = estimate.alone_time(ctx, node, Precision.FP16)
         transforms = cast(ctx.numel(node.inputs[0])) + cast(ctx.numel(node.outputs[0]))
@@ -1277,10 +1280,11 @@ def layout_change(ctx: GraphContext, precision_of: PrecisionOf) -> LayoutChange:
         members = [by_name[m] for m in in_group.get(roots.get(name), ()) if m != name and m in by_name
                    and m not in converted and not estimate.aliased(by_name[m]) and not estimate.eliminated(ctx, by_name[m])]
         for member in members:
-            conv, other = estimate.host_launches(ctx, member, precision_of)
+            conv, other, fp16_call = estimate.host_launches(ctx, member, precision_of)
             conv_launches -= conv
+            fp16_calls -= fp16_call
             if fused:
-                launches += conv  # the epilogue's fused kernel launches where the fused Conv did
+                launches += conv + fp16_call  # the epilogue's fused kernel launches where the fused Conv did
             else:
                 launches += 1 - other
                 precision = precision_of(member.name)
@@ -1298,11 +1302,12 @@ def layout_change(ctx: GraphContext, precision_of: PrecisionOf) -> LayoutChange:
         if node is None:
             continue
         gpu -= estimate.node_time(ctx, node, precision_of(node.name), precision_of)
-        conv, other = estimate.host_launches(ctx, node, precision_of)
+        conv, other, fp16_call = estimate.host_launches(ctx, node, precision_of)
         conv_launches -= conv
         launches -= other
+        fp16_calls -= fp16_call
     inserted = sum(1 for name, op, _ in trial.inserted if op not in oplists.ALIASED)
-    return LayoutChange(convolutions, inserted, gpu, launches, conv_launches, nhwc)
+    return LayoutChange(convolutions, inserted, gpu, launches, conv_launches, nhwc, fp16_calls)
 
 
 def _layout_trial(ctx: GraphContext, precision_of: PrecisionOf) -> _LayoutTrial | None:

@@ -269,6 +269,29 @@ def test_the_layout_change_prices_what_the_layout_pass_does():
     assert layout.layout_change(planning, fp32.precision) == layout.LayoutChange()
 
 
+def test_the_layout_change_takes_back_a_measured_fp16_conv_call():
+    """Where the database prices a float16 NCHW Conv call whole (``conv_fp16``), the layout change
+    takes back that call (no convolution launch, no transform launches) for the NHWC call."""
+    from onnx import helper
+
+    class MeasuredCall(ConvCost):
+        def library_launch_us(self, kind):
+            return 30.0 if kind == "conv_fp16" else None
+
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                        helper.make_node("Relu", ["c"], ["y"], name="relu")],
+                       [tensor_vi("x", [1, 8, 16, 16])], [tensor_vi("y", [1, 8, 16, 16])],
+                       [weight("w", [8, 8, 3, 3]), init("b", np.zeros(8, np.float32))])
+    planning = build_context(model, cost=MeasuredCall(), channels_last=True)
+    plan = _fp16_plan(planning)
+    change = layout.layout_change(planning, plan.precision)
+    assert change.convolutions == change.nhwc_calls == 1
+    assert change.fp16_conv_calls == -1 and change.conv_launches == 0 and change.launches == 2 + 1
+    with_layout = estimate.plan_time(planning, plan)
+    # the NHWC call, the Relu, the two Transposes and the bias Add, besides the plan's Casts
+    assert with_layout.launched - with_layout.casts == 1 + 1 + 2 + 1
+
+
 def test_the_summary_says_the_decisions_in_one_line():
     from onnxcampo.report import rewrites_line
 
