@@ -237,6 +237,16 @@ def _fp16_plan(planning) -> PrecisionPlan:
     return plan
 
 
+def _conv_relu():
+    """A float16-able Conv [1, 8, 16, 16] -> [1, 8, 16, 16] with a bias, read by a Relu."""
+    from onnx import helper
+
+    return make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+                       helper.make_node("Relu", ["c"], ["y"], name="relu")],
+                      [tensor_vi("x", [1, 8, 16, 16])], [tensor_vi("y", [1, 8, 16, 16])],
+                      [weight("w", [8, 8, 3, 3]), init("b", np.zeros(8, np.float32))])
+
+
 def test_the_layout_change_prices_what_the_layout_pass_does():
     """One float16 Conv [1, 8, 16, 16] -> [1, 8, 16, 16] (2048 elements each side) with a bias,
     read by a Relu: its two layout transforms go (2 x 3.048 us, under half its 100 us) with their
@@ -244,12 +254,7 @@ def test_the_layout_change_prices_what_the_layout_pass_does():
     their own (3.048 us, a launch each); the bias Add is a launch (its pass was the Conv's), none
     with the elementwise fusion (it joins the ReLU's kernel, as the bias does NCHW).
     Costed fusion-blind, a float32 plan changes nothing: float32 convolutions stay NCHW."""
-    from onnx import helper
-
-    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-                        helper.make_node("Relu", ["c"], ["y"], name="relu")],
-                       [tensor_vi("x", [1, 8, 16, 16])], [tensor_vi("y", [1, 8, 16, 16])],
-                       [weight("w", [8, 8, 3, 3]), init("b", np.zeros(8, np.float32))])
+    model = _conv_relu()
     planning = build_context(model, cost=ConvCost(), channels_last=True)
     plan = _fp16_plan(planning)
     change = layout.layout_change(planning, plan.precision)
@@ -272,16 +277,11 @@ def test_the_layout_change_prices_what_the_layout_pass_does():
 def test_the_layout_change_takes_back_a_measured_fp16_conv_call():
     """Where the database prices a float16 NCHW Conv call whole (``conv_fp16``), the layout change
     takes back that call (no convolution launch, no transform launches) for the NHWC call."""
-    from onnx import helper
-
     class MeasuredCall(ConvCost):
         def library_launch_us(self, kind):
             return 30.0 if kind == "conv_fp16" else None
 
-    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-                        helper.make_node("Relu", ["c"], ["y"], name="relu")],
-                       [tensor_vi("x", [1, 8, 16, 16])], [tensor_vi("y", [1, 8, 16, 16])],
-                       [weight("w", [8, 8, 3, 3]), init("b", np.zeros(8, np.float32))])
+    model = _conv_relu()
     planning = build_context(model, cost=MeasuredCall(), channels_last=True)
     plan = _fp16_plan(planning)
     change = layout.layout_change(planning, plan.precision)
