@@ -106,7 +106,15 @@ def read_samples(path: Path) -> list[dict]:
 
 # host-probe classes: ORT's own kernels, and (where the library's CUDA kernels are) its custom ops
 HOST_CLASSES = ("other", "conv", "conv_fp16")
-LIBRARY_HOST_CLASSES = ("conv_nhwc", "custom")
+LIBRARY_HOST_CLASSES = ("conv_nhwc", "conv_nhwc_graph", "custom")  # conv_nhwc*: per cuDNN API
+
+
+def library_host_classes() -> tuple[str, ...]:
+    """The library's host classes measured here: the NHWC convolution call under the cuDNN API
+    this process's sessions use (``onnxcampo.ops.conv_nhwc.host_class``), and FusedElementwise's."""
+    from onnxcampo.ops.conv_nhwc import host_class
+
+    return host_class(), "custom"
 
 
 def _chain_model(kind: str, length: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -114,7 +122,7 @@ def _chain_model(kind: str, length: int) -> tuple[onnx.ModelProto, dict[str, np.
     1x1 convolutions of [1, 8, 8, 8] (``conv``), float16 1x1 convolutions of [1, 64, 8, 8] NCHW
     (``conv_fp16``: enough channels for cuDNN's Tensor Core kernels, and their layout transforms,
     at a GPU time below the host's), float16 ``ConvNhwc`` 1x1 convolutions of
-    [1, 8, 8, 8] channels-last (``conv_nhwc``) or one-input ``FusedElementwise`` copies of [1, 256]
+    [1, 8, 8, 8] channels-last (``conv_nhwc``, or ``conv_nhwc_graph`` under cuDNN's graph API) or one-input ``FusedElementwise`` copies of [1, 256]
     (``custom``: a custom-op call)."""
     nodes, inits = [], []
     opsets = [helper.make_opsetid("", 17)]
@@ -123,7 +131,7 @@ def _chain_model(kind: str, length: int) -> tuple[onnx.ModelProto, dict[str, np.
         from onnxcampo.ops import nodes as library
 
         opsets.append(helper.make_opsetid(library.DOMAIN, 1))
-    if kind == "conv_nhwc":
+    if kind.startswith("conv_nhwc"):  # the same chain under either cuDNN API
         shape, element = [1, 8, 8, 8], TensorProto.FLOAT16
         inits.append(onnx.numpy_helper.from_array(np.full((8, 1, 1, 8), 0.125, np.float16), "w"))
         for i in range(length):
@@ -171,7 +179,7 @@ def _median_run_us(model: onnx.ModelProto, feeds: dict, *, cuda_graph: bool, run
 def host_samples(facts: dict, done: set[str], library: bool = False) -> Iterator[dict]:
     """Rule 2a: per-launch host time of each class (the library's ops too with ``library``),
     and a replayed run's fixed cost."""
-    for kind in HOST_CLASSES + (LIBRARY_HOST_CLASSES if library else ()):
+    for kind in HOST_CLASSES + (library_host_classes() if library else ()):
         key = f"host|{kind}|{HOST_CHAIN}"
         if key in done:
             continue
@@ -378,7 +386,7 @@ def calibrate(*, budget_s: float = DEFAULT_BUDGET_S, fresh: bool = False, out: P
         1 for log2 in FUSED_SIZES for n in FUSED_INPUTS for p in ("fp32", "fp16")
         if f"fused_elementwise|2^{log2}|x{n}|{p}" not in done)
     host = provider == "cuda"
-    host_keys = [f"host|{kind}|{HOST_CHAIN}" for kind in HOST_CLASSES + (LIBRARY_HOST_CLASSES if fused else ())]
+    host_keys = [f"host|{kind}|{HOST_CHAIN}" for kind in HOST_CLASSES + (library_host_classes() if fused else ())]
     host_left = host * sum(1 for key in (*host_keys, "host|run|1") if key not in done)
     todo = host_left + len(singles) + chains_left + fused_left
     say(f"calibrating {spec.describe()}, onnxruntime {ort_version}, CUDA {cuda_version or 'unknown'}: "

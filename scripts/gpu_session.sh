@@ -22,9 +22,9 @@
 #   cudnn    the NHWC convolutions with each cuDNN API (ONNXCAMPO_CUDNN_API=legacy, the default, and
 #            graph): tests/gpu/test_conv_nhwc_cuda.py (numbers against numpy both ways; host time
 #            per call; ResNet-50 b64's forward convolutions run node by node with each API beside
-#            ORT's NCHW Conv, figures in $OUT/cudnn/), then the cost database's conv_nhwc host
-#            probe measured again with the graph API into a copy of this GPU's shipped samples
-#            ($OUT/cudnn/<gpu>.json and .jsonl: ship them where the graph API is made the default) (~4 min)
+#            ORT's NCHW Conv, figures in $OUT/cudnn/), then `costdb calibrate` resumed on a copy of
+#            this GPU's shipped samples with the graph API: the host classes they lack
+#            (conv_nhwc_graph, conv_fp16) measured, $OUT/cudnn/<gpu>.json and .jsonl to ship (~4 min)
 #   policies every policy end to end on CUDA (tests/gpu/test_policies_cuda.py: the MLP block,
 #            BERT-base and GPT-2 exported there), figures in $OUT/policies/               (~5 min)
 #   calibrate  this GPU's cost database by `onnxcampo costdb calibrate` (timed), written as
@@ -109,9 +109,10 @@ run_cudnn() {
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-|-$//g')
   samples=costdb/data/raw/$gpu.jsonl
   [ -f "$samples" ] || return 0
-  grep -v '"host|conv_nhwc|' "$samples" >"$OUT/cudnn/$gpu.jsonl"
+  cp "$samples" "$OUT/cudnn/$gpu.jsonl"
+  # resumed: the host classes the samples lack (conv_nhwc_graph under the graph API, conv_fp16)
   ONNXCAMPO_CUDNN_API=graph stage cudnn 200 python3 -P -m onnxcampo costdb calibrate --out "$OUT/cudnn/$gpu.json" --budget-s 150
-  grep '"host|conv_nhwc|' "$OUT/cudnn/$gpu.jsonl" | tee -a "$OUT/cudnn/log"
+  grep '"kind": "host"' "$OUT/cudnn/$gpu.jsonl" | tee -a "$OUT/cudnn/log"
 }
 
 run_policies() {

@@ -1169,19 +1169,28 @@ def predict(ctx: GraphContext, plan) -> RewritePrediction:
     return estimate.with_and_without(ctx, plan, "channels_last")
 
 
-# Host time of one ConvNhwc (or ConvNhwcDataGrad) call: the custom op calls cuDNN's legacy
-# convolution API, which costs the host far more than ORT's own Conv launch. Measured on the H200
-# (ResNet-50 b64 inference, FusedElementwise and channels-last): run plainly 6.42 ms, replayed as a
-# CUDA graph 2.85 ms, the difference over its 53 convolutions about 60 us a call after the other
-# launches (docs/benchmarks/raw/h200.jsonl; docs/ops.md has ~85 us for the same API).
+# Host time of one ConvNhwc (or ConvNhwcDataGrad) call through cuDNN's legacy convolution calls
+# (the default, ONNXCAMPO_CUDNN_API), which cost the host far more than ORT's own Conv launch.
+# Measured on the H200 (ResNet-50 b64 inference, FusedElementwise and channels-last): run plainly
+# 6.42 ms, replayed as a CUDA graph 2.85 ms, the difference over its 53 convolutions about 60 us a
+# call after the other launches (docs/benchmarks/raw/h200.jsonl; docs/ops.md has ~85 us for the
+# same API).
 CONV_NHWC_HOST_US = 60.0
 
 
 def nhwc_call_us(cost) -> float:
-    """Host time of one NHWC convolution call: the database's measurement (``costdb calibrate``),
-    else :data:`CONV_NHWC_HOST_US`."""
-    measured = cost.library_launch_us("conv_nhwc")
-    return CONV_NHWC_HOST_US if measured is None else measured
+    """Host time of one NHWC convolution call under the cuDNN API this process's sessions use
+    (``onnxcampo.ops.conv_nhwc.cudnn_api``): the database's measurement of that API's calls
+    (``costdb calibrate``: ``conv_nhwc`` or ``conv_nhwc_graph``), else :data:`CONV_NHWC_HOST_US`
+    for the legacy calls and a convolution launch of ORT's for the graph API (how ORT's Conv calls
+    cuDNN)."""
+    from onnxcampo.ops.conv_nhwc import host_class
+
+    kind = host_class()
+    measured = cost.library_launch_us(kind)
+    if measured is not None:
+        return measured
+    return cost.launch_us("conv") if kind == "conv_nhwc_graph" else CONV_NHWC_HOST_US
 
 
 # At most this share of a float16 NCHW convolution's predicted time is taken to be cuDNN's layout

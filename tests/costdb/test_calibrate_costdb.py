@@ -260,7 +260,7 @@ def test_fused_entry_fits_bandwidth_and_fixed_cost():
     assert calibrate.fused_entry(rows[:2]) is None
 
 
-@pytest.mark.parametrize("kind", ["other", "conv", "conv_fp16", "conv_nhwc", "custom"])
+@pytest.mark.parametrize("kind", ["other", "conv", "conv_fp16", "conv_nhwc", "conv_nhwc_graph", "custom"])
 def test_host_probe_chains_run(kind):
     """The host probes' chains are valid models that compute what they should (ORT's CPU
     provider, the library's CPU kernels for its ops: the wiring; the timing needs CUDA graphs)."""
@@ -277,17 +277,37 @@ def test_host_probe_chains_run(kind):
     np.testing.assert_allclose(out.astype(np.float32), expected.astype(np.float32), rtol=1e-3)
 
 
-def test_library_host_costs_reach_the_estimate():
-
-    rows = [{"kind": "host", "class": "other", "us_per_launch": 3.0},
-            {"kind": "host", "class": "conv_nhwc", "us_per_launch": 11.5},
-            {"kind": "host", "class": "custom", "us_per_launch": 4.5}]
+def _host_model(**per_launch):
+    """A cost model of the H100 whose database has host rows of these classes (us a launch)."""
     database = _database(H100.name)
-    database.update(calibrate.host_entries(rows))
-    model = RegressionCostModel(database)
+    database.update(calibrate.host_entries([{"kind": "host", "class": kind, "us_per_launch": us}
+                                            for kind, us in per_launch.items()]))
+    return RegressionCostModel(database)
+
+
+def test_library_host_costs_reach_the_estimate(monkeypatch):
+    monkeypatch.delenv("ONNXCAMPO_CUDNN_API", raising=False)
+    model = _host_model(other=3.0, conv_nhwc=11.5, custom=4.5)
     assert model.library_launch_us("conv_nhwc") == 11.5 and model.library_launch_us("custom") == 4.5
     assert layout.nhwc_call_us(model) == 11.5
     assert layout.nhwc_call_us(AnalyticCostModel()) == layout.CONV_NHWC_HOST_US
+
+
+def test_the_nhwc_call_is_priced_for_the_cudnn_api_in_use(monkeypatch):
+    """The legacy calls and cuDNN's graph API are measured apart (``conv_nhwc``, ``conv_nhwc_graph``:
+    the class calibrate measures follows ONNXCAMPO_CUDNN_API), and a plan prices the API its
+    sessions will use; the graph API unmeasured costs what ORT's Conv launch does."""
+    monkeypatch.delenv("ONNXCAMPO_CUDNN_API", raising=False)
+    assert calibrate.library_host_classes() == ("conv_nhwc", "custom")
+    legacy_only = _host_model(other=3.0, conv=5.0, conv_nhwc=119.0)
+    both = _host_model(other=3.0, conv=5.0, conv_nhwc=119.0, conv_nhwc_graph=7.5)
+    assert layout.nhwc_call_us(legacy_only) == layout.nhwc_call_us(both) == 119.0
+    monkeypatch.setenv("ONNXCAMPO_CUDNN_API", "graph")
+    assert calibrate.library_host_classes() == ("conv_nhwc_graph", "custom")
+    assert layout.nhwc_call_us(legacy_only) == 5.0  # unmeasured: an ORT Conv launch
+    assert layout.nhwc_call_us(both) == 7.5
+    monkeypatch.setenv("ONNXCAMPO_CUDNN_API", "legacy")
+    assert layout.nhwc_call_us(both) == 119.0
 
 
 def test_the_roofline_of_a_detected_gpu_counts_the_host(monkeypatch):

@@ -281,3 +281,21 @@ def test_nchw_to_nhwc_refuses_bad_attributes_and_inputs():
     session = _to_nhwc_session(np.float32, (1, 5, 2, 2), TensorProto.FLOAT16, 4, declare=False)
     with pytest.raises(Exception, match="below x's 5 channels"):
         session.run(None, {"x": np.zeros((1, 5, 2, 2), np.float32)})
+
+
+def test_the_python_side_knows_the_cuda_kernels_default_cudnn_api(monkeypatch):
+    """``onnxcampo.ops.conv_nhwc.cudnn_api`` (what a plan prices) and conv_grad.cu's
+    ``kGraphByDefault`` (what the kernels run) agree on the default; the variable overrides it."""
+    import re
+    from pathlib import Path
+
+    from onnxcampo.ops import conv_nhwc
+
+    source = (Path(conv_nhwc.__file__).resolve().parents[1] / "conv_grad" / "conv_grad.cu").read_text()
+    (default,) = re.findall(r"constexpr bool kGraphByDefault = (true|false);", source)
+    assert conv_nhwc.GRAPH_API_BY_DEFAULT is (default == "true")
+    monkeypatch.delenv(conv_nhwc.CUDNN_API_VAR, raising=False)
+    assert conv_nhwc.cudnn_api() == ("graph" if default == "true" else "legacy")
+    for value in ("graph", "legacy"):
+        monkeypatch.setenv(conv_nhwc.CUDNN_API_VAR, value)
+        assert conv_nhwc.cudnn_api() == value

@@ -10,11 +10,31 @@ left, bottom, right], ``group`` on ``ConvNhwc`` only: the gradients are of group
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
 
 OPS = ("ConvNhwc", "ConvNhwcDataGrad", "ConvNhwcWeightGrad", "NchwToNhwc")
+
+# How the CUDA kernels call cuDNN (onnxcampo/ops/conv_grad/conv_grad.cu, CudnnGraphApiAsked): the
+# environment variable, read when a session makes the kernels, and the default where it is unset
+# (kGraphByDefault there: the two must agree).
+CUDNN_API_VAR = "ONNXCAMPO_CUDNN_API"
+GRAPH_API_BY_DEFAULT = False
+
+
+def cudnn_api() -> str:
+    """``"graph"`` where sessions made now call cuDNN's graph API, else ``"legacy"``."""
+    value = os.environ.get(CUDNN_API_VAR, "")
+    graph = GRAPH_API_BY_DEFAULT if not value else value == "graph"
+    return "graph" if graph else "legacy"
+
+
+def host_class() -> str:
+    """The cost database's name for an NHWC convolution call's host time under :func:`cudnn_api`:
+    ``conv_nhwc`` (the legacy calls) or ``conv_nhwc_graph``."""
+    return "conv_nhwc_graph" if cudnn_api() == "graph" else "conv_nhwc"
 
 
 def output_hw(h: int, w: int, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
