@@ -235,17 +235,21 @@ def host_launches(ctx: GraphContext, node: gs.Node, precision_of: PrecisionOf) -
     if member is not None:
         return 0, int(member.leader), 0  # the group's kernel: one launch, counted on its first member
     fp16 = precision_of(node.name) is Precision.FP16
-    whole = fp16 and ctx.cost.library_launch_us("conv_fp16") is not None
     fp16_conv = node.op in oplists.NCHW_FP16_LAYOUT_OPS and fp16
-    layout = oplists.NCHW_FP16_LAYOUT_LAUNCHES if fp16_conv and not whole else 0
+    layout = oplists.NCHW_FP16_LAYOUT_LAUNCHES if fp16_conv and not _fp16_conv_measured(ctx) else 0
     if not runs_alone(ctx, node, precision_of):
         return 0, layout, 0  # priced whole, the call is counted on the node that carries it
     convolution = node.op in oplists.NCHW_FP16_LAYOUT_OPS or (
         ctx.ort_status.get(node.name) in ("carried", "fused") and not _fusion_broken(ctx, node, precision_of)
         and fusion_groups(ctx)[1].get(node.name, frozenset()) & oplists.NCHW_FP16_LAYOUT_OPS)
-    if convolution and whole:
+    if convolution and fp16 and _fp16_conv_measured(ctx):
         return 0, 0, 1
     return (1, layout, 0) if convolution else (0, 1 + layout, 0)
+
+
+def _fp16_conv_measured(ctx: GraphContext) -> bool:
+    """Whether the database prices a float16 NCHW convolution call whole (``conv_fp16``)."""
+    return ctx.cost.library_launch_us("conv_fp16") is not None
 
 
 def alone_time(ctx: GraphContext, node: gs.Node, precision: Precision) -> float:
